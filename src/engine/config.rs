@@ -1,0 +1,164 @@
+//! `[engine]` settings: scheduling limits, KV-cache geometry and the device.
+//!
+//! Embedded in the daemon's `config.toml` as the `[engine]` table and used directly by
+//! `kiln generate`, `kiln probe` and `kiln bench`. Every key is documented in `config.toml`.
+
+use serde::{Deserialize, Serialize};
+
+/// Which backend runs the model. Parsed from `"auto" | "cpu" | "cuda" | "cuda:N"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Device {
+    /// CUDA device 0 when the `cuda` feature is built and a GPU is present, else the CPU.
+    Auto,
+    /// The CPU backend (the numerical reference).
+    Cpu,
+    /// CUDA device with this ordinal.
+    Cuda(usize),
+}
+
+impl TryFrom<String> for Device {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<Device> for String {
+    fn from(d: Device) -> String {
+        d.to_string()
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("invalid device `{s}` (expected auto, cpu, cuda or cuda:N)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Auto => f.write_str("auto"),
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Engine settings (`[engine]` in `config.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Backend to run on.
+    pub device: Device,
+    /// CPU worker threads; 0 = one per available core.
+    pub threads: usize,
+    /// Most sequences in one scheduling step.
+    pub max_num_seqs: usize,
+    /// Token budget of one step (decodes + prefill chunks); prompts longer than this are
+    /// prefilled in chunks.
+    pub max_num_batched_tokens: usize,
+    /// Longest sequence (prompt + completion); 0 = the model's own limit.
+    pub max_model_len: usize,
+    /// Tokens per KV-cache block.
+    pub block_size: usize,
+    /// KV-cache size on the CPU backend, in MiB (GPU backends size it from
+    /// `gpu_memory_utilization`).
+    pub kv_cache_mib: usize,
+    /// Fraction of GPU memory kiln may use (weights + workspace + KV cache).
+    pub gpu_memory_utilization: f32,
+    /// Reuse KV blocks of identical prompt prefixes across requests.
+    pub enable_prefix_caching: bool,
+    /// Compute dtype on GPUs: `auto` (bf16 on sm_80+, fp16 below), `bf16` or `fp16`.
+    pub dtype: String,
+    /// KV-cache storage dtype: `auto` (the compute dtype), `fp8_e5m2` or `fp8_e4m3`.
+    pub kv_cache_dtype: String,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            device: Device::Auto,
+            threads: 0,
+            max_num_seqs: 16,
+            max_num_batched_tokens: 2048,
+            max_model_len: 0,
+            block_size: 16,
+            kv_cache_mib: 512,
+            gpu_memory_utilization: 0.90,
+            enable_prefix_caching: true,
+            dtype: "auto".into(),
+            kv_cache_dtype: "auto".into(),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Check ranges; errors name the key, the constraint and the value.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_num_seqs == 0 {
+            return Err("`engine.max_num_seqs` must be at least 1 (got 0)".into());
+        }
+        if self.block_size == 0 || !self.block_size.is_power_of_two() || self.block_size > 256 {
+            return Err(format!(
+                "`engine.block_size` must be a power of two in 1..=256 (got {})",
+                self.block_size
+            ));
+        }
+        if self.max_num_batched_tokens < self.max_num_seqs {
+            return Err(format!(
+                "`engine.max_num_batched_tokens` ({}) must be at least `engine.max_num_seqs` ({})",
+                self.max_num_batched_tokens, self.max_num_seqs
+            ));
+        }
+        if !(0.05..=1.0).contains(&self.gpu_memory_utilization) {
+            return Err(format!(
+                "`engine.gpu_memory_utilization` must be in 0.05..=1.0 (got {})",
+                self.gpu_memory_utilization
+            ));
+        }
+        if !matches!(self.dtype.as_str(), "auto" | "bf16" | "fp16") {
+            return Err(format!("`engine.dtype` must be auto, bf16 or fp16 (got `{}`)", self.dtype));
+        }
+        if !matches!(self.kv_cache_dtype.as_str(), "auto" | "fp8_e5m2" | "fp8_e4m3") {
+            return Err(format!(
+                "`engine.kv_cache_dtype` must be auto, fp8_e5m2 or fp8_e4m3 (got `{}`)",
+                self.kv_cache_dtype
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_parses_all_forms() {
+        assert_eq!("auto".parse(), Ok(Device::Auto));
+        assert_eq!("cpu".parse(), Ok(Device::Cpu));
+        assert_eq!("cuda".parse(), Ok(Device::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(Device::Cuda(3)));
+        assert!("gpu".parse::<Device>().is_err());
+        assert!("cuda:x".parse::<Device>().is_err());
+    }
+
+    #[test]
+    fn defaults_validate_and_bad_values_name_the_key() {
+        assert_eq!(EngineConfig::default().validate(), Ok(()));
+        let bad = EngineConfig { block_size: 12, ..Default::default() };
+        assert!(bad.validate().unwrap_err().contains("engine.block_size"));
+    }
+}

@@ -1,0 +1,88 @@
+//! The inference engine: requests in, completions out.
+//!
+//! Layout: [`handle`] (the public entry, [`EngineHandle`]), [`request`] (the contract types),
+//! [`config`] (`[engine]` settings), and the engine thread's internals (scheduler, KV-cache
+//! block manager, sequences, sampler). The scheduler drives a [`ModelRunner`]: a loaded
+//! model on some backend. `spawn` in this module is the only place that picks the backend.
+
+pub mod config;
+pub mod handle;
+pub mod request;
+
+pub use config::{Device, EngineConfig};
+pub use handle::{EngineHandle, EngineInfo, EngineStats};
+pub use request::{ChatMessage, Completion, FinishReason, GenerateRequest, Prompt, SamplingParams};
+
+use crate::error::EngineError;
+
+/// Which logits a sequence needs from a forward step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// None (an intermediate prefill chunk).
+    None,
+    /// The last token of the slice (decode, or the final prefill chunk).
+    Last,
+    /// Every token of the slice (`kiln probe --positions all`).
+    All,
+}
+
+/// One sequence's part of a forward step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqSlice {
+    /// Offset of this sequence's tokens in [`ForwardBatch::token_ids`].
+    pub start: usize,
+    /// Number of new tokens this step (1 for decode; a chunk for prefill).
+    pub len: usize,
+    /// Tokens already in the KV cache for this sequence before this step (the new tokens take
+    /// positions `cached_len .. cached_len + len`).
+    pub cached_len: usize,
+    /// Physical KV block ids, in order; covers at least `cached_len + len` tokens.
+    pub block_table: Vec<u32>,
+    /// Which logits to return.
+    pub logits: LogitsFor,
+    /// Recurrent-state slot (hybrid models such as Qwen3.5; `None` for pure attention models).
+    pub state_slot: Option<u32>,
+}
+
+/// Everything the model needs for one step of continuous batching.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardBatch {
+    /// New tokens of all sequences, concatenated: `[num_tokens]`.
+    pub token_ids: Vec<u32>,
+    /// Per-sequence slices, in the order logits are returned.
+    pub seqs: Vec<SeqSlice>,
+}
+
+/// KV-cache geometry a runner was built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheGeometry {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Physical blocks available.
+    pub num_blocks: usize,
+    /// Recurrent-state slots (0 for pure attention models).
+    pub num_state_slots: usize,
+}
+
+/// A loaded model bound to a backend and its KV cache. Implemented once per architecture
+/// family, generic over `Backend`; the engine thread holds it as `Box<dyn ModelRunner>`.
+pub trait ModelRunner: Send {
+    /// Vocabulary size (length of every logits row).
+    fn vocab_size(&self) -> usize;
+    /// The model's own context limit (`max_position_embeddings`).
+    fn max_position_embeddings(&self) -> usize;
+    /// The KV-cache geometry.
+    fn cache_geometry(&self) -> CacheGeometry;
+    /// Human-readable backend description for logs.
+    fn device_name(&self) -> String;
+    /// Run one step. Returns f32 logits, row-major `[rows, vocab]`, where rows are, in order of
+    /// `batch.seqs`, 1 per `LogitsFor::Last` and `len` per `LogitsFor::All` sequence.
+    /// Writes K/V of the new tokens into the blocks named by each block table.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, EngineError>;
+    /// Copy the KV contents of block `src` into block `dst` (all layers).
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError>;
+    /// Reset recurrent state slot `slot` to zeros (hybrid models); a no-op otherwise.
+    fn reset_state_slot(&mut self, _slot: u32) -> Result<(), EngineError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,8 @@
+//! Model files and architectures: formats (GGUF, safetensors, `config.json`), quantized
+//! layouts, and the forward pass of each supported architecture.
+
+pub mod config;
+pub mod tensor;
+
+pub use config::{Architecture, ModelConfig};
+pub use tensor::{TensorView, WeightDType, WeightSource};
