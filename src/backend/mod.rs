@@ -2,3 +2,5 @@
 //! the `cuda` feature and must match `cpu` within named tolerances.
 //!
 //! (Skeleton: the `Backend` trait is being written with the CPU backend.)
+
+pub mod cpu;
