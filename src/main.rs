@@ -11,10 +11,20 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Measure prefill and decode tokens/s (or, with --kernels, the matmul kernels alone).
+    Bench(kiln::tools::bench::BenchArgs),
+}
 
-#[allow(unreachable_code, unused_variables)] // until the first subcommand lands
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Bench(args) => bench(&args),
+    }
+}
+
+/// `kiln bench`.
+fn bench(args: &kiln::tools::bench::BenchArgs) -> anyhow::Result<()> {
+    kiln::tools::bench::run(args)?;
+    Ok(())
 }

@@ -8,9 +8,10 @@
 //!   ggml's reference does (the same f32 operations, bit for bit) and multiplied with the f32
 //!   activations; sums in f32.
 //! - **Fast**: llama.cpp's trick. Each activation row is quantized to 8-bit blocks of 32 with an
-//!   f32 scale, and the Q8_0 / Q4_0 / Q4_1 blocks are dotted with it in integers. About 2-3×
-//!   fewer instructions per weight; the results differ from exact by the activation rounding
-//!   (relative error ~1e-3). Other dtypes run exact.
+//!   f32 scale ([`fast`]), and the Q8_0 / Q4_0 / Q4_1 blocks are dotted with it in integers
+//!   (AVX-512 VNNI `vpdpbusd`, AVX2 `vpmaddubsw`). The results differ from exact by the
+//!   activation rounding (up to half a step of 1/127 of each block's largest value). Other
+//!   dtypes run exact.
 //!
 //! Kernels per instruction set ([`Isa`], picked once at run time): AVX-512 (F + BW, + VNNI for
 //! the fast mode), AVX2 + FMA + F16C, and portable scalar code. Shapes:
@@ -29,12 +30,17 @@
 //! and every thread split compute the same bits, so a row's result does not depend on `m` or on
 //! the other rows of the batch (tested below).
 
+mod fast;
 mod layout;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
 #[cfg(target_arch = "x86_64")]
+mod x86_avx2_fast;
+#[cfg(target_arch = "x86_64")]
 mod x86_avx512;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512_fast;
 
 #[cfg(test)]
 mod tests;
@@ -193,7 +199,35 @@ pub fn matmul_on(
         out.fill(0.0);
         return;
     }
-    let _ = mode; // The fast mode's kernels are dispatched below once they exist.
+    let fast_dtype = matches!(
+        shape.dtype,
+        WeightDType::Q8_0 | WeightDType::Q4_0 | WeightDType::Q4_1
+    );
+    if mode == MatmulMode::Fast && fast_dtype {
+        let a = fast::QuantizedRows::new(x, m, k);
+        match isa {
+            Isa::Scalar => integer(fast::ScalarFast, &shape, &a, w.data, out),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                let kern =
+                    x86_avx2_fast::Avx2Fast::detect().expect("this CPU has no AVX2 + FMA + F16C");
+                integer(kern, &shape, &a, w.data, out)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => match x86_avx512_fast::Avx512Fast::detect() {
+                Some(kern) => integer(kern, &shape, &a, w.data, out),
+                // AVX-512 without VNNI: the AVX2 integer kernels.
+                None => {
+                    let kern = x86_avx2_fast::Avx2Fast::detect()
+                        .expect("this CPU has no AVX2 + FMA + F16C");
+                    integer(kern, &shape, &a, w.data, out)
+                }
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 | Isa::Avx512 => panic!("{isa} kernels exist only on x86-64"),
+        }
+        return;
+    }
     match isa {
         Isa::Scalar => exact(scalar::Scalar, &shape, x, w.data, out),
         #[cfg(target_arch = "x86_64")]
@@ -301,6 +335,29 @@ trait ExactKernels: Copy + Send + Sync {
     );
 }
 
+/// The fast mode's integer-dot kernels of one instruction set (tokens, as [`ExactKernels`]).
+/// Each dot's result depends only on its two rows, never on the tile around it.
+trait FastKernels: Copy + Send + Sync {
+    /// Activation rows of a register tile.
+    const MR: usize;
+    /// Weight rows of a register tile.
+    const NR: usize;
+
+    /// `out[i · nr + j] = dot(activation row i0 + i of a, stored row j of rows)` for
+    /// `i < mr ≤ MR`, `j < nr ≤ NR`; `dtype` is Q8_0, Q4_0 or Q4_1, rows `rb` bytes apart.
+    fn tile(
+        self,
+        dtype: WeightDType,
+        rows: &[u8],
+        rb: usize,
+        nr: usize,
+        a: &fast::QuantizedRows,
+        i0: usize,
+        mr: usize,
+        out: &mut [f32],
+    );
+}
+
 /// Minimum multiply-adds per parallel task; smaller products run on the calling thread.
 const MIN_TASK_MACS: usize = 1 << 15;
 
@@ -392,6 +449,44 @@ fn tiled<K: ExactKernels>(kern: K, s: &Shape, x: &[f32], w: &[u8], out: &mut [f3
                 }
             }
         });
+    };
+    if n_tasks == 1 {
+        run(0);
+    } else {
+        (0..n_tasks).into_par_iter().for_each(run);
+    }
+}
+
+/// Fast-mode product: tasks own groups of weight rows and run every quantized activation row
+/// against them, straight from the stored blocks.
+fn integer<K: FastKernels>(kern: K, s: &Shape, a: &fast::QuantizedRows, w: &[u8], out: &mut [f32]) {
+    let groups = s.n.div_ceil(K::NR);
+    let tasks = task_count(groups, K::NR * s.k * s.m);
+    let rows_per_task = groups.div_ceil(tasks) * K::NR;
+    let n_tasks = s.n.div_ceil(rows_per_task);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let run = |t: usize| {
+        let j0 = t * rows_per_task;
+        let j1 = (j0 + rows_per_task).min(s.n);
+        let mut res = [0.0f32; 64];
+        for i0 in (0..s.m).step_by(MC) {
+            let i1 = (i0 + MC).min(s.m);
+            for jb in (j0..j1).step_by(K::NR) {
+                let nr = K::NR.min(j1 - jb);
+                let rows = &w[jb * s.row_bytes..(jb + nr) * s.row_bytes];
+                for ib in (i0..i1).step_by(K::MR) {
+                    let mr = K::MR.min(i1 - ib);
+                    kern.tile(s.dtype, rows, s.row_bytes, nr, a, ib, mr, &mut res);
+                    for i in 0..mr {
+                        for j in 0..nr {
+                            // SAFETY: as in `tiled`: in bounds, and column jb + j is this
+                            // task's alone.
+                            unsafe { out_ptr.write((ib + i) * s.n + jb + j, res[i * nr + j]) };
+                        }
+                    }
+                }
+            }
+        }
     };
     if n_tasks == 1 {
         run(0);

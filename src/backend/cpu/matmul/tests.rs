@@ -390,3 +390,138 @@ fn isa_names_round_trip() {
     assert!(Isa::available().contains(&Isa::Scalar));
     assert!(Isa::best().is_supported());
 }
+
+#[test]
+fn activation_quantization_round_trips() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let (m, k) = (3, 96);
+    let mut x = random_x(&mut rng, m * k);
+    x[32..64].fill(0.0); // an all-zero block: scale 0, codes 0
+    let a = fast::QuantizedRows::new(&x, m, k);
+    for i in 0..m {
+        for t in 0..k {
+            let b = i * a.nb + t / 32;
+            let (q, d) = (a.qs[i * k + t], a.d[b]);
+            assert!(q != i8::MIN, "codes stay in -127..=127");
+            assert!(
+                (x[i * k + t] - q as f32 * d).abs() <= 0.5 * d * (1.0 + 1e-6),
+                "row {i} t {t}"
+            );
+        }
+        for b in 0..a.nb {
+            let s: i32 = a.qs[i * k + 32 * b..i * k + 32 * b + 32]
+                .iter()
+                .map(|&q| q as i32)
+                .sum();
+            assert_eq!(a.sum[i * a.nb + b], s);
+        }
+    }
+    assert_eq!(a.d[1], 0.0);
+    assert!(a.qs[32..64].iter().all(|&q| q == 0));
+}
+
+/// The fast mode computes `Σ w · x̂` where `x̂ = q · d` is the quantized activation: checked
+/// against that in f64 (tight), and against the exact product within the quantization bound.
+#[test]
+fn fast_matches_reference_on_quantized_activations() {
+    let mut rng = StdRng::seed_from_u64(6);
+    for isa in Isa::available() {
+        for dtype in [WeightDType::Q8_0, WeightDType::Q4_0, WeightDType::Q4_1] {
+            for k in [32, 64, 96, 160, 576] {
+                for (m, n) in [(1, 1), (1, 13), (3, 5), (7, 67), (17, 9), (5, 130)] {
+                    let data = random_weight(&mut rng, dtype, n, k);
+                    let x = random_x(&mut rng, m * k);
+                    let shape = [n, k];
+                    let w = TensorView {
+                        dtype,
+                        shape: &shape,
+                        data: &data,
+                    };
+                    let mut out = vec![f32::NAN; m * n];
+                    matmul_on(isa, MatmulMode::Fast, &x, m, k, &w, &mut out);
+                    let a = fast::QuantizedRows::new(&x, m, k);
+                    let xhat: Vec<f32> = (0..m * k).map(|t| a.qs[t] as f32 * a.d[t / 32]).collect();
+                    let (want, mag) = reference(&xhat, m, k, dtype, &data, n);
+                    let (exact, _) = reference(&x, m, k, dtype, &data, n);
+                    let rb = dtype.row_bytes(k).unwrap();
+                    for i in 0..m {
+                        for j in 0..n {
+                            let idx = i * n + j;
+                            let o = out[idx] as f64;
+                            let err = (o - want[idx]).abs();
+                            let label = format!("{isa} {dtype:?} m={m} n={n} k={k} [{i},{j}]");
+                            assert!(
+                                err <= 1e-5 * mag[idx] + 1e-30,
+                                "{label}: {o} vs {} ({err:e})",
+                                want[idx]
+                            );
+                            // |x − x̂| ≤ d/2 per element.
+                            let bound: f64 = (0..k)
+                                .map(|t| {
+                                    let wt = ref_elem(dtype, &data[j * rb..(j + 1) * rb], t) as f64;
+                                    wt.abs() * 0.5 * a.d[i * a.nb + t / 32] as f64
+                                })
+                                .sum();
+                            assert!(
+                                (o - exact[idx]).abs() <= bound * 1.001 + 1e-5 * mag[idx],
+                                "{label}: vs exact"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_results_do_not_depend_on_batch_or_threads() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let (m, n, k) = (11, 203, 576);
+    let pools: Vec<rayon::ThreadPool> = [1, 3]
+        .into_iter()
+        .map(|t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for isa in Isa::available() {
+        for dtype in [WeightDType::Q8_0, WeightDType::Q4_0, WeightDType::Q4_1] {
+            let data = random_weight(&mut rng, dtype, n, k);
+            let x = random_x(&mut rng, m * k);
+            let shape = [n, k];
+            let w = TensorView {
+                dtype,
+                shape: &shape,
+                data: &data,
+            };
+            let mut batched = vec![0.0f32; m * n];
+            pools[1].install(|| matmul_on(isa, MatmulMode::Fast, &x, m, k, &w, &mut batched));
+            for pool in &pools {
+                for i in [0, 6, m - 1] {
+                    let mut alone = vec![0.0f32; n];
+                    pool.install(|| {
+                        matmul_on(
+                            isa,
+                            MatmulMode::Fast,
+                            &x[i * k..(i + 1) * k],
+                            1,
+                            k,
+                            &w,
+                            &mut alone,
+                        )
+                    });
+                    assert!(
+                        alone
+                            .iter()
+                            .zip(&batched[i * n..(i + 1) * n])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa} {dtype:?} row {i}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -212,8 +212,10 @@ impl Block for Q4_1 {
     unsafe fn load(p: *const u8) -> [__m256; 4] {
         // SAFETY: 20 readable bytes at `p` (caller).
         unsafe {
-            let d = splat_f16(p);
-            let m = splat_f16(p.add(2));
+            // d and m converted together: lanes 0 and 1 of one `vcvtph2ps`.
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+            let d = _mm256_broadcastss_ps(dm);
+            let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
             let (lo, hi) = nibbles(p.add(4));
             let f = |v: __m128i| _mm256_add_ps(_mm256_mul_ps(u8x8_to_f32(v), d), m);
             [
@@ -232,13 +234,14 @@ impl Block for Q4_1 {
 unsafe fn gemv<B: Block>(rows: &[u8], rb: usize, x: &[f32], out: &mut [f32]) {
     let nb = x.len() / layout::QK;
     let mut r = 0;
-    // SAFETY (both loops): rows r..r+R exist (`rows.len() = rb · out.len()`), each with `nb`
-    // blocks of `B::BYTES`; `x` has `nb · 32` elements.
     while r + 4 <= out.len() {
+        // SAFETY: rows r..r+4 exist (`rows.len() = rb · out.len()`), each with `nb` blocks of
+        // `B::BYTES`; `x` has `nb · 32` elements.
         unsafe { gemv_rows::<B, 4>(rows.as_ptr().add(r * rb), rb, nb, x.as_ptr(), &mut out[r..]) };
         r += 4;
     }
     while r < out.len() {
+        // SAFETY: row r exists, as above.
         unsafe { gemv_rows::<B, 1>(rows.as_ptr().add(r * rb), rb, nb, x.as_ptr(), &mut out[r..]) };
         r += 1;
     }
@@ -312,7 +315,7 @@ unsafe fn tile<const M: usize, const N: usize>(
                 }
             }
         }
-        if k % 8 != 0 {
+        if !k.is_multiple_of(8) {
             let mask = tail_mask(k % 8);
             for i in 0..M {
                 let xv = _mm256_maskload_ps(x.add(i * k + full * 8), mask);
@@ -336,7 +339,7 @@ unsafe fn dequant_row(dtype: WeightDType, row: &[u8], out: &mut [f32]) {
     let k = out.len();
     let o = out.as_mut_ptr();
     let p = row.as_ptr();
-    // SAFETY (every arm): `row` holds exactly `k` elements of `dtype` (caller), so each block
+    // SAFETY: in every arm, `row` holds exactly `k` elements of `dtype` (caller), so each block
     // or 8-element group read below is in bounds, and each store is within `out[..k]`.
     unsafe {
         match dtype {

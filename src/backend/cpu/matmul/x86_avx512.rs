@@ -151,20 +151,6 @@ struct Q8_0;
 struct Q4_0;
 struct Q4_1;
 
-/// The 16 packed nibble bytes at `p` as (low nibbles, high nibbles), one per byte.
-#[inline(always)]
-unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
-    // SAFETY: 16 readable bytes at `p` (caller).
-    unsafe {
-        let q = _mm_loadu_si128(p as *const __m128i);
-        let mask = _mm_set1_epi8(0x0f);
-        (
-            _mm_and_si128(q, mask),
-            _mm_and_si128(_mm_srli_epi16(q, 4), mask),
-        )
-    }
-}
-
 impl Block for Q8_0 {
     const BYTES: usize = layout::Q8_0_BYTES;
     #[inline(always)]
@@ -182,6 +168,33 @@ impl Block for Q8_0 {
     }
 }
 
+/// The 16 bytes at `p` zero-extended into the 32-bit lanes of (`lo`, `hi`): lane `i` of `lo`
+/// holds byte `i` (low nibble in bits 0..4), lane `i` of `hi` holds byte `i >> 4` (high nibble
+/// in bits 0..4). `vpermps` reads only bits 0..4 of each index lane, so no masking is needed.
+#[inline(always)]
+unsafe fn nibble_indices(p: *const u8) -> (__m512i, __m512i) {
+    // SAFETY: 16 readable bytes at `p` (caller).
+    unsafe {
+        let z = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+        (z, _mm512_srli_epi32(z, 4))
+    }
+}
+
+/// `[0.0, 1.0, …, 15.0]`: every 4-bit code as f32.
+#[inline(always)]
+unsafe fn codes() -> __m512 {
+    // SAFETY: register-only AVX-512 F operation.
+    unsafe {
+        _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        )
+    }
+}
+
+// Q4_0 / Q4_1 have only 16 possible values per block: build them once per block with ggml's
+// own operations (`(q − 8) · d`, `q · d + m`, exact f32 products and sums of the same
+// operands, so bit-identical) and look each element up with `vpermps`.
+
 impl Block for Q4_0 {
     const BYTES: usize = layout::Q4_0_BYTES;
     #[inline(always)]
@@ -189,15 +202,12 @@ impl Block for Q4_0 {
         // SAFETY: 18 readable bytes at `p` (caller).
         unsafe {
             let d = splat_f16(p);
-            let (lo, hi) = nibbles(p.add(2));
-            let eight = _mm_set1_epi8(8);
-            let f = |v: __m128i| {
-                _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(v, eight))),
-                    d,
-                )
-            };
-            [f(lo), f(hi)]
+            let table = _mm512_mul_ps(_mm512_sub_ps(codes(), _mm512_set1_ps(8.0)), d);
+            let (lo, hi) = nibble_indices(p.add(2));
+            [
+                _mm512_permutexvar_ps(lo, table),
+                _mm512_permutexvar_ps(hi, table),
+            ]
         }
     }
 }
@@ -208,16 +218,16 @@ impl Block for Q4_1 {
     unsafe fn load(p: *const u8) -> [__m512; 2] {
         // SAFETY: 20 readable bytes at `p` (caller).
         unsafe {
-            let d = splat_f16(p);
-            let m = splat_f16(p.add(2));
-            let (lo, hi) = nibbles(p.add(4));
-            let f = |v: __m128i| {
-                _mm512_add_ps(
-                    _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), d),
-                    m,
-                )
-            };
-            [f(lo), f(hi)]
+            // d and m converted together: lanes 0 and 1 of one `vcvtph2ps`.
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+            let d = _mm512_broadcastss_ps(dm);
+            let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+            let table = _mm512_add_ps(_mm512_mul_ps(codes(), d), m);
+            let (lo, hi) = nibble_indices(p.add(4));
+            [
+                _mm512_permutexvar_ps(lo, table),
+                _mm512_permutexvar_ps(hi, table),
+            ]
         }
     }
 }
@@ -227,13 +237,14 @@ impl Block for Q4_1 {
 unsafe fn gemv<B: Block>(rows: &[u8], rb: usize, x: &[f32], out: &mut [f32]) {
     let nb = x.len() / layout::QK;
     let mut r = 0;
-    // SAFETY (both loops): rows r..r+R exist (`rows.len() = rb · out.len()`), each with `nb`
-    // blocks of `B::BYTES`; `x` has `nb · 32` elements.
     while r + 4 <= out.len() {
+        // SAFETY: rows r..r+4 exist (`rows.len() = rb · out.len()`), each with `nb` blocks of
+        // `B::BYTES`; `x` has `nb · 32` elements.
         unsafe { gemv_rows::<B, 4>(rows.as_ptr().add(r * rb), rb, nb, x.as_ptr(), &mut out[r..]) };
         r += 4;
     }
     while r < out.len() {
+        // SAFETY: row r exists, as above.
         unsafe { gemv_rows::<B, 1>(rows.as_ptr().add(r * rb), rb, nb, x.as_ptr(), &mut out[r..]) };
         r += 1;
     }
@@ -291,7 +302,7 @@ unsafe fn tile<const M: usize, const N: usize>(
                 }
             }
         }
-        if k % 16 != 0 {
+        if !k.is_multiple_of(16) {
             let mask: __mmask16 = (1u16 << (k % 16)) - 1;
             for i in 0..M {
                 let xv = _mm512_maskz_loadu_ps(mask, x.add(i * k + full * 16));
@@ -315,7 +326,7 @@ unsafe fn dequant_row(dtype: WeightDType, row: &[u8], out: &mut [f32]) {
     let k = out.len();
     let o = out.as_mut_ptr();
     let p = row.as_ptr();
-    // SAFETY (every arm): `row` holds exactly `k` elements of `dtype` (caller), so each block
+    // SAFETY: in every arm, `row` holds exactly `k` elements of `dtype` (caller), so each block
     // or 16-element group read below is in bounds, and each store is within `out[..k]`.
     unsafe {
         match dtype {
