@@ -51,9 +51,62 @@ pub struct BenchArgs {
     /// Minimum seconds per measurement.
     #[arg(long, default_value_t = 0.5)]
     pub min_time: f64,
+    /// Clock for `--kernels`: `wall`, or `cpu` (on-CPU time of the benchmarking thread; with
+    /// `--threads 1` it ignores time lost to other processes on a loaded machine; Linux only).
+    #[arg(long, value_enum, default_value = "wall")]
+    pub clock: Clock,
+    /// Weight shape `N×K` of the per-dtype kernel table (K a multiple of 256).
+    #[arg(long, default_value = "576x1536")]
+    pub shape: String,
     /// Print one JSON object per result line instead of tables.
     #[arg(long)]
     pub json: bool,
+}
+
+/// How a kernel measurement is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Clock {
+    /// Elapsed time.
+    Wall,
+    /// Time the measuring thread spent on a CPU (only meaningful with one worker thread).
+    Cpu,
+}
+
+impl Clock {
+    /// Seconds on this clock since an arbitrary origin.
+    fn now(self, origin: Instant) -> f64 {
+        match self {
+            Clock::Wall => origin.elapsed().as_secs_f64(),
+            Clock::Cpu => thread_cpu_seconds().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// On-CPU seconds of the calling thread (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`).
+#[cfg(target_os = "linux")]
+fn thread_cpu_seconds() -> Option<f64> {
+    /// `struct timespec` on 64-bit Linux.
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock_id: i32, tp: *mut Timespec) -> i32;
+    }
+    /// `CLOCK_THREAD_CPUTIME_ID` in `<time.h>` on Linux.
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `clock_gettime` writes one `timespec` (two 64-bit fields on 64-bit Linux, as
+    // declared) through a valid pointer to a local, and reads nothing else.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+}
+
+/// Thread CPU time is read through Linux's `clock_gettime` only.
+#[cfg(not(target_os = "linux"))]
+fn thread_cpu_seconds() -> Option<f64> {
+    None
 }
 
 /// Why `kiln bench` could not run.
@@ -107,15 +160,21 @@ pub fn load_average() -> Option<String> {
     Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
-/// Median seconds per call of `f` (one warm-up call first).
-fn time_median(min_time: f64, mut f: impl FnMut()) -> f64 {
+/// Median seconds per call of `f` on `clock` (one warm-up call first). Calls are timed in
+/// batches of at least ~2 ms so the clock's own cost does not count.
+fn time_median(clock: Clock, min_time: f64, mut f: impl FnMut()) -> f64 {
+    let origin = Instant::now();
+    let t0 = clock.now(origin);
     f();
+    let once = (clock.now(origin) - t0).max(1e-7);
+    let batch = ((2e-3 / once).ceil() as usize).clamp(1, 10_000);
     let mut samples = Vec::new();
-    let start = Instant::now();
-    while samples.len() < 3 || start.elapsed() < Duration::from_secs_f64(min_time) {
-        let t = Instant::now();
-        f();
-        samples.push(t.elapsed().as_secs_f64());
+    while samples.len() < 3 || origin.elapsed() < Duration::from_secs_f64(min_time) {
+        let t = clock.now(origin);
+        for _ in 0..batch {
+            f();
+        }
+        samples.push((clock.now(origin) - t) / batch as f64);
     }
     samples.sort_by(f64::total_cmp);
     samples[samples.len() / 2]
@@ -185,15 +244,23 @@ fn kernels(args: &BenchArgs) -> Result<(), BenchError> {
     let modes = modes(&args.mode)?;
     let threads = rayon::current_num_threads();
     let load = load_average().unwrap_or_else(|| "unknown".into());
+    if args.clock == Clock::Cpu && threads > 1 {
+        return Err(BenchError::InvalidArgument(
+            "`--clock cpu` times one thread: use it with `--threads 1`".into(),
+        ));
+    }
     if !args.json {
-        println!("# kiln matmul kernels: isa {isa}, {threads} threads, load average {load}");
+        println!(
+            "# kiln matmul kernels: isa {isa}, {threads} threads, {:?} clock, load average {load}",
+            args.clock
+        );
         println!();
         println!("| dtype | mode | m | n × k | µs/call | GFLOP/s | weight GB/s |");
         println!("|---|---|---:|---:|---:|---:|---:|");
     }
     let mut rng = StdRng::seed_from_u64(7);
-    // The SmolLM2 down_proj shape: k = 1536 is a whole number of every block size.
-    let (n, k) = (576, 1536);
+    // Default: the SmolLM2 down_proj shape; k = 1536 is a whole number of every block size.
+    let (n, k) = parse_shape(&args.shape)?;
     let dtypes = [
         WeightDType::F32,
         WeightDType::F16,
@@ -219,7 +286,7 @@ fn kernels(args: &BenchArgs) -> Result<(), BenchError> {
             for m in [1, 16, 128] {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
                 let mut out = vec![0.0f32; m * n];
-                let seconds = time_median(args.min_time, || {
+                let seconds = time_median(args.clock, args.min_time, || {
                     matmul_on(isa, mode, &x, m, k, &w, &mut out);
                 });
                 let r = KernelResult {
@@ -236,6 +303,17 @@ fn kernels(args: &BenchArgs) -> Result<(), BenchError> {
         }
     }
     stack(args, isa, &modes, &load)
+}
+
+/// `N×K` (or `NxK`) → (N, K), K a multiple of 256.
+fn parse_shape(s: &str) -> Result<(usize, usize), BenchError> {
+    let bad = || BenchError::InvalidArgument(format!("`--shape {s}`: expected N×K with K a multiple of 256"));
+    let (n, k) = s.split_once(['x', '×']).ok_or_else(bad)?;
+    let (n, k): (usize, usize) = (n.trim().parse().map_err(|_| bad())?, k.trim().parse().map_err(|_| bad())?);
+    if n == 0 || k == 0 || k % 256 != 0 {
+        return Err(bad());
+    }
+    Ok((n, k))
 }
 
 /// Whether `mode = Fast` has integer kernels for `dtype` (others run exact).
@@ -330,7 +408,7 @@ fn stack(args: &BenchArgs, isa: Isa, modes: &[MatmulMode], load: &str) -> Result
                 .map(|_| rng.random_range(-1.0f32..1.0))
                 .collect();
             let mut out = vec![0.0f32; m * FFN.max(VOCAB)];
-            let seconds = time_median(args.min_time, || {
+            let seconds = time_median(args.clock, args.min_time, || {
                 for (dtype, shape, data) in &weights {
                     let w = TensorView {
                         dtype: *dtype,

@@ -30,6 +30,23 @@
 //! and every thread split compute the same bits, so a row's result does not depend on `m` or on
 //! the other rows of the batch (tested below).
 
+/// `match (mr, nr)` over every pair of the literal lists, calling `$f::<M, N>(args…)`: turns
+/// run-time tile edges into const-generic kernel instances.
+macro_rules! tile_dispatch {
+    ($f:ident, $mr:expr, $nr:expr, $args:tt, [$($m:literal),*], $ns:tt) => {
+        match $mr {
+            $($m => tile_dispatch!(@n $f, $m, $nr, $args, $ns),)*
+            _ => unreachable!("tile rows"),
+        }
+    };
+    (@n $f:ident, $m:literal, $nr:expr, $args:tt, [$($n:literal),*]) => {
+        match $nr {
+            $($n => $f::<$m, $n> $args,)*
+            _ => unreachable!("tile columns"),
+        }
+    };
+}
+
 mod fast;
 mod layout;
 mod scalar;

@@ -78,27 +78,13 @@ impl ExactKernels for Avx2 {
         // SAFETY: CPU features as above; `x` has `mr` rows of `k`, `panel` has `nr` rows of
         // stride `kp` readable up to `k` rounded up to 8 (checked above), `out` has `mr × nr`.
         unsafe {
-            macro_rules! dispatch {
-                ($(($m:literal, $n:literal)),*) => {
-                    match (mr, nr) {
-                        $(($m, $n) => tile::<$m, $n>(x.as_ptr(), k, panel.as_ptr(), kp, out),)*
-                        _ => unreachable!(),
-                    }
-                };
-            }
-            dispatch!(
-                (1, 1),
-                (1, 2),
-                (1, 3),
-                (2, 1),
-                (2, 2),
-                (2, 3),
-                (3, 1),
-                (3, 2),
-                (3, 3),
-                (4, 1),
-                (4, 2),
-                (4, 3)
+            tile_dispatch!(
+                tile,
+                mr,
+                nr,
+                (x.as_ptr(), k, panel.as_ptr(), kp, out),
+                [1, 2, 3, 4],
+                [1, 2, 3]
             )
         }
     }

@@ -27,8 +27,8 @@ impl Avx512 {
 
 /// Register tile: activation rows.
 const MR: usize = 4;
-/// Register tile: weight rows (4 × 4 accumulators + 4 weights + 1 activation of 32 registers).
-const NR: usize = 4;
+/// Register tile: weight rows (4 × 6 accumulators + 6 weights + 1 activation of 32 registers).
+const NR: usize = 6;
 
 impl ExactKernels for Avx512 {
     const LANES: usize = 16;
@@ -80,31 +80,13 @@ impl ExactKernels for Avx512 {
         // SAFETY: CPU features as above; `x` has `mr` rows of `k`, `panel` has `nr` rows of
         // stride `kp` readable up to `k` rounded up to 16 (checked above), `out` has `mr × nr`.
         unsafe {
-            macro_rules! dispatch {
-                ($(($m:literal, $n:literal)),*) => {
-                    match (mr, nr) {
-                        $(($m, $n) => tile::<$m, $n>(x.as_ptr(), k, panel.as_ptr(), kp, out),)*
-                        _ => unreachable!(),
-                    }
-                };
-            }
-            dispatch!(
-                (1, 1),
-                (1, 2),
-                (1, 3),
-                (1, 4),
-                (2, 1),
-                (2, 2),
-                (2, 3),
-                (2, 4),
-                (3, 1),
-                (3, 2),
-                (3, 3),
-                (3, 4),
-                (4, 1),
-                (4, 2),
-                (4, 3),
-                (4, 4)
+            tile_dispatch!(
+                tile,
+                mr,
+                nr,
+                (x.as_ptr(), k, panel.as_ptr(), kp, out),
+                [1, 2, 3, 4],
+                [1, 2, 3, 4, 5, 6]
             )
         }
     }
