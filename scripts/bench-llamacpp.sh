@@ -15,6 +15,7 @@
 #   MODEL [/work/models/SmolLM2-135M-Instruct.Q4_1.gguf]  THREADS [2]  PROMPT [128]  GEN [64]
 #   PARALLEL [16]  RUNS [5]  LLAMACPP_DIR [/work/llamacpp]  LLAMACPP_PY_VERSION [0.3.36]
 #   KILN [target/release/kiln; built with `cargo build --release` when missing]
+#   LLAMACPP_REPACK [auto: 1 unless llama.cpp crashes with it, then 0]
 set -euo pipefail
 
 MODEL=${MODEL:-/work/models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -78,6 +79,22 @@ if [[ $build_only == 1 ]]; then
 fi
 [[ -f "$MODEL" ]] || { log "model not found: $MODEL"; exit 1; }
 
+# On CPUs with AMX, GGML_NATIVE builds llama.cpp's AMX weight path ("extra buffer type"), which
+# crashed (SIGSEGV in ggml_backend_amx_mul_mat) on our KVM guest. If a tiny run crashes, run
+# without extra buffer types (llama-bench --repack 0, llama-batched-bench --no-repack), which
+# for Q4_1 weights is llama.cpp's ordinary AVX-512 (VNNI) path. LLAMACPP_REPACK=0|1 forces it.
+if [[ -z "${LLAMACPP_REPACK:-}" ]]; then
+    if "$llama_bench" -m "$MODEL" -t "$THREADS" -p 8 -n 2 -r 1 >/dev/null 2>&1; then
+        LLAMACPP_REPACK=1
+    else
+        log "llama-bench crashed with its default weight buffers; using --repack 0."
+        LLAMACPP_REPACK=0
+    fi
+fi
+bench_repack=(--repack "$LLAMACPP_REPACK")
+batched_repack=()
+[[ $LLAMACPP_REPACK == 0 ]] && batched_repack=(--no-repack)
+
 if [[ $run_kiln == 1 && ! -x "$KILN" ]]; then
     log "Building kiln (release)."
     (cd "$REPO_ROOT" && cargo build --release --bin kiln >&2)
@@ -95,7 +112,7 @@ loads="$tmp/loads.txt"
 for run in $(seq 1 "$RUNS"); do
     uptime | sed 's/.*load average: //' >>"$loads"
     log "Run $run/$RUNS: llama-bench."
-    "$llama_bench" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r 1 -o jsonl 2>/dev/null |
+    "$llama_bench" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r 1 "${bench_repack[@]}" -o jsonl 2>/dev/null |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -109,7 +126,7 @@ for line in sys.stdin:
     log "Run $run/$RUNS: llama-batched-bench."
     ctx=$(((PROMPT + GEN) * PARALLEL + 64))
     "$batched_bench" -m "$MODEL" -t "$THREADS" -tb "$THREADS" -c "$ctx" -b 2048 -ub 512 \
-        -npp "$PROMPT" -ntg "$GEN" -npl "1,$PARALLEL" --output-format jsonl 2>/dev/null |
+        -npp "$PROMPT" -ntg "$GEN" -npl "1,$PARALLEL" "${batched_repack[@]}" --output-format jsonl 2>/dev/null |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -139,7 +156,7 @@ for line in sys.stdin:
     fi
 done
 
-python3 - "$results" "$loads" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$PARALLEL" "$RUNS" <<'EOF'
+LLAMACPP_REPACK=$LLAMACPP_REPACK python3 - "$results" "$loads" "$MODEL" "$THREADS" "$PROMPT" "$GEN" "$PARALLEL" "$RUNS" <<'EOF'
 import json, statistics, sys, os, platform, subprocess
 results, loads, model, threads, prompt, gen, parallel, runs = sys.argv[1:]
 vals = {}
@@ -155,6 +172,7 @@ load = [l.strip() for l in open(loads)]
 print(f"Machine: {cpu}, {os.cpu_count()} CPUs; model `{os.path.basename(model)}`; threads {threads}; "
       f"prompt {prompt} tokens, {gen} generated; medians of {runs} runs.")
 print(f"Load average (1, 5, 15 min) before each run: {'; '.join(load)}")
+print(f"llama.cpp weight repacking / AMX: {os.environ.get('LLAMACPP_REPACK', '?')}")
 print()
 print("| metric (tokens/s) | llama.cpp | kiln | kiln / llama.cpp |")
 print("|---|---:|---:|---:|")
