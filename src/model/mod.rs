@@ -2,7 +2,9 @@
 //! layouts, and the forward pass of each supported architecture.
 
 pub mod config;
+pub mod gguf;
 pub mod tensor;
 
 pub use config::{Architecture, ModelConfig};
+pub use gguf::{GgufFile, GgufMetadata, GgufValue};
 pub use tensor::{TensorView, WeightDType, WeightSource};
