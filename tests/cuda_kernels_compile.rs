@@ -8,7 +8,15 @@
 
 use kiln::backend::cuda::{device, nvrtc, Arch, KernelModule};
 
-const TARGETS: &[&str] = &["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "compute_70"];
+const TARGETS: &[&str] = &[
+    "sm_70",
+    "sm_75",
+    "sm_80",
+    "sm_86",
+    "sm_89",
+    "sm_90",
+    "compute_70",
+];
 
 #[test]
 fn every_kernel_compiles_for_every_target() {
@@ -29,7 +37,8 @@ fn every_kernel_compiles_for_every_target() {
                 Ok(ptx) => {
                     for f in m.entry_points() {
                         if !ptx.contains(&format!(".entry {f}(")) {
-                            failures.push(format!("{t} {}: entry point {f} missing", m.file_name()));
+                            failures
+                                .push(format!("{t} {}: entry point {f} missing", m.file_name()));
                         }
                     }
                 }

@@ -41,7 +41,10 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
                     g.total_memory as f64 / (1u64 << 30) as f64
                 );
                 if args.arch.is_empty() {
-                    targets.push(Arch::from_compute_capability(g.compute_capability.0, g.compute_capability.1));
+                    targets.push(Arch::from_compute_capability(
+                        g.compute_capability.0,
+                        g.compute_capability.1,
+                    ));
                 }
             }
         }
@@ -71,10 +74,17 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
                         .filter(|f| !ptx.contains(&format!(".entry {f}(")))
                         .collect();
                     if missing.is_empty() {
-                        println!("ok   {arch} {} ({:.2} s)", m.file_name(), t0.elapsed().as_secs_f64());
+                        println!(
+                            "ok   {arch} {} ({:.2} s)",
+                            m.file_name(),
+                            t0.elapsed().as_secs_f64()
+                        );
                     } else {
                         failures += 1;
-                        println!("FAIL {arch} {}: entry points missing from PTX: {missing:?}", m.file_name());
+                        println!(
+                            "FAIL {arch} {}: entry points missing from PTX: {missing:?}",
+                            m.file_name()
+                        );
                     }
                 }
                 Err(e) => {

@@ -68,7 +68,11 @@ impl KernelModule {
     pub fn full_source(self) -> String {
         // `#pragma once` in common.cuh is harmless here; the #line resets error locations so
         // NVRTC logs point into the .cu file itself.
-        format!("{COMMON_HEADER}\n#line 1 \"{}\"\n{}", self.file_name(), self.source())
+        format!(
+            "{COMMON_HEADER}\n#line 1 \"{}\"\n{}",
+            self.file_name(),
+            self.source()
+        )
     }
 
     /// Entry points this module must export (checked after loading, and by `kiln doctor`).
@@ -128,7 +132,11 @@ mod tests {
             let src = m.source();
             for name in m.entry_points() {
                 let stem = name.split('_').next().unwrap_or_default();
-                assert!(src.contains(stem), "{} lacks `{stem}` (for {name})", m.file_name());
+                assert!(
+                    src.contains(stem),
+                    "{} lacks `{stem}` (for {name})",
+                    m.file_name()
+                );
             }
             assert!(m.full_source().starts_with(COMMON_HEADER));
         }

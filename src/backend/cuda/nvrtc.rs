@@ -46,14 +46,20 @@ const ARCH_NAMES: &[(&str, u32, u32, bool)] = &[
 impl Arch {
     /// The real architecture of a device with compute capability `major.minor`.
     pub fn from_compute_capability(major: u32, minor: u32) -> Self {
-        Arch { major, minor, virtual_only: false }
+        Arch {
+            major,
+            minor,
+            virtual_only: false,
+        }
     }
 
     /// The NVRTC `--gpu-architecture` value, if kiln knows it.
     pub fn name(self) -> Option<&'static str> {
         ARCH_NAMES
             .iter()
-            .find(|(_, ma, mi, v)| *ma == self.major && *mi == self.minor && *v == self.virtual_only)
+            .find(|(_, ma, mi, v)| {
+                *ma == self.major && *mi == self.minor && *v == self.virtual_only
+            })
             .map(|(n, ..)| *n)
     }
 
@@ -69,10 +75,17 @@ impl std::str::FromStr for Arch {
         ARCH_NAMES
             .iter()
             .find(|(n, ..)| *n == s)
-            .map(|(_, major, minor, v)| Arch { major: *major, minor: *minor, virtual_only: *v })
+            .map(|(_, major, minor, v)| Arch {
+                major: *major,
+                minor: *minor,
+                virtual_only: *v,
+            })
             .ok_or_else(|| {
                 let known: Vec<&str> = ARCH_NAMES.iter().map(|(n, ..)| *n).collect();
-                format!("unknown GPU architecture `{s}` (known: {})", known.join(", "))
+                format!(
+                    "unknown GPU architecture `{s}` (known: {})",
+                    known.join(", ")
+                )
             })
     }
 }
@@ -125,11 +138,13 @@ pub fn include_candidates(override_dir: Option<&Path>) -> Vec<PathBuf> {
 /// The first candidate folder that holds `cuda_fp16.h`.
 pub fn find_include_dir(override_dir: Option<&Path>) -> Result<PathBuf, CudaError> {
     let candidates = include_candidates(override_dir);
-    candidates.iter().find(|d| d.join("cuda_fp16.h").is_file()).cloned().ok_or_else(|| {
-        CudaError::HeadersNotFound {
+    candidates
+        .iter()
+        .find(|d| d.join("cuda_fp16.h").is_file())
+        .cloned()
+        .ok_or_else(|| CudaError::HeadersNotFound {
             searched: candidates.iter().map(|p| p.display().to_string()).collect(),
-        }
-    })
+        })
 }
 
 /// NVRTC's version as (major, minor).
@@ -138,14 +153,20 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     let (mut major, mut minor) = (0i32, 0i32);
     // SAFETY: NVRTC is loaded (checked above) and both pointers are valid for the call.
     let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    status.result().map_err(|e| CudaError::Nvrtc(format!("nvrtcVersion: {e:?}")))?;
+    status
+        .result()
+        .map_err(|e| CudaError::Nvrtc(format!("nvrtcVersion: {e:?}")))?;
     Ok((major, minor))
 }
 
 /// Compiler options for every kernel (arch and include path are added per call).
 fn base_options() -> Vec<String> {
     // Exact math (no --use_fast_math): the CPU backend is the reference.
-    vec!["-std=c++17".into(), "--fmad=true".into(), "-default-device".into()]
+    vec![
+        "-std=c++17".into(),
+        "--fmad=true".into(),
+        "-default-device".into(),
+    ]
 }
 
 /// Compile one module to PTX for `arch`, using the on-disk cache when `cache_dir` is given.
@@ -155,7 +176,9 @@ pub fn compile_module(
     include_dir: &Path,
     cache_dir: Option<&Path>,
 ) -> Result<String, CudaError> {
-    let arch_name = arch.name().ok_or_else(|| CudaError::UnsupportedArch(arch.to_string()))?;
+    let arch_name = arch
+        .name()
+        .ok_or_else(|| CudaError::UnsupportedArch(arch.to_string()))?;
     let source = module.full_source();
     let options = base_options();
     let version = nvrtc_version()?;
@@ -167,7 +190,13 @@ pub fn compile_module(
         h.update(format!("nvrtc {}.{}", version.0, version.1).as_bytes());
         hex::encode(h.finalize())
     };
-    let cached = cache_dir.map(|d| d.join(format!("{}-{arch_name}-{}.ptx", module.file_name(), &key[..16])));
+    let cached = cache_dir.map(|d| {
+        d.join(format!(
+            "{}-{arch_name}-{}.ptx",
+            module.file_name(),
+            &key[..16]
+        ))
+    });
     if let Some(path) = &cached {
         if let Ok(ptx) = std::fs::read_to_string(path) {
             return Ok(ptx);
