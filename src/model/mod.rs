@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod gguf;
+pub mod quant;
 pub mod tensor;
 
 pub use config::{Architecture, ModelConfig};
