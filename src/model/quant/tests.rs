@@ -32,7 +32,7 @@ fn q4_0_low_nibbles_first_then_high() {
     // qs[j] = low nibble j % 16, high nibble 15 - j % 16.
     let b = BlockQ4_0 {
         d: f16::from_f32(2.0),
-        qs: std::array::from_fn(|j| (j as u8 & 0xF) | ((15 - j as u8 & 0xF) << 4)),
+        qs: std::array::from_fn(|j| (j as u8 & 0xF) | ((15 - j as u8) << 4)),
     };
     let y = dq(WeightDType::Q4_0, bytemuck::bytes_of(&b), 32);
     for j in 0..16 {
