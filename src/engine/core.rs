@@ -8,7 +8,10 @@
 //! 3. runs the model inside `catch_unwind`: an error or a panic fails exactly the requests of
 //!    this step (the runner's error, or `Internal` for a panic) and the engine keeps serving;
 //! 4. samples each sequence whose logits were computed, appends the token, and answers the
-//!    requests that finished.
+//!    requests that finished (a panic while sampling fails only that request).
+//!
+//! A panic anywhere else in a step is a bug in the engine itself: every pending request fails
+//! with `Internal`, the scheduler and cache bookkeeping start over empty, and the thread lives on.
 //!
 //! Start-up (model loading included) happens on the thread too; its result comes back to the
 //! caller of `spawn` before any request is accepted.
@@ -217,7 +220,9 @@ impl EngineCore {
                     Err(mpsc::error::TryRecvError::Disconnected) => break 'serve,
                 }
             }
-            self.step();
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.step())) {
+                self.recover(&panic_message(&*panic));
+            }
         }
         let pending = self.scheduler.ids();
         for id in &pending {
@@ -228,6 +233,26 @@ impl EngineCore {
             steps = self.stats.steps,
             "Engine stopped."
         );
+    }
+
+    /// After a panic outside the forward pass and the sampler (a bug in the engine itself), the
+    /// scheduler's state cannot be trusted: fail every pending request with `Internal` and start
+    /// over with an empty scheduler and cache, so the engine keeps serving new requests.
+    fn recover(&mut self, message: &str) {
+        tracing::error!(
+            pending = self.replies.len(),
+            panic = message,
+            "Engine step panicked; failing every pending request and resetting the scheduler."
+        );
+        for (_, reply) in self.replies.drain() {
+            // Receivers may be gone already.
+            let _ = reply.send(Err(EngineError::Internal(format!(
+                "engine step panicked: {message}"
+            ))));
+        }
+        let kv = self.scheduler.kv();
+        let fresh = BlockManager::new(kv.num_blocks(), kv.block_size(), kv.prefix_caching());
+        self.scheduler = Scheduler::new(self.scheduler.config(), fresh);
     }
 
     /// Apply one command; true means stop.
