@@ -5,6 +5,7 @@ pub mod config;
 pub mod gguf;
 pub mod hf_config;
 pub mod quant;
+pub mod safetensors;
 pub mod tensor;
 
 pub use config::{Architecture, ModelConfig};
