@@ -179,7 +179,7 @@ fn read_shard(path: &Path, buf: &[u8], shard: usize) -> Result<Vec<(String, Entr
         let dtype = weight_dtype(info.dtype);
         let elem = (info.dtype.bitsize() / 8).max(1);
         let bytes = &buf[range.clone()];
-        let storage = if (bytes.as_ptr() as usize) % elem == 0 {
+        let storage = if (bytes.as_ptr() as usize).is_multiple_of(elem) {
             Storage::Mapped { shard, range }
         } else {
             tracing::debug!(tensor = %name, path = %path.display(), "Copying a misaligned safetensors tensor.");
