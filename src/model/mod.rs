@@ -2,6 +2,7 @@
 //! layouts, and the forward pass of each supported architecture.
 
 pub mod config;
+pub mod fetch;
 pub mod files;
 pub mod gguf;
 pub mod hf_config;
