@@ -2,10 +2,15 @@
 //! layouts, and the forward pass of each supported architecture.
 
 pub mod config;
+pub mod fetch;
+pub mod files;
 pub mod gguf;
+pub mod hf_config;
 pub mod quant;
+pub mod safetensors;
 pub mod tensor;
 
 pub use config::{Architecture, ModelConfig};
+pub use files::{ModelFiles, ModelFormat};
 pub use gguf::{GgufFile, GgufMetadata, GgufValue};
 pub use tensor::{TensorView, WeightDType, WeightSource};
