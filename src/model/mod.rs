@@ -2,7 +2,10 @@
 //! layouts, and the forward pass of each supported architecture.
 
 pub mod config;
+pub mod gguf;
+pub mod quant;
 pub mod tensor;
 
 pub use config::{Architecture, ModelConfig};
+pub use gguf::{GgufFile, GgufMetadata, GgufValue};
 pub use tensor::{TensorView, WeightDType, WeightSource};
