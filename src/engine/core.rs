@@ -330,11 +330,14 @@ impl EngineCore {
     fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         let ids = match prompt {
             Prompt::TokenIds(ids) => ids.clone(),
-            Prompt::Text(text) => encode(&self.tokenizer, text, true)?,
-            Prompt::Chat { .. } => return Err(EngineError::InvalidInput(
-                "chat prompts need the tokenizer's chat template support, which this build lacks"
-                    .into(),
-            )),
+            Prompt::Text(text) => self.tokenizer.encode(text, true).map_err(invalid_prompt)?,
+            Prompt::Chat {
+                messages,
+                template_kwargs,
+            } => self
+                .tokenizer
+                .encode_chat(messages, true, template_kwargs)
+                .map_err(invalid_prompt)?,
         };
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab_size) {
             return Err(EngineError::InvalidInput(format!(
@@ -453,7 +456,7 @@ impl EngineCore {
             let Some(seq) = self.scheduler.get_mut(s.id) else {
                 continue;
             };
-            let tokenizer = &self.tokenizer.inner;
+            let tokenizer = &self.tokenizer;
             let block_size = self.block_size;
             let result = catch_unwind(AssertUnwindSafe(|| {
                 seq.sample_and_append(row, tokenizer, block_size, now)
@@ -533,27 +536,10 @@ impl EngineCore {
     }
 }
 
-/// Encode text; BOS is prepended when the tokenizer asks for it and its pipeline did not.
-fn encode(
-    tokenizer: &Tokenizer,
-    text: &str,
-    add_special_tokens: bool,
-) -> Result<Vec<u32>, EngineError> {
-    let enc = tokenizer
-        .inner
-        .encode(text, add_special_tokens)
-        .map_err(|e| {
-            EngineError::InvalidInput(format!("the prompt could not be tokenized: {e}"))
-        })?;
-    let mut ids = enc.get_ids().to_vec();
-    if add_special_tokens && tokenizer.add_bos {
-        if let Some(bos) = tokenizer.bos_token_id {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
-        }
-    }
-    Ok(ids)
+/// Tokenizer and chat-template failures are the request's fault (a template that raises, a
+/// model without a chat template).
+fn invalid_prompt(e: ModelError) -> EngineError {
+    EngineError::InvalidInput(format!("the prompt could not be prepared: {e}"))
 }
 
 /// The message of a caught panic.

@@ -7,7 +7,6 @@
 
 pub mod config;
 mod core;
-pub mod detokenizer;
 pub mod handle;
 pub mod kv_cache;
 pub mod request;
@@ -15,6 +14,8 @@ pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 pub mod stop;
+#[cfg(test)]
+mod test_support;
 
 pub use self::core::StartError;
 pub use config::{Device, EngineConfig};
