@@ -2,6 +2,8 @@
 //! layouts, and the forward pass of each supported architecture.
 
 pub mod config;
+pub mod llama;
+pub mod prefix;
 pub mod tensor;
 
 pub use config::{Architecture, ModelConfig};

@@ -231,7 +231,7 @@ impl Backend for CpuBackend {
     }
 
     fn create_rope(&self, spec: &RopeSpec) -> Result<CpuRope, BackendError> {
-        if spec.rotary_dim == 0 || spec.rotary_dim % 2 != 0 {
+        if spec.rotary_dim == 0 || !spec.rotary_dim.is_multiple_of(2) {
             return Err(BackendError::InvalidArgument(format!(
                 "rotary dim {} must be even and positive",
                 spec.rotary_dim
@@ -438,7 +438,7 @@ impl Backend for CpuBackend {
             || params.num_kv_heads != spec.num_kv_heads
             || params.head_dim != spec.head_dim
             || params.num_kv_heads == 0
-            || params.num_heads % params.num_kv_heads != 0
+            || !params.num_heads.is_multiple_of(params.num_kv_heads)
         {
             return Err(BackendError::InvalidArgument(format!(
                 "attention {params:?} on layer {layer} does not fit the cache {spec:?}"
