@@ -6,9 +6,11 @@
 //! - [`model`]: model files (GGUF, safetensors, config) and architectures.
 //! - [`backend`]: compute backends (CPU reference; CUDA behind the `cuda` feature).
 //! - [`tokenizer`]: tokenization and chat templates.
+//! - [`tools`]: `kiln probe` (and other non-daemon commands).
 
 pub mod backend;
 pub mod engine;
 pub mod error;
 pub mod model;
 pub mod tokenizer;
+pub mod tools;

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod llama;
 pub mod prefix;
+pub mod runner;
 pub mod tensor;
 
 pub use config::{Architecture, ModelConfig};

@@ -1,0 +1,3 @@
+//! Command implementations that are tools rather than the daemon: `probe` (and `bench`).
+
+pub mod probe;
