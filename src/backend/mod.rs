@@ -29,6 +29,8 @@
 //! every step) and the ops `gdn_conv1d`, `gdn_chunk_prefill` and `gdn_decode_step`.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod rope;
 
 pub use cpu::CpuBackend;

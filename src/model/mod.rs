@@ -2,10 +2,13 @@
 //! layouts, and the forward pass of each supported architecture.
 
 pub mod config;
+pub mod gguf;
 pub mod llama;
 pub mod prefix;
+pub mod quant;
 pub mod runner;
 pub mod tensor;
 
 pub use config::{Architecture, ModelConfig};
+pub use gguf::{GgufFile, GgufMetadata, GgufValue};
 pub use tensor::{TensorView, WeightDType, WeightSource};

@@ -1,3 +1,4 @@
-//! Command implementations that are tools rather than the daemon: `probe` (and `bench`).
+//! Command-line tools beside the daemon: `doctor`, `probe` (and `generate`, `bench`).
 
+pub mod doctor;
 pub mod probe;
