@@ -23,6 +23,11 @@ What it writes (see tests/golden/README.md for the formats):
   GGUF the way llama.cpp's `convert_hf_to_gguf.py` writes a llama (Q/K rows permuted per head).
 - `<out>/tiny_<name>.json`: inline reference logits and greedy continuations for each tiny model.
 
+After generating, it re-checks every reference with an independent float64 numpy forward pass of
+its own over the written model files (llama / qwen3 math, GGUF dequantized by gguf-py and the Q/K
+interleave undone by hand) and the tokenizer fixture with a plain `tokenizers.Tokenizer`;
+`--verify-only` runs just these checks on the committed files.
+
 Every step is seeded; running it twice gives the same files (up to float rounding of the BLAS
 library on a different machine, far below the 1e-3 test tolerance).
 """
@@ -721,6 +726,183 @@ def gen_tiny(fixtures: Path, out: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# Independent cross-check: a from-scratch float64 numpy forward pass over the committed files.
+# Not the reference (transformers is); it catches a fixture whose model file, config reading or
+# JSON disagree with each other, and spells out the math the Rust side implements.
+
+
+def np_rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def np_forward(p: dict, hp: dict, token_ids: list[int]) -> np.ndarray:
+    """Logits [T, vocab] of a llama / qwen3 decoder. `p` holds HF-named float64 weights in HF
+    layout ([out, in]); `hp` the hyper-parameters."""
+    n_h, n_kv, hd, eps = hp["n_head"], hp["n_kv"], hp["head_dim"], hp["eps"]
+    t = len(token_ids)
+    x = p["model.embed_tokens.weight"][token_ids]
+    inv_freq = hp["theta"] ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    ang = np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]  # [T, hd/2]
+    cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :]  # [T, 1, hd]
+    sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :]
+
+    def rope(v: np.ndarray) -> np.ndarray:  # HF rotate-half: pairs (i, i + hd/2)
+        rot = np.concatenate([-v[..., hd // 2 :], v[..., : hd // 2]], axis=-1)
+        return v * cos + rot * sin
+
+    mask = np.triu(np.full((t, t), -np.inf), k=1)
+    for layer in range(hp["n_layer"]):
+        pre = f"model.layers.{layer}."
+        h = np_rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        q = (h @ p[pre + "self_attn.q_proj.weight"].T).reshape(t, n_h, hd)
+        k = (h @ p[pre + "self_attn.k_proj.weight"].T).reshape(t, n_kv, hd)
+        v = (h @ p[pre + "self_attn.v_proj.weight"].T).reshape(t, n_kv, hd)
+        if pre + "self_attn.q_norm.weight" in p:
+            q = np_rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps)
+            k = np_rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps)
+        q, k = rope(q), rope(k)
+        out = np.empty((t, n_h, hd))
+        for head in range(n_h):
+            kv = head // (n_h // n_kv)
+            scores = q[:, head, :] @ k[:, kv, :].T / np.sqrt(hd) + mask
+            probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs /= probs.sum(axis=-1, keepdims=True)
+            out[:, head, :] = probs @ v[:, kv, :]
+        x = x + out.reshape(t, n_h * hd) @ p[pre + "self_attn.o_proj.weight"].T
+        h = np_rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        gate = h @ p[pre + "mlp.gate_proj.weight"].T
+        up = h @ p[pre + "mlp.up_proj.weight"].T
+        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ p[pre + "mlp.down_proj.weight"].T
+    x = np_rms_norm(x, p["model.norm.weight"], eps)
+    lm_head = p.get("lm_head.weight", p["model.embed_tokens.weight"])
+    return x @ lm_head.T
+
+
+def np_load_hf(dir_: Path) -> tuple[dict, dict]:
+    from safetensors.torch import load_file
+
+    cfg = json.loads((dir_ / "config.json").read_text())
+    tensors = load_file(str(dir_ / "model.safetensors"))
+    p = {k: v.to(torch.float64).numpy() for k, v in tensors.items()}
+    theta = cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta"))
+    hp = {
+        "n_head": cfg["num_attention_heads"],
+        "n_kv": cfg["num_key_value_heads"],
+        "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+        "eps": cfg["rms_norm_eps"],
+        "theta": float(theta),
+        "n_layer": cfg["num_hidden_layers"],
+    }
+    return p, hp
+
+
+GGUF_TO_HF = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def np_load_llama_gguf(path: Path) -> tuple[dict, dict]:
+    """Dequantize every tensor (gguf-py) and undo llama.cpp's Q/K interleave: within each head,
+    GGUF row 2i is HF row i and GGUF row 2i+1 is HF row d/2 + i."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")}
+    n_h, n_kv = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
+    p = {}
+    for t in r.tensors:
+        w = gguf.dequantize(t.data, t.tensor_type).astype(np.float64)
+        w = w.reshape([int(d) for d in reversed(t.shape.tolist())])
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            base, hf = parts[2], f"model.layers.{parts[1]}." + GGUF_TO_HF[parts[2]]
+        else:
+            base, hf = parts[0], GGUF_TO_HF[parts[0]]
+        if base in ("attn_q", "attn_k"):
+            heads = n_h if base == "attn_q" else n_kv
+            d = w.shape[0] // heads
+            w = w.reshape(heads, d // 2, 2, -1).transpose(0, 2, 1, 3).reshape(w.shape)
+        p[hf + ".weight"] = w
+    hp = {
+        "n_head": n_h,
+        "n_kv": n_kv,
+        "head_dim": meta["llama.embedding_length"] // n_h,
+        "eps": float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        "theta": float(meta["llama.rope.freq_base"]),
+        "n_layer": meta["llama.block_count"],
+    }
+    return p, hp
+
+
+def verify(out: Path, fixtures: Path, model_path: Path | None) -> None:
+    """Recompute every committed reference with `np_forward` and print the max |Δ|."""
+    worst = 0.0
+    for ref in sorted(out.glob("tiny_*.json")):
+        doc = json.loads(ref.read_text())
+        mp = Path(doc["model_path"])
+        mp = fixtures / mp.relative_to("tests/fixtures")
+        p, hp = np_load_llama_gguf(mp) if mp.suffix == ".gguf" else np_load_hf(mp)
+        d = 0.0
+        for c in doc["cases"]:
+            logits = np_forward(p, hp, c["token_ids"])[c["positions"]]
+            d = max(d, float(np.max(np.abs(logits - np.array(c["logits"])))))
+        for g in doc["greedy"]:
+            seq = list(g["prompt_ids"])
+            for tok_id, gap in zip(g["greedy"], g["top2_gap"]):
+                if gap < 0.01:
+                    break
+                nxt = int(np.argmax(np_forward(p, hp, seq)[-1]))
+                assert nxt == tok_id, (ref.name, seq, nxt, tok_id)
+                seq.append(nxt)
+        print(f"verify {ref.name}: numpy float64 vs transformers max |dlogit| = {d:.3g}")
+        worst = max(worst, d)
+    if model_path is not None and (out / "smollm2_logits.json").exists():
+        doc = json.loads((out / "smollm2_logits.json").read_text())
+        p, hp = np_load_llama_gguf(model_path)
+        for c in doc["cases"]:
+            ref = np.fromfile(out / c["logits_file"], dtype="<f4").reshape(len(c["positions"]), -1)
+            logits = np_forward(p, hp, c["token_ids"])[c["positions"]]
+            d = float(np.max(np.abs(logits - ref)))
+            print(f"verify smollm2 {c['name']}: numpy float64 vs transformers max |dlogit| = {d:.3g}")
+            worst = max(worst, d)
+    assert worst < 1e-3, worst
+    if model_path is not None and (out / "tokenizer_smollm2.json").exists():
+        verify_tokenizer(out / "tokenizer_smollm2.json", model_path)
+
+
+def verify_tokenizer(fixture: Path, model_path: Path) -> None:
+    """Every case again through a plain `tokenizers.Tokenizer` read back from the serialized
+    reference tokenizer.json (what `--dump-tokenizer-json` writes), and a decode round trip."""
+    import tempfile
+
+    from tokenizers import Tokenizer
+
+    doc = json.loads(fixture.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        dump_tokenizer_json(model_path, Path(tmp) / "tokenizer.json")
+        tk = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))
+    dropped = {chr(b) for b in (4, 6, 19, 20, 22, 29)}
+    for c in doc["cases"]:
+        assert tk.encode(c["text"], add_special_tokens=c["add_special_tokens"]).ids == c["ids"], c
+        expect = "".join(ch for ch in c["text"] if ch not in dropped)
+        assert tk.decode(c["ids"], skip_special_tokens=False) == expect, c
+    for c in doc["chat"]:
+        assert tk.encode(c["rendered"], add_special_tokens=False).ids == c["ids"], c
+    print(f"verify {fixture.name}: {len(doc['cases'])} cases and {len(doc['chat'])} chats agree")
+
+
+# ------------------------------------------------------------------------------------------------
 
 
 def main() -> int:
@@ -729,6 +911,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("tests/golden"))
     ap.add_argument("--fixtures", type=Path, default=Path("tests/fixtures"))
     ap.add_argument("--only", choices=["smollm2", "tiny"], help="generate one group only")
+    ap.add_argument(
+        "--verify-only",
+        action="store_true",
+        help="only re-check the existing fixtures with the independent numpy forward pass",
+    )
     ap.add_argument(
         "--dump-tokenizer-json",
         type=Path,
@@ -745,12 +932,14 @@ def main() -> int:
         dump_tokenizer_json(args.model.resolve(), args.dump_tokenizer_json)
         return 0
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.fixtures.mkdir(parents=True, exist_ok=True)
-    if args.only in (None, "tiny"):
-        gen_tiny(args.fixtures, args.out)
-    if args.only in (None, "smollm2"):
-        gen_smollm2(args.model.resolve(), args.out)
+    if not args.verify_only:
+        args.out.mkdir(parents=True, exist_ok=True)
+        args.fixtures.mkdir(parents=True, exist_ok=True)
+        if args.only in (None, "tiny"):
+            gen_tiny(args.fixtures, args.out)
+        if args.only in (None, "smollm2"):
+            gen_smollm2(args.model.resolve(), args.out)
+    verify(args.out, args.fixtures, args.model.resolve() if args.model.exists() else None)
     return 0
 
 
