@@ -706,6 +706,12 @@ async fn the_same_content_is_recorded_once() {
     assert_eq!(gens, [1, 0, 0], "newest first: forced v1, v2, v1");
     assert_eq!(ledger.counts().await.unwrap().input_files, 4);
     assert_eq!(ledger.counts().await.unwrap().total, 2 + 3 + 1 + 2);
+    // A rerun requested for content not seen yet is consumed by its first intake, not kept for later.
+    let fresh = file("in/z.jsonl", "fresh");
+    ledger.request_rerun(&fresh.path, &fresh.sha256).await.unwrap();
+    let first = ledger.record_input_file(&fresh, &lines(1)).await.unwrap().unwrap();
+    assert_eq!(first.generation, 0);
+    assert_eq!(ledger.record_input_file(&fresh, &lines(1)).await.unwrap(), None);
 }
 
 #[tokio::test]
