@@ -204,7 +204,7 @@ async fn fill(ledger: &Ledger) -> Fixture {
     Fixture { a, b, c, d, note }
 }
 
-fn by_id<'a>(array: &'a [Value], id: TaskId) -> &'a Value {
+fn by_id(array: &[Value], id: TaskId) -> &Value {
     array
         .iter()
         .find(|t| t["task_id"] == id.to_string())

@@ -7,7 +7,7 @@
 //! [`SETTLE`]; otherwise it runs until interrupted.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -54,7 +54,7 @@ pub fn run(config_path: Option<&Path>, args: LogsArgs) -> anyhow::Result<()> {
     })
 }
 
-async fn follow(path: &PathBuf, id: TaskId, ledger: Option<&Ledger>) -> anyhow::Result<()> {
+async fn follow(path: &Path, id: TaskId, ledger: Option<&Ledger>) -> anyhow::Result<()> {
     let mut offset = 0u64;
     let mut last_data = Instant::now();
     loop {

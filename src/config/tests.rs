@@ -252,3 +252,14 @@ fn display_name_falls_back_to_the_stem() {
     m.name = "smol".into();
     assert_eq!(m.display_name(), "smol");
 }
+
+#[test]
+fn non_ascii_variables_are_not_overrides() {
+    let c = Config::from_toml_str(
+        "",
+        Path::new("c.toml"),
+        env(&[("KILN_é_X", "1"), ("KILN_DAEMONé", "1")]),
+    )
+    .unwrap();
+    assert_eq!(c, Config::default());
+}
