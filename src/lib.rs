@@ -9,6 +9,7 @@
 //! - [`model`]: model files (GGUF, safetensors, config) and architectures.
 //! - [`backend`]: compute backends (CPU reference; CUDA behind the `cuda` feature).
 //! - [`tokenizer`]: tokenization and chat templates.
+//! - [`tools`]: `kiln probe` (and other non-daemon commands).
 
 pub mod backend;
 pub mod config;
@@ -18,3 +19,4 @@ pub mod ledger;
 pub mod logging;
 pub mod model;
 pub mod tokenizer;
+pub mod tools;

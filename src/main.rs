@@ -31,6 +31,8 @@ enum Command {
     Retry(cli::retry::RetryArgs),
     /// Print a task's own log.
     Logs(cli::logs::LogsArgs),
+    /// Check the CUDA setup: driver, GPUs, NVRTC, and compile every kernel.
+    Doctor(kiln::tools::doctor::DoctorArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,5 +45,6 @@ fn main() -> anyhow::Result<()> {
         Command::Show(args) => cli::show::run(config, args),
         Command::Retry(args) => cli::retry::run(config, args),
         Command::Logs(args) => cli::logs::run(config, args),
+        Command::Doctor(args) => kiln::tools::doctor::run(&args),
     }
 }
