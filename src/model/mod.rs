@@ -6,7 +6,10 @@ pub mod fetch;
 pub mod files;
 pub mod gguf;
 pub mod hf_config;
+pub mod llama;
+pub mod prefix;
 pub mod quant;
+pub mod runner;
 pub mod safetensors;
 pub mod tensor;
 
