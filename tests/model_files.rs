@@ -175,10 +175,8 @@ fn smollm2_dequantized_values_match_gguf_py_and_transformers() {
             -0.04566192626953125
         ]
     );
-    assert_eq!(
-        rows[576..576 + 3],
-        [-0.0238037109375, -0.015869140625, -0.0396728515625]
-    );
+    let row1: Vec<f64> = rows[576..576 + 3].iter().map(|&v| f64::from(v)).collect();
+    assert_eq!(row1, [-0.0238037109375, -0.015869140625, -0.0396728515625]);
     assert_eq!(
         sha256_f32(&rows),
         "bcd65be93f8e3982bc61bb5a75176f1a33b945e2e9069f5fe4fb9251893dc348",
@@ -210,7 +208,7 @@ fn smollm2_dequantized_values_match_gguf_py_and_transformers() {
     }
     let q = dequantize_view(&w.tensor("model.layers.0.self_attn.q_proj.weight").unwrap());
     assert_eq!(
-        (q[576], q[33 * 576 + 5]),
+        (f64::from(q[576]), f64::from(q[33 * 576 + 5])),
         (-0.1591796875, -0.06280517578125)
     );
 }
