@@ -26,6 +26,7 @@ use tokenizers::{AddedToken, PostProcessorWrapper};
 use super::pre_tokenizer::PreTokenizerKind;
 use super::Tokenizer;
 use crate::error::ModelError;
+use crate::model::gguf::GgufMetadata;
 
 /// llama.cpp's per-token type (`tokenizer.ggml.token_type`, `enum llama_token_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +94,35 @@ pub struct GgufVocab {
 }
 
 impl GgufVocab {
+    /// Read the `tokenizer.*` keys. `tokenizer.ggml.model` and `tokenizer.ggml.tokens` are required;
+    /// a key of the wrong type is a `Format` error naming it.
+    pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ModelError> {
+        let token_types = meta
+            .get_i32_array("tokenizer.ggml.token_type")?
+            .unwrap_or_default()
+            .into_iter()
+            .map(GgufTokenType::from_i32)
+            .collect();
+        Ok(GgufVocab {
+            model: meta.require_str("tokenizer.ggml.model")?.to_owned(),
+            pre: meta.get_str("tokenizer.ggml.pre")?.map(str::to_owned),
+            tokens: meta.require_str_array("tokenizer.ggml.tokens")?.to_vec(),
+            token_types,
+            merges: meta
+                .get_str_array("tokenizer.ggml.merges")?
+                .unwrap_or_default()
+                .to_vec(),
+            bos_token_id: meta.get_u32("tokenizer.ggml.bos_token_id")?,
+            eos_token_id: meta.get_u32("tokenizer.ggml.eos_token_id")?,
+            eot_token_id: meta.get_u32("tokenizer.ggml.eot_token_id")?,
+            eom_token_id: meta.get_u32("tokenizer.ggml.eom_token_id")?,
+            add_bos_token: meta.get_bool("tokenizer.ggml.add_bos_token")?,
+            add_eos_token: meta.get_bool("tokenizer.ggml.add_eos_token")?,
+            add_space_prefix: meta.get_bool("tokenizer.ggml.add_space_prefix")?,
+            chat_template: meta.get_str("tokenizer.chat_template")?.map(str::to_owned),
+        })
+    }
+
     /// The type of token `id` (`Normal` when the file records no types).
     fn token_type(&self, id: usize) -> GgufTokenType {
         self.token_types
@@ -264,9 +294,37 @@ fn split_merge(merge: &str) -> Result<(String, String), ModelError> {
         })
 }
 
+impl Tokenizer {
+    /// Build the tokenizer a GGUF file describes (see [`GgufVocab`] for the rules).
+    pub fn from_gguf(meta: &GgufMetadata) -> Result<Tokenizer, ModelError> {
+        let started = std::time::Instant::now();
+        let vocab = GgufVocab::from_metadata(meta)?;
+        let pre = vocab.pre.clone();
+        let tokenizer = vocab.into_tokenizer().map_err(|e| match e {
+            ModelError::Tokenizer(m) => {
+                ModelError::Tokenizer(format!("{}: {m}", meta.path().display()))
+            }
+            other => other,
+        })?;
+        tracing::debug!(
+            path = %meta.path().display(),
+            pre = pre.as_deref().unwrap_or("default"),
+            vocab = tokenizer.vocab_size(),
+            bos_token_id = ?tokenizer.bos_token_id,
+            eos_token_ids = ?tokenizer.eos_token_ids,
+            add_bos = tokenizer.add_bos,
+            has_chat_template = tokenizer.chat_template.is_some(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "Built the tokenizer from GGUF metadata."
+        );
+        Ok(tokenizer)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::gguf::{GgufArray, GgufValue};
 
     /// A byte-level vocabulary over `a`, `b`, ` ` with merges `a b`, `Ġ ab`, and two specials.
     fn toy() -> GgufVocab {
@@ -356,6 +414,55 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("twice"));
+    }
+
+    #[test]
+    fn metadata_keys_are_read_with_their_gguf_names() {
+        let v = toy();
+        let mut meta = GgufMetadata::new("toy.gguf");
+        meta.insert("tokenizer.ggml.model", GgufValue::String("gpt2".into()));
+        meta.insert("tokenizer.ggml.pre", GgufValue::String("smollm".into()));
+        meta.insert(
+            "tokenizer.ggml.tokens",
+            GgufValue::Array(GgufArray::String(v.tokens.clone())),
+        );
+        meta.insert(
+            "tokenizer.ggml.merges",
+            GgufValue::Array(GgufArray::String(v.merges.clone())),
+        );
+        let types = v
+            .token_types
+            .iter()
+            .map(|t| if *t == GgufTokenType::Control { 3 } else { 1 })
+            .collect();
+        meta.insert(
+            "tokenizer.ggml.token_type",
+            GgufValue::Array(GgufArray::I32(types)),
+        );
+        meta.insert("tokenizer.ggml.bos_token_id", GgufValue::U32(1));
+        meta.insert("tokenizer.ggml.eos_token_id", GgufValue::U32(0));
+        meta.insert("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
+        meta.insert(
+            "tokenizer.chat_template",
+            GgufValue::String("{{ bos_token }}".into()),
+        );
+        let tok = Tokenizer::from_gguf(&meta).unwrap();
+        assert_eq!(tok.encode("ab", true).unwrap(), [1, 5]);
+        assert_eq!(tok.chat_template.as_deref(), Some("{{ bos_token }}"));
+        assert_eq!(
+            (tok.bos_token_id, tok.eos_token_ids.as_slice()),
+            (Some(1), &[0][..])
+        );
+
+        meta.insert(
+            "tokenizer.ggml.bos_token_id",
+            GgufValue::String("one".into()),
+        );
+        let err = Tokenizer::from_gguf(&meta).unwrap_err();
+        assert!(
+            err.to_string().contains("tokenizer.ggml.bos_token_id"),
+            "{err}"
+        );
     }
 
     #[test]
