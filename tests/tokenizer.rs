@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::{ensure, Context, Result};
 use kiln::engine::request::ChatMessage;
 use kiln::model::gguf::GgufMetadata;
-use kiln::tokenizer::Tokenizer;
+use kiln::tokenizer::{ChatTemplate, SpecialTokenVars, Tokenizer};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -237,4 +237,70 @@ fn hf_folder_without_tokenizer_json_is_an_io_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let err = Tokenizer::from_hf_dir(dir.path()).unwrap_err();
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
+}
+
+#[derive(Debug, Deserialize)]
+struct TemplateFixture {
+    source: String,
+    cases: Vec<TemplateCase>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TemplateCase {
+    name: String,
+    template: String,
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+    kwargs: serde_json::Map<String, serde_json::Value>,
+    special_tokens: SpecialTokens,
+    rendered: Option<String>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SpecialTokens {
+    bos_token: String,
+    eos_token: String,
+}
+
+#[test]
+fn chat_templates_render_like_transformers() -> Result<()> {
+    // tests/tokenizer/chat_templates.json: templates written for this test (Qwen3-, Llama 3-style
+    // and Python value printing), rendered by transformers' `render_jinja_template`.
+    let path = crate_root().join("tests/tokenizer/chat_templates.json");
+    let fixture: TemplateFixture = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    ensure!(
+        fixture.cases.len() >= 10,
+        "fixture too small: {}",
+        path.display()
+    );
+    let mut bad = Vec::new();
+    for case in &fixture.cases {
+        let special = SpecialTokenVars {
+            bos_token: Some(case.special_tokens.bos_token.clone()),
+            eos_token: Some(case.special_tokens.eos_token.clone()),
+        };
+        let result = ChatTemplate::compile(&case.template)?.render(
+            &case.messages,
+            case.add_generation_prompt,
+            &special,
+            &case.kwargs,
+        );
+        match (&result, &case.rendered, &case.error) {
+            (Ok(got), Some(want), _) if got == want => {}
+            (Err(e), None, Some(want)) if e.to_string().contains(want.as_str()) => {}
+            _ => bad.push(format!(
+                "{}: got {result:?}\n  reference rendered={:?} error={:?}",
+                case.name, case.rendered, case.error
+            )),
+        }
+    }
+    ensure!(
+        bad.is_empty(),
+        "{} mismatches vs {}:\n{}",
+        bad.len(),
+        fixture.source,
+        bad.join("\n")
+    );
+    Ok(())
 }
