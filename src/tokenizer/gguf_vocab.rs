@@ -20,9 +20,9 @@
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::{AddedToken, PostProcessorWrapper};
+use tokenizers::AddedToken;
 
+use super::post_processor::bos_eos_template;
 use super::pre_tokenizer::PreTokenizerKind;
 use super::Tokenizer;
 use crate::error::ModelError;
@@ -207,18 +207,16 @@ impl GgufVocab {
         inner.add_special_tokens(&added(GgufTokenType::Control, true));
         inner.add_tokens(&added(GgufTokenType::UserDefined, false));
 
+        // As transformers' `update_post_processor`: a flag without its token is dropped.
         let add_bos = self
             .add_bos_token
-            .unwrap_or(kind == PreTokenizerKind::Llama3);
-        let add_eos = self.add_eos_token.unwrap_or(false);
+            .unwrap_or(kind == PreTokenizerKind::Llama3)
+            && self.bos_token_id.is_some();
+        let add_eos = self.add_eos_token.unwrap_or(false) && self.eos_token_id.is_some();
         let bos = self.bos_token_id.filter(|_| add_bos);
         let eos = self.eos_token_id.filter(|_| add_eos);
-        if add_bos && bos.is_none() {
-            return Err(ModelError::Tokenizer(
-                "GGUF asks for a BOS token (`add_bos_token`) but has no `tokenizer.ggml.bos_token_id`".into(),
-            ));
-        }
-        inner.with_post_processor(Some(self.post_processor(bos, eos)?));
+        let named = |id: Option<u32>| id.map(|id| (self.tokens[id as usize].as_str(), id));
+        inner.with_post_processor(Some(bos_eos_template(named(bos), named(eos))?));
 
         let mut eos_token_ids = Vec::new();
         for id in [self.eos_token_id, self.eot_token_id, self.eom_token_id]
@@ -236,48 +234,6 @@ impl GgufVocab {
             eos_token_ids,
             add_bos,
         })
-    }
-
-    /// `TemplateProcessing` adding `bos`/`eos` around each sequence, or plain `ByteLevel` offsets.
-    fn post_processor(
-        &self,
-        bos: Option<u32>,
-        eos: Option<u32>,
-    ) -> Result<PostProcessorWrapper, ModelError> {
-        if bos.is_none() && eos.is_none() {
-            return Ok(ByteLevel::new(false, false, true).into());
-        }
-        let name = |id: u32| self.tokens[id as usize].clone();
-        let mut single = Vec::new();
-        let mut pair = Vec::new();
-        let mut specials = Vec::new();
-        if let Some(id) = bos {
-            single.push(name(id));
-            specials.push((name(id), id));
-        }
-        single.push("$A".to_owned());
-        if let Some(id) = eos {
-            single.push(name(id));
-            if bos != Some(id) {
-                specials.push((name(id), id));
-            }
-        }
-        pair.extend(single.iter().cloned());
-        pair.extend(single.iter().map(|p| {
-            if p == "$A" {
-                "$B:1".to_owned()
-            } else {
-                format!("{p}:1")
-            }
-        }));
-        let processor = TemplateProcessing::builder()
-            .try_single(single)
-            .and_then(|b| b.try_pair(pair))
-            .map_err(|e| ModelError::Tokenizer(format!("BOS/EOS template: {e}")))?
-            .special_tokens(specials)
-            .build()
-            .map_err(|e| ModelError::Tokenizer(format!("BOS/EOS template: {e}")))?;
-        Ok(processor.into())
     }
 }
 
@@ -463,6 +419,44 @@ mod tests {
             err.to_string().contains("tokenizer.ggml.bos_token_id"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn qwen2_normalizes_to_nfc_and_smollm_does_not() {
+        use crate::tokenizer::test_vocab::{byte_id, toy_vocab};
+        let composed = [byte_id(0xC3), byte_id(0xA9)]; // "é" = C3 A9
+        let decomposed = [byte_id(b'e'), byte_id(0xCC), byte_id(0x81)]; // "e" + U+0301 = CC 81
+        let mut v = toy_vocab();
+        v.pre = Some("qwen2".into());
+        let qwen = v.into_tokenizer().unwrap();
+        assert_eq!(qwen.encode("e\u{301}", false).unwrap(), composed);
+        let smol = toy_vocab().into_tokenizer().unwrap();
+        assert_eq!(smol.encode("e\u{301}", false).unwrap(), decomposed);
+    }
+
+    #[test]
+    fn a_flag_without_its_token_adds_nothing() {
+        let mut v = toy();
+        v.add_bos_token = Some(true);
+        v.bos_token_id = None;
+        let tok = v.into_tokenizer().unwrap();
+        assert!(!tok.add_bos);
+        assert_eq!(tok.encode("ab", true).unwrap(), [5]);
+    }
+
+    #[test]
+    fn llama3_adds_bos_by_default_and_ignores_merges_for_whole_words() {
+        // "ba" is a vocabulary entry no merge produces: only `ignore_merges` finds it whole.
+        let mut v = toy();
+        v.tokens.push("ba".into());
+        v.token_types.push(GgufTokenType::Normal);
+        let smollm = v.clone().into_tokenizer().unwrap();
+        assert_eq!(smollm.encode("ba", true).unwrap(), [3, 2]);
+        v.pre = Some("llama-bpe".into());
+        let llama3 = v.into_tokenizer().unwrap();
+        assert!(llama3.add_bos);
+        assert_eq!(llama3.encode("ba", true).unwrap(), [1, 9]);
+        assert_eq!(llama3.encode("ab", false).unwrap(), [5]);
     }
 
     #[test]
