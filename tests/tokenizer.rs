@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::{ensure, Context, Result};
 use kiln::engine::request::ChatMessage;
 use kiln::model::gguf::GgufMetadata;
-use kiln::tokenizer::{ChatTemplate, SpecialTokenVars, Tokenizer};
+use kiln::tokenizer::{ChatTemplate, GgufVocab, SpecialTokenVars, Tokenizer};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -293,6 +293,58 @@ fn chat_templates_render_like_transformers() -> Result<()> {
                 "{}: got {result:?}\n  reference rendered={:?} error={:?}",
                 case.name, case.rendered, case.error
             )),
+        }
+    }
+    ensure!(
+        bad.is_empty(),
+        "{} mismatches vs {}:\n{}",
+        bad.len(),
+        fixture.source,
+        bad.join("\n")
+    );
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+struct PreTokenizerFixture {
+    source: String,
+    cases: Vec<PreTokenizerCase>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PreTokenizerCase {
+    pre: String,
+    text: String,
+    ids: Vec<u32>,
+}
+
+#[test]
+fn other_gguf_pre_tokenizers_match_their_transformers_pipelines() -> Result<()> {
+    // tests/tokenizer/pretokenizer_cases.json: the SmolLM2 vocabulary encoded by transformers'
+    // Qwen2 / Llama 3 / GPT-2 pipelines. Rebuild the GGUF tokenizer under each `tokenizer.ggml.pre`.
+    let path = crate_root().join("tests/tokenizer/pretokenizer_cases.json");
+    let fixture: PreTokenizerFixture = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let meta = GgufMetadata::read(&model_path()?)?;
+    let mut bad = Vec::new();
+    let mut names: Vec<&str> = fixture.cases.iter().map(|c| c.pre.as_str()).collect();
+    names.dedup();
+    ensure!(
+        names.len() >= 3,
+        "expected several pre-tokenizers in {}",
+        path.display()
+    );
+    for name in names {
+        let mut vocab = GgufVocab::from_metadata(&meta)?;
+        vocab.pre = Some(name.to_owned());
+        let tok = vocab.into_tokenizer()?;
+        for case in fixture.cases.iter().filter(|c| c.pre == name) {
+            let ids = tok.encode(&case.text, false)?;
+            if ids != case.ids {
+                bad.push(format!(
+                    "[{name}] {:?}: {ids:?}\n  reference {:?}",
+                    case.text, case.ids
+                ));
+            }
         }
     }
     ensure!(
