@@ -116,6 +116,20 @@ upper: {{ messages[0]['content'].upper() }} | {{ messages[0]['content'].removepr
 {% if messages|length > 1 %}{{ raise_exception('Only one message is supported, got ' ~ messages|length) }}{% endif %}
 """
 
+BUILTINS = """{%- set roles = messages | map(attribute='role') | list %}
+roles: {{ roles | join(', ') }} ({{ messages | length }}, first {{ (messages | first).role }}, last {{ (messages | last).role }})
+users: {{ messages | selectattr('role', 'equalto', 'user') | list | length }}
+default: {{ missing | default('fallback') }} / {{ ratio | default(1) }}
+string: {{ flag | string }} {{ nothing | string }} {{ items | string }}
+arith: {{ 7 // 2 }} {{ 7 / 2 }} {{ 6 / 3 }} {{ 2 ** 10 }} {{ 7 % 3 }} {{ -3 | abs }} {{ 3.7 | int }} {{ 2 | float }} {{ (2.567 | round(1)) }}
+text: {{ '  pad  ' | trim }}|{{ 'a-b-c' | replace('-', '+') }}|{{ 'Title me' | title }}|{{ 'x' * 3 }}|{{ 'abc'[::-1] }}|{{ 'abc'[1:] }}
+tests: {{ 'ab' in 'cabd' }} {{ nothing is none }} {{ items is sequence }} {{ obj is mapping }} {{ 3 is number }} {{ 'a' is string }}
+{%- for m in messages if m.role != 'system' %}
+{{ loop.index }}/{{ loop.length }}{% if loop.first %} first{% endif %}{% if loop.last %} last{% endif %}: {{ m.content | capitalize }}
+{%- endfor %}
+dict: {% for k in obj | dictsort %}{{ k[0] }} {% endfor %}| {{ obj.keys() | list }} | {{ obj.get('mid') }} {{ obj.get('nope', 'd') }}
+"""
+
 SPECIAL = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
 KWARGS_VALUES = {
     "flag": True,
@@ -191,6 +205,12 @@ CASES = [
     ),
     case("llama3_no_system_no_prompt", LLAMA3_LIKE, [m("user", "Hello")], add_generation_prompt=False),
     case("python_values", PYTHON_VALUES, [m("user", "hello")], kwargs=KWARGS_VALUES),
+    case(
+        "jinja_builtins",
+        BUILTINS,
+        [m("system", "s"), m("user", "hello there"), m("assistant", "general kenobi"), m("user", "bye")],
+        kwargs=KWARGS_VALUES,
+    ),
     case("python_values_raise", PYTHON_VALUES, [m("user", "a"), m("user", "b")], kwargs=KWARGS_VALUES),
 ]
 
