@@ -132,9 +132,15 @@ impl Tokenizer {
         };
 
         let id_of = |text: Option<&str>| text.and_then(|t| inner.token_to_id(t));
-        let bos_token_id = id_of(token_content(config.get("bos_token")))
-            .or_else(|| ids_of(generation.get("bos_token_id")).first().copied())
-            .or_else(|| ids_of(model_config.get("bos_token_id")).first().copied());
+        // `"bos_token": null` (Qwen) means no BOS at all, as for transformers; only an absent key
+        // falls back to the generation / model configs.
+        let bos_token_id = match config.get("bos_token") {
+            Some(value) => id_of(token_content(Some(value))),
+            None => ids_of(generation.get("bos_token_id"))
+                .first()
+                .copied()
+                .or_else(|| ids_of(model_config.get("bos_token_id")).first().copied()),
+        };
 
         // The tokenizer's own EOS first (it is the template's `eos_token`), then generation_config's.
         let mut eos_token_ids: Vec<u32> = id_of(token_content(config.get("eos_token")))
@@ -263,6 +269,31 @@ mod tests {
         assert_eq!(tok.eos_token_ids, [2, 0]);
         assert_eq!(tok.chat_template.as_deref(), Some("T"));
         assert_eq!(tok.encode("he", true).unwrap(), [259]);
+    }
+
+    #[test]
+    fn a_null_bos_token_is_not_replaced_by_generation_config() {
+        let dir = toy_folder(json!({"bos_token": null, "eos_token": "<|im_end|>"}));
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"bos_token_id": 0, "eos_token_id": 0}"#,
+        )
+        .unwrap();
+        let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+        assert_eq!(tok.bos_token_id, None);
+        assert_eq!(tok.eos_token_ids, [2, 0]);
+
+        let dir = toy_folder(json!({}));
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"bos_token_id": 1, "eos_token_id": 2}"#,
+        )
+        .unwrap();
+        let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+        assert_eq!(
+            (tok.bos_token_id, tok.eos_token_ids.as_slice()),
+            (Some(1), &[2][..])
+        );
     }
 
     #[test]
