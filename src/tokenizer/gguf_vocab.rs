@@ -15,8 +15,9 @@
 //!   `tokenizer.ggml.add_bos_token` / `add_eos_token` say so (absent = false for BPE vocabularies,
 //!   except the Llama 3 family, whose llama.cpp default is true).
 //!
-//! Invariant: for every id `i < tokens.len()`, `inner.id_to_token(i) == tokens[i]`, so token ids
-//! agree with the model's embedding rows.
+//! Invariant: for every id `i < tokens.len()`, `inner.id_to_token(i) == tokens[i]` (an empty
+//! stored token reads `[EMPTY_<i>]`, as in llama.cpp), so token ids agree with the model's
+//! embedding rows.
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -171,15 +172,22 @@ impl GgufVocab {
         }
         let kind = PreTokenizerKind::from_gguf_name(self.pre.as_deref())?;
 
+        // llama.cpp renames empty tokens `[EMPTY_<id>]` so that every id keeps a distinct string.
+        let mut this = self;
+        for (id, token) in this.tokens.iter_mut().enumerate() {
+            if token.is_empty() {
+                *token = format!("[EMPTY_{id}]");
+            }
+        }
         let mut vocab = Vocab::default();
-        for (id, token) in self.tokens.iter().enumerate() {
+        for (id, token) in this.tokens.iter().enumerate() {
             if vocab.insert(token.clone(), id as u32).is_some() {
                 return Err(ModelError::Tokenizer(format!(
                     "GGUF `tokenizer.ggml.tokens` holds `{token}` twice (second time at id {id})"
                 )));
             }
         }
-        let merges = self
+        let merges = this
             .merges
             .iter()
             .map(|m| split_merge(m))
@@ -193,33 +201,33 @@ impl GgufVocab {
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_normalizer(kind.normalizer());
         inner.with_pre_tokenizer(Some(
-            kind.pre_tokenizer(self.add_space_prefix.unwrap_or(false))?,
+            kind.pre_tokenizer(this.add_space_prefix.unwrap_or(false))?,
         ));
         inner.with_decoder(Some(ByteLevel::default()));
 
         // Added tokens: their content is already in the model vocabulary, so they keep their ids.
         let added = |wanted: GgufTokenType, special: bool| -> Vec<AddedToken> {
-            (0..self.tokens.len())
-                .filter(|&id| self.token_type(id) == wanted)
-                .map(|id| AddedToken::from(self.tokens[id].clone(), special).normalized(false))
+            (0..this.tokens.len())
+                .filter(|&id| this.token_type(id) == wanted)
+                .map(|id| AddedToken::from(this.tokens[id].clone(), special).normalized(false))
                 .collect()
         };
         inner.add_special_tokens(&added(GgufTokenType::Control, true));
         inner.add_tokens(&added(GgufTokenType::UserDefined, false));
 
         // As transformers' `update_post_processor`: a flag without its token is dropped.
-        let add_bos = self
+        let add_bos = this
             .add_bos_token
             .unwrap_or(kind == PreTokenizerKind::Llama3)
-            && self.bos_token_id.is_some();
-        let add_eos = self.add_eos_token.unwrap_or(false) && self.eos_token_id.is_some();
-        let bos = self.bos_token_id.filter(|_| add_bos);
-        let eos = self.eos_token_id.filter(|_| add_eos);
-        let named = |id: Option<u32>| id.map(|id| (self.tokens[id as usize].as_str(), id));
+            && this.bos_token_id.is_some();
+        let add_eos = this.add_eos_token.unwrap_or(false) && this.eos_token_id.is_some();
+        let bos = this.bos_token_id.filter(|_| add_bos);
+        let eos = this.eos_token_id.filter(|_| add_eos);
+        let named = |id: Option<u32>| id.map(|id| (this.tokens[id as usize].as_str(), id));
         inner.with_post_processor(Some(bos_eos_template(named(bos), named(eos))?));
 
         let mut eos_token_ids = Vec::new();
-        for id in [self.eos_token_id, self.eot_token_id, self.eom_token_id]
+        for id in [this.eos_token_id, this.eot_token_id, this.eom_token_id]
             .into_iter()
             .flatten()
         {
@@ -229,8 +237,8 @@ impl GgufVocab {
         }
         Ok(Tokenizer {
             inner,
-            chat_template: self.chat_template,
-            bos_token_id: self.bos_token_id,
+            chat_template: this.chat_template,
+            bos_token_id: this.bos_token_id,
             eos_token_ids,
             add_bos,
         })
