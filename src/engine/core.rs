@@ -50,25 +50,27 @@ pub enum StartError {
     Internal(String),
 }
 
-/// What the engine thread loads before serving.
-pub(crate) type Loader =
-    Box<dyn FnOnce() -> Result<(Box<dyn ModelRunner>, Tokenizer), StartError> + Send>;
+/// What the engine thread serves: a model on a backend, its tokenizer, and its name.
+pub(crate) struct Loaded {
+    pub(crate) runner: Box<dyn ModelRunner>,
+    pub(crate) tokenizer: Tokenizer,
+    pub(crate) model_name: String,
+}
+
+/// Loads the model on the engine thread before serving.
+pub(crate) type Loader = Box<dyn FnOnce() -> Result<Loaded, StartError> + Send>;
 
 /// Start the engine thread: run `load` on it, build the scheduler, and return a handle once
 /// that succeeded (or the start-up error). Blocks the caller until then.
-pub(crate) fn start(
-    load: Loader,
-    cfg: EngineConfig,
-    model_name: String,
-) -> Result<EngineHandle, StartError> {
+pub(crate) fn start(load: Loader, cfg: EngineConfig) -> Result<EngineHandle, StartError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let (init_tx, init_rx) = std::sync::mpsc::sync_channel::<Result<EngineInfo, StartError>>(1);
     std::thread::Builder::new()
         .name("engine".into())
         .spawn(move || {
             let init = catch_unwind(AssertUnwindSafe(|| {
-                let (runner, tokenizer) = load()?;
-                EngineCore::new(runner, tokenizer, &cfg, model_name)
+                let loaded = load()?;
+                EngineCore::new(loaded.runner, loaded.tokenizer, &cfg, loaded.model_name)
             }));
             let core = match init {
                 Ok(Ok(core)) => core,
@@ -279,7 +281,15 @@ impl EngineCore {
         if reply.is_closed() {
             return;
         }
-        match self.admit(id, &request, arrival) {
+        // Tokenizer and template code run here; a panic in them fails this request only.
+        let admitted = catch_unwind(AssertUnwindSafe(|| self.admit(id, &request, arrival)))
+            .unwrap_or_else(|panic| {
+                Err(EngineError::Internal(format!(
+                    "panic while preparing the prompt: {}",
+                    panic_message(&*panic)
+                )))
+            });
+        match admitted {
             Ok(seq) => {
                 tracing::debug!(
                     request_id = id,
