@@ -77,7 +77,9 @@ impl Tokenizer {
             Err(e) => {
                 // The decoders kiln builds cannot fail; a custom tokenizer.json's might.
                 tracing::warn!(error = %e, n_ids = ids.len(), "Decoding failed; returning the raw token strings.");
-                ids.iter().filter_map(|&id| self.inner.id_to_token(id)).collect()
+                ids.iter()
+                    .filter_map(|&id| self.inner.id_to_token(id))
+                    .collect()
             }
         }
     }
@@ -108,7 +110,9 @@ impl Tokenizer {
 
     /// The primary EOS token's text (`eos_token` in chat templates), when the model has one.
     pub fn eos_token(&self) -> Option<String> {
-        self.eos_token_ids.first().and_then(|&id| self.inner.id_to_token(id))
+        self.eos_token_ids
+            .first()
+            .and_then(|&id| self.inner.id_to_token(id))
     }
 
     /// Whether `id` ends generation.
@@ -135,10 +139,14 @@ impl Tokenizer {
     ) -> Result<String, ModelError> {
         let source = self.chat_template.as_deref().ok_or_else(|| {
             ModelError::Tokenizer(
-                "the model has no chat template; send a plain text prompt instead of chat messages".into(),
+                "the model has no chat template; send a plain text prompt instead of chat messages"
+                    .into(),
             )
         })?;
-        let special = SpecialTokenVars { bos_token: self.bos_token(), eos_token: self.eos_token() };
+        let special = SpecialTokenVars {
+            bos_token: self.bos_token(),
+            eos_token: self.eos_token(),
+        };
         ChatTemplate::cached(source)?.render(messages, add_generation_prompt, &special, kwargs)
     }
 

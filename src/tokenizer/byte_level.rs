@@ -95,7 +95,10 @@ mod tests {
     #[test]
     fn tokens_outside_the_alphabet_have_no_bytes() {
         assert_eq!(token_to_bytes("Ġhi"), Some(b" hi".to_vec()));
-        assert_eq!(token_to_bytes("<|im_start|>"), Some(b"<|im_start|>".to_vec()));
+        assert_eq!(
+            token_to_bytes("<|im_start|>"),
+            Some(b"<|im_start|>".to_vec())
+        );
         assert_eq!(token_to_bytes("你"), None);
         assert!(!is_spelled_in_alphabet("a b"));
     }

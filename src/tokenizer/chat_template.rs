@@ -80,7 +80,11 @@ impl ChatTemplate {
         type Cache = Mutex<Vec<(String, Arc<ChatTemplate>)>>;
         static CACHE: OnceLock<Cache> = OnceLock::new();
         let cache = CACHE.get_or_init(|| Mutex::new(Vec::new()));
-        if let Some(hit) = lock(cache).iter().find(|(s, _)| s == source).map(|(_, t)| t.clone()) {
+        if let Some(hit) = lock(cache)
+            .iter()
+            .find(|(s, _)| s == source)
+            .map(|(_, t)| t.clone())
+        {
             return Ok(hit);
         }
         // Compile outside the lock; two racing threads at worst compile twice.
@@ -101,19 +105,28 @@ impl ChatTemplate {
         special: &SpecialTokenVars,
         kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, ModelError> {
-        if let Some(key) = kwargs.keys().find(|k| RESERVED_VARIABLES.contains(&k.as_str())) {
+        if let Some(key) = kwargs
+            .keys()
+            .find(|k| RESERVED_VARIABLES.contains(&k.as_str()))
+        {
             return Err(ModelError::Tokenizer(format!(
                 "chat_template_kwargs may not set `{key}` (it is a fixed template argument)"
             )));
         }
         let mut ctx = serde_json::Map::new();
-        ctx.insert("messages".into(), serde_json::to_value(messages).map_err(|e| {
-            ModelError::Tokenizer(format!("chat messages are not serializable: {e}"))
-        })?);
+        ctx.insert(
+            "messages".into(),
+            serde_json::to_value(messages).map_err(|e| {
+                ModelError::Tokenizer(format!("chat messages are not serializable: {e}"))
+            })?,
+        );
         ctx.insert("tools".into(), serde_json::Value::Null);
         ctx.insert("documents".into(), serde_json::Value::Null);
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
-        for (name, token) in [("bos_token", &special.bos_token), ("eos_token", &special.eos_token)] {
+        for (name, token) in [
+            ("bos_token", &special.bos_token),
+            ("eos_token", &special.eos_token),
+        ] {
             if let Some(token) = token {
                 ctx.insert(name.into(), token.clone().into());
             }
@@ -141,11 +154,22 @@ mod tests {
     use super::*;
 
     fn msg(role: &str, content: &str) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 
-    fn render(source: &str, messages: &[ChatMessage], gen: bool, kwargs: serde_json::Value) -> Result<String, ModelError> {
-        let special = SpecialTokenVars { bos_token: Some("<s>".into()), eos_token: Some("</s>".into()) };
+    fn render(
+        source: &str,
+        messages: &[ChatMessage],
+        gen: bool,
+        kwargs: serde_json::Value,
+    ) -> Result<String, ModelError> {
+        let special = SpecialTokenVars {
+            bos_token: Some("<s>".into()),
+            eos_token: Some("</s>".into()),
+        };
         let kwargs = kwargs.as_object().cloned().unwrap_or_default();
         ChatTemplate::compile(source)?.render(messages, gen, &special, &kwargs)
     }
@@ -155,13 +179,22 @@ mod tests {
         // Rendered with Jinja2(trim_blocks=True, lstrip_blocks=True): "A\nhi\nB" (the newline after
         // each block tag and the indentation before it are removed; the final newline is dropped).
         let source = "A\n  {% for m in messages %}\n{{ m.content }}\n  {% endfor %}\nB\n";
-        assert_eq!(render(source, &[msg("user", "hi")], false, serde_json::json!({})).unwrap(), "A\nhi\nB");
+        assert_eq!(
+            render(source, &[msg("user", "hi")], false, serde_json::json!({})).unwrap(),
+            "A\nhi\nB"
+        );
     }
 
     #[test]
     fn tojson_is_python_json_dumps_without_html_escaping() {
         let source = "{{ x | tojson }}|{{ x | tojson(indent=2) }}";
-        let out = render(source, &[], false, serde_json::json!({"x": {"d": "Wx <city> & ü", "n": [1, 2.5]}})).unwrap();
+        let out = render(
+            source,
+            &[],
+            false,
+            serde_json::json!({"x": {"d": "Wx <city> & ü", "n": [1, 2.5]}}),
+        )
+        .unwrap();
         assert_eq!(
             out,
             "{\"d\": \"Wx <city> & ü\", \"n\": [1, 2.5]}|{\n  \"d\": \"Wx <city> & ü\",\n  \"n\": [\n    1,\n    2.5\n  ]\n}"
@@ -172,14 +205,25 @@ mod tests {
     fn python_values_and_methods() {
         let source = "{{ flag }} {{ nothing }} {{ 'ab'.upper() }} {{ 'xyz'.removeprefix('x') }} \
                       {{ messages[0].content.split(' ')[-1] }} {{ bos_token }}{{ eos_token }}";
-        let out = render(source, &[msg("user", "hello big world")], false, serde_json::json!({"flag": true, "nothing": null}))
-            .unwrap();
+        let out = render(
+            source,
+            &[msg("user", "hello big world")],
+            false,
+            serde_json::json!({"flag": true, "nothing": null}),
+        )
+        .unwrap();
         assert_eq!(out, "True None AB yz world <s></s>");
     }
 
     #[test]
     fn kwargs_override_special_tokens_but_not_named_arguments() {
-        let out = render("{{ bos_token }}", &[], false, serde_json::json!({"bos_token": "B"})).unwrap();
+        let out = render(
+            "{{ bos_token }}",
+            &[],
+            false,
+            serde_json::json!({"bos_token": "B"}),
+        )
+        .unwrap();
         assert_eq!(out, "B");
         let err = render("x", &[], false, serde_json::json!({"messages": []})).unwrap_err();
         assert!(err.to_string().contains("messages"), "{err}");
@@ -195,14 +239,20 @@ mod tests {
     #[test]
     fn tools_and_documents_are_defined_as_none() {
         let source = "{{ tools is none }} {{ documents is defined }} {{ add_generation_prompt }}";
-        assert_eq!(render(source, &[], true, serde_json::json!({})).unwrap(), "True True True");
+        assert_eq!(
+            render(source, &[], true, serde_json::json!({})).unwrap(),
+            "True True True"
+        );
     }
 
     #[test]
     fn python_slicing_and_loop_controls_work() {
         let source = "{% for m in messages[::-1] %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m.role }};{% endfor %}";
         let msgs = [msg("system", "s"), msg("user", "u"), msg("assistant", "a")];
-        assert_eq!(render(source, &msgs, false, serde_json::json!({})).unwrap(), "assistant;user;");
+        assert_eq!(
+            render(source, &msgs, false, serde_json::json!({})).unwrap(),
+            "assistant;user;"
+        );
     }
 
     #[test]

@@ -95,14 +95,19 @@ pub struct GgufVocab {
 impl GgufVocab {
     /// The type of token `id` (`Normal` when the file records no types).
     fn token_type(&self, id: usize) -> GgufTokenType {
-        self.token_types.get(id).copied().unwrap_or(GgufTokenType::Normal)
+        self.token_types
+            .get(id)
+            .copied()
+            .unwrap_or(GgufTokenType::Normal)
     }
 
     /// Check ids and lengths; every failure names the key.
     fn validate(&self) -> Result<(), ModelError> {
         let n = self.tokens.len();
         if n == 0 {
-            return Err(ModelError::Tokenizer("GGUF `tokenizer.ggml.tokens` is empty".into()));
+            return Err(ModelError::Tokenizer(
+                "GGUF `tokenizer.ggml.tokens` is empty".into(),
+            ));
         }
         if !self.token_types.is_empty() && self.token_types.len() != n {
             return Err(ModelError::Tokenizer(format!(
@@ -157,7 +162,9 @@ impl GgufVocab {
 
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_normalizer(kind.normalizer());
-        inner.with_pre_tokenizer(Some(kind.pre_tokenizer(self.add_space_prefix.unwrap_or(false))?));
+        inner.with_pre_tokenizer(Some(
+            kind.pre_tokenizer(self.add_space_prefix.unwrap_or(false))?,
+        ));
         inner.with_decoder(Some(ByteLevel::default()));
 
         // Added tokens: their content is already in the model vocabulary, so they keep their ids.
@@ -170,7 +177,9 @@ impl GgufVocab {
         inner.add_special_tokens(&added(GgufTokenType::Control, true));
         inner.add_tokens(&added(GgufTokenType::UserDefined, false));
 
-        let add_bos = self.add_bos_token.unwrap_or(kind == PreTokenizerKind::Llama3);
+        let add_bos = self
+            .add_bos_token
+            .unwrap_or(kind == PreTokenizerKind::Llama3);
         let add_eos = self.add_eos_token.unwrap_or(false);
         let bos = self.bos_token_id.filter(|_| add_bos);
         let eos = self.eos_token_id.filter(|_| add_eos);
@@ -182,7 +191,10 @@ impl GgufVocab {
         inner.with_post_processor(Some(self.post_processor(bos, eos)?));
 
         let mut eos_token_ids = Vec::new();
-        for id in [self.eos_token_id, self.eot_token_id, self.eom_token_id].into_iter().flatten() {
+        for id in [self.eos_token_id, self.eot_token_id, self.eom_token_id]
+            .into_iter()
+            .flatten()
+        {
             if !eos_token_ids.contains(&id) {
                 eos_token_ids.push(id);
             }
@@ -197,7 +209,11 @@ impl GgufVocab {
     }
 
     /// `TemplateProcessing` adding `bos`/`eos` around each sequence, or plain `ByteLevel` offsets.
-    fn post_processor(&self, bos: Option<u32>, eos: Option<u32>) -> Result<PostProcessorWrapper, ModelError> {
+    fn post_processor(
+        &self,
+        bos: Option<u32>,
+        eos: Option<u32>,
+    ) -> Result<PostProcessorWrapper, ModelError> {
         if bos.is_none() && eos.is_none() {
             return Ok(ByteLevel::new(false, false, true).into());
         }
@@ -217,7 +233,13 @@ impl GgufVocab {
             }
         }
         pair.extend(single.iter().cloned());
-        pair.extend(single.iter().map(|p| if p == "$A" { "$B:1".to_owned() } else { format!("{p}:1") }));
+        pair.extend(single.iter().map(|p| {
+            if p == "$A" {
+                "$B:1".to_owned()
+            } else {
+                format!("{p}:1")
+            }
+        }));
         let processor = TemplateProcessing::builder()
             .try_single(single)
             .and_then(|b| b.try_pair(pair))
@@ -237,7 +259,9 @@ fn split_merge(merge: &str) -> Result<(String, String), ModelError> {
         .skip(1)
         .find(|&(_, c)| c == ' ')
         .map(|(i, _)| (merge[..i].to_owned(), merge[i + 1..].to_owned()))
-        .ok_or_else(|| ModelError::Tokenizer(format!("GGUF merge `{merge}` has no separating space")))
+        .ok_or_else(|| {
+            ModelError::Tokenizer(format!("GGUF merge `{merge}` has no separating space"))
+        })
 }
 
 #[cfg(test)]
@@ -246,7 +270,17 @@ mod tests {
 
     /// A byte-level vocabulary over `a`, `b`, ` ` with merges `a b`, `Ġ ab`, and two specials.
     fn toy() -> GgufVocab {
-        let tokens = ["<|endoftext|>", "<|im_start|>", "a", "b", "Ġ", "ab", "Ġab", "1", "<think>"];
+        let tokens = [
+            "<|endoftext|>",
+            "<|im_start|>",
+            "a",
+            "b",
+            "Ġ",
+            "ab",
+            "Ġab",
+            "1",
+            "<think>",
+        ];
         let mut token_types = vec![GgufTokenType::Normal; tokens.len()];
         token_types[0] = GgufTokenType::Control;
         token_types[1] = GgufTokenType::Control;
@@ -267,7 +301,10 @@ mod tests {
     fn merges_apply_in_rank_order_and_specials_match_whole() {
         let tok = toy().into_tokenizer().unwrap();
         assert_eq!(tok.encode("ab ab", true).unwrap(), [5, 6]);
-        assert_eq!(tok.encode("<|im_start|>ab<think>b", true).unwrap(), [1, 5, 8, 3]);
+        assert_eq!(
+            tok.encode("<|im_start|>ab<think>b", true).unwrap(),
+            [1, 5, 8, 3]
+        );
         assert!(!tok.add_bos);
         assert_eq!(tok.eos_token_ids, [0]);
         assert_eq!(tok.inner.id_to_token(6).as_deref(), Some("Ġab"));
@@ -294,19 +331,31 @@ mod tests {
     fn bad_metadata_is_a_clear_error() {
         let mut v = toy();
         v.model = "llama".into();
-        assert!(matches!(v.into_tokenizer(), Err(ModelError::Unsupported(m)) if m.contains("llama")));
+        assert!(
+            matches!(v.into_tokenizer(), Err(ModelError::Unsupported(m)) if m.contains("llama"))
+        );
         let mut v = toy();
         v.pre = Some("jais".into());
-        assert!(matches!(v.into_tokenizer(), Err(ModelError::Unsupported(m)) if m.contains("jais")));
+        assert!(
+            matches!(v.into_tokenizer(), Err(ModelError::Unsupported(m)) if m.contains("jais"))
+        );
         let mut v = toy();
         v.eos_token_id = Some(99);
-        assert!(v.into_tokenizer().unwrap_err().to_string().contains("eos_token_id"));
+        assert!(v
+            .into_tokenizer()
+            .unwrap_err()
+            .to_string()
+            .contains("eos_token_id"));
         let mut v = toy();
         v.merges.push("a zz".into());
         assert!(v.into_tokenizer().is_err());
         let mut v = toy();
         v.tokens[3] = "a".into();
-        assert!(v.into_tokenizer().unwrap_err().to_string().contains("twice"));
+        assert!(v
+            .into_tokenizer()
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
     }
 
     #[test]

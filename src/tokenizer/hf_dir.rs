@@ -24,13 +24,20 @@ fn read_json(path: &Path) -> Result<Option<Value>, ModelError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(ModelError::Io { path: path.to_owned(), source }),
+        Err(source) => {
+            return Err(ModelError::Io {
+                path: path.to_owned(),
+                source,
+            })
+        }
     };
-    serde_json::from_str(&text).map(Some).map_err(|e| ModelError::Format {
-        path: path.to_owned(),
-        format: "json",
-        message: e.to_string(),
-    })
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| ModelError::Format {
+            path: path.to_owned(),
+            format: "json",
+            message: e.to_string(),
+        })
 }
 
 /// A special token's text from `tokenizer_config.json`: `"<s>"` or `{"content": "<s>", …}`.
@@ -45,10 +52,15 @@ fn token_content(value: Option<&Value>) -> Option<&str> {
 /// Token ids from an `int` or `[int, …]` field.
 fn ids_of(value: Option<&Value>) -> Vec<u32> {
     match value {
-        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).into_iter().collect(),
-        Some(Value::Array(items)) => {
-            items.iter().filter_map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
-        }
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .into_iter()
+            .collect(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -60,10 +72,15 @@ fn template_from_config(value: Option<&Value>, path: &Path) -> Result<Option<Str
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Array(named)) => {
             let entry = |want: Option<&str>| {
-                named.iter().find(|e| want.is_none() || e.get("name").and_then(Value::as_str) == want)
+                named
+                    .iter()
+                    .find(|e| want.is_none() || e.get("name").and_then(Value::as_str) == want)
             };
             let chosen = entry(Some("default")).or_else(|| entry(None));
-            Ok(chosen.and_then(|e| e.get("template")).and_then(Value::as_str).map(str::to_owned))
+            Ok(chosen
+                .and_then(|e| e.get("template"))
+                .and_then(Value::as_str)
+                .map(str::to_owned))
         }
         Some(_) => Err(ModelError::Format {
             path: path.to_owned(),
@@ -80,14 +97,18 @@ impl Tokenizer {
         if !tokenizer_json.is_file() {
             return Err(ModelError::Io {
                 path: tokenizer_json,
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no tokenizer.json in the model folder"),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no tokenizer.json in the model folder",
+                ),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(&tokenizer_json).map_err(|e| ModelError::Format {
-            path: tokenizer_json.clone(),
-            format: "tokenizer.json",
-            message: e.to_string(),
-        })?;
+        let inner =
+            tokenizers::Tokenizer::from_file(&tokenizer_json).map_err(|e| ModelError::Format {
+                path: tokenizer_json.clone(),
+                format: "tokenizer.json",
+                message: e.to_string(),
+            })?;
 
         let config_path = dir.join("tokenizer_config.json");
         let config = read_json(&config_path)?.unwrap_or(Value::Null);
@@ -100,7 +121,12 @@ impl Tokenizer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 template_from_config(config.get("chat_template"), &config_path)?
             }
-            Err(source) => return Err(ModelError::Io { path: jinja_path, source }),
+            Err(source) => {
+                return Err(ModelError::Io {
+                    path: jinja_path,
+                    source,
+                })
+            }
         };
 
         let id_of = |text: Option<&str>| text.and_then(|t| inner.token_to_id(t));
@@ -109,7 +135,9 @@ impl Tokenizer {
             .or_else(|| ids_of(model_config.get("bos_token_id")).first().copied());
 
         // The tokenizer's own EOS first (it is the template's `eos_token`), then generation_config's.
-        let mut eos_token_ids: Vec<u32> = id_of(token_content(config.get("eos_token"))).into_iter().collect();
+        let mut eos_token_ids: Vec<u32> = id_of(token_content(config.get("eos_token")))
+            .into_iter()
+            .collect();
         let mut extra = ids_of(generation.get("eos_token_id"));
         if extra.is_empty() && eos_token_ids.is_empty() {
             extra = ids_of(model_config.get("eos_token_id"));
@@ -136,7 +164,13 @@ impl Tokenizer {
             has_chat_template = chat_template.is_some(),
             "Loaded the Hugging Face tokenizer."
         );
-        Ok(Tokenizer { inner, chat_template, bos_token_id, eos_token_ids, add_bos })
+        Ok(Tokenizer {
+            inner,
+            chat_template,
+            bos_token_id,
+            eos_token_ids,
+            add_bos,
+        })
     }
 }
 
@@ -147,10 +181,21 @@ mod tests {
 
     #[test]
     fn chat_template_list_prefers_default() {
-        let list = json!([{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]);
-        assert_eq!(template_from_config(Some(&list), Path::new("x")).unwrap().as_deref(), Some("D"));
+        let list =
+            json!([{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]);
+        assert_eq!(
+            template_from_config(Some(&list), Path::new("x"))
+                .unwrap()
+                .as_deref(),
+            Some("D")
+        );
         let list = json!([{"name": "rag", "template": "R"}]);
-        assert_eq!(template_from_config(Some(&list), Path::new("x")).unwrap().as_deref(), Some("R"));
+        assert_eq!(
+            template_from_config(Some(&list), Path::new("x"))
+                .unwrap()
+                .as_deref(),
+            Some("R")
+        );
         assert!(template_from_config(Some(&json!(3)), Path::new("x")).is_err());
     }
 
@@ -159,6 +204,9 @@ mod tests {
         assert_eq!(ids_of(Some(&json!(2))), [2]);
         assert_eq!(ids_of(Some(&json!([151645, 151643]))), [151645, 151643]);
         assert!(ids_of(None).is_empty());
-        assert_eq!(token_content(Some(&json!({"content": "<s>", "lstrip": false}))), Some("<s>"));
+        assert_eq!(
+            token_content(Some(&json!({"content": "<s>", "lstrip": false}))),
+            Some("<s>")
+        );
     }
 }

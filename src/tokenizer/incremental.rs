@@ -36,7 +36,12 @@ pub struct IncrementalDecoder {
 impl IncrementalDecoder {
     /// A decoder for a new sequence.
     pub fn new(skip_special: bool) -> Self {
-        IncrementalDecoder { ids: Vec::new(), prefix: 0, read: 0, skip_special }
+        IncrementalDecoder {
+            ids: Vec::new(),
+            prefix: 0,
+            read: 0,
+            skip_special,
+        }
     }
 
     /// Feed one generated id; returns the text it completes (often empty mid-character).

@@ -41,7 +41,11 @@ pub fn py_float_repr(f: f64) -> String {
             } else {
                 format!("{digits}{}", "0".repeat(split - digits.len()))
             };
-            let frac = if digits.len() > split { &digits[split..] } else { "0" };
+            let frac = if digits.len() > split {
+                &digits[split..]
+            } else {
+                "0"
+            };
             format!("{int_part}.{frac}")
         } else {
             format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
@@ -60,7 +64,11 @@ pub fn py_float_repr(f: f64) -> String {
 
 /// Python's `repr()` of a string: single quotes unless the text holds `'` and no `"`.
 fn py_str_repr(s: &str, out: &mut String) {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     out.push(quote);
     for c in s.chars() {
         match c {
@@ -91,7 +99,11 @@ fn py_repr(value: &Value, out: &mut String) {
     match value.kind() {
         ValueKind::String => py_str_repr(value.as_str().unwrap_or_default(), out),
         ValueKind::Seq | ValueKind::Iterable => {
-            let (open, close) = if value.is_tuple() { ('(', ')') } else { ('[', ']') };
+            let (open, close) = if value.is_tuple() {
+                ('(', ')')
+            } else {
+                ('[', ']')
+            };
             out.push(open);
             let mut n = 0;
             if let Ok(items) = value.try_iter() {
@@ -147,7 +159,11 @@ pub fn py_str(value: &Value) -> String {
 }
 
 /// The formatter for `{{ … }}` output (autoescape is off for chat templates).
-pub fn format_value(out: &mut minijinja::Output, _state: &mut State, value: &Value) -> Result<(), Error> {
+pub fn format_value(
+    out: &mut minijinja::Output,
+    _state: &mut State,
+    value: &Value,
+) -> Result<(), Error> {
     out.write_str(&py_str(value))
         .map_err(|_| Error::new(ErrorKind::WriteFailure, "could not write template output"))
 }
@@ -186,7 +202,12 @@ fn json_string(s: &str, ensure_ascii: bool, out: &mut String) {
 }
 
 /// Serialize `value` like `json.dumps`, at nesting `depth`.
-fn json_value(value: &Value, style: &JsonStyle, depth: usize, out: &mut String) -> Result<(), Error> {
+fn json_value(
+    value: &Value,
+    style: &JsonStyle,
+    depth: usize,
+    out: &mut String,
+) -> Result<(), Error> {
     let newline = |out: &mut String, depth: usize| {
         if let Some(indent) = &style.indent {
             out.push('\n');
@@ -209,7 +230,9 @@ fn json_value(value: &Value, style: &JsonStyle, depth: usize, out: &mut String) 
                 out.push_str(&py_float_repr(f));
             }
         }
-        ValueKind::String => json_string(value.as_str().unwrap_or_default(), style.ensure_ascii, out),
+        ValueKind::String => {
+            json_string(value.as_str().unwrap_or_default(), style.ensure_ascii, out)
+        }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
             if items.is_empty() {
@@ -231,19 +254,20 @@ fn json_value(value: &Value, style: &JsonStyle, depth: usize, out: &mut String) 
             let mut entries = Vec::new();
             for key in value.try_iter()? {
                 let item = value.get_item(&key)?;
-                let key = match key.kind() {
-                    ValueKind::String => key.as_str().unwrap_or_default().to_owned(),
-                    // json.dumps turns int / float / bool / None keys into strings.
-                    ValueKind::None => "null".into(),
-                    ValueKind::Bool => if key.is_true() { "true" } else { "false" }.into(),
-                    ValueKind::Number => py_str(&key),
-                    other => {
-                        return Err(Error::new(
+                let key =
+                    match key.kind() {
+                        ValueKind::String => key.as_str().unwrap_or_default().to_owned(),
+                        // json.dumps turns int / float / bool / None keys into strings.
+                        ValueKind::None => "null".into(),
+                        ValueKind::Bool => if key.is_true() { "true" } else { "false" }.into(),
+                        ValueKind::Number => py_str(&key),
+                        other => return Err(Error::new(
                             ErrorKind::InvalidOperation,
-                            format!("tojson: keys must be str, int, float, bool or None, not {other}"),
-                        ))
-                    }
-                };
+                            format!(
+                                "tojson: keys must be str, int, float, bool or None, not {other}"
+                            ),
+                        )),
+                    };
                 entries.push((key, item));
             }
             if style.sort_keys {
@@ -286,13 +310,22 @@ pub fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         Some(v) if v.is_none() => None,
         Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_owned()),
         Some(v) => Some(" ".repeat(v.as_usize().ok_or_else(|| {
-            Error::new(ErrorKind::InvalidOperation, "tojson: indent must be a non-negative int or a string")
+            Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: indent must be a non-negative int or a string",
+            )
         })?)),
     };
     // Python's defaults: (", ", ": ") without indent, (",", ": ") with it.
-    let (mut item_sep, mut key_sep) =
-        if indent.is_some() { (",".to_owned(), ": ".to_owned()) } else { (", ".to_owned(), ": ".to_owned()) };
-    if let Some(seps) = kwargs.get::<Option<Value>>("separators")?.filter(|v| !v.is_none()) {
+    let (mut item_sep, mut key_sep) = if indent.is_some() {
+        (",".to_owned(), ": ".to_owned())
+    } else {
+        (", ".to_owned(), ": ".to_owned())
+    };
+    if let Some(seps) = kwargs
+        .get::<Option<Value>>("separators")?
+        .filter(|v| !v.is_none())
+    {
         let parts: Vec<Value> = seps.try_iter()?.collect();
         match parts.as_slice() {
             [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
@@ -308,7 +341,13 @@ pub fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         }
     }
     kwargs.assert_all_used()?;
-    let style = JsonStyle { ensure_ascii, indent, item_sep, key_sep, sort_keys };
+    let style = JsonStyle {
+        ensure_ascii,
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys,
+    };
     let mut out = String::new();
     json_value(value, &style, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
@@ -328,10 +367,28 @@ pub fn strftime_now(format: String) -> Result<Value, Error> {
 /// Python / glibc `strftime` for the directives chat templates use (`%d %b %Y`, `%-d`, …).
 /// Unknown directives are copied through, as glibc does. Naive times: `%Z` and `%z` are empty.
 pub fn strftime(t: time::OffsetDateTime, format: &str) -> String {
-    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-        "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     let weekday = DAYS[t.weekday().number_days_from_monday() as usize];
     let month = MONTHS[u8::from(t.month()) as usize - 1];
@@ -351,14 +408,24 @@ pub fn strftime(t: time::OffsetDateTime, format: &str) -> String {
         if no_pad {
             chars.next();
         }
-        let num = |n: u32, width: usize| if no_pad { n.to_string() } else { format!("{n:0width$}") };
+        let num = |n: u32, width: usize| {
+            if no_pad {
+                n.to_string()
+            } else {
+                format!("{n:0width$}")
+            }
+        };
         match chars.next() {
             Some('a') => out.push_str(&weekday[..3]),
             Some('A') => out.push_str(weekday),
             Some('b') | Some('h') => out.push_str(&month[..3]),
             Some('B') => out.push_str(month),
             Some('d') => out.push_str(&num(t.day().into(), 2)),
-            Some('e') => out.push_str(&if no_pad { t.day().to_string() } else { format!("{:2}", t.day()) }),
+            Some('e') => out.push_str(&if no_pad {
+                t.day().to_string()
+            } else {
+                format!("{:2}", t.day())
+            }),
             Some('m') => out.push_str(&num(u8::from(t.month()).into(), 2)),
             Some('y') => out.push_str(&num((t.year().rem_euclid(100)) as u32, 2)),
             Some('Y') => out.push_str(&t.year().to_string()),
@@ -370,8 +437,18 @@ pub fn strftime(t: time::OffsetDateTime, format: &str) -> String {
             Some('j') => out.push_str(&num(t.ordinal().into(), 3)),
             Some('w') => out.push_str(&t.weekday().number_days_from_sunday().to_string()),
             Some('u') => out.push_str(&t.weekday().number_from_monday().to_string()),
-            Some('F') => out.push_str(&format!("{}-{:02}-{:02}", t.year(), u8::from(t.month()), t.day())),
-            Some('T') => out.push_str(&format!("{:02}:{:02}:{:02}", t.hour(), t.minute(), t.second())),
+            Some('F') => out.push_str(&format!(
+                "{}-{:02}-{:02}",
+                t.year(),
+                u8::from(t.month()),
+                t.day()
+            )),
+            Some('T') => out.push_str(&format!(
+                "{:02}:{:02}:{:02}",
+                t.hour(),
+                t.minute(),
+                t.second()
+            )),
             Some('Z') | Some('z') => {}
             Some('%') => out.push('%'),
             Some(other) => {
@@ -400,7 +477,10 @@ pub fn unknown_method_callback(
     }
     if let (Some(s), [arg]) = (value.as_str(), args) {
         let affix = arg.as_str().ok_or_else(|| {
-            Error::new(ErrorKind::InvalidOperation, format!("str.{method}() argument must be a string"))
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("str.{method}() argument must be a string"),
+            )
         })?;
         match method {
             "removeprefix" => return Ok(Value::from(s.strip_prefix(affix).unwrap_or(s))),
@@ -438,7 +518,9 @@ mod tests {
 
     #[test]
     fn values_print_like_python_str() {
-        let v = Value::from(minijinja::value::Serde(serde_json::json!({"a": [1, "it's", true, null], "b": 2.0})));
+        let v = Value::from(minijinja::value::Serde(
+            serde_json::json!({"a": [1, "it's", true, null], "b": 2.0}),
+        ));
         assert_eq!(py_str(&v), r#"{'a': [1, "it's", True, None], 'b': 2.0}"#);
         assert_eq!(py_str(&Value::from(false)), "False");
         assert_eq!(py_str(&Value::UNDEFINED), "");
@@ -448,7 +530,13 @@ mod tests {
     fn strftime_matches_glibc_for_common_directives() {
         let t = time::macros::datetime!(2026-03-05 14:07:09 UTC);
         assert_eq!(strftime(t, "%d %b %Y"), "05 Mar 2026");
-        assert_eq!(strftime(t, "%-d %B %Y, %A %I:%M %p"), "5 March 2026, Thursday 02:07 PM");
-        assert_eq!(strftime(t, "%Y-%m-%d %H:%M:%S %j 100%% %Q"), "2026-03-05 14:07:09 064 100% %Q");
+        assert_eq!(
+            strftime(t, "%-d %B %Y, %A %I:%M %p"),
+            "5 March 2026, Thursday 02:07 PM"
+        );
+        assert_eq!(
+            strftime(t, "%Y-%m-%d %H:%M:%S %j 100%% %Q"),
+            "2026-03-05 14:07:09 064 100% %Q"
+        );
     }
 }

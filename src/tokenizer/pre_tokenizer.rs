@@ -84,8 +84,12 @@ impl PreTokenizerKind {
     /// to the plain GPT-2 kind, as in transformers' GGUF conversion.
     pub fn pre_tokenizer(self, add_prefix_space: bool) -> Result<PreTokenizerWrapper, ModelError> {
         let split = |regex: &str| -> Result<PreTokenizerWrapper, ModelError> {
-            let split = Split::new(SplitPattern::Regex(regex.to_owned()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(|e| ModelError::Tokenizer(format!("pre-tokenizer regex: {e}")))?;
+            let split = Split::new(
+                SplitPattern::Regex(regex.to_owned()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| ModelError::Tokenizer(format!("pre-tokenizer regex: {e}")))?;
             Ok(PreTokenizerWrapper::Sequence(Sequence::new(vec![
                 split.into(),
                 ByteLevel::new(false, false, false).into(),
@@ -112,7 +116,10 @@ mod tests {
     /// The byte-level pieces a kind splits `text` into.
     fn pieces(kind: PreTokenizerKind, text: &str) -> Vec<String> {
         let mut pre = PreTokenizedString::from(text);
-        kind.pre_tokenizer(false).unwrap().pre_tokenize(&mut pre).unwrap();
+        kind.pre_tokenizer(false)
+            .unwrap()
+            .pre_tokenize(&mut pre)
+            .unwrap();
         pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
             .into_iter()
             .map(|(s, _, _)| s.to_owned())
@@ -121,13 +128,19 @@ mod tests {
 
     #[test]
     fn smollm_splits_every_digit() {
-        assert_eq!(pieces(PreTokenizerKind::SmolLm, "x 1234"), ["x", "Ġ", "1", "2", "3", "4"]);
+        assert_eq!(
+            pieces(PreTokenizerKind::SmolLm, "x 1234"),
+            ["x", "Ġ", "1", "2", "3", "4"]
+        );
         assert_eq!(pieces(PreTokenizerKind::Gpt2, "x 1234"), ["x", "Ġ1234"]);
     }
 
     #[test]
     fn llama3_groups_digits_by_three() {
-        assert_eq!(pieces(PreTokenizerKind::Llama3, "1234567"), ["123", "456", "7"]);
+        assert_eq!(
+            pieces(PreTokenizerKind::Llama3, "1234567"),
+            ["123", "456", "7"]
+        );
         assert_eq!(pieces(PreTokenizerKind::Qwen2, "123"), ["1", "2", "3"]);
     }
 
@@ -139,10 +152,22 @@ mod tests {
 
     #[test]
     fn names_map_like_llama_cpp_and_unknown_names_are_refused() {
-        assert_eq!(PreTokenizerKind::from_gguf_name(None).unwrap(), PreTokenizerKind::Gpt2);
-        assert_eq!(PreTokenizerKind::from_gguf_name(Some("smollm")).unwrap(), PreTokenizerKind::SmolLm);
-        assert_eq!(PreTokenizerKind::from_gguf_name(Some("llama-bpe")).unwrap(), PreTokenizerKind::Llama3);
-        assert_eq!(PreTokenizerKind::from_gguf_name(Some("qwen2")).unwrap(), PreTokenizerKind::Qwen2);
+        assert_eq!(
+            PreTokenizerKind::from_gguf_name(None).unwrap(),
+            PreTokenizerKind::Gpt2
+        );
+        assert_eq!(
+            PreTokenizerKind::from_gguf_name(Some("smollm")).unwrap(),
+            PreTokenizerKind::SmolLm
+        );
+        assert_eq!(
+            PreTokenizerKind::from_gguf_name(Some("llama-bpe")).unwrap(),
+            PreTokenizerKind::Llama3
+        );
+        assert_eq!(
+            PreTokenizerKind::from_gguf_name(Some("qwen2")).unwrap(),
+            PreTokenizerKind::Qwen2
+        );
         let err = PreTokenizerKind::from_gguf_name(Some("tekken")).unwrap_err();
         assert!(matches!(err, ModelError::Unsupported(_)));
         assert!(err.to_string().contains("tekken"), "{err}");
