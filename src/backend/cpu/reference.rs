@@ -2,76 +2,14 @@
 //! with the f32 activations. Simple and slow; the fast kernels in `matmul.rs` are checked
 //! against it.
 //!
-//! `dequantize_row` follows ggml's `dequantize_row_*` definitions for the formats the CPU
-//! backend reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1): each element is `d · q` (`d · q + m` for
-//! Q4_1) in f32, the same values transformers' GGUF loader produces.
+//! Rows are dequantized by [`crate::model::quant::dequantize_row`], bit for bit ggml's reference
+//! (the same values transformers' GGUF loader produces), for every stored format.
 
-use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::model::WeightDType;
+pub use crate::model::quant::dequantize_row;
 
 use super::CpuWeight;
-
-/// Dequantize one stored row (`bytes` holds whole blocks) into `out` (its element count).
-///
-/// # Panics
-/// If `bytes` does not hold exactly `out.len()` elements, or for K-quant types (not supported
-/// by this reference).
-pub fn dequantize_row(dtype: WeightDType, bytes: &[u8], out: &mut [f32]) {
-    assert_eq!(
-        dtype.row_bytes(out.len()),
-        Some(bytes.len()),
-        "row of {dtype:?}"
-    );
-    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-    match dtype {
-        WeightDType::F32 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        WeightDType::F16 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
-            }
-        }
-        WeightDType::BF16 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
-            }
-        }
-        WeightDType::Q8_0 => {
-            for (o, b) in out.chunks_exact_mut(32).zip(bytes.chunks_exact(34)) {
-                let d = f16_at(b, 0);
-                for (o, &q) in o.iter_mut().zip(&b[2..]) {
-                    *o = (q as i8) as f32 * d;
-                }
-            }
-        }
-        WeightDType::Q4_0 => {
-            for (o, b) in out.chunks_exact_mut(32).zip(bytes.chunks_exact(18)) {
-                let d = f16_at(b, 0);
-                for (j, &q) in b[2..].iter().enumerate() {
-                    o[j] = ((q & 0x0f) as i32 - 8) as f32 * d;
-                    o[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
-                }
-            }
-        }
-        WeightDType::Q4_1 => {
-            for (o, b) in out.chunks_exact_mut(32).zip(bytes.chunks_exact(20)) {
-                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-                for (j, &q) in b[4..].iter().enumerate() {
-                    o[j] = (q & 0x0f) as f32 * d + m;
-                    o[j + 16] = (q >> 4) as f32 * d + m;
-                }
-            }
-        }
-        WeightDType::Q4K | WeightDType::Q6K => {
-            panic!("{dtype:?} is not supported by the reference dequantizer")
-        }
-    }
-}
 
 /// `out[r, n] = Σ_k x[r, k] · w[n, k]`; `x`: `[rows, k]`, `out`: `[rows, n]`. Parallel over
 /// weight rows; each is dequantized once and dotted with every activation row.
@@ -118,6 +56,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::WeightDType;
+    use half::f16;
 
     /// One Q4_1 block: d = 0.5, m = −1, nibbles j (low) and 15 − j (high) in byte j.
     fn q4_1_block() -> Vec<u8> {
@@ -126,52 +66,6 @@ mod tests {
         b.extend(f16::from_f32(-1.0).to_le_bytes());
         b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
         b
-    }
-
-    #[test]
-    fn q4_1_is_d_times_q_plus_m_low_nibbles_first() {
-        let mut out = [0.0; 32];
-        dequantize_row(WeightDType::Q4_1, &q4_1_block(), &mut out);
-        for j in 0..16 {
-            assert_eq!(out[j], j as f32 * 0.5 - 1.0);
-            assert_eq!(out[j + 16], (15 - j) as f32 * 0.5 - 1.0);
-        }
-    }
-
-    #[test]
-    fn q4_0_and_q8_0_are_signed() {
-        let mut b = f16::from_f32(2.0).to_le_bytes().to_vec();
-        b.extend([0x80u8; 16]); // low nibble 0 → −8, high nibble 8 → 0
-        let mut out = [0.0; 32];
-        dequantize_row(WeightDType::Q4_0, &b, &mut out);
-        assert_eq!((out[0], out[16]), (-16.0, 0.0));
-        let mut b = f16::from_f32(0.25).to_le_bytes().to_vec();
-        b.extend((0..32).map(|j: i32| (j - 16) as i8 as u8));
-        dequantize_row(WeightDType::Q8_0, &b, &mut out);
-        assert_eq!((out[0], out[31]), (-4.0, 3.75));
-    }
-
-    #[test]
-    fn plain_floats_round_trip() {
-        let mut out = [0.0; 2];
-        let b: Vec<u8> = [1.5f32, -2.0]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        dequantize_row(WeightDType::F32, &b, &mut out);
-        assert_eq!(out, [1.5, -2.0]);
-        let b: Vec<u8> = [bf16::from_f32(3.0), bf16::from_f32(-0.5)]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        dequantize_row(WeightDType::BF16, &b, &mut out);
-        assert_eq!(out, [3.0, -0.5]);
-        let b: Vec<u8> = [f16::from_f32(0.125), f16::from_f32(7.0)]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        dequantize_row(WeightDType::F16, &b, &mut out);
-        assert_eq!(out, [0.125, 7.0]);
     }
 
     #[test]
