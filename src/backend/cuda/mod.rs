@@ -8,6 +8,7 @@ pub mod backend;
 pub mod device;
 pub mod kernels;
 pub mod nvrtc;
+pub mod planner;
 
 pub use backend::{ComputeDType, CudaBackend, KvStorage};
 pub use device::{CudaError, GpuInfo};
