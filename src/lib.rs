@@ -8,6 +8,7 @@
 //! - [`tokenizer`]: tokenization and chat templates.
 
 pub mod backend;
+pub mod daemon;
 pub mod engine;
 pub mod error;
 pub mod model;

@@ -41,7 +41,9 @@ impl std::str::FromStr for Device {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(Device::Cuda)
-                .ok_or_else(|| format!("invalid device `{s}` (expected auto, cpu, cuda or cuda:N)")),
+                .ok_or_else(|| {
+                    format!("invalid device `{s}` (expected auto, cpu, cuda or cuda:N)")
+                }),
         }
     }
 }
@@ -129,9 +131,15 @@ impl EngineConfig {
             ));
         }
         if !matches!(self.dtype.as_str(), "auto" | "bf16" | "fp16") {
-            return Err(format!("`engine.dtype` must be auto, bf16 or fp16 (got `{}`)", self.dtype));
+            return Err(format!(
+                "`engine.dtype` must be auto, bf16 or fp16 (got `{}`)",
+                self.dtype
+            ));
         }
-        if !matches!(self.kv_cache_dtype.as_str(), "auto" | "fp8_e5m2" | "fp8_e4m3") {
+        if !matches!(
+            self.kv_cache_dtype.as_str(),
+            "auto" | "fp8_e5m2" | "fp8_e4m3"
+        ) {
             return Err(format!(
                 "`engine.kv_cache_dtype` must be auto, fp8_e5m2 or fp8_e4m3 (got `{}`)",
                 self.kv_cache_dtype
@@ -158,7 +166,10 @@ mod tests {
     #[test]
     fn defaults_validate_and_bad_values_name_the_key() {
         assert_eq!(EngineConfig::default().validate(), Ok(()));
-        let bad = EngineConfig { block_size: 12, ..Default::default() };
+        let bad = EngineConfig {
+            block_size: 12,
+            ..Default::default()
+        };
         assert!(bad.validate().unwrap_err().contains("engine.block_size"));
     }
 }

@@ -92,14 +92,22 @@ pub struct EngineHandle {
 
 impl std::fmt::Debug for EngineHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineHandle").field("info", &self.shared.info).finish()
+        f.debug_struct("EngineHandle")
+            .field("info", &self.shared.info)
+            .finish()
     }
 }
 
 impl EngineHandle {
     /// Wrap a command channel whose receiver is served by an engine loop (or a test double).
     pub fn from_channel(tx: mpsc::UnboundedSender<EngineCommand>, info: EngineInfo) -> Self {
-        EngineHandle { shared: Arc::new(Shared { tx, next_id: AtomicU64::new(1), info }) }
+        EngineHandle {
+            shared: Arc::new(Shared {
+                tx,
+                next_id: AtomicU64::new(1),
+                info,
+            }),
+        }
     }
 
     /// A test double: every request is answered by `f` on a tokio task (cancel and stats are
@@ -146,9 +154,18 @@ impl EngineHandle {
         let sent = self
             .shared
             .tx
-            .send(EngineCommand::Submit { id, request: Box::new(request), reply })
+            .send(EngineCommand::Submit {
+                id,
+                request: Box::new(request),
+                reply,
+            })
             .is_ok();
-        PendingCompletion { id, rx, tx: self.shared.tx.clone(), done: !sent }
+        PendingCompletion {
+            id,
+            rx,
+            tx: self.shared.tx.clone(),
+            done: !sent,
+        }
     }
 
     /// Current engine counters; `None` when the engine has stopped.
@@ -192,7 +209,9 @@ impl Future for PendingCompletion {
             Poll::Ready(r) => {
                 self.done = true;
                 Poll::Ready(r.unwrap_or_else(|_| {
-                    Err(EngineError::Internal("engine stopped before answering".into()))
+                    Err(EngineError::Internal(
+                        "engine stopped before answering".into(),
+                    ))
                 }))
             }
             Poll::Pending => Poll::Pending,
@@ -215,7 +234,11 @@ mod tests {
     use crate::engine::request::{FinishReason, Prompt, Timings, Usage};
 
     fn info() -> EngineInfo {
-        EngineInfo { model: "fake".into(), max_model_len: 64, device: "none".into() }
+        EngineInfo {
+            model: "fake".into(),
+            max_model_len: 64,
+            device: "none".into(),
+        }
     }
 
     fn echo(req: GenerateRequest) -> Completion {
@@ -236,7 +259,10 @@ mod tests {
     #[tokio::test]
     async fn test_double_answers_and_counts() {
         let h = EngineHandle::from_fn(info(), |req| async move { Ok(echo(req)) });
-        let c = h.submit(GenerateRequest::new(Prompt::Text("hi".into()))).await.expect("ok");
+        let c = h
+            .submit(GenerateRequest::new(Prompt::Text("hi".into())))
+            .await
+            .expect("ok");
         assert_eq!(c.text, "hi");
         assert_eq!(h.stats().await.map(|s| s.steps), Some(1));
     }
@@ -247,7 +273,9 @@ mod tests {
         h.shutdown();
         tokio::task::yield_now().await;
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        let r = h.submit(GenerateRequest::new(Prompt::Text("x".into()))).await;
+        let r = h
+            .submit(GenerateRequest::new(Prompt::Text("x".into())))
+            .await;
         assert!(matches!(r, Err(EngineError::Internal(_))), "{r:?}");
     }
 }

@@ -105,7 +105,11 @@ pub struct GenerateRequest {
 impl GenerateRequest {
     /// A request with default (greedy) sampling and no deadline.
     pub fn new(prompt: Prompt) -> Self {
-        GenerateRequest { prompt, sampling: SamplingParams::default(), deadline: None }
+        GenerateRequest {
+            prompt,
+            sampling: SamplingParams::default(),
+            deadline: None,
+        }
     }
 }
 
