@@ -13,3 +13,4 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod tokenizer;
+pub mod tools;

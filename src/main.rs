@@ -11,10 +11,14 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Check the CUDA setup: driver, GPUs, NVRTC, and compile every kernel.
+    Doctor(kiln::tools::doctor::DoctorArgs),
+}
 
-#[allow(unreachable_code, unused_variables)] // until the first subcommand lands
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Doctor(args) => kiln::tools::doctor::run(&args),
+    }
 }
