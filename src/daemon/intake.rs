@@ -132,28 +132,44 @@ pub struct ReadInput {
     pub outcome: IntakeOutcome,
 }
 
-/// Read, hash and split one input file. I/O errors (the file vanished, permissions) are
-/// returned as is: the caller retries at the next rescan. Files over `max_bytes` are hashed
-/// without being kept in memory and fail as one `invalid_input` task.
-pub fn read_input(
-    path: &Path,
-    kind: InputKind,
-    max_bytes: u64,
-    allow_incomplete: bool,
-) -> std::io::Result<ReadInput> {
+/// An input file's bytes and hash, before parsing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawInput {
+    /// Hex sha256 of the content.
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The content; `None` when it is over the size limit (hashed without being kept).
+    pub bytes: Option<Vec<u8>>,
+    /// The limit that applied.
+    pub max_bytes: u64,
+}
+
+impl RawInput {
+    /// Split into task specs (see the module docs).
+    pub fn parse(&self, kind: InputKind, allow_incomplete: bool) -> IntakeOutcome {
+        match &self.bytes {
+            Some(bytes) => parse_bytes(kind, bytes, allow_incomplete),
+            None => IntakeOutcome::Tasks(vec![file_error(IntakeError::invalid(format!(
+                "the file is {} bytes, over the limit of {} bytes (`daemon.max_input_bytes`)",
+                self.size, self.max_bytes
+            )))]),
+        }
+    }
+}
+
+/// Read and hash one input file. I/O errors (the file vanished, permissions) are returned as
+/// is: the caller looks again later. Files over `max_bytes` are hashed in a stream.
+pub fn read_raw(path: &Path, max_bytes: u64) -> std::io::Result<RawInput> {
     let mut file = std::fs::File::open(path)?;
     let size = file.metadata()?.len();
     if size > max_bytes {
         let (sha256, size) = hash_stream(&mut file)?;
-        let err = IntakeError::invalid(format!(
-            "the file is {size} bytes, over the limit of {max_bytes} bytes (`daemon.max_input_bytes`)"
-        ));
-        let outcome = IntakeOutcome::Tasks(vec![file_error(err)]);
-        return Ok(ReadInput {
+        return Ok(RawInput {
             sha256,
             size,
-            kind,
-            outcome,
+            bytes: None,
+            max_bytes,
         });
     }
     let mut bytes = Vec::with_capacity(size as usize);
@@ -163,22 +179,34 @@ pub fn read_input(
         let mut h = Sha256::new();
         h.update(&bytes);
         let size = bytes.len() as u64 + hash_into(&mut h, &mut file)?;
-        let err = IntakeError::invalid(format!(
-            "the file is {size} bytes, over the limit of {max_bytes} bytes (`daemon.max_input_bytes`)"
-        ));
-        let outcome = IntakeOutcome::Tasks(vec![file_error(err)]);
-        return Ok(ReadInput {
+        return Ok(RawInput {
             sha256: hex::encode(h.finalize()),
             size,
-            kind,
-            outcome,
+            bytes: None,
+            max_bytes,
         });
     }
     let sha256 = hex::encode(Sha256::digest(&bytes));
-    let outcome = parse_bytes(kind, &bytes, allow_incomplete);
-    Ok(ReadInput {
+    Ok(RawInput {
         sha256,
         size: bytes.len() as u64,
+        bytes: Some(bytes),
+        max_bytes,
+    })
+}
+
+/// [`read_raw`] then [`RawInput::parse`].
+pub fn read_input(
+    path: &Path,
+    kind: InputKind,
+    max_bytes: u64,
+    allow_incomplete: bool,
+) -> std::io::Result<ReadInput> {
+    let raw = read_raw(path, max_bytes)?;
+    let outcome = raw.parse(kind, allow_incomplete);
+    Ok(ReadInput {
+        sha256: raw.sha256,
+        size: raw.size,
         kind,
         outcome,
     })

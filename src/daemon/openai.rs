@@ -466,12 +466,14 @@ fn parse_sampling(obj: &Map<String, Value>) -> Result<SamplingParams, RequestErr
     let max_tokens = opt_u64(obj, "max_tokens")?;
     let max_completion = opt_u64(obj, "max_completion_tokens")?;
     let max = match (max_tokens, max_completion) {
-        (Some(a), Some(b)) if a != b => return Err(RequestError::new(
-            "max_tokens",
-            format!(
+        (Some(a), Some(b)) if a != b => {
+            return Err(RequestError::new(
+                "max_tokens",
+                format!(
                 "`max_tokens` ({a}) and `max_completion_tokens` ({b}) disagree; send one of them"
             ),
-        )),
+            ))
+        }
         (a, b) => a.or(b),
     };
     if let Some(m) = max {
