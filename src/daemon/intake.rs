@@ -28,55 +28,7 @@ use sha2::{Digest, Sha256};
 use crate::daemon::openai;
 use crate::error::ErrorClass;
 
-/// The closed set of task file formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum InputKind {
-    /// Plain text prompt.
-    Txt,
-    /// Markdown prompt (treated like text).
-    Md,
-    /// One chat-completions request body.
-    Json,
-    /// OpenAI Batch input, one request per line.
-    Jsonl,
-}
-
-impl InputKind {
-    /// The kind for a file name, by extension (case-insensitive); `None` for anything else.
-    pub fn from_path(path: &Path) -> Option<InputKind> {
-        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
-        match ext.as_str() {
-            "txt" => Some(InputKind::Txt),
-            "md" => Some(InputKind::Md),
-            "json" => Some(InputKind::Json),
-            "jsonl" => Some(InputKind::Jsonl),
-            _ => None,
-        }
-    }
-
-    /// Stable label, as stored in the ledger (`input_files.kind`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InputKind::Txt => "txt",
-            InputKind::Md => "md",
-            InputKind::Json => "json",
-            InputKind::Jsonl => "jsonl",
-        }
-    }
-}
-
-impl std::str::FromStr for InputKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "txt" => Ok(InputKind::Txt),
-            "md" => Ok(InputKind::Md),
-            "json" => Ok(InputKind::Json),
-            "jsonl" => Ok(InputKind::Jsonl),
-            _ => Err(format!("unknown input kind `{s}`")),
-        }
-    }
-}
+pub use crate::ledger::InputKind;
 
 /// Why a task cannot run, decided at intake.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -68,6 +68,9 @@ pub enum Found {
         /// Why, for the user.
         reason: String,
     },
+    /// Everything present at start has been handed over (or rejected, or has vanished). Sent
+    /// once; `kiln run --once` waits for it.
+    InitialScanDone,
 }
 
 /// Errors starting the watcher.
@@ -159,6 +162,8 @@ struct State {
     /// Entries to look at again at a given time regardless of their stamp.
     delayed: Vec<(PathBuf, Instant)>,
     out: mpsc::UnboundedSender<Found>,
+    /// Whether `InitialScanDone` is still to be sent.
+    initial_pending: bool,
 }
 
 /// Start watching. Entries arrive on the returned receiver, starting with a full scan.
@@ -204,6 +209,7 @@ pub fn spawn(
         handed: HashMap::new(),
         delayed: Vec::new(),
         out,
+        initial_pending: true,
     };
     tokio::spawn(async move {
         // Keep the backend alive as long as the loop runs.
@@ -434,6 +440,10 @@ impl State {
                 .send(Found::File { path, rel, kind })
                 .map_err(|_| ())?;
         }
+        if self.initial_pending && self.pending.is_empty() {
+            self.initial_pending = false;
+            self.out.send(Found::InitialScanDone).map_err(|_| ())?;
+        }
         Ok(())
     }
 }
@@ -453,16 +463,28 @@ mod tests {
         }
     }
 
-    async fn next(rx: &mut mpsc::UnboundedReceiver<Found>) -> Found {
+    async fn next_any(rx: &mut mpsc::UnboundedReceiver<Found>) -> Found {
         tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
             .expect("timely")
             .expect("open")
     }
 
+    /// The next file or rejection (the one-time `InitialScanDone` is skipped).
+    async fn next(rx: &mut mpsc::UnboundedReceiver<Found>) -> Found {
+        loop {
+            match next_any(rx).await {
+                Found::InitialScanDone => continue,
+                f => return f,
+            }
+        }
+    }
+
+    /// Nothing but (at most) the one-time `InitialScanDone` arrives within `for_`.
     async fn quiet(rx: &mut mpsc::UnboundedReceiver<Found>, for_: Duration) {
-        if let Ok(Some(f)) = tokio::time::timeout(for_, rx.recv()).await {
-            panic!("unexpected {f:?}");
+        let end = tokio::time::Instant::now() + for_;
+        while let Ok(Some(f)) = tokio::time::timeout_at(end, rx.recv()).await {
+            assert_eq!(f, Found::InitialScanDone, "unexpected {f:?}");
         }
     }
 
@@ -496,7 +518,7 @@ mod tests {
         std::fs::write(inputs.join("sub/nested.txt"), "no").unwrap();
         let token = CancellationToken::new();
         let (_h, mut rx) = spawn(cfg(&inputs), token.clone()).expect("spawn");
-        let f = next(&mut rx).await;
+        let f = next_any(&mut rx).await;
         assert_eq!(
             f,
             Found::File {
@@ -505,6 +527,8 @@ mod tests {
                 kind: InputKind::Txt
             }
         );
+
+        assert_eq!(next_any(&mut rx).await, Found::InitialScanDone);
 
         // A file being written is not taken while it grows.
         let growing = inputs.join("grow ü.jsonl");
@@ -559,12 +583,14 @@ mod tests {
         }
         got.sort_by_key(|f| match f {
             Found::File { rel, .. } | Found::Rejected { rel, .. } => rel.clone(),
+            Found::InitialScanDone => String::new(),
         });
         let summary: Vec<(String, bool)> = got
             .iter()
             .map(|f| match f {
                 Found::File { rel, .. } => (rel.clone(), true),
                 Found::Rejected { rel, .. } => (rel.clone(), false),
+                Found::InitialScanDone => unreachable!("skipped by next()"),
             })
             .collect();
         assert_eq!(
