@@ -18,7 +18,8 @@ use crate::engine::EngineHandle;
 use crate::error::{EngineError, ErrorClass};
 use crate::ledger::{AttemptStats, Task};
 
-/// How long past the deadline the daemon waits for the engine's own `Timeout` answer.
+/// How long past the deadline the daemon waits for the engine's own `Timeout` answer: a tenth
+/// of the timeout, at most this.
 const DEADLINE_SLACK: Duration = Duration::from_secs(5);
 
 /// How an attempt ended.
@@ -118,7 +119,12 @@ pub async fn run_attempt(ctx: &AttemptContext, task: &Task) -> AttemptResult {
     request.deadline = Some(std::time::Instant::now() + ctx.task_timeout);
 
     let pending = ctx.engine.submit(request);
-    let answer = match tokio::time::timeout(ctx.task_timeout + DEADLINE_SLACK, pending).await {
+    let answer = match tokio::time::timeout(
+        ctx.task_timeout + (ctx.task_timeout / 10).min(DEADLINE_SLACK),
+        pending,
+    )
+    .await
+    {
         Ok(a) => a,
         Err(_) => {
             return fail(
