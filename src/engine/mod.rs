@@ -6,14 +6,39 @@
 //! model on some backend. `spawn` in this module is the only place that picks the backend.
 
 pub mod config;
+mod core;
+pub mod detokenizer;
 pub mod handle;
+pub mod kv_cache;
 pub mod request;
+pub mod sampler;
+pub mod scheduler;
+pub mod sequence;
+pub mod stop;
 
+pub use self::core::StartError;
 pub use config::{Device, EngineConfig};
 pub use handle::{EngineHandle, EngineInfo, EngineStats};
 pub use request::{ChatMessage, Completion, FinishReason, GenerateRequest, Prompt, SamplingParams};
 
 use crate::error::EngineError;
+use crate::tokenizer::Tokenizer;
+
+/// Start the engine on its own OS thread ("engine") with an already-built runner and tokenizer.
+/// Returns once the engine is ready, or with the reason it could not start (invalid `cfg`, a
+/// cache geometry the scheduler cannot serve). `model_name` is reported in [`EngineInfo`].
+pub fn spawn(
+    runner: Box<dyn ModelRunner>,
+    tokenizer: Tokenizer,
+    cfg: EngineConfig,
+    model_name: impl Into<String>,
+) -> Result<EngineHandle, StartError> {
+    self::core::start(
+        Box::new(move || Ok((runner, tokenizer))),
+        cfg,
+        model_name.into(),
+    )
+}
 
 /// Which logits a sequence needs from a forward step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -54,7 +54,8 @@ impl WeightDType {
 
     /// Bytes of a row of `n` elements; `None` when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        (n % self.block_elems() == 0).then(|| n / self.block_elems() * self.block_bytes())
+        n.is_multiple_of(self.block_elems())
+            .then(|| n / self.block_elems() * self.block_bytes())
     }
 
     /// Whether this is a block-quantized type.

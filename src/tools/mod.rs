@@ -1,3 +1,4 @@
-//! Command-line tools beside the daemon: `doctor` (and `probe`, `generate`, `bench`).
+//! Command-line tools beside the daemon: `doctor`, `probe` (and `generate`, `bench`).
 
 pub mod doctor;
+pub mod probe;
