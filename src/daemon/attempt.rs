@@ -50,6 +50,8 @@ pub enum AttemptResult {
 pub struct AttemptContext {
     /// The engine.
     pub engine: EngineHandle,
+    /// The model name written into results.
+    pub model: String,
     /// Deadline per attempt.
     pub task_timeout: Duration,
     /// Per-task logs.
@@ -150,7 +152,7 @@ pub async fn run_attempt(ctx: &AttemptContext, task: &Task) -> AttemptResult {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64);
             let result = StoredResult {
-                model: ctx.engine.info().model.clone(),
+                model: ctx.model.clone(),
                 created,
                 completion,
             };

@@ -77,6 +77,9 @@ pub struct RunOptions {
     pub progress: bool,
     /// systemd notifications (disabled outside systemd).
     pub notifier: Notifier,
+    /// The model name written into outputs (`model.name`, or the model file's stem); `None` =
+    /// the name the engine reports.
+    pub model_name: Option<String>,
 }
 
 impl Default for RunOptions {
@@ -85,6 +88,7 @@ impl Default for RunOptions {
             once: false,
             progress: false,
             notifier: Notifier::disabled(),
+            model_name: None,
         }
     }
 }
@@ -213,7 +217,15 @@ pub async fn run(
     }
     summary.recovered = recovered.requeued.len() as u64;
 
-    let publisher = Publisher::new(ledger.clone(), OutputDir::new(&d.outputs), logs.clone());
+    let outputs = OutputDir::new(&d.outputs);
+    let stale = outputs.remove_stale_temporaries();
+    if stale > 0 {
+        tracing::info!(
+            files = stale,
+            "Removed temporaries of an interrupted output write."
+        );
+    }
+    let publisher = Publisher::new(ledger.clone(), outputs, logs.clone());
     publisher.publish_ready().await?;
 
     let intake_token = shutdown.child_token();
@@ -239,8 +251,13 @@ pub async fn run(
         intake_token.clone(),
     );
 
+    let model = opts
+        .model_name
+        .clone()
+        .unwrap_or_else(|| engine.info().model.clone());
     let ctx = AttemptContext {
         engine: engine.clone(),
+        model,
         task_timeout: d.task_timeout(),
         logs: logs.clone(),
     };

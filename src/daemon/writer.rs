@@ -320,6 +320,29 @@ impl OutputDir {
         OutputDir { root: root.into() }
     }
 
+    /// Remove temporaries a killed writer left in the day folders (`.<name>.<32 hex>.tmp`, the
+    /// pattern of [`write_new`]); returns how many. Run at start, with the ledger lock held.
+    pub fn remove_stale_temporaries(&self) -> usize {
+        let mut removed = 0;
+        let Ok(days) = std::fs::read_dir(&self.root) else {
+            return 0;
+        };
+        for day in days.flatten() {
+            let Ok(files) = std::fs::read_dir(day.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let name = f.file_name();
+                if is_our_temporary(&name.to_string_lossy())
+                    && std::fs::remove_file(f.path()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
     /// The root folder.
     pub fn root(&self) -> &Path {
         &self.root
@@ -510,6 +533,16 @@ pub fn write_new(path: &Path, bytes: &[u8]) -> Result<bool, WriteError> {
     // The temporary is gone after a rename; otherwise remove it (best effort: it is hidden).
     let _ = std::fs::remove_file(&tmp);
     result
+}
+
+/// Whether a file name is one of [`write_new`]'s temporaries.
+fn is_our_temporary(name: &str) -> bool {
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    inner
+        .rsplit_once('.')
+        .is_some_and(|(_, id)| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), WriteError> {
@@ -781,6 +814,21 @@ mod tests {
         assert!(out
             .check_inside(&dir.path().join("elsewhere/2026-01-01/x"))
             .is_err());
+    }
+
+    #[test]
+    fn stale_temporaries_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = OutputDir::new(dir.path());
+        let day = dir.path().join("2026-01-01");
+        std::fs::create_dir_all(&day).unwrap();
+        let stale = format!(".a.md.{}.tmp", uuid::Uuid::now_v7().simple());
+        for name in [stale.as_str(), "a.md", ".a.md.tmp", "b.tmp", ".x.zzzz.tmp"] {
+            std::fs::write(day.join(name), "x").unwrap();
+        }
+        assert_eq!(out.remove_stale_temporaries(), 1);
+        assert!(!day.join(&stale).exists());
+        assert_eq!(std::fs::read_dir(&day).unwrap().count(), 4);
     }
 
     #[test]
