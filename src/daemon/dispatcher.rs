@@ -229,7 +229,7 @@ impl Dispatcher {
                     .map_err(|e| LedgerError::Invalid(e.to_string()))?;
                 self.ledger.finish_success(id, &json, stats).await?;
                 self.counts.succeeded += 1;
-                tracing::info!(task_id = %id, input = %task.input_path, "Task succeeded.");
+                tracing::debug!(task_id = %id, input = %task.input_path, "Task succeeded.");
                 TaskState::Succeeded
             }
             AttemptResult::Failed {

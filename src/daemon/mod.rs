@@ -356,7 +356,12 @@ pub async fn run(
                 }
                 None => ingest_open = false,
             },
-            _ = ingest_status.changed() => {}
+            changed = ingest_status.changed(), if ingest_open => {
+                // The sender is gone once ingest stopped; stop listening instead of spinning.
+                if changed.is_err() {
+                    ingest_open = false;
+                }
+            }
             _ = tokio::time::sleep(wake) => {}
             _ = tick.tick() => {
                 for id in std::mem::take(&mut dirty) {
