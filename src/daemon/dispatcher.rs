@@ -323,3 +323,44 @@ impl Dispatcher {
         Ok(ids.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorClass;
+
+    /// The backoff schedule on tokio's paused clock: each retry becomes due exactly when its
+    /// delay has elapsed on the clock the dispatcher claims with, up to the cap and the limit.
+    #[tokio::test(start_paused = true)]
+    async fn backoff_schedule_follows_the_paused_clock() {
+        let policy = RetryPolicy {
+            backoff_base_secs: 2.0,
+            backoff_max_secs: 10.0,
+            jitter: 0.0,
+            max_attempts_oom: 5,
+            ..RetryPolicy::default()
+        };
+        let clock = Clock::start();
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut waited = Vec::new();
+        for attempts in 1.. {
+            let delay = match policy.decide(ErrorClass::Oom, attempts, &mut rng) {
+                RetryDecision::Retry(d) => d,
+                RetryDecision::Dead => break,
+                RetryDecision::Fail => unreachable!("oom is retryable"),
+            };
+            let due = clock.now().after(delay);
+            let t0 = tokio::time::Instant::now();
+            // What the daemon loop does: sleep until the retry is due, then claim with `now`.
+            tokio::time::sleep(clock.until(due)).await;
+            assert!(clock.now() >= due);
+            assert_eq!(clock.until(due), Duration::ZERO);
+            waited.push(t0.elapsed().as_secs());
+        }
+        assert_eq!(
+            waited,
+            vec![2, 4, 8, 10],
+            "2 s, 4 s, 8 s, then the 10 s cap; dead at attempt 5"
+        );
+    }
+}
