@@ -229,7 +229,7 @@ fn sigterm_under_systemd_notify_and_the_ledger_lock() {
         .env("WATCHDOG_USEC", "1500000");
     let mut child = spawn_logged(cmd, &root.join("run.log"));
     let mut messages: Vec<String> = Vec::new();
-    let mut recv = |messages: &mut Vec<String>| {
+    let recv = |messages: &mut Vec<String>| {
         let mut buf = [0u8; 4096];
         if let Ok(n) = sock.recv(&mut buf) {
             messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());

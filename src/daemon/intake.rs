@@ -1,7 +1,8 @@
 //! Task files → task specs: reads an input file once, hashes it, and splits it into tasks.
 //!
 //! Formats (the extension decides, case-insensitively):
-//! - `.txt` / `.md`: the whole file (UTF-8, a leading BOM dropped) is one user message;
+//! - `.txt` / `.md`: the whole file (UTF-8, a leading BOM and surrounding whitespace dropped) is
+//!   one user message;
 //! - `.json`: one OpenAI chat-completions request body;
 //! - `.jsonl`: an OpenAI Batch input file, one `{custom_id, method, url, body}` per line; blank
 //!   lines are skipped; a bad line becomes a task that fails alone with a per-line error.
@@ -216,7 +217,8 @@ pub fn parse_bytes(kind: InputKind, bytes: &[u8], allow_incomplete: bool) -> Int
             Ok(text) => TaskSpec {
                 line: None,
                 custom_id: None,
-                body: Ok(openai::body_for_text(text)),
+                // Editors end files with a newline; it is not part of the question.
+                body: Ok(openai::body_for_text(text.trim())),
                 warnings: Vec::new(),
             },
             Err(e) => file_error(e),
@@ -475,7 +477,7 @@ mod tests {
         assert_eq!(body["messages"][0]["role"], "user");
         assert_eq!(
             body["messages"][0]["content"],
-            "What is the capital of France?\n"
+            "What is the capital of France?"
         );
     }
 
