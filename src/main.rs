@@ -33,6 +33,8 @@ enum Command {
     Logs(cli::logs::LogsArgs),
     /// Check the CUDA setup: driver, GPUs, NVRTC, and compile every kernel.
     Doctor(kiln::tools::doctor::DoctorArgs),
+    /// Generate a completion for one prompt (text or a chat message), for a quick check.
+    Generate(kiln::tools::generate::GenerateArgs),
     /// Manage model files.
     Model {
         #[command(subcommand)]
@@ -74,5 +76,6 @@ fn main() -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+        Command::Generate(args) => kiln::tools::generate::run(config, &args),
     }
 }
