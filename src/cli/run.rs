@@ -41,7 +41,8 @@ pub struct RunArgs {
 /// Run `kiln run`.
 pub fn run(config_path: Option<&Path>, args: RunArgs) -> anyhow::Result<()> {
     let config = Config::load(config_path).context("loading the configuration")?;
-    let _log_guard = kiln::logging::init(&config.logging, Some(&config.daemon.logs)).context("setting up logging")?;
+    let _log_guard = kiln::logging::init(&config.logging, Some(&config.daemon.logs))
+        .context("setting up logging")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("kiln-daemon")
@@ -67,10 +68,11 @@ async fn run_daemon(config: Config, args: RunArgs) -> anyhow::Result<RunSummary>
     let engine_cfg = config.engine.clone();
     let t0 = Instant::now();
     tracing::info!(model = %model_path.display(), device = %engine_cfg.device, "Loading the model.");
-    let engine = tokio::task::spawn_blocking(move || kiln::engine::spawn_from_path(&model_path, engine_cfg))
-        .await
-        .context("the model loader panicked")?
-        .with_context(|| format!("loading the model {}", config.model.path.display()))?;
+    let engine =
+        tokio::task::spawn_blocking(move || kiln::engine::spawn_from_path(&model_path, engine_cfg))
+            .await
+            .context("the model loader panicked")?
+            .with_context(|| format!("loading the model {}", config.model.path.display()))?;
     tracing::info!(
         model = %engine.info().model, device = %engine.info().device, max_model_len = engine.info().max_model_len,
         secs = t0.elapsed().as_secs_f64(), "Model loaded."
@@ -87,7 +89,7 @@ async fn run_daemon(config: Config, args: RunArgs) -> anyhow::Result<RunSummary>
     let result = kiln::daemon::run(&config, ledger.clone(), engine.clone(), shutdown, opts).await;
     engine.shutdown();
     ledger.close().await;
-    Ok(result.context("the daemon failed")?)
+    result.context("the daemon failed")
 }
 
 /// Make sure the configured model exists, fetching the embedded default when allowed.
@@ -119,7 +121,10 @@ fn spawn_signal_handler(shutdown: CancellationToken, notifier: Notifier) -> anyh
                 s = int.recv() => { if s.is_none() { break; } "SIGINT" }
             };
             if shutdown.is_cancelled() {
-                tracing::warn!(signal = name, "Already stopping; in-flight tasks have until the grace period ends.");
+                tracing::warn!(
+                    signal = name,
+                    "Already stopping; in-flight tasks have until the grace period ends."
+                );
             } else {
                 tracing::info!(signal = name, "Stop requested.");
                 notifier.stopping("stopping: finishing in-flight tasks");
