@@ -19,6 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the daemon: watch inputs/, run every task, write outputs/ (SIGTERM stops it gracefully).
+    Run(cli::run::RunArgs),
     /// Copy task files into inputs/ atomically.
     Submit(cli::submit::SubmitArgs),
     /// Task counts per state and whether a daemon is running.
@@ -58,6 +60,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = cli.config.as_deref();
     match cli.command {
+        Command::Run(args) => cli::run::run(config, args),
         Command::Submit(args) => cli::submit::run(config, args),
         Command::Status(args) => cli::status::run(config, args),
         Command::List(args) => cli::list::run(config, args),
