@@ -1,6 +1,472 @@
 //! Compute backends. `cpu` is always built and is the numerical reference; `cuda` sits behind
 //! the `cuda` feature and must match `cpu` within named tolerances.
 //!
-//! (Skeleton: the `Backend` trait is being written with the CPU backend.)
+//! Design (style-anchors §5): one [`Backend`] trait with associated types for everything that
+//! lives on the device — activations ([`Backend::Buffer`]), stored weights
+//! ([`Backend::Weight`]), the paged KV cache ([`Backend::KvCache`]), the RoPE table
+//! ([`Backend::Rope`]) and the per-step metadata ([`Backend::Step`]). The model is generic over
+//! it (`Llama<B: Backend>`), so every op is checked at compile time for every backend and no
+//! per-op dispatch exists. `model::runner::build_runner` holds the only `match` that names a
+//! concrete backend.
+//!
+//! The ops are coarse and fused on purpose, one method per kernel family, so that a CUDA
+//! backend maps each to one launch (or a few):
+//! - [`Backend::embedding`], [`Backend::rms_norm`], [`Backend::add_rms_norm`] (residual add
+//!   fused with the next norm), [`Backend::rope`] (q and k in one call),
+//!   [`Backend::matmul`] (straight on the stored weight format), [`Backend::write_kv`] +
+//!   [`Backend::paged_attention`] (varlen prefill chunks and decodes in one call, over block
+//!   tables), [`Backend::silu_mul`], [`Backend::add`], [`Backend::gather_rows`],
+//!   [`Backend::copy_block`].
+//! - All integer metadata of a step (token ids, positions, KV slots, block tables, which rows
+//!   need logits) is uploaded once per step by [`Backend::prepare_step`]; ops read it from
+//!   there, so a CUDA backend does one host→device copy per step.
+//!
+//! Activations are in the backend's compute dtype (f32 on the CPU; bf16/fp16 on GPUs); only
+//! [`Backend::upload`] and [`Backend::download`] convert to and from host f32.
+//!
+//! Hybrid models (Qwen3.5, Gated DeltaNet layers) will add an associated `StateCache` with one
+//! recurrent-state slot per sequence (addressed by [`StepSeq::state_slot`], already carried in
+//! every step) and the ops `gdn_conv1d`, `gdn_chunk_prefill` and `gdn_decode_step`.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod rope;
+
+pub use cpu::CpuBackend;
+pub use rope::RopeSpec;
+
+use crate::engine::{ForwardBatch, LogitsFor};
+use crate::error::EngineError;
+use crate::model::TensorView;
+
+/// Why a backend call failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    /// Device or host memory could not be allocated.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    /// Arguments that do not fit together (lengths, shapes, indices); a bug in the caller.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A weight format or feature this backend does not implement.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The device reported an error (driver, launch, compile).
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+impl From<BackendError> for EngineError {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::OutOfMemory(m) => EngineError::Oom(m),
+            other => EngineError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// Geometry of a paged KV cache: per layer, K and V each hold `num_blocks × block_size`
+/// token slots of `[num_kv_heads, head_dim]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheSpec {
+    /// Decoder layers with attention.
+    pub num_layers: usize,
+    /// Physical blocks.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+impl KvCacheSpec {
+    /// Elements of K (or of V) in one token slot of one layer.
+    pub fn slot_elems(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Bytes one block takes over all layers, K and V, at `elem_bytes` per element.
+    pub fn bytes_per_block(&self, elem_bytes: usize) -> usize {
+        2 * self.num_layers * self.block_size * self.slot_elems() * elem_bytes
+    }
+}
+
+/// Shapes of one attention call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads; `num_heads` is a multiple of it (GQA).
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Factor on `q·k` before the softmax (`head_dim^-0.5` for llama).
+    pub scale: f32,
+}
+
+/// One sequence of a step, in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepSeq {
+    /// Index of its first new token in [`StepInput::token_ids`].
+    pub token_start: usize,
+    /// New tokens this step.
+    pub len: usize,
+    /// Tokens already in the KV cache; the new ones take positions `cached_len..cached_len+len`.
+    pub cached_len: usize,
+    /// Physical KV blocks in order; covers `cached_len + len` tokens.
+    pub block_table: Vec<u32>,
+    /// Recurrent-state slot (hybrid models); `None` for pure attention models.
+    pub state_slot: Option<u32>,
+}
+
+impl StepSeq {
+    /// Tokens this sequence attends over after the step (`cached_len + len`).
+    pub fn context_len(&self) -> usize {
+        self.cached_len + self.len
+    }
+}
+
+/// Everything integer a step needs, in host memory; [`Backend::prepare_step`] copies it to the
+/// device. Built from a [`ForwardBatch`] by [`StepInput::from_batch`], which checks it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepInput {
+    /// New tokens of all sequences: `[num_tokens]`.
+    pub token_ids: Vec<u32>,
+    /// Absolute position of each new token: `[num_tokens]`.
+    pub positions: Vec<u32>,
+    /// KV slot of each new token, `block * block_size + offset`: `[num_tokens]`.
+    pub slot_mapping: Vec<u32>,
+    /// Per-sequence layout.
+    pub seqs: Vec<StepSeq>,
+    /// Token indices whose logits are returned, in output order.
+    pub logit_rows: Vec<u32>,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+impl StepInput {
+    /// Lay out `batch` for a cache of `num_blocks` blocks of `block_size` tokens and a model of
+    /// `vocab_size` tokens and `max_positions` positions. Errors name what is wrong: token ids
+    /// or positions out of range are `InvalidInput`; inconsistent slices or block tables are
+    /// `Internal` (a scheduler bug).
+    pub fn from_batch(
+        batch: &ForwardBatch,
+        block_size: usize,
+        num_blocks: usize,
+        vocab_size: usize,
+        max_positions: usize,
+    ) -> Result<StepInput, EngineError> {
+        let num_tokens = batch.token_ids.len();
+        if let Some(&bad) = batch.token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(EngineError::InvalidInput(format!(
+                "token id {bad} is out of the vocabulary (size {vocab_size})"
+            )));
+        }
+        let internal = |m: String| EngineError::Internal(format!("malformed forward batch: {m}"));
+        let mut positions = vec![u32::MAX; num_tokens];
+        let mut slot_mapping = vec![0u32; num_tokens];
+        let mut logit_rows = Vec::new();
+        let mut seqs = Vec::with_capacity(batch.seqs.len());
+        for (i, s) in batch.seqs.iter().enumerate() {
+            let end = s.start.checked_add(s.len).filter(|&e| e <= num_tokens);
+            let Some(end) = end else {
+                return Err(internal(format!(
+                    "sequence {i} covers tokens {}..{}+{} of {num_tokens}",
+                    s.start, s.start, s.len
+                )));
+            };
+            let context = s.cached_len + s.len;
+            if context > max_positions {
+                return Err(EngineError::InvalidInput(format!(
+                    "sequence {i} reaches {context} tokens, past the model's {max_positions} positions"
+                )));
+            }
+            if s.block_table.len() * block_size < context {
+                return Err(internal(format!(
+                    "sequence {i}: block table of {} blocks cannot hold {context} tokens",
+                    s.block_table.len()
+                )));
+            }
+            if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= num_blocks) {
+                return Err(internal(format!(
+                    "sequence {i}: block {b} is out of range ({num_blocks} blocks)"
+                )));
+            }
+            for t in 0..s.len {
+                let tok = s.start + t;
+                if positions[tok] != u32::MAX {
+                    return Err(internal(format!("token {tok} belongs to two sequences")));
+                }
+                let pos = s.cached_len + t;
+                positions[tok] = pos as u32;
+                let block = s.block_table[pos / block_size] as usize;
+                slot_mapping[tok] = (block * block_size + pos % block_size) as u32;
+            }
+            match s.logits {
+                LogitsFor::None => {}
+                LogitsFor::Last if s.len > 0 => logit_rows.push((end - 1) as u32),
+                LogitsFor::Last => {
+                    return Err(internal(format!("sequence {i} wants logits of no tokens")))
+                }
+                LogitsFor::All => logit_rows.extend((s.start..end).map(|t| t as u32)),
+            }
+            seqs.push(StepSeq {
+                token_start: s.start,
+                len: s.len,
+                cached_len: s.cached_len,
+                block_table: s.block_table.clone(),
+                state_slot: s.state_slot,
+            });
+        }
+        if let Some(tok) = positions.iter().position(|&p| p == u32::MAX) {
+            return Err(internal(format!("token {tok} belongs to no sequence")));
+        }
+        Ok(StepInput {
+            token_ids: batch.token_ids.clone(),
+            positions,
+            slot_mapping,
+            seqs,
+            logit_rows,
+            block_size,
+        })
+    }
+
+    /// Number of new tokens.
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+}
+
+/// A compute device. Shapes are row-major; `rows` is the number of tokens unless stated.
+/// Methods take `&self`: a backend is shared by the model's layers and its state (streams,
+/// thread pool) is internal.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// Activations in the compute dtype, contiguous, with a fixed element count.
+    type Buffer: Send;
+    /// A stored 2-D weight `[out_features, in_features]` in its checkpoint encoding.
+    type Weight: Send + Sync;
+    /// The paged KV cache of all layers (see [`KvCacheSpec`]).
+    type KvCache: Send;
+    /// Precomputed RoPE cos/sin table (see [`rope`]).
+    type Rope: Send + Sync;
+    /// One step's integer metadata on the device (see [`StepInput`]).
+    type Step: Send;
+
+    /// Short description for logs, e.g. `cpu (2 threads)` or `cuda:0 (sm_90)`.
+    fn name(&self) -> String;
+
+    /// A zero-filled buffer of `len` elements.
+    fn alloc(&self, len: usize) -> Result<Self::Buffer, BackendError>;
+    /// A buffer holding `data` (converted to the compute dtype).
+    fn upload(&self, data: &[f32]) -> Result<Self::Buffer, BackendError>;
+    /// Copy all of `src` to host f32; `dst.len()` must equal the buffer's length.
+    fn download(&self, src: &Self::Buffer, dst: &mut [f32]) -> Result<(), BackendError>;
+    /// Upload a 2-D weight as stored (quantized blocks stay quantized). `name` is for errors.
+    fn upload_weight(
+        &self,
+        name: &str,
+        view: &TensorView<'_>,
+    ) -> Result<Self::Weight, BackendError>;
+    /// Upload a 1-D parameter (norm weights), dequantized exactly to the compute dtype.
+    fn upload_vector(
+        &self,
+        name: &str,
+        view: &TensorView<'_>,
+    ) -> Result<Self::Buffer, BackendError>;
+    /// Allocate a zeroed KV cache.
+    fn create_kv_cache(&self, spec: &KvCacheSpec) -> Result<Self::KvCache, BackendError>;
+    /// Bytes one KV block takes (all layers, K and V), for sizing the cache from a budget.
+    fn kv_bytes_per_block(&self, spec: &KvCacheSpec) -> usize;
+    /// Build the RoPE table for `spec` (computed on the host by [`rope::cos_sin_table`]).
+    fn create_rope(&self, spec: &RopeSpec) -> Result<Self::Rope, BackendError>;
+    /// Copy a step's metadata to the device.
+    fn prepare_step(&self, step: &StepInput) -> Result<Self::Step, BackendError>;
+    /// Wait for queued work (a no-op on the CPU).
+    fn synchronize(&self) -> Result<(), BackendError>;
+
+    /// `out[t, :] = table[token_ids[t], :]`, dequantized; `table`: `[vocab, hidden]`,
+    /// `out`: `[num_tokens, hidden]`.
+    fn embedding(
+        &self,
+        table: &Self::Weight,
+        step: &Self::Step,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// `out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * weight`; `x`, `out`: `[rows, dim]`,
+    /// `weight`: `[dim]`. Used for the per-head q/k norms too (`rows = tokens × heads`).
+    fn rms_norm(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Buffer,
+        out: &mut Self::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+
+    /// Fused residual add and norm: `residual += delta`, then `out = rms_norm(residual)`.
+    /// All `[rows, dim]`.
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Buffer,
+        delta: &Self::Buffer,
+        weight: &Self::Buffer,
+        out: &mut Self::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+
+    /// `out[r, n] = Σ_k x[r, k] · w[n, k]`; `x`: `[rows, k]`, `w`: `[n, k]` as stored,
+    /// `out`: `[rows, n]`.
+    fn matmul(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        w: &Self::Weight,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// Rotate q (`[num_tokens, num_heads, head_dim]`) and k (`[num_tokens, num_kv_heads,
+    /// head_dim]`) in place at each token's position, NeoX "rotate_half" style over the first
+    /// `rope.rotary_dim` dims of every head.
+    fn rope(
+        &self,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        rope: &Self::Rope,
+        step: &Self::Step,
+        num_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<(), BackendError>;
+
+    /// Store each new token's k and v (`[num_tokens, num_kv_heads, head_dim]`) in its KV slot
+    /// of layer `layer`.
+    fn write_kv(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        step: &Self::Step,
+    ) -> Result<(), BackendError>;
+
+    /// Causal GQA attention over the paged cache of layer `layer` (after [`Backend::write_kv`]
+    /// of this step): each new token at position `p` attends to its sequence's positions
+    /// `0..=p`. Prefill chunks and decodes mix freely. `q`, `out`:
+    /// `[num_tokens, num_heads, head_dim]`.
+    fn paged_attention(
+        &self,
+        q: &Self::Buffer,
+        cache: &Self::KvCache,
+        layer: usize,
+        step: &Self::Step,
+        params: &AttentionParams,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// `out = silu(gate) * up`, elementwise over `len` elements.
+    fn silu_mul(
+        &self,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+        out: &mut Self::Buffer,
+        len: usize,
+    ) -> Result<(), BackendError>;
+
+    /// `x += y` over `len` elements.
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize) -> Result<(), BackendError>;
+
+    /// `out[i, :] = x[step.logit_rows[i], :]`; `x`: `[num_tokens, dim]`,
+    /// `out`: `[logit_rows, dim]`.
+    fn gather_rows(
+        &self,
+        x: &Self::Buffer,
+        step: &Self::Step,
+        dim: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// Copy block `src` into block `dst`, K and V, all layers.
+    fn copy_block(&self, cache: &mut Self::KvCache, src: u32, dst: u32)
+        -> Result<(), BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::SeqSlice;
+
+    fn seq(
+        start: usize,
+        len: usize,
+        cached_len: usize,
+        table: Vec<u32>,
+        logits: LogitsFor,
+    ) -> SeqSlice {
+        SeqSlice {
+            start,
+            len,
+            cached_len,
+            block_table: table,
+            logits,
+            state_slot: None,
+        }
+    }
+
+    #[test]
+    fn step_input_maps_positions_slots_and_logit_rows() {
+        // Sequence 0: a 3-token prefill chunk after 2 cached tokens, blocks [5, 1] of size 4:
+        // positions 2, 3, 4 → slots 5*4+2, 5*4+3, 1*4+0. Sequence 1: one decode at position 0.
+        let batch = ForwardBatch {
+            token_ids: vec![10, 11, 12, 13],
+            seqs: vec![
+                seq(0, 3, 2, vec![5, 1], LogitsFor::All),
+                seq(3, 1, 0, vec![2], LogitsFor::Last),
+            ],
+        };
+        let s = StepInput::from_batch(&batch, 4, 8, 100, 100).unwrap();
+        assert_eq!(s.positions, vec![2, 3, 4, 0]);
+        assert_eq!(s.slot_mapping, vec![22, 23, 4, 8]);
+        assert_eq!(s.logit_rows, vec![0, 1, 2, 3]);
+        assert_eq!(s.seqs[0].context_len(), 5);
+    }
+
+    #[test]
+    fn step_input_rejects_bad_batches() {
+        let ok = |b: &ForwardBatch| StepInput::from_batch(b, 4, 8, 100, 100);
+        let short_table = ForwardBatch {
+            token_ids: vec![1; 5],
+            seqs: vec![seq(0, 5, 0, vec![0], LogitsFor::Last)],
+        };
+        assert!(matches!(ok(&short_table), Err(EngineError::Internal(_))));
+        let bad_block = ForwardBatch {
+            token_ids: vec![1],
+            seqs: vec![seq(0, 1, 0, vec![8], LogitsFor::Last)],
+        };
+        assert!(matches!(ok(&bad_block), Err(EngineError::Internal(_))));
+        let uncovered = ForwardBatch {
+            token_ids: vec![1, 2],
+            seqs: vec![seq(0, 1, 0, vec![0], LogitsFor::Last)],
+        };
+        assert!(matches!(ok(&uncovered), Err(EngineError::Internal(_))));
+        let bad_token = ForwardBatch {
+            token_ids: vec![100],
+            seqs: vec![seq(0, 1, 0, vec![0], LogitsFor::Last)],
+        };
+        assert!(matches!(ok(&bad_token), Err(EngineError::InvalidInput(_))));
+        let too_long = ForwardBatch {
+            token_ids: vec![1],
+            seqs: vec![seq(0, 1, 100, vec![0; 26], LogitsFor::Last)],
+        };
+        assert!(matches!(
+            StepInput::from_batch(&too_long, 4, 30, 100, 100),
+            Err(EngineError::InvalidInput(_))
+        ));
+    }
+}

@@ -1,3 +1,6 @@
-//! Command implementations that are tools rather than the daemon: `bench` (and `probe`).
+//! Command-line tools beside the daemon: `doctor`, `probe`, `generate` (and `bench`).
 
 pub mod bench;
+pub mod doctor;
+pub mod generate;
+pub mod probe;

@@ -1,4 +1,577 @@
-//! The CPU backend. (This file is a stub on the `cpu-kernels` branch: the `cpu-model` branch
-//! owns it; only the `matmul` module line comes from here.)
+//! The CPU backend: f32 activations, weights kept in their stored encoding, rayon threads.
+//!
+//! It is the numerical reference for every other backend, so it favours exactness: weights are
+//! dequantized exactly as stored (never re-quantized), norms and softmax run in f32 (norm sums
+//! in f64), and every row of every op is computed independently of the others, so a row's
+//! result does not depend on what else is in the batch.
+//!
+//! The op bodies live in [`ops`] (row-wise and elementwise), [`attention`] (paged KV cache and
+//! attention) and [`reference`] (exact dequantize-and-dot matmul); this file checks arguments
+//! and runs each op on the backend's own thread pool.
 
+pub mod attention;
 pub mod matmul;
+pub mod ops;
+pub mod reference;
+
+use crate::backend::rope::{cos_sin_table, RopeSpec};
+use crate::backend::{AttentionParams, Backend, BackendError, KvCacheSpec, StepInput};
+use crate::model::{TensorView, WeightDType};
+
+pub use attention::CpuKvCache;
+
+/// A stored weight in host memory: the checkpoint's bytes, copied into an 8-byte aligned
+/// buffer (quantized blocks stay quantized; nothing is expanded to f32).
+#[derive(Debug, Clone)]
+pub struct CpuWeight {
+    /// Element encoding.
+    pub dtype: WeightDType,
+    /// `[rows, cols]` (Hugging Face order; the last axis is contiguous).
+    pub shape: Vec<usize>,
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl CpuWeight {
+    /// Take `bytes` (`rows × row_bytes(cols)`) of a `dtype` tensor of `shape`.
+    pub fn new(dtype: WeightDType, shape: Vec<usize>, bytes: Vec<u8>) -> CpuWeight {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(&bytes);
+        CpuWeight {
+            dtype,
+            shape,
+            words,
+            len: bytes.len(),
+        }
+    }
+
+    /// An F32 weight from values (tests and small synthetic models).
+    pub fn from_f32(shape: &[usize], values: &[f32]) -> CpuWeight {
+        CpuWeight::new(
+            WeightDType::F32,
+            shape.to_vec(),
+            bytemuck::cast_slice(values).to_vec(),
+        )
+    }
+
+    /// The stored bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u64, u8>(&self.words)[..self.len]
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.len / self.shape[0].max(1)
+    }
+
+    /// A borrowed view, as the fast matmul kernels take it.
+    pub fn view(&self) -> TensorView<'_> {
+        TensorView {
+            dtype: self.dtype,
+            shape: &self.shape,
+            data: self.bytes(),
+        }
+    }
+}
+
+/// The RoPE table on the host.
+#[derive(Debug, Clone)]
+pub struct CpuRope {
+    /// Parameters the table was built for.
+    pub spec: RopeSpec,
+    /// `[max_positions, rotary_dim / 2]`.
+    pub cos: Vec<f32>,
+    /// `[max_positions, rotary_dim / 2]`.
+    pub sin: Vec<f32>,
+}
+
+/// The CPU backend: a rayon pool of `threads` workers.
+#[derive(Debug)]
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+}
+
+impl CpuBackend {
+    /// A backend with `threads` workers (0 = one per available core).
+    pub fn new(threads: usize) -> Result<CpuBackend, BackendError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kiln-cpu-{i}"))
+            .build()
+            .map_err(|e| BackendError::Device(format!("cannot start the CPU thread pool: {e}")))?;
+        Ok(CpuBackend { pool })
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+}
+
+/// `Err(InvalidArgument)` unless `len >= need`.
+fn check_len(what: &str, len: usize, need: usize) -> Result<(), BackendError> {
+    if len < need {
+        return Err(BackendError::InvalidArgument(format!(
+            "{what}: {len} elements, need {need}"
+        )));
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+    type Weight = CpuWeight;
+    type KvCache = CpuKvCache;
+    type Rope = CpuRope;
+    type Step = StepInput;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.threads())
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>, BackendError> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| {
+            BackendError::OutOfMemory(format!("cannot allocate {len} f32 activations"))
+        })?;
+        v.resize(len, 0.0);
+        Ok(v)
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<Vec<f32>, BackendError> {
+        Ok(data.to_vec())
+    }
+
+    fn download(&self, src: &Vec<f32>, dst: &mut [f32]) -> Result<(), BackendError> {
+        if src.len() != dst.len() {
+            return Err(BackendError::InvalidArgument(format!(
+                "download of {} elements into {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn upload_weight(&self, name: &str, view: &TensorView<'_>) -> Result<CpuWeight, BackendError> {
+        let bad = |m: String| BackendError::InvalidArgument(format!("`{name}`: {m}"));
+        let &[rows, cols] = view.shape else {
+            return Err(bad(format!(
+                "expected a 2-D weight, found shape {:?}",
+                view.shape
+            )));
+        };
+        let row_bytes = view.dtype.row_bytes(cols).ok_or_else(|| {
+            bad(format!(
+                "{cols} columns are not whole {:?} blocks",
+                view.dtype
+            ))
+        })?;
+        if view.data.len() != rows * row_bytes {
+            return Err(bad(format!(
+                "{} bytes for shape {:?} of {:?}",
+                view.data.len(),
+                view.shape,
+                view.dtype
+            )));
+        }
+        Ok(CpuWeight::new(
+            view.dtype,
+            view.shape.to_vec(),
+            view.data.to_vec(),
+        ))
+    }
+
+    fn upload_vector(&self, name: &str, view: &TensorView<'_>) -> Result<Vec<f32>, BackendError> {
+        let &[n] = view.shape else {
+            return Err(BackendError::InvalidArgument(format!(
+                "`{name}`: expected a 1-D tensor, found shape {:?}",
+                view.shape
+            )));
+        };
+        if view.dtype.row_bytes(n) != Some(view.data.len()) {
+            return Err(BackendError::InvalidArgument(format!(
+                "`{name}`: {} bytes of {:?} for {n} elements",
+                view.data.len(),
+                view.dtype
+            )));
+        }
+        let mut out = vec![0.0; n];
+        reference::dequantize_row(view.dtype, view.data, &mut out);
+        Ok(out)
+    }
+
+    fn create_kv_cache(&self, spec: &KvCacheSpec) -> Result<CpuKvCache, BackendError> {
+        let per_layer = spec.num_blocks * spec.block_size * spec.slot_elems();
+        // Fail cleanly instead of aborting when the budget exceeds what the host can give.
+        let mut probe: Vec<f32> = Vec::new();
+        probe.try_reserve_exact(per_layer).map_err(|_| {
+            BackendError::OutOfMemory(format!(
+                "cannot allocate a KV cache of {} blocks",
+                spec.num_blocks
+            ))
+        })?;
+        drop(probe);
+        Ok(CpuKvCache::new(*spec))
+    }
+
+    fn kv_bytes_per_block(&self, spec: &KvCacheSpec) -> usize {
+        spec.bytes_per_block(std::mem::size_of::<f32>())
+    }
+
+    fn create_rope(&self, spec: &RopeSpec) -> Result<CpuRope, BackendError> {
+        if spec.rotary_dim == 0 || !spec.rotary_dim.is_multiple_of(2) {
+            return Err(BackendError::InvalidArgument(format!(
+                "rotary dim {} must be even and positive",
+                spec.rotary_dim
+            )));
+        }
+        let (cos, sin) = cos_sin_table(spec);
+        Ok(CpuRope {
+            spec: *spec,
+            cos,
+            sin,
+        })
+    }
+
+    fn prepare_step(&self, step: &StepInput) -> Result<StepInput, BackendError> {
+        Ok(step.clone())
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn embedding(
+        &self,
+        table: &CpuWeight,
+        step: &StepInput,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        let (vocab, hidden) = (table.shape[0], table.shape[1]);
+        check_len("embedding output", out.len(), step.num_tokens() * hidden)?;
+        if let Some(&id) = step.token_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(BackendError::InvalidArgument(format!(
+                "token id {id} ≥ vocabulary {vocab}"
+            )));
+        }
+        self.pool.install(|| {
+            ops::embedding(
+                table,
+                &step.token_ids,
+                &mut out[..step.num_tokens() * hidden],
+            )
+        });
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        weight: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        check_len("rms_norm input", x.len(), rows * dim)?;
+        check_len("rms_norm output", out.len(), rows * dim)?;
+        check_len("rms_norm weight", weight.len(), dim)?;
+        self.pool
+            .install(|| ops::rms_norm(&x[..rows * dim], weight, &mut out[..rows * dim], dim, eps));
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut Vec<f32>,
+        delta: &Vec<f32>,
+        weight: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        let n = rows * dim;
+        check_len("add_rms_norm residual", residual.len(), n)?;
+        check_len("add_rms_norm delta", delta.len(), n)?;
+        check_len("add_rms_norm output", out.len(), n)?;
+        check_len("add_rms_norm weight", weight.len(), dim)?;
+        self.pool.install(|| {
+            ops::add_rms_norm(
+                &mut residual[..n],
+                &delta[..n],
+                weight,
+                &mut out[..n],
+                dim,
+                eps,
+            )
+        });
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: &CpuWeight,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        let (n, k) = (w.shape[0], w.shape[1]);
+        check_len("matmul input", x.len(), rows * k)?;
+        check_len("matmul output", out.len(), rows * n)?;
+        self.pool
+            .install(|| reference::matmul(&x[..rows * k], rows, w, &mut out[..rows * n]));
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        q: &mut Vec<f32>,
+        k: &mut Vec<f32>,
+        rope: &CpuRope,
+        step: &StepInput,
+        num_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<(), BackendError> {
+        let t = step.num_tokens();
+        check_len("rope q", q.len(), t * num_heads * head_dim)?;
+        check_len("rope k", k.len(), t * num_kv_heads * head_dim)?;
+        if rope.spec.rotary_dim > head_dim {
+            return Err(BackendError::InvalidArgument(format!(
+                "rotary dim {} > head dim {head_dim}",
+                rope.spec.rotary_dim
+            )));
+        }
+        if let Some(&p) = step
+            .positions
+            .iter()
+            .find(|&&p| p as usize >= rope.spec.max_positions)
+        {
+            return Err(BackendError::InvalidArgument(format!(
+                "position {p} is past the RoPE table ({} positions)",
+                rope.spec.max_positions
+            )));
+        }
+        let half = rope.spec.rotary_dim / 2;
+        self.pool.install(|| {
+            let (pos, cos, sin) = (&step.positions, &rope.cos, &rope.sin);
+            ops::rope(
+                &mut q[..t * num_heads * head_dim],
+                pos,
+                cos,
+                sin,
+                num_heads,
+                head_dim,
+                half,
+            );
+            ops::rope(
+                &mut k[..t * num_kv_heads * head_dim],
+                pos,
+                cos,
+                sin,
+                num_kv_heads,
+                head_dim,
+                half,
+            );
+        });
+        Ok(())
+    }
+
+    fn write_kv(
+        &self,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        step: &StepInput,
+    ) -> Result<(), BackendError> {
+        let spec = cache.spec;
+        if layer >= spec.num_layers {
+            return Err(BackendError::InvalidArgument(format!(
+                "layer {layer} of {}",
+                spec.num_layers
+            )));
+        }
+        if step.block_size != spec.block_size {
+            return Err(BackendError::InvalidArgument(format!(
+                "step block size {} ≠ cache block size {}",
+                step.block_size, spec.block_size
+            )));
+        }
+        let slots = spec.num_blocks * spec.block_size;
+        if let Some(&s) = step.slot_mapping.iter().find(|&&s| s as usize >= slots) {
+            return Err(BackendError::InvalidArgument(format!(
+                "KV slot {s} of {slots}"
+            )));
+        }
+        let n = step.num_tokens() * spec.slot_elems();
+        check_len("write_kv k", k.len(), n)?;
+        check_len("write_kv v", v.len(), n)?;
+        cache.write(layer, &k[..n], &v[..n], &step.slot_mapping);
+        Ok(())
+    }
+
+    fn paged_attention(
+        &self,
+        q: &Vec<f32>,
+        cache: &CpuKvCache,
+        layer: usize,
+        step: &StepInput,
+        params: &AttentionParams,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        let spec = cache.spec;
+        if layer >= spec.num_layers
+            || params.num_kv_heads != spec.num_kv_heads
+            || params.head_dim != spec.head_dim
+            || params.num_kv_heads == 0
+            || !params.num_heads.is_multiple_of(params.num_kv_heads)
+        {
+            return Err(BackendError::InvalidArgument(format!(
+                "attention {params:?} on layer {layer} does not fit the cache {spec:?}"
+            )));
+        }
+        if let Some(s) = step
+            .seqs
+            .iter()
+            .find(|s| s.block_table.iter().any(|&b| b as usize >= spec.num_blocks))
+        {
+            return Err(BackendError::InvalidArgument(format!(
+                "block table {:?} out of range",
+                s.block_table
+            )));
+        }
+        let n = step.num_tokens() * params.num_heads * params.head_dim;
+        check_len("attention q", q.len(), n)?;
+        check_len("attention output", out.len(), n)?;
+        self.pool.install(|| {
+            attention::paged_attention(cache, layer, step, params, &q[..n], &mut out[..n])
+        });
+        Ok(())
+    }
+
+    fn silu_mul(
+        &self,
+        gate: &Vec<f32>,
+        up: &Vec<f32>,
+        out: &mut Vec<f32>,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        check_len("silu_mul gate", gate.len(), len)?;
+        check_len("silu_mul up", up.len(), len)?;
+        check_len("silu_mul output", out.len(), len)?;
+        self.pool
+            .install(|| ops::silu_mul(&gate[..len], &up[..len], &mut out[..len]));
+        Ok(())
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<(), BackendError> {
+        check_len("add x", x.len(), len)?;
+        check_len("add y", y.len(), len)?;
+        self.pool.install(|| ops::add(&mut x[..len], &y[..len]));
+        Ok(())
+    }
+
+    fn gather_rows(
+        &self,
+        x: &Vec<f32>,
+        step: &StepInput,
+        dim: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        check_len("gather_rows input", x.len(), step.num_tokens() * dim)?;
+        check_len("gather_rows output", out.len(), step.logit_rows.len() * dim)?;
+        if let Some(&r) = step
+            .logit_rows
+            .iter()
+            .find(|&&r| r as usize >= step.num_tokens())
+        {
+            return Err(BackendError::InvalidArgument(format!(
+                "logit row {r} of {} tokens",
+                step.num_tokens()
+            )));
+        }
+        ops::gather_rows(x, &step.logit_rows, dim, out);
+        Ok(())
+    }
+
+    fn copy_block(&self, cache: &mut CpuKvCache, src: u32, dst: u32) -> Result<(), BackendError> {
+        let n = cache.spec.num_blocks;
+        if src as usize >= n || dst as usize >= n {
+            return Err(BackendError::InvalidArgument(format!(
+                "copy_block {src} → {dst} of {n} blocks"
+            )));
+        }
+        if src != dst {
+            cache.copy_block(src as usize, dst as usize);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upload_weight_checks_shape_and_size() {
+        let b = CpuBackend::new(1).unwrap();
+        let data = [0u8; 20];
+        let ok = TensorView {
+            dtype: WeightDType::Q4_1,
+            shape: &[1, 32],
+            data: &data,
+        };
+        assert_eq!(b.upload_weight("w", &ok).unwrap().bytes(), &data[..]);
+        let short = TensorView {
+            dtype: WeightDType::Q4_1,
+            shape: &[2, 32],
+            data: &data,
+        };
+        assert!(matches!(
+            b.upload_weight("w", &short),
+            Err(BackendError::InvalidArgument(_))
+        ));
+        let ragged = TensorView {
+            dtype: WeightDType::Q4_1,
+            shape: &[1, 16],
+            data: &data,
+        };
+        assert!(b.upload_weight("w", &ragged).is_err());
+        let kq = TensorView {
+            dtype: WeightDType::Q4K,
+            shape: &[1, 256],
+            data: &[0u8; 144],
+        };
+        assert_eq!(b.upload_weight("w", &kq).unwrap().row_bytes(), 144);
+    }
+
+    #[test]
+    fn ops_reject_short_buffers() {
+        let b = CpuBackend::new(1).unwrap();
+        let mut out = vec![0.0; 3];
+        let err = b
+            .rms_norm(&vec![1.0; 4], &vec![1.0; 2], &mut out, 2, 2, 1e-5)
+            .unwrap_err();
+        assert!(matches!(err, BackendError::InvalidArgument(_)));
+    }
+
+    #[test]
+    fn copy_block_checks_range() {
+        let b = CpuBackend::new(1).unwrap();
+        let spec = KvCacheSpec {
+            num_layers: 1,
+            num_blocks: 2,
+            block_size: 1,
+            num_kv_heads: 1,
+            head_dim: 1,
+        };
+        let mut c = b.create_kv_cache(&spec).unwrap();
+        assert!(b.copy_block(&mut c, 0, 1).is_ok());
+        assert!(b.copy_block(&mut c, 0, 2).is_err());
+        assert_eq!(b.kv_bytes_per_block(&spec), 8);
+    }
+}

@@ -1,0 +1,50 @@
+// elementwise.cu: embedding gather, SiLU-gated product, residual add, dtype casts.
+// Entry points: embedding_{f32,f16,bf16}, silu_mul_*, add_*, cast_f32_to_{f16,bf16}, cast_{f16,bf16}_to_f32.
+
+// out[t, :] = table[ids[t], :]; grid (n_tokens), block any; table [vocab, dim].
+template <typename T>
+__device__ void embedding(const int* ids, const T* table, T* out, int dim) {
+    long t = blockIdx.x;
+    long row = ids[t];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[t * dim + i] = table[row * dim + i];
+}
+
+// out[i] = silu(gate[i]) * up[i], computed in f32; all three are [n] (rows x intermediate_size).
+template <typename T>
+__device__ void silu_mul(const T* gate, const T* up, T* out, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = Io<T>::load(gate, i), u = Io<T>::load(up, i);
+    Io<T>::store(out, i, g / (1.0f + expf(-g)) * u);
+}
+
+// x[i] += y[i]
+template <typename T>
+__device__ void add_inplace(T* x, const T* y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    Io<T>::store(x, i, Io<T>::load(x, i) + Io<T>::load(y, i));
+}
+
+template <typename S, typename D>
+__device__ void cast(const S* src, D* dst, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    Io<D>::store(dst, i, Io<S>::load(src, i));
+}
+
+#define ELEMENTWISE(SUF, T)                                                                        \
+    extern "C" __global__ void embedding_##SUF(const int* ids, const T* table, T* out, int dim) {   \
+        embedding<T>(ids, table, out, dim);                                                        \
+    }                                                                                              \
+    extern "C" __global__ void silu_mul_##SUF(const T* gate, const T* up, T* out, long n) {         \
+        silu_mul<T>(gate, up, out, n);                                                             \
+    }                                                                                              \
+    extern "C" __global__ void add_##SUF(T* x, const T* y, long n) { add_inplace<T>(x, y, n); }
+KILN_FOR_FLOAT_TYPES(ELEMENTWISE)
+
+#define CASTS(SUF, T)                                                                               \
+    extern "C" __global__ void cast_f32_to_##SUF(const float* s, T* d, long n) { cast<float, T>(s, d, n); } \
+    extern "C" __global__ void cast_##SUF##_to_f32(const T* s, float* d, long n) { cast<T, float>(s, d, n); }
+CASTS(f16, __half)
+CASTS(bf16, bf16_t)

@@ -1,0 +1,144 @@
+//! The kernel registry: every `.cu` file in `kernels/`, embedded in the binary, and its entry points.
+//!
+//! Entry points are `extern "C"` functions named `{op}_{dtype}` (e.g. `rms_norm_bf16`); the
+//! `KernelModule` enum is the only list of kernel files, so a new file is added here and nowhere
+//! else. `kernels/common.cuh` is prepended to every source before NVRTC compiles it.
+
+/// Shared device helpers, prepended to every kernel source.
+pub const COMMON_HEADER: &str = include_str!("../../../kernels/common.cuh");
+
+/// One `.cu` file of `kernels/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelModule {
+    /// Embedding gather, SiLU-gated product, residual add, dtype casts.
+    Elementwise,
+    /// RMSNorm with fused residual add.
+    RmsNorm,
+    /// Rotary position embedding (rotate-half).
+    Rope,
+    /// Paged KV-cache writes and block copies.
+    KvCache,
+    /// Paged causal GQA attention (prefill chunks and split-K decode).
+    Attention,
+    /// ggml block formats to the compute dtype.
+    Dequant,
+    /// Logits to token ids.
+    Sampling,
+}
+
+impl KernelModule {
+    /// Every module, in load order.
+    pub const ALL: [KernelModule; 7] = [
+        KernelModule::Elementwise,
+        KernelModule::RmsNorm,
+        KernelModule::Rope,
+        KernelModule::KvCache,
+        KernelModule::Attention,
+        KernelModule::Dequant,
+        KernelModule::Sampling,
+    ];
+
+    /// File name under `kernels/`.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            KernelModule::Elementwise => "elementwise.cu",
+            KernelModule::RmsNorm => "rms_norm.cu",
+            KernelModule::Rope => "rope.cu",
+            KernelModule::KvCache => "kv_cache.cu",
+            KernelModule::Attention => "attention.cu",
+            KernelModule::Dequant => "dequant.cu",
+            KernelModule::Sampling => "sampling.cu",
+        }
+    }
+
+    /// The file's source as embedded at build time.
+    pub fn source(self) -> &'static str {
+        match self {
+            KernelModule::Elementwise => include_str!("../../../kernels/elementwise.cu"),
+            KernelModule::RmsNorm => include_str!("../../../kernels/rms_norm.cu"),
+            KernelModule::Rope => include_str!("../../../kernels/rope.cu"),
+            KernelModule::KvCache => include_str!("../../../kernels/kv_cache.cu"),
+            KernelModule::Attention => include_str!("../../../kernels/attention.cu"),
+            KernelModule::Dequant => include_str!("../../../kernels/dequant.cu"),
+            KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
+        }
+    }
+
+    /// `common.cuh` followed by the module's source: what NVRTC compiles.
+    pub fn full_source(self) -> String {
+        // `#pragma once` in common.cuh is harmless here; the #line resets error locations so
+        // NVRTC logs point into the .cu file itself.
+        format!(
+            "{COMMON_HEADER}\n#line 1 \"{}\"\n{}",
+            self.file_name(),
+            self.source()
+        )
+    }
+
+    /// Entry points this module must export (checked after loading, and by `kiln doctor`).
+    pub fn entry_points(self) -> Vec<String> {
+        let floats = ["f32", "f16", "bf16"];
+        let mut names = Vec::new();
+        for t in floats {
+            match self {
+                KernelModule::Elementwise => {
+                    for op in ["embedding", "silu_mul", "add"] {
+                        names.push(format!("{op}_{t}"));
+                    }
+                    if t != "f32" {
+                        names.push(format!("cast_f32_to_{t}"));
+                        names.push(format!("cast_{t}_to_f32"));
+                    }
+                }
+                KernelModule::RmsNorm => names.push(format!("rms_norm_{t}")),
+                KernelModule::Rope => names.push(format!("rope_{t}")),
+                KernelModule::KvCache => {
+                    for c in ["same", "e5m2", "e4m3"] {
+                        names.push(format!("kv_write_{t}_{c}"));
+                    }
+                }
+                KernelModule::Attention => {
+                    for c in ["same", "e5m2", "e4m3"] {
+                        names.push(format!("attention_{t}_{c}"));
+                    }
+                    names.push(format!("attention_combine_{t}"));
+                }
+                KernelModule::Dequant => {
+                    for q in ["q8_0", "q4_0", "q4_1"] {
+                        names.push(format!("dequant_{q}_{t}"));
+                    }
+                }
+                KernelModule::Sampling => names.push(format!("argmax_{t}")),
+            }
+        }
+        if self == KernelModule::KvCache {
+            for b in ["b1", "b2", "b4"] {
+                names.push(format!("kv_copy_block_{b}"));
+            }
+        }
+        names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_point_appears_in_its_source() {
+        // The names are built by macros in the .cu files; check the macro stems exist so a rename
+        // on one side is caught without a GPU or NVRTC.
+        for m in KernelModule::ALL {
+            let src = m.source();
+            for name in m.entry_points() {
+                let stem = name.split('_').next().unwrap_or_default();
+                assert!(
+                    src.contains(stem),
+                    "{} lacks `{stem}` (for {name})",
+                    m.file_name()
+                );
+            }
+            assert!(m.full_source().starts_with(COMMON_HEADER));
+        }
+    }
+}

@@ -1,0 +1,562 @@
+//! The engine thread: consumes [`EngineCommand`]s and runs scheduler steps on the model.
+//!
+//! One OS thread ("engine") owns the runner, the tokenizer and the scheduler; nothing else
+//! touches them. When no request is pending it blocks on the command channel; otherwise it
+//! drains the channel without blocking between steps. A step:
+//! 1. drops requests whose submitter went away and fails those past their deadline (`Timeout`);
+//! 2. asks the scheduler for the step's sequences and builds the [`ForwardBatch`];
+//! 3. runs the model inside `catch_unwind`: an error or a panic fails exactly the requests of
+//!    this step (the runner's error, or `Internal` for a panic) and the engine keeps serving;
+//! 4. samples each sequence whose logits were computed, appends the token, and answers the
+//!    requests that finished (a panic while sampling fails only that request).
+//!
+//! A panic anywhere else in a step is a bug in the engine itself: every pending request fails
+//! with `Internal`, the scheduler and cache bookkeeping start over empty, and the thread lives on.
+//!
+//! Start-up (model loading included) happens on the thread too; its result comes back to the
+//! caller of `spawn` before any request is accepted.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::config::EngineConfig;
+use crate::engine::handle::{EngineCommand, EngineHandle, EngineInfo, EngineStats, RequestId};
+use crate::engine::kv_cache::BlockManager;
+use crate::engine::request::{Completion, FinishReason, GenerateRequest, Prompt};
+use crate::engine::sampler;
+use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
+use crate::engine::sequence::Sequence;
+use crate::engine::{ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
+use crate::error::{EngineError, ModelError};
+use crate::tokenizer::Tokenizer;
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The `[engine]` settings are invalid or do not match the runner.
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    /// The model (or its tokenizer) could not be loaded.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The OS refused to start the engine thread.
+    #[error("could not start the engine thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// Start-up panicked or the thread vanished.
+    #[error("engine failed to start: {0}")]
+    Internal(String),
+}
+
+/// What the engine thread serves: a model on a backend, its tokenizer, and its name.
+pub(crate) struct Loaded {
+    pub(crate) runner: Box<dyn ModelRunner>,
+    pub(crate) tokenizer: Tokenizer,
+    pub(crate) model_name: String,
+}
+
+/// Loads the model on the engine thread before serving.
+pub(crate) type Loader = Box<dyn FnOnce() -> Result<Loaded, StartError> + Send>;
+
+/// Start the engine thread: run `load` on it, build the scheduler, and return a handle once
+/// that succeeded (or the start-up error). Blocks the caller until then.
+pub(crate) fn start(load: Loader, cfg: EngineConfig) -> Result<EngineHandle, StartError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (init_tx, init_rx) = std::sync::mpsc::sync_channel::<Result<EngineInfo, StartError>>(1);
+    std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || {
+            let init = catch_unwind(AssertUnwindSafe(|| {
+                let loaded = load()?;
+                EngineCore::new(loaded.runner, loaded.tokenizer, &cfg, loaded.model_name)
+            }));
+            let core = match init {
+                Ok(Ok(core)) => core,
+                Ok(Err(e)) => {
+                    // The caller is waiting on the other end; it cannot be gone yet.
+                    let _ = init_tx.send(Err(e));
+                    return;
+                }
+                Err(panic) => {
+                    let _ = init_tx.send(Err(StartError::Internal(panic_message(&*panic))));
+                    return;
+                }
+            };
+            if init_tx.send(Ok(core.info.clone())).is_ok() {
+                core.run(rx);
+            }
+        })
+        .map_err(StartError::Thread)?;
+    let info = init_rx
+        .recv()
+        .map_err(|_| StartError::Internal("the engine thread exited during start-up".into()))??;
+    Ok(EngineHandle::from_channel(tx, info))
+}
+
+type Reply = oneshot::Sender<Result<Completion, EngineError>>;
+
+/// Everything the engine thread owns.
+struct EngineCore {
+    runner: Box<dyn ModelRunner>,
+    tokenizer: Tokenizer,
+    scheduler: Scheduler,
+    replies: HashMap<RequestId, Reply>,
+    info: EngineInfo,
+    vocab_size: usize,
+    block_size: usize,
+    stats: EngineStats,
+    warned_preemption: bool,
+}
+
+impl EngineCore {
+    fn new(
+        runner: Box<dyn ModelRunner>,
+        tokenizer: Tokenizer,
+        cfg: &EngineConfig,
+        model_name: String,
+    ) -> Result<EngineCore, StartError> {
+        cfg.validate().map_err(StartError::Config)?;
+        let geometry = runner.cache_geometry();
+        if geometry.num_state_slots > 0 {
+            return Err(StartError::Config(format!(
+                "the model needs {} recurrent-state slots (hybrid attention); the scheduler does not assign them yet",
+                geometry.num_state_slots
+            )));
+        }
+        if geometry.num_blocks == 0 || geometry.block_size == 0 {
+            return Err(StartError::Config(format!(
+                "the KV cache is empty ({} blocks of {} tokens); raise `engine.kv_cache_mib`",
+                geometry.num_blocks, geometry.block_size
+            )));
+        }
+        let model_len = runner.max_position_embeddings();
+        let max_model_len = match cfg.max_model_len {
+            0 => model_len,
+            n if n > model_len => {
+                tracing::warn!(
+                    configured = n,
+                    model = model_len,
+                    "Configured max_model_len exceeds the model's context; using the model's."
+                );
+                model_len
+            }
+            n => n,
+        };
+        let kv_tokens = geometry.num_blocks * geometry.block_size;
+        if kv_tokens < max_model_len {
+            tracing::warn!(
+                kv_tokens,
+                max_model_len,
+                "The KV cache holds fewer tokens than max_model_len; longer sequences stop at the cache size."
+            );
+        }
+        let scheduler = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: cfg.max_num_seqs,
+                max_num_batched_tokens: cfg.max_num_batched_tokens,
+                max_model_len,
+            },
+            BlockManager::new(
+                geometry.num_blocks,
+                geometry.block_size,
+                cfg.enable_prefix_caching,
+            ),
+        );
+        let info = EngineInfo {
+            model: model_name,
+            max_model_len: max_model_len as u32,
+            device: runner.device_name(),
+        };
+        tracing::info!(
+            model = %info.model,
+            device = %info.device,
+            max_model_len,
+            kv_blocks = geometry.num_blocks,
+            block_size = geometry.block_size,
+            kv_tokens,
+            max_num_seqs = cfg.max_num_seqs,
+            max_num_batched_tokens = cfg.max_num_batched_tokens,
+            prefix_caching = cfg.enable_prefix_caching,
+            "Engine started."
+        );
+        Ok(EngineCore {
+            vocab_size: runner.vocab_size(),
+            block_size: geometry.block_size,
+            stats: EngineStats {
+                kv_blocks_total: geometry.num_blocks,
+                ..EngineStats::default()
+            },
+            runner,
+            tokenizer,
+            scheduler,
+            replies: HashMap::new(),
+            info,
+            warned_preemption: false,
+        })
+    }
+
+    /// Serve commands until `Shutdown` or until every sender is gone.
+    fn run(mut self, mut rx: mpsc::UnboundedReceiver<EngineCommand>) {
+        'serve: loop {
+            if self.scheduler.is_empty() {
+                match rx.blocking_recv() {
+                    Some(cmd) => {
+                        if self.handle(cmd) {
+                            break 'serve;
+                        }
+                    }
+                    None => break 'serve,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        if self.handle(cmd) {
+                            break 'serve;
+                        }
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    // No handle and no pending completion is left: nobody can receive a reply.
+                    Err(mpsc::error::TryRecvError::Disconnected) => break 'serve,
+                }
+            }
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.step())) {
+                self.recover(&panic_message(&*panic));
+            }
+        }
+        let pending = self.scheduler.ids();
+        for id in &pending {
+            self.fail(*id, EngineError::Cancelled);
+        }
+        tracing::info!(
+            cancelled = pending.len(),
+            steps = self.stats.steps,
+            "Engine stopped."
+        );
+    }
+
+    /// After a panic outside the forward pass and the sampler (a bug in the engine itself), the
+    /// scheduler's state cannot be trusted: fail every pending request with `Internal` and start
+    /// over with an empty scheduler and cache, so the engine keeps serving new requests.
+    fn recover(&mut self, message: &str) {
+        tracing::error!(
+            pending = self.replies.len(),
+            panic = message,
+            "Engine step panicked; failing every pending request and resetting the scheduler."
+        );
+        for (_, reply) in self.replies.drain() {
+            // Receivers may be gone already.
+            let _ = reply.send(Err(EngineError::Internal(format!(
+                "engine step panicked: {message}"
+            ))));
+        }
+        let kv = self.scheduler.kv();
+        let fresh = BlockManager::new(kv.num_blocks(), kv.block_size(), kv.prefix_caching());
+        self.scheduler = Scheduler::new(self.scheduler.config(), fresh);
+    }
+
+    /// Apply one command; true means stop.
+    fn handle(&mut self, cmd: EngineCommand) -> bool {
+        match cmd {
+            EngineCommand::Submit { id, request, reply } => self.submit(id, *request, reply),
+            EngineCommand::Cancel { id } => {
+                if self.scheduler.remove(id).is_some() {
+                    self.replies.remove(&id);
+                    tracing::debug!(request_id = id, "Request cancelled.");
+                }
+            }
+            EngineCommand::Stats { reply } => {
+                // The asker may have given up waiting; nothing to do then.
+                let _ = reply.send(self.current_stats());
+            }
+            EngineCommand::Shutdown => return true,
+        }
+        false
+    }
+
+    fn submit(&mut self, id: RequestId, request: GenerateRequest, reply: Reply) {
+        let arrival = Instant::now();
+        if reply.is_closed() {
+            return;
+        }
+        // Tokenizer and template code run here; a panic in them fails this request only.
+        let admitted = catch_unwind(AssertUnwindSafe(|| self.admit(id, &request, arrival)))
+            .unwrap_or_else(|panic| {
+                Err(EngineError::Internal(format!(
+                    "panic while preparing the prompt: {}",
+                    panic_message(&*panic)
+                )))
+            });
+        match admitted {
+            Ok(seq) => {
+                tracing::debug!(
+                    request_id = id,
+                    prompt_tokens = seq.prompt_len,
+                    max_len = seq.max_len,
+                    "Request queued."
+                );
+                self.scheduler.add(seq);
+                self.replies.insert(id, reply);
+            }
+            Err(e) => {
+                tracing::debug!(request_id = id, error = %e, "Request refused.");
+                // A closed receiver means the submitter no longer cares.
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    /// Tokenize and check a request; the sequence is ready to queue.
+    fn admit(
+        &self,
+        id: RequestId,
+        request: &GenerateRequest,
+        arrival: Instant,
+    ) -> Result<Sequence, EngineError> {
+        sampler::validate(&request.sampling)?;
+        if request.deadline.is_some_and(|d| d <= arrival) {
+            return Err(EngineError::Timeout(
+                "the deadline passed before the request was queued".into(),
+            ));
+        }
+        let prompt_ids = self.prompt_ids(&request.prompt)?;
+        let max_len = self
+            .scheduler
+            .admission_limit(prompt_ids.len(), request.sampling.max_tokens)?;
+        Ok(Sequence::new(
+            id,
+            prompt_ids,
+            &request.sampling,
+            &self.tokenizer.eos_token_ids,
+            max_len,
+            self.block_size,
+            request.deadline,
+            arrival,
+        ))
+    }
+
+    fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        let ids = match prompt {
+            Prompt::TokenIds(ids) => ids.clone(),
+            Prompt::Text(text) => self.tokenizer.encode(text, true).map_err(invalid_prompt)?,
+            Prompt::Chat {
+                messages,
+                template_kwargs,
+            } => self
+                .tokenizer
+                .encode_chat(messages, true, template_kwargs)
+                .map_err(invalid_prompt)?,
+        };
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(EngineError::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab_size
+            )));
+        }
+        Ok(ids)
+    }
+
+    /// One scheduler step.
+    fn step(&mut self) {
+        let now = Instant::now();
+        self.reap(now);
+        if self.scheduler.is_empty() {
+            return;
+        }
+        let out = self.scheduler.schedule(now);
+        if !out.preempted.is_empty() && !self.warned_preemption {
+            self.warned_preemption = true;
+            tracing::warn!(
+                kv_blocks = self.stats.kv_blocks_total,
+                "The KV cache is full: preempting sequences to recompute later. A larger cache would avoid the recomputation."
+            );
+        }
+        if out.scheduled.is_empty() {
+            // The scheduler invariants rule this out; do not spin if it happens anyway.
+            tracing::warn!(
+                waiting = self.scheduler.num_waiting(),
+                running = self.scheduler.num_running(),
+                "Nothing could be scheduled."
+            );
+            std::thread::sleep(Duration::from_millis(1));
+            return;
+        }
+        let batch = self.build_batch(&out);
+        let rows = out.scheduled.iter().filter(|s| s.sample).count();
+        let t0 = Instant::now();
+        let runner = &mut self.runner;
+        let result = match catch_unwind(AssertUnwindSafe(|| runner.forward(&batch))) {
+            Ok(Ok(logits)) if logits.len() == rows * self.vocab_size => Ok(logits),
+            Ok(Ok(logits)) => Err(EngineError::Internal(format!(
+                "the model returned {} logits for {rows} rows of {}",
+                logits.len(),
+                self.vocab_size
+            ))),
+            Ok(Err(e)) => Err(e),
+            Err(panic) => Err(EngineError::Internal(format!(
+                "panic in the forward pass: {}",
+                panic_message(&*panic)
+            ))),
+        };
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(seqs = out.scheduled.len(), error = %e, "Forward step failed; its requests fail.");
+                for s in &out.scheduled {
+                    self.fail(s.id, e.clone());
+                }
+                return;
+            }
+        };
+        let forward_time = t0.elapsed();
+        self.scheduler.complete_step(&out.scheduled);
+        self.count_prompt_tokens(&out);
+        self.sample_all(&out, &logits);
+        self.stats.steps += 1;
+        tracing::debug!(
+            seqs = out.scheduled.len(),
+            tokens = out.num_batched_tokens,
+            preempted = out.preempted.len(),
+            forward_ms = forward_time.as_secs_f64() * 1e3,
+            "Step done."
+        );
+    }
+
+    fn build_batch(&self, out: &SchedulerOutput) -> ForwardBatch {
+        let mut batch = ForwardBatch::default();
+        for s in &out.scheduled {
+            let seq = self.scheduler.get(s.id).expect("scheduled sequences exist");
+            let start = batch.token_ids.len();
+            batch
+                .token_ids
+                .extend_from_slice(&seq.token_ids[s.cached_len..s.cached_len + s.num_new_tokens]);
+            batch.seqs.push(SeqSlice {
+                start,
+                len: s.num_new_tokens,
+                cached_len: s.cached_len,
+                block_table: seq.blocks.table.clone(),
+                logits: if s.sample {
+                    LogitsFor::Last
+                } else {
+                    LogitsFor::None
+                },
+                state_slot: None,
+            });
+        }
+        batch
+    }
+
+    fn count_prompt_tokens(&mut self, out: &SchedulerOutput) {
+        for s in &out.scheduled {
+            if let Some(seq) = self.scheduler.get(s.id) {
+                let end = (s.cached_len + s.num_new_tokens).min(seq.prompt_len);
+                self.stats.prompt_tokens += end.saturating_sub(s.cached_len) as u64;
+            }
+        }
+    }
+
+    /// Sample every sequence of the step that produced logits; answer the finished ones.
+    fn sample_all(&mut self, out: &SchedulerOutput, logits: &[f32]) {
+        let now = Instant::now();
+        let vocab = self.vocab_size;
+        for (row, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
+            let row = &logits[row * vocab..(row + 1) * vocab];
+            let Some(seq) = self.scheduler.get_mut(s.id) else {
+                continue;
+            };
+            let tokenizer = &self.tokenizer;
+            let block_size = self.block_size;
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                seq.sample_and_append(row, tokenizer, block_size, now)
+            }))
+            .unwrap_or_else(|panic| {
+                Err(EngineError::Internal(format!(
+                    "panic while sampling: {}",
+                    panic_message(&*panic)
+                )))
+            });
+            match result {
+                Ok(None) => self.stats.generated_tokens += 1,
+                Ok(Some(reason)) => {
+                    self.stats.generated_tokens += 1;
+                    self.finish(s.id, reason, now);
+                }
+                Err(e) => self.fail(s.id, e),
+            }
+        }
+    }
+
+    /// Drop requests nobody waits for; fail those past their deadline.
+    fn reap(&mut self, now: Instant) {
+        for id in self.scheduler.ids() {
+            if self.replies.get(&id).is_none_or(|r| r.is_closed()) {
+                self.scheduler.remove(id);
+                self.replies.remove(&id);
+                tracing::debug!(request_id = id, "Request dropped by its submitter.");
+            } else if let Some(seq) = self.scheduler.get(id) {
+                if seq.deadline.is_some_and(|d| d <= now) {
+                    let generated = seq.num_generated();
+                    self.fail(
+                        id,
+                        EngineError::Timeout(format!(
+                            "the deadline passed after {generated} generated tokens"
+                        )),
+                    );
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, id: RequestId, reason: FinishReason, now: Instant) {
+        let Some(seq) = self.scheduler.remove(id) else {
+            return;
+        };
+        let completion = seq.into_completion(reason, now);
+        tracing::debug!(
+            request_id = id,
+            finish_reason = reason.as_str(),
+            prompt_tokens = completion.usage.prompt_tokens,
+            completion_tokens = completion.usage.completion_tokens,
+            cached_prompt_tokens = completion.usage.cached_prompt_tokens,
+            "Request finished."
+        );
+        if let Some(reply) = self.replies.remove(&id) {
+            // The submitter may have gone away since the last reap.
+            let _ = reply.send(Ok(completion));
+        }
+    }
+
+    fn fail(&mut self, id: RequestId, error: EngineError) {
+        self.scheduler.remove(id);
+        if let Some(reply) = self.replies.remove(&id) {
+            tracing::debug!(request_id = id, error = %error, "Request failed.");
+            let _ = reply.send(Err(error));
+        }
+    }
+
+    fn current_stats(&self) -> EngineStats {
+        EngineStats {
+            waiting: self.scheduler.num_waiting(),
+            running: self.scheduler.num_running(),
+            kv_blocks_used: self.scheduler.kv().num_used(),
+            ..self.stats
+        }
+    }
+}
+
+/// Tokenizer and chat-template failures are the request's fault (a template that raises, a
+/// model without a chat template).
+fn invalid_prompt(e: ModelError) -> EngineError {
+    EngineError::InvalidInput(format!("the prompt could not be prepared: {e}"))
+}
+
+/// The message of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}

@@ -1,0 +1,523 @@
+//! The paged KV-cache block manager: which physical blocks hold which sequence's keys and values.
+//!
+//! The runner owns the memory (`num_blocks` blocks of `block_size` token slots, all layers); this
+//! module only does the bookkeeping, modelled on vLLM v1's `BlockPool` / `KVCacheManager`:
+//!
+//! - **Free list.** Blocks nobody uses and that hold nothing reusable.
+//! - **Reference counts.** A block is used by `ref_cnt` sequences; only full, hashed blocks are
+//!   ever shared, and a shared block is never written again (new tokens always go to a block of
+//!   their own), so no copy-on-write is needed.
+//! - **Prefix caching.** Every FULL block of a token sequence has a [`BlockHash`] chained from
+//!   its parent: `hash(parent_hash, token ids of the block)`, so equal hashes mean equal whole
+//!   prefixes. Once a block's tokens are computed, its hash is registered; a new sequence whose
+//!   leading block hashes are registered reuses those blocks instead of recomputing them.
+//! - **LRU of evictable blocks.** A hashed block whose last user frees it keeps its contents and
+//!   moves to an LRU list; it can still be hit, and it is only evicted (its hash forgotten) when
+//!   the free list is empty and a block is needed. Sequences free their blocks tail first, so the
+//!   end of a prefix is evicted before its beginning.
+//!
+//! Invariants (checked by the tests):
+//! - every block is in exactly one place: the free list (ref 0, no hash), the evictable LRU
+//!   (ref 0, hashed), or used (ref ≥ 1);
+//! - `cached` maps a hash to a block whose `hash` field is that hash, and nothing else;
+//! - a sequence's table holds `num_hashed` leading blocks that are full and hashed (or duplicates
+//!   of a hashed block), then blocks being filled.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sha2::{Digest, Sha256};
+
+/// Physical KV block id (index into the runner's cache).
+pub type BlockId = u32;
+
+/// Hash of a full block together with every block before it (a hash chain).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockHash([u8; 32]);
+
+impl std::fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BlockHash({})", hex::encode(&self.0[..8]))
+    }
+}
+
+impl BlockHash {
+    /// SHA-256 over the parent's hash (32 zero bytes for the first block) and the block's token
+    /// ids as little-endian u32. A cryptographic hash: a collision would silently serve another
+    /// prompt's keys and values.
+    pub fn chain(parent: Option<&BlockHash>, tokens: &[u32]) -> BlockHash {
+        let mut h = Sha256::new();
+        h.update(parent.map_or([0u8; 32], |p| p.0));
+        for t in tokens {
+            h.update(t.to_le_bytes());
+        }
+        BlockHash(h.finalize().into())
+    }
+
+    /// Extend `hashes` (the chain over the full blocks of `tokens` computed so far) with the
+    /// hashes of every block of `tokens` that has become full since.
+    pub fn extend_chain(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize) {
+        while (hashes.len() + 1) * block_size <= tokens.len() {
+            let i = hashes.len();
+            let h = BlockHash::chain(hashes.last(), &tokens[i * block_size..(i + 1) * block_size]);
+            hashes.push(h);
+        }
+    }
+}
+
+/// The blocks one sequence holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SeqBlocks {
+    /// Physical block ids in logical order: token `p` lives in `table[p / block_size]`.
+    pub table: Vec<BlockId>,
+    /// Leading entries of `table` that are full and already offered to the prefix cache.
+    num_hashed: usize,
+}
+
+impl SeqBlocks {
+    /// Whether the sequence holds no block.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+}
+
+/// Not enough free (or evictable) blocks for an allocation; nothing was changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("KV cache: {needed} blocks needed, {available} available")]
+pub struct NoFreeBlocks {
+    /// Blocks the allocation needed.
+    pub needed: usize,
+    /// Blocks that could be handed out.
+    pub available: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct BlockMeta {
+    ref_cnt: u32,
+    /// Set once the block is registered in `cached` (it is then full and immutable).
+    hash: Option<BlockHash>,
+    /// Position in the evictable LRU while `ref_cnt == 0 && hash.is_some()`.
+    lru_tick: u64,
+}
+
+/// Prefix-cache counters (in tokens), for logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Prompt tokens looked up.
+    pub queried_tokens: u64,
+    /// Of those, tokens served from cached blocks.
+    pub hit_tokens: u64,
+}
+
+/// Free list, reference counts, prefix cache and evictable LRU over `num_blocks` blocks.
+#[derive(Debug)]
+pub struct BlockManager {
+    block_size: usize,
+    enable_prefix_caching: bool,
+    blocks: Vec<BlockMeta>,
+    /// Unused blocks with no reusable contents; popped from the end.
+    free: Vec<BlockId>,
+    /// Unused hashed blocks, least recently freed first (key: `lru_tick`).
+    evictable: BTreeMap<u64, BlockId>,
+    /// Registered full blocks by chain hash.
+    cached: HashMap<BlockHash, BlockId>,
+    next_tick: u64,
+    stats: PrefixCacheStats,
+}
+
+impl BlockManager {
+    /// A manager for `num_blocks` blocks of `block_size` tokens, all free.
+    pub fn new(num_blocks: usize, block_size: usize, enable_prefix_caching: bool) -> Self {
+        assert!(block_size > 0, "block_size must be positive");
+        assert!(
+            num_blocks <= BlockId::MAX as usize,
+            "too many KV blocks for u32 ids"
+        );
+        BlockManager {
+            block_size,
+            enable_prefix_caching,
+            blocks: vec![BlockMeta::default(); num_blocks],
+            // Reversed so that blocks are handed out as 0, 1, 2, … (easier to read in logs).
+            free: (0..num_blocks as BlockId).rev().collect(),
+            evictable: BTreeMap::new(),
+            cached: HashMap::new(),
+            next_tick: 0,
+            stats: PrefixCacheStats::default(),
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Total blocks.
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks that can be handed out now (free + evictable).
+    pub fn num_free(&self) -> usize {
+        self.free.len() + self.evictable.len()
+    }
+
+    /// Blocks referenced by at least one sequence.
+    pub fn num_used(&self) -> usize {
+        self.num_blocks() - self.num_free()
+    }
+
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.enable_prefix_caching
+    }
+
+    /// Prefix-cache counters since start.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    /// Blocks needed to hold `num_tokens` tokens.
+    pub fn blocks_for(&self, num_tokens: usize) -> usize {
+        num_tokens.div_ceil(self.block_size)
+    }
+
+    /// The longest run of leading `hashes` whose blocks are registered, as block ids. Read-only:
+    /// pass the result to [`BlockManager::allocate`] to take the blocks. Empty when prefix
+    /// caching is off.
+    pub fn lookup_prefix(&self, hashes: &[BlockHash]) -> Vec<BlockId> {
+        if !self.enable_prefix_caching {
+            return Vec::new();
+        }
+        hashes
+            .iter()
+            .map_while(|h| self.cached.get(h).copied())
+            .collect()
+    }
+
+    /// Count one admission's prefix lookup in the stats (`queried` and `hit` in tokens).
+    pub fn record_lookup(&mut self, queried: usize, hit: usize) {
+        self.stats.queried_tokens += queried as u64;
+        self.stats.hit_tokens += hit as u64;
+    }
+
+    /// Make `seq` cover `num_tokens` tokens: first append the prefix-cache hits `computed` (only
+    /// allowed while `seq` holds no block), then fresh blocks. All or nothing: on
+    /// [`NoFreeBlocks`] nothing changed.
+    pub fn allocate(
+        &mut self,
+        seq: &mut SeqBlocks,
+        computed: &[BlockId],
+        num_tokens: usize,
+    ) -> Result<(), NoFreeBlocks> {
+        debug_assert!(
+            computed.is_empty() || seq.table.is_empty(),
+            "cache hits only at admission"
+        );
+        let have = seq.table.len() + computed.len();
+        let needed = self.blocks_for(num_tokens).saturating_sub(have);
+        // Hits sitting in the evictable LRU stop being available once taken.
+        let evictable_hits = computed
+            .iter()
+            .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
+            .count();
+        let available = self.num_free() - evictable_hits;
+        if needed > available {
+            return Err(NoFreeBlocks { needed, available });
+        }
+        for &b in computed {
+            self.take_shared(b);
+            seq.table.push(b);
+        }
+        seq.num_hashed += computed.len();
+        for _ in 0..needed {
+            let b = self.pop_free();
+            seq.table.push(b);
+        }
+        Ok(())
+    }
+
+    /// Register the blocks of `seq` that became full now that `num_computed_tokens` tokens are
+    /// in the cache. `hashes` is the chain over the sequence's full blocks (it may run ahead of
+    /// the computed tokens). A block whose hash is already registered (another sequence computed
+    /// the same prefix at the same time) stays private and is freed normally.
+    pub fn cache_full_blocks(
+        &mut self,
+        seq: &mut SeqBlocks,
+        hashes: &[BlockHash],
+        num_computed_tokens: usize,
+    ) {
+        let full = (num_computed_tokens / self.block_size)
+            .min(hashes.len())
+            .min(seq.table.len());
+        if !self.enable_prefix_caching {
+            seq.num_hashed = seq.num_hashed.max(full);
+            return;
+        }
+        for i in seq.num_hashed..full {
+            let b = seq.table[i];
+            let meta = &mut self.blocks[b as usize];
+            if meta.hash.is_none() && !self.cached.contains_key(&hashes[i]) {
+                meta.hash = Some(hashes[i]);
+                self.cached.insert(hashes[i], b);
+            }
+        }
+        seq.num_hashed = seq.num_hashed.max(full);
+    }
+
+    /// Release every block of `seq`, tail first. Hashed blocks keep their contents in the
+    /// evictable LRU; the others go back to the free list.
+    pub fn free(&mut self, seq: &mut SeqBlocks) {
+        for &b in seq.table.iter().rev() {
+            let meta = &mut self.blocks[b as usize];
+            debug_assert!(meta.ref_cnt > 0, "double free of block {b}");
+            meta.ref_cnt -= 1;
+            if meta.ref_cnt == 0 {
+                if meta.hash.is_some() {
+                    meta.lru_tick = self.next_tick;
+                    self.evictable.insert(self.next_tick, b);
+                    self.next_tick += 1;
+                } else {
+                    self.free.push(b);
+                }
+            }
+        }
+        seq.table.clear();
+        seq.num_hashed = 0;
+    }
+
+    /// Take one more reference on a registered block, pulling it out of the LRU if unused.
+    fn take_shared(&mut self, b: BlockId) {
+        let meta = &mut self.blocks[b as usize];
+        debug_assert!(meta.hash.is_some(), "cache hit on an unhashed block {b}");
+        if meta.ref_cnt == 0 {
+            self.evictable.remove(&meta.lru_tick);
+        }
+        meta.ref_cnt += 1;
+    }
+
+    /// Hand out an unused block: from the free list, else by evicting the least recently freed
+    /// cached block. The caller checked that one exists.
+    fn pop_free(&mut self) -> BlockId {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.evictable.pop_first().expect("caller checked num_free");
+                let meta = &mut self.blocks[b as usize];
+                if let Some(h) = meta.hash.take() {
+                    self.cached.remove(&h);
+                }
+                b
+            }
+        };
+        self.blocks[b as usize].ref_cnt = 1;
+        b
+    }
+
+    /// Check the invariants listed in the module header; panics with the first violation.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        let mut seen = vec![0u8; self.blocks.len()];
+        for &b in &self.free {
+            let m = self.blocks[b as usize];
+            assert!(
+                m.ref_cnt == 0 && m.hash.is_none(),
+                "free block {b} is {m:?}"
+            );
+            seen[b as usize] += 1;
+        }
+        for (&tick, &b) in &self.evictable {
+            let m = self.blocks[b as usize];
+            assert!(
+                m.ref_cnt == 0 && m.hash.is_some() && m.lru_tick == tick,
+                "evictable {b}: {m:?}"
+            );
+            seen[b as usize] += 1;
+        }
+        for (b, m) in self.blocks.iter().enumerate() {
+            if m.ref_cnt > 0 {
+                seen[b] += 1;
+            }
+            assert_eq!(seen[b], 1, "block {b} is in {} places ({m:?})", seen[b]);
+        }
+        for (h, &b) in &self.cached {
+            assert_eq!(
+                self.blocks[b as usize].hash.as_ref(),
+                Some(h),
+                "cached map points at {b}"
+            );
+        }
+        let hashed = self.blocks.iter().filter(|m| m.hash.is_some()).count();
+        assert_eq!(hashed, self.cached.len(), "hashed blocks vs cache map");
+    }
+
+    /// Reference count of a block (tests).
+    #[cfg(test)]
+    pub(crate) fn ref_cnt(&self, b: BlockId) -> u32 {
+        self.blocks[b as usize].ref_cnt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hashes(tokens: &[u32], bs: usize) -> Vec<BlockHash> {
+        let mut h = Vec::new();
+        BlockHash::extend_chain(&mut h, tokens, bs);
+        h
+    }
+
+    #[test]
+    fn hash_chain_depends_on_the_whole_prefix() {
+        // Same second block, different first block → different second hash.
+        let a = hashes(&[1, 2, 3, 4], 2);
+        let b = hashes(&[9, 2, 3, 4], 2);
+        assert_eq!(a.len(), 2);
+        assert_ne!(a[1], b[1]);
+        // Only full blocks are hashed: 5 tokens with block 2 → 2 hashes.
+        assert_eq!(hashes(&[1, 2, 3, 4, 5], 2), a);
+        // Incremental extension equals hashing at once.
+        let mut inc = hashes(&[1, 2, 3], 2);
+        BlockHash::extend_chain(&mut inc, &[1, 2, 3, 4], 2);
+        assert_eq!(inc, a);
+    }
+
+    #[test]
+    fn allocate_counts_blocks_and_fails_atomically() {
+        let mut m = BlockManager::new(4, 4, true);
+        let mut s = SeqBlocks::default();
+        // 9 tokens with block 4 = 3 blocks.
+        m.allocate(&mut s, &[], 9).expect("fits");
+        assert_eq!(s.table, vec![0, 1, 2]);
+        assert_eq!(m.num_free(), 1);
+        // Growing to 12 tokens needs no new block; 13 needs one; 17 needs two (only one left).
+        m.allocate(&mut s, &[], 12).expect("same blocks");
+        assert_eq!(s.table.len(), 3);
+        let err = m.allocate(&mut s, &[], 17).unwrap_err();
+        assert_eq!(
+            err,
+            NoFreeBlocks {
+                needed: 2,
+                available: 1
+            }
+        );
+        assert_eq!(s.table.len(), 3, "failed allocation changed nothing");
+        m.check_invariants();
+        m.free(&mut s);
+        assert_eq!(m.num_free(), 4);
+        m.check_invariants();
+    }
+
+    #[test]
+    fn full_blocks_are_reused_by_an_identical_prefix() {
+        let bs = 4;
+        let mut m = BlockManager::new(8, bs, true);
+        let prompt: Vec<u32> = (0..10).collect(); // 2 full blocks + 2 tokens
+        let h = hashes(&prompt, bs);
+        let mut a = SeqBlocks::default();
+        assert!(m.lookup_prefix(&h).is_empty());
+        m.allocate(&mut a, &[], prompt.len()).expect("fits");
+        m.cache_full_blocks(&mut a, &h, prompt.len());
+        m.check_invariants();
+
+        // Second sequence, same prompt: both full blocks hit, shared with ref 2.
+        let hits = m.lookup_prefix(&h);
+        assert_eq!(hits, a.table[..2].to_vec());
+        let mut b = SeqBlocks::default();
+        m.allocate(&mut b, &hits, prompt.len()).expect("fits");
+        assert_eq!(&b.table[..2], &a.table[..2]);
+        assert_ne!(b.table[2], a.table[2], "the partial block is private");
+        assert_eq!(m.ref_cnt(a.table[0]), 2);
+        assert_eq!(m.num_used(), 4);
+        m.check_invariants();
+    }
+
+    #[test]
+    fn freed_hashed_blocks_stay_hittable_until_evicted_lru_first() {
+        let bs = 2;
+        let mut m = BlockManager::new(3, bs, true);
+        let p1 = [1u32, 2, 3, 4];
+        let h1 = hashes(&p1, bs);
+        let mut a = SeqBlocks::default();
+        m.allocate(&mut a, &[], 4).expect("fits");
+        m.cache_full_blocks(&mut a, &h1, 4);
+        let a_blocks = a.table.clone();
+        m.free(&mut a);
+        assert_eq!(m.num_free(), 3, "evictable blocks count as free");
+        m.check_invariants();
+        // Still a hit after the owner is gone.
+        assert_eq!(m.lookup_prefix(&h1), a_blocks);
+
+        // A 6-token sequence needs 3 blocks: the free one, then evictions. Blocks were freed
+        // tail first, so the prefix's second block is evicted before its first.
+        let mut b = SeqBlocks::default();
+        m.allocate(&mut b, &[], 4).expect("fits");
+        assert_eq!(
+            m.lookup_prefix(&h1),
+            vec![a_blocks[0]],
+            "tail block evicted first"
+        );
+        m.allocate(&mut b, &[], 6).expect("fits");
+        assert!(m.lookup_prefix(&h1).is_empty());
+        m.check_invariants();
+    }
+
+    #[test]
+    fn taking_an_evictable_hit_reduces_what_is_available() {
+        let bs = 2;
+        let mut m = BlockManager::new(2, bs, true);
+        let p = [5u32, 6, 7];
+        let h = hashes(&p, bs);
+        let mut a = SeqBlocks::default();
+        m.allocate(&mut a, &[], 3).expect("fits");
+        m.cache_full_blocks(&mut a, &h, 3);
+        m.free(&mut a);
+        // Hit 1 evictable block; 5 tokens need 3 blocks: 1 hit + 2 new, but only 1 is left
+        // once the hit is taken out of the LRU.
+        let hits = m.lookup_prefix(&h);
+        assert_eq!(hits.len(), 1);
+        let mut b = SeqBlocks::default();
+        assert_eq!(
+            m.allocate(&mut b, &hits, 5),
+            Err(NoFreeBlocks {
+                needed: 2,
+                available: 1
+            })
+        );
+        m.allocate(&mut b, &hits, 4).expect("1 hit + 1 new");
+        assert_eq!(m.num_free(), 0);
+        m.check_invariants();
+    }
+
+    #[test]
+    fn duplicate_prefix_computed_twice_registers_once() {
+        let bs = 2;
+        let mut m = BlockManager::new(4, bs, true);
+        let p = [1u32, 2, 3];
+        let h = hashes(&p, bs);
+        let (mut a, mut b) = (SeqBlocks::default(), SeqBlocks::default());
+        m.allocate(&mut a, &[], 3).expect("fits");
+        m.allocate(&mut b, &[], 3).expect("fits");
+        m.cache_full_blocks(&mut a, &h, 3);
+        m.cache_full_blocks(&mut b, &h, 3);
+        m.check_invariants();
+        assert_eq!(m.lookup_prefix(&h), vec![a.table[0]]);
+        m.free(&mut b);
+        m.free(&mut a);
+        m.check_invariants();
+        assert_eq!(m.num_free(), 4);
+    }
+
+    #[test]
+    fn disabled_prefix_caching_never_hits() {
+        let bs = 2;
+        let mut m = BlockManager::new(4, bs, false);
+        let p = [1u32, 2, 3, 4];
+        let h = hashes(&p, bs);
+        let mut a = SeqBlocks::default();
+        m.allocate(&mut a, &[], 4).expect("fits");
+        m.cache_full_blocks(&mut a, &h, 4);
+        m.free(&mut a);
+        assert!(m.lookup_prefix(&h).is_empty());
+        m.check_invariants();
+    }
+}

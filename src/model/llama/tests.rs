@@ -1,0 +1,556 @@
+//! Tests of [`Llama`] on tiny synthetic models: against a dense, unpaged reference forward
+//! written out below, and for the invariances the engine relies on (chunking, batching and
+//! block placement do not change a row's logits).
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::backend::cpu::reference::dequantize_row;
+use crate::backend::CpuBackend;
+use crate::engine::{LogitsFor, SeqSlice};
+use crate::model::{TensorView, WeightDType};
+
+/// Tensors held in memory, by checkpoint key.
+#[derive(Default)]
+pub(crate) struct MapSource {
+    tensors: HashMap<String, (WeightDType, Vec<usize>, Vec<u8>)>,
+}
+
+impl MapSource {
+    pub(crate) fn insert(
+        &mut self,
+        name: &str,
+        dtype: WeightDType,
+        shape: Vec<usize>,
+        data: Vec<u8>,
+    ) {
+        self.tensors.insert(name.to_owned(), (dtype, shape, data));
+    }
+
+    /// The tensor dequantized to f32.
+    fn f32(&self, name: &str) -> Vec<f32> {
+        let (dtype, shape, data) = &self.tensors[name];
+        let cols = *shape.last().unwrap();
+        let row_bytes = dtype.row_bytes(cols).unwrap();
+        let mut out = vec![0.0; shape.iter().product()];
+        for (o, b) in out.chunks_mut(cols).zip(data.chunks(row_bytes)) {
+            dequantize_row(*dtype, b, o);
+        }
+        out
+    }
+}
+
+impl WeightSource for MapSource {
+    fn tensor(&self, name: &str) -> Result<TensorView<'_>, ModelError> {
+        let (dtype, shape, data) = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+        Ok(TensorView {
+            dtype: *dtype,
+            shape,
+            data,
+        })
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+    fn names(&self) -> Vec<String> {
+        let mut n: Vec<String> = self.tensors.keys().cloned().collect();
+        n.sort();
+        n
+    }
+}
+
+/// A tiny config whose every input width is a multiple of 32 (so Q8_0 can store it).
+pub(crate) fn tiny_config(architecture: Architecture) -> ModelConfig {
+    ModelConfig {
+        architecture,
+        hidden_size: 32,
+        intermediate_size: 64,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 8,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        vocab_size: 40,
+        max_position_embeddings: 64,
+        tie_word_embeddings: architecture == Architecture::Qwen3,
+        attention_bias: false,
+    }
+}
+
+/// Deterministic pseudo-random values in `[-scale, scale)` (a 64-bit LCG).
+fn values(seed: &mut u64, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Q8_0 encoding of rows of `cols` (a multiple of 32): per block `d = max|x| / 127`.
+fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for block in x.chunks(32) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        out.extend(half::f16::from_f32(d).to_le_bytes());
+        let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
+        out.extend(block.iter().map(|v| (v * inv).round() as i8 as u8));
+    }
+    out
+}
+
+/// Random weights for `c`; matrices stored as `matrix_dtype` (F32 or Q8_0), vectors as F32.
+pub(crate) fn tiny_weights(c: &ModelConfig, seed: u64, matrix_dtype: WeightDType) -> MapSource {
+    let mut seed = seed;
+    let mut src = MapSource::default();
+    let matrix = |src: &mut MapSource, name: &str, rows: usize, cols: usize, seed: &mut u64| {
+        let v = values(seed, rows * cols, 0.3);
+        let data = match matrix_dtype {
+            WeightDType::F32 => bytemuck::cast_slice(&v).to_vec(),
+            WeightDType::Q8_0 => quantize_q8_0(&v),
+            other => panic!("tiny_weights does not encode {other:?}"),
+        };
+        src.insert(name, matrix_dtype, vec![rows, cols], data);
+    };
+    let vector = |src: &mut MapSource, name: &str, n: usize, seed: &mut u64| {
+        let v: Vec<f32> = values(seed, n, 0.2).iter().map(|x| 1.0 + x).collect();
+        src.insert(
+            name,
+            WeightDType::F32,
+            vec![n],
+            bytemuck::cast_slice(&v).to_vec(),
+        );
+    };
+    let (h, hd) = (c.hidden_size, c.head_dim);
+    let (qd, kvd) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+    matrix(
+        &mut src,
+        "model.embed_tokens.weight",
+        c.vocab_size,
+        h,
+        &mut seed,
+    );
+    if !c.tie_word_embeddings {
+        matrix(&mut src, "lm_head.weight", c.vocab_size, h, &mut seed);
+    }
+    vector(&mut src, "model.norm.weight", h, &mut seed);
+    for i in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        vector(
+            &mut src,
+            &format!("{p}.input_layernorm.weight"),
+            h,
+            &mut seed,
+        );
+        vector(
+            &mut src,
+            &format!("{p}.post_attention_layernorm.weight"),
+            h,
+            &mut seed,
+        );
+        matrix(
+            &mut src,
+            &format!("{p}.self_attn.q_proj.weight"),
+            qd,
+            h,
+            &mut seed,
+        );
+        matrix(
+            &mut src,
+            &format!("{p}.self_attn.k_proj.weight"),
+            kvd,
+            h,
+            &mut seed,
+        );
+        matrix(
+            &mut src,
+            &format!("{p}.self_attn.v_proj.weight"),
+            kvd,
+            h,
+            &mut seed,
+        );
+        matrix(
+            &mut src,
+            &format!("{p}.self_attn.o_proj.weight"),
+            h,
+            qd,
+            &mut seed,
+        );
+        matrix(
+            &mut src,
+            &format!("{p}.mlp.gate_proj.weight"),
+            c.intermediate_size,
+            h,
+            &mut seed,
+        );
+        matrix(
+            &mut src,
+            &format!("{p}.mlp.up_proj.weight"),
+            c.intermediate_size,
+            h,
+            &mut seed,
+        );
+        matrix(
+            &mut src,
+            &format!("{p}.mlp.down_proj.weight"),
+            h,
+            c.intermediate_size,
+            &mut seed,
+        );
+        if c.architecture == Architecture::Qwen3 {
+            vector(
+                &mut src,
+                &format!("{p}.self_attn.q_norm.weight"),
+                hd,
+                &mut seed,
+            );
+            vector(
+                &mut src,
+                &format!("{p}.self_attn.k_norm.weight"),
+                hd,
+                &mut seed,
+            );
+        }
+    }
+    src
+}
+
+/// The forward pass written densely (no paging, no backend), f64 throughout: logits
+/// `[tokens.len(), vocab]` for every position of one sequence.
+fn dense_reference(c: &ModelConfig, w: &MapSource, tokens: &[u32]) -> Vec<f32> {
+    let (h, hd, nh, nkv) = (
+        c.hidden_size,
+        c.head_dim,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+    );
+    let t = tokens.len();
+    let f = |name: &str| w.f32(name).into_iter().map(f64::from).collect::<Vec<f64>>();
+    let matvec = |m: &[f64], x: &[f64]| -> Vec<f64> {
+        m.chunks(x.len())
+            .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
+    };
+    let norm = |x: &[f64], wt: &[f64]| -> Vec<f64> {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+        let inv = 1.0 / (ms + c.rms_norm_eps as f64).sqrt();
+        x.iter().zip(wt).map(|(v, w)| v * inv * w).collect()
+    };
+    let rope = |x: &mut [f64], pos: usize| {
+        let half = hd / 2;
+        for head in x.chunks_mut(hd) {
+            for i in 0..half {
+                let freq = 1.0 / (c.rope_theta as f64).powf(2.0 * i as f64 / hd as f64);
+                let (cs, sn) = ((pos as f64 * freq).cos(), (pos as f64 * freq).sin());
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cs - b * sn;
+                head[i + half] = b * cs + a * sn;
+            }
+        }
+    };
+    let embed = f("model.embed_tokens.weight");
+    let mut xs: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&id| embed[id as usize * h..(id as usize + 1) * h].to_vec())
+        .collect();
+    for l in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let g = |n: &str| f(&format!("{p}.{n}.weight"));
+        let (wq, wk, wv, wo) = (
+            g("self_attn.q_proj"),
+            g("self_attn.k_proj"),
+            g("self_attn.v_proj"),
+            g("self_attn.o_proj"),
+        );
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        let mut qs = Vec::new();
+        for (pos, x) in xs.iter().enumerate() {
+            let hn = norm(x, &g("input_layernorm"));
+            let (mut q, mut k) = (matvec(&wq, &hn), matvec(&wk, &hn));
+            if c.architecture == Architecture::Qwen3 {
+                q = q
+                    .chunks(hd)
+                    .flat_map(|hq| norm(hq, &g("self_attn.q_norm")))
+                    .collect();
+                k = k
+                    .chunks(hd)
+                    .flat_map(|hk| norm(hk, &g("self_attn.k_norm")))
+                    .collect();
+            }
+            rope(&mut q, pos);
+            rope(&mut k, pos);
+            qs.push(q);
+            ks.push(k);
+            vs.push(matvec(&wv, &hn));
+        }
+        for pos in 0..t {
+            let mut attn = vec![0.0; nh * hd];
+            for head in 0..nh {
+                let kvh = head / (nh / nkv);
+                let q = &qs[pos][head * hd..(head + 1) * hd];
+                let scores: Vec<f64> = (0..=pos)
+                    .map(|j| {
+                        let k = &ks[j][kvh * hd..(kvh + 1) * hd];
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for (j, wgt) in e.iter().enumerate() {
+                    for d in 0..hd {
+                        attn[head * hd + d] += wgt / sum * vs[j][kvh * hd + d];
+                    }
+                }
+            }
+            let o = matvec(&wo, &attn);
+            for (x, o) in xs[pos].iter_mut().zip(o) {
+                *x += o;
+            }
+            let hn = norm(&xs[pos], &g("post_attention_layernorm"));
+            let (gate, up) = (
+                matvec(&g("mlp.gate_proj"), &hn),
+                matvec(&g("mlp.up_proj"), &hn),
+            );
+            let act: Vec<f64> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let d = matvec(&g("mlp.down_proj"), &act);
+            for (x, d) in xs[pos].iter_mut().zip(d) {
+                *x += d;
+            }
+        }
+    }
+    let head = if c.tie_word_embeddings {
+        embed
+    } else {
+        f("lm_head.weight")
+    };
+    let fnorm = f("model.norm.weight");
+    xs.iter()
+        .flat_map(|x| matvec(&head, &norm(x, &fnorm)))
+        .map(|v| v as f32)
+        .collect()
+}
+
+fn load(c: &ModelConfig, w: &MapSource, num_blocks: usize) -> Llama<CpuBackend> {
+    Llama::load(CpuBackend::new(2).unwrap(), c, w, 4, num_blocks).unwrap()
+}
+
+fn slice(
+    start: usize,
+    len: usize,
+    cached_len: usize,
+    table: &[u32],
+    logits: LogitsFor,
+) -> SeqSlice {
+    SeqSlice {
+        start,
+        len,
+        cached_len,
+        block_table: table.to_vec(),
+        logits,
+        state_slot: None,
+    }
+}
+
+fn one_seq(tokens: &[u32], cached_len: usize, table: &[u32], logits: LogitsFor) -> ForwardBatch {
+    ForwardBatch {
+        token_ids: tokens.to_vec(),
+        seqs: vec![slice(0, tokens.len(), cached_len, table, logits)],
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+const PROMPT: [u32; 11] = [3, 17, 0, 39, 22, 22, 8, 31, 5, 12, 26];
+
+/// Tolerance of the f32 model against the f64 dense reference on these tiny models.
+const DENSE_TOL: f32 = 1e-4;
+
+#[test]
+fn llama_prefill_matches_the_dense_reference() {
+    let c = tiny_config(Architecture::Llama);
+    let w = tiny_weights(&c, 7, WeightDType::F32);
+    let mut m = load(&c, &w, 8);
+    let got = m
+        .forward(&one_seq(&PROMPT, 0, &[5, 2, 7], LogitsFor::All))
+        .unwrap();
+    let want = dense_reference(&c, &w, &PROMPT);
+    assert!(
+        max_abs_diff(&got, &want) < DENSE_TOL,
+        "max |Δ| {}",
+        max_abs_diff(&got, &want)
+    );
+}
+
+#[test]
+fn qwen3_with_qk_norm_and_tied_embeddings_matches_the_dense_reference() {
+    let c = tiny_config(Architecture::Qwen3);
+    let w = tiny_weights(&c, 11, WeightDType::F32);
+    assert!(!w.contains("lm_head.weight"));
+    let mut m = load(&c, &w, 8);
+    let got = m
+        .forward(&one_seq(&PROMPT, 0, &[0, 1, 2], LogitsFor::All))
+        .unwrap();
+    let want = dense_reference(&c, &w, &PROMPT);
+    assert!(
+        max_abs_diff(&got, &want) < DENSE_TOL,
+        "max |Δ| {}",
+        max_abs_diff(&got, &want)
+    );
+}
+
+#[test]
+fn q8_0_weights_are_used_exactly_as_stored() {
+    let c = tiny_config(Architecture::Llama);
+    let w = tiny_weights(&c, 3, WeightDType::Q8_0);
+    let mut m = load(&c, &w, 8);
+    let got = m
+        .forward(&one_seq(&PROMPT, 0, &[1, 0, 3], LogitsFor::All))
+        .unwrap();
+    let want = dense_reference(&c, &w, &PROMPT); // reads the dequantized Q8_0 values
+    assert!(
+        max_abs_diff(&got, &want) < DENSE_TOL,
+        "max |Δ| {}",
+        max_abs_diff(&got, &want)
+    );
+}
+
+#[test]
+fn chunked_prefill_and_decode_give_the_same_rows_as_one_prefill() {
+    let c = tiny_config(Architecture::Qwen3);
+    let w = tiny_weights(&c, 5, WeightDType::F32);
+    let table = [6, 1, 4];
+    let full = load(&c, &w, 8)
+        .forward(&one_seq(&PROMPT, 0, &table, LogitsFor::All))
+        .unwrap();
+    let v = c.vocab_size;
+    let mut m = load(&c, &w, 8);
+    // Chunks of 5, 3 (crossing a block boundary), then 3 single-token decodes.
+    assert!(m
+        .forward(&one_seq(&PROMPT[..5], 0, &table, LogitsFor::None))
+        .unwrap()
+        .is_empty());
+    let chunk = m
+        .forward(&one_seq(&PROMPT[5..8], 5, &table, LogitsFor::Last))
+        .unwrap();
+    assert_eq!(chunk, full[7 * v..8 * v]);
+    for pos in 8..11 {
+        let row = m
+            .forward(&one_seq(
+                &PROMPT[pos..pos + 1],
+                pos,
+                &table,
+                LogitsFor::Last,
+            ))
+            .unwrap();
+        assert_eq!(row, full[pos * v..(pos + 1) * v], "position {pos}");
+    }
+}
+
+#[test]
+fn a_batched_sequence_gets_the_same_logits_as_alone() {
+    let c = tiny_config(Architecture::Llama);
+    let w = tiny_weights(&c, 9, WeightDType::F32);
+    let v = c.vocab_size;
+    let a_alone = load(&c, &w, 8)
+        .forward(&one_seq(&PROMPT[..7], 0, &[0, 1], LogitsFor::Last))
+        .unwrap();
+    let b_alone = load(&c, &w, 8)
+        .forward(&one_seq(&PROMPT[2..5], 0, &[2], LogitsFor::All))
+        .unwrap();
+    // Both in one step, b first in the token array, a second; different blocks.
+    let batch = ForwardBatch {
+        token_ids: [&PROMPT[2..5], &PROMPT[..7]].concat(),
+        seqs: vec![
+            slice(3, 7, 0, &[5, 3], LogitsFor::Last),
+            slice(0, 3, 0, &[7], LogitsFor::All),
+        ],
+    };
+    let both = load(&c, &w, 8).forward(&batch).unwrap();
+    assert_eq!(both.len(), 4 * v);
+    assert_eq!(both[..v], a_alone[..]);
+    assert_eq!(both[v..], b_alone[..]);
+}
+
+#[test]
+fn copy_block_carries_the_cached_prefix() {
+    let c = tiny_config(Architecture::Llama);
+    let w = tiny_weights(&c, 13, WeightDType::F32);
+    let mut m = load(&c, &w, 8);
+    m.forward(&one_seq(&PROMPT[..6], 0, &[2, 3], LogitsFor::None))
+        .unwrap();
+    let want = m
+        .forward(&one_seq(&PROMPT[6..7], 6, &[2, 3], LogitsFor::Last))
+        .unwrap();
+    // Copy-on-write of the partial block 3 into 5, then the same decode through the copy.
+    m.copy_block(3, 5).unwrap();
+    let got = m
+        .forward(&one_seq(&PROMPT[6..7], 6, &[2, 5], LogitsFor::Last))
+        .unwrap();
+    assert_eq!(got, want);
+    assert!(m.copy_block(3, 8).is_err());
+}
+
+#[test]
+fn load_names_missing_and_misshapen_tensors() {
+    let c = tiny_config(Architecture::Llama);
+    let mut w = tiny_weights(&c, 1, WeightDType::F32);
+    w.tensors.remove("model.layers.1.mlp.up_proj.weight");
+    let err = Llama::load(CpuBackend::new(1).unwrap(), &c, &w, 4, 4)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, ModelError::MissingTensor(n) if n == "model.layers.1.mlp.up_proj.weight"),
+        "{err}"
+    );
+    let mut w = tiny_weights(&c, 1, WeightDType::F32);
+    w.insert(
+        "model.norm.weight",
+        WeightDType::F32,
+        vec![31],
+        vec![0; 124],
+    );
+    let err = Llama::load(CpuBackend::new(1).unwrap(), &c, &w, 4, 4)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, ModelError::Shape { name, .. } if name == "model.norm.weight"),
+        "{err}"
+    );
+    let biased = ModelConfig {
+        attention_bias: true,
+        ..c
+    };
+    assert!(matches!(
+        Llama::load(CpuBackend::new(1).unwrap(), &biased, &w, 4, 4),
+        Err(ModelError::Unsupported(_))
+    ));
+}
+
+#[test]
+fn out_of_vocabulary_tokens_are_invalid_input() {
+    let c = tiny_config(Architecture::Llama);
+    let mut m = load(&c, &tiny_weights(&c, 1, WeightDType::F32), 4);
+    let err = m
+        .forward(&one_seq(&[40], 0, &[0], LogitsFor::Last))
+        .unwrap_err();
+    assert!(matches!(err, EngineError::InvalidInput(_)), "{err}");
+}

@@ -1,0 +1,218 @@
+//! From model files and `[engine]` settings to a [`ModelRunner`]: the one place that names a
+//! concrete backend.
+//!
+//! `engine.device` picks the backend (`cpu`; `auto` means the CPU until the CUDA backend
+//! lands; `cuda:N` is a clear error in a build without the `cuda` feature). The CPU KV cache
+//! gets `engine.kv_cache_mib` MiB: as many blocks of `engine.block_size` tokens as fit.
+
+use tracing::info;
+
+use crate::backend::{Backend, CpuBackend};
+use crate::engine::{Device, EngineConfig, ModelRunner};
+use crate::error::ModelError;
+use crate::model::llama::Llama;
+use crate::model::{Architecture, ModelConfig, WeightSource};
+
+/// Load `config`'s model from `weights` onto the device `engine.device` names.
+pub fn build_runner_for(
+    config: &ModelConfig,
+    weights: &dyn WeightSource,
+    engine: &EngineConfig,
+) -> Result<Box<dyn ModelRunner>, ModelError> {
+    match resolve_auto(engine.device) {
+        Device::Cpu | Device::Auto => {
+            let backend =
+                CpuBackend::new(engine.threads).map_err(|e| ModelError::Backend(e.to_string()))?;
+            let num_blocks =
+                blocks_for_budget(&backend, config, engine.block_size, engine.kv_cache_mib)?;
+            load_on(backend, config, weights, engine.block_size, num_blocks)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(n) => Err(ModelError::Unsupported(format!(
+            "device `cuda:{n}`: this kiln was built without the `cuda` feature (rebuild with \
+             `cargo build --release --features cuda`, or set `engine.device = \"cpu\"`)"
+        ))),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => load_cuda(n, config, weights, engine),
+    }
+}
+
+/// `auto` means CUDA device 0 when this build has the `cuda` feature and a GPU is visible,
+/// else the CPU.
+fn resolve_auto(device: Device) -> Device {
+    #[cfg(feature = "cuda")]
+    if device == Device::Auto {
+        let has_gpu = crate::backend::cuda::device::require_driver().is_ok()
+            && crate::backend::cuda::device::list_gpus()
+                .map(|(_, g)| !g.is_empty())
+                .unwrap_or(false);
+        return if has_gpu {
+            Device::Cuda(0)
+        } else {
+            Device::Cpu
+        };
+    }
+    device
+}
+
+/// The model on CUDA device `ordinal`, with its KV cache sized by the memory planner.
+/// `KILN_CUDA_ARCH` (e.g. `compute_70`) compiles the kernels for another target than the
+/// device's, to run the V100 path on a newer GPU through the driver's JIT.
+#[cfg(feature = "cuda")]
+fn load_cuda(
+    ordinal: usize,
+    config: &ModelConfig,
+    weights: &dyn WeightSource,
+    engine: &EngineConfig,
+) -> Result<Box<dyn ModelRunner>, ModelError> {
+    use crate::backend::cuda::planner::{plan, workspace_bytes, PlanInput};
+    use crate::backend::cuda::{Arch, CudaBackend};
+
+    let cuda_err = |e: crate::backend::cuda::CudaError| {
+        ModelError::Backend(format!("device `cuda:{ordinal}`: {e}"))
+    };
+    let arch_override = match std::env::var("KILN_CUDA_ARCH") {
+        Ok(a) => Some(a.parse::<Arch>().map_err(ModelError::Unsupported)?),
+        Err(_) => None,
+    };
+    let backend = CudaBackend::new(
+        ordinal,
+        &engine.dtype,
+        &engine.kv_cache_dtype,
+        arch_override,
+    )
+    .map_err(cuda_err)?;
+    let (free, total) = backend
+        .memory_info()
+        .map_err(|e| ModelError::Backend(e.to_string()))?;
+    let elem = backend.dtype().size();
+    let weights_bytes: usize = weights
+        .names()
+        .iter()
+        .filter_map(|n| weights.tensor(n).ok())
+        .map(|t| t.numel() * elem)
+        .sum();
+    let max_model_len = match engine.max_model_len {
+        0 => config.max_position_embeddings,
+        n => n.min(config.max_position_embeddings),
+    };
+    let input = PlanInput {
+        free_bytes: free,
+        total_bytes: total,
+        utilization: engine.gpu_memory_utilization,
+        weights_bytes,
+        workspace_bytes: workspace_bytes(
+            config,
+            engine.max_num_batched_tokens,
+            engine.max_num_seqs,
+            max_model_len,
+            elem,
+        ),
+        bytes_per_block: backend.kv_bytes_per_block(&Llama::<CudaBackend>::kv_spec(
+            config,
+            engine.block_size,
+            1,
+        )),
+        block_size: engine.block_size,
+        max_model_len,
+    };
+    let memory = plan(&input).map_err(ModelError::Unsupported)?;
+    info!(device = %backend.name(), plan = %memory, "GPU memory planned.");
+    load_on(
+        backend,
+        config,
+        weights,
+        engine.block_size,
+        memory.num_blocks,
+    )
+}
+
+/// Blocks of `block_size` tokens that fit in `mib` MiB on `backend` (at least one).
+fn blocks_for_budget<B: Backend>(
+    backend: &B,
+    config: &ModelConfig,
+    block_size: usize,
+    mib: usize,
+) -> Result<usize, ModelError> {
+    if block_size == 0 {
+        return Err(ModelError::Unsupported("`engine.block_size` = 0".into()));
+    }
+    let per_block = backend.kv_bytes_per_block(&Llama::<B>::kv_spec(config, block_size, 1));
+    let num_blocks = mib * (1 << 20) / per_block.max(1);
+    if num_blocks == 0 {
+        return Err(ModelError::Unsupported(format!(
+            "`engine.kv_cache_mib` = {mib} cannot hold one KV block ({per_block} bytes for {block_size} tokens)"
+        )));
+    }
+    info!(
+        kv_cache_mib = mib,
+        blocks = num_blocks,
+        block_size,
+        tokens = num_blocks * block_size,
+        "KV cache sized."
+    );
+    Ok(num_blocks)
+}
+
+/// The architecture's model on `backend`.
+fn load_on<B: Backend>(
+    backend: B,
+    config: &ModelConfig,
+    weights: &dyn WeightSource,
+    block_size: usize,
+    num_blocks: usize,
+) -> Result<Box<dyn ModelRunner>, ModelError> {
+    match config.architecture {
+        Architecture::Llama | Architecture::Qwen3 => Ok(Box::new(Llama::load(
+            backend, config, weights, block_size, num_blocks,
+        )?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::llama::tests::{tiny_config, tiny_weights};
+    use crate::model::WeightDType;
+
+    #[test]
+    fn cpu_runner_sizes_its_cache_from_the_budget() {
+        let c = tiny_config(Architecture::Llama);
+        let w = tiny_weights(&c, 1, WeightDType::F32);
+        let engine = EngineConfig {
+            device: Device::Cpu,
+            threads: 1,
+            block_size: 16,
+            kv_cache_mib: 1,
+            ..Default::default()
+        };
+        let r = build_runner_for(&c, &w, &engine).unwrap();
+        // 2 layers × K,V × 16 tokens × 2 heads × 8 dims × 4 bytes = 4096 bytes per block.
+        assert_eq!(r.cache_geometry().num_blocks, (1 << 20) / 4096);
+        assert_eq!(r.cache_geometry().block_size, 16);
+        assert_eq!(r.vocab_size(), 40);
+        assert!(r.device_name().starts_with("cpu"));
+    }
+
+    #[test]
+    fn cuda_without_a_cuda_backend_is_a_clear_error() {
+        let c = tiny_config(Architecture::Llama);
+        let w = tiny_weights(&c, 1, WeightDType::F32);
+        let engine = EngineConfig {
+            device: Device::Cuda(1),
+            ..Default::default()
+        };
+        let err = build_runner_for(&c, &w, &engine).err().unwrap();
+        assert!(err.to_string().contains("cuda:1"), "{err}");
+        let tiny = EngineConfig {
+            device: Device::Cpu,
+            kv_cache_mib: 0,
+            ..Default::default()
+        };
+        assert!(build_runner_for(&c, &w, &tiny)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("kv_cache_mib"));
+    }
+}
