@@ -1,5 +1,12 @@
 //! `kiln bench`: performance numbers.
 //!
+//! - default: the real engine ([`crate::engine::spawn_from_path`]: scheduler, KV cache,
+//!   sampler) on a model (default `models/SmolLM2-135M-Instruct.Q4_1.gguf`). For each
+//!   `--concurrency C`: `C` requests of `--prompt-tokens` distinct random token ids (no shared
+//!   prefix; prefix caching off) are submitted together, greedy, `--gen-tokens` each with EOS
+//!   ignored. Prefill tokens/s = `C · prompt / max TTFT`; decode tokens/s =
+//!   `C · (gen − 1) / (max total − max TTFT)` (aggregate over the sequences), the same
+//!   definitions as llama.cpp's `llama-batched-bench` (S_PP, S_TG).
 //! - `--kernels`: the CPU matmul kernels alone. Per weight dtype: µs per call, GFLOP/s
 //!   (`2·m·n·k / t`) and weight GB/s (stored bytes / t, the figure that matters for batch 1),
 //!   at batch 1, 16 and 128; then the matmul stack of one SmolLM2-135M forward step (30 layers of
@@ -96,11 +103,14 @@ fn thread_cpu_seconds() -> Option<f64> {
     }
     /// `CLOCK_THREAD_CPUTIME_ID` in `<time.h>` on Linux.
     const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `clock_gettime` writes one `timespec` (two 64-bit fields on 64-bit Linux, as
     // declared) through a valid pointer to a local, and reads nothing else.
     let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 /// Thread CPU time is read through Linux's `clock_gettime` only.
@@ -118,6 +128,15 @@ pub enum BenchError {
     /// The thread pool could not start.
     #[error("cannot start the thread pool: {0}")]
     ThreadPool(#[from] rayon::ThreadPoolBuildError),
+    /// The engine could not start (model, config).
+    #[error("engine: {0}")]
+    Start(#[from] crate::engine::StartError),
+    /// A benchmark request failed.
+    #[error("request failed: {0}")]
+    Request(#[from] crate::error::EngineError),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[from] std::io::Error),
 }
 
 /// Run `kiln bench`.
@@ -135,11 +154,147 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     if args.kernels {
         pool.install(|| kernels(args))
     } else {
-        Err(BenchError::InvalidArgument(
-            "the engine benchmark needs the model loader and CPU runner; use `--kernels` until they land"
-                .into(),
-        ))
+        drop(pool);
+        engine(args)
     }
+}
+
+/// One `--concurrency` result of the engine benchmark.
+struct EngineResult {
+    concurrency: usize,
+    prefill_tokens_per_s: f64,
+    decode_tokens_per_s: f64,
+    max_ttft: Duration,
+    max_total: Duration,
+}
+
+/// `kiln bench` on the real engine.
+fn engine(args: &BenchArgs) -> Result<(), BenchError> {
+    use crate::engine::{spawn_from_path, Device, EngineConfig};
+    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+        return Err(BenchError::InvalidArgument(
+            "`--concurrency` needs counts ≥ 1".into(),
+        ));
+    }
+    if args.prompt_tokens == 0 || args.gen_tokens < 2 {
+        return Err(BenchError::InvalidArgument(
+            "`--prompt-tokens` must be ≥ 1 and `--gen-tokens` ≥ 2".into(),
+        ));
+    }
+    let model = args.model.clone().unwrap_or_else(|| {
+        std::path::Path::new("models").join(crate::model::fetch::DEFAULT_MODEL_FILE)
+    });
+    let max_c = *args.concurrency.iter().max().unwrap_or(&1);
+    let cfg = EngineConfig {
+        device: Device::Cpu,
+        threads: args.threads,
+        max_num_seqs: max_c,
+        max_num_batched_tokens: (max_c * args.prompt_tokens).clamp(2048, 16384),
+        enable_prefix_caching: false,
+        ..EngineConfig::default()
+    };
+    let engine = spawn_from_path(&model, cfg)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let load = load_average().unwrap_or_else(|| "unknown".into());
+    let mode = crate::backend::cpu::matmul::MatmulMode::from_env();
+    if !args.json {
+        println!(
+            "# kiln engine: {}, model {}, matmul {}, prompt {} tokens, {} generated, load average {load}",
+            engine.info().device,
+            model.display(),
+            mode_name(mode),
+            args.prompt_tokens,
+            args.gen_tokens
+        );
+        println!();
+        println!("| sequences | prefill tokens/s | decode tokens/s | max TTFT ms | max total ms |");
+        println!("|---:|---:|---:|---:|---:|");
+    }
+    // Warm-up: page the weights in, start the threads.
+    runtime.block_on(run_batch(&engine, 1, 8, 4, 1))?;
+    for (round, &c) in args.concurrency.iter().enumerate() {
+        let r = runtime.block_on(run_batch(
+            &engine,
+            c,
+            args.prompt_tokens,
+            args.gen_tokens,
+            1000 + round as u64,
+        ))?;
+        if args.json {
+            let v = serde_json::json!({
+                "bench": "engine", "device": engine.info().device, "model": model.display().to_string(),
+                "matmul": mode_name(mode), "load": load, "concurrency": r.concurrency,
+                "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+                "prefill_tokens_per_s": r.prefill_tokens_per_s,
+                "decode_tokens_per_s": r.decode_tokens_per_s,
+                "max_ttft_ms": r.max_ttft.as_secs_f64() * 1e3, "max_total_ms": r.max_total.as_secs_f64() * 1e3,
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "| {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                r.concurrency,
+                r.prefill_tokens_per_s,
+                r.decode_tokens_per_s,
+                r.max_ttft.as_secs_f64() * 1e3,
+                r.max_total.as_secs_f64() * 1e3
+            );
+        }
+    }
+    engine.shutdown();
+    Ok(())
+}
+
+/// Submit `c` requests of `prompt` random token ids at once, each generating exactly `gen`
+/// tokens, and wait for all of them.
+async fn run_batch(
+    engine: &crate::engine::EngineHandle,
+    c: usize,
+    prompt: usize,
+    gen: usize,
+    seed: u64,
+) -> Result<EngineResult, BenchError> {
+    use crate::engine::{GenerateRequest, Prompt, SamplingParams};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let pending: Vec<_> = (0..c)
+        .map(|_| {
+            // Ordinary vocabulary ids of SmolLM2-sized vocabularies; different per request,
+            // so no two prompts share a KV block.
+            let ids: Vec<u32> = (0..prompt).map(|_| rng.random_range(1000..30000)).collect();
+            engine.submit(GenerateRequest {
+                prompt: Prompt::TokenIds(ids),
+                sampling: SamplingParams {
+                    max_tokens: Some(gen as u32),
+                    ignore_eos: true,
+                    ..SamplingParams::default()
+                },
+                deadline: None,
+            })
+        })
+        .collect();
+    let mut max_ttft = Duration::ZERO;
+    let mut max_total = Duration::ZERO;
+    for p in pending {
+        let done = p.await?;
+        if done.usage.completion_tokens as usize != gen {
+            return Err(BenchError::InvalidArgument(format!(
+                "a request generated {} tokens, not {gen} (max_model_len too small?)",
+                done.usage.completion_tokens
+            )));
+        }
+        max_ttft = max_ttft.max(done.timings.ttft);
+        max_total = max_total.max(done.timings.total);
+    }
+    let decode_time = (max_total - max_ttft).as_secs_f64().max(1e-9);
+    Ok(EngineResult {
+        concurrency: c,
+        prefill_tokens_per_s: (c * prompt) as f64 / max_ttft.as_secs_f64().max(1e-9),
+        decode_tokens_per_s: (c * (gen - 1)) as f64 / decode_time,
+        max_ttft,
+        max_total,
+    })
 }
 
 /// The modes named by `--mode`.
@@ -307,9 +462,16 @@ fn kernels(args: &BenchArgs) -> Result<(), BenchError> {
 
 /// `N×K` (or `NxK`) → (N, K), K a multiple of 256.
 fn parse_shape(s: &str) -> Result<(usize, usize), BenchError> {
-    let bad = || BenchError::InvalidArgument(format!("`--shape {s}`: expected N×K with K a multiple of 256"));
+    let bad = || {
+        BenchError::InvalidArgument(format!(
+            "`--shape {s}`: expected N×K with K a multiple of 256"
+        ))
+    };
     let (n, k) = s.split_once(['x', '×']).ok_or_else(bad)?;
-    let (n, k): (usize, usize) = (n.trim().parse().map_err(|_| bad())?, k.trim().parse().map_err(|_| bad())?);
+    let (n, k): (usize, usize) = (
+        n.trim().parse().map_err(|_| bad())?,
+        k.trim().parse().map_err(|_| bad())?,
+    );
     if n == 0 || k == 0 || k % 256 != 0 {
         return Err(bad());
     }

@@ -91,6 +91,19 @@ pub enum Isa {
     Avx512,
 }
 
+impl MatmulMode {
+    /// The mode [`matmul`] uses: [`MatmulMode::Exact`], unless the environment variable
+    /// `KILN_CPU_MATMUL` is `fast` (read once; for benchmarks until the engine config carries
+    /// it). Unset, everything (`kiln probe` included) is exact.
+    pub fn from_env() -> MatmulMode {
+        static MODE: OnceLock<MatmulMode> = OnceLock::new();
+        *MODE.get_or_init(|| match std::env::var("KILN_CPU_MATMUL").as_deref() {
+            Ok("fast") => MatmulMode::Fast,
+            _ => MatmulMode::Exact,
+        })
+    }
+}
+
 impl Isa {
     /// Stable lowercase name (`scalar`, `avx2`, `avx512`).
     pub fn as_str(self) -> &'static str {
@@ -159,7 +172,8 @@ impl std::fmt::Display for Isa {
     }
 }
 
-/// `out[i, j] = Σ_t x[i, t] · w[j, t]`, exact mode, fastest instruction set, current rayon pool.
+/// `out[i, j] = Σ_t x[i, t] · w[j, t]` in [`MatmulMode::from_env`] (exact unless
+/// `KILN_CPU_MATMUL=fast`), fastest instruction set, current rayon pool.
 ///
 /// `x`: `[m, k]` row-major f32; `w`: `shape = [n, k]` in any [`WeightDType`] (`k` a whole
 /// number of its blocks); `out`: `[m, n]` row-major, overwritten.
@@ -167,7 +181,7 @@ impl std::fmt::Display for Isa {
 /// # Panics
 /// If the lengths do not match the shapes (a bug in the caller).
 pub fn matmul(x: &[f32], m: usize, k: usize, w: &TensorView<'_>, out: &mut [f32]) {
-    matmul_on(Isa::best(), MatmulMode::Exact, x, m, k, w, out);
+    matmul_on(Isa::best(), MatmulMode::from_env(), x, m, k, w, out);
 }
 
 /// [`matmul`] in the given mode.
@@ -221,23 +235,22 @@ pub fn matmul_on(
         WeightDType::Q8_0 | WeightDType::Q4_0 | WeightDType::Q4_1
     );
     if mode == MatmulMode::Fast && fast_dtype {
-        let a = fast::QuantizedRows::new(x, m, k);
         match isa {
-            Isa::Scalar => integer(fast::ScalarFast, &shape, &a, w.data, out),
+            Isa::Scalar => integer(fast::ScalarFast, &shape, x, w.data, out),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
                 let kern =
                     x86_avx2_fast::Avx2Fast::detect().expect("this CPU has no AVX2 + FMA + F16C");
-                integer(kern, &shape, &a, w.data, out)
+                integer(kern, &shape, x, w.data, out)
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => match x86_avx512_fast::Avx512Fast::detect() {
-                Some(kern) => integer(kern, &shape, &a, w.data, out),
+                Some(kern) => integer(kern, &shape, x, w.data, out),
                 // AVX-512 without VNNI: the AVX2 integer kernels.
                 None => {
                     let kern = x86_avx2_fast::Avx2Fast::detect()
                         .expect("this CPU has no AVX2 + FMA + F16C");
-                    integer(kern, &shape, &a, w.data, out)
+                    integer(kern, &shape, x, w.data, out)
                 }
             },
             #[cfg(not(target_arch = "x86_64"))]
@@ -360,6 +373,11 @@ trait FastKernels: Copy + Send + Sync {
     /// Weight rows of a register tile.
     const NR: usize;
 
+    /// Quantize the `m` rows of `x` (`[m, k]`); bit-identical to [`fast::QuantizedRows::new`].
+    fn quantize(self, x: &[f32], m: usize, k: usize) -> fast::QuantizedRows {
+        fast::QuantizedRows::new(x, m, k)
+    }
+
     /// `out[i · nr + j] = dot(activation row i0 + i of a, stored row j of rows)` for
     /// `i < mr ≤ MR`, `j < nr ≤ NR`; `dtype` is Q8_0, Q4_0 or Q4_1, rows `rb` bytes apart.
     fn tile(
@@ -476,7 +494,8 @@ fn tiled<K: ExactKernels>(kern: K, s: &Shape, x: &[f32], w: &[u8], out: &mut [f3
 
 /// Fast-mode product: tasks own groups of weight rows and run every quantized activation row
 /// against them, straight from the stored blocks.
-fn integer<K: FastKernels>(kern: K, s: &Shape, a: &fast::QuantizedRows, w: &[u8], out: &mut [f32]) {
+fn integer<K: FastKernels>(kern: K, s: &Shape, x: &[f32], w: &[u8], out: &mut [f32]) {
+    let a = &kern.quantize(x, s.m, s.k);
     let groups = s.n.div_ceil(K::NR);
     let tasks = task_count(groups, K::NR * s.k * s.m);
     let rows_per_task = groups.div_ceil(tasks) * K::NR;

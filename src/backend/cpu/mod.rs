@@ -322,7 +322,7 @@ impl Backend for CpuBackend {
         check_len("matmul input", x.len(), rows * k)?;
         check_len("matmul output", out.len(), rows * n)?;
         self.pool
-            .install(|| reference::matmul(&x[..rows * k], rows, w, &mut out[..rows * n]));
+            .install(|| matmul::matmul(&x[..rows * k], rows, k, &w.view(), &mut out[..rows * n]));
         Ok(())
     }
 

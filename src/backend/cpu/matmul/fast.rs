@@ -27,39 +27,57 @@ pub(super) struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    /// Quantize the `m` rows of `x` (`[m, k]`, `k` a multiple of 32).
-    pub fn new(x: &[f32], m: usize, k: usize) -> QuantizedRows {
-        assert!(
-            k.is_multiple_of(layout::QK) && x.len() == m * k,
-            "quantize [{m}, {k}]"
-        );
+    /// Zeroed storage for `m` rows of `k` (a multiple of 32).
+    pub fn zeroed(m: usize, k: usize) -> QuantizedRows {
+        assert!(k.is_multiple_of(layout::QK), "quantize rows of {k}");
         let nb = k / layout::QK;
-        let mut r = QuantizedRows {
+        QuantizedRows {
             k,
             nb,
             qs: vec![0; m * k],
             d: vec![0.0; m * nb],
             sum: vec![0; m * nb],
-        };
+        }
+    }
+
+    /// Quantize the `m` rows of `x` (`[m, k]`, `k` a multiple of 32) with portable code; the
+    /// SIMD versions ([`FastKernels::quantize`]) produce the same bits.
+    pub fn new(x: &[f32], m: usize, k: usize) -> QuantizedRows {
+        assert_eq!(x.len(), m * k, "quantize [{m}, {k}]");
+        let mut r = QuantizedRows::zeroed(m, k);
         for ((xb, qb), (d, sum)) in x
             .chunks_exact(layout::QK)
             .zip(r.qs.chunks_exact_mut(layout::QK))
             .zip(r.d.iter_mut().zip(r.sum.iter_mut()))
         {
-            let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut s = 0i32;
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                let t = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-                *q = t;
-                s += t as i32;
-            }
-            *d = scale;
-            *sum = s;
+            (*d, *sum) = quantize_block(xb, qb);
         }
         r
     }
+}
+
+/// 1.5 · 2²³: adding and subtracting it rounds an f32 of magnitude < 2²² to an integer, ties
+/// to even (the default rounding mode), the same as `cvtps2dq`.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// One block: `d = max|x| / 127`, `q = round(x / d)` (as `x · (1 / d)`, ties to even).
+/// Returns `(d, Σ q)`.
+#[inline]
+pub(super) fn block_scale(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    (d, if d > 0.0 { 1.0 / d } else { 0.0 })
+}
+
+fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, i32) {
+    let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let (d, inv) = block_scale(amax);
+    let mut s = 0i32;
+    for (q, &v) in qb.iter_mut().zip(xb) {
+        let t = ((v * inv + ROUND_MAGIC) - ROUND_MAGIC).clamp(-127.0, 127.0) as i8;
+        *q = t;
+        s += t as i32;
+    }
+    (d, s)
 }
 
 /// The portable integer-dot kernels (one f32 accumulator per dot, blocks in order).

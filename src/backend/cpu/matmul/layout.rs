@@ -16,6 +16,8 @@
 //! ggml's reference `dequantize_row_*` (product, then sum: never a fused multiply-add), so the
 //! SIMD kernels, this scalar code and the reference all produce the same bits.
 
+use std::sync::OnceLock;
+
 use half::{bf16, f16};
 
 use crate::model::WeightDType;
@@ -33,6 +35,14 @@ pub(super) const QK: usize = 32;
 #[inline(always)]
 pub(super) fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Every f16 (by its bits) as f32: 256 KiB, built once. The SIMD kernels read a block's scale
+/// with an integer load and a broadcast straight from this table (load-port work only) instead
+/// of a `vcvtph2ps` and a register broadcast on the vector ports.
+pub(super) fn f16_table() -> &'static [f32] {
+    static TABLE: OnceLock<Box<[f32]>> = OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(|h| f16::from_bits(h).to_f32()).collect())
 }
 
 /// Dequantize the whole stored row `row` (`dtype.row_bytes(out.len())` bytes) into `out`.

@@ -420,6 +420,42 @@ fn activation_quantization_round_trips() {
     assert!(a.qs[32..64].iter().all(|&q| q == 0));
 }
 
+/// Every ISA's activation quantization is bit-identical to the portable one.
+#[test]
+fn simd_quantization_is_bit_exact() {
+    fn check<K: FastKernels>(kern: K, name: &str) {
+        let mut rng = StdRng::seed_from_u64(9);
+        let (m, k) = (5, 192);
+        let mut x = random_x(&mut rng, m * k);
+        x[64..96].fill(0.0);
+        x[100] = 1e-30;
+        // Exact ties: with max 127 in the block, d = 1 and x · 1 = 2.5 rounds to even (2).
+        x[160] = 127.0;
+        x[161] = 2.5;
+        x[162] = -3.5;
+        let (a, b) = (fast::QuantizedRows::new(&x, m, k), kern.quantize(&x, m, k));
+        assert_eq!(a.qs, b.qs, "{name}");
+        assert_eq!(a.sum, b.sum, "{name}");
+        assert!(
+            a.d.iter()
+                .zip(&b.d)
+                .all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{name}"
+        );
+        assert_eq!((a.qs[161], a.qs[162]), (2, -4), "ties to even");
+    }
+    check(fast::ScalarFast, "scalar");
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Some(kern) = x86_avx2_fast::Avx2Fast::detect() {
+            check(kern, "avx2");
+        }
+        if let Some(kern) = x86_avx512_fast::Avx512Fast::detect() {
+            check(kern, "avx512");
+        }
+    }
+}
+
 /// The fast mode computes `Σ w · x̂` where `x̂ = q · d` is the quantized activation: checked
 /// against that in f64 (tight), and against the exact product within the quantization bound.
 #[test]

@@ -102,14 +102,11 @@ unsafe fn hsum(v: __m256) -> f32 {
     }
 }
 
-/// The f16 at `p` as f32 in all 8 lanes.
+/// The f16 at `p` as f32 in all 8 lanes, through the f16 table `t` (a broadcast load).
 #[inline(always)]
-unsafe fn splat_f16(p: *const u8) -> __m256 {
-    // SAFETY: the caller guarantees 2 readable bytes at `p`; F16C is enabled by the caller.
-    unsafe {
-        let h = (p as *const u16).read_unaligned();
-        _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
-    }
+unsafe fn splat_f16(p: *const u8, t: *const f32) -> __m256 {
+    // SAFETY: 2 readable bytes at `p` (caller); `t` has an entry for every u16.
+    unsafe { _mm256_set1_ps(*t.add((p as *const u16).read_unaligned() as usize)) }
 }
 
 /// Lanes 0..8 of 8 bytes, zero- or sign-extended, as f32.
@@ -129,11 +126,11 @@ unsafe fn i8x8_to_f32(v: __m128i) -> __m256 {
 trait Block {
     /// Stored bytes per block.
     const BYTES: usize;
-    /// The block at `p`, exactly dequantized.
+    /// The block at `p`, exactly dequantized (`t`: the f16 table).
     ///
     /// # Safety
-    /// `Self::BYTES` readable bytes at `p`; AVX2/FMA/F16C enabled.
-    unsafe fn load(p: *const u8) -> [__m256; 4];
+    /// `Self::BYTES` readable bytes at `p`; `t` is `layout::f16_table()`; AVX2/FMA enabled.
+    unsafe fn load(p: *const u8, t: *const f32) -> [__m256; 4];
 }
 
 struct Q8_0;
@@ -143,10 +140,10 @@ struct Q4_1;
 impl Block for Q8_0 {
     const BYTES: usize = layout::Q8_0_BYTES;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> [__m256; 4] {
+    unsafe fn load(p: *const u8, t: *const f32) -> [__m256; 4] {
         // SAFETY: 34 readable bytes at `p` (caller); unaligned loads of 8 bytes at 2..34.
         unsafe {
-            let d = splat_f16(p);
+            let d = splat_f16(p, t);
             let q = |i: usize| _mm_loadl_epi64(p.add(2 + 8 * i) as *const __m128i);
             [
                 _mm256_mul_ps(i8x8_to_f32(q(0)), d),
@@ -175,10 +172,10 @@ unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
 impl Block for Q4_0 {
     const BYTES: usize = layout::Q4_0_BYTES;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> [__m256; 4] {
+    unsafe fn load(p: *const u8, t: *const f32) -> [__m256; 4] {
         // SAFETY: 18 readable bytes at `p` (caller).
         unsafe {
-            let d = splat_f16(p);
+            let d = splat_f16(p, t);
             let (lo, hi) = nibbles(p.add(2));
             let eight = _mm_set1_epi8(8);
             let (lo, hi) = (_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight));
@@ -195,13 +192,11 @@ impl Block for Q4_0 {
 impl Block for Q4_1 {
     const BYTES: usize = layout::Q4_1_BYTES;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> [__m256; 4] {
+    unsafe fn load(p: *const u8, t: *const f32) -> [__m256; 4] {
         // SAFETY: 20 readable bytes at `p` (caller).
         unsafe {
-            // d and m converted together: lanes 0 and 1 of one `vcvtph2ps`.
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
-            let d = _mm256_broadcastss_ps(dm);
-            let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+            let d = splat_f16(p, t);
+            let m = splat_f16(p.add(2), t);
             let (lo, hi) = nibbles(p.add(4));
             let f = |v: __m128i| _mm256_add_ps(_mm256_mul_ps(u8x8_to_f32(v), d), m);
             [
@@ -243,6 +238,7 @@ unsafe fn gemv_rows<B: Block, const R: usize>(
 ) {
     // SAFETY: bounds guaranteed by the caller (`gemv`).
     unsafe {
+        let t = layout::f16_table().as_ptr();
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
             let xp = x.add(b * layout::QK);
@@ -253,7 +249,7 @@ unsafe fn gemv_rows<B: Block, const R: usize>(
                 _mm256_loadu_ps(xp.add(24)),
             ];
             for r in 0..R {
-                let wv = B::load(w.add(r * rb + b * B::BYTES));
+                let wv = B::load(w.add(r * rb + b * B::BYTES), t);
                 for v in 0..4 {
                     acc[r] = _mm256_fmadd_ps(xv[v], wv[v], acc[r]);
                 }
@@ -362,8 +358,9 @@ unsafe fn dequant_row(dtype: WeightDType, row: &[u8], out: &mut [f32]) {
 unsafe fn blocks<B: Block>(p: *const u8, k: usize, o: *mut f32) {
     // SAFETY: `k / 32` blocks readable at `p` and `k` floats writable at `o` (caller).
     unsafe {
+        let t = layout::f16_table().as_ptr();
         for b in 0..k / layout::QK {
-            let v = B::load(p.add(b * B::BYTES));
+            let v = B::load(p.add(b * B::BYTES), t);
             for (i, v) in v.into_iter().enumerate() {
                 _mm256_storeu_ps(o.add(b * layout::QK + 8 * i), v);
             }

@@ -33,6 +33,15 @@ impl FastKernels for Avx2Fast {
     const MR: usize = MR;
     const NR: usize = NR;
 
+    fn quantize(self, x: &[f32], m: usize, k: usize) -> QuantizedRows {
+        assert_eq!(x.len(), m * k, "quantize [{m}, {k}]");
+        let mut r = QuantizedRows::zeroed(m, k);
+        // SAFETY: `self` exists only when the CPU has AVX2; `x` and `r` hold exactly
+        // `m · k / 32` blocks (checked above and by `zeroed`).
+        unsafe { quantize(x, &mut r) };
+        r
+    }
+
     fn tile(
         self,
         dtype: WeightDType,
@@ -92,13 +101,11 @@ struct Q8_0;
 struct Q4_0;
 struct Q4_1;
 
+/// The f16 at `p` as f32, from the f16 table (an integer load and a table load).
 #[inline(always)]
 unsafe fn f16(p: *const u8) -> f32 {
-    // SAFETY: 2 readable bytes at `p` (caller); F16C enabled by the caller.
-    unsafe {
-        let h = (p as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
-    }
+    // SAFETY: 2 readable bytes at `p` (caller); the table has an entry for every u16.
+    unsafe { *layout::f16_table().get_unchecked((p as *const u16).read_unaligned() as usize) }
 }
 
 /// 16 packed bytes at `p` as 32 bytes of codes in element order: low nibbles, then high.
@@ -164,6 +171,59 @@ impl IntBlock for Q4_1 {
     unsafe fn dot(w: __m256i, x: __m256i) -> __m256i {
         // SAFETY: register-only AVX2 operations.
         unsafe { dot_us(w, x) }
+    }
+}
+
+/// Every block of `x` into `r` (same operations as `QuantizedRows::new`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize(x: &[f32], r: &mut QuantizedRows) {
+    for (b, ((d, sum), q)) in
+        r.d.iter_mut()
+            .zip(r.sum.iter_mut())
+            .zip(r.qs.chunks_exact_mut(layout::QK))
+            .enumerate()
+    {
+        // SAFETY: block `b` of `x` has 32 readable floats and `q` 32 writable bytes.
+        unsafe {
+            let p = x.as_ptr().add(b * layout::QK);
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let sign = _mm256_set1_ps(-0.0);
+            let a = v.map(|v| _mm256_andnot_ps(sign, v));
+            let m8 = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1));
+            let (scale, inv) = super::fast::block_scale(_mm_cvtss_f32(m1));
+            let inv = _mm256_set1_ps(inv);
+            let lim = _mm256_set1_epi32(127);
+            let neg = _mm256_set1_epi32(-127);
+            let qi = v.map(|v| {
+                let t = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv));
+                _mm256_max_epi32(_mm256_min_epi32(t, lim), neg)
+            });
+            // Pack 4 × 8 i32 into 32 i8 in element order (packs interleave 128-bit lanes).
+            let p16 = (
+                _mm256_packs_epi32(qi[0], qi[1]),
+                _mm256_packs_epi32(qi[2], qi[3]),
+            );
+            let p8 = _mm256_packs_epi16(p16.0, p16.1);
+            let ordered =
+                _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, ordered);
+            let s8 = _mm256_add_epi32(
+                _mm256_add_epi32(qi[0], qi[1]),
+                _mm256_add_epi32(qi[2], qi[3]),
+            );
+            let s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            *d = scale;
+            *sum = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 1);
+        }
     }
 }
 

@@ -108,25 +108,22 @@ unsafe fn hsum(v: __m512) -> f32 {
     }
 }
 
-/// The f16 at `p` as f32 in all 16 lanes.
+/// The f16 at `p` as f32 in all 16 lanes, through the f16 table `t` (a broadcast load).
 #[inline(always)]
-unsafe fn splat_f16(p: *const u8) -> __m512 {
-    // SAFETY: the caller guarantees 2 readable bytes at `p`; F16C/AVX-512 F enabled.
-    unsafe {
-        let h = (p as *const u16).read_unaligned();
-        _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
-    }
+unsafe fn splat_f16(p: *const u8, t: *const f32) -> __m512 {
+    // SAFETY: 2 readable bytes at `p` (caller); `t` has an entry for every u16.
+    unsafe { _mm512_set1_ps(*t.add((p as *const u16).read_unaligned() as usize)) }
 }
 
 /// A 32-element ggml block expanded into two 16-lane vectors, in element order.
 trait Block {
     /// Stored bytes per block.
     const BYTES: usize;
-    /// The block at `p`, exactly dequantized.
+    /// The block at `p`, exactly dequantized (`t`: the f16 table).
     ///
     /// # Safety
-    /// `Self::BYTES` readable bytes at `p`; AVX-512 F/BW and F16C enabled.
-    unsafe fn load(p: *const u8) -> [__m512; 2];
+    /// `Self::BYTES` readable bytes at `p`; `t` is `layout::f16_table()`; AVX-512 F/BW enabled.
+    unsafe fn load(p: *const u8, t: *const f32) -> [__m512; 2];
 }
 
 struct Q8_0;
@@ -136,10 +133,10 @@ struct Q4_1;
 impl Block for Q8_0 {
     const BYTES: usize = layout::Q8_0_BYTES;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> [__m512; 2] {
+    unsafe fn load(p: *const u8, t: *const f32) -> [__m512; 2] {
         // SAFETY: 34 readable bytes at `p` (caller).
         unsafe {
-            let d = splat_f16(p);
+            let d = splat_f16(p, t);
             let q0 = _mm_loadu_si128(p.add(2) as *const __m128i);
             let q1 = _mm_loadu_si128(p.add(18) as *const __m128i);
             [
@@ -180,10 +177,10 @@ unsafe fn codes() -> __m512 {
 impl Block for Q4_0 {
     const BYTES: usize = layout::Q4_0_BYTES;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> [__m512; 2] {
+    unsafe fn load(p: *const u8, t: *const f32) -> [__m512; 2] {
         // SAFETY: 18 readable bytes at `p` (caller).
         unsafe {
-            let d = splat_f16(p);
+            let d = splat_f16(p, t);
             let table = _mm512_mul_ps(_mm512_sub_ps(codes(), _mm512_set1_ps(8.0)), d);
             let (lo, hi) = nibble_indices(p.add(2));
             [
@@ -197,13 +194,11 @@ impl Block for Q4_0 {
 impl Block for Q4_1 {
     const BYTES: usize = layout::Q4_1_BYTES;
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> [__m512; 2] {
+    unsafe fn load(p: *const u8, t: *const f32) -> [__m512; 2] {
         // SAFETY: 20 readable bytes at `p` (caller).
         unsafe {
-            // d and m converted together: lanes 0 and 1 of one `vcvtph2ps`.
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
-            let d = _mm512_broadcastss_ps(dm);
-            let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+            let d = splat_f16(p, t);
+            let m = splat_f16(p.add(2), t);
             let table = _mm512_add_ps(_mm512_mul_ps(codes(), d), m);
             let (lo, hi) = nibble_indices(p.add(4));
             [
@@ -242,12 +237,13 @@ unsafe fn gemv_rows<B: Block, const R: usize>(
 ) {
     // SAFETY: bounds guaranteed by the caller (`gemv`).
     unsafe {
+        let t = layout::f16_table().as_ptr();
         let mut acc = [_mm512_setzero_ps(); R];
         for b in 0..nb {
             let xp = x.add(b * layout::QK);
             let xv = [_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16))];
             for r in 0..R {
-                let wv = B::load(w.add(r * rb + b * B::BYTES));
+                let wv = B::load(w.add(r * rb + b * B::BYTES), t);
                 acc[r] = _mm512_fmadd_ps(xv[0], wv[0], acc[r]);
                 acc[r] = _mm512_fmadd_ps(xv[1], wv[1], acc[r]);
             }
@@ -345,8 +341,9 @@ unsafe fn dequant_row(dtype: WeightDType, row: &[u8], out: &mut [f32]) {
 unsafe fn blocks<B: Block>(p: *const u8, k: usize, o: *mut f32) {
     // SAFETY: `k / 32` blocks readable at `p` and `k` floats writable at `o` (caller).
     unsafe {
+        let t = layout::f16_table().as_ptr();
         for b in 0..k / layout::QK {
-            let [v0, v1] = B::load(p.add(b * B::BYTES));
+            let [v0, v1] = B::load(p.add(b * B::BYTES), t);
             _mm512_storeu_ps(o.add(b * layout::QK), v0);
             _mm512_storeu_ps(o.add(b * layout::QK + 16), v1);
         }

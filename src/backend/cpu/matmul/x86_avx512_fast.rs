@@ -1,4 +1,4 @@
-//! AVX-512 VNNI integer-dot kernels of the fast mode: two 32-element blocks per 512-bit step
+//! AVX-512 VNNI (+ VBMI) integer-dot kernels of the fast mode: two 32-element blocks per 512-bit step
 //! (lanes 0..8 hold block `b`, lanes 8..16 block `b + 1`), `vpdpbusd` for unsigned × signed
 //! bytes into i32 lanes (no saturation).
 //!
@@ -21,12 +21,13 @@ use crate::model::WeightDType;
 pub(super) struct Avx512Fast(());
 
 impl Avx512Fast {
-    /// The token, if this CPU runs AVX-512 F/BW/VL + VNNI (with FMA and F16C).
+    /// The token, if this CPU runs AVX-512 F/BW/VL + VNNI + VBMI (with FMA and F16C).
     pub(super) fn detect() -> Option<Avx512Fast> {
         (is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vbmi")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c"))
         .then_some(Avx512Fast(()))
@@ -39,6 +40,15 @@ const NR: usize = 4;
 impl FastKernels for Avx512Fast {
     const MR: usize = MR;
     const NR: usize = NR;
+
+    fn quantize(self, x: &[f32], m: usize, k: usize) -> QuantizedRows {
+        assert_eq!(x.len(), m * k, "quantize [{m}, {k}]");
+        let mut r = QuantizedRows::zeroed(m, k);
+        // SAFETY: `self` exists only when the CPU has AVX-512 F/BW; `x` and `r` hold exactly
+        // `m · k / 32` blocks (checked above and by `zeroed`).
+        unsafe { quantize(x, &mut r) };
+        r
+    }
 
     fn tile(
         self,
@@ -106,31 +116,57 @@ struct Q8_0;
 struct Q4_0;
 struct Q4_1;
 
-/// `[d, m, d', m']` as f32: the first two f16 of the block at `p` and, when `two`, of the
-/// block at `p + bytes` (zero otherwise). For Q8_0 / Q4_0 the `m` halves are quant bytes and
-/// never used.
+/// `([d ×8, d' ×8], [m ×8, m' ×8])` for the blocks at `p` and, when `two`, `p + bytes` (zero
+/// otherwise): two broadcast loads from the f16 table `t` and one masked move each. For
+/// Q8_0 / Q4_0 the `m` halves are quant bytes and never used.
 #[inline(always)]
-unsafe fn heads(p: *const u8, two: bool, bytes: usize) -> __m128 {
-    // SAFETY: 4 readable bytes at `p`, and at `p + bytes` when `two` (caller).
+unsafe fn heads(p: *const u8, two: bool, bytes: usize, t: *const f32) -> (__m512, __m512) {
+    // SAFETY: 4 readable bytes at `p`, and at `p + bytes` when `two` (caller); `t` has an
+    // entry for every u16.
     unsafe {
-        let h0 = (p as *const i32).read_unaligned();
+        let h0 = (p as *const u32).read_unaligned();
         let h1 = if two {
-            (p.add(bytes) as *const i32).read_unaligned()
+            (p.add(bytes) as *const u32).read_unaligned()
         } else {
             0
         };
-        _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0))
+        let at = |h: u32| *t.add(h as usize);
+        let d = _mm512_mask_mov_ps(
+            _mm512_set1_ps(at(h0 & 0xffff)),
+            0xff00,
+            _mm512_set1_ps(at(h1 & 0xffff)),
+        );
+        let m = _mm512_mask_mov_ps(
+            _mm512_set1_ps(at(h0 >> 16)),
+            0xff00,
+            _mm512_set1_ps(at(h1 >> 16)),
+        );
+        (d, m)
     }
 }
 
-/// 16 packed nibble bytes at `p` as 32 code bytes in element order (low nibbles, then high).
+/// The 4-bit codes of one or two Q4 blocks at `p` (`bytes` apart, quants at offset `qs`), as 64
+/// bytes in element order: block `b` low nibbles, its high nibbles, then block `b + 1` likewise
+/// (zero when `!two`). One masked load (never touching bytes past the blocks), one byte
+/// permute (VBMI) that places each block's 16 quant bytes twice, a shift of the second copies
+/// by 4 and a mask.
 #[inline(always)]
-unsafe fn nibble_codes(p: *const u8) -> __m256i {
-    // SAFETY: 16 readable bytes at `p` (caller).
+unsafe fn nibble_codes(p: *const u8, two: bool, bytes: usize, qs: usize) -> __m512i {
+    // SAFETY: the masked load reads only `bytes` (or `2 · bytes` when `two`) bytes at `p`,
+    // which the caller guarantees; the rest are register operations.
     unsafe {
-        let q = _mm_loadu_si128(p as *const __m128i);
-        let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-        _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+        let len = if two { 2 * bytes } else { bytes };
+        let z = _mm512_maskz_loadu_epi8((1u64 << len) - 1, p as *const i8);
+        let mut idx = [0u8; 64];
+        for (i, v) in idx.iter_mut().enumerate() {
+            let block = i / 32;
+            *v = (block * bytes + qs + i % 16) as u8;
+        }
+        let idx = _mm512_loadu_si512(idx.as_ptr() as *const __m512i);
+        let c = _mm512_permutexvar_epi8(idx, z);
+        // Words 8..16 and 24..32 hold the second copies: shift those right by 4.
+        let c = _mm512_mask_srli_epi16(c, 0xff00_ff00, c, 4);
+        _mm512_and_si512(c, _mm512_set1_epi8(0x0f))
     }
 }
 
@@ -163,15 +199,7 @@ impl IntBlock for Q4_0 {
     #[inline(always)]
     unsafe fn codes(p: *const u8, two: bool) -> __m512i {
         // SAFETY: 18 readable bytes at `p` (and at `p + 18` when `two`), per the caller.
-        unsafe {
-            let lo = nibble_codes(p.add(2));
-            if two {
-                let hi = nibble_codes(p.add(2 + Self::BYTES));
-                _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-            } else {
-                _mm512_zextsi256_si512(lo)
-            }
-        }
+        unsafe { nibble_codes(p, two, Self::BYTES, 2) }
     }
 }
 
@@ -182,14 +210,45 @@ impl IntBlock for Q4_1 {
     #[inline(always)]
     unsafe fn codes(p: *const u8, two: bool) -> __m512i {
         // SAFETY: 20 readable bytes at `p` (and at `p + 20` when `two`), per the caller.
+        unsafe { nibble_codes(p, two, Self::BYTES, 4) }
+    }
+}
+
+/// Every block of `x` into `r` (same operations as `QuantizedRows::new`: max |x|, `d = amax /
+/// 127`, `q = cvtps2dq(x · (1 / d))` with round-to-nearest-even).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize(x: &[f32], r: &mut QuantizedRows) {
+    for (b, ((d, sum), q)) in
+        r.d.iter_mut()
+            .zip(r.sum.iter_mut())
+            .zip(r.qs.chunks_exact_mut(layout::QK))
+            .enumerate()
+    {
+        // SAFETY: block `b` of `x` has 32 readable floats and `q` 32 writable bytes.
         unsafe {
-            let lo = nibble_codes(p.add(4));
-            if two {
-                let hi = nibble_codes(p.add(4 + Self::BYTES));
-                _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-            } else {
-                _mm512_zextsi256_si512(lo)
-            }
+            let p = x.as_ptr().add(b * layout::QK);
+            let (v0, v1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            let (scale, inv) = super::fast::block_scale(amax);
+            let inv = _mm512_set1_ps(inv);
+            let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));
+            let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+            let lim = _mm512_set1_epi32(127);
+            let q0 = _mm512_max_epi32(
+                _mm512_min_epi32(q0, lim),
+                _mm512_sub_epi32(_mm512_setzero_si512(), lim),
+            );
+            let q1 = _mm512_max_epi32(
+                _mm512_min_epi32(q1, lim),
+                _mm512_sub_epi32(_mm512_setzero_si512(), lim),
+            );
+            _mm_storeu_si128(q.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128(
+                q.as_mut_ptr().add(16) as *mut __m128i,
+                _mm512_cvtepi32_epi8(q1),
+            );
+            *d = scale;
+            *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
         }
     }
 }
@@ -210,7 +269,7 @@ unsafe fn hsum(v: __m512) -> f32 {
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
 unsafe fn tile<B: IntBlock, const M: usize, const N: usize>(
     w: *const u8,
     rb: usize,
@@ -221,9 +280,8 @@ unsafe fn tile<B: IntBlock, const M: usize, const N: usize>(
     // SAFETY: bounds checked by `Avx512Fast::tile`: `N` rows of `a.nb` blocks at `w`,
     // activation rows `i0 .. i0 + M` of `a` (`a.nb` scales each).
     unsafe {
-        // Lanes 0..8 take element i, lanes 8..16 element j of a 4-lane source.
-        let idx_dw = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-        let idx_mw = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
+        // Lanes 0..8 take element 0, lanes 8..16 element 1 of a 2-lane source.
+        let t = layout::f16_table().as_ptr();
         let idx_dx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         let zero = _mm512_setzero_si512();
         let mut acc = [[_mm512_setzero_ps(); N]; M];
@@ -238,10 +296,10 @@ unsafe fn tile<B: IntBlock, const M: usize, const N: usize>(
             for j in 0..N {
                 let p = w.add(j * rb + b * B::BYTES);
                 wv[j] = B::codes(p, two);
-                let dm = _mm512_castps128_ps512(heads(p, two, B::BYTES));
-                dwv[j] = _mm512_permutexvar_ps(idx_dw, dm);
+                let (d, m) = heads(p, two, B::BYTES, t);
+                dwv[j] = d;
                 if B::HAS_MIN {
-                    mwv[j] = _mm512_permutexvar_ps(idx_mw, dm);
+                    mwv[j] = m;
                 }
             }
             for i in 0..M {
