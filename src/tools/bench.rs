@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::cpu::matmul::{matmul_on, Isa, MatmulMode};
+use crate::backend::cpu::matmul::{matmul_on, HugePageBytes, Isa, MatmulMode};
 use crate::model::{TensorView, WeightDType};
 
 /// `kiln bench` arguments.
@@ -535,20 +535,19 @@ fn stack(args: &BenchArgs, isa: Isa, modes: &[MatmulMode], load: &str) -> Result
         [FFN, HIDDEN],
         [HIDDEN, FFN],
     ];
-    let mut weights: Vec<(WeightDType, [usize; 2], Vec<u8>)> = Vec::new();
+    // Stored like the CPU backend stores weights: in huge-page-backed memory.
+    let mut weights: Vec<(WeightDType, [usize; 2], HugePageBytes)> = Vec::new();
     for _ in 0..LAYERS {
         for s in layer_shapes {
-            weights.push((
-                WeightDType::Q4_1,
-                s,
-                synthetic_weight(&mut rng, WeightDType::Q4_1, s[0], s[1]),
-            ));
+            let data = synthetic_weight(&mut rng, WeightDType::Q4_1, s[0], s[1]);
+            weights.push((WeightDType::Q4_1, s, HugePageBytes::copy_from(&data)));
         }
     }
+    let embed = synthetic_weight(&mut rng, WeightDType::Q8_0, VOCAB, HIDDEN);
     weights.push((
         WeightDType::Q8_0,
         [VOCAB, HIDDEN],
-        synthetic_weight(&mut rng, WeightDType::Q8_0, VOCAB, HIDDEN),
+        HugePageBytes::copy_from(&embed),
     ));
     let threads = rayon::current_num_threads();
     if !args.json {

@@ -48,6 +48,7 @@ macro_rules! tile_dispatch {
 }
 
 mod fast;
+mod hugepages;
 mod layout;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -68,6 +69,8 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use crate::model::{TensorView, WeightDType};
+
+pub use hugepages::HugePageBytes;
 
 /// How activations meet the weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -20,28 +20,26 @@ use crate::model::{TensorView, WeightDType};
 
 pub use attention::CpuKvCache;
 
-/// A stored weight in host memory: the checkpoint's bytes, copied into an 8-byte aligned
-/// buffer (quantized blocks stay quantized; nothing is expanded to f32).
+/// A stored weight in host memory: the checkpoint's bytes, copied into a 64-byte aligned
+/// buffer backed by huge pages ([`matmul::HugePageBytes`]: batch-1 decoding streams every
+/// weight per token, and 4 KiB pages cost it ~3× on VMs); quantized blocks stay quantized,
+/// nothing is expanded to f32.
 #[derive(Debug, Clone)]
 pub struct CpuWeight {
     /// Element encoding.
     pub dtype: WeightDType,
     /// `[rows, cols]` (Hugging Face order; the last axis is contiguous).
     pub shape: Vec<usize>,
-    words: Vec<u64>,
-    len: usize,
+    bytes: matmul::HugePageBytes,
 }
 
 impl CpuWeight {
     /// Take `bytes` (`rows × row_bytes(cols)`) of a `dtype` tensor of `shape`.
     pub fn new(dtype: WeightDType, shape: Vec<usize>, bytes: Vec<u8>) -> CpuWeight {
-        let mut words = vec![0u64; bytes.len().div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(&bytes);
         CpuWeight {
             dtype,
             shape,
-            words,
-            len: bytes.len(),
+            bytes: matmul::HugePageBytes::copy_from(&bytes),
         }
     }
 
@@ -56,12 +54,12 @@ impl CpuWeight {
 
     /// The stored bytes.
     pub fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u64, u8>(&self.words)[..self.len]
+        &self.bytes
     }
 
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
-        self.len / self.shape[0].max(1)
+        self.bytes.len() / self.shape[0].max(1)
     }
 
     /// A borrowed view, as the fast matmul kernels take it.
