@@ -18,6 +18,8 @@ mod hf_dir;
 pub mod incremental;
 pub mod jinja_compat;
 pub mod pre_tokenizer;
+#[cfg(test)]
+mod test_vocab;
 
 pub use chat_template::{ChatTemplate, SpecialTokenVars};
 pub use gguf_vocab::{GgufTokenType, GgufVocab};
@@ -160,5 +162,85 @@ impl Tokenizer {
     ) -> Result<Vec<u32>, ModelError> {
         let text = self.render_chat(messages, add_generation_prompt, kwargs)?;
         self.encode(&text, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_vocab::{byte_id, toy_tokenizer};
+    use super::*;
+
+    fn user(content: &str) -> ChatMessage {
+        ChatMessage {
+            role: "user".into(),
+            content: content.into(),
+        }
+    }
+
+    #[test]
+    fn encode_merges_and_round_trips() {
+        let tok = toy_tokenizer();
+        let ids = tok.encode("hello world", false).unwrap();
+        // "hello" → "hell" + "o"; " world" → "Ġw" + o r l d.
+        assert_eq!(
+            ids,
+            [
+                261,
+                byte_id(b'o'),
+                262,
+                byte_id(b'o'),
+                byte_id(b'r'),
+                byte_id(b'l'),
+                byte_id(b'd')
+            ]
+        );
+        assert_eq!(tok.decode(&ids, false), "hello world");
+        assert_eq!(tok.vocab_size(), 263);
+    }
+
+    #[test]
+    fn token_text_and_bytes_of_partial_characters() {
+        let tok = toy_tokenizer();
+        // "é" is C3 A9: each half alone is not valid UTF-8.
+        assert_eq!(tok.token_text(byte_id(0xC3)), "\u{FFFD}");
+        assert_eq!(tok.token_bytes(byte_id(0xC3)), [0xC3]);
+        assert_eq!(tok.token_bytes(262), b" w");
+        assert_eq!(tok.token_text(2), "<|im_end|>");
+        assert_eq!(tok.token_bytes(2), b"<|im_end|>");
+        assert!(tok.token_bytes(100_000).is_empty());
+    }
+
+    #[test]
+    fn special_tokens_and_eos() {
+        let tok = toy_tokenizer();
+        assert_eq!(tok.bos_token().as_deref(), Some("<|im_start|>"));
+        assert_eq!(tok.eos_token().as_deref(), Some("<|im_end|>"));
+        assert!(tok.is_eos(2) && !tok.is_eos(0));
+        assert_eq!(tok.encode("<|im_start|>", true).unwrap(), [1]);
+        assert_eq!(tok.decode(&[1, 261, 2], true), "hell");
+    }
+
+    #[test]
+    fn chat_is_rendered_then_encoded_without_added_specials() {
+        let tok = toy_tokenizer();
+        let kwargs = serde_json::Map::new();
+        let text = tok.render_chat(&[user("he")], true, &kwargs).unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\nhe<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let ids = tok.encode_chat(&[user("he")], true, &kwargs).unwrap();
+        assert_eq!(ids, tok.encode(&text, false).unwrap());
+        assert_eq!(ids[0], 1);
+    }
+
+    #[test]
+    fn a_model_without_template_refuses_chat() {
+        let mut tok = toy_tokenizer();
+        tok.chat_template = None;
+        let err = tok
+            .render_chat(&[user("x")], true, &serde_json::Map::new())
+            .unwrap_err();
+        assert!(err.to_string().contains("no chat template"), "{err}");
     }
 }

@@ -13,6 +13,8 @@
 //! tensor that does not fit. Mapping GGUF names to Hugging Face names is [`weights`]' job.
 
 pub mod metadata;
+pub mod weights;
+pub mod writer;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -21,6 +23,8 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 pub use metadata::{GgufArray, GgufMetadata, GgufValue, GgufValueType};
+pub use weights::GgufWeights;
+pub use writer::GgufWriter;
 
 use crate::error::ModelError;
 use crate::model::tensor::WeightDType;
@@ -533,3 +537,6 @@ impl<'a> Reader<'a> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,13 +2,18 @@
 //! layouts, and the forward pass of each supported architecture.
 
 pub mod config;
+pub mod fetch;
+pub mod files;
 pub mod gguf;
+pub mod hf_config;
 pub mod llama;
 pub mod prefix;
 pub mod quant;
 pub mod runner;
+pub mod safetensors;
 pub mod tensor;
 
 pub use config::{Architecture, ModelConfig};
+pub use files::{ModelFiles, ModelFormat};
 pub use gguf::{GgufFile, GgufMetadata, GgufValue};
 pub use tensor::{TensorView, WeightDType, WeightSource};

@@ -88,3 +88,68 @@ impl IncrementalDecoder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::test_vocab::{byte_id, toy_tokenizer};
+
+    /// Push every id, collecting what each push returns, then flush.
+    fn stream(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> Vec<String> {
+        let mut dec = tok.incremental_decoder(skip_special);
+        let mut out: Vec<String> = ids.iter().map(|&id| dec.push(tok, id)).collect();
+        out.push(dec.flush(tok));
+        out
+    }
+
+    #[test]
+    fn multibyte_characters_are_emitted_once_complete() {
+        let tok = toy_tokenizer();
+        // "hé 🎉": h, é = C3 A9, space, 🎉 = F0 9F 8E 89 (one byte per token), then <|im_end|>.
+        let mut ids = vec![byte_id(b'h'), byte_id(0xC3), byte_id(0xA9), byte_id(b' ')];
+        ids.extend([0xF0, 0x9F, 0x8E, 0x89].map(byte_id));
+        ids.push(2);
+        let out = stream(&tok, &ids, true);
+        assert_eq!(out, ["h", "", "é", " ", "", "", "", "🎉", "", ""]);
+        assert_eq!(out.concat(), tok.decode(&ids, true));
+    }
+
+    #[test]
+    fn special_tokens_show_unless_skipped() {
+        let tok = toy_tokenizer();
+        let ids = [1, 261, byte_id(b'o'), 2];
+        assert_eq!(
+            stream(&tok, &ids, false).concat(),
+            "<|im_start|>hello<|im_end|>"
+        );
+        assert_eq!(stream(&tok, &ids, true).concat(), "hello");
+    }
+
+    #[test]
+    fn invalid_bytes_do_not_stall_the_stream() {
+        let tok = toy_tokenizer();
+        // A lone continuation byte never completes: it is released after MAX_PENDING tokens.
+        let ids = [byte_id(0xA9); 6];
+        let out = stream(&tok, &ids, true);
+        assert_eq!(out.concat(), tok.decode(&ids, true));
+        assert!(
+            out[..MAX_PENDING - 1].iter().all(String::is_empty),
+            "{out:?}"
+        );
+        // An incomplete character at the very end comes out of `flush`.
+        let out = stream(&tok, &[byte_id(b'x'), byte_id(0xE4)], true);
+        assert_eq!(out, ["x", "", "\u{FFFD}"]);
+    }
+
+    #[test]
+    fn long_streams_keep_a_short_window() {
+        let tok = toy_tokenizer();
+        let mut dec = IncrementalDecoder::new(true);
+        let mut text = String::new();
+        for i in 0..1000u32 {
+            text.push_str(&dec.push(&tok, byte_id(b'a' + (i % 26) as u8)));
+        }
+        assert_eq!(text.len(), 1000);
+        assert!(dec.ids.len() <= 2, "window grew to {}", dec.ids.len());
+    }
+}

@@ -1,0 +1,621 @@
+//! `config.toml`: the daemon's settings, their defaults, environment overrides and validation.
+//!
+//! Loading, in order:
+//! 1. The file named by `--config` (a missing file is an error), or `./config.toml` when no path is
+//!    given (a missing default file means "all defaults").
+//! 2. Environment overrides `KILN_<SECTION>_<KEY>` (upper case, e.g. `KILN_DAEMON_CONCURRENCY=8`,
+//!    `KILN_ENGINE_DEVICE=cpu`, `KILN_RETRY_MAX_ATTEMPTS_OOM=6`). A variable whose section is known but
+//!    whose key is not is an error (it is almost always a typo); other `KILN_*` variables are ignored.
+//! 3. Relative paths (`model.path`, `daemon.inputs|outputs|logs|ledger`) resolve against the folder of
+//!    the config file (the current directory when there is no file), so the daemon behaves the same
+//!    whatever directory systemd starts it in.
+//! 4. Validation: every error names the key (`daemon.concurrency must be at least 1 (got 0)`).
+//!
+//! Every table is `deny_unknown_fields`: an unknown key is an error naming it, never silently ignored.
+//! `config.toml` at the repository root documents every key with its default and override.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::config::EngineConfig;
+use crate::error::ErrorClass;
+
+/// File name of the embedded default model (`kiln model fetch-default` puts it into `models/`).
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The config file read when `--config` is not given.
+pub const DEFAULT_CONFIG_FILE: &str = "config.toml";
+
+/// Prefix of the environment overrides.
+const ENV_PREFIX: &str = "KILN_";
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The config file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not match the schema (unknown key, wrong type).
+    #[error("{path}: {message}")]
+    Parse {
+        /// The config file (or `<defaults>` when there is none).
+        path: PathBuf,
+        /// The TOML error, naming the key and the line.
+        message: String,
+    },
+    /// An environment override is malformed or names an unknown key.
+    #[error("environment variable {var}: {message}")]
+    Env {
+        /// The variable, e.g. `KILN_DAEMON_CONCURRENCY`.
+        var: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value is out of range; the message names the key.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole `config.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `[model]`: which model to load.
+    pub model: ModelSettings,
+    /// `[engine]`: the inference engine (see [`EngineConfig`]).
+    pub engine: EngineConfig,
+    /// `[daemon]`: folders, concurrency, watcher.
+    pub daemon: DaemonSettings,
+    /// `[retry]`: backoff and per-class attempt limits.
+    pub retry: RetrySettings,
+    /// `[logging]`: level and format.
+    pub logging: LoggingSettings,
+    /// The file this configuration was read from (`None` = defaults only).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSettings {
+    /// A `.gguf` file or a Hugging Face folder; absolute after loading.
+    pub path: PathBuf,
+    /// Model name written into outputs; empty = the file or folder stem.
+    pub name: String,
+    /// Fetch the embedded default (`kiln model fetch-default`) when `path` names it and it is missing.
+    pub fetch_default: bool,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        ModelSettings {
+            path: Path::new("models").join(DEFAULT_MODEL_FILE),
+            name: String::new(),
+            fetch_default: true,
+        }
+    }
+}
+
+impl ModelSettings {
+    /// The name written into outputs: `name`, or the stem of `path` when `name` is empty.
+    pub fn display_name(&self) -> String {
+        if !self.name.is_empty() {
+            return self.name.clone();
+        }
+        let stem = if self.path.is_dir() {
+            self.path.file_name()
+        } else {
+            self.path.file_stem()
+        };
+        stem.map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".to_owned())
+    }
+
+    /// Whether `path` names the embedded default model file (so it may be fetched when missing).
+    pub fn is_embedded_default(&self) -> bool {
+        self.path
+            .file_name()
+            .is_some_and(|n| n == DEFAULT_MODEL_FILE)
+    }
+}
+
+/// `[daemon]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonSettings {
+    /// Watched folder of task files; absolute after loading.
+    pub inputs: PathBuf,
+    /// Root of the dated output folders; absolute after loading.
+    pub outputs: PathBuf,
+    /// Daily log files and `tasks/<task_id>.log`; absolute after loading.
+    pub logs: PathBuf,
+    /// The SQLite ledger file; absolute after loading.
+    pub ledger: PathBuf,
+    /// Most tasks in flight inside the engine at once.
+    pub concurrency: usize,
+    /// Deadline of one attempt, in seconds.
+    pub task_timeout_secs: u64,
+    /// After SIGTERM, how long in-flight tasks may finish, in seconds.
+    pub shutdown_grace_secs: u64,
+    /// A file is taken once its size has been unchanged this long, in seconds.
+    pub stable_secs: f64,
+    /// Period of the full rescan of `inputs`, in seconds.
+    pub rescan_secs: u64,
+    /// Use the polling watcher (network filesystems) instead of inotify.
+    pub poll: bool,
+    /// Poll period of the polling watcher, in seconds.
+    pub poll_interval_secs: f64,
+    /// Take symlinks that point outside `inputs`.
+    pub follow_symlinks: bool,
+    /// Larger input files fail as `invalid_input`, in bytes.
+    pub max_input_bytes: u64,
+}
+
+impl Default for DaemonSettings {
+    fn default() -> Self {
+        DaemonSettings {
+            inputs: PathBuf::from("inputs"),
+            outputs: PathBuf::from("outputs"),
+            logs: PathBuf::from("logs"),
+            ledger: PathBuf::from("kiln.db"),
+            concurrency: 4,
+            task_timeout_secs: 600,
+            shutdown_grace_secs: 30,
+            stable_secs: 1.0,
+            rescan_secs: 30,
+            poll: false,
+            poll_interval_secs: 2.0,
+            follow_symlinks: false,
+            max_input_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+impl DaemonSettings {
+    /// `task_timeout_secs` as a duration.
+    pub fn task_timeout(&self) -> Duration {
+        Duration::from_secs(self.task_timeout_secs)
+    }
+
+    /// `shutdown_grace_secs` as a duration.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_secs)
+    }
+
+    /// `stable_secs` as a duration.
+    pub fn stable(&self) -> Duration {
+        Duration::from_secs_f64(self.stable_secs)
+    }
+
+    /// `rescan_secs` as a duration.
+    pub fn rescan(&self) -> Duration {
+        Duration::from_secs(self.rescan_secs)
+    }
+
+    /// `poll_interval_secs` as a duration.
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.poll_interval_secs)
+    }
+
+    /// Folder of the per-task logs: `<logs>/tasks`.
+    pub fn task_logs(&self) -> PathBuf {
+        self.logs.join("tasks")
+    }
+
+    /// The per-task log file `<logs>/tasks/<task_id>.log`.
+    pub fn task_log(&self, task_id: impl std::fmt::Display) -> PathBuf {
+        self.task_logs().join(format!("{task_id}.log"))
+    }
+}
+
+/// `[retry]`: the delay before attempt n+1 is `min(max, base · 2^(n-1)) · (1 ± jitter)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Delay after the first failed attempt, in seconds.
+    pub backoff_base_secs: f64,
+    /// Upper bound of the delay, in seconds.
+    pub backoff_max_secs: f64,
+    /// Relative jitter in `0..1`: the delay is scaled by a uniform factor in `1 ± jitter`.
+    pub jitter: f64,
+    /// Attempts per retryable class before a task is `dead`.
+    pub max_attempts: MaxAttempts,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            backoff_base_secs: 2.0,
+            backoff_max_secs: 300.0,
+            jitter: 0.2,
+            max_attempts: MaxAttempts::default(),
+        }
+    }
+}
+
+/// `retry.max_attempts`: attempts (the first included) per retryable class. `invalid_input` is never retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MaxAttempts {
+    /// Out of memory.
+    pub oom: u32,
+    /// Past the attempt deadline.
+    pub timeout: u32,
+    /// Input not parseable yet, or output failing `response_format`.
+    pub parse: u32,
+    /// Unexpected errors inside kiln; also bounds restarts after a crash mid-attempt.
+    pub internal: u32,
+}
+
+impl Default for MaxAttempts {
+    fn default() -> Self {
+        MaxAttempts {
+            oom: 4,
+            timeout: 3,
+            parse: 3,
+            internal: 3,
+        }
+    }
+}
+
+impl MaxAttempts {
+    /// The attempt limit of `class` (1 for `invalid_input`: never retried).
+    pub fn for_class(&self, class: ErrorClass) -> u32 {
+        match class {
+            ErrorClass::Oom => self.oom,
+            ErrorClass::Timeout => self.timeout,
+            ErrorClass::Parse => self.parse,
+            ErrorClass::Internal => self.internal,
+            ErrorClass::InvalidInput => 1,
+        }
+    }
+}
+
+/// Log line format, for stderr and the daily file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[logging]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoggingSettings {
+    /// A `tracing` `EnvFilter` directive (`info`, `kiln=debug,sqlx=warn`); `RUST_LOG` overrides it.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// Daily log files kept in `daemon.logs` (older ones are deleted); 0 keeps all.
+    pub max_log_files: usize,
+}
+
+impl Default for LoggingSettings {
+    fn default() -> Self {
+        LoggingSettings {
+            level: "info".into(),
+            format: LogFormat::Text,
+            max_log_files: 30,
+        }
+    }
+}
+
+impl Config {
+    /// Load from `path` (or `./config.toml` when `None`), apply the process's `KILN_*` environment
+    /// overrides, resolve relative paths and validate.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        Config::load_with_env(path, std::env::vars())
+    }
+
+    /// [`Config::load`] with the environment given explicitly (for tests).
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let (file, explicit) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
+        };
+        let text = match std::fs::read_to_string(&file) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => None,
+            Err(source) => return Err(ConfigError::Io { path: file, source }),
+        };
+        let (base_dir, source) = match &text {
+            Some(_) => {
+                let abs = absolute(&file)?;
+                let dir = abs
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|| PathBuf::from("/"));
+                (dir, Some(abs))
+            }
+            None => (current_dir()?, None),
+        };
+        let mut config = Config::from_toml_str(text.as_deref().unwrap_or(""), &file, env)?;
+        config.source = source;
+        config.resolve_paths(&base_dir);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parse `text` (named `origin` in errors) and apply the overrides in `env`. Paths stay as written.
+    pub fn from_toml_str(
+        text: &str,
+        origin: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        // First pass straight from the text: its errors carry the line and the key.
+        let parse_err = |e: toml::de::Error| ConfigError::Parse {
+            path: origin.to_path_buf(),
+            message: e.to_string(),
+        };
+        let config: Config = toml::from_str(text).map_err(parse_err)?;
+
+        let mut overrides: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX) && section_of(k).is_some())
+            .collect();
+        if overrides.is_empty() {
+            return Ok(config);
+        }
+        overrides.sort();
+        let mut table: toml::Table = toml::from_str(text).map_err(parse_err)?;
+        let defaults = toml::Table::try_from(Config::default())
+            .map_err(|e| ConfigError::Invalid(format!("cannot serialize the defaults: {e}")))?;
+        for (var, value) in &overrides {
+            apply_env_override(&mut table, &defaults, var, value)?;
+        }
+        table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Env {
+                var: overrides
+                    .iter()
+                    .map(|(k, _)| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                message: e.to_string(),
+            })
+    }
+
+    /// Make every relative path absolute against `base` (the config file's folder).
+    pub fn resolve_paths(&mut self, base: &Path) {
+        for p in [
+            &mut self.model.path,
+            &mut self.daemon.inputs,
+            &mut self.daemon.outputs,
+            &mut self.daemon.logs,
+            &mut self.daemon.ledger,
+        ] {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+    }
+
+    /// Check every range; the error names the key, the constraint and the value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |msg: String| Err(ConfigError::Invalid(msg));
+        self.engine.validate().map_err(ConfigError::Invalid)?;
+        let d = &self.daemon;
+        if d.concurrency == 0 {
+            return bad("`daemon.concurrency` must be at least 1 (got 0)".into());
+        }
+        if d.task_timeout_secs == 0 {
+            return bad("`daemon.task_timeout_secs` must be at least 1 (got 0)".into());
+        }
+        if d.rescan_secs == 0 {
+            return bad("`daemon.rescan_secs` must be at least 1 (got 0)".into());
+        }
+        if !(d.stable_secs.is_finite() && d.stable_secs >= 0.0) {
+            return bad(format!(
+                "`daemon.stable_secs` must be a finite number ≥ 0 (got {})",
+                d.stable_secs
+            ));
+        }
+        if !(d.poll_interval_secs.is_finite() && d.poll_interval_secs > 0.0) {
+            return bad(format!(
+                "`daemon.poll_interval_secs` must be a finite number > 0 (got {})",
+                d.poll_interval_secs
+            ));
+        }
+        if d.max_input_bytes == 0 {
+            return bad("`daemon.max_input_bytes` must be at least 1 (got 0)".into());
+        }
+        for (key, p) in [
+            ("daemon.outputs", &d.outputs),
+            ("daemon.logs", &d.logs),
+            ("daemon.ledger", &d.ledger),
+        ] {
+            if p.starts_with(&d.inputs) {
+                return bad(format!(
+                    "`{key}` ({}) must not be inside `daemon.inputs` ({}): kiln would take its own files as tasks",
+                    p.display(),
+                    d.inputs.display()
+                ));
+            }
+        }
+        if d.ledger.as_os_str().is_empty() || d.ledger.file_name().is_none() {
+            return bad(format!(
+                "`daemon.ledger` must name a file (got `{}`)",
+                d.ledger.display()
+            ));
+        }
+        let r = &self.retry;
+        if !(r.backoff_base_secs.is_finite() && r.backoff_base_secs > 0.0) {
+            return bad(format!(
+                "`retry.backoff_base_secs` must be a finite number > 0 (got {})",
+                r.backoff_base_secs
+            ));
+        }
+        if !(r.backoff_max_secs.is_finite() && r.backoff_max_secs >= r.backoff_base_secs) {
+            return bad(format!(
+                "`retry.backoff_max_secs` ({}) must be finite and at least `retry.backoff_base_secs` ({})",
+                r.backoff_max_secs, r.backoff_base_secs
+            ));
+        }
+        if !(0.0..1.0).contains(&r.jitter) {
+            return bad(format!(
+                "`retry.jitter` must be in 0 ≤ jitter < 1 (got {})",
+                r.jitter
+            ));
+        }
+        let m = r.max_attempts;
+        for (key, n) in [
+            ("oom", m.oom),
+            ("timeout", m.timeout),
+            ("parse", m.parse),
+            ("internal", m.internal),
+        ] {
+            if n == 0 {
+                return bad(format!(
+                    "`retry.max_attempts.{key}` must be at least 1 (got 0)"
+                ));
+            }
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.logging.level) {
+            return bad(format!(
+                "`logging.level` is not a valid filter directive (`{}`): {e}",
+                self.logging.level
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The known section named by `KILN_<SECTION>_…`, if any.
+fn section_of(var: &str) -> Option<&'static str> {
+    let rest = var.strip_prefix(ENV_PREFIX)?;
+    ["model", "engine", "daemon", "retry", "logging"]
+        .into_iter()
+        .find(|s| {
+            rest.len() > s.len() + 1
+                && rest[..s.len()].eq_ignore_ascii_case(s)
+                && rest.as_bytes()[s.len()] == b'_'
+        })
+}
+
+/// Set the key named by `var` in `table`, typed like the same key in `defaults`.
+///
+/// The key part is matched against the section's keys in lower case; a nested table is reached by
+/// its key plus `_` (`KILN_RETRY_MAX_ATTEMPTS_OOM` → `retry.max_attempts.oom`). A whole table can be
+/// given as an inline TOML table (`KILN_RETRY_MAX_ATTEMPTS='{ oom = 6 }'`), merged key by key.
+fn apply_env_override(
+    table: &mut toml::Table,
+    defaults: &toml::Table,
+    var: &str,
+    value: &str,
+) -> Result<(), ConfigError> {
+    let env_err = |message: String| ConfigError::Env {
+        var: var.to_owned(),
+        message,
+    };
+    let section = section_of(var).ok_or_else(|| env_err("not a config override".into()))?;
+    let mut key = var[ENV_PREFIX.len() + section.len() + 1..].to_ascii_lowercase();
+    let mut dst = table
+        .entry(section)
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .ok_or_else(|| env_err(format!("`{section}` in the config file is not a table")))?;
+    let mut def = defaults[section]
+        .as_table()
+        .ok_or_else(|| env_err(format!("`{section}` has no keys")))?;
+    let mut path = section.to_owned();
+    loop {
+        if let Some(default) = def.get(&key) {
+            path = format!("{path}.{key}");
+            let parsed =
+                parse_like(default, value).map_err(|m| env_err(format!("`{path}`: {m}")))?;
+            match (parsed, dst.get_mut(&key)) {
+                (toml::Value::Table(new), Some(toml::Value::Table(old))) => old.extend(new),
+                (parsed, _) => {
+                    dst.insert(key, parsed);
+                }
+            }
+            return Ok(());
+        }
+        // Descend into a nested table whose key is a prefix (`max_attempts` + `_oom`).
+        let nested = def.iter().find_map(|(k, v)| {
+            let rest = key.strip_prefix(k.as_str())?.strip_prefix('_')?;
+            Some((k.clone(), rest.to_owned(), v.as_table()?))
+        });
+        let Some((k, rest, sub)) = nested else {
+            let known: Vec<&str> = def.keys().map(String::as_str).collect();
+            return Err(env_err(format!(
+                "`{path}` has no key `{key}` (known: {})",
+                known.join(", ")
+            )));
+        };
+        dst = dst
+            .entry(k.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .ok_or_else(|| env_err(format!("`{path}.{k}` in the config file is not a table")))?;
+        def = sub;
+        path = format!("{path}.{k}");
+        key = rest;
+    }
+}
+
+/// Parse an environment string as a value of the same TOML type as `like`.
+fn parse_like(like: &toml::Value, s: &str) -> Result<toml::Value, String> {
+    let s_trim = s.trim();
+    match like {
+        toml::Value::String(_) => Ok(toml::Value::String(s.to_owned())),
+        toml::Value::Integer(_) => s_trim
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .map_err(|_| format!("expected an integer, got `{s}`")),
+        toml::Value::Float(_) => s_trim
+            .parse::<f64>()
+            .map(toml::Value::Float)
+            .map_err(|_| format!("expected a number, got `{s}`")),
+        toml::Value::Boolean(_) => match s_trim.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(toml::Value::Boolean(true)),
+            "false" | "0" | "no" | "off" => Ok(toml::Value::Boolean(false)),
+            _ => Err(format!("expected true or false, got `{s}`")),
+        },
+        toml::Value::Table(_) => {
+            let doc: toml::Table = toml::from_str(&format!("v = {s_trim}"))
+                .map_err(|e| format!("expected an inline table: {e}"))?;
+            match doc.get("v") {
+                Some(toml::Value::Table(t)) => Ok(toml::Value::Table(t.clone())),
+                _ => Err(format!(
+                    "expected an inline table like `{{ key = value }}`, got `{s}`"
+                )),
+            }
+        }
+        other => Err(format!(
+            "cannot override a {} from the environment",
+            other.type_str()
+        )),
+    }
+}
+
+fn current_dir() -> Result<PathBuf, ConfigError> {
+    std::env::current_dir().map_err(|source| ConfigError::Io {
+        path: PathBuf::from("."),
+        source,
+    })
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, ConfigError> {
+    std::path::absolute(p).map_err(|source| ConfigError::Io {
+        path: p.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests;
