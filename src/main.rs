@@ -14,11 +14,14 @@ struct Cli {
 enum Command {
     /// Check the CUDA setup: driver, GPUs, NVRTC, and compile every kernel.
     Doctor(kiln::tools::doctor::DoctorArgs),
+    /// Print logits (and a greedy continuation) for given token ids, as one JSON object.
+    Probe(kiln::tools::probe::ProbeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Doctor(args) => kiln::tools::doctor::run(&args),
+        Command::Probe(args) => Ok(kiln::tools::probe::run(&args)?),
     }
 }
