@@ -269,3 +269,73 @@ fn smollm2_q4_1_greedy_matches_transformers() {
         println!("{name}: {steps}/{} greedy steps compared", g.greedy.len());
     }
 }
+
+#[test]
+fn probe_cli_prints_one_json_object_matching_transformers() {
+    let f: TinyFixture = read_json("tests/golden/tiny_llama.json");
+    let (case, greedy) = (&f.cases[0], &f.greedy[0]);
+    let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let positions = case
+        .positions
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["probe", "--model"])
+        .arg(crate_root().join(&f.model_path))
+        .args([
+            "--token-ids",
+            &ids(&case.token_ids),
+            "--positions",
+            &positions,
+            "--device",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kiln probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "one JSON line");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let logits = v["logits"].as_object().unwrap();
+    assert_eq!(logits.len(), case.positions.len());
+    for (pos, want) in case.positions.iter().zip(&case.logits) {
+        let row: Vec<f32> = serde_json::from_value(logits[&pos.to_string()].clone()).unwrap();
+        assert!(max_abs_diff(&row, want) <= LOGITS_TOL, "position {pos}");
+    }
+    assert_eq!(v["greedy"], serde_json::json!([]));
+
+    // --greedy N prints exactly N ids (it never stops at EOS), equal to the reference up to
+    // its first near-tie.
+    let n = greedy.greedy.len();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["probe", "--model"])
+        .arg(crate_root().join(&f.model_path))
+        .args([
+            "--token-ids",
+            &ids(&greedy.prompt_ids),
+            "--greedy",
+            &n.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kiln probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<u32> = serde_json::from_value(v["greedy"].clone()).unwrap();
+    assert_eq!(got.len(), n);
+    let agree = greedy
+        .top2_gap
+        .iter()
+        .position(|&g| g < TIE_GAP)
+        .unwrap_or(n);
+    assert_eq!(got[..agree], greedy.greedy[..agree]);
+}
