@@ -1,6 +1,6 @@
 //! The ledger: the SQLite database that is kiln's source of truth for input files, tasks and attempts.
 //!
-//! Design (see `docs` of rule 7 and `migrations/0001_ledger.sql`):
+//! Design (style rule 7; the schema and its conventions are in `migrations/0001_ledger.sql`):
 //! - sqlx + bundled SQLite, WAL, `synchronous = FULL`, foreign keys on, `busy_timeout`; the schema comes
 //!   from `migrations/` through `sqlx::migrate!` (no compile-time database, only `query`/`query_as`).
 //!   `FULL` rather than `NORMAL`: with `NORMAL` a power loss can roll back the last commits, so a task
@@ -35,6 +35,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, SqlitePool};
 
+pub use intake::RecordedFile;
 pub use types::{
     Attempt, AttemptOutcome, AttemptStats, Counts, InputFile, InputFileId, InputKind, ListFilter,
     NewInputFile, NewTask, NewTaskBody, Recovered, RetryResult, Task, TaskId, TaskState,
@@ -154,13 +155,28 @@ impl Ledger {
                 path: path.clone(),
                 source,
             })?;
-        sqlx::migrate!("./migrations")
-            .run(&pool)
-            .await
-            .map_err(|source| LedgerError::Migrate {
-                path: path.clone(),
-                source,
-            })?;
+        // Two processes opening a fresh ledger at once (`kiln run` and `kiln submit`) can race on
+        // the first migration: the loser's `CREATE TABLE` fails once the winner commits. Each
+        // migration is one transaction, so the loser's attempt rolled back; running again sees the
+        // migration applied.
+        let migrator = sqlx::migrate!("./migrations");
+        let mut tries = 0;
+        loop {
+            match migrator.run(&pool).await {
+                Ok(()) => break,
+                Err(e) if tries < 2 => {
+                    tries += 1;
+                    tracing::debug!(error = %e, "Retrying the ledger migration.");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(source) => {
+                    return Err(LedgerError::Migrate {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            }
+        }
         tracing::debug!(path = %path.display(), "Opened the ledger.");
         Ok(Ledger { pool, path })
     }

@@ -706,6 +706,22 @@ async fn the_same_content_is_recorded_once() {
     assert_eq!(gens, [1, 0, 0], "newest first: forced v1, v2, v1");
     assert_eq!(ledger.counts().await.unwrap().input_files, 4);
     assert_eq!(ledger.counts().await.unwrap().total, 2 + 3 + 1 + 2);
+    // A rerun requested for content not seen yet is consumed by its first intake, not kept for later.
+    let fresh = file("in/z.jsonl", "fresh");
+    ledger
+        .request_rerun(&fresh.path, &fresh.sha256)
+        .await
+        .unwrap();
+    let first = ledger
+        .record_input_file(&fresh, &lines(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.generation, 0);
+    assert_eq!(
+        ledger.record_input_file(&fresh, &lines(1)).await.unwrap(),
+        None
+    );
 }
 
 #[tokio::test]
@@ -873,4 +889,23 @@ async fn list_filters_and_counts() {
     );
     assert_eq!(c.unfinished_by_class, [(ErrorClass::Timeout, 1)]);
     assert_eq!(c.by_state.len(), TaskState::ALL.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_opens_of_a_fresh_ledger_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh.db");
+    let opens: Vec<_> = (0..6)
+        .map(|_| {
+            let p = path.clone();
+            tokio::spawn(async move { Ledger::open(p).await })
+        })
+        .collect();
+    for o in opens {
+        let ledger = o
+            .await
+            .unwrap()
+            .expect("every open migrates or sees the migration applied");
+        assert_eq!(ledger.counts().await.unwrap().total, 0);
+    }
 }

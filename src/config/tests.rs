@@ -252,3 +252,48 @@ fn display_name_falls_back_to_the_stem() {
     m.name = "smol".into();
     assert_eq!(m.display_name(), "smol");
 }
+
+#[test]
+fn non_ascii_variables_are_not_overrides() {
+    let c = Config::from_toml_str(
+        "",
+        Path::new("c.toml"),
+        env(&[("KILN_é_X", "1"), ("KILN_DAEMONé", "1")]),
+    )
+    .unwrap();
+    assert_eq!(c, Config::default());
+}
+
+/// Every key path (`daemon.concurrency`, `retry.max_attempts.oom`, …) of a TOML table.
+fn key_paths(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in table {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(t) => key_paths(t, &path, out),
+            _ => out.push(path),
+        }
+    }
+}
+
+#[test]
+fn config_toml_documents_every_key() {
+    // A key added to a settings struct (engine included) must be added to config.toml too.
+    let documented: toml::Table = toml::from_str(include_str!("../../config.toml")).unwrap();
+    let defaults = toml::Table::try_from(Config::default()).unwrap();
+    let (mut have, mut want) = (Vec::new(), Vec::new());
+    key_paths(&documented, "", &mut have);
+    key_paths(&defaults, "", &mut want);
+    have.sort();
+    want.sort();
+    assert_eq!(have, want);
+    // Each key's comment block names its environment override.
+    let text = include_str!("../../config.toml");
+    for path in want.iter().filter(|p| p.matches('.').count() == 1) {
+        let var = format!("KILN_{}", path.replace('.', "_").to_ascii_uppercase());
+        assert!(text.contains(&var), "config.toml does not name {var}");
+    }
+}

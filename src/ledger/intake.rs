@@ -66,22 +66,21 @@ impl Ledger {
         .bind(&sha256)
         .fetch_one(&mut *tx)
         .await?;
+        // A rerun request is consumed by this intake either way: for new content it is moot (the
+        // content runs anyway) and must not linger to run it a second time later.
+        let consumed = sqlx::query("DELETE FROM rerun_requests WHERE path = ? AND sha256 = ?")
+            .bind(&file.path)
+            .bind(&sha256)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
         let generation = match max_gen {
             None => 0,
-            Some(g) => {
-                let consumed =
-                    sqlx::query("DELETE FROM rerun_requests WHERE path = ? AND sha256 = ?")
-                        .bind(&file.path)
-                        .bind(&sha256)
-                        .execute(&mut *tx)
-                        .await?
-                        .rows_affected();
-                if consumed == 0 {
-                    tx.rollback().await?;
-                    return Ok(None);
-                }
-                g + 1
+            Some(_) if consumed == 0 => {
+                tx.rollback().await?;
+                return Ok(None);
             }
+            Some(g) => g + 1,
         };
         let input_file_id: i64 = sqlx::query_scalar(
             "INSERT INTO input_files (path, sha256, size, kind, generation, discovered_at) \

@@ -20,8 +20,9 @@ impl Ledger {
         row.map(|r| task_from_row(&r)).transpose()
     }
 
-    /// The task named by a full id or by a unique prefix of it (at least 4 characters, as printed by
-    /// `kiln list`). [`LedgerError::NotFound`] or [`LedgerError::Ambiguous`] otherwise.
+    /// The task named by a full id or by a unique prefix of it (at least 4 characters).
+    /// [`LedgerError::NotFound`] or [`LedgerError::Ambiguous`] otherwise. UUID v7 ids begin with a
+    /// millisecond timestamp, so tasks recorded together share their first 12 hex digits.
     pub async fn resolve_task_id(&self, text: &str) -> Result<TaskId, LedgerError> {
         let text = text.trim().to_ascii_lowercase();
         if let Ok(id) = text.parse::<TaskId>() {

@@ -1,7 +1,6 @@
 //! Unit tests of the ledger's basics; the full transition matrix and concurrency are in `tests/ledger.rs`.
 
 use super::*;
-use crate::ledger::intake::RecordedFile;
 
 async fn open_temp() -> (tempfile::TempDir, Ledger) {
     let dir = tempfile::tempdir().unwrap();
