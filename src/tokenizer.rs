@@ -17,6 +17,7 @@ pub mod gguf_vocab;
 mod hf_dir;
 pub mod incremental;
 pub mod jinja_compat;
+pub mod post_processor;
 pub mod pre_tokenizer;
 #[cfg(test)]
 mod test_vocab;

@@ -13,14 +13,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln::engine::{
-    spawn, CacheGeometry, Completion, EngineConfig, EngineHandle, FinishReason, ForwardBatch,
-    GenerateRequest, LogitsFor, ModelRunner, Prompt, SamplingParams,
+    spawn, CacheGeometry, ChatMessage, Completion, EngineConfig, EngineHandle, FinishReason,
+    ForwardBatch, GenerateRequest, LogitsFor, ModelRunner, Prompt, SamplingParams,
 };
 use kiln::error::EngineError;
 use kiln::tokenizer::Tokenizer;
 
 const VOCAB: usize = 257;
 const EOS: u32 = 256;
+const CHAT_TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
 
 fn mix(h: u64, x: u64) -> u64 {
     // splitmix64 finalizer over h ^ x.
@@ -219,7 +220,7 @@ fn byte_tokenizer() -> Tokenizer {
     });
     Tokenizer {
         inner: json.to_string().parse().expect("tokenizer.json"),
-        chat_template: None,
+        chat_template: Some(CHAT_TEMPLATE.into()),
         bos_token_id: None,
         eos_token_ids: vec![EOS],
         add_bos: false,
@@ -759,4 +760,35 @@ async fn stats_follow_the_work() {
     assert_eq!(after.prompt_tokens - before.prompt_tokens, 8);
     assert!(after.steps >= before.steps + 5);
     assert_eq!(after.kv_blocks_total, 512);
+}
+
+#[tokio::test]
+async fn chat_prompts_are_rendered_with_the_template() {
+    let (h, _) = Setup::default().start();
+    let messages = vec![
+        ChatMessage {
+            role: "system".into(),
+            content: "be brief".into(),
+        },
+        ChatMessage {
+            role: "user".into(),
+            content: "hi".into(),
+        },
+    ];
+    let chat = GenerateRequest {
+        prompt: Prompt::Chat {
+            messages,
+            template_kwargs: Default::default(),
+        },
+        sampling: greedy(6),
+        deadline: None,
+    };
+    let c = h.submit(chat).await.expect("ok");
+    let rendered = "<system>be brief\n<user>hi\n<assistant>";
+    assert_eq!(c.usage.prompt_tokens as usize, rendered.len());
+    let plain = h
+        .submit(text_request(rendered, greedy(6)))
+        .await
+        .expect("ok");
+    assert_eq!(c.token_ids, plain.token_ids);
 }

@@ -289,7 +289,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Run `f`, one step's worth of ops, in the backend's execution context: on the CPU inside
     /// its thread pool, so each op's parallel loop starts without a hand-off between threads;
     /// on a GPU with the device context bound to the calling thread.
-    fn run_step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R;
+    /// The default runs `f` on the calling thread.
+    fn run_step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
 
     /// `out[t, :] = table[token_ids[t], :]`, dequantized; `table`: `[vocab, hidden]`,
     /// `out`: `[num_tokens, hidden]`.

@@ -7,6 +7,7 @@
 pub mod list;
 pub mod logs;
 pub mod retry;
+pub mod run;
 pub mod show;
 pub mod status;
 pub mod submit;

@@ -50,25 +50,27 @@ pub enum StartError {
     Internal(String),
 }
 
-/// What the engine thread loads before serving.
-pub(crate) type Loader =
-    Box<dyn FnOnce() -> Result<(Box<dyn ModelRunner>, Tokenizer), StartError> + Send>;
+/// What the engine thread serves: a model on a backend, its tokenizer, and its name.
+pub(crate) struct Loaded {
+    pub(crate) runner: Box<dyn ModelRunner>,
+    pub(crate) tokenizer: Tokenizer,
+    pub(crate) model_name: String,
+}
+
+/// Loads the model on the engine thread before serving.
+pub(crate) type Loader = Box<dyn FnOnce() -> Result<Loaded, StartError> + Send>;
 
 /// Start the engine thread: run `load` on it, build the scheduler, and return a handle once
 /// that succeeded (or the start-up error). Blocks the caller until then.
-pub(crate) fn start(
-    load: Loader,
-    cfg: EngineConfig,
-    model_name: String,
-) -> Result<EngineHandle, StartError> {
+pub(crate) fn start(load: Loader, cfg: EngineConfig) -> Result<EngineHandle, StartError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let (init_tx, init_rx) = std::sync::mpsc::sync_channel::<Result<EngineInfo, StartError>>(1);
     std::thread::Builder::new()
         .name("engine".into())
         .spawn(move || {
             let init = catch_unwind(AssertUnwindSafe(|| {
-                let (runner, tokenizer) = load()?;
-                EngineCore::new(runner, tokenizer, &cfg, model_name)
+                let loaded = load()?;
+                EngineCore::new(loaded.runner, loaded.tokenizer, &cfg, loaded.model_name)
             }));
             let core = match init {
                 Ok(Ok(core)) => core,
@@ -279,7 +281,15 @@ impl EngineCore {
         if reply.is_closed() {
             return;
         }
-        match self.admit(id, &request, arrival) {
+        // Tokenizer and template code run here; a panic in them fails this request only.
+        let admitted = catch_unwind(AssertUnwindSafe(|| self.admit(id, &request, arrival)))
+            .unwrap_or_else(|panic| {
+                Err(EngineError::Internal(format!(
+                    "panic while preparing the prompt: {}",
+                    panic_message(&*panic)
+                )))
+            });
+        match admitted {
             Ok(seq) => {
                 tracing::debug!(
                     request_id = id,
@@ -330,11 +340,14 @@ impl EngineCore {
     fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         let ids = match prompt {
             Prompt::TokenIds(ids) => ids.clone(),
-            Prompt::Text(text) => encode(&self.tokenizer, text, true)?,
-            Prompt::Chat { .. } => return Err(EngineError::InvalidInput(
-                "chat prompts need the tokenizer's chat template support, which this build lacks"
-                    .into(),
-            )),
+            Prompt::Text(text) => self.tokenizer.encode(text, true).map_err(invalid_prompt)?,
+            Prompt::Chat {
+                messages,
+                template_kwargs,
+            } => self
+                .tokenizer
+                .encode_chat(messages, true, template_kwargs)
+                .map_err(invalid_prompt)?,
         };
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab_size) {
             return Err(EngineError::InvalidInput(format!(
@@ -453,7 +466,7 @@ impl EngineCore {
             let Some(seq) = self.scheduler.get_mut(s.id) else {
                 continue;
             };
-            let tokenizer = &self.tokenizer.inner;
+            let tokenizer = &self.tokenizer;
             let block_size = self.block_size;
             let result = catch_unwind(AssertUnwindSafe(|| {
                 seq.sample_and_append(row, tokenizer, block_size, now)
@@ -533,27 +546,10 @@ impl EngineCore {
     }
 }
 
-/// Encode text; BOS is prepended when the tokenizer asks for it and its pipeline did not.
-fn encode(
-    tokenizer: &Tokenizer,
-    text: &str,
-    add_special_tokens: bool,
-) -> Result<Vec<u32>, EngineError> {
-    let enc = tokenizer
-        .inner
-        .encode(text, add_special_tokens)
-        .map_err(|e| {
-            EngineError::InvalidInput(format!("the prompt could not be tokenized: {e}"))
-        })?;
-    let mut ids = enc.get_ids().to_vec();
-    if add_special_tokens && tokenizer.add_bos {
-        if let Some(bos) = tokenizer.bos_token_id {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
-        }
-    }
-    Ok(ids)
+/// Tokenizer and chat-template failures are the request's fault (a template that raises, a
+/// model without a chat template).
+fn invalid_prompt(e: ModelError) -> EngineError {
+    EngineError::InvalidInput(format!("the prompt could not be prepared: {e}"))
 }
 
 /// The message of a caught panic.

@@ -7,7 +7,6 @@
 
 pub mod config;
 mod core;
-pub mod detokenizer;
 pub mod handle;
 pub mod kv_cache;
 pub mod request;
@@ -15,13 +14,19 @@ pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 pub mod stop;
+#[cfg(test)]
+mod test_support;
 
 pub use self::core::StartError;
 pub use config::{Device, EngineConfig};
 pub use handle::{EngineHandle, EngineInfo, EngineStats};
 pub use request::{ChatMessage, Completion, FinishReason, GenerateRequest, Prompt, SamplingParams};
 
+use std::path::Path;
+
 use crate::error::EngineError;
+use crate::model::files::ModelFiles;
+use crate::model::runner::build_runner_for;
 use crate::tokenizer::Tokenizer;
 
 /// Start the engine on its own OS thread ("engine") with an already-built runner and tokenizer.
@@ -33,11 +38,46 @@ pub fn spawn(
     cfg: EngineConfig,
     model_name: impl Into<String>,
 ) -> Result<EngineHandle, StartError> {
+    let model_name = model_name.into();
     self::core::start(
-        Box::new(move || Ok((runner, tokenizer))),
+        Box::new(move || {
+            Ok(self::core::Loaded {
+                runner,
+                tokenizer,
+                model_name,
+            })
+        }),
         cfg,
-        model_name.into(),
     )
+}
+
+/// Open a model (a `.gguf` file or a Hugging Face folder), build its tokenizer and its runner on
+/// the device `cfg.device` names, and start the engine. Loading happens on the engine thread;
+/// this call blocks until the model is loaded (use `spawn_blocking` from async code) and
+/// returns load errors as `Err`.
+pub fn spawn_from_path(model_path: &Path, cfg: EngineConfig) -> Result<EngineHandle, StartError> {
+    let path = model_path.to_path_buf();
+    let engine_cfg = cfg.clone();
+    let load = move || {
+        let files = ModelFiles::open(&path)?;
+        let tokenizer = match (&files.gguf_metadata, &files.hf_dir) {
+            (Some(meta), _) => Tokenizer::from_gguf(meta)?,
+            (None, Some(dir)) => Tokenizer::from_hf_dir(dir)?,
+            (None, None) => {
+                return Err(StartError::Config(format!(
+                    "{}: no tokenizer found",
+                    path.display()
+                )))
+            }
+        };
+        let runner = build_runner_for(&files.config, files.weights.as_ref(), &engine_cfg)?;
+        Ok(self::core::Loaded {
+            runner,
+            tokenizer,
+            model_name: files.model_name(),
+        })
+    };
+    self::core::start(Box::new(load), cfg)
 }
 
 /// Which logits a sequence needs from a forward step.

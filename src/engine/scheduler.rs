@@ -314,8 +314,8 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::detokenizer::byte_tokenizer;
     use crate::engine::request::SamplingParams;
+    use crate::engine::test_support::byte_tokenizer;
 
     fn scheduler(
         num_blocks: usize,

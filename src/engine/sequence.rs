@@ -13,7 +13,6 @@
 
 use std::time::{Duration, Instant};
 
-use crate::engine::detokenizer::{token_text, IncrementalDetokenizer};
 use crate::engine::handle::RequestId;
 use crate::engine::kv_cache::{BlockHash, SeqBlocks};
 use crate::engine::request::{
@@ -22,6 +21,7 @@ use crate::engine::request::{
 use crate::engine::sampler::{Sampled, Sampler};
 use crate::engine::stop::StopStrings;
 use crate::error::EngineError;
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// Where a sequence is in the scheduler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +71,7 @@ pub struct Sequence {
     /// Timing marks.
     pub times: SeqTimes,
     sampler: Sampler,
-    detok: IncrementalDetokenizer,
+    detok: IncrementalDecoder,
     stop: StopStrings,
     stop_token_ids: Vec<u32>,
     /// Generated text so far (complete characters only, stop string not yet cut).
@@ -116,7 +116,8 @@ impl Sequence {
                 first_token: None,
             },
             sampler: Sampler::new(params, &prompt_ids),
-            detok: IncrementalDetokenizer::new(&prompt_ids),
+            // Special tokens (the chat template's end-of-turn, EOS) never reach the text.
+            detok: IncrementalDecoder::new(true),
             stop: StopStrings::new(&params.stop),
             stop_token_ids,
             text: String::new(),
@@ -145,7 +146,7 @@ impl Sequence {
     pub fn sample_and_append(
         &mut self,
         logits: &[f32],
-        tokenizer: &tokenizers::Tokenizer,
+        tokenizer: &Tokenizer,
         block_size: usize,
         now: Instant,
     ) -> Result<Option<FinishReason>, EngineError> {
@@ -159,14 +160,14 @@ impl Sequence {
             return Ok(Some(FinishReason::Stop));
         }
         let before = self.text.len();
-        let delta = self.detok.push(tokenizer, token)?;
+        let delta = self.detok.push(tokenizer, token);
         self.text.push_str(&delta);
         if let Some(at) = self.stop.find(&self.text, before) {
             self.text.truncate(at);
             return Ok(Some(FinishReason::Stop));
         }
         if self.token_ids.len() >= self.max_len {
-            self.text.push_str(&self.detok.flush(tokenizer)?);
+            self.text.push_str(&self.detok.flush(tokenizer));
             return Ok(Some(FinishReason::Length));
         }
         Ok(None)
@@ -178,18 +179,18 @@ impl Sequence {
         BlockHash::extend_chain(&mut self.block_hashes, &self.token_ids, block_size);
     }
 
-    fn record_logprobs(&mut self, s: &Sampled, tokenizer: &tokenizers::Tokenizer) {
+    fn record_logprobs(&mut self, s: &Sampled, tokenizer: &Tokenizer) {
         if let (Some(list), Some(logprob)) = (self.logprobs.as_mut(), s.logprob) {
             list.push(TokenLogprob {
                 token_id: s.token_id,
-                token: token_text(tokenizer, s.token_id),
+                token: tokenizer.token_text(s.token_id),
                 logprob,
                 top: s
                     .top
                     .iter()
                     .map(|&(token_id, logprob)| TopLogprob {
                         token_id,
-                        token: token_text(tokenizer, token_id),
+                        token: tokenizer.token_text(token_id),
                         logprob,
                     })
                     .collect(),
@@ -244,7 +245,7 @@ impl Sequence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::detokenizer::byte_tokenizer;
+    use crate::engine::test_support::byte_tokenizer;
 
     fn seq(params: SamplingParams, max_len: usize) -> Sequence {
         let now = Instant::now();

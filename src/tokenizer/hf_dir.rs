@@ -9,13 +9,15 @@
 //!   `{"content": …}` object), then `generation_config.json`'s `bos_token_id` / `eos_token_id`
 //!   (an int or a list of ints; generation stops on all of them), then `config.json`'s.
 //!
-//! Whether text prompts get BOS is what `tokenizer.json`'s post-processor does with
-//! `add_special_tokens` (that is what transformers applies); `add_bos` reports it.
+//! BOS / EOS on encoded text: `tokenizer.json`'s post-processor, unless `tokenizer_config.json`
+//! names `add_bos_token` or `add_eos_token` (or there is no post-processor), in which case it is
+//! rebuilt from those flags as transformers v5 does. `add_bos` reports the result.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::post_processor::bos_eos_template;
 use super::Tokenizer;
 use crate::error::ModelError;
 
@@ -130,9 +132,15 @@ impl Tokenizer {
         };
 
         let id_of = |text: Option<&str>| text.and_then(|t| inner.token_to_id(t));
-        let bos_token_id = id_of(token_content(config.get("bos_token")))
-            .or_else(|| ids_of(generation.get("bos_token_id")).first().copied())
-            .or_else(|| ids_of(model_config.get("bos_token_id")).first().copied());
+        // `"bos_token": null` (Qwen) means no BOS at all, as for transformers; only an absent key
+        // falls back to the generation / model configs.
+        let bos_token_id = match config.get("bos_token") {
+            Some(value) => id_of(token_content(Some(value))),
+            None => ids_of(generation.get("bos_token_id"))
+                .first()
+                .copied()
+                .or_else(|| ids_of(model_config.get("bos_token_id")).first().copied()),
+        };
 
         // The tokenizer's own EOS first (it is the template's `eos_token`), then generation_config's.
         let mut eos_token_ids: Vec<u32> = id_of(token_content(config.get("eos_token")))
@@ -148,6 +156,24 @@ impl Tokenizer {
             }
         }
 
+        // transformers (v5 `TokenizersBackend`) rebuilds the post-processor from
+        // `add_bos_token` / `add_eos_token` when the config names either flag or tokenizer.json has
+        // no post-processor; otherwise tokenizer.json's own post-processor decides.
+        let mut inner = inner;
+        let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
+        if config.get("add_bos_token").is_some()
+            || config.get("add_eos_token").is_some()
+            || inner.get_post_processor().is_none()
+        {
+            let named = |key: &str| {
+                let text = token_content(config.get(key))?;
+                Some((text, inner.token_to_id(text)?))
+            };
+            let bos = named("bos_token").filter(|_| flag("add_bos_token"));
+            let eos = named("eos_token").filter(|_| flag("add_eos_token"));
+            let processor = bos_eos_template(bos, eos)?;
+            inner.with_post_processor(Some(processor));
+        }
         let add_bos = match bos_token_id {
             Some(bos) => inner
                 .encode("", true)
@@ -197,6 +223,85 @@ mod tests {
             Some("R")
         );
         assert!(template_from_config(Some(&json!(3)), Path::new("x")).is_err());
+    }
+
+    /// A folder holding the toy tokenizer.json and the given tokenizer_config.json.
+    fn toy_folder(config: serde_json::Value) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let toy = crate::tokenizer::test_vocab::toy_tokenizer();
+        toy.inner
+            .save(dir.path().join("tokenizer.json"), false)
+            .expect("save tokenizer.json");
+        std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string())
+            .expect("write config");
+        dir
+    }
+
+    #[test]
+    fn add_bos_token_in_the_config_rebuilds_the_post_processor() {
+        let dir = toy_folder(
+            json!({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": true}),
+        );
+        let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+        assert!(tok.add_bos);
+        assert_eq!(tok.encode("he", true).unwrap(), [1, 259]);
+        assert_eq!(tok.encode("he", false).unwrap(), [259]);
+
+        let dir = toy_folder(json!({"eos_token": "<|im_end|>", "add_eos_token": true}));
+        let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+        assert!(!tok.add_bos);
+        assert_eq!(tok.encode("he", true).unwrap(), [259, 2]);
+        assert_eq!(tok.eos_token_ids, [2]);
+    }
+
+    #[test]
+    fn without_flags_tokenizer_json_decides() {
+        let dir =
+            toy_folder(json!({"bos_token": {"content": "<|im_start|>"}, "chat_template": "T"}));
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"eos_token_id": [2, 0]}"#,
+        )
+        .unwrap();
+        let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+        assert!(!tok.add_bos);
+        assert_eq!(tok.bos_token_id, Some(1));
+        assert_eq!(tok.eos_token_ids, [2, 0]);
+        assert_eq!(tok.chat_template.as_deref(), Some("T"));
+        assert_eq!(tok.encode("he", true).unwrap(), [259]);
+    }
+
+    #[test]
+    fn a_null_bos_token_is_not_replaced_by_generation_config() {
+        let dir = toy_folder(json!({"bos_token": null, "eos_token": "<|im_end|>"}));
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"bos_token_id": 0, "eos_token_id": 0}"#,
+        )
+        .unwrap();
+        let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+        assert_eq!(tok.bos_token_id, None);
+        assert_eq!(tok.eos_token_ids, [2, 0]);
+
+        let dir = toy_folder(json!({}));
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"bos_token_id": 1, "eos_token_id": 2}"#,
+        )
+        .unwrap();
+        let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+        assert_eq!(
+            (tok.bos_token_id, tok.eos_token_ids.as_slice()),
+            (Some(1), &[2][..])
+        );
+    }
+
+    #[test]
+    fn malformed_json_names_the_file() {
+        let dir = toy_folder(json!({}));
+        std::fs::write(dir.path().join("generation_config.json"), "{oops").unwrap();
+        let err = Tokenizer::from_hf_dir(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("generation_config.json"), "{err}");
     }
 
     #[test]

@@ -14,6 +14,9 @@
 
 use super::Tokenizer;
 
+/// Prompt tokens kept as decoding context in front of the first generated token.
+const PROMPT_CONTEXT: usize = 5;
+
 /// Tokens that may stay pending while their text ends in `U+FFFD`. A UTF-8 character has at most
 /// 4 bytes, so past this the replacement character is real, not an incomplete character.
 const MAX_PENDING: usize = 4;
@@ -40,6 +43,19 @@ impl IncrementalDecoder {
             ids: Vec::new(),
             prefix: 0,
             read: 0,
+            skip_special,
+        }
+    }
+
+    /// A decoder for output that follows `prompt_ids`: the last few prompt tokens are decoding
+    /// context, so the first generated token gets the text it has after the prompt (SentencePiece
+    /// decoders drop a leading space at the very start of a text, not after a prompt).
+    pub fn with_prompt(prompt_ids: &[u32], skip_special: bool) -> Self {
+        let context = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT)..];
+        IncrementalDecoder {
+            ids: context.to_vec(),
+            prefix: 0,
+            read: context.len(),
             skip_special,
         }
     }
@@ -139,6 +155,20 @@ mod tests {
         // An incomplete character at the very end comes out of `flush`.
         let out = stream(&tok, &[byte_id(b'x'), byte_id(0xE4)], true);
         assert_eq!(out, ["x", "", "\u{FFFD}"]);
+    }
+
+    #[test]
+    fn prompt_context_is_not_emitted() {
+        let tok = toy_tokenizer();
+        let prompt = tok
+            .encode("<|im_start|>user\nhello world<|im_end|>", false)
+            .unwrap();
+        let mut dec = IncrementalDecoder::with_prompt(&prompt, true);
+        let out: String = [262, byte_id(b'!'), 2]
+            .iter()
+            .map(|&id| dec.push(&tok, id))
+            .collect();
+        assert_eq!(out, " w!");
     }
 
     #[test]

@@ -254,20 +254,21 @@ fn json_value(
             let mut entries = Vec::new();
             for key in value.try_iter()? {
                 let item = value.get_item(&key)?;
-                let key =
-                    match key.kind() {
-                        ValueKind::String => key.as_str().unwrap_or_default().to_owned(),
-                        // json.dumps turns int / float / bool / None keys into strings.
-                        ValueKind::None => "null".into(),
-                        ValueKind::Bool => if key.is_true() { "true" } else { "false" }.into(),
-                        ValueKind::Number => py_str(&key),
-                        other => return Err(Error::new(
+                let key = match key.kind() {
+                    ValueKind::String => key.as_str().unwrap_or_default().to_owned(),
+                    // json.dumps turns int / float / bool / None keys into strings.
+                    ValueKind::None => "null".into(),
+                    ValueKind::Bool => if key.is_true() { "true" } else { "false" }.into(),
+                    ValueKind::Number => py_str(&key),
+                    other => {
+                        return Err(Error::new(
                             ErrorKind::InvalidOperation,
                             format!(
                                 "tojson: keys must be str, int, float, bool or None, not {other}"
                             ),
-                        )),
-                    };
+                        ))
+                    }
+                };
                 entries.push((key, item));
             }
             if style.sort_keys {

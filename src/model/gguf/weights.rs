@@ -158,7 +158,7 @@ impl GgufWeights {
 /// `shape` is HF order; rows are `shape[0]`, each `bytes.len() / rows` bytes.
 fn unpermute_rows(bytes: &[u8], shape: &[usize], n_head: usize) -> Result<Storage, String> {
     let rows = *shape.first().ok_or("empty shape")?;
-    if n_head == 0 || rows % (2 * n_head) != 0 {
+    if rows == 0 || n_head == 0 || !rows.is_multiple_of(2 * n_head) {
         return Err(format!(
             "{rows} rows cannot be split into {n_head} heads of an even size"
         ));

@@ -1,0 +1,662 @@
+//! Task files → task specs: reads an input file once, hashes it, and splits it into tasks.
+//!
+//! Formats (the extension decides, case-insensitively):
+//! - `.txt` / `.md`: the whole file (UTF-8, a leading BOM and surrounding whitespace dropped) is
+//!   one user message;
+//! - `.json`: one OpenAI chat-completions request body;
+//! - `.jsonl`: an OpenAI Batch input file, one `{custom_id, method, url, body}` per line; blank
+//!   lines are skipped; a bad line becomes a task that fails alone with a per-line error.
+//!
+//! Every task spec carries either the request body to store in the ledger (`request_json`, so a
+//! retry never re-reads the input) or the reason it can never run ([`IntakeError`], class
+//! `invalid_input`, or `parse` for a file that stayed truncated). A whole-file problem (empty,
+//! binary, invalid UTF-8 in a single-request file, over `max_input_bytes`, malformed JSON) is one
+//! task without a line number.
+//!
+//! A file that ends in the middle of a JSON value (a `.json` with an unexpected end, or a
+//! `.jsonl` whose last line has no newline and is cut short) looks like it is still being
+//! written: with `allow_incomplete` the result is [`IntakeOutcome::Incomplete`] and the caller
+//! looks again later (the `parse` class's backoff and attempt limit); on the last look it is
+//! taken as is and the truncated part fails with class `parse`.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::daemon::openai;
+use crate::error::ErrorClass;
+
+pub use crate::ledger::InputKind;
+
+/// Why a task cannot run, decided at intake.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct IntakeError {
+    /// `invalid_input`, or `parse` for a file that stayed truncated.
+    pub class: ErrorClass,
+    /// What is wrong, for the user (names the line for `.jsonl`).
+    pub message: String,
+}
+
+impl IntakeError {
+    fn invalid(message: impl Into<String>) -> Self {
+        IntakeError {
+            class: ErrorClass::InvalidInput,
+            message: message.into(),
+        }
+    }
+}
+
+/// One task found in an input file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSpec {
+    /// 1-based line number (`.jsonl` only).
+    pub line: Option<u32>,
+    /// The batch line's `custom_id`, when it could be read.
+    pub custom_id: Option<String>,
+    /// The chat-completions request body, or why this task fails without running.
+    pub body: Result<Value, IntakeError>,
+    /// Unknown request fields that will be ignored (for the task log).
+    pub warnings: Vec<String>,
+}
+
+/// What reading an input file gave.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IntakeOutcome {
+    /// The file's tasks (at least one; bad ones carry their error).
+    Tasks(Vec<TaskSpec>),
+    /// The file looks cut short (still being written): look again later.
+    Incomplete(String),
+}
+
+/// An input file as read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadInput {
+    /// Hex sha256 of the bytes read.
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Its format.
+    pub kind: InputKind,
+    /// Its tasks, or `Incomplete`.
+    pub outcome: IntakeOutcome,
+}
+
+/// An input file's bytes and hash, before parsing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawInput {
+    /// Hex sha256 of the content.
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The content; `None` when it is over the size limit (hashed without being kept).
+    pub bytes: Option<Vec<u8>>,
+    /// The limit that applied.
+    pub max_bytes: u64,
+}
+
+impl RawInput {
+    /// Split into task specs (see the module docs).
+    pub fn parse(&self, kind: InputKind, allow_incomplete: bool) -> IntakeOutcome {
+        match &self.bytes {
+            Some(bytes) => parse_bytes(kind, bytes, allow_incomplete),
+            None => IntakeOutcome::Tasks(vec![file_error(IntakeError::invalid(format!(
+                "the file is {} bytes, over the limit of {} bytes (`daemon.max_input_bytes`)",
+                self.size, self.max_bytes
+            )))]),
+        }
+    }
+}
+
+/// Read and hash one input file. I/O errors (the file vanished, permissions) are returned as
+/// is: the caller looks again later. Files over `max_bytes` are hashed in a stream.
+pub fn read_raw(path: &Path, max_bytes: u64) -> std::io::Result<RawInput> {
+    let mut file = std::fs::File::open(path)?;
+    let size = file.metadata()?.len();
+    if size > max_bytes {
+        let (sha256, size) = hash_stream(&mut file)?;
+        return Ok(RawInput {
+            sha256,
+            size,
+            bytes: None,
+            max_bytes,
+        });
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    // Read at most one byte past the limit: the file may have grown since `metadata`.
+    (&mut file).take(max_bytes + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max_bytes {
+        let mut h = Sha256::new();
+        h.update(&bytes);
+        let size = bytes.len() as u64 + hash_into(&mut h, &mut file)?;
+        return Ok(RawInput {
+            sha256: hex::encode(h.finalize()),
+            size,
+            bytes: None,
+            max_bytes,
+        });
+    }
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    Ok(RawInput {
+        sha256,
+        size: bytes.len() as u64,
+        bytes: Some(bytes),
+        max_bytes,
+    })
+}
+
+/// [`read_raw`] then [`RawInput::parse`].
+pub fn read_input(
+    path: &Path,
+    kind: InputKind,
+    max_bytes: u64,
+    allow_incomplete: bool,
+) -> std::io::Result<ReadInput> {
+    let raw = read_raw(path, max_bytes)?;
+    let outcome = raw.parse(kind, allow_incomplete);
+    Ok(ReadInput {
+        sha256: raw.sha256,
+        size: raw.size,
+        kind,
+        outcome,
+    })
+}
+
+fn hash_stream(r: &mut impl Read) -> std::io::Result<(String, u64)> {
+    let mut h = Sha256::new();
+    let total = hash_into(&mut h, r)?;
+    Ok((hex::encode(h.finalize()), total))
+}
+
+/// Feed the rest of `r` into `h`; returns the number of bytes read.
+fn hash_into(h: &mut Sha256, r: &mut impl Read) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0u64;
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            return Ok(total);
+        }
+        total += n as u64;
+        h.update(&buf[..n]);
+    }
+}
+
+fn file_error(err: IntakeError) -> TaskSpec {
+    TaskSpec {
+        line: None,
+        custom_id: None,
+        body: Err(err),
+        warnings: Vec::new(),
+    }
+}
+
+/// Split a file's bytes into task specs (see the module docs).
+pub fn parse_bytes(kind: InputKind, bytes: &[u8], allow_incomplete: bool) -> IntakeOutcome {
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        let what = if bytes.is_empty() {
+            "the file is empty"
+        } else {
+            "the file holds only whitespace"
+        };
+        return IntakeOutcome::Tasks(vec![file_error(IntakeError::invalid(format!(
+            "{what}: nothing to run"
+        )))]);
+    }
+    if let Some(at) = bytes.iter().position(|&b| b == 0) {
+        return IntakeOutcome::Tasks(vec![file_error(IntakeError::invalid(format!(
+            "binary file (a NUL byte at offset {at}): task files are UTF-8 text"
+        )))]);
+    }
+    match kind {
+        InputKind::Txt | InputKind::Md => IntakeOutcome::Tasks(vec![match utf8(bytes) {
+            Ok(text) => TaskSpec {
+                line: None,
+                custom_id: None,
+                // Editors end files with a newline; it is not part of the question.
+                body: Ok(openai::body_for_text(text.trim())),
+                warnings: Vec::new(),
+            },
+            Err(e) => file_error(e),
+        }]),
+        InputKind::Json => parse_json_file(bytes, allow_incomplete),
+        InputKind::Jsonl => parse_jsonl(bytes, allow_incomplete),
+    }
+}
+
+fn utf8(bytes: &[u8]) -> Result<&str, IntakeError> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        IntakeError::invalid(format!(
+            "invalid UTF-8 at byte offset {}: task files are UTF-8 text",
+            e.valid_up_to()
+        ))
+    })
+}
+
+fn parse_json_file(bytes: &[u8], allow_incomplete: bool) -> IntakeOutcome {
+    let text = match utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => return IntakeOutcome::Tasks(vec![file_error(e)]),
+    };
+    let value: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) if e.is_eof() => {
+            let msg = format!("the JSON ends early ({e}): the file may still be being written");
+            if allow_incomplete {
+                return IntakeOutcome::Incomplete(msg);
+            }
+            return IntakeOutcome::Tasks(vec![file_error(IntakeError {
+                class: ErrorClass::Parse,
+                message: msg,
+            })]);
+        }
+        Err(e) => {
+            return IntakeOutcome::Tasks(vec![file_error(IntakeError::invalid(format!(
+                "malformed JSON: {e}"
+            )))]);
+        }
+    };
+    // A batch line saved as .json is a common mistake; say so instead of "messages is required".
+    if value.get("body").is_some() && value.get("messages").is_none() {
+        return IntakeOutcome::Tasks(vec![file_error(IntakeError::invalid(
+            "this looks like an OpenAI batch line (it has `body`): a .json file holds one chat-completions request body; put batch lines in a .jsonl file",
+        ))]);
+    }
+    let spec = match openai::parse_chat_request(&value) {
+        Ok(req) => TaskSpec {
+            line: None,
+            custom_id: None,
+            body: Ok(value),
+            warnings: req.warnings,
+        },
+        Err(e) => file_error(IntakeError::invalid(format!("invalid request: {e}"))),
+    };
+    IntakeOutcome::Tasks(vec![spec])
+}
+
+fn parse_jsonl(bytes: &[u8], allow_incomplete: bool) -> IntakeOutcome {
+    let mut specs = Vec::new();
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    let ends_with_newline = bytes.ends_with(b"\n");
+    let lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    let last_index = lines.len() - 1;
+    for (i, raw) in lines.iter().enumerate() {
+        let n = (i + 1) as u32;
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if raw.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let fail = |class: ErrorClass, custom_id: Option<String>, msg: String| TaskSpec {
+            line: Some(n),
+            custom_id,
+            body: Err(IntakeError {
+                class,
+                message: format!("line {n}: {msg}"),
+            }),
+            warnings: Vec::new(),
+        };
+        let text = match std::str::from_utf8(raw) {
+            Ok(t) => t,
+            Err(e) => {
+                specs.push(fail(
+                    ErrorClass::InvalidInput,
+                    None,
+                    format!("invalid UTF-8 at byte {} of the line", e.valid_up_to()),
+                ));
+                continue;
+            }
+        };
+        let value: Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) if e.is_eof() && i == last_index && !ends_with_newline => {
+                let msg =
+                    format!("the last line ends early ({e}): the file may still be being written");
+                if allow_incomplete {
+                    return IntakeOutcome::Incomplete(msg);
+                }
+                specs.push(fail(ErrorClass::Parse, None, msg));
+                continue;
+            }
+            Err(e) => {
+                specs.push(fail(
+                    ErrorClass::InvalidInput,
+                    None,
+                    format!("malformed JSON: {e}"),
+                ));
+                continue;
+            }
+        };
+        let spec = match batch_line(&value) {
+            Ok((custom_id, body)) => {
+                if let Some(first) = seen.get(&custom_id) {
+                    fail(
+                        ErrorClass::InvalidInput,
+                        Some(custom_id.clone()),
+                        format!("duplicate custom_id `{custom_id}` (first used on line {first})"),
+                    )
+                } else {
+                    seen.insert(custom_id.clone(), n);
+                    match openai::parse_chat_request(&body) {
+                        Ok(req) => TaskSpec {
+                            line: Some(n),
+                            custom_id: Some(custom_id),
+                            body: Ok(body),
+                            warnings: req.warnings,
+                        },
+                        Err(e) => fail(
+                            ErrorClass::InvalidInput,
+                            Some(custom_id),
+                            format!("invalid request: {e}"),
+                        ),
+                    }
+                }
+            }
+            Err((custom_id, msg)) => fail(ErrorClass::InvalidInput, custom_id, msg),
+        };
+        specs.push(spec);
+    }
+    if specs.is_empty() {
+        // Only blank lines (the all-whitespace case is caught earlier; this keeps the invariant).
+        specs.push(file_error(IntakeError::invalid(
+            "no requests: every line is blank",
+        )));
+    }
+    IntakeOutcome::Tasks(specs)
+}
+
+/// Split a batch line into `(custom_id, body)`. `method` must be `POST` and `url` the
+/// chat-completions endpoint when present (both are optional for convenience).
+fn batch_line(v: &Value) -> Result<(String, Value), (Option<String>, String)> {
+    let Value::Object(obj) = v else {
+        return Err((
+            None,
+            format!(
+                "a batch line must be a JSON object, found {}",
+                openai::kind_of(v)
+            ),
+        ));
+    };
+    let custom_id = match obj.get("custom_id") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(_)) => return Err((None, "`custom_id` must not be empty".into())),
+        Some(other) => {
+            return Err((
+                None,
+                format!(
+                    "`custom_id` must be a string, found {}",
+                    openai::kind_of(other)
+                ),
+            ))
+        }
+        None => return Err((None, "`custom_id` is required".into())),
+    };
+    let cid = Some(custom_id.clone());
+    match obj.get("method") {
+        None => {}
+        Some(Value::String(m)) if m.eq_ignore_ascii_case("POST") => {}
+        Some(other) => return Err((cid, format!("`method` must be \"POST\", found {other}"))),
+    }
+    match obj.get("url") {
+        None => {}
+        Some(Value::String(u)) if u.trim_end_matches('/').ends_with("/chat/completions") => {}
+        Some(other) => {
+            return Err((
+                cid,
+                format!("`url` {other} is not supported: only /v1/chat/completions is served"),
+            ));
+        }
+    }
+    match obj.get("body") {
+        Some(b @ Value::Object(_)) => Ok((custom_id, b.clone())),
+        Some(other) => Err((
+            cid,
+            format!("`body` must be an object, found {}", openai::kind_of(other)),
+        )),
+        None => Err((cid, "`body` is required".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tasks(kind: InputKind, bytes: &[u8]) -> Vec<TaskSpec> {
+        match parse_bytes(kind, bytes, true) {
+            IntakeOutcome::Tasks(t) => t,
+            IntakeOutcome::Incomplete(m) => panic!("unexpected incomplete: {m}"),
+        }
+    }
+
+    fn only_error(kind: InputKind, bytes: &[u8]) -> IntakeError {
+        let t = tasks(kind, bytes);
+        assert_eq!(t.len(), 1, "{t:?}");
+        t[0].body.clone().expect_err("should fail")
+    }
+
+    #[test]
+    fn kinds_by_extension() {
+        assert_eq!(
+            InputKind::from_path(Path::new("a b/ü.TXT")),
+            Some(InputKind::Txt)
+        );
+        assert_eq!(InputKind::from_path(Path::new("x.md")), Some(InputKind::Md));
+        assert_eq!(
+            InputKind::from_path(Path::new("x.Json")),
+            Some(InputKind::Json)
+        );
+        assert_eq!(
+            InputKind::from_path(Path::new("x.jsonl")),
+            Some(InputKind::Jsonl)
+        );
+        assert_eq!(InputKind::from_path(Path::new("x.csv")), None);
+        assert_eq!(InputKind::from_path(Path::new("README")), None);
+        for k in [
+            InputKind::Txt,
+            InputKind::Md,
+            InputKind::Json,
+            InputKind::Jsonl,
+        ] {
+            assert_eq!(k.as_str().parse::<InputKind>(), Ok(k));
+        }
+    }
+
+    #[test]
+    fn text_file_is_one_user_message() {
+        let t = tasks(
+            InputKind::Txt,
+            "\u{feff}What is the capital of France?\n".as_bytes(),
+        );
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].line, None);
+        let body = t[0].body.as_ref().expect("ok");
+        assert_eq!(body["messages"][0]["role"], "user");
+        assert_eq!(
+            body["messages"][0]["content"],
+            "What is the capital of France?"
+        );
+    }
+
+    #[test]
+    fn empty_binary_and_bad_utf8_fail_clearly() {
+        for kind in [
+            InputKind::Txt,
+            InputKind::Md,
+            InputKind::Json,
+            InputKind::Jsonl,
+        ] {
+            let e = only_error(kind, b"");
+            assert_eq!(e.class, ErrorClass::InvalidInput);
+            assert!(e.message.contains("empty"), "{e}");
+            assert!(only_error(kind, b" \n\t\n")
+                .message
+                .contains("only whitespace"));
+            let e = only_error(kind, b"PK\x03\x04\x00\x00binary");
+            assert!(
+                e.message.contains("binary file") && e.message.contains("offset 4"),
+                "{e}"
+            );
+        }
+        let e = only_error(InputKind::Txt, b"caf\xe9 au lait");
+        assert!(e.message.contains("invalid UTF-8 at byte offset 3"), "{e}");
+        assert!(only_error(InputKind::Json, b"{\"a\": \"\xff\"}")
+            .message
+            .contains("invalid UTF-8"));
+    }
+
+    #[test]
+    fn json_file_is_validated_at_intake() {
+        let ok = tasks(
+            InputKind::Json,
+            br#"{"messages":[{"role":"user","content":"hi"}],"temperature":0.2,"x":1}"#,
+        );
+        assert!(ok[0].body.is_ok());
+        assert_eq!(ok[0].warnings.len(), 1);
+        let e = only_error(
+            InputKind::Json,
+            br#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#,
+        );
+        assert!(
+            e.message.contains("invalid request") && e.message.contains("stream"),
+            "{e}"
+        );
+        let e = only_error(InputKind::Json, b"{\"messages\": [}");
+        assert!(e.message.starts_with("malformed JSON"), "{e}");
+        let e = only_error(
+            InputKind::Json,
+            br#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{}}"#,
+        );
+        assert!(e.message.contains("batch line"), "{e}");
+    }
+
+    #[test]
+    fn truncated_json_is_incomplete_then_a_parse_failure() {
+        let cut = br#"{"messages":[{"role":"user","content":"hi"#;
+        assert!(matches!(
+            parse_bytes(InputKind::Json, cut, true),
+            IntakeOutcome::Incomplete(_)
+        ));
+        let IntakeOutcome::Tasks(t) = parse_bytes(InputKind::Json, cut, false) else {
+            panic!()
+        };
+        let e = t[0].body.clone().unwrap_err();
+        assert_eq!(e.class, ErrorClass::Parse);
+        assert!(e.message.contains("may still be being written"), "{e}");
+    }
+
+    fn line(id: &str, content: &str) -> String {
+        json!({ "custom_id": id, "method": "POST", "url": "/v1/chat/completions",
+                "body": { "model": "m", "messages": [{ "role": "user", "content": content }] } })
+        .to_string()
+    }
+
+    #[test]
+    fn jsonl_bad_lines_fail_alone_and_blank_lines_are_skipped() {
+        let file = [
+            line("a", "one"),
+            String::new(),
+            "{not json".to_string(),
+            "   ".to_string(),
+            line("b", "two"),
+            r#"{"custom_id":"c","body":{"messages":[{"role":"user","content":"x"}],"n":2}}"#
+                .to_string(),
+            line("a", "dup"),
+            r#"{"method":"POST","body":{}}"#.to_string(),
+            r#"{"custom_id":"e","url":"/v1/embeddings","body":{}}"#.to_string(),
+            "[1,2]".to_string(),
+            String::new(),
+        ]
+        .join("\r\n");
+        let t = tasks(InputKind::Jsonl, file.as_bytes());
+        let summary: Vec<(Option<u32>, Option<&str>, bool)> = t
+            .iter()
+            .map(|s| (s.line, s.custom_id.as_deref(), s.body.is_ok()))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (Some(1), Some("a"), true),
+                (Some(3), None, false),
+                (Some(5), Some("b"), true),
+                (Some(6), Some("c"), false),
+                (Some(7), Some("a"), false),
+                (Some(8), None, false),
+                (Some(9), Some("e"), false),
+                (Some(10), None, false),
+            ]
+        );
+        let msg = |i: usize| t[i].body.clone().unwrap_err().message;
+        assert!(msg(1).starts_with("line 3: malformed JSON"), "{}", msg(1));
+        assert!(msg(3).contains("`n` = 2"), "{}", msg(3));
+        assert!(
+            msg(4).contains("duplicate custom_id `a` (first used on line 1)"),
+            "{}",
+            msg(4)
+        );
+        assert!(msg(5).contains("`custom_id` is required"), "{}", msg(5));
+        assert!(msg(6).contains("/v1/embeddings"), "{}", msg(6));
+        assert!(msg(7).contains("must be a JSON object"), "{}", msg(7));
+        assert!(t
+            .iter()
+            .filter_map(|s| s.body.as_ref().err())
+            .all(|e| e.class == ErrorClass::InvalidInput));
+        assert_eq!(t[0].body.as_ref().unwrap()["messages"][0]["content"], "one");
+    }
+
+    #[test]
+    fn jsonl_with_bad_utf8_line_keeps_the_others() {
+        let mut bytes = line("a", "ok").into_bytes();
+        bytes.extend_from_slice(b"\n{\"custom_id\":\"b\",\"body\":\"\xff\"}\n");
+        let t = tasks(InputKind::Jsonl, &bytes);
+        assert!(t[0].body.is_ok());
+        assert!(t[1]
+            .body
+            .clone()
+            .unwrap_err()
+            .message
+            .contains("line 2: invalid UTF-8"));
+    }
+
+    #[test]
+    fn jsonl_cut_mid_line_is_incomplete_but_a_broken_middle_line_is_not() {
+        let cut = format!("{}\n{{\"custom_id\":\"b\",\"bo", line("a", "x"));
+        assert!(matches!(
+            parse_bytes(InputKind::Jsonl, cut.as_bytes(), true),
+            IntakeOutcome::Incomplete(_)
+        ));
+        let IntakeOutcome::Tasks(t) = parse_bytes(InputKind::Jsonl, cut.as_bytes(), false) else {
+            panic!()
+        };
+        assert!(t[0].body.is_ok());
+        assert_eq!(t[1].body.clone().unwrap_err().class, ErrorClass::Parse);
+        let middle = format!("{{\"custom_id\":\"b\",\"bo\n{}\n", line("a", "x"));
+        let t = tasks(InputKind::Jsonl, middle.as_bytes());
+        assert_eq!(
+            t[0].body.clone().unwrap_err().class,
+            ErrorClass::InvalidInput
+        );
+        assert!(t[1].body.is_ok());
+    }
+
+    #[test]
+    fn read_input_hashes_and_enforces_the_size_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("big prompt ü.txt");
+        std::fs::write(&p, "hello").expect("write");
+        let r = read_input(&p, InputKind::Txt, 100, true).expect("read");
+        assert_eq!(r.sha256, hex::encode(Sha256::digest(b"hello")));
+        assert_eq!(r.size, 5);
+        let r = read_input(&p, InputKind::Txt, 4, true).expect("read");
+        assert_eq!(r.sha256, hex::encode(Sha256::digest(b"hello")));
+        let IntakeOutcome::Tasks(t) = r.outcome else {
+            panic!()
+        };
+        let e = t[0].body.clone().unwrap_err();
+        assert!(e.message.contains("over the limit of 4 bytes"), "{e}");
+        assert!(read_input(&dir.path().join("missing.txt"), InputKind::Txt, 4, true).is_err());
+    }
+}

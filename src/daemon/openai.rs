@@ -1,0 +1,1126 @@
+//! OpenAI chat-completions on the wire: request bodies → [`ChatRequest`] (→ [`GenerateRequest`]),
+//! and the `chat.completion` / batch output and error line builders.
+//!
+//! Parsing is an explicit allow-list over the body's keys (no `deny_unknown_fields`):
+//! - supported fields are validated with OpenAI's ranges and mapped onto [`SamplingParams`];
+//! - known-but-unsupported fields (`tools`, `audio`, `stream: true`, ...) are a [`RequestError`]
+//!   naming the parameter, so a batch line fails alone with a clear message;
+//! - unknown fields are ignored and reported in [`ChatRequest::warnings`] (the daemon writes them
+//!   into the task log).
+//!
+//! A [`RequestError`] is always `invalid_input` (the same body can never succeed).
+//! `response_format` is compiled here (a bad JSON schema is a request error) and checked on the
+//! output by [`ResponseFormat::check`]; an output that fails it is a `parse` failure.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use crate::engine::request::{ChatMessage, Completion, Prompt, SamplingParams};
+use crate::engine::GenerateRequest;
+use crate::error::ErrorClass;
+
+/// Fields we accept and act on.
+const SUPPORTED: &[&str] = &[
+    "messages",
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "chat_template_kwargs",
+    "stream",
+];
+
+/// Fields that carry no meaning for an offline engine; accepted silently.
+const IGNORED: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+];
+
+/// Known OpenAI / vLLM parameters kiln does not implement: a request using them fails clearly
+/// instead of silently producing something else.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("tools", "tool calling is not supported"),
+    ("tool_choice", "tool calling is not supported"),
+    ("functions", "function calling is not supported"),
+    ("function_call", "function calling is not supported"),
+    ("audio", "audio output is not supported"),
+    ("modalities", "only text output is supported"),
+    ("prediction", "predicted outputs are not supported"),
+    ("logit_bias", "logit_bias is not supported"),
+    ("web_search_options", "web search is not supported"),
+    (
+        "stream_options",
+        "streaming is not supported in batch files",
+    ),
+    (
+        "guided_json",
+        "guided decoding is not supported; use response_format",
+    ),
+    ("guided_regex", "guided decoding is not supported"),
+    ("guided_choice", "guided decoding is not supported"),
+    ("guided_grammar", "guided decoding is not supported"),
+    (
+        "structured_outputs",
+        "structured outputs are not supported; use response_format",
+    ),
+];
+
+/// Most `top_logprobs` OpenAI allows.
+const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// A request that can never succeed as given (`invalid_input`), naming the parameter at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct RequestError {
+    /// The offending parameter (`messages[2].content`, `temperature`, ...), when there is one.
+    pub param: Option<String>,
+    /// What is wrong, phrased for the user.
+    pub message: String,
+}
+
+impl RequestError {
+    fn new(param: impl Into<String>, message: impl Into<String>) -> Self {
+        RequestError {
+            param: Some(param.into()),
+            message: message.into(),
+        }
+    }
+}
+
+/// What the output must look like (`response_format`).
+#[derive(Debug, Clone)]
+pub enum ResponseFormat {
+    /// Anything (the default).
+    Text,
+    /// A JSON object (`{"type": "json_object"}`).
+    JsonObject,
+    /// JSON valid under a schema (`{"type": "json_schema", "json_schema": {...}}`).
+    JsonSchema {
+        /// `json_schema.name`.
+        name: String,
+        /// The compiled `json_schema.schema`.
+        validator: Arc<jsonschema::Validator>,
+    },
+}
+
+impl ResponseFormat {
+    /// Whether `text` satisfies the format; the error explains why not. Only whitespace around
+    /// the JSON is tolerated (a Markdown code fence is a failure, as in OpenAI's JSON mode).
+    pub fn check(&self, text: &str) -> Result<(), String> {
+        let parse = || -> Result<Value, String> {
+            serde_json::from_str::<Value>(text.trim())
+                .map_err(|e| format!("output is not valid JSON ({e})"))
+        };
+        match self {
+            ResponseFormat::Text => Ok(()),
+            ResponseFormat::JsonObject => match parse()? {
+                Value::Object(_) => Ok(()),
+                other => Err(format!(
+                    "output is JSON but not an object (found {})",
+                    kind_of(&other)
+                )),
+            },
+            ResponseFormat::JsonSchema { name, validator } => {
+                let value = parse()?;
+                let errors: Vec<String> = validator
+                    .iter_errors(&value)
+                    .take(3)
+                    .map(|e| {
+                        let at = e.instance_path().to_string();
+                        if at.is_empty() {
+                            e.to_string()
+                        } else {
+                            format!("{at}: {e}")
+                        }
+                    })
+                    .collect();
+                if errors.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "output does not match JSON schema `{name}`: {}",
+                        errors.join("; ")
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Whether any constraint applies.
+    pub fn is_constrained(&self) -> bool {
+        !matches!(self, ResponseFormat::Text)
+    }
+}
+
+/// A validated chat-completions request.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    /// The conversation (roles normalized: `developer` → `system`) and template kwargs.
+    pub prompt: Prompt,
+    /// Sampling parameters (`logprobs` = `Some(top_logprobs)` when `logprobs: true`).
+    pub sampling: SamplingParams,
+    /// What the output must look like.
+    pub response_format: ResponseFormat,
+    /// The `model` the request names, if any (outputs always name the model that ran).
+    pub model: Option<String>,
+    /// Unknown fields that were ignored, one sentence each, for the task log.
+    pub warnings: Vec<String>,
+}
+
+impl ChatRequest {
+    /// The engine request (no deadline: the dispatcher sets it per attempt).
+    pub fn to_generate_request(&self) -> GenerateRequest {
+        GenerateRequest {
+            prompt: self.prompt.clone(),
+            sampling: self.sampling.clone(),
+            deadline: None,
+        }
+    }
+}
+
+/// The request body for a `.txt` / `.md` file: the whole text as one user message.
+pub fn body_for_text(text: &str) -> Value {
+    json!({ "messages": [{ "role": "user", "content": text }] })
+}
+
+/// Parse and validate a chat-completions request body.
+pub fn parse_chat_request(body: &Value) -> Result<ChatRequest, RequestError> {
+    let Value::Object(obj) = body else {
+        return Err(RequestError {
+            param: None,
+            message: format!(
+                "the request body must be a JSON object, found {}",
+                kind_of(body)
+            ),
+        });
+    };
+    let mut warnings = Vec::new();
+    for key in obj.keys() {
+        let k = key.as_str();
+        if let Some((_, why)) = UNSUPPORTED.iter().find(|(name, _)| *name == k) {
+            // `null` / empty values of unsupported fields are harmless (many clients send them).
+            if !is_empty_value(&obj[k]) {
+                return Err(RequestError::new(
+                    k,
+                    format!("unsupported parameter `{k}`: {why}"),
+                ));
+            }
+        } else if !SUPPORTED.contains(&k) && !IGNORED.contains(&k) {
+            warnings.push(format!("Unknown parameter `{k}` ignored."));
+        }
+    }
+
+    if obj.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err(RequestError::new(
+            "stream",
+            "`stream: true` is not supported: batch files produce complete responses",
+        ));
+    }
+    if let Some(n) = opt_u64(obj, "n")? {
+        if n != 1 {
+            return Err(RequestError::new(
+                "n",
+                format!("`n` = {n} is not supported (only 1 choice per request); send {n} separate requests instead"),
+            ));
+        }
+    }
+
+    let messages = parse_messages(obj.get("messages"))?;
+    let template_kwargs = match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(other) => {
+            return Err(RequestError::new(
+                "chat_template_kwargs",
+                format!(
+                    "`chat_template_kwargs` must be an object, found {}",
+                    kind_of(other)
+                ),
+            ))
+        }
+    };
+
+    let sampling = parse_sampling(obj)?;
+    let response_format = parse_response_format(obj.get("response_format"))?;
+    let model = match obj.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            return Err(RequestError::new(
+                "model",
+                format!("`model` must be a string, found {}", kind_of(other)),
+            ))
+        }
+    };
+
+    Ok(ChatRequest {
+        prompt: Prompt::Chat {
+            messages,
+            template_kwargs,
+        },
+        sampling,
+        response_format,
+        model,
+        warnings,
+    })
+}
+
+fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, RequestError> {
+    let Some(v) = v else {
+        return Err(RequestError::new("messages", "`messages` is required"));
+    };
+    let Value::Array(items) = v else {
+        return Err(RequestError::new(
+            "messages",
+            format!("`messages` must be an array, found {}", kind_of(v)),
+        ));
+    };
+    if items.is_empty() {
+        return Err(RequestError::new(
+            "messages",
+            "`messages` must not be empty",
+        ));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (i, m) in items.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(m) = m else {
+            return Err(RequestError::new(
+                &at,
+                format!("`{at}` must be an object, found {}", kind_of(m)),
+            ));
+        };
+        let role = match m.get("role") {
+            Some(Value::String(r)) => r.as_str(),
+            Some(other) => {
+                return Err(RequestError::new(
+                    format!("{at}.role"),
+                    format!("`{at}.role` must be a string, found {}", kind_of(other)),
+                ))
+            }
+            None => {
+                return Err(RequestError::new(
+                    format!("{at}.role"),
+                    format!("`{at}.role` is required"),
+                ))
+            }
+        };
+        let role = match role {
+            "system" | "user" | "assistant" => role.to_string(),
+            // OpenAI's newer name for system instructions; chat templates know `system`.
+            "developer" => "system".to_string(),
+            "tool" | "function" => {
+                return Err(RequestError::new(
+                    format!("{at}.role"),
+                    format!("`{at}.role` = `{role}`: tool messages are not supported"),
+                ))
+            }
+            other => {
+                return Err(RequestError::new(
+                    format!("{at}.role"),
+                    format!("`{at}.role` = `{other}` is not a known role (system, developer, user, assistant)"),
+                ))
+            }
+        };
+        for key in ["tool_calls", "function_call", "audio"] {
+            if m.get(key).is_some_and(|v| !is_empty_value(v)) {
+                return Err(RequestError::new(
+                    format!("{at}.{key}"),
+                    format!(
+                        "`{at}.{key}` is not supported (tool calling and audio are not supported)"
+                    ),
+                ));
+            }
+        }
+        let content = parse_content(m.get("content"), &at, &role)?;
+        out.push(ChatMessage { role, content });
+    }
+    Ok(out)
+}
+
+fn parse_content(v: Option<&Value>, at: &str, role: &str) -> Result<String, RequestError> {
+    let param = format!("{at}.content");
+    match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        // An assistant turn may have null content (it then carried tool calls, rejected above).
+        None | Some(Value::Null) if role == "assistant" => Ok(String::new()),
+        None | Some(Value::Null) => {
+            Err(RequestError::new(&param, format!("`{param}` is required")))
+        }
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let pat = format!("{param}[{j}]");
+                let ty = part.get("type").and_then(Value::as_str);
+                match ty {
+                    Some("text") => match part.get("text") {
+                        Some(Value::String(t)) => text.push_str(t),
+                        _ => {
+                            return Err(RequestError::new(
+                                &pat,
+                                format!("`{pat}.text` must be a string"),
+                            ));
+                        }
+                    },
+                    Some(other) => {
+                        return Err(RequestError::new(
+                            &pat,
+                            format!(
+                                "`{pat}`: content part type `{other}` is not supported (text only)"
+                            ),
+                        ))
+                    }
+                    None => {
+                        return Err(RequestError::new(
+                            &pat,
+                            format!("`{pat}` must be an object with a `type`"),
+                        ));
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Some(other) => Err(RequestError::new(
+            &param,
+            format!(
+                "`{param}` must be a string or an array of text parts, found {}",
+                kind_of(other)
+            ),
+        )),
+    }
+}
+
+fn parse_sampling(obj: &Map<String, Value>) -> Result<SamplingParams, RequestError> {
+    let mut s = SamplingParams::default();
+    if let Some(t) = opt_f32(obj, "temperature", 0.0, 2.0)? {
+        s.temperature = t;
+    }
+    if let Some(p) = opt_f32(obj, "top_p", 0.0, 1.0)? {
+        if p == 0.0 {
+            return Err(RequestError::new(
+                "top_p",
+                "`top_p` must be in (0, 1], got 0",
+            ));
+        }
+        s.top_p = p;
+    }
+    match obj.get("top_k") {
+        None | Some(Value::Null) => {}
+        Some(v) => match v.as_i64() {
+            // vLLM uses -1 for "disabled".
+            Some(-1) | Some(0) => s.top_k = 0,
+            Some(k) if k > 0 && k <= u32::MAX as i64 => s.top_k = k as u32,
+            _ => {
+                return Err(RequestError::new(
+                    "top_k",
+                    format!("`top_k` must be -1, 0 or a positive integer, got {v}"),
+                ))
+            }
+        },
+    }
+    if let Some(p) = opt_f32(obj, "min_p", 0.0, 1.0)? {
+        s.min_p = p;
+    }
+    if let Some(p) = opt_f32(obj, "presence_penalty", -2.0, 2.0)? {
+        s.presence_penalty = p;
+    }
+    if let Some(p) = opt_f32(obj, "frequency_penalty", -2.0, 2.0)? {
+        s.frequency_penalty = p;
+    }
+    if let Some(p) = opt_f32(obj, "repetition_penalty", f32::MIN_POSITIVE, 100.0)? {
+        s.repetition_penalty = p;
+    }
+    match obj.get("seed") {
+        None | Some(Value::Null) => {}
+        Some(v) => match (v.as_u64(), v.as_i64()) {
+            (Some(u), _) => s.seed = Some(u),
+            // OpenAI allows negative seeds; keep their bits.
+            (None, Some(i)) => s.seed = Some(i as u64),
+            _ => {
+                return Err(RequestError::new(
+                    "seed",
+                    format!("`seed` must be an integer, got {v}"),
+                ))
+            }
+        },
+    }
+
+    let max_tokens = opt_u64(obj, "max_tokens")?;
+    let max_completion = opt_u64(obj, "max_completion_tokens")?;
+    let max = match (max_tokens, max_completion) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(RequestError::new(
+                "max_tokens",
+                format!(
+                "`max_tokens` ({a}) and `max_completion_tokens` ({b}) disagree; send one of them"
+            ),
+            ))
+        }
+        (a, b) => a.or(b),
+    };
+    if let Some(m) = max {
+        if m == 0 || m > u32::MAX as u64 {
+            return Err(RequestError::new(
+                "max_tokens",
+                format!("the token limit must be at least 1, got {m}"),
+            ));
+        }
+        s.max_tokens = Some(m as u32);
+    }
+
+    s.stop = match obj.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(t)) => vec![t.clone()],
+        Some(Value::Array(items)) => {
+            let mut out = Vec::with_capacity(items.len());
+            for (i, it) in items.iter().enumerate() {
+                match it {
+                    Value::String(t) => out.push(t.clone()),
+                    other => {
+                        return Err(RequestError::new(
+                            "stop",
+                            format!("`stop[{i}]` must be a string, found {}", kind_of(other)),
+                        ))
+                    }
+                }
+            }
+            out
+        }
+        Some(other) => {
+            return Err(RequestError::new(
+                "stop",
+                format!(
+                    "`stop` must be a string or an array, found {}",
+                    kind_of(other)
+                ),
+            ))
+        }
+    };
+    if s.stop.iter().any(String::is_empty) {
+        return Err(RequestError::new(
+            "stop",
+            "`stop` strings must not be empty",
+        ));
+    }
+    match obj.get("stop_token_ids") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            for it in items {
+                match it.as_u64().and_then(|u| u32::try_from(u).ok()) {
+                    Some(id) => s.stop_token_ids.push(id),
+                    None => {
+                        return Err(RequestError::new(
+                            "stop_token_ids",
+                            format!("`stop_token_ids` must hold token ids, found {it}"),
+                        ))
+                    }
+                }
+            }
+        }
+        Some(other) => {
+            return Err(RequestError::new(
+                "stop_token_ids",
+                format!(
+                    "`stop_token_ids` must be an array, found {}",
+                    kind_of(other)
+                ),
+            ))
+        }
+    }
+    s.ignore_eos = opt_bool(obj, "ignore_eos")?.unwrap_or(false);
+
+    let logprobs = opt_bool(obj, "logprobs")?.unwrap_or(false);
+    let top = opt_u64(obj, "top_logprobs")?;
+    match (logprobs, top) {
+        (_, Some(t)) if t > MAX_TOP_LOGPROBS => {
+            return Err(RequestError::new(
+                "top_logprobs",
+                format!("`top_logprobs` must be in 0..={MAX_TOP_LOGPROBS}, got {t}"),
+            ))
+        }
+        (false, Some(t)) if t > 0 => {
+            return Err(RequestError::new(
+                "top_logprobs",
+                "`top_logprobs` requires `logprobs: true`",
+            ));
+        }
+        (true, t) => s.logprobs = Some(t.unwrap_or(0) as u32),
+        (false, _) => {}
+    }
+    Ok(s)
+}
+
+fn parse_response_format(v: Option<&Value>) -> Result<ResponseFormat, RequestError> {
+    const P: &str = "response_format";
+    let obj = match v {
+        None | Some(Value::Null) => return Ok(ResponseFormat::Text),
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            return Err(RequestError::new(
+                P,
+                format!("`{P}` must be an object, found {}", kind_of(other)),
+            ));
+        }
+    };
+    match obj.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(ResponseFormat::Text),
+        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some("json_schema") => {
+            let Some(Value::Object(js)) = obj.get("json_schema") else {
+                return Err(RequestError::new(
+                    "response_format.json_schema",
+                    "`response_format.json_schema` (an object with `name` and `schema`) is required",
+                ));
+            };
+            let name = match js.get("name") {
+                Some(Value::String(n))
+                    if !n.is_empty()
+                        && n.len() <= 64
+                        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
+                {
+                    n.clone()
+                }
+                _ => {
+                    return Err(RequestError::new(
+                        "response_format.json_schema.name",
+                        "`response_format.json_schema.name` is required: 1-64 characters of a-z, A-Z, 0-9, _ and -",
+                    ))
+                }
+            };
+            let schema = js.get("schema").cloned().unwrap_or_else(|| json!({}));
+            let validator = jsonschema::validator_for(&schema).map_err(|e| {
+                RequestError::new(
+                    "response_format.json_schema.schema",
+                    format!("`response_format.json_schema.schema` is not a valid JSON schema: {e}"),
+                )
+            })?;
+            Ok(ResponseFormat::JsonSchema { name, validator: Arc::new(validator) })
+        }
+        Some(other) => Err(RequestError::new(
+            "response_format.type",
+            format!("`response_format.type` = `{other}` is not supported (text, json_object, json_schema)"),
+        )),
+        None => Err(RequestError::new("response_format.type", "`response_format.type` is required")),
+    }
+}
+
+fn opt_f32(
+    obj: &Map<String, Value>,
+    key: &str,
+    lo: f32,
+    hi: f32,
+) -> Result<Option<f32>, RequestError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if x.is_finite() && (lo as f64..=hi as f64).contains(&x) => Ok(Some(x as f32)),
+            Some(x) => Err(RequestError::new(
+                key,
+                format!("`{key}` must be in [{lo}, {hi}], got {x}"),
+            )),
+            None => Err(RequestError::new(
+                key,
+                format!("`{key}` must be a number, found {}", kind_of(v)),
+            )),
+        },
+    }
+}
+
+fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, RequestError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            RequestError::new(
+                key,
+                format!("`{key}` must be a non-negative integer, got {v}"),
+            )
+        }),
+    }
+}
+
+fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, RequestError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(RequestError::new(
+            key,
+            format!("`{key}` must be true or false, found {}", kind_of(v)),
+        )),
+    }
+}
+
+fn is_empty_value(v: &Value) -> bool {
+    match v {
+        Value::Null | Value::Bool(false) => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+/// A JSON value's type name, for error messages.
+pub fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The OpenAI `chat.completion` object for a finished task. `id` is `chatcmpl-<task_id>`;
+/// `created` is unix seconds; `usage.prompt_tokens_details.cached_tokens` reports prefix-cache hits.
+pub fn chat_completion(task_id: &str, model: &str, created: i64, c: &Completion) -> Value {
+    let logprobs = c.logprobs.as_ref().map(|lps| {
+        let content: Vec<Value> = lps
+            .iter()
+            .map(|lp| {
+                json!({
+                    "token": lp.token,
+                    "logprob": lp.logprob,
+                    "bytes": lp.token.as_bytes(),
+                    "top_logprobs": lp.top.iter().map(|t| json!({
+                        "token": t.token,
+                        "logprob": t.logprob,
+                        "bytes": t.token.as_bytes(),
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        json!({ "content": content })
+    });
+    json!({
+        "id": format!("chatcmpl-{task_id}"),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": c.text, "refusal": null },
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason.as_str(),
+        }],
+        "usage": {
+            "prompt_tokens": c.usage.prompt_tokens,
+            "completion_tokens": c.usage.completion_tokens,
+            "total_tokens": c.usage.prompt_tokens + c.usage.completion_tokens,
+            "prompt_tokens_details": { "cached_tokens": c.usage.cached_prompt_tokens },
+        },
+        "system_fingerprint": format!("kiln-{}", env!("CARGO_PKG_VERSION")),
+    })
+}
+
+/// One line of `<stem>.output.jsonl` (OpenAI `BatchRequestOutput` for a success).
+pub fn batch_output_line(task_id: &str, custom_id: Option<&str>, body: Value) -> Value {
+    json!({
+        "id": task_id,
+        "custom_id": custom_id,
+        "response": { "status_code": 200, "request_id": task_id, "body": body },
+        "error": null,
+    })
+}
+
+/// One line of `<stem>.errors.jsonl`. A request that can never succeed (`invalid_input`) is an
+/// HTTP-style 400 with an `invalid_request_error` body, as OpenAI writes it; every other failure
+/// (`oom`, `timeout`, `parse`, `internal`, after its retries) is a line-level `error` with the
+/// class as `code`.
+pub fn batch_error_line(
+    task_id: &str,
+    custom_id: Option<&str>,
+    class: ErrorClass,
+    message: &str,
+) -> Value {
+    if class == ErrorClass::InvalidInput {
+        json!({
+            "id": task_id,
+            "custom_id": custom_id,
+            "response": {
+                "status_code": 400,
+                "request_id": task_id,
+                "body": { "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": null,
+                    "code": class.as_str(),
+                }},
+            },
+            "error": null,
+        })
+    } else {
+        json!({
+            "id": task_id,
+            "custom_id": custom_id,
+            "response": null,
+            "error": { "code": class.as_str(), "message": message },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::request::{FinishReason, Timings, TokenLogprob, TopLogprob, Usage};
+
+    fn parse(v: Value) -> Result<ChatRequest, RequestError> {
+        parse_chat_request(&v)
+    }
+
+    fn user(text: &str) -> Value {
+        json!([{ "role": "user", "content": text }])
+    }
+
+    #[test]
+    fn minimal_request_is_greedy_chat() {
+        let r = parse(json!({ "messages": user("hi") })).expect("valid");
+        let Prompt::Chat {
+            messages,
+            template_kwargs,
+        } = &r.prompt
+        else {
+            panic!("not chat")
+        };
+        assert_eq!(
+            messages,
+            &vec![ChatMessage {
+                role: "user".into(),
+                content: "hi".into()
+            }]
+        );
+        assert!(template_kwargs.is_empty());
+        assert_eq!(r.sampling, SamplingParams::default());
+        assert!(!r.response_format.is_constrained());
+        assert!(r.warnings.is_empty());
+    }
+
+    #[test]
+    fn every_supported_field_maps_onto_sampling() {
+        let r = parse(json!({
+            "model": "m", "messages": user("x"), "max_completion_tokens": 12, "temperature": 0.7,
+            "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 7, "stop": ["\n\n", "END"],
+            "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
+            "logprobs": true, "top_logprobs": 3, "n": 1, "stream": false, "user": "u",
+            "stop_token_ids": [2], "ignore_eos": true,
+            "chat_template_kwargs": { "enable_thinking": false },
+        }))
+        .expect("valid");
+        let s = &r.sampling;
+        assert_eq!(s.max_tokens, Some(12));
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k, s.min_p),
+            (0.7, 0.9, 40, 0.05)
+        );
+        assert_eq!(s.seed, Some(7));
+        assert_eq!(s.stop, vec!["\n\n".to_string(), "END".to_string()]);
+        assert_eq!(
+            (
+                s.presence_penalty,
+                s.frequency_penalty,
+                s.repetition_penalty
+            ),
+            (0.5, -0.5, 1.1)
+        );
+        assert_eq!(s.logprobs, Some(3));
+        assert_eq!(s.stop_token_ids, vec![2]);
+        assert!(s.ignore_eos);
+        assert_eq!(r.model.as_deref(), Some("m"));
+        let Prompt::Chat {
+            template_kwargs, ..
+        } = &r.prompt
+        else {
+            panic!()
+        };
+        assert_eq!(template_kwargs.get("enable_thinking"), Some(&json!(false)));
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    }
+
+    #[test]
+    fn text_part_arrays_are_flattened_and_developer_is_system() {
+        let r = parse(json!({ "messages": [
+            { "role": "developer", "content": "be brief" },
+            { "role": "user", "content": [{ "type": "text", "text": "a" }, { "type": "text", "text": "b" }] },
+        ]}))
+        .expect("valid");
+        let Prompt::Chat { messages, .. } = &r.prompt else {
+            panic!()
+        };
+        assert_eq!(
+            messages[0],
+            ChatMessage {
+                role: "system".into(),
+                content: "be brief".into()
+            }
+        );
+        assert_eq!(messages[1].content, "ab");
+    }
+
+    #[test]
+    fn stop_may_be_a_string_and_max_tokens_an_alias() {
+        let r =
+            parse(json!({ "messages": user("x"), "stop": "##", "max_tokens": 5 })).expect("valid");
+        assert_eq!(r.sampling.stop, vec!["##".to_string()]);
+        assert_eq!(r.sampling.max_tokens, Some(5));
+        let both =
+            parse(json!({ "messages": user("x"), "max_tokens": 5, "max_completion_tokens": 5 }));
+        assert_eq!(
+            both.expect("same value is fine").sampling.max_tokens,
+            Some(5)
+        );
+        let err =
+            parse(json!({ "messages": user("x"), "max_tokens": 5, "max_completion_tokens": 6 }))
+                .unwrap_err();
+        assert!(err.message.contains("disagree"), "{err}");
+    }
+
+    #[test]
+    fn stream_tools_and_n_are_clear_errors() {
+        let e = parse(json!({ "messages": user("x"), "stream": true })).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream"));
+        assert!(e.message.contains("stream"), "{e}");
+        let e =
+            parse(json!({ "messages": user("x"), "tools": [{ "type": "function" }] })).unwrap_err();
+        assert!(e.message.contains("unsupported parameter `tools`"), "{e}");
+        for k in [
+            "audio",
+            "modalities",
+            "functions",
+            "logit_bias",
+            "tool_choice",
+        ] {
+            let e = parse(json!({ "messages": user("x"), k: { "x": 1 } })).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(k));
+        }
+        // Empty / null values of unsupported fields are what many clients send by default.
+        assert!(parse(json!({ "messages": user("x"), "tools": [], "logit_bias": null })).is_ok());
+        let e = parse(json!({ "messages": user("x"), "n": 3 })).unwrap_err();
+        assert!(e.message.contains("`n` = 3 is not supported"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_are_warnings() {
+        let r = parse(json!({ "messages": user("x"), "frobnicate": 1, "min_tokens": 3 }))
+            .expect("valid");
+        assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+        assert!(r.warnings[0].contains("`frobnicate`"));
+    }
+
+    #[test]
+    fn ranges_and_types_are_checked() {
+        let cases = [
+            (
+                json!({ "messages": user("x"), "temperature": 3.0 }),
+                "temperature",
+            ),
+            (
+                json!({ "messages": user("x"), "temperature": "hot" }),
+                "temperature",
+            ),
+            (json!({ "messages": user("x"), "top_p": 0 }), "top_p"),
+            (
+                json!({ "messages": user("x"), "presence_penalty": -2.5 }),
+                "presence_penalty",
+            ),
+            (
+                json!({ "messages": user("x"), "max_tokens": 0 }),
+                "max_tokens",
+            ),
+            (
+                json!({ "messages": user("x"), "max_tokens": -1 }),
+                "max_tokens",
+            ),
+            (
+                json!({ "messages": user("x"), "top_logprobs": 2 }),
+                "top_logprobs",
+            ),
+            (
+                json!({ "messages": user("x"), "logprobs": true, "top_logprobs": 21 }),
+                "top_logprobs",
+            ),
+            (json!({ "messages": user("x"), "stop": [1] }), "stop"),
+            (json!({ "messages": user("x"), "stop": "" }), "stop"),
+            (json!({ "messages": user("x"), "seed": 1.5 }), "seed"),
+            (json!({ "messages": user("x"), "top_k": -2 }), "top_k"),
+            (json!({ "messages": [] }), "messages"),
+            (json!({ "messages": "hi" }), "messages"),
+            (json!({}), "messages"),
+            (
+                json!({ "messages": [{ "role": "wizard", "content": "x" }] }),
+                "messages[0].role",
+            ),
+            (
+                json!({ "messages": [{ "role": "tool", "content": "x" }] }),
+                "messages[0].role",
+            ),
+            (
+                json!({ "messages": [{ "role": "user" }] }),
+                "messages[0].content",
+            ),
+            (
+                json!({ "messages": [{ "role": "user", "content": 3 }] }),
+                "messages[0].content",
+            ),
+            (
+                json!({ "messages": [{ "role": "user", "content": [{ "type": "image_url", "image_url": {} }] }] }),
+                "messages[0].content[0]",
+            ),
+            (
+                json!({ "messages": user("x"), "response_format": { "type": "yaml" } }),
+                "response_format.type",
+            ),
+            (
+                json!({ "messages": user("x"), "response_format": { "type": "json_schema", "json_schema": { "schema": {} } } }),
+                "response_format.json_schema.name",
+            ),
+            (
+                json!({ "messages": user("x"), "chat_template_kwargs": [1] }),
+                "chat_template_kwargs",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = parse(body.clone()).expect_err(&body.to_string());
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e}");
+            assert!(!e.message.is_empty());
+        }
+        let e = parse(json!([1, 2])).unwrap_err();
+        assert!(e.message.contains("must be a JSON object"), "{e}");
+    }
+
+    #[test]
+    fn negative_top_k_and_seed_are_accepted_as_vllm_and_openai_do() {
+        let r = parse(json!({ "messages": user("x"), "top_k": -1, "seed": -3 })).expect("valid");
+        assert_eq!(r.sampling.top_k, 0);
+        assert_eq!(r.sampling.seed, Some((-3i64) as u64));
+    }
+
+    #[test]
+    fn json_object_format_checks_output() {
+        let r =
+            parse(json!({ "messages": user("x"), "response_format": { "type": "json_object" } }))
+                .expect("valid");
+        let f = &r.response_format;
+        assert!(f.is_constrained());
+        assert_eq!(f.check(" {\"a\": 1}\n"), Ok(()));
+        assert!(f.check("[1]").unwrap_err().contains("not an object"));
+        assert!(f
+            .check("```json\n{}\n```")
+            .unwrap_err()
+            .contains("not valid JSON"));
+    }
+
+    #[test]
+    fn json_schema_format_validates_output() {
+        let r = parse(json!({ "messages": user("x"), "response_format": { "type": "json_schema", "json_schema": {
+            "name": "city", "strict": true,
+            "schema": { "type": "object", "properties": { "city": { "type": "string" } }, "required": ["city"] },
+        }}}))
+        .expect("valid");
+        let f = &r.response_format;
+        assert_eq!(f.check(r#"{"city": "Paris"}"#), Ok(()));
+        let e = f.check(r#"{"town": "Paris"}"#).unwrap_err();
+        assert!(e.contains("schema `city`") && e.contains("city"), "{e}");
+        let e = f.check(r#"{"city": 3}"#).unwrap_err();
+        assert!(e.contains("/city"), "{e}");
+    }
+
+    #[test]
+    fn invalid_schema_is_a_request_error() {
+        let e = parse(json!({ "messages": user("x"), "response_format": { "type": "json_schema", "json_schema": {
+            "name": "bad", "schema": { "type": "no-such-type" } }}}))
+        .unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("response_format.json_schema.schema")
+        );
+    }
+
+    fn completion() -> Completion {
+        Completion {
+            text: "Paris.".into(),
+            token_ids: vec![5, 6],
+            finish_reason: FinishReason::Stop,
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 2,
+                cached_prompt_tokens: 4,
+            },
+            timings: Timings::default(),
+            logprobs: Some(vec![TokenLogprob {
+                token_id: 5,
+                token: "Paris".into(),
+                logprob: -0.25,
+                top: vec![TopLogprob {
+                    token_id: 5,
+                    token: "Paris".into(),
+                    logprob: -0.25,
+                }],
+            }]),
+        }
+    }
+
+    #[test]
+    fn chat_completion_has_openai_shape() {
+        let v = chat_completion("0190-abc", "smol", 1_700_000_000, &completion());
+        assert_eq!(v["id"], "chatcmpl-0190-abc");
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["created"], 1_700_000_000);
+        assert_eq!(v["model"], "smol");
+        assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+        assert_eq!(v["choices"][0]["message"]["content"], "Paris.");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(v["usage"]["total_tokens"], 12);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+        let lp = &v["choices"][0]["logprobs"]["content"][0];
+        assert_eq!(lp["token"], "Paris");
+        assert_eq!(lp["bytes"], json!([80, 97, 114, 105, 115]));
+        assert_eq!(lp["top_logprobs"][0]["logprob"], -0.25);
+    }
+
+    #[test]
+    fn batch_lines_echo_ids() {
+        let ok = batch_output_line("t1", Some("req-1"), json!({ "x": 1 }));
+        assert_eq!(ok["id"], "t1");
+        assert_eq!(ok["custom_id"], "req-1");
+        assert_eq!(ok["response"]["status_code"], 200);
+        assert_eq!(ok["response"]["body"]["x"], 1);
+        assert!(ok["error"].is_null());
+
+        let bad = batch_error_line(
+            "t2",
+            Some("req-2"),
+            ErrorClass::InvalidInput,
+            "`n` = 2 is not supported",
+        );
+        assert_eq!(bad["response"]["status_code"], 400);
+        assert_eq!(
+            bad["response"]["body"]["error"]["type"],
+            "invalid_request_error"
+        );
+        assert_eq!(bad["response"]["body"]["error"]["code"], "invalid_input");
+        assert!(bad["error"].is_null());
+
+        let dead = batch_error_line("t3", None, ErrorClass::Timeout, "timed out 3 times");
+        assert!(dead["response"].is_null());
+        assert!(dead["custom_id"].is_null());
+        assert_eq!(dead["error"]["code"], "timeout");
+        assert_eq!(dead["error"]["message"], "timed out 3 times");
+    }
+}

@@ -1,0 +1,120 @@
+//! Publishing: ledger rows of a finished input file → files under `outputs/` → `output_path`s.
+//!
+//! An input file's outputs are due when all its tasks are terminal and some task has no
+//! `output_path` (first completion, a `kiln retry` that finished again, or a crash between the
+//! last transition and the write). The group is rendered from the rows alone and placed
+//! idempotently ([`OutputDir::place`]), then the paths are recorded. A write failure (disk full,
+//! permissions) is logged and left due: the next sweep tries again; it never fails a task.
+
+use crate::daemon::task_log::TaskLogs;
+use crate::daemon::writer::{render, FinishedTask, OutputDir, StoredResult, TaskOutcome};
+use crate::ledger::{InputFileId, Ledger, LedgerError, Task, TaskState};
+
+/// Writes outputs of finished input files.
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    ledger: Ledger,
+    outputs: OutputDir,
+    logs: TaskLogs,
+}
+
+fn finished(t: &Task) -> FinishedTask {
+    let failed = |message: String| TaskOutcome::Failed {
+        state: t.state.as_str().to_string(),
+        class: t.error_class,
+        message,
+        attempts: t.attempts,
+    };
+    let outcome = match (t.state, t.result_json.as_deref()) {
+        (TaskState::Succeeded, Some(json)) => match serde_json::from_str::<StoredResult>(json) {
+            Ok(r) => TaskOutcome::Succeeded(r),
+            Err(e) => failed(format!("the stored result cannot be read: {e}")),
+        },
+        (TaskState::Succeeded, None) => failed("succeeded without a stored result".into()),
+        (TaskState::Cancelled, _) if t.error.is_none() => failed("cancelled".into()),
+        _ => failed(t.error.clone().unwrap_or_default()),
+    };
+    FinishedTask {
+        task_id: t.task_id.to_string(),
+        line: t.line,
+        custom_id: t.custom_id.clone(),
+        outcome,
+    }
+}
+
+impl Publisher {
+    /// A publisher writing under `outputs`.
+    pub fn new(ledger: Ledger, outputs: OutputDir, logs: TaskLogs) -> Self {
+        Publisher {
+            ledger,
+            outputs,
+            logs,
+        }
+    }
+
+    /// Publish one input file if its outputs are due; returns whether files were placed.
+    pub async fn publish_file(&self, input_file_id: InputFileId) -> Result<bool, LedgerError> {
+        let tasks = self.ledger.file_tasks(input_file_id).await?;
+        let due = !tasks.is_empty()
+            && tasks.iter().all(|t| t.state.is_terminal())
+            && tasks.iter().any(|t| t.output_path.is_none());
+        if !due {
+            return Ok(false);
+        }
+        let Some(file) = self.ledger.input_file(input_file_id).await? else {
+            return Ok(false);
+        };
+        let finished: Vec<FinishedTask> = tasks.iter().map(finished).collect();
+        let files = render(file.kind, &file.path, &finished);
+        let outputs = self.outputs.clone();
+        let (path, kind) = (file.path.clone(), file.kind);
+        let today = time::OffsetDateTime::now_utc().date();
+        let placed =
+            tokio::task::spawn_blocking(move || outputs.place(&path, kind, &files, today)).await;
+        let placed = match placed {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                tracing::error!(input = %file.path, error = %e, "Cannot write outputs; will try again.");
+                return Ok(false);
+            }
+            Err(e) => {
+                tracing::error!(input = %file.path, error = %e, "Writing outputs panicked; will try again.");
+                return Ok(false);
+            }
+        };
+        let mut paths = Vec::with_capacity(placed.task_paths.len());
+        for t in &tasks {
+            let sid = t.task_id.to_string();
+            if let Some((_, p)) = placed.task_paths.iter().find(|(id, _)| *id == sid) {
+                paths.push((t.task_id, p.to_string_lossy().into_owned()));
+            }
+        }
+        self.ledger.set_output_paths(&paths).await?;
+        for (id, p) in &paths {
+            let how = if placed.reused {
+                "already present"
+            } else {
+                "written"
+            };
+            self.logs
+                .info(&id.to_string(), &format!("Output {how}: {p}."));
+        }
+        tracing::info!(
+            input = %file.path, files = placed.files.len(), reused = placed.reused,
+            first = %placed.files.first().map(|p| p.display().to_string()).unwrap_or_default(),
+            "Outputs published."
+        );
+        Ok(true)
+    }
+
+    /// Publish every input file whose outputs are due (at start, and as a periodic sweep).
+    pub async fn publish_ready(&self) -> Result<usize, LedgerError> {
+        let mut n = 0;
+        for f in self.ledger.files_ready_for_output().await? {
+            if self.publish_file(f.id).await? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}

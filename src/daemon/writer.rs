@@ -1,0 +1,843 @@
+//! Outputs: what a finished input file turns into, and how it lands under `outputs/`.
+//!
+//! Rendering (pure): [`render`] maps an input file's finished tasks onto a group of output files
+//! (`<stem>.md` + `<stem>.json`, `<stem>.json`, `<stem>.error.json`, `<stem>.output.jsonl` +
+//! `<stem>.errors.jsonl`), byte-for-byte determined by the ledger rows (no clocks read here), so
+//! rendering the same rows twice gives the same bytes.
+//!
+//! Placing ([`OutputDir::place`]): the group goes to `outputs/<YYYY-MM-DD>/` (UTC), all its files
+//! under one stem. Invariants:
+//! - a name never escapes `outputs/`: the stem is one sanitized path component and the day folder
+//!   is created by us (a symlinked day folder is refused);
+//! - every file is written to a hidden temporary in the same folder, `fsync`ed, and linked into
+//!   place without replacing anything (`link(2)` fails on an existing name), then the folder is
+//!   `fsync`ed: a reader never sees a partial file;
+//! - nothing is overwritten: when the stem is taken (any file of its group exists), the next free
+//!   `<stem>-1`, `<stem>-2`, ... is used;
+//! - placing is idempotent: if a group with byte-identical files already exists under some suffix
+//!   (in today's or yesterday's folder) it is reused, so a crash between writing the files and
+//!   recording them in the ledger never produces a duplicate on restart.
+
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::daemon::intake::InputKind;
+use crate::daemon::openai;
+use crate::engine::request::Completion;
+use crate::error::ErrorClass;
+
+/// What the ledger's `result_json` holds for a succeeded task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredResult {
+    /// The model that produced it (`EngineInfo::model`).
+    pub model: String,
+    /// When it finished, unix seconds (the `created` of the `chat.completion`).
+    pub created: i64,
+    /// What the engine returned.
+    pub completion: Completion,
+}
+
+/// How a task ended, as far as outputs care.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskOutcome {
+    /// It produced a result.
+    Succeeded(StoredResult),
+    /// It ended without one (`failed`, `dead` or `cancelled`).
+    Failed {
+        /// The ledger state label.
+        state: String,
+        /// The class of the last failure (`None` for a cancelled task that never failed).
+        class: Option<ErrorClass>,
+        /// The last error message.
+        message: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// A terminal task of one input file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedTask {
+    /// UUID v7 text.
+    pub task_id: String,
+    /// 1-based line (`.jsonl`).
+    pub line: Option<u32>,
+    /// Echoed `custom_id` (`.jsonl`).
+    pub custom_id: Option<String>,
+    /// How it ended.
+    pub outcome: TaskOutcome,
+}
+
+/// One file of an output group: the extension after the stem and the bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputFile {
+    /// `.md`, `.json`, `.error.json`, `.output.jsonl`, `.errors.jsonl`.
+    pub ext: &'static str,
+    /// The whole content.
+    pub bytes: Vec<u8>,
+    /// The tasks this file reports on (their `output_path` becomes this file).
+    pub task_ids: Vec<String>,
+}
+
+/// Every extension an input kind's output group may use: a stem is taken when any exists.
+pub fn group_exts(kind: InputKind) -> &'static [&'static str] {
+    match kind {
+        InputKind::Txt | InputKind::Md => &[".md", ".json", ".error.json"],
+        InputKind::Json => &[".json", ".error.json"],
+        InputKind::Jsonl => &[".output.jsonl", ".errors.jsonl"],
+    }
+}
+
+/// Render the output group of an input file whose tasks are all terminal. `input` is the path
+/// relative to `inputs/`, recorded in metadata and error files.
+pub fn render(kind: InputKind, input: &str, tasks: &[FinishedTask]) -> Vec<OutputFile> {
+    match kind {
+        InputKind::Jsonl => render_jsonl(tasks),
+        InputKind::Txt | InputKind::Md | InputKind::Json => {
+            // Single-task files have exactly one task; render each defensively.
+            tasks
+                .iter()
+                .flat_map(|t| render_single(kind, input, t))
+                .collect()
+        }
+    }
+}
+
+fn pretty(v: &Value) -> Vec<u8> {
+    let mut b = serde_json::to_vec_pretty(v).unwrap_or_default();
+    b.push(b'\n');
+    b
+}
+
+fn render_single(kind: InputKind, input: &str, t: &FinishedTask) -> Vec<OutputFile> {
+    let ids = vec![t.task_id.clone()];
+    match &t.outcome {
+        TaskOutcome::Succeeded(r) if kind == InputKind::Json => vec![OutputFile {
+            ext: ".json",
+            bytes: pretty(&openai::chat_completion(
+                &t.task_id,
+                &r.model,
+                r.created,
+                &r.completion,
+            )),
+            task_ids: ids,
+        }],
+        TaskOutcome::Succeeded(r) => {
+            let c = &r.completion;
+            let meta = json!({
+                "task_id": t.task_id,
+                "input": input,
+                "model": r.model,
+                "created": r.created,
+                "finish_reason": c.finish_reason.as_str(),
+                "usage": {
+                    "prompt_tokens": c.usage.prompt_tokens,
+                    "completion_tokens": c.usage.completion_tokens,
+                    "total_tokens": c.usage.prompt_tokens + c.usage.completion_tokens,
+                    "cached_tokens": c.usage.cached_prompt_tokens,
+                },
+                "timings": {
+                    "queue_ms": c.timings.queue.as_secs_f64() * 1e3,
+                    "ttft_ms": c.timings.ttft.as_secs_f64() * 1e3,
+                    "total_ms": c.timings.total.as_secs_f64() * 1e3,
+                    "decode_tokens_per_s": c.timings.decode_tokens_per_s,
+                },
+            });
+            let mut text = c.text.clone().into_bytes();
+            if !text.ends_with(b"\n") {
+                text.push(b'\n');
+            }
+            vec![
+                OutputFile {
+                    ext: ".md",
+                    bytes: text,
+                    task_ids: ids.clone(),
+                },
+                OutputFile {
+                    ext: ".json",
+                    bytes: pretty(&meta),
+                    task_ids: ids,
+                },
+            ]
+        }
+        TaskOutcome::Failed {
+            state,
+            class,
+            message,
+            attempts,
+        } => vec![OutputFile {
+            ext: ".error.json",
+            bytes: pretty(&json!({
+                "task_id": t.task_id,
+                "input": input,
+                "state": state,
+                "error_class": class.map(ErrorClass::as_str),
+                "error": message,
+                "attempts": attempts,
+            })),
+            task_ids: ids,
+        }],
+    }
+}
+
+fn render_jsonl(tasks: &[FinishedTask]) -> Vec<OutputFile> {
+    let mut sorted: Vec<&FinishedTask> = tasks.iter().collect();
+    sorted.sort_by_key(|t| (t.line.unwrap_or(0), t.task_id.clone()));
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let (mut out_ids, mut err_ids) = (Vec::new(), Vec::new());
+    for t in sorted {
+        let cid = t.custom_id.as_deref();
+        let line = match &t.outcome {
+            TaskOutcome::Succeeded(r) => {
+                let body = openai::chat_completion(&t.task_id, &r.model, r.created, &r.completion);
+                out_ids.push(t.task_id.clone());
+                (&mut out, openai::batch_output_line(&t.task_id, cid, body))
+            }
+            TaskOutcome::Failed {
+                state,
+                class,
+                message,
+                attempts,
+            } => {
+                let msg = match state.as_str() {
+                    "dead" => format!("{message} (gave up after {attempts} attempts)"),
+                    _ => message.clone(),
+                };
+                err_ids.push(t.task_id.clone());
+                let line = match class {
+                    Some(c) => openai::batch_error_line(&t.task_id, cid, *c, &msg),
+                    None => json!({
+                        "id": t.task_id, "custom_id": cid, "response": null,
+                        "error": { "code": state, "message": msg },
+                    }),
+                };
+                (&mut err, line)
+            }
+        };
+        let (buf, value) = line;
+        // serde_json never fails on a Value; an empty line would still be valid JSONL.
+        buf.extend_from_slice(serde_json::to_string(&value).unwrap_or_default().as_bytes());
+        buf.push(b'\n');
+    }
+    let mut files = Vec::new();
+    if !out_ids.is_empty() {
+        files.push(OutputFile {
+            ext: ".output.jsonl",
+            bytes: out,
+            task_ids: out_ids,
+        });
+    }
+    if !err_ids.is_empty() {
+        files.push(OutputFile {
+            ext: ".errors.jsonl",
+            bytes: err,
+            task_ids: err_ids,
+        });
+    }
+    files
+}
+
+/// A file name stem for an input path (relative to `inputs/`): its file stem, made one safe
+/// path component. Spaces and non-ASCII letters are kept; path separators, control characters
+/// and leading dots are replaced; at most 200 bytes.
+pub fn safe_stem(input: &str) -> String {
+    let name = input.rsplit(['/', '\\']).next().unwrap_or(input);
+    let stem = match name.rfind('.') {
+        Some(i) if i > 0 => &name[..i],
+        _ => name,
+    };
+    let mut s: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_control() || matches!(c, '/' | '\\' | ':') {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    while s.starts_with('.') {
+        s.replace_range(..1, "_");
+    }
+    let s = s.trim().to_string();
+    let mut s = if s.is_empty() { "input".to_string() } else { s };
+    if s.len() > 200 {
+        let mut cut = 200;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// Errors placing outputs.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// An I/O error on a named path.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A path that would leave `outputs/` (never written).
+    #[error("refusing to write outside the outputs folder: {0}")]
+    Escape(PathBuf),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
+    move |source| WriteError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The `outputs/` folder.
+#[derive(Debug, Clone)]
+pub struct OutputDir {
+    root: PathBuf,
+}
+
+/// Where a placed group landed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placed {
+    /// `(task_id, path of the file reporting on it)` for every task of the group.
+    pub task_paths: Vec<(String, PathBuf)>,
+    /// Every file of the group.
+    pub files: Vec<PathBuf>,
+    /// Whether an identical group already existed (nothing was written).
+    pub reused: bool,
+}
+
+impl OutputDir {
+    /// Outputs under `root` (created on first write).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        OutputDir { root: root.into() }
+    }
+
+    /// Remove temporaries a killed writer left in the day folders (`.<name>.<32 hex>.tmp`, the
+    /// pattern of [`write_new`]); returns how many. Run at start, with the ledger lock held.
+    pub fn remove_stale_temporaries(&self) -> usize {
+        let mut removed = 0;
+        let Ok(days) = std::fs::read_dir(&self.root) else {
+            return 0;
+        };
+        for day in days.flatten() {
+            let Ok(files) = std::fs::read_dir(day.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let name = f.file_name();
+                if is_our_temporary(&name.to_string_lossy())
+                    && std::fs::remove_file(f.path()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
+    /// The root folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `root/<YYYY-MM-DD>` for a date.
+    pub fn day_dir(&self, date: time::Date) -> PathBuf {
+        self.root.join(format!(
+            "{:04}-{:02}-{:02}",
+            date.year(),
+            u8::from(date.month()),
+            date.day()
+        ))
+    }
+
+    /// Place an output group for the input `input` (relative path) in today's folder (UTC
+    /// `today`); see the module docs for the guarantees.
+    pub fn place(
+        &self,
+        input: &str,
+        kind: InputKind,
+        files: &[OutputFile],
+        today: time::Date,
+    ) -> Result<Placed, WriteError> {
+        let stem = safe_stem(input);
+        let dir = self.day_dir(today);
+        let yesterday = today.previous_day().map(|d| self.day_dir(d));
+        for d in std::iter::once(&dir).chain(yesterday.as_ref()) {
+            if let Some(existing) = find_identical(d, &stem, files)? {
+                return Ok(self.placed(&existing, files, true));
+            }
+        }
+        self.ensure_day_dir(&dir)?;
+        let exts = group_exts(kind);
+        let base = (0u32..)
+            .map(|k| {
+                if k == 0 {
+                    dir.join(&stem)
+                } else {
+                    dir.join(format!("{stem}-{k}"))
+                }
+            })
+            .find(|b| exts.iter().all(|e| !path_with_ext(b, e).exists()))
+            .unwrap_or_else(|| dir.join(&stem));
+        for f in files {
+            let path = path_with_ext(&base, f.ext);
+            self.check_inside(&path)?;
+            if !write_new(&path, &f.bytes)? {
+                // Someone took the name between our check and the link: never replace it.
+                return Err(WriteError::Io {
+                    path,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "output appeared while writing",
+                    ),
+                });
+            }
+        }
+        sync_dir(&dir)?;
+        Ok(self.placed(&base, files, false))
+    }
+
+    fn placed(&self, base: &Path, files: &[OutputFile], reused: bool) -> Placed {
+        let mut task_paths = Vec::new();
+        let mut paths = Vec::new();
+        for f in files {
+            let p = path_with_ext(base, f.ext);
+            // `.md` + `.json` report on the same task: the first file (the text) is its output.
+            for id in &f.task_ids {
+                if !task_paths.iter().any(|(t, _): &(String, PathBuf)| t == id) {
+                    task_paths.push((id.clone(), p.clone()));
+                }
+            }
+            paths.push(p);
+        }
+        Placed {
+            task_paths,
+            files: paths,
+            reused,
+        }
+    }
+
+    fn ensure_day_dir(&self, dir: &Path) -> Result<(), WriteError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let meta = std::fs::symlink_metadata(dir).map_err(io_err(dir))?;
+        if !meta.is_dir() {
+            return Err(WriteError::Escape(dir.to_path_buf()));
+        }
+        Ok(())
+    }
+
+    fn check_inside(&self, path: &Path) -> Result<(), WriteError> {
+        let rel = path
+            .strip_prefix(&self.root)
+            .map_err(|_| WriteError::Escape(path.to_path_buf()))?;
+        let ok = rel.components().count() == 2
+            && rel.components().all(|c| matches!(c, Component::Normal(_)));
+        if ok {
+            Ok(())
+        } else {
+            Err(WriteError::Escape(path.to_path_buf()))
+        }
+    }
+}
+
+fn path_with_ext(base: &Path, ext: &str) -> PathBuf {
+    let mut s = base.as_os_str().to_os_string();
+    s.push(ext);
+    PathBuf::from(s)
+}
+
+/// The base path (`dir/<stem>[-k]`) of an existing group whose files are byte-identical to
+/// `files` and which has no extra group files, if any.
+fn find_identical(
+    dir: &Path,
+    stem: &str,
+    files: &[OutputFile],
+) -> Result<Option<PathBuf>, WriteError> {
+    let Some(first) = files.first() else {
+        return Ok(None);
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(WriteError::Io {
+                path: dir.to_path_buf(),
+                source: e,
+            })
+        }
+    };
+    for entry in entries {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(base_name) = name.strip_suffix(first.ext) else {
+            continue;
+        };
+        let suffix_ok = base_name == stem
+            || base_name
+                .strip_prefix(stem)
+                .and_then(|r| r.strip_prefix('-'))
+                .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
+        if !suffix_ok {
+            continue;
+        }
+        let base = dir.join(base_name);
+        let same = files
+            .iter()
+            .all(|f| std::fs::read(path_with_ext(&base, f.ext)).is_ok_and(|b| b == f.bytes));
+        if same {
+            return Ok(Some(base));
+        }
+    }
+    Ok(None)
+}
+
+/// Write `bytes` to `path` atomically without replacing an existing file. Returns `false`
+/// (and writes nothing) when `path` exists.
+pub fn write_new(path: &Path, bytes: &[u8]) -> Result<bool, WriteError> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| WriteError::Escape(path.to_path_buf()))?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::now_v7().simple()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        f.write_all(bytes).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        drop(f);
+        match std::fs::hard_link(&tmp, path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            // Filesystems without hard links: check, then rename (a tiny window, no partial file).
+            Err(_) if !path.exists() => std::fs::rename(&tmp, path)
+                .map(|()| true)
+                .map_err(io_err(path)),
+            Err(e) => Err(WriteError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            }),
+        }
+    })();
+    // The temporary is gone after a rename; otherwise remove it (best effort: it is hidden).
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// Whether a file name is one of [`write_new`]'s temporaries.
+fn is_our_temporary(name: &str) -> bool {
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    inner
+        .rsplit_once('.')
+        .is_some_and(|(_, id)| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), WriteError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::request::{FinishReason, Timings, Usage};
+    use std::time::Duration;
+    use time::macros::date;
+
+    fn result(text: &str) -> StoredResult {
+        StoredResult {
+            model: "smol".into(),
+            created: 1_700_000_000,
+            completion: Completion {
+                text: text.into(),
+                token_ids: vec![1, 2],
+                finish_reason: FinishReason::Stop,
+                usage: Usage {
+                    prompt_tokens: 7,
+                    completion_tokens: 2,
+                    cached_prompt_tokens: 0,
+                },
+                timings: Timings {
+                    queue: Duration::from_millis(1),
+                    ttft: Duration::from_millis(20),
+                    total: Duration::from_millis(50),
+                    decode_tokens_per_s: 33.0,
+                },
+                logprobs: None,
+            },
+        }
+    }
+
+    fn ok(id: &str, line: Option<u32>, cid: Option<&str>, text: &str) -> FinishedTask {
+        FinishedTask {
+            task_id: id.into(),
+            line,
+            custom_id: cid.map(Into::into),
+            outcome: TaskOutcome::Succeeded(result(text)),
+        }
+    }
+
+    fn failed(
+        id: &str,
+        line: Option<u32>,
+        cid: Option<&str>,
+        state: &str,
+        class: ErrorClass,
+    ) -> FinishedTask {
+        FinishedTask {
+            task_id: id.into(),
+            line,
+            custom_id: cid.map(Into::into),
+            outcome: TaskOutcome::Failed {
+                state: state.into(),
+                class: Some(class),
+                message: "boom".into(),
+                attempts: 3,
+            },
+        }
+    }
+
+    #[test]
+    fn stems_are_one_safe_component() {
+        assert_eq!(safe_stem("my prompt ü.txt"), "my prompt ü");
+        assert_eq!(safe_stem("sub/dir/a.b.jsonl"), "a.b");
+        assert_eq!(safe_stem("../../etc/passwd"), "passwd");
+        assert_eq!(safe_stem(".."), "_");
+        assert_eq!(safe_stem(".hidden.txt"), "_hidden");
+        assert_eq!(safe_stem("a\u{7}b\nc.md"), "a_b_c");
+        assert_eq!(safe_stem(".txt"), "_txt");
+        assert_eq!(safe_stem(""), "input");
+        assert!(safe_stem(&"é".repeat(300)).len() <= 200);
+        for s in ["../x.txt", "..", "/", "a/../../b.md", "C:\\x\\..\\y.txt"] {
+            let stem = safe_stem(s);
+            let comps: Vec<_> = Path::new(&stem).components().collect();
+            assert_eq!(comps.len(), 1, "{s} → {stem}");
+            assert!(matches!(comps[0], Component::Normal(_)), "{s} → {stem}");
+        }
+    }
+
+    #[test]
+    fn text_success_is_markdown_plus_metadata() {
+        let files = render(InputKind::Txt, "q.txt", &[ok("t1", None, None, "Paris.")]);
+        assert_eq!(
+            files.iter().map(|f| f.ext).collect::<Vec<_>>(),
+            vec![".md", ".json"]
+        );
+        assert_eq!(files[0].bytes, b"Paris.\n");
+        let meta: Value = serde_json::from_slice(&files[1].bytes).expect("json");
+        assert_eq!(meta["task_id"], "t1");
+        assert_eq!(meta["model"], "smol");
+        assert_eq!(meta["finish_reason"], "stop");
+        assert_eq!(meta["usage"]["total_tokens"], 9);
+        assert_eq!(meta["timings"]["ttft_ms"], 20.0);
+        assert_eq!(meta["input"], "q.txt");
+    }
+
+    #[test]
+    fn json_success_is_a_chat_completion_and_failures_an_error_file() {
+        let files = render(InputKind::Json, "r.json", &[ok("t1", None, None, "hi")]);
+        assert_eq!(files.len(), 1);
+        let v: Value = serde_json::from_slice(&files[0].bytes).expect("json");
+        assert_eq!(v["object"], "chat.completion");
+        let files = render(
+            InputKind::Md,
+            "r.md",
+            &[failed("t2", None, None, "dead", ErrorClass::Timeout)],
+        );
+        assert_eq!(files[0].ext, ".error.json");
+        let v: Value = serde_json::from_slice(&files[0].bytes).expect("json");
+        assert_eq!(
+            (
+                v["state"].as_str(),
+                v["error_class"].as_str(),
+                v["attempts"].as_u64()
+            ),
+            (Some("dead"), Some("timeout"), Some(3))
+        );
+    }
+
+    #[test]
+    fn jsonl_splits_successes_and_failures_in_line_order() {
+        let tasks = vec![
+            failed("t3", Some(3), None, "failed", ErrorClass::InvalidInput),
+            ok("t2", Some(2), Some("b"), "two"),
+            ok("t1", Some(1), Some("a"), "one"),
+            failed("t4", Some(4), Some("d"), "dead", ErrorClass::Oom),
+        ];
+        let files = render(InputKind::Jsonl, "batch.jsonl", &tasks);
+        assert_eq!(
+            files.iter().map(|f| f.ext).collect::<Vec<_>>(),
+            vec![".output.jsonl", ".errors.jsonl"]
+        );
+        let lines = |b: &[u8]| -> Vec<Value> {
+            std::str::from_utf8(b)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        };
+        let out = lines(&files[0].bytes);
+        assert_eq!(
+            out.iter()
+                .map(|l| l["custom_id"].as_str().unwrap())
+                .collect::<Vec<_>>(),
+            vec!["a", "b"]
+        );
+        assert_eq!(out[0]["id"], "t1");
+        assert_eq!(
+            out[0]["response"]["body"]["choices"][0]["message"]["content"],
+            "one"
+        );
+        let err = lines(&files[1].bytes);
+        assert_eq!(err.len(), 2);
+        assert_eq!(err[0]["response"]["status_code"], 400);
+        assert!(err[0]["custom_id"].is_null());
+        assert_eq!(err[1]["error"]["code"], "oom");
+        assert!(err[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("after 3 attempts"));
+        assert_eq!(files[1].task_ids, vec!["t3".to_string(), "t4".to_string()]);
+        // Only failures: no empty output file.
+        let only_bad = render(InputKind::Jsonl, "b.jsonl", &tasks[..1]);
+        assert_eq!(
+            only_bad.iter().map(|f| f.ext).collect::<Vec<_>>(),
+            vec![".errors.jsonl"]
+        );
+    }
+
+    #[test]
+    fn placing_is_atomic_suffixed_and_idempotent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = OutputDir::new(dir.path().join("outputs"));
+        let today = date!(2026 - 03 - 04);
+        let files = render(InputKind::Txt, "my q ü.txt", &[ok("t1", None, None, "A")]);
+        let p = out
+            .place("my q ü.txt", InputKind::Txt, &files, today)
+            .expect("place");
+        let day = dir.path().join("outputs/2026-03-04");
+        assert_eq!(
+            p.files,
+            vec![day.join("my q ü.md"), day.join("my q ü.json")]
+        );
+        assert_eq!(
+            p.task_paths,
+            vec![("t1".to_string(), day.join("my q ü.md"))]
+        );
+        assert!(!p.reused);
+        assert_eq!(std::fs::read(day.join("my q ü.md")).unwrap(), b"A\n");
+
+        // The same rows again (a restart after a crash): nothing new.
+        let again = out
+            .place("my q ü.txt", InputKind::Txt, &files, today)
+            .expect("place");
+        assert!(again.reused);
+        assert_eq!(again.files, p.files);
+
+        // A different task with the same stem gets a suffix; an error file also takes the stem.
+        let other = render(InputKind::Txt, "my q ü.txt", &[ok("t2", None, None, "B")]);
+        let p2 = out
+            .place("my q ü.txt", InputKind::Txt, &other, today)
+            .expect("place");
+        assert_eq!(p2.files[0], day.join("my q ü-1.md"));
+        let err = render(
+            InputKind::Txt,
+            "my q ü.txt",
+            &[failed("t3", None, None, "failed", ErrorClass::InvalidInput)],
+        );
+        let p3 = out
+            .place("my q ü.txt", InputKind::Txt, &err, today)
+            .expect("place");
+        assert_eq!(p3.files[0], day.join("my q ü-2.error.json"));
+        assert_eq!(
+            std::fs::read(day.join("my q ü.md")).unwrap(),
+            b"A\n",
+            "never overwritten"
+        );
+
+        // Yesterday's identical group is found across midnight.
+        let tomorrow = today.next_day().unwrap();
+        assert!(
+            out.place("my q ü.txt", InputKind::Txt, &files, tomorrow)
+                .unwrap()
+                .reused
+        );
+
+        // No temporaries are left behind.
+        let leftovers: Vec<_> = std::fs::read_dir(&day)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn hostile_names_stay_inside_outputs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = OutputDir::new(dir.path().join("outputs"));
+        let files = render(
+            InputKind::Txt,
+            "../../escape.txt",
+            &[ok("t1", None, None, "x")],
+        );
+        let p = out
+            .place(
+                "../../escape.txt",
+                InputKind::Txt,
+                &files,
+                date!(2026 - 01 - 01),
+            )
+            .expect("place");
+        for f in &p.files {
+            assert!(
+                f.starts_with(dir.path().join("outputs/2026-01-01")),
+                "{}",
+                f.display()
+            );
+        }
+        assert!(out.check_inside(&dir.path().join("outputs/../x")).is_err());
+        assert!(out
+            .check_inside(&dir.path().join("elsewhere/2026-01-01/x"))
+            .is_err());
+    }
+
+    #[test]
+    fn stale_temporaries_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = OutputDir::new(dir.path());
+        let day = dir.path().join("2026-01-01");
+        std::fs::create_dir_all(&day).unwrap();
+        let stale = format!(".a.md.{}.tmp", uuid::Uuid::now_v7().simple());
+        for name in [stale.as_str(), "a.md", ".a.md.tmp", "b.tmp", ".x.zzzz.tmp"] {
+            std::fs::write(day.join(name), "x").unwrap();
+        }
+        assert_eq!(out.remove_stale_temporaries(), 1);
+        assert!(!day.join(&stale).exists());
+        assert_eq!(std::fs::read_dir(&day).unwrap().count(), 4);
+    }
+
+    #[test]
+    fn write_new_never_replaces() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("a.md");
+        assert!(write_new(&p, b"one").unwrap());
+        assert!(!write_new(&p, b"two").unwrap());
+        assert_eq!(std::fs::read(&p).unwrap(), b"one");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}
