@@ -8,7 +8,7 @@
 //
 // Shapes: q, out [n_q, n_heads, head_dim] (compute type T); caches [num_blocks, block_size,
 // n_kv_heads, head_dim] (storage C); block_tables [n_seqs, max_blocks] (int32).
-// head_dim is a multiple of 32 and at most 256 (ATTN_MAX_DIM_PER_LANE * 32).
+// head_dim is at most 256 (ATTN_MAX_DIM_PER_LANE * 32); lane l holds dims l, l + 32, ...
 //
 // Split-K (flash-decoding): grid (n_heads, n_q, n_parts); part p covers keys [p*part_len,
 // (p+1)*part_len). Each of the block's ATTN_WARPS warps walks every ATTN_WARPS-th key with an online
@@ -29,7 +29,7 @@ __device__ void attention(const T* q, const C* k_cache, const C* v_cache, const 
     int part = blockIdx.z, n_parts = gridDim.z;
     int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     int kv_head = head / (n_heads / n_kv_heads);
-    int per_lane = head_dim / WARP_SIZE;
+    int per_lane = (head_dim + WARP_SIZE - 1) / WARP_SIZE;
     int ctx = q_pos[t] + 1;
     int start = part * part_len;
     int end = min(ctx, start + part_len);
@@ -38,7 +38,8 @@ __device__ void attention(const T* q, const C* k_cache, const C* v_cache, const 
     float qv[ATTN_MAX_DIM_PER_LANE], acc[ATTN_MAX_DIM_PER_LANE];
     const T* qr = q + (t * n_heads + head) * (long)head_dim;
     for (int i = 0; i < per_lane; ++i) {
-        qv[i] = Io<T>::load(qr, lane + i * WARP_SIZE) * scale;
+        int d = lane + i * WARP_SIZE;
+        qv[i] = d < head_dim ? Io<T>::load(qr, d) * scale : 0.0f;
         acc[i] = 0.0f;
     }
     float m = KILN_NEG_INF, l = 0.0f;
@@ -47,13 +48,18 @@ __device__ void attention(const T* q, const C* k_cache, const C* v_cache, const 
         long slot = (long)table[j / block_size] * block_size + j % block_size;
         long base = slot * row + (long)kv_head * head_dim;
         float s = 0.0f;
-        for (int i = 0; i < per_lane; ++i) s += qv[i] * Io<C>::load(k_cache, base + lane + i * WARP_SIZE);
+        for (int i = 0; i < per_lane; ++i) {
+            int d = lane + i * WARP_SIZE;
+            if (d < head_dim) s += qv[i] * Io<C>::load(k_cache, base + d);
+        }
         s = warp_sum(s);
         float m_new = fmaxf(m, s);
         float corr = expf(m - m_new), p = expf(s - m_new);
         l = l * corr + p;
-        for (int i = 0; i < per_lane; ++i)
-            acc[i] = acc[i] * corr + p * Io<C>::load(v_cache, base + lane + i * WARP_SIZE);
+        for (int i = 0; i < per_lane; ++i) {
+            int d = lane + i * WARP_SIZE;
+            if (d < head_dim) acc[i] = acc[i] * corr + p * Io<C>::load(v_cache, base + d);
+        }
         m = m_new;
     }
 
@@ -63,7 +69,10 @@ __device__ void attention(const T* q, const C* k_cache, const C* v_cache, const 
         sm[warp] = m;
         sl[warp] = l;
     }
-    for (int i = 0; i < per_lane; ++i) sacc[warp][lane + i * WARP_SIZE] = acc[i];
+    for (int i = 0; i < per_lane; ++i) {
+        int d = lane + i * WARP_SIZE;
+        if (d < head_dim) sacc[warp][d] = acc[i];
+    }
     __syncthreads();
     float M = KILN_NEG_INF;
     for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, sm[w]);

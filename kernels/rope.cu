@@ -2,34 +2,33 @@
 // Entry points: rope_{f32,f16,bf16}.
 //
 // q: [n_tokens, n_heads, head_dim], k: [n_tokens, n_kv_heads, head_dim], positions: [n_tokens].
-// For pair i < rot_dim/2 of each head: inv_freq = theta^(-2i/rot_dim) (f32, as transformers computes
-// it), angle = pos * inv_freq (f32 product), then
-//   x[i]' = x[i] cos - x[i + rot_dim/2] sin,  x[i + rot_dim/2]' = x[i + rot_dim/2] cos + x[i] sin.
-// Dims >= rot_dim pass through (partial rotary, used by Qwen3.5).
-// grid (n_tokens), block covers (n_heads + n_kv_heads) * rot_dim/2 pairs in a loop.
+// cos, sin: [max_positions, rot_half] (f32), computed once on the host by backend::rope so every
+// backend rotates with the same values. For pair i < rot_half of each head:
+//   x[i]' = x[i] cos - x[i + rot_half] sin,  x[i + rot_half]' = x[i + rot_half] cos + x[i] sin.
+// Dims >= 2 * rot_half pass through (partial rotary, used by Qwen3.5).
+// grid (n_tokens), block loops over (n_heads + n_kv_heads) * rot_half pairs.
 template <typename T>
-__device__ void rope(T* q, T* k, const int* positions, int n_heads, int n_kv_heads, int head_dim,
-                     int rot_dim, float theta) {
+__device__ void rope(T* q, T* k, const int* positions, const float* cos_table,
+                     const float* sin_table, int n_heads, int n_kv_heads, int head_dim,
+                     int rot_half) {
     long t = blockIdx.x;
-    float pos = (float)positions[t];
-    int half_rot = rot_dim / 2;
-    int pairs = (n_heads + n_kv_heads) * half_rot;
+    long pos = positions[t];
+    int pairs = (n_heads + n_kv_heads) * rot_half;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-        int head = p / half_rot, i = p % half_rot;
+        int head = p / rot_half, i = p % rot_half;
         T* base = head < n_heads ? q + (t * n_heads + head) * (long)head_dim
                                  : k + (t * n_kv_heads + (head - n_heads)) * (long)head_dim;
-        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)rot_dim);
-        float angle = pos * inv_freq;
-        float c = cosf(angle), s = sinf(angle);
-        float x1 = Io<T>::load(base, i), x2 = Io<T>::load(base, i + half_rot);
+        float c = cos_table[pos * rot_half + i], s = sin_table[pos * rot_half + i];
+        float x1 = Io<T>::load(base, i), x2 = Io<T>::load(base, i + rot_half);
         Io<T>::store(base, i, x1 * c - x2 * s);
-        Io<T>::store(base, i + half_rot, x2 * c + x1 * s);
+        Io<T>::store(base, i + rot_half, x2 * c + x1 * s);
     }
 }
 
 #define ROPE(SUF, T)                                                                                \
-    extern "C" __global__ void rope_##SUF(T* q, T* k, const int* positions, int n_heads,            \
-                                          int n_kv_heads, int head_dim, int rot_dim, float theta) { \
-        rope<T>(q, k, positions, n_heads, n_kv_heads, head_dim, rot_dim, theta);                     \
+    extern "C" __global__ void rope_##SUF(T* q, T* k, const int* positions, const float* cos_table, \
+                                          const float* sin_table, int n_heads, int n_kv_heads,      \
+                                          int head_dim, int rot_half) {                             \
+        rope<T>(q, k, positions, cos_table, sin_table, n_heads, n_kv_heads, head_dim, rot_half);    \
     }
 KILN_FOR_FLOAT_TYPES(ROPE)

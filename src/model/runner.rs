@@ -19,10 +19,12 @@ pub fn build_runner_for(
     weights: &dyn WeightSource,
     engine: &EngineConfig,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
-    match engine.device {
+    match resolve_auto(engine.device) {
         Device::Cpu | Device::Auto => {
-            let backend = CpuBackend::new(engine.threads).map_err(|e| ModelError::Backend(e.to_string()))?;
-            let num_blocks = blocks_for_budget(&backend, config, engine.block_size, engine.kv_cache_mib)?;
+            let backend =
+                CpuBackend::new(engine.threads).map_err(|e| ModelError::Backend(e.to_string()))?;
+            let num_blocks =
+                blocks_for_budget(&backend, config, engine.block_size, engine.kv_cache_mib)?;
             load_on(backend, config, weights, engine.block_size, num_blocks)
         }
         #[cfg(not(feature = "cuda"))]
@@ -31,10 +33,98 @@ pub fn build_runner_for(
              `cargo build --release --features cuda`, or set `engine.device = \"cpu\"`)"
         ))),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) => Err(ModelError::Unsupported(format!(
-            "device `cuda:{n}`: the CUDA backend is not implemented yet (set `engine.device = \"cpu\"`)"
-        ))),
+        Device::Cuda(n) => load_cuda(n, config, weights, engine),
     }
+}
+
+/// `auto` means CUDA device 0 when this build has the `cuda` feature and a GPU is visible,
+/// else the CPU.
+fn resolve_auto(device: Device) -> Device {
+    #[cfg(feature = "cuda")]
+    if device == Device::Auto {
+        let has_gpu = crate::backend::cuda::device::require_driver().is_ok()
+            && crate::backend::cuda::device::list_gpus()
+                .map(|(_, g)| !g.is_empty())
+                .unwrap_or(false);
+        return if has_gpu {
+            Device::Cuda(0)
+        } else {
+            Device::Cpu
+        };
+    }
+    device
+}
+
+/// The model on CUDA device `ordinal`, with its KV cache sized by the memory planner.
+/// `KILN_CUDA_ARCH` (e.g. `compute_70`) compiles the kernels for another target than the
+/// device's, to run the V100 path on a newer GPU through the driver's JIT.
+#[cfg(feature = "cuda")]
+fn load_cuda(
+    ordinal: usize,
+    config: &ModelConfig,
+    weights: &dyn WeightSource,
+    engine: &EngineConfig,
+) -> Result<Box<dyn ModelRunner>, ModelError> {
+    use crate::backend::cuda::planner::{plan, workspace_bytes, PlanInput};
+    use crate::backend::cuda::{Arch, CudaBackend};
+
+    let cuda_err = |e: crate::backend::cuda::CudaError| {
+        ModelError::Backend(format!("device `cuda:{ordinal}`: {e}"))
+    };
+    let arch_override = match std::env::var("KILN_CUDA_ARCH") {
+        Ok(a) => Some(a.parse::<Arch>().map_err(ModelError::Unsupported)?),
+        Err(_) => None,
+    };
+    let backend = CudaBackend::new(
+        ordinal,
+        &engine.dtype,
+        &engine.kv_cache_dtype,
+        arch_override,
+    )
+    .map_err(cuda_err)?;
+    let (free, total) = backend
+        .memory_info()
+        .map_err(|e| ModelError::Backend(e.to_string()))?;
+    let elem = backend.dtype().size();
+    let weights_bytes: usize = weights
+        .names()
+        .iter()
+        .filter_map(|n| weights.tensor(n).ok())
+        .map(|t| t.numel() * elem)
+        .sum();
+    let max_model_len = match engine.max_model_len {
+        0 => config.max_position_embeddings,
+        n => n.min(config.max_position_embeddings),
+    };
+    let input = PlanInput {
+        free_bytes: free,
+        total_bytes: total,
+        utilization: engine.gpu_memory_utilization,
+        weights_bytes,
+        workspace_bytes: workspace_bytes(
+            config,
+            engine.max_num_batched_tokens,
+            engine.max_num_seqs,
+            max_model_len,
+            elem,
+        ),
+        bytes_per_block: backend.kv_bytes_per_block(&Llama::<CudaBackend>::kv_spec(
+            config,
+            engine.block_size,
+            1,
+        )),
+        block_size: engine.block_size,
+        max_model_len,
+    };
+    let memory = plan(&input).map_err(ModelError::Unsupported)?;
+    info!(device = %backend.name(), plan = %memory, "GPU memory planned.");
+    load_on(
+        backend,
+        config,
+        weights,
+        engine.block_size,
+        memory.num_blocks,
+    )
 }
 
 /// Blocks of `block_size` tokens that fit in `mib` MiB on `backend` (at least one).

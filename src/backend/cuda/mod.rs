@@ -4,10 +4,13 @@
 //! Every kernel has an sm_70 path (fp16 compute, software bf16/fp8 conversion, ≤ 96 KB shared
 //! memory, no cp.async / ldmatrix / mma m16n8k16), so one build serves the V100 up to the H200.
 
+pub mod backend;
 pub mod device;
 pub mod kernels;
 pub mod nvrtc;
+pub mod planner;
 
+pub use backend::{ComputeDType, CudaBackend, KvStorage};
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;
 pub use nvrtc::Arch;
