@@ -242,6 +242,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn run_step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // Ops called from inside the pool run their `install` inline.
+        self.pool.install(f)
+    }
+
     fn embedding(
         &self,
         table: &CpuWeight,
