@@ -10,6 +10,7 @@
 //! and runs each op on the backend's own thread pool.
 
 pub mod attention;
+pub mod matmul;
 pub mod ops;
 pub mod reference;
 
