@@ -96,7 +96,10 @@ fn thread_cpu_seconds() -> Option<f64> {
     }
     /// `CLOCK_THREAD_CPUTIME_ID` in `<time.h>` on Linux.
     const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `clock_gettime` writes one `timespec` (two 64-bit fields on 64-bit Linux, as
     // declared) through a valid pointer to a local, and reads nothing else.
     let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
@@ -307,9 +310,16 @@ fn kernels(args: &BenchArgs) -> Result<(), BenchError> {
 
 /// `N×K` (or `NxK`) → (N, K), K a multiple of 256.
 fn parse_shape(s: &str) -> Result<(usize, usize), BenchError> {
-    let bad = || BenchError::InvalidArgument(format!("`--shape {s}`: expected N×K with K a multiple of 256"));
+    let bad = || {
+        BenchError::InvalidArgument(format!(
+            "`--shape {s}`: expected N×K with K a multiple of 256"
+        ))
+    };
     let (n, k) = s.split_once(['x', '×']).ok_or_else(bad)?;
-    let (n, k): (usize, usize) = (n.trim().parse().map_err(|_| bad())?, k.trim().parse().map_err(|_| bad())?);
+    let (n, k): (usize, usize) = (
+        n.trim().parse().map_err(|_| bad())?,
+        k.trim().parse().map_err(|_| bad())?,
+    );
     if n == 0 || k == 0 || k % 256 != 0 {
         return Err(bad());
     }
