@@ -103,7 +103,7 @@ fn thread_cpu_seconds() -> Option<f64> {
     // SAFETY: `clock_gettime` writes one `timespec` (two 64-bit fields on 64-bit Linux, as
     // declared) through a valid pointer to a local, and reads nothing else.
     let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 /// Thread CPU time is read through Linux's `clock_gettime` only.
