@@ -10,7 +10,7 @@
 //! - [`model`]: model files (GGUF, safetensors, config) and architectures.
 //! - [`backend`]: compute backends (CPU reference; CUDA behind the `cuda` feature).
 //! - [`tokenizer`]: tokenization and chat templates.
-//! - [`tools`]: `kiln probe` (and other non-daemon commands).
+//! - [`tools`]: `kiln probe`, `kiln bench` (and other non-daemon commands).
 
 pub mod backend;
 pub mod config;

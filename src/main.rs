@@ -39,6 +39,8 @@ enum Command {
     Probe(kiln::tools::probe::ProbeArgs),
     /// Generate a completion for one prompt (text or a chat message), for a quick check.
     Generate(kiln::tools::generate::GenerateArgs),
+    /// Measure prefill and decode tokens/s (or, with --kernels, the matmul kernels alone).
+    Bench(kiln::tools::bench::BenchArgs),
     /// Manage model files.
     Model {
         #[command(subcommand)]
@@ -83,5 +85,9 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Generate(args) => kiln::tools::generate::run(config, &args),
+        Command::Bench(args) => {
+            kiln::tools::bench::run(&args)?;
+            Ok(())
+        }
     }
 }

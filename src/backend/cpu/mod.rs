@@ -10,6 +10,7 @@
 //! and runs each op on the backend's own thread pool.
 
 pub mod attention;
+pub mod matmul;
 pub mod ops;
 pub mod reference;
 
@@ -325,8 +326,9 @@ impl Backend for CpuBackend {
         let (n, k) = (w.shape[0], w.shape[1]);
         check_len("matmul input", x.len(), rows * k)?;
         check_len("matmul output", out.len(), rows * n)?;
+        // Exact mode (f32 activations × exactly dequantized blocks), SIMD, on the backend's pool.
         self.pool
-            .install(|| reference::matmul(&x[..rows * k], rows, w, &mut out[..rows * n]));
+            .install(|| matmul::matmul(&x[..rows * k], rows, k, &w.view(), &mut out[..rows * n]));
         Ok(())
     }
 

@@ -511,6 +511,15 @@ impl Backend for CudaBackend {
         self.stream.synchronize().map_err(dev_err)
     }
 
+    fn run_step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // cudarc binds the context before each call it makes; binding here as well keeps raw
+        // driver calls made inside `f` on this device.
+        if let Err(e) = self.ctx.bind_to_thread() {
+            tracing::warn!(error = ?e, "Could not bind the CUDA context to the engine thread.");
+        }
+        f()
+    }
+
     fn embedding(
         &self,
         table: &CudaWeight,

@@ -1,0 +1,452 @@
+//! `kiln bench`: performance numbers.
+//!
+//! - `--kernels`: the CPU matmul kernels alone. Per weight dtype: µs per call, GFLOP/s
+//!   (`2·m·n·k / t`) and weight GB/s (stored bytes / t, the figure that matters for batch 1),
+//!   at batch 1, 16 and 128; then the matmul stack of one SmolLM2-135M forward step (30 layers of
+//!   Q4_1 projections + the Q8_0 tied embedding as `lm_head`, on synthetic weights of the real
+//!   shapes) as tokens/s, which bounds what the whole engine can reach.
+//!
+//! Timing: each measurement runs a warm-up call, then repeats until at least `--min-time`
+//! seconds (and 3 calls) have passed, and reports the median call. The machine's load average
+//! is printed beside the numbers, because other processes distort them.
+
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::backend::cpu::matmul::{matmul_on, Isa, MatmulMode};
+use crate::model::{TensorView, WeightDType};
+
+/// `kiln bench` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Device to benchmark (only `cpu` for now).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Model file or folder (the engine benchmark).
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
+    /// Worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Prompt length per sequence (engine benchmark).
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Generated tokens per sequence (engine benchmark).
+    #[arg(long, default_value_t = 64)]
+    pub gen_tokens: usize,
+    /// Concurrent sequences, comma-separated (engine benchmark).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub concurrency: Vec<usize>,
+    /// Benchmark the matmul kernels alone.
+    #[arg(long)]
+    pub kernels: bool,
+    /// Matmul mode(s) for `--kernels`: exact, fast or both.
+    #[arg(long, default_value = "both")]
+    pub mode: String,
+    /// Instruction set for `--kernels` (scalar, avx2, avx512); default: the best available.
+    #[arg(long)]
+    pub isa: Option<Isa>,
+    /// Minimum seconds per measurement.
+    #[arg(long, default_value_t = 0.5)]
+    pub min_time: f64,
+    /// Clock for `--kernels`: `wall`, or `cpu` (on-CPU time of the benchmarking thread; with
+    /// `--threads 1` it ignores time lost to other processes on a loaded machine; Linux only).
+    #[arg(long, value_enum, default_value = "wall")]
+    pub clock: Clock,
+    /// Weight shape `N×K` of the per-dtype kernel table (K a multiple of 256).
+    #[arg(long, default_value = "576x1536")]
+    pub shape: String,
+    /// Print one JSON object per result line instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How a kernel measurement is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Clock {
+    /// Elapsed time.
+    Wall,
+    /// Time the measuring thread spent on a CPU (only meaningful with one worker thread).
+    Cpu,
+}
+
+impl Clock {
+    /// Seconds on this clock since an arbitrary origin.
+    fn now(self, origin: Instant) -> f64 {
+        match self {
+            Clock::Wall => origin.elapsed().as_secs_f64(),
+            Clock::Cpu => thread_cpu_seconds().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// On-CPU seconds of the calling thread (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`).
+#[cfg(target_os = "linux")]
+fn thread_cpu_seconds() -> Option<f64> {
+    /// `struct timespec` on 64-bit Linux.
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock_id: i32, tp: *mut Timespec) -> i32;
+    }
+    /// `CLOCK_THREAD_CPUTIME_ID` in `<time.h>` on Linux.
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` writes one `timespec` (two 64-bit fields on 64-bit Linux, as
+    // declared) through a valid pointer to a local, and reads nothing else.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+}
+
+/// Thread CPU time is read through Linux's `clock_gettime` only.
+#[cfg(not(target_os = "linux"))]
+fn thread_cpu_seconds() -> Option<f64> {
+    None
+}
+
+/// Why `kiln bench` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A bad argument.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The thread pool could not start.
+    #[error("cannot start the thread pool: {0}")]
+    ThreadPool(#[from] rayon::ThreadPoolBuildError),
+}
+
+/// Run `kiln bench`.
+pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
+    if args.device != "cpu" {
+        return Err(BenchError::InvalidArgument(format!(
+            "`--device {}`: only `cpu` is benchmarked for now",
+            args.device
+        )));
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .thread_name(|i| format!("kiln-bench-{i}"))
+        .build()?;
+    if args.kernels {
+        pool.install(|| kernels(args))
+    } else {
+        Err(BenchError::InvalidArgument(
+            "the engine benchmark needs the model loader and CPU runner; use `--kernels` until they land"
+                .into(),
+        ))
+    }
+}
+
+/// The modes named by `--mode`.
+fn modes(arg: &str) -> Result<Vec<MatmulMode>, BenchError> {
+    match arg {
+        "exact" => Ok(vec![MatmulMode::Exact]),
+        "fast" => Ok(vec![MatmulMode::Fast]),
+        "both" => Ok(vec![MatmulMode::Exact, MatmulMode::Fast]),
+        other => Err(BenchError::InvalidArgument(format!(
+            "`--mode {other}`: expected exact, fast or both"
+        ))),
+    }
+}
+
+/// Load average (1, 5, 15 minutes) from `/proc/loadavg`, if readable.
+pub fn load_average() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+/// Median seconds per call of `f` on `clock` (one warm-up call first). Calls are timed in
+/// batches of at least ~2 ms so the clock's own cost does not count.
+fn time_median(clock: Clock, min_time: f64, mut f: impl FnMut()) -> f64 {
+    let origin = Instant::now();
+    let t0 = clock.now(origin);
+    f();
+    let once = (clock.now(origin) - t0).max(1e-7);
+    let batch = ((2e-3 / once).ceil() as usize).clamp(1, 10_000);
+    let mut samples = Vec::new();
+    while samples.len() < 3 || origin.elapsed() < Duration::from_secs_f64(min_time) {
+        let t = clock.now(origin);
+        for _ in 0..batch {
+            f();
+        }
+        samples.push((clock.now(origin) - t) / batch as f64);
+    }
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// Random stored bytes of an `[n, k]` weight with finite values and sane block scales.
+fn synthetic_weight(rng: &mut StdRng, dtype: WeightDType, n: usize, k: usize) -> Vec<u8> {
+    let rb = dtype.row_bytes(k).expect("k is a whole number of blocks");
+    let mut data = vec![0u8; n * rb];
+    match dtype {
+        WeightDType::F32 => data
+            .chunks_exact_mut(4)
+            .for_each(|c| c.copy_from_slice(&rng.random_range(-0.1f32..0.1).to_le_bytes())),
+        WeightDType::F16 => data.chunks_exact_mut(2).for_each(|c| {
+            c.copy_from_slice(&half::f16::from_f32(rng.random_range(-0.1f32..0.1)).to_le_bytes())
+        }),
+        WeightDType::BF16 => data.chunks_exact_mut(2).for_each(|c| {
+            c.copy_from_slice(&half::bf16::from_f32(rng.random_range(-0.1f32..0.1)).to_le_bytes())
+        }),
+        _ => {
+            rng.fill(&mut data[..]);
+            let scale = half::f16::from_f32(0.01).to_le_bytes();
+            let scale_at: &[usize] = match dtype {
+                WeightDType::Q8_0 | WeightDType::Q4_0 => &[0],
+                WeightDType::Q4_1 | WeightDType::Q4K => &[0, 2],
+                WeightDType::Q6K => &[208],
+                _ => &[],
+            };
+            for block in data.chunks_exact_mut(dtype.block_bytes()) {
+                for &at in scale_at {
+                    block[at..at + 2].copy_from_slice(&scale);
+                }
+            }
+        }
+    }
+    data
+}
+
+/// One kernel measurement.
+struct KernelResult {
+    dtype: WeightDType,
+    mode: MatmulMode,
+    m: usize,
+    n: usize,
+    k: usize,
+    seconds: f64,
+    weight_bytes: usize,
+}
+
+impl KernelResult {
+    fn gflops(&self) -> f64 {
+        2.0 * (self.m * self.n * self.k) as f64 / self.seconds / 1e9
+    }
+    fn gbps(&self) -> f64 {
+        self.weight_bytes as f64 / self.seconds / 1e9
+    }
+}
+
+/// `kiln bench --kernels`.
+fn kernels(args: &BenchArgs) -> Result<(), BenchError> {
+    let isa = args.isa.unwrap_or_else(Isa::best);
+    if !isa.is_supported() {
+        return Err(BenchError::InvalidArgument(format!(
+            "this CPU does not run `{isa}`"
+        )));
+    }
+    let modes = modes(&args.mode)?;
+    let threads = rayon::current_num_threads();
+    let load = load_average().unwrap_or_else(|| "unknown".into());
+    if args.clock == Clock::Cpu && threads > 1 {
+        return Err(BenchError::InvalidArgument(
+            "`--clock cpu` times one thread: use it with `--threads 1`".into(),
+        ));
+    }
+    if !args.json {
+        println!(
+            "# kiln matmul kernels: isa {isa}, {threads} threads, {:?} clock, load average {load}",
+            args.clock
+        );
+        println!();
+        println!("| dtype | mode | m | n × k | µs/call | GFLOP/s | weight GB/s |");
+        println!("|---|---|---:|---:|---:|---:|---:|");
+    }
+    let mut rng = StdRng::seed_from_u64(7);
+    // Default: the SmolLM2 down_proj shape; k = 1536 is a whole number of every block size.
+    let (n, k) = parse_shape(&args.shape)?;
+    let dtypes = [
+        WeightDType::F32,
+        WeightDType::F16,
+        WeightDType::BF16,
+        WeightDType::Q8_0,
+        WeightDType::Q4_0,
+        WeightDType::Q4_1,
+        WeightDType::Q4K,
+        WeightDType::Q6K,
+    ];
+    for dtype in dtypes {
+        let data = synthetic_weight(&mut rng, dtype, n, k);
+        let shape = [n, k];
+        let w = TensorView {
+            dtype,
+            shape: &shape,
+            data: &data,
+        };
+        for &mode in &modes {
+            if mode == MatmulMode::Fast && !has_fast_kernel(dtype) {
+                continue;
+            }
+            for m in [1, 16, 128] {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                let mut out = vec![0.0f32; m * n];
+                let seconds = time_median(args.clock, args.min_time, || {
+                    matmul_on(isa, mode, &x, m, k, &w, &mut out);
+                });
+                let r = KernelResult {
+                    dtype,
+                    mode,
+                    m,
+                    n,
+                    k,
+                    seconds,
+                    weight_bytes: data.len(),
+                };
+                print_kernel(args.json, isa, threads, &load, &r);
+            }
+        }
+    }
+    stack(args, isa, &modes, &load)
+}
+
+/// `N×K` (or `NxK`) → (N, K), K a multiple of 256.
+fn parse_shape(s: &str) -> Result<(usize, usize), BenchError> {
+    let bad = || {
+        BenchError::InvalidArgument(format!(
+            "`--shape {s}`: expected N×K with K a multiple of 256"
+        ))
+    };
+    let (n, k) = s.split_once(['x', '×']).ok_or_else(bad)?;
+    let (n, k): (usize, usize) = (
+        n.trim().parse().map_err(|_| bad())?,
+        k.trim().parse().map_err(|_| bad())?,
+    );
+    if n == 0 || k == 0 || k % 256 != 0 {
+        return Err(bad());
+    }
+    Ok((n, k))
+}
+
+/// Whether `mode = Fast` has integer kernels for `dtype` (others run exact).
+fn has_fast_kernel(dtype: WeightDType) -> bool {
+    matches!(
+        dtype,
+        WeightDType::Q8_0 | WeightDType::Q4_0 | WeightDType::Q4_1
+    )
+}
+
+fn mode_name(mode: MatmulMode) -> &'static str {
+    match mode {
+        MatmulMode::Exact => "exact",
+        MatmulMode::Fast => "fast",
+    }
+}
+
+fn print_kernel(json: bool, isa: Isa, threads: usize, load: &str, r: &KernelResult) {
+    if json {
+        let v = serde_json::json!({
+            "bench": "kernel", "isa": isa.as_str(), "threads": threads, "load": load,
+            "dtype": format!("{:?}", r.dtype), "mode": mode_name(r.mode), "m": r.m, "n": r.n,
+            "k": r.k, "us_per_call": r.seconds * 1e6, "gflops": r.gflops(), "weight_gbps": r.gbps(),
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "| {:?} | {} | {} | {} × {} | {:.1} | {:.1} | {:.2} |",
+            r.dtype,
+            mode_name(r.mode),
+            r.m,
+            r.n,
+            r.k,
+            r.seconds * 1e6,
+            r.gflops(),
+            r.gbps()
+        );
+    }
+}
+
+/// The matmuls of one SmolLM2-135M forward step, on synthetic weights of its real shapes and
+/// dtypes (as stored in `SmolLM2-135M-Instruct.Q4_1.gguf`).
+fn stack(args: &BenchArgs, isa: Isa, modes: &[MatmulMode], load: &str) -> Result<(), BenchError> {
+    const LAYERS: usize = 30;
+    const HIDDEN: usize = 576;
+    const KV: usize = 192;
+    const FFN: usize = 1536;
+    const VOCAB: usize = 49152;
+    let mut rng = StdRng::seed_from_u64(11);
+    // Per layer: q, k, v, o, gate, up, down as [n, k].
+    let layer_shapes = [
+        [HIDDEN, HIDDEN],
+        [KV, HIDDEN],
+        [KV, HIDDEN],
+        [HIDDEN, HIDDEN],
+        [FFN, HIDDEN],
+        [FFN, HIDDEN],
+        [HIDDEN, FFN],
+    ];
+    let mut weights: Vec<(WeightDType, [usize; 2], Vec<u8>)> = Vec::new();
+    for _ in 0..LAYERS {
+        for s in layer_shapes {
+            weights.push((
+                WeightDType::Q4_1,
+                s,
+                synthetic_weight(&mut rng, WeightDType::Q4_1, s[0], s[1]),
+            ));
+        }
+    }
+    weights.push((
+        WeightDType::Q8_0,
+        [VOCAB, HIDDEN],
+        synthetic_weight(&mut rng, WeightDType::Q8_0, VOCAB, HIDDEN),
+    ));
+    let threads = rayon::current_num_threads();
+    if !args.json {
+        println!();
+        println!("# SmolLM2-135M matmul stack (30 × 7 Q4_1 projections + the Q8_0 lm_head)");
+        println!();
+        println!("| mode | step | tokens | ms/step | tokens/s (matmuls only) |");
+        println!("|---|---|---:|---:|---:|");
+    }
+    // (what, tokens per step, rows that need logits)
+    let scenarios = [
+        ("decode, 1 sequence", 1, 1),
+        ("decode, 16 sequences", 16, 16),
+        ("prefill, 128-token prompt", 128, 1),
+    ];
+    for &mode in modes {
+        for (what, m, logits) in scenarios {
+            let x: Vec<f32> = (0..m * FFN)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect();
+            let mut out = vec![0.0f32; m * FFN.max(VOCAB)];
+            let seconds = time_median(args.clock, args.min_time, || {
+                for (dtype, shape, data) in &weights {
+                    let w = TensorView {
+                        dtype: *dtype,
+                        shape,
+                        data,
+                    };
+                    let (n, k) = (shape[0], shape[1]);
+                    let rows = if n == VOCAB { logits } else { m };
+                    matmul_on(isa, mode, &x[..rows * k], rows, k, &w, &mut out[..rows * n]);
+                }
+            });
+            let tps = m as f64 / seconds;
+            if args.json {
+                let v = serde_json::json!({
+                    "bench": "stack", "model": "SmolLM2-135M (synthetic Q4_1)", "isa": isa.as_str(),
+                    "threads": threads, "load": load, "mode": mode_name(mode), "scenario": what,
+                    "tokens_per_step": m, "ms_per_step": seconds * 1e3, "tokens_per_s": tps,
+                });
+                println!("{v}");
+            } else {
+                println!(
+                    "| {} | {what} | {m} | {:.2} | {:.0} |",
+                    mode_name(mode),
+                    seconds * 1e3,
+                    tps
+                );
+            }
+        }
+    }
+    Ok(())
+}
