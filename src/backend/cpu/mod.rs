@@ -6,8 +6,10 @@
 //! result does not depend on what else is in the batch.
 //!
 //! The op bodies live in [`ops`] (row-wise and elementwise), [`attention`] (paged KV cache and
-//! attention) and [`reference`] (exact dequantize-and-dot matmul); this file checks arguments
-//! and runs each op on the backend's own thread pool.
+//! attention) and [`matmul`] (SIMD kernels straight on the stored blocks, exact mode: f32
+//! activations × exactly dequantized weights); [`reference`] keeps the plain
+//! dequantize-and-dot matmul as the oracle for them. This file checks arguments and runs each
+//! op on the backend's own thread pool.
 
 pub mod attention;
 pub mod matmul;
