@@ -35,6 +35,8 @@ enum Command {
     Logs(cli::logs::LogsArgs),
     /// Check the CUDA setup: driver, GPUs, NVRTC, and compile every kernel.
     Doctor(kiln::tools::doctor::DoctorArgs),
+    /// Print logits (and a greedy continuation) for given token ids, as one JSON object.
+    Probe(kiln::tools::probe::ProbeArgs),
     /// Generate a completion for one prompt (text or a chat message), for a quick check.
     Generate(kiln::tools::generate::GenerateArgs),
     /// Measure prefill and decode tokens/s (or, with --kernels, the matmul kernels alone).
@@ -70,6 +72,7 @@ fn main() -> anyhow::Result<()> {
         Command::Retry(args) => cli::retry::run(config, args),
         Command::Logs(args) => cli::logs::run(config, args),
         Command::Doctor(args) => kiln::tools::doctor::run(&args),
+        Command::Probe(args) => Ok(kiln::tools::probe::run(&args)?),
         Command::Model {
             command: ModelCommand::FetchDefault { dir },
         } => {

@@ -7,6 +7,7 @@
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln::ledger::{AttemptOutcome, Ledger, ListFilter, Task, TaskState};
@@ -76,7 +77,7 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+fn wait_exit(child: &mut Child, timeout: Duration, log: &Path) -> std::process::ExitStatus {
     let t0 = Instant::now();
     loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -84,7 +85,8 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
         }
         if t0.elapsed() > timeout {
             let _ = child.kill();
-            panic!("kiln did not exit within {timeout:?}");
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("kiln did not exit within {timeout:?}; its log:\n{text}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -154,7 +156,11 @@ fn kill_9_mid_batch_then_restart_runs_every_task_exactly_once() {
     assert!(!cut.is_empty(), "the kill hit tasks in flight");
 
     let mut second = spawn_logged(kiln(&config, &["run", "--once"]), &root.join("second.log"));
-    let status = wait_exit(&mut second, Duration::from_secs(900));
+    let status = wait_exit(
+        &mut second,
+        Duration::from_secs(900),
+        &root.join("second.log"),
+    );
     let log = std::fs::read_to_string(root.join("second.log")).unwrap();
     assert!(status.success(), "restart failed: {log}");
     assert!(
@@ -214,51 +220,59 @@ fn kill_9_mid_batch_then_restart_runs_every_task_exactly_once() {
     rt.block_on(ledger.close());
 }
 
+/// Collects every datagram on a socket from a background thread (systemd always reads its
+/// notify socket; a test that stopped reading would fill the queue).
+fn collect_notifications(sock: UnixDatagram) -> Arc<Mutex<Vec<String>>> {
+    let messages = Arc::new(Mutex::new(Vec::new()));
+    let m = messages.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = sock.recv(&mut buf) {
+            m.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    });
+    messages
+}
+
+fn seen(messages: &Arc<Mutex<Vec<String>>>, what: &str) -> bool {
+    messages.lock().unwrap().iter().any(|m| m.contains(what))
+}
+
 #[test]
 fn sigterm_under_systemd_notify_and_the_ledger_lock() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let config = setup(root, 2, 20);
     let sock_path = root.join("notify.sock");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
+    let messages = collect_notifications(UnixDatagram::bind(&sock_path).unwrap());
 
     let mut cmd = kiln(&config, &["run"]);
     cmd.env("NOTIFY_SOCKET", &sock_path)
         .env("WATCHDOG_USEC", "1500000");
     let mut child = spawn_logged(cmd, &root.join("run.log"));
-    let mut messages: Vec<String> = Vec::new();
-    let recv = |messages: &mut Vec<String>| {
-        let mut buf = [0u8; 4096];
-        if let Ok(n) = sock.recv(&mut buf) {
-            messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-        }
-    };
-    let t0 = Instant::now();
-    while !messages.iter().any(|m| m.contains("READY=1")) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(300),
-            "no READY=1: {messages:?}"
-        );
+    let log = || std::fs::read_to_string(root.join("run.log")).unwrap_or_default();
+    wait_for("READY=1", Duration::from_secs(300), || {
         assert!(
             child.try_wait().unwrap().is_none(),
             "kiln exited: {}",
-            std::fs::read_to_string(root.join("run.log")).unwrap()
+            log()
         );
-        recv(&mut messages);
-    }
-    let ready = messages.iter().find(|m| m.contains("READY=1")).unwrap();
+        seen(&messages, "READY=1")
+    });
+    let ready = messages
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|m| m.contains("READY=1"))
+        .cloned()
+        .unwrap();
     assert!(ready.contains("STATUS=0 queued"), "{ready}");
     // Idle is healthy: the watchdog is pinged.
-    let t1 = Instant::now();
-    while !messages.iter().any(|m| m.contains("WATCHDOG=1")) {
-        assert!(
-            t1.elapsed() < Duration::from_secs(10),
-            "no WATCHDOG=1: {messages:?}"
-        );
-        recv(&mut messages);
-    }
+    wait_for("WATCHDOG=1", Duration::from_secs(10), || {
+        seen(&messages, "WATCHDOG=1")
+    });
 
     // A second daemon on the same ledger is refused.
     let second = kiln(&config, &["run", "--once"]).output().unwrap();
@@ -284,8 +298,6 @@ fn sigterm_under_systemd_notify_and_the_ledger_lock() {
             .iter()
             .any(|t| t.state == TaskState::Running)
     });
-    let status_seen = messages.iter().any(|m| m.contains("STATUS="));
-    assert!(status_seen);
     let kill = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
@@ -293,26 +305,19 @@ fn sigterm_under_systemd_notify_and_the_ledger_lock() {
         .unwrap();
     assert!(kill.success());
     let t2 = Instant::now();
-    let exit = wait_exit(&mut child, Duration::from_secs(60));
-    while t2.elapsed() < Duration::from_secs(1) {
-        recv(&mut messages);
-    }
-    loop {
-        let n = messages.len();
-        recv(&mut messages);
-        if messages.len() == n {
-            break;
-        }
-    }
-    let log = std::fs::read_to_string(root.join("run.log")).unwrap();
-    assert!(exit.success(), "exit {exit:?}: {log}");
+    let exit = wait_exit(&mut child, Duration::from_secs(60), &root.join("run.log"));
+    assert!(exit.success(), "exit {exit:?}: {}", log());
     assert!(
         t2.elapsed() < Duration::from_secs(25),
         "stopped within the grace period"
     );
+    wait_for("STOPPING=1", Duration::from_secs(5), || {
+        seen(&messages, "STOPPING=1")
+    });
     assert!(
-        messages.iter().any(|m| m.contains("STOPPING=1")),
-        "{messages:?}"
+        seen(&messages, "STATUS=stopping"),
+        "{:?}",
+        messages.lock().unwrap()
     );
     for t in tasks(&rt, &ledger) {
         // Finished within the grace period, or back to queued with the attempt not counted.

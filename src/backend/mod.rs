@@ -245,7 +245,7 @@ impl StepInput {
 /// thread pool) is internal.
 pub trait Backend: Send + Sync + Sized + 'static {
     /// Activations in the compute dtype, contiguous, with a fixed element count.
-    type Buffer: Send;
+    type Buffer: Send + Sync;
     /// A stored 2-D weight `[out_features, in_features]` in its checkpoint encoding.
     type Weight: Send + Sync;
     /// The paged KV cache of all layers (see [`KvCacheSpec`]).
@@ -286,6 +286,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn prepare_step(&self, step: &StepInput) -> Result<Self::Step, BackendError>;
     /// Wait for queued work (a no-op on the CPU).
     fn synchronize(&self) -> Result<(), BackendError>;
+    /// Run `f`, one step's worth of ops, in the backend's execution context: on the CPU inside
+    /// its thread pool, so each op's parallel loop starts without a hand-off between threads;
+    /// on a GPU with the device context bound to the calling thread.
+    /// The default runs `f` on the calling thread.
+    fn run_step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
 
     /// `out[t, :] = table[token_ids[t], :]`, dequantized; `table`: `[vocab, hidden]`,
     /// `out`: `[num_tokens, hidden]`.

@@ -264,13 +264,16 @@ pub async fn run(
     let mut disp = Dispatcher::new(ledger.clone(), ctx, policy, d.concurrency, clock);
 
     let in_flight = Arc::new(AtomicUsize::new(0));
+    // The watchdog keeps pinging through the shutdown grace period; it stops when `run` returns.
+    let watchdog_stop = CancellationToken::new();
+    let _watchdog_guard = watchdog_stop.clone().drop_guard();
     if let Some(interval) = opts.notifier.watchdog_interval() {
         spawn_watchdog(
             opts.notifier.clone(),
             engine.clone(),
             in_flight.clone(),
             interval,
-            shutdown.clone(),
+            watchdog_stop.clone(),
         );
     }
     let counts = ledger.counts().await?;
@@ -449,20 +452,21 @@ pub async fn run(
     Ok(summary)
 }
 
-/// Ping the systemd watchdog every third of its interval while the engine makes progress.
+/// Ping the systemd watchdog every third of its interval while the engine makes progress, until
+/// `stop` fires.
 fn spawn_watchdog(
     notifier: Notifier,
     engine: EngineHandle,
     in_flight: Arc<AtomicUsize>,
     interval: Duration,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
 ) {
     tokio::spawn(async move {
         let mut gate = WatchdogGate::default();
         let mut every = tokio::time::interval((interval / 3).max(Duration::from_millis(100)));
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => break,
+                _ = stop.cancelled() => break,
                 _ = every.tick() => {
                     let stats = engine.stats().await;
                     if gate.should_ping(stats, in_flight.load(Ordering::Relaxed)) {

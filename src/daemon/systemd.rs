@@ -14,68 +14,118 @@ use sd_notify::NotifyState;
 
 use crate::engine::EngineStats;
 
+/// One notification, owned so it can cross to the sender thread.
+#[derive(Debug, Clone, PartialEq)]
+enum Message {
+    Ready(String),
+    Status(String),
+    Watchdog,
+    Stopping(String),
+    ExtendTimeout(u32),
+}
+
+impl Message {
+    fn send(&self) -> std::io::Result<()> {
+        match self {
+            Message::Ready(s) => sd_notify::notify(&[NotifyState::Ready, NotifyState::Status(s)]),
+            Message::Status(s) => sd_notify::notify(&[NotifyState::Status(s)]),
+            Message::Watchdog => sd_notify::notify(&[NotifyState::Watchdog]),
+            Message::Stopping(s) => {
+                sd_notify::notify(&[NotifyState::Stopping, NotifyState::Status(s)])
+            }
+            Message::ExtendTimeout(usec) => {
+                sd_notify::notify(&[NotifyState::ExtendTimeoutUsec(*usec)])
+            }
+        }
+    }
+}
+
 /// Sends state changes to systemd (no-op outside systemd).
+///
+/// `sd_notify` writes to a datagram socket and blocks when the reader's queue is full; the
+/// messages therefore go through a channel to one sender thread (in order), so neither the
+/// async runtime nor its shutdown ever waits on the socket. The thread is detached: a send stuck
+/// at exit does not keep the process alive.
 #[derive(Debug, Clone)]
 pub struct Notifier {
-    enabled: bool,
+    tx: Option<std::sync::mpsc::Sender<Message>>,
     watchdog: Option<Duration>,
 }
 
 impl Notifier {
     /// Read `NOTIFY_SOCKET` and `WATCHDOG_USEC` from the environment.
     pub fn from_env() -> Self {
-        Notifier {
-            enabled: std::env::var_os("NOTIFY_SOCKET").is_some(),
-            watchdog: sd_notify::watchdog_enabled(),
+        if std::env::var_os("NOTIFY_SOCKET").is_none() {
+            return Notifier::disabled();
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<Message>();
+        let spawned = std::thread::Builder::new()
+            .name("kiln-sd-notify".into())
+            .spawn(move || {
+                while let Ok(m) = rx.recv() {
+                    if let Err(e) = m.send() {
+                        tracing::debug!(error = %e, "Could not notify systemd.");
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => Notifier {
+                tx: Some(tx),
+                watchdog: sd_notify::watchdog_enabled(),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot start the systemd notifier thread; not notifying systemd.");
+                Notifier::disabled()
+            }
         }
     }
 
     /// A notifier that never sends (tests, `--once` in a terminal).
     pub fn disabled() -> Self {
         Notifier {
-            enabled: false,
+            tx: None,
             watchdog: None,
         }
     }
 
     /// The watchdog interval systemd asked for (`WatchdogSec=`), if any.
     pub fn watchdog_interval(&self) -> Option<Duration> {
-        self.watchdog.filter(|_| self.enabled)
+        self.watchdog.filter(|_| self.tx.is_some())
     }
 
-    fn send(&self, states: &[NotifyState]) {
-        if !self.enabled {
-            return;
-        }
-        if let Err(e) = sd_notify::notify(states) {
-            tracing::debug!(error = %e, "Could not notify systemd.");
+    fn send(&self, m: Message) {
+        if let Some(tx) = &self.tx {
+            if tx.send(m).is_err() {
+                tracing::debug!("The systemd notifier thread is gone.");
+            }
         }
     }
 
     /// `READY=1` with a first status line.
     pub fn ready(&self, status: &str) {
-        self.send(&[NotifyState::Ready, NotifyState::Status(status)]);
+        self.send(Message::Ready(status.to_string()));
     }
 
     /// `STATUS=…`.
     pub fn status(&self, status: &str) {
-        self.send(&[NotifyState::Status(status)]);
+        self.send(Message::Status(status.to_string()));
     }
 
     /// `WATCHDOG=1`.
     pub fn watchdog(&self) {
-        self.send(&[NotifyState::Watchdog]);
+        self.send(Message::Watchdog);
     }
 
     /// `STOPPING=1` with a status line.
     pub fn stopping(&self, status: &str) {
-        self.send(&[NotifyState::Stopping, NotifyState::Status(status)]);
+        self.send(Message::Stopping(status.to_string()));
     }
 
     /// `EXTEND_TIMEOUT_USEC=…`: more time for start-up (model loading) or shutdown.
     pub fn extend_timeout(&self, by: Duration) {
-        let usec = u32::try_from(by.as_micros()).unwrap_or(u32::MAX);
-        self.send(&[NotifyState::ExtendTimeoutUsec(usec)]);
+        self.send(Message::ExtendTimeout(
+            u32::try_from(by.as_micros()).unwrap_or(u32::MAX),
+        ));
     }
 }
 

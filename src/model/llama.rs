@@ -44,16 +44,21 @@ struct LlamaLayer<B: Backend> {
     down_proj: B::Weight,
 }
 
-/// A loaded llama/qwen3 model with its KV cache on backend `B`.
-pub struct Llama<B: Backend> {
-    backend: B,
-    config: ModelConfig,
+/// All weights of the model (and its RoPE table) on the backend.
+struct LlamaWeights<B: Backend> {
     embed_tokens: B::Weight,
     /// `None`: tied to `embed_tokens`.
     lm_head: Option<B::Weight>,
     layers: Vec<LlamaLayer<B>>,
     norm: B::Buffer,
     rope: B::Rope,
+}
+
+/// A loaded llama/qwen3 model with its KV cache on backend `B`.
+pub struct Llama<B: Backend> {
+    backend: B,
+    config: ModelConfig,
+    weights: LlamaWeights<B>,
     kv_cache: B::KvCache,
     geometry: CacheGeometry,
 }
@@ -188,11 +193,13 @@ impl<B: Backend> Llama<B> {
         Ok(Llama {
             backend,
             config: c.clone(),
-            embed_tokens,
-            lm_head,
-            layers,
-            norm,
-            rope,
+            weights: LlamaWeights {
+                embed_tokens,
+                lm_head,
+                layers,
+                norm,
+                rope,
+            },
             kv_cache,
             geometry: CacheGeometry {
                 block_size,
@@ -217,11 +224,17 @@ impl<B: Backend> Llama<B> {
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
+}
 
+impl<B: Backend> LlamaWeights<B> {
     /// Run every layer over the step's tokens; returns the logits rows `[logit_rows, vocab]`.
-    fn run(&mut self, input: &StepInput) -> Result<Vec<f32>, EngineError> {
-        let c = &self.config;
-        let b = &self.backend;
+    fn run(
+        &self,
+        b: &B,
+        c: &ModelConfig,
+        kv_cache: &mut B::KvCache,
+        input: &StepInput,
+    ) -> Result<Vec<f32>, EngineError> {
         let t = input.num_tokens();
         let (hidden, hd, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps);
         let (nh, nkv, inter) = (
@@ -266,8 +279,8 @@ impl<B: Backend> Llama<B> {
                 std::mem::swap(&mut k, &mut k_normed);
             }
             b.rope(&mut q, &mut k, &self.rope, &step, nh, nkv, hd)?;
-            b.write_kv(&mut self.kv_cache, i, &k, &v, &step)?;
-            b.paged_attention(&q, &self.kv_cache, i, &step, &attn, &mut a)?;
+            b.write_kv(kv_cache, i, &k, &v, &step)?;
+            b.paged_attention(&q, kv_cache, i, &step, &attn, &mut a)?;
             b.matmul(&a, t, &layer.o_proj, &mut delta)?;
             b.add_rms_norm(
                 &mut x,
@@ -331,7 +344,14 @@ impl<B: Backend> ModelRunner for Llama<B> {
         if input.num_tokens() == 0 {
             return Ok(Vec::new());
         }
-        self.run(&input)
+        let Llama {
+            backend,
+            config,
+            weights,
+            kv_cache,
+            ..
+        } = self;
+        backend.run_step(|| weights.run(backend, config, kv_cache, &input))
     }
 
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {

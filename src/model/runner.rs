@@ -10,8 +10,17 @@ use tracing::info;
 use crate::backend::{Backend, CpuBackend};
 use crate::engine::{Device, EngineConfig, ModelRunner};
 use crate::error::ModelError;
+use crate::model::files::ModelFiles;
 use crate::model::llama::Llama;
 use crate::model::{Architecture, ModelConfig, WeightSource};
+
+/// Load the model in `files` onto the device `engine.device` names.
+pub fn build_runner(
+    files: &ModelFiles,
+    engine: &EngineConfig,
+) -> Result<Box<dyn ModelRunner>, ModelError> {
+    build_runner_for(&files.config, files.weights.as_ref(), engine)
+}
 
 /// Load `config`'s model from `weights` onto the device `engine.device` names.
 pub fn build_runner_for(

@@ -7,12 +7,15 @@
 //! indices into the given ids. Greedy decoding does not stop at EOS: exactly `N` ids come out.
 //! The model path is the exact one: weights dequantized as stored, f32 activations.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use crate::engine::{Device, EngineConfig, ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
-use crate::error::EngineError;
+use crate::error::{EngineError, ModelError};
+use crate::model::files::ModelFiles;
+use crate::model::runner::build_runner;
 
 /// `kiln probe` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -187,6 +190,35 @@ pub fn probe(
         logits,
         greedy: out,
     })
+}
+
+/// `kiln probe`: open the model, run the probe, print the JSON object on stdout.
+pub fn run(args: &ProbeArgs) -> Result<(), ProbeError> {
+    let files = ModelFiles::open(&args.model)?;
+    let mut runner = build_runner(&files, &engine_config(args))?;
+    let out = probe(
+        runner.as_mut(),
+        &args.token_ids,
+        &args.positions,
+        args.greedy,
+    )?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{}", to_json(&out)).map_err(ProbeError::Stdout)?;
+    Ok(())
+}
+
+/// Why `kiln probe` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The model could not be opened or loaded.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The forward pass rejected the request or failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Writing the result failed.
+    #[error("cannot write to stdout: {0}")]
+    Stdout(std::io::Error),
 }
 
 /// The engine settings `kiln probe` builds its runner with.

@@ -6,8 +6,10 @@
 //! result does not depend on what else is in the batch.
 //!
 //! The op bodies live in [`ops`] (row-wise and elementwise), [`attention`] (paged KV cache and
-//! attention) and [`reference`] (exact dequantize-and-dot matmul); this file checks arguments
-//! and runs each op on the backend's own thread pool.
+//! attention) and [`matmul`] (SIMD kernels straight on the stored blocks, exact mode: f32
+//! activations × exactly dequantized weights); [`reference`] keeps the plain
+//! dequantize-and-dot matmul as the oracle for them. This file checks arguments and runs each
+//! op on the backend's own thread pool.
 
 pub mod attention;
 pub mod matmul;
@@ -241,6 +243,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn run_step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // Ops called from inside the pool run their `install` inline.
+        self.pool.install(f)
+    }
+
     fn embedding(
         &self,
         table: &CpuWeight,
@@ -319,6 +326,7 @@ impl Backend for CpuBackend {
         let (n, k) = (w.shape[0], w.shape[1]);
         check_len("matmul input", x.len(), rows * k)?;
         check_len("matmul output", out.len(), rows * n)?;
+        // Exact mode (f32 activations × exactly dequantized blocks), SIMD, on the backend's pool.
         self.pool
             .install(|| matmul::matmul(&x[..rows * k], rows, k, &w.view(), &mut out[..rows * n]));
         Ok(())

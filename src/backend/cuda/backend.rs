@@ -283,7 +283,7 @@ impl CudaBackend {
     }
 
     /// Host f32 values → a compute-dtype buffer.
-    fn from_host_f32(&self, data: &[f32]) -> Result<CudaSlice<u8>, BackendError> {
+    fn upload_host_f32(&self, data: &[f32]) -> Result<CudaSlice<u8>, BackendError> {
         match self.dtype {
             ComputeDType::F32 => {
                 let bytes: &[u8] = bytemuck::cast_slice(data);
@@ -353,7 +353,7 @@ impl CudaBackend {
             let bytes = &view.data[r * row_bytes..(r + 1) * row_bytes];
             dequantize_row(view.dtype, bytes, chunk);
         }
-        self.from_host_f32(&host)
+        self.upload_host_f32(&host)
     }
 }
 
@@ -386,7 +386,7 @@ impl Backend for CudaBackend {
 
     fn upload(&self, data: &[f32]) -> Result<CudaBuffer, BackendError> {
         Ok(CudaBuffer {
-            data: self.from_host_f32(data)?,
+            data: self.upload_host_f32(data)?,
             len: data.len(),
         })
     }
@@ -509,6 +509,15 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self) -> Result<(), BackendError> {
         self.stream.synchronize().map_err(dev_err)
+    }
+
+    fn run_step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // cudarc binds the context before each call it makes; binding here as well keeps raw
+        // driver calls made inside `f` on this device.
+        if let Err(e) = self.ctx.bind_to_thread() {
+            tracing::warn!(error = ?e, "Could not bind the CUDA context to the engine thread.");
+        }
+        f()
     }
 
     fn embedding(
@@ -738,7 +747,7 @@ impl Backend for CudaBackend {
             || params.num_kv_heads != spec.num_kv_heads
             || params.head_dim != spec.head_dim
             || params.num_kv_heads == 0
-            || params.num_heads % params.num_kv_heads != 0
+            || !params.num_heads.is_multiple_of(params.num_kv_heads)
             || params.head_dim > ATTN_MAX_HEAD_DIM
         {
             return Err(BackendError::InvalidArgument(format!(
