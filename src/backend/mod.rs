@@ -31,9 +31,11 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod kv_dtype;
 pub mod rope;
 
 pub use cpu::CpuBackend;
+pub use kv_dtype::KvCacheDType;
 pub use rope::RopeSpec;
 
 use crate::engine::{ForwardBatch, LogitsFor};

@@ -82,9 +82,11 @@ pub struct EngineConfig {
     pub gpu_memory_utilization: f32,
     /// Reuse KV blocks of identical prompt prefixes across requests.
     pub enable_prefix_caching: bool,
-    /// Compute dtype on GPUs: `auto` (bf16 on sm_80+, fp16 below), `bf16` or `fp16`.
+    /// Compute dtype on GPUs: `auto` (bf16 on sm_80+, fp16 below), `bf16`, `fp16`, or `f32`
+    /// (slow; for checking numerics). The CPU always computes in f32.
     pub dtype: String,
-    /// KV-cache storage dtype: `auto` (the compute dtype), `fp8_e5m2` or `fp8_e4m3`.
+    /// KV-cache storage dtype: `auto` (the compute dtype), `fp8_e5m2` or `fp8_e4m3`. The CPU
+    /// keeps f32 and rounds through the fp8 encoding (same numerics, no memory saved).
     pub kv_cache_dtype: String,
 }
 
@@ -130,16 +132,13 @@ impl EngineConfig {
                 self.gpu_memory_utilization
             ));
         }
-        if !matches!(self.dtype.as_str(), "auto" | "bf16" | "fp16") {
+        if !matches!(self.dtype.as_str(), "auto" | "bf16" | "fp16" | "f32") {
             return Err(format!(
-                "`engine.dtype` must be auto, bf16 or fp16 (got `{}`)",
+                "`engine.dtype` must be auto, bf16, fp16 or f32 (got `{}`)",
                 self.dtype
             ));
         }
-        if !matches!(
-            self.kv_cache_dtype.as_str(),
-            "auto" | "fp8_e5m2" | "fp8_e4m3"
-        ) {
+        if crate::backend::KvCacheDType::parse(&self.kv_cache_dtype).is_none() {
             return Err(format!(
                 "`engine.kv_cache_dtype` must be auto, fp8_e5m2 or fp8_e4m3 (got `{}`)",
                 self.kv_cache_dtype

@@ -7,7 +7,7 @@
 
 use tracing::info;
 
-use crate::backend::{Backend, CpuBackend};
+use crate::backend::{Backend, CpuBackend, KvCacheDType};
 use crate::engine::{Device, EngineConfig, ModelRunner};
 use crate::error::ModelError;
 use crate::model::files::ModelFiles;
@@ -30,8 +30,15 @@ pub fn build_runner_for(
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
     match resolve_auto(engine.device) {
         Device::Cpu | Device::Auto => {
-            let backend =
-                CpuBackend::new(engine.threads).map_err(|e| ModelError::Backend(e.to_string()))?;
+            let kv = KvCacheDType::parse(&engine.kv_cache_dtype).ok_or_else(|| {
+                ModelError::Unsupported(format!(
+                    "engine.kv_cache_dtype `{}` (use auto, fp8_e5m2 or fp8_e4m3)",
+                    engine.kv_cache_dtype
+                ))
+            })?;
+            let backend = CpuBackend::new(engine.threads)
+                .map_err(|e| ModelError::Backend(e.to_string()))?
+                .with_kv_storage(kv);
             let num_blocks =
                 blocks_for_budget(&backend, config, engine.block_size, engine.kv_cache_mib)?;
             load_on(backend, config, weights, engine.block_size, num_blocks)

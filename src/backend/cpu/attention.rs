@@ -11,13 +11,15 @@
 
 use rayon::prelude::*;
 
-use crate::backend::{AttentionParams, KvCacheSpec, StepInput};
+use crate::backend::{AttentionParams, KvCacheDType, KvCacheSpec, StepInput};
 
-/// K and V of every layer, f32.
+/// K and V of every layer, f32 (rounded through fp8 on write for an fp8 `storage`).
 #[derive(Debug)]
 pub struct CpuKvCache {
     /// Geometry.
     pub spec: KvCacheSpec,
+    /// Encoding every written value is rounded through (see [`KvCacheDType`]).
+    pub storage: KvCacheDType,
     /// Per layer: `[num_blocks * block_size, num_kv_heads, head_dim]`.
     pub k: Vec<Vec<f32>>,
     /// Per layer, as `k`.
@@ -26,10 +28,11 @@ pub struct CpuKvCache {
 
 impl CpuKvCache {
     /// A zeroed cache (the pages are only touched when written).
-    pub fn new(spec: KvCacheSpec) -> CpuKvCache {
+    pub fn new(spec: KvCacheSpec, storage: KvCacheDType) -> CpuKvCache {
         let len = spec.num_blocks * spec.block_size * spec.slot_elems();
         CpuKvCache {
             spec,
+            storage,
             k: (0..spec.num_layers).map(|_| vec![0.0; len]).collect(),
             v: (0..spec.num_layers).map(|_| vec![0.0; len]).collect(),
         }
@@ -40,8 +43,17 @@ impl CpuKvCache {
         let w = self.spec.slot_elems();
         for (t, &slot) in slot_mapping.iter().enumerate() {
             let dst = slot as usize * w;
-            self.k[layer][dst..dst + w].copy_from_slice(&k[t * w..(t + 1) * w]);
-            self.v[layer][dst..dst + w].copy_from_slice(&v[t * w..(t + 1) * w]);
+            let (ks, vs) = (&k[t * w..(t + 1) * w], &v[t * w..(t + 1) * w]);
+            self.k[layer][dst..dst + w].copy_from_slice(ks);
+            self.v[layer][dst..dst + w].copy_from_slice(vs);
+            if self.storage != KvCacheDType::Same {
+                for x in self.k[layer][dst..dst + w]
+                    .iter_mut()
+                    .chain(&mut self.v[layer][dst..dst + w])
+                {
+                    *x = self.storage.round(*x);
+                }
+            }
         }
     }
 
@@ -171,7 +183,7 @@ mod tests {
 
     #[test]
     fn write_places_tokens_in_their_slots_and_copy_block_moves_them() {
-        let mut c = CpuKvCache::new(spec());
+        let mut c = CpuKvCache::new(spec(), KvCacheDType::Same);
         c.write(1, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0], &[6, 1]);
         assert_eq!(c.k[1][12..14], [1.0, 2.0]); // slot 6
         assert_eq!(c.v[1][2..4], [7.0, 8.0]); // slot 1
@@ -182,8 +194,20 @@ mod tests {
     }
 
     #[test]
+    fn fp8_storage_rounds_what_is_written() {
+        let mut c = CpuKvCache::new(spec(), KvCacheDType::E4M3);
+        c.write(0, &[1.07, -1000.0], &[0.3, 2.0], &[2]);
+        assert_eq!(c.k[0][4..6], [1.125, -448.0]);
+        assert_eq!(c.v[0][4..6], [0.3125, 2.0]);
+        let mut c = CpuKvCache::new(spec(), KvCacheDType::E5M2);
+        c.write(0, &[1.2, 3.0], &[1.125, 1e6], &[0]);
+        assert_eq!(c.k[0][0..2], [1.25, 3.0]);
+        assert_eq!(c.v[0][0..2], [1.0, 57344.0]);
+    }
+
+    #[test]
     fn first_token_attends_only_to_itself() {
-        let mut c = CpuKvCache::new(spec());
+        let mut c = CpuKvCache::new(spec(), KvCacheDType::Same);
         let s = step(0, 1, vec![3]);
         c.write(0, &[1.0, 0.0], &[7.0, -7.0], &s.slot_mapping);
         let p = AttentionParams {
@@ -202,7 +226,7 @@ mod tests {
         // Keys at positions 0, 1, 2 (blocks [2, 0]): k = [0, 0], [ln 3, 0], [0, 0]; v = 1, 2, 3 on
         // dim 0. Query [1, 0] at position 1 sees scores [0, ln 3] → weights [1/4, 3/4]:
         // out = 0.25·1 + 0.75·2 = 1.75. At position 2: weights [1/5, 3/5, 1/5] → 2.0.
-        let mut c = CpuKvCache::new(spec());
+        let mut c = CpuKvCache::new(spec(), KvCacheDType::Same);
         let prefill = step(0, 3, vec![2, 0]);
         let l3 = 3f32.ln();
         c.write(

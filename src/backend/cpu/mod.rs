@@ -17,7 +17,9 @@ pub mod ops;
 pub mod reference;
 
 use crate::backend::rope::{cos_sin_table, RopeSpec};
-use crate::backend::{AttentionParams, Backend, BackendError, KvCacheSpec, StepInput};
+use crate::backend::{
+    AttentionParams, Backend, BackendError, KvCacheDType, KvCacheSpec, StepInput,
+};
 use crate::model::{TensorView, WeightDType};
 
 pub use attention::CpuKvCache;
@@ -89,6 +91,8 @@ pub struct CpuRope {
 #[derive(Debug)]
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
+    /// KV-cache encoding new caches round through (see [`KvCacheDType`]).
+    kv_storage: KvCacheDType,
 }
 
 impl CpuBackend {
@@ -99,7 +103,17 @@ impl CpuBackend {
             .thread_name(|i| format!("kiln-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Device(format!("cannot start the CPU thread pool: {e}")))?;
-        Ok(CpuBackend { pool })
+        Ok(CpuBackend {
+            pool,
+            kv_storage: KvCacheDType::Same,
+        })
+    }
+
+    /// Round every value written to the KV caches this backend creates through `storage`
+    /// (`engine.kv_cache_dtype`): the numerics of a GPU fp8 cache, in f32 memory.
+    pub fn with_kv_storage(mut self, storage: KvCacheDType) -> CpuBackend {
+        self.kv_storage = storage;
+        self
     }
 
     /// Worker threads.
@@ -213,7 +227,7 @@ impl Backend for CpuBackend {
             ))
         })?;
         drop(probe);
-        Ok(CpuKvCache::new(*spec))
+        Ok(CpuKvCache::new(*spec, self.kv_storage))
     }
 
     fn kv_bytes_per_block(&self, spec: &KvCacheSpec) -> usize {

@@ -85,37 +85,13 @@ impl ComputeDType {
     }
 }
 
-/// How the KV cache is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvStorage {
-    /// The compute dtype.
-    Same,
-    /// fp8 e5m2 (the V100 users' choice).
-    E5M2,
-    /// fp8 e4m3.
-    E4M3,
-}
+/// How the KV cache is stored (shared with the CPU backend, which rounds the same way).
+pub use crate::backend::KvCacheDType as KvStorage;
 
-impl KvStorage {
-    /// Resolve `engine.kv_cache_dtype`.
-    pub fn resolve(setting: &str) -> Result<KvStorage, CudaError> {
-        match setting {
-            "auto" => Ok(KvStorage::Same),
-            "fp8_e5m2" => Ok(KvStorage::E5M2),
-            "fp8_e4m3" => Ok(KvStorage::E4M3),
-            other => Err(CudaError::Nvrtc(format!(
-                "unknown engine.kv_cache_dtype `{other}`"
-            ))),
-        }
-    }
-
-    fn suffix(self) -> &'static str {
-        match self {
-            KvStorage::Same => "same",
-            KvStorage::E5M2 => "e5m2",
-            KvStorage::E4M3 => "e4m3",
-        }
-    }
+/// Resolve `engine.kv_cache_dtype`.
+fn resolve_kv(setting: &str) -> Result<KvStorage, CudaError> {
+    KvStorage::parse(setting)
+        .ok_or_else(|| CudaError::Nvrtc(format!("unknown engine.kv_cache_dtype `{setting}`")))
 }
 
 /// A device buffer of `len` elements of the compute dtype.
@@ -207,7 +183,7 @@ impl CudaBackend {
         let device_arch = Arch::from_compute_capability(major as u32, minor as u32);
         let arch = arch_override.unwrap_or(device_arch);
         let dtype = ComputeDType::resolve(dtype, arch)?;
-        let kv = KvStorage::resolve(kv_cache_dtype)?;
+        let kv = resolve_kv(kv_cache_dtype)?;
         let include = nvrtc::find_include_dir(None)?;
         let cache = nvrtc::default_cache_dir();
         let stream = ctx.default_stream();
