@@ -1,12 +1,15 @@
 // elementwise.cu: embedding gather, SiLU-gated product, residual add, dtype casts.
-// Entry points: embedding_{f32,f16,bf16}, silu_mul_*, add_*, cast_f32_to_{f16,bf16}, cast_{f16,bf16}_to_f32.
+// Entry points: embedding_{f32,f16,bf16}, embedding_{f16,bf16}_to_f32, silu_mul_*, add_*,
+// cast_f32_to_{f16,bf16}, cast_{f16,bf16}_to_f32.
 
 // out[t, :] = table[ids[t], :]; grid (n_tokens), block any; table [vocab, dim].
-template <typename T>
-__device__ void embedding(const int* ids, const T* table, T* out, int dim) {
+// The `_to_f32` variants write an f32 output (the model's f32 residual stream).
+template <typename T, typename O>
+__device__ void embedding(const int* ids, const T* table, O* out, int dim) {
     long t = blockIdx.x;
     long row = ids[t];
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[t * dim + i] = table[row * dim + i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        Io<O>::store(out, t * dim + i, Io<T>::load(table, row * dim + i));
 }
 
 // out[i] = silu(gate[i]) * up[i], computed in f32; all three are [n] (rows x intermediate_size).
@@ -35,7 +38,7 @@ __device__ void cast(const S* src, D* dst, long n) {
 
 #define ELEMENTWISE(SUF, T)                                                                        \
     extern "C" __global__ void embedding_##SUF(const int* ids, const T* table, T* out, int dim) {   \
-        embedding<T>(ids, table, out, dim);                                                        \
+        embedding<T, T>(ids, table, out, dim);                                                     \
     }                                                                                              \
     extern "C" __global__ void silu_mul_##SUF(const T* gate, const T* up, T* out, long n) {         \
         silu_mul<T>(gate, up, out, n);                                                             \
@@ -48,3 +51,11 @@ KILN_FOR_FLOAT_TYPES(ELEMENTWISE)
     extern "C" __global__ void cast_##SUF##_to_f32(const T* s, float* d, long n) { cast<T, float>(s, d, n); }
 CASTS(f16, __half)
 CASTS(bf16, bf16_t)
+
+#define EMBEDDING_TO_F32(SUF, T)                                                                    \
+    extern "C" __global__ void embedding_##SUF##_to_f32(const int* ids, const T* table, float* out, \
+                                                        int dim) {                                  \
+        embedding<T, float>(ids, table, out, dim);                                                  \
+    }
+EMBEDDING_TO_F32(f16, __half)
+EMBEDDING_TO_F32(bf16, bf16_t)

@@ -198,6 +198,16 @@ fn run_ops<B: Backend>(b: &B) -> Vec<(&'static str, Vec<f32>)> {
     let mut e = b.alloc(t * hidden).unwrap();
     b.embedding(&table, &st, &mut e).unwrap();
     out.push(("embedding", down(b, &e, t * hidden)));
+    // The f32 residual stream: embedding into it, a norm reading it, a fused add into it.
+    let mut e32 = b.alloc_f32(t * hidden).unwrap();
+    b.embedding(&table, &st, &mut e32).unwrap();
+    out.push(("embedding (f32 output)", down(b, &e32, t * hidden)));
+    b.rms_norm(&e32, &w, &mut y, t, hidden, 1e-5).unwrap();
+    out.push(("rms_norm (f32 input)", down(b, &y, t * hidden)));
+    b.add_rms_norm(&mut e32, &x, &w, &mut y, t, hidden, 1e-5)
+        .unwrap();
+    out.push(("add_rms_norm.out (f32 residual)", down(b, &y, t * hidden)));
+    out.push(("add_rms_norm.residual (f32)", down(b, &e32, t * hidden)));
 
     let rope = b
         .create_rope(&RopeSpec {

@@ -262,6 +262,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// A zero-filled buffer of `len` elements.
     fn alloc(&self, len: usize) -> Result<Self::Buffer, BackendError>;
+    /// A zero-filled buffer of `len` f32 elements whatever the compute dtype: the model's
+    /// residual stream, kept in f32 so 16-bit compute neither rounds nor (fp16) overflows the
+    /// running sum over layers. Accepted as `out` of [`Backend::embedding`], `x` of
+    /// [`Backend::rms_norm`], `residual` of [`Backend::add_rms_norm`] and by
+    /// [`Backend::download`]; every other op takes compute-dtype buffers. The CPU computes in
+    /// f32, so there it is [`Backend::alloc`].
+    fn alloc_f32(&self, len: usize) -> Result<Self::Buffer, BackendError>;
     /// A buffer holding `data` (converted to the compute dtype).
     fn upload(&self, data: &[f32]) -> Result<Self::Buffer, BackendError>;
     /// Copy all of `src` to host f32; `dst.len()` must equal the buffer's length.
@@ -297,7 +304,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 
     /// `out[t, :] = table[token_ids[t], :]`, dequantized; `table`: `[vocab, hidden]`,
-    /// `out`: `[num_tokens, hidden]`.
+    /// `out`: `[num_tokens, hidden]` (compute dtype or [`Backend::alloc_f32`]).
     fn embedding(
         &self,
         table: &Self::Weight,
@@ -307,6 +314,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// `out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * weight`; `x`, `out`: `[rows, dim]`,
     /// `weight`: `[dim]`. Used for the per-head q/k norms too (`rows = tokens × heads`).
+    /// `x` may be an f32 buffer ([`Backend::alloc_f32`]); `out` is in the compute dtype.
     fn rms_norm(
         &self,
         x: &Self::Buffer,
@@ -318,7 +326,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<(), BackendError>;
 
     /// Fused residual add and norm: `residual += delta`, then `out = rms_norm(residual)`.
-    /// All `[rows, dim]`.
+    /// All `[rows, dim]`; `residual` may be an f32 buffer ([`Backend::alloc_f32`]).
     fn add_rms_norm(
         &self,
         residual: &mut Self::Buffer,

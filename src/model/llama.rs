@@ -250,7 +250,7 @@ impl<B: Backend> LlamaWeights<B> {
         };
         let step = b.prepare_step(input)?;
 
-        let mut x = b.alloc(t * hidden)?; // residual stream
+        let mut x = b.alloc_f32(t * hidden)?; // residual stream, f32 on every backend
         let mut h = b.alloc(t * hidden)?; // normed input of the next sub-block
         let mut delta = b.alloc(t * hidden)?;
         let mut q = b.alloc(t * nh * hd)?;

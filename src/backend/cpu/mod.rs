@@ -152,6 +152,10 @@ impl Backend for CpuBackend {
         Ok(v)
     }
 
+    fn alloc_f32(&self, len: usize) -> Result<Vec<f32>, BackendError> {
+        self.alloc(len)
+    }
+
     fn upload(&self, data: &[f32]) -> Result<Vec<f32>, BackendError> {
         Ok(data.to_vec())
     }

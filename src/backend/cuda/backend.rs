@@ -94,11 +94,13 @@ fn resolve_kv(setting: &str) -> Result<KvStorage, CudaError> {
         .ok_or_else(|| CudaError::Nvrtc(format!("unknown engine.kv_cache_dtype `{setting}`")))
 }
 
-/// A device buffer of `len` elements of the compute dtype.
+/// A device buffer of `len` elements of `dtype`: the compute dtype, or f32 for the residual
+/// stream ([`Backend::alloc_f32`]).
 #[derive(Debug)]
 pub struct CudaBuffer {
     data: CudaSlice<u8>,
     len: usize,
+    dtype: ComputeDType,
 }
 
 /// A weight `[n, k]` in the compute dtype.
@@ -333,6 +335,15 @@ impl CudaBackend {
     }
 }
 
+/// A buffer of dtype `got` where `want` (the compute dtype) is needed.
+fn mixed(what: &str, got: ComputeDType, want: ComputeDType) -> BackendError {
+    BackendError::InvalidArgument(format!(
+        "{what}: an {} buffer where {} is needed",
+        got.suffix(),
+        want.suffix()
+    ))
+}
+
 fn check_len(what: &str, have: usize, need: usize) -> Result<(), BackendError> {
     if have < need {
         return Err(BackendError::InvalidArgument(format!(
@@ -357,6 +368,15 @@ impl Backend for CudaBackend {
         Ok(CudaBuffer {
             data: self.alloc_bytes(len * self.dtype.size())?,
             len,
+            dtype: self.dtype,
+        })
+    }
+
+    fn alloc_f32(&self, len: usize) -> Result<CudaBuffer, BackendError> {
+        Ok(CudaBuffer {
+            data: self.alloc_bytes(len * 4)?,
+            len,
+            dtype: ComputeDType::F32,
         })
     }
 
@@ -364,6 +384,7 @@ impl Backend for CudaBackend {
         Ok(CudaBuffer {
             data: self.upload_host_f32(data)?,
             len: data.len(),
+            dtype: self.dtype,
         })
     }
 
@@ -378,7 +399,7 @@ impl Backend for CudaBackend {
         if dst.is_empty() {
             return Ok(());
         }
-        match self.dtype {
+        match src.dtype {
             ComputeDType::F32 => {
                 let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
                 self.stream.memcpy_dtoh(&src.data, bytes).map_err(dev_err)?;
@@ -424,6 +445,7 @@ impl Backend for CudaBackend {
         Ok(CudaBuffer {
             data: self.dequantize_to_device(name, view)?,
             len: n,
+            dtype: self.dtype,
         })
     }
 
@@ -506,7 +528,11 @@ impl Backend for CudaBackend {
         if step.num_tokens == 0 {
             return Ok(());
         }
-        let f = self.func(&format!("embedding_{}", self.t()))?;
+        let f = match out.dtype {
+            d if d == self.dtype => self.func(&format!("embedding_{}", self.t()))?,
+            ComputeDType::F32 => self.func(&format!("embedding_{}_to_f32", self.t()))?,
+            d => return Err(mixed("embedding output", d, self.dtype)),
+        };
         let dim = table.k as i32;
         let mut b = self.stream.launch_builder(f);
         b.arg(&step.token_ids)
@@ -536,7 +562,22 @@ impl Backend for CudaBackend {
         check_len("rms_norm input", x.len, rows * dim)?;
         check_len("rms_norm output", out.len, rows * dim)?;
         check_len("rms_norm weight", weight.len, dim)?;
-        self.launch_rms_norm(&x.data, None, &weight.data, &mut out.data, rows, dim, eps)
+        self.expect_compute("rms_norm output", out)?;
+        let kernel = match x.dtype {
+            d if d == self.dtype => format!("rms_norm_{}", self.t()),
+            ComputeDType::F32 => format!("rms_norm_{}_xf32", self.t()),
+            d => return Err(mixed("rms_norm input", d, self.dtype)),
+        };
+        self.launch_rms_norm(
+            &kernel,
+            &x.data,
+            None,
+            &weight.data,
+            &mut out.data,
+            rows,
+            dim,
+            eps,
+        )
     }
 
     fn add_rms_norm(
@@ -552,7 +593,15 @@ impl Backend for CudaBackend {
         check_len("add_rms_norm residual", residual.len, rows * dim)?;
         check_len("add_rms_norm delta", delta.len, rows * dim)?;
         check_len("add_rms_norm output", out.len, rows * dim)?;
+        self.expect_compute("add_rms_norm delta", delta)?;
+        self.expect_compute("add_rms_norm output", out)?;
+        let kernel = match residual.dtype {
+            d if d == self.dtype => format!("rms_norm_{}", self.t()),
+            ComputeDType::F32 => format!("rms_norm_{}_rf32", self.t()),
+            d => return Err(mixed("add_rms_norm residual", d, self.dtype)),
+        };
         self.launch_rms_norm(
+            &kernel,
             &delta.data,
             Some(&mut residual.data),
             &weight.data,
@@ -572,6 +621,8 @@ impl Backend for CudaBackend {
     ) -> Result<(), BackendError> {
         check_len("matmul input", x.len, rows * w.k)?;
         check_len("matmul output", out.len, rows * w.n)?;
+        self.expect_compute("matmul input", x)?;
+        self.expect_compute("matmul output", out)?;
         if rows == 0 {
             return Ok(());
         }
@@ -912,8 +963,19 @@ impl CudaBackend {
         }
     }
 
+    /// `Err(InvalidArgument)` unless `b` holds the compute dtype.
+    fn expect_compute(&self, what: &str, b: &CudaBuffer) -> Result<(), BackendError> {
+        if b.dtype == self.dtype {
+            Ok(())
+        } else {
+            Err(mixed(what, b.dtype, self.dtype))
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn launch_rms_norm(
         &self,
+        kernel: &str,
         x: &CudaSlice<u8>,
         residual: Option<&mut CudaSlice<u8>>,
         weight: &CudaSlice<u8>,
@@ -925,7 +987,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.func(&format!("rms_norm_{}", self.t()))?;
+        let f = self.func(kernel)?;
         let d = dim as i32;
         let null: u64 = 0;
         let mut b = self.stream.launch_builder(f);

@@ -88,9 +88,16 @@ impl KernelModule {
                     if t != "f32" {
                         names.push(format!("cast_f32_to_{t}"));
                         names.push(format!("cast_{t}_to_f32"));
+                        names.push(format!("embedding_{t}_to_f32"));
                     }
                 }
-                KernelModule::RmsNorm => names.push(format!("rms_norm_{t}")),
+                KernelModule::RmsNorm => {
+                    names.push(format!("rms_norm_{t}"));
+                    if t != "f32" {
+                        names.push(format!("rms_norm_{t}_rf32"));
+                        names.push(format!("rms_norm_{t}_xf32"));
+                    }
+                }
                 KernelModule::Rope => names.push(format!("rope_{t}")),
                 KernelModule::KvCache => {
                     for c in ["same", "e5m2", "e4m3"] {
