@@ -483,11 +483,15 @@ fn whole_models_with_fp8_kv_match_the_cpu_fp8_reference() {
             for dtype in dtypes() {
                 let got = run(Device::Cuda(0), dtype, kv);
                 let (d, c, a) = compare(&reference, &got);
-                // A K/V value one compute-dtype ulp away can round to the neighbouring fp8
-                // value, so even f32 compute is held to a cosine, not to 1e-3.
+                // f32 compute checks the fp8 path itself: the op test matches the emulation to
+                // ~1e-7, but over a model a K/V value one f32 ulp away from a rounding boundary
+                // can land on the neighbouring fp8 value, so it is held to a cosine. With 16-bit
+                // compute every K/V is first rounded to 16 bits, which moves a few percent of
+                // the fp8 roundings by one fp8 step; that compounds with fp8's own error over
+                // the layers, so only a floor is asserted and the figures are recorded.
                 let ok = match dtype {
-                    "f32" => c >= 0.9999,
-                    _ => c >= 0.999,
+                    "f32" => c >= 0.999,
+                    _ => c >= 0.99,
                 };
                 println!(
                     "RESULT model {name} dtype={dtype} kv={kv} (vs cpu with the same fp8 rounding) logits_max_abs_diff={d:.3e} min_cosine={c:.6} greedy_agree={a}/16 {}",
