@@ -1,7 +1,7 @@
 // attention.cu: causal GQA attention over the paged KV cache, for prefill chunks and decode.
 // Entry points: attention_{f32,f16,bf16}_{same,e5m2,e4m3} (split-K, one query per block),
-// attention_combine_{f32,f16,bf16}, and attention_prefill_{f32,f16,bf16}_{same,e5m2,e4m3}_d{64,128,256}
-// (tiled, flash-style; below).
+// attention_combine_{f32,f16,bf16}, and
+// attention_prefill_{f32,f16,bf16}_{same,e5m2,e4m3}_d{64,128,256} (tiled, flash-style; below).
 //
 // Every query token t belongs to sequence q_seq[t] and sits at position q_pos[t]; it attends to that
 // sequence's keys 0..=q_pos[t], which are already in the cache (the caller writes the new tokens'
@@ -27,8 +27,9 @@
 template <typename T, typename C>
 __device__ void attention(const T* q, const C* k_cache, const C* v_cache, const int* block_tables,
                           const int* q_seq, const int* q_pos, const int* q_index, T* out,
-                          float* part_m, float* part_l, float* part_acc, int n_heads, int n_kv_heads, int head_dim, int block_size,
-                          int max_blocks, int part_len, float scale) {
+                          float* part_m, float* part_l, float* part_acc, int n_heads,
+                          int n_kv_heads, int head_dim, int block_size, int max_blocks,
+                          int part_len, float scale) {
     int head = blockIdx.x;
     long row_y = blockIdx.y;
     long t = q_index ? q_index[row_y] : row_y;
