@@ -18,7 +18,7 @@ pub enum KernelModule {
     Rope,
     /// Paged KV-cache writes and block copies.
     KvCache,
-    /// Paged causal GQA attention (prefill chunks and split-K decode).
+    /// Paged causal GQA attention: split-K (decode) and tiled flash-style prefill.
     Attention,
     /// ggml block formats to the compute dtype.
     Dequant,
@@ -107,6 +107,9 @@ impl KernelModule {
                 KernelModule::Attention => {
                     for c in ["same", "e5m2", "e4m3"] {
                         names.push(format!("attention_{t}_{c}"));
+                        for d in ["d64", "d128", "d256"] {
+                            names.push(format!("attention_prefill_{t}_{c}_{d}"));
+                        }
                     }
                     names.push(format!("attention_combine_{t}"));
                 }

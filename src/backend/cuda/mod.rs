@@ -4,6 +4,7 @@
 //! Every kernel has an sm_70 path (fp16 compute, software bf16/fp8 conversion, ≤ 96 KB shared
 //! memory, no cp.async / ldmatrix / mma m16n8k16), so one build serves the V100 up to the H200.
 
+pub mod attention_plan;
 pub mod backend;
 pub mod device;
 pub mod kernels;

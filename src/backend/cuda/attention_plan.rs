@@ -1,0 +1,245 @@
+//! How one step's attention is split between the two CUDA attention kernels (kernels/attention.cu).
+//!
+//! Sequences with more than one new token (prefill chunks) go to the tiled flash-style kernel
+//! `attention_prefill_*`: their new tokens are cut into tiles of at most [`TILE_TOKENS`]
+//! consecutive tokens, and each tile's K/V tiles are staged in shared memory once for all its
+//! queries and all query heads of a GQA group. One-token sequences (decode) go to the split-K
+//! kernel `attention_*`, which parallelizes over the keys instead. The two launches cover disjoint
+//! token sets, so a mixed step runs both.
+//!
+//! Everything here is host-side and built once per step in `prepare_step`: the tile table and the
+//! split-K token list are uploaded together as one `i32` buffer (tiles first).
+
+use crate::backend::StepInput;
+
+/// Query tokens per prefill tile (`FA_TILE_TOKENS` in attention.cu).
+pub const TILE_TOKENS: usize = 32;
+/// Keys per K/V tile of the prefill kernel (`FA_KEYS`).
+pub const TILE_KEYS: usize = 32;
+/// Threads per block of the prefill kernel (`FA_WARPS * 32`).
+pub const PREFILL_THREADS: u32 = 4 * 32;
+/// `i32`s per tile in the uploaded table: sequence, first token, tokens, first position.
+pub const TILE_FIELDS: usize = 4;
+/// Dynamic shared memory every device gives without an opt-in.
+pub const DEFAULT_SHARED_BYTES: usize = 48 * 1024;
+
+/// One step's attention layout, in host memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttentionPlan {
+    /// `[n_tiles, TILE_FIELDS]`: (sequence index, index of the tile's first token, tokens in the
+    /// tile, absolute position of its first token), latest last-position first (the longest
+    /// blocks start first).
+    pub tiles: Vec<u32>,
+    /// Tokens of one-token sequences, for the split-K kernel.
+    pub split_tokens: Vec<u32>,
+    /// Largest context (`cached_len + len`) among the split-K tokens' sequences.
+    pub split_max_context: usize,
+}
+
+impl AttentionPlan {
+    /// Tiles for every sequence with `len > 1`, the rest as split-K tokens.
+    pub fn new(step: &StepInput) -> AttentionPlan {
+        let mut tiles: Vec<[u32; TILE_FIELDS]> = Vec::new();
+        let mut plan = AttentionPlan::default();
+        for (i, s) in step.seqs.iter().enumerate() {
+            match s.len {
+                0 => {}
+                1 => {
+                    plan.split_tokens.push(s.token_start as u32);
+                    plan.split_max_context = plan.split_max_context.max(s.context_len());
+                }
+                len => {
+                    for off in (0..len).step_by(TILE_TOKENS) {
+                        let n = TILE_TOKENS.min(len - off);
+                        tiles.push([
+                            i as u32,
+                            (s.token_start + off) as u32,
+                            n as u32,
+                            (s.cached_len + off) as u32,
+                        ]);
+                    }
+                }
+            }
+        }
+        // Causal work grows with the tile's last position: schedule the longest tiles first.
+        tiles.sort_by_key(|t| std::cmp::Reverse(t[3] + t[2]));
+        plan.tiles = tiles.into_iter().flatten().collect();
+        plan
+    }
+
+    /// Number of prefill tiles.
+    pub fn num_tiles(&self) -> usize {
+        self.tiles.len() / TILE_FIELDS
+    }
+
+    /// The uploaded form: tiles, then split-K tokens.
+    pub fn packed(&self) -> Vec<u32> {
+        let mut v = Vec::with_capacity(self.tiles.len() + self.split_tokens.len());
+        v.extend_from_slice(&self.tiles);
+        v.extend_from_slice(&self.split_tokens);
+        v
+    }
+}
+
+/// A compiled size class of the prefill kernel (template `DPL` in attention.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillVariant {
+    /// Entry-point suffix, `d64 | d128 | d256`.
+    pub suffix: &'static str,
+    /// Largest head_dim it holds (32 dims per lane × DPL).
+    pub max_head_dim: usize,
+    /// Query rows per block (`FaShape<DPL>::ROWS`).
+    pub rows: usize,
+}
+
+impl PrefillVariant {
+    /// Every variant, smallest first.
+    pub const ALL: [PrefillVariant; 3] = [
+        PrefillVariant {
+            suffix: "d64",
+            max_head_dim: 64,
+            rows: 32,
+        },
+        PrefillVariant {
+            suffix: "d128",
+            max_head_dim: 128,
+            rows: 32,
+        },
+        PrefillVariant {
+            suffix: "d256",
+            max_head_dim: 256,
+            rows: 16,
+        },
+    ];
+
+    /// The variant for `head_dim`, or `None` when the prefill kernel does not support it (head_dim
+    /// must be a positive multiple of 4 and at most 256); the split-K kernel then takes every token.
+    pub fn for_head_dim(head_dim: usize) -> Option<PrefillVariant> {
+        if head_dim == 0 || !head_dim.is_multiple_of(4) {
+            return None;
+        }
+        Self::ALL.into_iter().find(|v| head_dim <= v.max_head_dim)
+    }
+
+    /// Dynamic shared memory of one block, bytes: Q rows, one K/V tile (rows padded to a multiple of
+    /// 32 plus 4 floats) and P, all f32 (see attention.cu).
+    pub fn shared_bytes(&self, head_dim: usize) -> usize {
+        let kstride = head_dim.div_ceil(32) * 32 + 4;
+        4 * (self.rows * head_dim + TILE_KEYS * kstride + self.rows * TILE_KEYS)
+    }
+
+    /// Blocks along the grid's z axis: row chunks of one tile's `TILE_TOKENS * group` rows.
+    pub fn row_chunks(&self, group: usize) -> usize {
+        (TILE_TOKENS * group).div_ceil(self.rows)
+    }
+
+    /// Entry point name for compute dtype `t` and KV storage `kv`.
+    pub fn kernel_name(&self, t: &str, kv: &str) -> String {
+        format!("attention_prefill_{t}_{kv}_{}", self.suffix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::StepSeq;
+
+    fn seq(token_start: usize, len: usize, cached_len: usize) -> StepSeq {
+        StepSeq {
+            token_start,
+            len,
+            cached_len,
+            block_table: vec![0; (cached_len + len).div_ceil(16)],
+            state_slot: None,
+        }
+    }
+
+    fn step(seqs: Vec<StepSeq>) -> StepInput {
+        let n = seqs.iter().map(|s| s.len).sum();
+        StepInput {
+            token_ids: vec![0; n],
+            positions: vec![0; n],
+            slot_mapping: vec![0; n],
+            seqs,
+            logit_rows: vec![],
+            block_size: 16,
+        }
+    }
+
+    #[test]
+    fn prefill_chunks_become_tiles_and_decodes_split_tokens() {
+        // A decode, a 70-token chunk after 700 cached tokens, an empty slice, another decode.
+        let s = step(vec![
+            seq(0, 1, 5),
+            seq(1, 70, 700),
+            seq(71, 0, 3),
+            seq(71, 1, 900),
+        ]);
+        let p = AttentionPlan::new(&s);
+        assert_eq!(p.split_tokens, vec![0, 71]);
+        assert_eq!(p.split_max_context, 901);
+        assert_eq!(p.num_tiles(), 3);
+        // Latest first: tokens 65..71 (positions 764..770), then 33.., then 1..
+        assert_eq!(
+            p.tiles,
+            vec![1, 65, 6, 764, 1, 33, 32, 732, 1, 1, 32, 700],
+            "(seq, first token, tokens, first position) per tile"
+        );
+        let packed = p.packed();
+        assert_eq!(&packed[12..], &[0, 71]);
+    }
+
+    #[test]
+    fn every_prefill_token_is_in_exactly_one_tile() {
+        for len in [2usize, 17, 31, 32, 33, 64, 300, 1100] {
+            let p = AttentionPlan::new(&step(vec![seq(0, len, 7)]));
+            let mut covered = vec![0u32; len];
+            for t in p.tiles.chunks(TILE_FIELDS) {
+                assert!(t[2] >= 1 && t[2] as usize <= TILE_TOKENS);
+                assert_eq!(t[3], t[1] + 7, "position = cached_len + offset");
+                for tok in t[1]..t[1] + t[2] {
+                    covered[tok as usize] += 1;
+                }
+            }
+            assert!(covered.iter().all(|&c| c == 1), "len {len}");
+            assert!(p.split_tokens.is_empty());
+        }
+    }
+
+    #[test]
+    fn variants_cover_head_dims_up_to_256_within_shared_memory_limits() {
+        assert_eq!(
+            PrefillVariant::for_head_dim(64).map(|v| v.suffix),
+            Some("d64")
+        );
+        assert_eq!(
+            PrefillVariant::for_head_dim(80).map(|v| v.suffix),
+            Some("d128")
+        );
+        assert_eq!(
+            PrefillVariant::for_head_dim(128).map(|v| v.suffix),
+            Some("d128")
+        );
+        assert_eq!(
+            PrefillVariant::for_head_dim(256).map(|v| v.suffix),
+            Some("d256")
+        );
+        assert_eq!(PrefillVariant::for_head_dim(258), None);
+        assert_eq!(PrefillVariant::for_head_dim(66), None);
+        assert_eq!(PrefillVariant::for_head_dim(0), None);
+        // The byte counts documented in attention.cu; every one fits sm_75's 64 KB opt-in limit.
+        let bytes: Vec<usize> = PrefillVariant::ALL
+            .iter()
+            .map(|v| v.shared_bytes(v.max_head_dim))
+            .collect();
+        assert_eq!(bytes, vec![20992, 37376, 51712]);
+        assert!(bytes.iter().all(|&b| b <= 64 * 1024));
+        let d256 = PrefillVariant::ALL[2];
+        assert_eq!(d256.row_chunks(4), 8);
+        assert_eq!(PrefillVariant::ALL[1].row_chunks(3), 3);
+        assert_eq!(
+            d256.kernel_name("bf16", "e5m2"),
+            "attention_prefill_bf16_e5m2_d256"
+        );
+    }
+}
