@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kiln::engine::sampling::sample_row;
 use kiln::engine::{
     spawn, CacheGeometry, ChatMessage, Completion, EngineConfig, EngineHandle, FinishReason,
     ForwardBatch, ForwardOutput, GenerateRequest, LogitsFor, ModelRunner, Prompt, SamplingParams,
 };
-use kiln::engine::sampling::sample_row;
 use kiln::error::EngineError;
 use kiln::tokenizer::Tokenizer;
 

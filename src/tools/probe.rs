@@ -182,11 +182,7 @@ pub fn probe(
         for cached_len in n..n + greedy - 1 {
             let step = ForwardBatch {
                 token_ids: vec![next],
-                seqs: vec![seq(
-                    1,
-                    cached_len,
-                    LogitsFor::Sample(SamplingRow::greedy()),
-                )],
+                seqs: vec![seq(1, cached_len, LogitsFor::Sample(SamplingRow::greedy()))],
             };
             next = match runner.forward(&step)?.samples.pop() {
                 Some(sampled) => sampled?.token_id,

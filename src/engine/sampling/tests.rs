@@ -46,14 +46,25 @@ fn exp_det_is_close_to_exp_and_exact_at_zero() {
     while x <= 0.0 {
         let want = (x as f64).exp();
         let got = exp_det(x) as f64;
-        assert!(((got - want) / want).abs() < 1e-6, "exp({x}) = {got} vs {want}");
+        assert!(
+            ((got - want) / want).abs() < 1e-6,
+            "exp({x}) = {got} vs {want}"
+        );
         x += 0.0137;
     }
 }
 
 #[test]
 fn order_and_rank_keys_are_total_and_put_lower_ids_first() {
-    let vals = [f32::NEG_INFINITY, -3.5, -1e-30, 0.0, 1e-30, 2.0, f32::INFINITY];
+    let vals = [
+        f32::NEG_INFINITY,
+        -3.5,
+        -1e-30,
+        0.0,
+        1e-30,
+        2.0,
+        f32::INFINITY,
+    ];
     for w in vals.windows(2) {
         assert!(order_key(w[0]) < order_key(w[1]), "{w:?}");
     }
@@ -103,7 +114,7 @@ fn repetition_penalty_divides_positive_and_multiplies_non_positive_logits() {
     };
     assert_eq!(token(&l, &rep(&[0, 1])), 2);
     assert_eq!(token(&l, &rep(&[0, 1, 2])), 0); // 1.5 / 2 = 0.75 < 1.0
-    // Ids outside the vocabulary are ignored.
+                                                // Ids outside the vocabulary are ignored.
     assert_eq!(token(&l, &rep(&[1, 2, 99])), 0);
 }
 
@@ -153,14 +164,23 @@ fn logprobs_are_log_softmax_of_the_raw_row_with_top_n_in_rank_order() {
     // The penalty moves token 1 (3 / 1.5 = 2) below token 3; logprobs stay raw.
     assert_eq!(out.token_id, 3);
     assert!((out.logprob.unwrap() - (3.0 - lse)).abs() < 1e-6);
-    assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+    assert_eq!(
+        out.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+        vec![1, 3, 2]
+    );
     assert!((out.top[2].1 - (2.0 - lse)).abs() < 1e-6);
     // N larger than the vocabulary: every token, NaN (as -inf) last.
     let all = sample_row(&l, &row(|r| r.logprobs = Some(9))).unwrap();
     assert_eq!(all.top.len(), 5);
     assert_eq!(all.top[4], (4, f32::NEG_INFINITY));
-    assert_eq!(sample_row(&l, &row(|r| r.logprobs = Some(0))).unwrap().top, vec![]);
-    assert!(sample_row(&l, &SamplingRow::greedy()).unwrap().logprob.is_none());
+    assert_eq!(
+        sample_row(&l, &row(|r| r.logprobs = Some(0))).unwrap().top,
+        vec![]
+    );
+    assert!(sample_row(&l, &SamplingRow::greedy())
+        .unwrap()
+        .logprob
+        .is_none());
 }
 
 #[test]
@@ -174,7 +194,10 @@ fn the_draw_is_the_inverse_cdf_in_token_id_order() {
     // The same u always gives the same token.
     for i in 0..50 {
         let u = i as f64 / 50.0;
-        assert_eq!(token(&l, &draw_row(u, |_| {})), token(&l, &draw_row(u, |_| {})));
+        assert_eq!(
+            token(&l, &draw_row(u, |_| {})),
+            token(&l, &draw_row(u, |_| {}))
+        );
     }
     // Temperature flattens: at T = 100 both halves are almost even.
     let hot = |u| token(&l, &draw_row(u, |r| r.temperature = 100.0));
