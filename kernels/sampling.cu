@@ -231,6 +231,7 @@ __device__ void radix_select(const RowCtx& c, const W& w, int vocab, u64 need, u
                 if ((peers >> j) & 1u) sum += vj;
             }
             if (bin < 256 && lane == __ffs(peers) - 1) hist[warp * 256 + bin] += sum;
+            __syncwarp();  // the next leader of this bin may be another lane: order the update
         }
         __syncthreads();
         for (int b = threadIdx.x; b < 256; b += SAMPLE_THREADS) {
