@@ -46,16 +46,18 @@ __device__ __forceinline__ u64 rank_key(float x, int id) {
 }
 __device__ __forceinline__ int rank_id(u64 rk) { return (int)(0xffffffffu - (unsigned)(rk & 0xffffffffull)); }
 
-// e^x for x <= 0 from correctly rounded f32 ops only (sampling.rs `exp_det`, same constants).
+// e^x for x <= 0 from correctly rounded f32 ops only: sampling.rs `exp_det`, with the same
+// constants as bit patterns (log2 e, ln2 high/low, 1/7! .. 1/3!).
 __device__ __forceinline__ float exp_det(float x) {
-    if (!(x >= -80.0f)) return 0.0f;
-    float k = roundf(__fmul_rn(x, 1.442695f));
-    float r = __fsub_rn(__fsub_rn(x, __fmul_rn(k, 0.693359375f)), __fmul_rn(k, -2.1219444e-4f));
-    float p = 1.984127e-4f;
-    p = __fadd_rn(__fmul_rn(p, r), 1.3888889e-3f);
-    p = __fadd_rn(__fmul_rn(p, r), 8.333334e-3f);
-    p = __fadd_rn(__fmul_rn(p, r), 4.1666668e-2f);
-    p = __fadd_rn(__fmul_rn(p, r), 0.16666667f);
+    if (x != x || x < -80.0f) return 0.0f;
+    float k = roundf(__fmul_rn(x, __int_as_float(0x3fb8aa3b)));
+    float r = __fsub_rn(__fsub_rn(x, __fmul_rn(k, __int_as_float(0x3f318000))),
+                        __fmul_rn(k, __int_as_float(0xb95e8083)));
+    float p = __int_as_float(0x39500d01);
+    p = __fadd_rn(__fmul_rn(p, r), __int_as_float(0x3ab60b61));
+    p = __fadd_rn(__fmul_rn(p, r), __int_as_float(0x3c088889));
+    p = __fadd_rn(__fmul_rn(p, r), __int_as_float(0x3d2aaaab));
+    p = __fadd_rn(__fmul_rn(p, r), __int_as_float(0x3e2aaaab));
     p = __fadd_rn(__fmul_rn(p, r), 0.5f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);

@@ -144,25 +144,37 @@ pub fn rank_key(x: f32, id: u32) -> u64 {
     ((order_key(x) as u64) << 32) | (u32::MAX - id) as u64
 }
 
+/// The constants of [`exp_det`] as f32 bit patterns, shared verbatim with sampling.cu:
+/// log2(e), ln2 split high/low (Cody–Waite: `k · LN2_HI` is exact for |k| < 2^15), and the
+/// Taylor coefficients 1/7! … 1/3! of e^r.
+const EXP_LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
+const EXP_LN2_HI: f32 = f32::from_bits(0x3f31_8000);
+const EXP_LN2_LO: f32 = f32::from_bits(0xb95e_8083);
+const EXP_C7: f32 = f32::from_bits(0x3950_0d01);
+const EXP_C6: f32 = f32::from_bits(0x3ab6_0b61);
+const EXP_C5: f32 = f32::from_bits(0x3c08_8889);
+const EXP_C4: f32 = f32::from_bits(0x3d2a_aaab);
+const EXP_C3: f32 = f32::from_bits(0x3e2a_aaab);
+
 /// `e^x` for `x ≤ 0`, from correctly rounded f32 `+ − ×` only, so every IEEE device computes
 /// the same bits (the CUDA kernel mirrors it with `__fmul_rn` / `__fadd_rn`). `x < -80` (and
 /// NaN) gives 0. Accurate to a few ulp; `exp_det(0) = 1` exactly.
 #[inline]
 pub fn exp_det(x: f32) -> f32 {
-    if !(x >= -80.0) {
+    if x.is_nan() || x < -80.0 {
         return 0.0;
     }
-    // x = k·ln2 + r, |r| ≤ ln2/2 (Cody–Waite: k·LN2_HI is exact for |k| < 2^15).
-    let k = (x * 1.442_695_f32).round();
-    let r = (x - k * 0.693_359_375_f32) - k * -2.121_944_4e-4_f32;
-    let mut p = 1.984_127e-4_f32;
-    p = p * r + 1.388_888_9e-3_f32;
-    p = p * r + 8.333_334e-3_f32;
-    p = p * r + 4.166_666_8e-2_f32;
-    p = p * r + 0.166_666_67_f32;
-    p = p * r + 0.5_f32;
-    p = p * r + 1.0_f32;
-    p = p * r + 1.0_f32;
+    // x = k·ln2 + r, |r| ≲ ln2/2.
+    let k = (x * EXP_LOG2E).round();
+    let r = (x - k * EXP_LN2_HI) - k * EXP_LN2_LO;
+    let mut p = EXP_C7;
+    p = p * r + EXP_C6;
+    p = p * r + EXP_C5;
+    p = p * r + EXP_C4;
+    p = p * r + EXP_C3;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
     // k ∈ [-116, 0]: 2^k is a normal f32.
     p * f32::from_bits(((k as i32 + 127) as u32) << 23)
 }
