@@ -224,6 +224,7 @@ __device__ void radix_select(const RowCtx& c, const W& w, int vocab, u64 need, u
                     if (v) bin = (int)((k >> shift) & 255u);
                 }
             }
+            if (__ballot_sync(FULL_MASK, bin < 256) == 0) continue;  // warp-uniform skip
             // One leader per distinct bin adds the bin's sum over the warp: the warp's own
             // histogram has no concurrent writers, so no atomics.
             unsigned peers = __match_any_sync(FULL_MASK, bin);

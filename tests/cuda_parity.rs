@@ -177,6 +177,13 @@ fn run_ops<B: Backend>(b: &B) -> Vec<(&'static str, Vec<f32>)> {
         let mut o = b.alloc(t * n).unwrap();
         b.matmul(&x, t, &wt, &mut o).unwrap();
         out.push((name, down(b, &o, t * n)));
+        if dtype == WeightDType::F32 {
+            // The lm_head path: the same product written in f32.
+            let lg = b.logits(&x, t, &wt).unwrap();
+            let mut host = vec![f32::NAN; t * n];
+            b.download_logits(&lg, 0, &mut host).unwrap();
+            out.push(("logits (f32 output)", host));
+        }
     }
 
     let table_v = data(50 * hidden, 5);
