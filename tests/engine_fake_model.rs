@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kiln::engine::sampling::sample_row;
 use kiln::engine::{
     spawn, CacheGeometry, ChatMessage, Completion, EngineConfig, EngineHandle, FinishReason,
-    ForwardBatch, GenerateRequest, LogitsFor, ModelRunner, Prompt, SamplingParams,
+    ForwardBatch, ForwardOutput, GenerateRequest, LogitsFor, ModelRunner, Prompt, SamplingParams,
 };
 use kiln::error::EngineError;
 use kiln::tokenizer::Tokenizer;
@@ -114,7 +115,7 @@ impl ModelRunner for FakeRunner {
     fn device_name(&self) -> String {
         "fake".into()
     }
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, EngineError> {
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
         std::thread::sleep(self.step_delay);
         if let Some(t) = self.panic_on_token {
             assert!(
@@ -127,7 +128,7 @@ impl ModelRunner for FakeRunner {
             .lock()
             .expect("lock")
             .push(batch.seqs.len());
-        let mut out = Vec::new();
+        let mut out = ForwardOutput::default();
         for s in &batch.seqs {
             if s.len == 0 {
                 // A real model has no hidden state for a token it does not compute.
@@ -161,7 +162,7 @@ impl ModelRunner for FakeRunner {
             let end = s.cached_len + s.len;
             let rows: Vec<usize> = match s.logits {
                 LogitsFor::None => vec![],
-                LogitsFor::Last => vec![end],
+                LogitsFor::Last | LogitsFor::Sample(_) => vec![end],
                 LogitsFor::All => (s.cached_len + 1..=end).collect(),
             };
             for n in rows {
@@ -177,7 +178,12 @@ impl ModelRunner for FakeRunner {
                         }
                     }
                 }
-                out.extend(fake_row(&slots));
+                let row = fake_row(&slots);
+                // Sampling rows go through the pure function, as the CPU backend does.
+                match &s.logits {
+                    LogitsFor::Sample(desc) => out.samples.push(sample_row(&row, desc)),
+                    _ => out.logits.extend(row),
+                }
             }
         }
         Ok(out)

@@ -17,6 +17,11 @@
 //!   [`Backend::paged_attention`] (varlen prefill chunks and decodes in one call, over block
 //!   tables), [`Backend::silu_mul`], [`Backend::add`], [`Backend::gather_rows`],
 //!   [`Backend::copy_block`].
+//! - The lm_head projection writes f32 logits ([`Backend::logits`], [`Backend::Logits`]) that
+//!   stay on the device: [`Backend::sample`] turns rows into tokens there (penalties, logprobs,
+//!   greedy or top-k / top-p / min-p draws, exactly as [`crate::engine::sampling::sample_row`]),
+//!   so only the sampled ids and requested logprobs reach the host; [`Backend::download_logits`]
+//!   copies raw rows for the callers that want them (`kiln probe`, tests).
 //! - All integer metadata of a step (token ids, positions, KV slots, block tables, which rows
 //!   need logits) is uploaded once per step by [`Backend::prepare_step`]; ops read it from
 //!   there, so a CUDA backend does one host→device copy per step.
@@ -38,6 +43,7 @@ pub use cpu::CpuBackend;
 pub use kv_dtype::KvCacheDType;
 pub use rope::RopeSpec;
 
+use crate::engine::sampling::{SampleError, Sampled, SamplingRow};
 use crate::engine::{ForwardBatch, LogitsFor};
 use crate::error::EngineError;
 use crate::model::TensorView;
@@ -209,8 +215,10 @@ impl StepInput {
             }
             match s.logits {
                 LogitsFor::None => {}
-                LogitsFor::Last if s.len > 0 => logit_rows.push((end - 1) as u32),
-                LogitsFor::Last => {
+                LogitsFor::Last | LogitsFor::Sample(_) if s.len > 0 => {
+                    logit_rows.push((end - 1) as u32)
+                }
+                LogitsFor::Last | LogitsFor::Sample(_) => {
                     return Err(internal(format!("sequence {i} wants logits of no tokens")))
                 }
                 LogitsFor::All => logit_rows.extend((s.start..end).map(|t| t as u32)),
@@ -256,6 +264,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Rope: Send + Sync;
     /// One step's integer metadata on the device (see [`StepInput`]).
     type Step: Send;
+    /// f32 logits rows `[rows, vocab]` on the device, from [`Backend::logits`].
+    type Logits: Send;
 
     /// Short description for logs, e.g. `cpu (2 threads)` or `cuda:0 (sm_90)`.
     fn name(&self) -> String;
@@ -408,6 +418,33 @@ pub trait Backend: Send + Sync + Sized + 'static {
         dim: usize,
         out: &mut Self::Buffer,
     ) -> Result<(), BackendError>;
+
+    /// The lm_head projection in f32: `logits[r, n] = Σ_k x[r, k] · w[n, k]` with `x`:
+    /// `[rows, k]` in the compute dtype, `w`: `[n = vocab, k]` as stored; the products are
+    /// accumulated and written in f32 (never rounded to a 16-bit compute dtype).
+    fn logits(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        w: &Self::Weight,
+    ) -> Result<Self::Logits, BackendError>;
+
+    /// Copy rows `first_row ..` of `logits` into `dst` (a whole number of `[vocab]` rows).
+    fn download_logits(
+        &self,
+        logits: &Self::Logits,
+        first_row: usize,
+        dst: &mut [f32],
+    ) -> Result<(), BackendError>;
+
+    /// Sample one token per `(row, descriptor)`: the result of
+    /// [`crate::engine::sampling::sample_row`] on logits row `row`, bit for bit (same token,
+    /// logprobs within float rounding). `logits` is not modified. One result per entry, in order.
+    fn sample(
+        &self,
+        logits: &Self::Logits,
+        rows: &[(usize, &SamplingRow)],
+    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError>;
 
     /// Copy block `src` into block `dst`, K and V, all layers.
     fn copy_block(&self, cache: &mut Self::KvCache, src: u32, dst: u32)

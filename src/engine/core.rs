@@ -7,8 +7,9 @@
 //! 2. asks the scheduler for the step's sequences and builds the [`ForwardBatch`];
 //! 3. runs the model inside `catch_unwind`: an error or a panic fails exactly the requests of
 //!    this step (the runner's error, or `Internal` for a panic) and the engine keeps serving;
-//! 4. samples each sequence whose logits were computed, appends the token, and answers the
-//!    requests that finished (a panic while sampling fails only that request).
+//! 4. appends the token the backend sampled for each sequence that reached its end (from the
+//!    descriptor its sampler built for the batch), and answers the requests that finished (a
+//!    row that could not be sampled, or a panic while appending, fails only that request).
 //!
 //! A panic anywhere else in a step is a bug in the engine itself: every pending request fails
 //! with `Internal`, the scheduler and cache bookkeeping start over empty, and the thread lives on.
@@ -27,6 +28,7 @@ use crate::engine::handle::{EngineCommand, EngineHandle, EngineInfo, EngineStats
 use crate::engine::kv_cache::BlockManager;
 use crate::engine::request::{Completion, FinishReason, GenerateRequest, Prompt};
 use crate::engine::sampler;
+use crate::engine::sampling::{SampleError, Sampled};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::engine::sequence::Sequence;
 use crate::engine::{ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
@@ -388,11 +390,10 @@ impl EngineCore {
         let t0 = Instant::now();
         let runner = &mut self.runner;
         let result = match catch_unwind(AssertUnwindSafe(|| runner.forward(&batch))) {
-            Ok(Ok(logits)) if logits.len() == rows * self.vocab_size => Ok(logits),
-            Ok(Ok(logits)) => Err(EngineError::Internal(format!(
-                "the model returned {} logits for {rows} rows of {}",
-                logits.len(),
-                self.vocab_size
+            Ok(Ok(fwd)) if fwd.samples.len() == rows => Ok(fwd.samples),
+            Ok(Ok(fwd)) => Err(EngineError::Internal(format!(
+                "the model returned {} sampled tokens for {rows} sampling rows",
+                fwd.samples.len(),
             ))),
             Ok(Err(e)) => Err(e),
             Err(panic) => Err(EngineError::Internal(format!(
@@ -400,8 +401,8 @@ impl EngineCore {
                 panic_message(&*panic)
             ))),
         };
-        let logits = match result {
-            Ok(l) => l,
+        let samples = match result {
+            Ok(s) => s,
             Err(e) => {
                 tracing::error!(seqs = out.scheduled.len(), error = %e, "Forward step failed; its requests fail.");
                 for s in &out.scheduled {
@@ -413,7 +414,7 @@ impl EngineCore {
         let forward_time = t0.elapsed();
         self.scheduler.complete_step(&out.scheduled);
         self.count_prompt_tokens(&out);
-        self.sample_all(&out, &logits);
+        self.append_all(&out, samples);
         self.stats.steps += 1;
         tracing::debug!(
             seqs = out.scheduled.len(),
@@ -424,10 +425,15 @@ impl EngineCore {
         );
     }
 
-    fn build_batch(&self, out: &SchedulerOutput) -> ForwardBatch {
+    /// The step's batch; each sequence due for a token gets its sampler's descriptor (drawing
+    /// its uniform for this step).
+    fn build_batch(&mut self, out: &SchedulerOutput) -> ForwardBatch {
         let mut batch = ForwardBatch::default();
         for s in &out.scheduled {
-            let seq = self.scheduler.get(s.id).expect("scheduled sequences exist");
+            let seq = self
+                .scheduler
+                .get_mut(s.id)
+                .expect("scheduled sequences exist");
             let start = batch.token_ids.len();
             batch
                 .token_ids
@@ -438,7 +444,7 @@ impl EngineCore {
                 cached_len: s.cached_len,
                 block_table: seq.blocks.table.clone(),
                 logits: if s.sample {
-                    LogitsFor::Last
+                    LogitsFor::Sample(seq.next_sampling_row())
                 } else {
                     LogitsFor::None
                 },
@@ -457,26 +463,29 @@ impl EngineCore {
         }
     }
 
-    /// Sample every sequence of the step that produced logits; answer the finished ones.
-    fn sample_all(&mut self, out: &SchedulerOutput, logits: &[f32]) {
+    /// Append each sequence's sampled token (in the order of the step's sampling rows); answer
+    /// the finished ones. A row that failed to sample, or a panic while appending, fails only
+    /// its request.
+    fn append_all(&mut self, out: &SchedulerOutput, samples: Vec<Result<Sampled, SampleError>>) {
         let now = Instant::now();
-        let vocab = self.vocab_size;
-        for (row, s) in out.scheduled.iter().filter(|s| s.sample).enumerate() {
-            let row = &logits[row * vocab..(row + 1) * vocab];
+        for (s, sampled) in out.scheduled.iter().filter(|s| s.sample).zip(samples) {
             let Some(seq) = self.scheduler.get_mut(s.id) else {
                 continue;
             };
             let tokenizer = &self.tokenizer;
             let block_size = self.block_size;
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                seq.sample_and_append(row, tokenizer, block_size, now)
-            }))
-            .unwrap_or_else(|panic| {
-                Err(EngineError::Internal(format!(
-                    "panic while sampling: {}",
-                    panic_message(&*panic)
-                )))
-            });
+            let result = match sampled {
+                Ok(sampled) => catch_unwind(AssertUnwindSafe(|| {
+                    seq.append_sampled(&sampled, tokenizer, block_size, now)
+                }))
+                .unwrap_or_else(|panic| {
+                    Err(EngineError::Internal(format!(
+                        "panic while appending a token: {}",
+                        panic_message(&*panic)
+                    )))
+                }),
+                Err(e) => Err(e.into()),
+            };
             match result {
                 Ok(None) => self.stats.generated_tokens += 1,
                 Ok(Some(reason)) => {

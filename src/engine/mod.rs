@@ -11,6 +11,7 @@ pub mod handle;
 pub mod kv_cache;
 pub mod request;
 pub mod sampler;
+pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
 pub mod stop;
@@ -24,6 +25,7 @@ pub use request::{ChatMessage, Completion, FinishReason, GenerateRequest, Prompt
 
 use std::path::Path;
 
+use crate::engine::sampling::{SampleError, Sampled, SamplingRow};
 use crate::error::EngineError;
 use crate::model::files::ModelFiles;
 use crate::model::runner::build_runner_for;
@@ -80,15 +82,40 @@ pub fn spawn_from_path(model_path: &Path, cfg: EngineConfig) -> Result<EngineHan
     self::core::start(Box::new(load), cfg)
 }
 
-/// Which logits a sequence needs from a forward step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a sequence needs from a forward step's logits.
+#[derive(Debug, Clone, PartialEq)]
 pub enum LogitsFor {
-    /// None (an intermediate prefill chunk).
+    /// Nothing (an intermediate prefill chunk).
     None,
-    /// The last token of the slice (decode, or the final prefill chunk).
+    /// The raw f32 logits row of the last token of the slice.
     Last,
-    /// Every token of the slice (`kiln probe --positions all`).
+    /// The raw f32 logits rows of every token of the slice (`kiln probe --positions all`).
     All,
+    /// A token sampled on the device from the last token's logits, as the descriptor says;
+    /// only the token (and the requested logprobs) reach the host.
+    Sample(SamplingRow),
+}
+
+impl LogitsFor {
+    /// Logits rows this sequence occupies in the step (`len` new tokens).
+    pub fn rows(&self, len: usize) -> usize {
+        match self {
+            LogitsFor::None => 0,
+            LogitsFor::Last | LogitsFor::Sample(_) => 1,
+            LogitsFor::All => len,
+        }
+    }
+}
+
+/// What a forward step returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardOutput {
+    /// Raw f32 logits, row-major `[rows, vocab]`: 1 row per `LogitsFor::Last` and `len` per
+    /// `LogitsFor::All` sequence, in the order of `batch.seqs`.
+    pub logits: Vec<f32>,
+    /// One result per `LogitsFor::Sample` sequence, in the order of `batch.seqs` (a row whose
+    /// logits have no finite maximum fails alone).
+    pub samples: Vec<Result<Sampled, SampleError>>,
 }
 
 /// One sequence's part of a forward step.
@@ -140,10 +167,10 @@ pub trait ModelRunner: Send {
     fn cache_geometry(&self) -> CacheGeometry;
     /// Human-readable backend description for logs.
     fn device_name(&self) -> String;
-    /// Run one step. Returns f32 logits, row-major `[rows, vocab]`, where rows are, in order of
-    /// `batch.seqs`, 1 per `LogitsFor::Last` and `len` per `LogitsFor::All` sequence.
-    /// Writes K/V of the new tokens into the blocks named by each block table.
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, EngineError>;
+    /// Run one step: raw logits rows for the `Last` / `All` sequences and sampled tokens for
+    /// the `Sample` ones (see [`ForwardOutput`]). Writes K/V of the new tokens into the blocks
+    /// named by each block table.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError>;
     /// Copy the KV contents of block `src` into block `dst` (all layers).
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError>;
     /// Reset recurrent state slot `slot` to zeros (hybrid models); a no-op otherwise.

@@ -1,57 +1,33 @@
-//! Per-request token sampling: penalties, temperature, top-k / top-p / min-p, a seeded RNG,
-//! and log-probabilities.
+//! Per-request sampling state: the seeded RNG and the tokens the penalties apply to. Each step
+//! it describes the row's sampling as plain data ([`SamplingRow`]), a backend applies that to
+//! the logits row ([`crate::engine::sampling::sample_row`] on the CPU, kernels on a GPU), and
+//! the chosen token comes back through [`Sampler::accept`].
 //!
 //! Each request owns a [`Sampler`]. Its RNG is seeded from `SamplingParams::seed` (or from a
-//! random seed) and is drawn exactly once per sampled token, never shared, so a request's tokens
-//! depend only on its own logits rows and seed: the same seed gives the same tokens alone or in
-//! any batch (given batch-invariant logits). Greedy sampling does not touch the RNG.
-//!
-//! Order of operations on one logits row (`[vocab]` f32):
-//! 1. log-probabilities, when requested: log-softmax of the RAW row (temperature 1, no penalty);
-//! 2. repetition penalty (Hugging Face): for each distinct token of prompt + output, a positive
-//!    logit is divided by the penalty, a negative one multiplied;
-//! 3. presence / frequency penalties (OpenAI): `logit -= frequency × count + presence × (count > 0)`
-//!    over output tokens;
-//! 4. greedy → argmax (lowest id on ties); otherwise divide by temperature, keep the `top_k`
-//!    largest, softmax, keep the smallest most-likely set reaching `top_p`, drop tokens below
-//!    `min_p × max probability` (the order of Hugging Face's logits warpers), and draw.
+//! random seed) and gives exactly one uniform `u ∈ [0, 1)` per non-greedy step, never shared, so
+//! a request's tokens depend only on its own logits rows and seed: the same seed gives the same
+//! tokens alone or in any batch (given batch-invariant logits), on any backend (the draw from
+//! `u` is exact, see [`crate::engine::sampling`]). Greedy sampling does not touch the RNG.
+//! The order of operations on a row is documented in [`crate::engine::sampling`].
 
-use std::cmp::Ordering;
-use std::collections::{HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::engine::request::SamplingParams;
+pub use crate::engine::sampling::Sampled;
+use crate::engine::sampling::{sample_row, Penalty, SamplingRow};
 use crate::error::EngineError;
-
-/// Candidates examined before falling back to a full sort when applying `top_p`.
-const TOP_P_PARTIAL: usize = 128;
-
-/// One sampled token with its log-probability information.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sampled {
-    /// The chosen token.
-    pub token_id: u32,
-    /// Its log-probability under the raw distribution, when logprobs were requested.
-    pub logprob: Option<f32>,
-    /// The most likely alternatives `(token, logprob)`, most likely first (`logprobs` of them).
-    pub top: Vec<(u32, f32)>,
-}
 
 /// Sampling state of one request.
 #[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
-    /// Distinct prompt + output tokens (only kept when the repetition penalty is on).
-    seen: HashSet<u32>,
-    /// Output token counts (only kept when presence / frequency penalties are on).
-    output_counts: HashMap<u32, u32>,
-    /// Scratch row, reused across steps.
-    scratch: Vec<f32>,
-    /// Scratch candidate ids, reused across steps.
-    candidates: Vec<u32>,
+    /// Penalized tokens by id: distinct prompt + output tokens when the repetition penalty is
+    /// on, output counts when presence / frequency penalties are on.
+    penalties: BTreeMap<u32, Penalty>,
 }
 
 impl Sampler {
@@ -59,227 +35,69 @@ impl Sampler {
     /// [`validate`].
     pub fn new(params: &SamplingParams, prompt_ids: &[u32]) -> Sampler {
         let seed = params.seed.unwrap_or_else(rand::random);
-        let seen = if params.repetition_penalty != 1.0 {
-            prompt_ids.iter().copied().collect()
-        } else {
-            HashSet::new()
-        };
+        let mut penalties = BTreeMap::new();
+        if params.repetition_penalty != 1.0 {
+            for &token in prompt_ids {
+                penalties.insert(
+                    token,
+                    Penalty {
+                        token,
+                        repeated: true,
+                        count: 0,
+                    },
+                );
+            }
+        }
         Sampler {
             params: params.clone(),
             rng: StdRng::seed_from_u64(seed),
-            seen,
-            output_counts: HashMap::new(),
-            scratch: Vec::new(),
-            candidates: Vec::new(),
+            penalties,
         }
     }
 
-    /// Pick the next token from a logits row (`[vocab]`).
-    pub fn sample(&mut self, logits: &[f32]) -> Result<Sampled, EngineError> {
-        let (logprob_of, top) = match self.params.logprobs {
-            Some(n) => {
-                let lse = log_sum_exp(logits)?;
-                (Some(lse), top_logprobs(logits, n as usize, lse))
-            }
-            None => (None, Vec::new()),
-        };
-        self.scratch.clear();
-        self.scratch.extend_from_slice(logits);
-        self.apply_penalties();
-        let token_id = if self.params.is_greedy() {
-            argmax(&self.scratch)?
-        } else {
-            self.draw()?
-        };
-        self.accept(token_id);
-        Ok(Sampled {
-            token_id,
-            logprob: logprob_of.map(|lse| logits[token_id as usize] - lse),
-            top,
-        })
-    }
-
-    /// Record a generated token for the penalties.
-    fn accept(&mut self, token: u32) {
-        if self.params.repetition_penalty != 1.0 {
-            self.seen.insert(token);
-        }
-        if self.params.presence_penalty != 0.0 || self.params.frequency_penalty != 0.0 {
-            *self.output_counts.entry(token).or_insert(0) += 1;
-        }
-    }
-
-    fn apply_penalties(&mut self) {
-        let row = &mut self.scratch;
-        let rep = self.params.repetition_penalty;
-        if rep != 1.0 {
-            for &t in &self.seen {
-                if let Some(l) = row.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / rep } else { *l * rep };
-                }
-            }
-        }
-        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
-        if presence != 0.0 || frequency != 0.0 {
-            for (&t, &c) in &self.output_counts {
-                if let Some(l) = row.get_mut(t as usize) {
-                    *l -= frequency * c as f32 + presence;
-                }
-            }
-        }
-    }
-
-    /// Temperature, top-k, top-p, min-p, then one RNG draw.
-    fn draw(&mut self) -> Result<u32, EngineError> {
+    /// The next step's descriptor. Draws the step's uniform from the RNG unless greedy.
+    pub fn next_row(&mut self) -> SamplingRow {
         let p = &self.params;
-        let row = &mut self.scratch;
-        let inv_t = 1.0 / p.temperature;
-        let max = row
-            .iter()
-            .copied()
-            .filter(|l| !l.is_nan())
-            .fold(f32::NEG_INFINITY, f32::max);
-        if !max.is_finite() {
-            return Err(EngineError::Internal(
-                "logits row has no finite value".into(),
-            ));
+        let greedy = p.is_greedy();
+        SamplingRow {
+            temperature: if greedy { 0.0 } else { p.temperature },
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            penalties: self.penalties.values().copied().collect(),
+            logprobs: p.logprobs,
+            draw: (!greedy).then(|| self.rng.random::<f64>()),
         }
-        // Unnormalized probabilities exp((l - max) / T) in place; the max maps to 1.
-        for l in row.iter_mut() {
-            *l = if l.is_nan() {
-                0.0
-            } else {
-                ((*l - max) * inv_t).exp()
-            };
-        }
-        let vocab = row.len();
-        let cands = &mut self.candidates;
-        cands.clear();
-        cands.extend(0..vocab as u32);
-        // Descending probability, ties → lower id: a total order, so the result is deterministic.
-        let by_prob = |a: &u32, b: &u32| {
-            row[*b as usize]
-                .total_cmp(&row[*a as usize])
-                .then_with(|| a.cmp(b))
-        };
-        if p.top_k > 0 && (p.top_k as usize) < vocab {
-            let k = p.top_k as usize;
-            cands.select_nth_unstable_by(k - 1, by_prob);
-            cands.truncate(k);
-        }
-        if p.top_p < 1.0 {
-            let total: f64 = cands.iter().map(|&t| row[t as usize] as f64).sum();
-            let target = p.top_p as f64 * total;
-            // Sort a short head first; sort everything only if the nucleus is larger than it.
-            let head_len = TOP_P_PARTIAL.min(cands.len());
-            select_top(cands, head_len, by_prob);
-            let head: f64 = cands[..head_len]
-                .iter()
-                .map(|&t| row[t as usize] as f64)
-                .sum();
-            if head < target {
-                let n = cands.len();
-                select_top(cands, n, by_prob);
-            }
-            let mut cum = 0.0;
-            let mut keep = cands.len();
-            for (i, &t) in cands.iter().enumerate() {
-                cum += row[t as usize] as f64;
-                if cum >= target {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            cands.truncate(keep);
-        }
-        if p.min_p > 0.0 {
-            // The max probability of the candidates is 1 (unnormalized); ratio is scale-free.
-            let best = cands
-                .iter()
-                .map(|&t| row[t as usize])
-                .fold(0.0f32, f32::max);
-            let threshold = p.min_p * best;
-            cands.retain(|&t| row[t as usize] >= threshold);
-        }
-        let total: f64 = cands.iter().map(|&t| row[t as usize] as f64).sum();
-        if total.is_nan() || total <= 0.0 {
-            return Err(EngineError::Internal(
-                "sampling distribution is empty".into(),
-            ));
-        }
-        let r: f64 = self.rng.random::<f64>() * total;
-        let mut cum = 0.0;
-        for &t in cands.iter() {
-            cum += row[t as usize] as f64;
-            if r < cum {
-                return Ok(t);
+    }
+
+    /// Record the token chosen for the row [`Sampler::next_row`] described.
+    pub fn accept(&mut self, token: u32) {
+        let rep = self.params.repetition_penalty != 1.0;
+        let counts = self.params.presence_penalty != 0.0 || self.params.frequency_penalty != 0.0;
+        if rep || counts {
+            let e = self.penalties.entry(token).or_insert(Penalty {
+                token,
+                repeated: false,
+                count: 0,
+            });
+            e.repeated |= rep;
+            if counts {
+                e.count += 1;
             }
         }
-        // Rounding left r at the very top: the last candidate with any mass.
-        Ok(*cands
-            .iter()
-            .rev()
-            .find(|&&t| row[t as usize] > 0.0)
-            .unwrap_or(&cands[0]))
     }
-}
 
-/// Reorder `cands` so that its first `n` entries are the `n` smallest under `cmp`, sorted.
-fn select_top(cands: &mut [u32], n: usize, cmp: impl Fn(&u32, &u32) -> Ordering + Copy) {
-    if n == 0 {
-        return;
+    /// Describe, sample on the host and accept in one go: pick the next token from a logits
+    /// row (`[vocab]`).
+    pub fn sample(&mut self, logits: &[f32]) -> Result<Sampled, EngineError> {
+        let row = self.next_row();
+        let sampled = sample_row(logits, &row)?;
+        self.accept(sampled.token_id);
+        Ok(sampled)
     }
-    if n < cands.len() {
-        cands.select_nth_unstable_by(n - 1, cmp);
-    }
-    cands[..n].sort_unstable_by(cmp);
-}
-
-/// Index of the largest logit (lowest index on ties; NaN ignored).
-pub fn argmax(row: &[f32]) -> Result<u32, EngineError> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &l) in row.iter().enumerate() {
-        if !l.is_nan() && best.is_none_or(|(_, b)| l > b) {
-            best = Some((i, l));
-        }
-    }
-    best.map(|(i, _)| i as u32)
-        .ok_or_else(|| EngineError::Internal("logits row is empty or all NaN".into()))
-}
-
-/// `log Σ exp(row)` computed stably.
-fn log_sum_exp(row: &[f32]) -> Result<f32, EngineError> {
-    let max = row
-        .iter()
-        .copied()
-        .filter(|l| !l.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() {
-        return Err(EngineError::Internal(
-            "logits row has no finite value".into(),
-        ));
-    }
-    let sum: f64 = row
-        .iter()
-        .filter(|l| !l.is_nan())
-        .map(|&l| ((l - max) as f64).exp())
-        .sum();
-    Ok(max + sum.ln() as f32)
-}
-
-/// The `n` most likely tokens with their log-probabilities, most likely first (ties: lower id).
-fn top_logprobs(row: &[f32], n: usize, lse: f32) -> Vec<(u32, f32)> {
-    let n = n.min(row.len());
-    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-    select_top(&mut idx, n, |a, b| {
-        row[*b as usize]
-            .total_cmp(&row[*a as usize])
-            .then_with(|| a.cmp(b))
-    });
-    idx[..n]
-        .iter()
-        .map(|&t| (t, row[t as usize] - lse))
-        .collect()
 }
 
 /// Check sampling parameters; the message names the field and the allowed range.
@@ -330,7 +148,7 @@ mod tests {
     fn greedy_is_argmax_with_lowest_id_on_ties() {
         let mut s = sampler(params());
         assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]).expect("ok").token_id, 1);
-        assert!(argmax(&[f32::NAN, f32::NAN]).is_err());
+        assert!(s.sample(&[f32::NAN, f32::NAN]).is_err());
     }
 
     #[test]

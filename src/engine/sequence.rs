@@ -18,7 +18,8 @@ use crate::engine::kv_cache::{BlockHash, SeqBlocks};
 use crate::engine::request::{
     Completion, FinishReason, SamplingParams, Timings, TokenLogprob, TopLogprob, Usage,
 };
-use crate::engine::sampler::{Sampled, Sampler};
+use crate::engine::sampler::Sampler;
+use crate::engine::sampling::{sample_row, Sampled, SamplingRow};
 use crate::engine::stop::StopStrings;
 use crate::error::EngineError;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -141,8 +142,14 @@ impl Sequence {
         self.token_ids.len() - self.num_computed_tokens
     }
 
-    /// Sample from this sequence's logits row, append the token and decide whether generation
-    /// ends. Returns the finish reason when it does.
+    /// The sampling descriptor of this sequence's next token (draws its uniform for the step
+    /// unless greedy); the token comes back through [`Sequence::append_sampled`].
+    pub fn next_sampling_row(&mut self) -> SamplingRow {
+        self.sampler.next_row()
+    }
+
+    /// Sample from this sequence's logits row on the host, append the token and decide whether
+    /// generation ends (tests and host-only callers; the engine samples on the backend).
     pub fn sample_and_append(
         &mut self,
         logits: &[f32],
@@ -150,9 +157,23 @@ impl Sequence {
         block_size: usize,
         now: Instant,
     ) -> Result<Option<FinishReason>, EngineError> {
-        let sampled = self.sampler.sample(logits)?;
+        let row = self.next_sampling_row();
+        let sampled = sample_row(logits, &row)?;
+        self.append_sampled(&sampled, tokenizer, block_size, now)
+    }
+
+    /// Append the token sampled for the descriptor of [`Sequence::next_sampling_row`] and decide
+    /// whether generation ends. Returns the finish reason when it does.
+    pub fn append_sampled(
+        &mut self,
+        sampled: &Sampled,
+        tokenizer: &Tokenizer,
+        block_size: usize,
+        now: Instant,
+    ) -> Result<Option<FinishReason>, EngineError> {
+        self.sampler.accept(sampled.token_id);
         self.times.first_token.get_or_insert(now);
-        self.record_logprobs(&sampled, tokenizer);
+        self.record_logprobs(sampled, tokenizer);
         let token = sampled.token_id;
         self.append_token(token, block_size);
         if self.stop_token_ids.contains(&token) {

@@ -12,8 +12,9 @@
 //! h = rms_norm(x) · post_attention_layernorm
 //! x = x + (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ
 //! ```
-//! then `logits = rms_norm(x) · norm · lm_headᵀ` for the rows that need them (`lm_head` is
-//! `embed_tokens` when the checkpoint has no `lm_head.weight`). The residual add of each
+//! then `logits = rms_norm(x) · norm · lm_headᵀ` in f32 for the rows that need them (`lm_head`
+//! is `embed_tokens` when the checkpoint has no `lm_head.weight`), sampled on the backend or
+//! downloaded raw as each sequence asks. The residual add of each
 //! sub-block is fused with the norm that follows it ([`Backend::add_rms_norm`]).
 //!
 //! Weights are looked up by Hugging Face checkpoint key through [`Prefix`] and uploaded as
@@ -22,7 +23,7 @@
 use tracing::info;
 
 use crate::backend::{AttentionParams, Backend, KvCacheSpec, RopeSpec, StepInput};
-use crate::engine::{CacheGeometry, ForwardBatch, ModelRunner};
+use crate::engine::{CacheGeometry, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
 use crate::model::{Architecture, ModelConfig, WeightSource};
@@ -227,14 +228,17 @@ impl<B: Backend> Llama<B> {
 }
 
 impl<B: Backend> LlamaWeights<B> {
-    /// Run every layer over the step's tokens; returns the logits rows `[logit_rows, vocab]`.
+    /// Run every layer over the step's tokens; then the f32 logits of the step's logit rows stay
+    /// on the device: raw rows are downloaded for the `Last` / `All` sequences of `batch`, and
+    /// the `Sample` sequences' rows are sampled by the backend.
     fn run(
         &self,
         b: &B,
         c: &ModelConfig,
         kv_cache: &mut B::KvCache,
         input: &StepInput,
-    ) -> Result<Vec<f32>, EngineError> {
+        batch: &ForwardBatch,
+    ) -> Result<ForwardOutput, EngineError> {
         let t = input.num_tokens();
         let (hidden, hd, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps);
         let (nh, nkv, inter) = (
@@ -302,17 +306,34 @@ impl<B: Backend> LlamaWeights<B> {
             b.add_rms_norm(&mut x, &delta, next_norm, &mut h, t, hidden, eps)?;
         }
         let rows = input.logit_rows.len();
+        let mut out = ForwardOutput::default();
         if rows == 0 {
-            return Ok(Vec::new());
+            return Ok(out);
         }
         let mut last = b.alloc(rows * hidden)?;
         b.gather_rows(&h, &step, hidden, &mut last)?;
         let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        let mut logits_dev = b.alloc(rows * c.vocab_size)?;
-        b.matmul(&last, rows, lm_head, &mut logits_dev)?;
-        let mut logits = vec![0.0f32; rows * c.vocab_size];
-        b.download(&logits_dev, &mut logits)?;
-        Ok(logits)
+        let logits = b.logits(&last, rows, lm_head)?;
+        // Logits rows follow batch.seqs (as StepInput::from_batch laid them out).
+        let mut row = 0;
+        let mut picks = Vec::new();
+        for s in &batch.seqs {
+            let n = s.logits.rows(s.len);
+            match &s.logits {
+                LogitsFor::None => {}
+                LogitsFor::Sample(desc) => picks.push((row, desc)),
+                LogitsFor::Last | LogitsFor::All => {
+                    let at = out.logits.len();
+                    out.logits.resize(at + n * c.vocab_size, 0.0);
+                    b.download_logits(&logits, row, &mut out.logits[at..])?;
+                }
+            }
+            row += n;
+        }
+        if !picks.is_empty() {
+            out.samples = b.sample(&logits, &picks)?;
+        }
+        Ok(out)
     }
 }
 
@@ -333,7 +354,7 @@ impl<B: Backend> ModelRunner for Llama<B> {
         self.backend.name()
     }
 
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, EngineError> {
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
         let input = StepInput::from_batch(
             batch,
             self.geometry.block_size,
@@ -342,7 +363,7 @@ impl<B: Backend> ModelRunner for Llama<B> {
             self.config.max_position_embeddings,
         )?;
         if input.num_tokens() == 0 {
-            return Ok(Vec::new());
+            return Ok(ForwardOutput::default());
         }
         let Llama {
             backend,
@@ -351,7 +372,7 @@ impl<B: Backend> ModelRunner for Llama<B> {
             kv_cache,
             ..
         } = self;
-        backend.run_step(|| weights.run(backend, config, kv_cache, &input))
+        backend.run_step(|| weights.run(backend, config, kv_cache, &input, batch))
     }
 
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {

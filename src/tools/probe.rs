@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
+use crate::engine::sampling::SamplingRow;
 use crate::engine::{Device, EngineConfig, ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
 use crate::error::{EngineError, ModelError};
 use crate::model::files::ModelFiles;
@@ -167,7 +168,7 @@ pub fn probe(
             if all { LogitsFor::All } else { LogitsFor::Last },
         )],
     };
-    let rows = runner.forward(&prefill)?;
+    let rows = runner.forward(&prefill)?.logits;
     let row = |i: usize| rows[i * vocab..(i + 1) * vocab].to_vec();
     let logits = wanted
         .iter()
@@ -177,12 +178,20 @@ pub fn probe(
     if greedy > 0 {
         let mut next = argmax(&row(if all { n - 1 } else { 0 }));
         out.push(next);
+        // The decode steps sample greedily on the backend (argmax, lowest id on ties).
         for cached_len in n..n + greedy - 1 {
             let step = ForwardBatch {
                 token_ids: vec![next],
-                seqs: vec![seq(1, cached_len, LogitsFor::Last)],
+                seqs: vec![seq(1, cached_len, LogitsFor::Sample(SamplingRow::greedy()))],
             };
-            next = argmax(&runner.forward(&step)?);
+            next = match runner.forward(&step)?.samples.pop() {
+                Some(sampled) => sampled?.token_id,
+                None => {
+                    return Err(EngineError::Internal(
+                        "the model returned no sampled token".into(),
+                    ))
+                }
+            };
             out.push(next);
         }
     }

@@ -20,6 +20,7 @@ use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{
     AttentionParams, Backend, BackendError, KvCacheDType, KvCacheSpec, StepInput,
 };
+use crate::engine::sampling::{sample_row, SampleError, Sampled, SamplingRow};
 use crate::model::{TensorView, WeightDType};
 
 pub use attention::CpuKvCache;
@@ -87,6 +88,15 @@ pub struct CpuRope {
     pub sin: Vec<f32>,
 }
 
+/// f32 logits rows in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuLogits {
+    /// Row-major `[rows, vocab]`.
+    pub data: Vec<f32>,
+    /// Row length.
+    pub vocab: usize,
+}
+
 /// The CPU backend: a rayon pool of `threads` workers.
 #[derive(Debug)]
 pub struct CpuBackend {
@@ -138,6 +148,7 @@ impl Backend for CpuBackend {
     type KvCache = CpuKvCache;
     type Rope = CpuRope;
     type Step = StepInput;
+    type Logits = CpuLogits;
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", self.threads())
@@ -520,6 +531,54 @@ impl Backend for CpuBackend {
         }
         ops::gather_rows(x, &step.logit_rows, dim, out);
         Ok(())
+    }
+
+    fn logits(&self, x: &Vec<f32>, rows: usize, w: &CpuWeight) -> Result<CpuLogits, BackendError> {
+        let mut data = self.alloc(rows * w.shape[0])?;
+        self.matmul(x, rows, w, &mut data)?;
+        Ok(CpuLogits {
+            data,
+            vocab: w.shape[0],
+        })
+    }
+
+    fn download_logits(
+        &self,
+        logits: &CpuLogits,
+        first_row: usize,
+        dst: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let start = first_row * logits.vocab;
+        let src = logits.data.get(start..start + dst.len()).ok_or_else(|| {
+            BackendError::InvalidArgument(format!(
+                "logits rows {first_row}.. ({} values) of {} values",
+                dst.len(),
+                logits.data.len()
+            ))
+        })?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn sample(
+        &self,
+        logits: &CpuLogits,
+        rows: &[(usize, &SamplingRow)],
+    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        use rayon::prelude::*;
+        let vocab = logits.vocab;
+        let n_rows = logits.data.len() / vocab.max(1);
+        if let Some((r, _)) = rows.iter().find(|(r, _)| *r >= n_rows) {
+            return Err(BackendError::InvalidArgument(format!(
+                "sample row {r} of {n_rows} logits rows"
+            )));
+        }
+        // Rows are independent; each is the pure function on its own row.
+        Ok(self.pool.install(|| {
+            rows.par_iter()
+                .map(|&(r, desc)| sample_row(&logits.data[r * vocab..(r + 1) * vocab], desc))
+                .collect()
+        }))
     }
 
     fn copy_block(&self, cache: &mut CpuKvCache, src: u32, dst: u32) -> Result<(), BackendError> {

@@ -19,11 +19,17 @@ use cudarc::driver::{
 };
 
 use super::attention_plan::{self, AttentionPlan, PrefillVariant};
+
+mod sampling;
+
+pub use sampling::CudaLogits;
+
 use super::device::{self, CudaError};
 use super::kernels::KernelModule;
 use super::nvrtc::{self, Arch};
 use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{AttentionParams, Backend, BackendError, KvCacheSpec, StepInput};
+use crate::engine::sampling::{SampleError, Sampled, SamplingRow};
 use crate::model::quant::dequantize_row;
 use crate::model::{TensorView, WeightDType};
 
@@ -384,6 +390,7 @@ impl Backend for CudaBackend {
     type KvCache = CudaKvCache;
     type Rope = CudaRope;
     type Step = CudaStep;
+    type Logits = CudaLogits;
 
     fn name(&self) -> String {
         self.device_name.clone()
@@ -882,6 +889,32 @@ impl Backend for CudaBackend {
         // SAFETY: logit rows are token indices < num_tokens (built by StepInput::from_batch).
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
+    }
+
+    fn logits(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+    ) -> Result<CudaLogits, BackendError> {
+        self.logits_f32(x, rows, w)
+    }
+
+    fn download_logits(
+        &self,
+        logits: &CudaLogits,
+        first_row: usize,
+        dst: &mut [f32],
+    ) -> Result<(), BackendError> {
+        self.download_logits_rows(logits, first_row, dst)
+    }
+
+    fn sample(
+        &self,
+        logits: &CudaLogits,
+        rows: &[(usize, &SamplingRow)],
+    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        self.sample_rows(logits, rows)
     }
 
     fn copy_block(&self, cache: &mut CudaKvCache, src: u32, dst: u32) -> Result<(), BackendError> {

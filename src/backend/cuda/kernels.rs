@@ -22,7 +22,7 @@ pub enum KernelModule {
     Attention,
     /// ggml block formats to the compute dtype.
     Dequant,
-    /// Logits to token ids.
+    /// f32 logits rows to sampled token ids and logprobs.
     Sampling,
 }
 
@@ -118,13 +118,17 @@ impl KernelModule {
                         names.push(format!("dequant_{q}_{t}"));
                     }
                 }
-                KernelModule::Sampling => names.push(format!("argmax_{t}")),
+                // Logits are f32 whatever the compute dtype: one variant, added below.
+                KernelModule::Sampling => {}
             }
         }
         if self == KernelModule::KvCache {
             for b in ["b1", "b2", "b4"] {
                 names.push(format!("kv_copy_block_{b}"));
             }
+        }
+        if self == KernelModule::Sampling {
+            names.push("sample_rows".into());
         }
         names
     }

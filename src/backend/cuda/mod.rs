@@ -11,7 +11,7 @@ pub mod kernels;
 pub mod nvrtc;
 pub mod planner;
 
-pub use backend::{ComputeDType, CudaBackend, KvStorage};
+pub use backend::{ComputeDType, CudaBackend, CudaLogits, KvStorage};
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;
 pub use nvrtc::Arch;

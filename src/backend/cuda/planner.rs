@@ -116,8 +116,8 @@ pub fn workspace_bytes(
     let per_token = 4 * c.hidden_size + q_dim + 2 * kv_dim + 3 * c.intermediate_size;
     let parts = max_model_len.div_ceil(512).max(1);
     let attention_partials = tokens * c.num_attention_heads * parts * (c.head_dim + 2) * 4;
-    // Logits in the compute dtype plus an f32 copy for the host.
-    let logits = logit_rows * c.vocab_size * (elem + 4);
+    // f32 logits plus the sampler's f32 penalized copy of each sampled row.
+    let logits = logit_rows * c.vocab_size * 8;
     tokens * per_token * elem + attention_partials + logits
 }
 

@@ -391,7 +391,8 @@ fn llama_prefill_matches_the_dense_reference() {
     let mut m = load(&c, &w, 8);
     let got = m
         .forward(&one_seq(&PROMPT, 0, &[5, 2, 7], LogitsFor::All))
-        .unwrap();
+        .unwrap()
+        .logits;
     let want = dense_reference(&c, &w, &PROMPT);
     assert!(
         max_abs_diff(&got, &want) < DENSE_TOL,
@@ -408,7 +409,8 @@ fn qwen3_with_qk_norm_and_tied_embeddings_matches_the_dense_reference() {
     let mut m = load(&c, &w, 8);
     let got = m
         .forward(&one_seq(&PROMPT, 0, &[0, 1, 2], LogitsFor::All))
-        .unwrap();
+        .unwrap()
+        .logits;
     let want = dense_reference(&c, &w, &PROMPT);
     assert!(
         max_abs_diff(&got, &want) < DENSE_TOL,
@@ -424,7 +426,8 @@ fn q8_0_weights_are_used_exactly_as_stored() {
     let mut m = load(&c, &w, 8);
     let got = m
         .forward(&one_seq(&PROMPT, 0, &[1, 0, 3], LogitsFor::All))
-        .unwrap();
+        .unwrap()
+        .logits;
     let want = dense_reference(&c, &w, &PROMPT); // reads the dequantized Q8_0 values
     assert!(
         max_abs_diff(&got, &want) < DENSE_TOL,
@@ -440,17 +443,20 @@ fn chunked_prefill_and_decode_give_the_same_rows_as_one_prefill() {
     let table = [6, 1, 4];
     let full = load(&c, &w, 8)
         .forward(&one_seq(&PROMPT, 0, &table, LogitsFor::All))
-        .unwrap();
+        .unwrap()
+        .logits;
     let v = c.vocab_size;
     let mut m = load(&c, &w, 8);
     // Chunks of 5, 3 (crossing a block boundary), then 3 single-token decodes.
     assert!(m
         .forward(&one_seq(&PROMPT[..5], 0, &table, LogitsFor::None))
         .unwrap()
+        .logits
         .is_empty());
     let chunk = m
         .forward(&one_seq(&PROMPT[5..8], 5, &table, LogitsFor::Last))
-        .unwrap();
+        .unwrap()
+        .logits;
     assert_eq!(chunk, full[7 * v..8 * v]);
     for pos in 8..11 {
         let row = m
@@ -460,7 +466,8 @@ fn chunked_prefill_and_decode_give_the_same_rows_as_one_prefill() {
                 &table,
                 LogitsFor::Last,
             ))
-            .unwrap();
+            .unwrap()
+            .logits;
         assert_eq!(row, full[pos * v..(pos + 1) * v], "position {pos}");
     }
 }
@@ -472,10 +479,12 @@ fn a_batched_sequence_gets_the_same_logits_as_alone() {
     let v = c.vocab_size;
     let a_alone = load(&c, &w, 8)
         .forward(&one_seq(&PROMPT[..7], 0, &[0, 1], LogitsFor::Last))
-        .unwrap();
+        .unwrap()
+        .logits;
     let b_alone = load(&c, &w, 8)
         .forward(&one_seq(&PROMPT[2..5], 0, &[2], LogitsFor::All))
-        .unwrap();
+        .unwrap()
+        .logits;
     // Both in one step, b first in the token array, a second; different blocks.
     let batch = ForwardBatch {
         token_ids: [&PROMPT[2..5], &PROMPT[..7]].concat(),
@@ -484,7 +493,7 @@ fn a_batched_sequence_gets_the_same_logits_as_alone() {
             slice(0, 3, 0, &[7], LogitsFor::All),
         ],
     };
-    let both = load(&c, &w, 8).forward(&batch).unwrap();
+    let both = load(&c, &w, 8).forward(&batch).unwrap().logits;
     assert_eq!(both.len(), 4 * v);
     assert_eq!(both[..v], a_alone[..]);
     assert_eq!(both[v..], b_alone[..]);
@@ -499,12 +508,14 @@ fn copy_block_carries_the_cached_prefix() {
         .unwrap();
     let want = m
         .forward(&one_seq(&PROMPT[6..7], 6, &[2, 3], LogitsFor::Last))
-        .unwrap();
+        .unwrap()
+        .logits;
     // Copy-on-write of the partial block 3 into 5, then the same decode through the copy.
     m.copy_block(3, 5).unwrap();
     let got = m
         .forward(&one_seq(&PROMPT[6..7], 6, &[2, 5], LogitsFor::Last))
-        .unwrap();
+        .unwrap()
+        .logits;
     assert_eq!(got, want);
     assert!(m.copy_block(3, 8).is_err());
 }
@@ -553,4 +564,42 @@ fn out_of_vocabulary_tokens_are_invalid_input() {
         .forward(&one_seq(&[40], 0, &[0], LogitsFor::Last))
         .unwrap_err();
     assert!(matches!(err, EngineError::InvalidInput(_)), "{err}");
+}
+
+#[test]
+fn sampling_rows_are_sampled_from_the_same_logits_as_raw_rows() {
+    use crate::engine::sampling::{sample_row, Penalty, SamplingRow};
+    let c = tiny_config(Architecture::Llama);
+    let w = tiny_weights(&c, 9, WeightDType::F32);
+    let raw = load(&c, &w, 8)
+        .forward(&one_seq(&PROMPT[..7], 0, &[0, 1], LogitsFor::Last))
+        .unwrap()
+        .logits;
+    let desc = SamplingRow {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        logprobs: Some(3),
+        repetition_penalty: 1.3,
+        penalties: vec![Penalty {
+            token: 3,
+            repeated: true,
+            count: 0,
+        }],
+        draw: Some(0.37),
+        ..SamplingRow::greedy()
+    };
+    // The sampled sequence second, after a raw one, in one step.
+    let batch = ForwardBatch {
+        token_ids: [&PROMPT[2..5], &PROMPT[..7]].concat(),
+        seqs: vec![
+            slice(0, 3, 0, &[7], LogitsFor::Last),
+            slice(3, 7, 0, &[5, 3], LogitsFor::Sample(desc.clone())),
+        ],
+    };
+    let out = load(&c, &w, 8).forward(&batch).unwrap();
+    assert_eq!(out.logits.len(), c.vocab_size);
+    assert_eq!(out.samples.len(), 1);
+    let want = sample_row(&raw, &desc).unwrap();
+    assert_eq!(out.samples[0].as_ref().unwrap(), &want);
 }
