@@ -112,13 +112,14 @@ pub fn workspace_bytes(
 ) -> usize {
     let q_dim = c.num_attention_heads * c.head_dim;
     let kv_dim = c.num_key_value_heads * c.head_dim;
-    // residual, normed, attention output, projection output, q, k, v, gate, up, activation.
-    let per_token = 4 * c.hidden_size + q_dim + 2 * kv_dim + 3 * c.intermediate_size;
+    // Normed, attention output, projection output, q, k, v, gate, up, activation in the
+    // compute dtype; the residual stream in f32 (`Backend::alloc_f32`).
+    let per_token = 3 * c.hidden_size + q_dim + 2 * kv_dim + 3 * c.intermediate_size;
     let parts = max_model_len.div_ceil(512).max(1);
     let attention_partials = tokens * c.num_attention_heads * parts * (c.head_dim + 2) * 4;
     // f32 logits plus the sampler's f32 penalized copy of each sampled row.
     let logits = logit_rows * c.vocab_size * 8;
-    tokens * per_token * elem + attention_partials + logits
+    tokens * (per_token * elem + c.hidden_size * 4) + attention_partials + logits
 }
 
 #[cfg(test)]
