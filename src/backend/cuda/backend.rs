@@ -6,6 +6,10 @@
 //! other encodings on the host) and multiplied with cuBLAS (f32 accumulation). The KV cache is
 //! stored in the compute dtype or fp8 (e5m2 / e4m3). All work is queued on one stream; a step's
 //! integer metadata is uploaded once by `prepare_step`.
+//!
+//! Child modules: `dtype` ([`ComputeDType`]), `load` (host data and stored tensors onto the
+//! device), `attention` (the tiled prefill and split-K launches), `sampling` (f32 logits and
+//! the GPU sampler).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -14,14 +18,18 @@ use std::sync::Arc;
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut,
-    LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
 };
 
 use super::attention_plan::{self, AttentionPlan, PrefillVariant};
 
+mod attention;
+mod dtype;
+mod load;
 mod sampling;
 
+pub use dtype::ComputeDType;
 pub use sampling::CudaLogits;
 
 use super::device::{self, CudaError};
@@ -30,67 +38,7 @@ use super::nvrtc::{self, Arch};
 use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{AttentionParams, Backend, BackendError, KvCacheSpec, StepInput};
 use crate::engine::sampling::{SampleError, Sampled, SamplingRow};
-use crate::model::quant::dequantize_row;
-use crate::model::{TensorView, WeightDType};
-
-/// Threads per block of the split-K attention kernel; must equal `ATTN_WARPS * 32` in attention.cu.
-const ATTN_THREADS: u32 = 4 * 32;
-/// Largest head_dim the split-K attention kernel holds (`ATTN_MAX_DIM_PER_LANE * 32`).
-const ATTN_MAX_HEAD_DIM: usize = 256;
-/// Keys per split-K partition of the split-K attention kernel.
-const ATTN_PART_LEN: usize = 512;
-
-/// The dtype activations and weights are kept in on the GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ComputeDType {
-    /// f32 (parity tests; slow).
-    F32,
-    /// IEEE half: the V100 / T4 path.
-    F16,
-    /// bfloat16: sm_80 and newer.
-    BF16,
-}
-
-impl ComputeDType {
-    /// Kernel-name suffix.
-    pub fn suffix(self) -> &'static str {
-        match self {
-            ComputeDType::F32 => "f32",
-            ComputeDType::F16 => "f16",
-            ComputeDType::BF16 => "bf16",
-        }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            ComputeDType::F32 => 4,
-            _ => 2,
-        }
-    }
-
-    fn cuda_type(self) -> cublas_sys::cudaDataType {
-        match self {
-            ComputeDType::F32 => cublas_sys::cudaDataType::CUDA_R_32F,
-            ComputeDType::F16 => cublas_sys::cudaDataType::CUDA_R_16F,
-            ComputeDType::BF16 => cublas_sys::cudaDataType::CUDA_R_16BF,
-        }
-    }
-
-    /// Resolve `engine.dtype` (`auto | bf16 | fp16 | f32`) for a device.
-    pub fn resolve(setting: &str, arch: Arch) -> Result<ComputeDType, CudaError> {
-        match setting {
-            "auto" if arch.has_bf16() => Ok(ComputeDType::BF16),
-            "auto" | "fp16" | "f16" => Ok(ComputeDType::F16),
-            "bf16" if arch.has_bf16() => Ok(ComputeDType::BF16),
-            "bf16" => Err(CudaError::Nvrtc(format!(
-                "engine.dtype = bf16 needs sm_80 or newer; this device is {arch} (use fp16)"
-            ))),
-            "f32" => Ok(ComputeDType::F32),
-            other => Err(CudaError::Nvrtc(format!("unknown engine.dtype `{other}`"))),
-        }
-    }
-}
+use crate::model::TensorView;
 
 /// How the KV cache is stored (shared with the CPU backend, which rounds the same way).
 pub use crate::backend::KvCacheDType as KvStorage;
@@ -289,80 +237,6 @@ impl CudaBackend {
             return self.stream.alloc_zeros::<i32>(1).map_err(dev_err);
         }
         self.stream.clone_htod(&host).map_err(dev_err)
-    }
-
-    /// Host f32 values → a compute-dtype buffer.
-    fn upload_host_f32(&self, data: &[f32]) -> Result<CudaSlice<u8>, BackendError> {
-        match self.dtype {
-            ComputeDType::F32 => {
-                let bytes: &[u8] = bytemuck::cast_slice(data);
-                self.stream.clone_htod(bytes).map_err(dev_err)
-            }
-            ComputeDType::F16 => {
-                let h: Vec<u16> = data
-                    .iter()
-                    .map(|&x| half::f16::from_f32(x).to_bits())
-                    .collect();
-                self.stream
-                    .clone_htod(bytemuck::cast_slice::<u16, u8>(&h))
-                    .map_err(dev_err)
-            }
-            ComputeDType::BF16 => {
-                let h: Vec<u16> = data
-                    .iter()
-                    .map(|&x| half::bf16::from_f32(x).to_bits())
-                    .collect();
-                self.stream
-                    .clone_htod(bytemuck::cast_slice::<u16, u8>(&h))
-                    .map_err(dev_err)
-            }
-        }
-    }
-
-    /// Dequantize any stored tensor into a compute-dtype device buffer: Q8_0/Q4_0/Q4_1 on the GPU,
-    /// everything else exactly on the host.
-    fn dequantize_to_device(
-        &self,
-        name: &str,
-        view: &TensorView<'_>,
-    ) -> Result<CudaSlice<u8>, BackendError> {
-        let numel = view.numel();
-        let kernel = match view.dtype {
-            WeightDType::Q8_0 => Some("q8_0"),
-            WeightDType::Q4_0 => Some("q4_0"),
-            WeightDType::Q4_1 => Some("q4_1"),
-            _ => None,
-        };
-        if let Some(q) = kernel {
-            let raw = self.stream.clone_htod(view.data).map_err(dev_err)?;
-            let mut out = self.alloc_bytes(numel * self.dtype.size())?;
-            let n_blocks = (numel / 32) as i64;
-            let f = self.func(&format!("dequant_{q}_{}", self.t()))?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&raw).arg(&mut out).arg(&n_blocks);
-            // SAFETY: `raw` holds n_blocks whole blocks and `out` numel elements of the compute
-            // dtype; the grid covers exactly n_blocks * 32 threads (extra ones return).
-            unsafe { b.launch(LaunchConfig::for_num_elems(numel as u32)) }.map_err(dev_err)?;
-            return Ok(out);
-        }
-        let cols = (*view.shape.last().unwrap_or(&1)).max(1);
-        let row_bytes = view.dtype.row_bytes(cols).ok_or_else(|| {
-            BackendError::InvalidArgument(format!("{name}: {cols} columns are not whole blocks"))
-        })?;
-        if view.data.len() != numel / cols * row_bytes {
-            return Err(BackendError::InvalidArgument(format!(
-                "{name}: {} bytes for shape {:?} of {:?}",
-                view.data.len(),
-                view.shape,
-                view.dtype
-            )));
-        }
-        let mut host = vec![0f32; numel];
-        for (r, chunk) in host.chunks_mut(cols).enumerate() {
-            let bytes = &view.data[r * row_bytes..(r + 1) * row_bytes];
-            dequantize_row(view.dtype, bytes, chunk);
-        }
-        self.upload_host_f32(&host)
     }
 }
 
@@ -944,197 +818,6 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
-    /// [`Backend::paged_attention`] with the split-K kernel for every token, prefill included (the
-    /// path before the tiled prefill kernel): for timing comparisons and as a second reference.
-    pub fn paged_attention_split_k(
-        &self,
-        q: &CudaBuffer,
-        cache: &CudaKvCache,
-        layer: usize,
-        step: &CudaStep,
-        params: &AttentionParams,
-        out: &mut CudaBuffer,
-    ) -> Result<(), BackendError> {
-        self.check_attention(q, cache, layer, step, params, out)?;
-        if step.num_tokens == 0 {
-            return Ok(());
-        }
-        self.launch_split_k(q, cache, layer, step, params, out, None)
-    }
-
-    fn check_attention(
-        &self,
-        q: &CudaBuffer,
-        cache: &CudaKvCache,
-        layer: usize,
-        step: &CudaStep,
-        params: &AttentionParams,
-        out: &CudaBuffer,
-    ) -> Result<(), BackendError> {
-        let spec = cache.spec;
-        if layer >= spec.num_layers
-            || params.num_kv_heads != spec.num_kv_heads
-            || params.head_dim != spec.head_dim
-            || params.num_kv_heads == 0
-            || !params.num_heads.is_multiple_of(params.num_kv_heads)
-            || params.head_dim > ATTN_MAX_HEAD_DIM
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "attention {params:?} on layer {layer} does not fit the cache {spec:?} (head_dim ≤ {ATTN_MAX_HEAD_DIM})"
-            )));
-        }
-        let n = step.num_tokens * params.num_heads * params.head_dim;
-        check_len("attention q", q.len, n)?;
-        check_len("attention output", out.len, n)
-    }
-
-    /// The tiled prefill kernel over the step's prefill tiles (see attention_plan.rs).
-    #[allow(clippy::too_many_arguments)]
-    fn launch_prefill(
-        &self,
-        variant: PrefillVariant,
-        q: &CudaBuffer,
-        cache: &CudaKvCache,
-        layer: usize,
-        step: &CudaStep,
-        params: &AttentionParams,
-        out: &mut CudaBuffer,
-    ) -> Result<(), BackendError> {
-        let spec = cache.spec;
-        let f = self.func(&variant.kernel_name(self.t(), self.kv.suffix()))?;
-        let tiles = step
-            .attn_meta
-            .slice(0..step.prefill_tiles * attention_plan::TILE_FIELDS);
-        let (nh, nkv, hd, bs, mb) = (
-            params.num_heads as i32,
-            params.num_kv_heads as i32,
-            params.head_dim as i32,
-            spec.block_size as i32,
-            step.max_blocks as i32,
-        );
-        let scale = params.scale;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&q.data)
-            .arg(&cache.k[layer])
-            .arg(&cache.v[layer])
-            .arg(&step.block_tables)
-            .arg(&tiles)
-            .arg(&mut out.data);
-        b.arg(&nh).arg(&nkv).arg(&hd).arg(&bs).arg(&mb).arg(&scale);
-        let group = params.num_heads / params.num_kv_heads;
-        let cfg = LaunchConfig {
-            grid_dim: (
-                step.prefill_tiles as u32,
-                params.num_kv_heads as u32,
-                variant.row_chunks(group) as u32,
-            ),
-            block_dim: (attention_plan::PREFILL_THREADS, 1, 1),
-            shared_mem_bytes: variant.shared_bytes(params.head_dim) as u32,
-        };
-        // SAFETY: tiles are [prefill_tiles, 4] built by AttentionPlan from the checked StepInput:
-        // each covers tokens < num_tokens of one sequence whose block table (ids < num_blocks)
-        // holds every position up to the tile's last; head_dim ≤ variant.max_head_dim and a
-        // multiple of 4 (for_head_dim); shared memory is sized by shared_bytes, and variants above
-        // 48 KB had their limit raised in `new`.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
-    }
-
-    /// The split-K kernel over `index` (token indices, one block row each) or, with `None`, over
-    /// every token of the step; merges the partitions with attention_combine when it splits.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_split_k(
-        &self,
-        q: &CudaBuffer,
-        cache: &CudaKvCache,
-        layer: usize,
-        step: &CudaStep,
-        params: &AttentionParams,
-        out: &mut CudaBuffer,
-        index: Option<&CudaView<'_, i32>>,
-    ) -> Result<(), BackendError> {
-        let spec = cache.spec;
-        let (n_rows, max_context) = match index {
-            Some(_) => (step.split_tokens, step.split_max_context),
-            None => (step.num_tokens, step.max_context),
-        };
-        let n_parts = max_context.div_ceil(ATTN_PART_LEN).max(1);
-        let rows = n_rows * params.num_heads * n_parts;
-        let (mut pm, mut pl, mut pacc) = if n_parts > 1 {
-            (
-                self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
-                self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
-                self.stream
-                    .alloc_zeros::<f32>(rows * params.head_dim)
-                    .map_err(dev_err)?,
-            )
-        } else {
-            let one = || self.stream.alloc_zeros::<f32>(1).map_err(dev_err);
-            (one()?, one()?, one()?)
-        };
-        let null: u64 = 0;
-        let f = self.func(&format!("attention_{}_{}", self.t(), self.kv.suffix()))?;
-        let (nh, nkv, hd, bs, mb, pl_len) = (
-            params.num_heads as i32,
-            params.num_kv_heads as i32,
-            params.head_dim as i32,
-            spec.block_size as i32,
-            step.max_blocks as i32,
-            ATTN_PART_LEN as i32,
-        );
-        let scale = params.scale;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&q.data)
-            .arg(&cache.k[layer])
-            .arg(&cache.v[layer])
-            .arg(&step.block_tables);
-        b.arg(&step.token_seq).arg(&step.positions);
-        match index {
-            Some(ix) => b.arg(ix),
-            None => b.arg(&null),
-        };
-        b.arg(&mut out.data);
-        b.arg(&mut pm).arg(&mut pl).arg(&mut pacc);
-        b.arg(&nh)
-            .arg(&nkv)
-            .arg(&hd)
-            .arg(&bs)
-            .arg(&mb)
-            .arg(&pl_len)
-            .arg(&scale);
-        let cfg = LaunchConfig {
-            grid_dim: (params.num_heads as u32, n_rows as u32, n_parts as u32),
-            block_dim: (ATTN_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: block tables are [n_seqs, max_blocks] with ids checked against num_blocks;
-        // every token's position is < its sequence's context, covered by its table; `index`
-        // holds n_rows token indices < num_tokens (or is null: rows are the tokens); partial
-        // buffers hold n_rows × num_heads × n_parts (× head_dim) floats when n_parts > 1, and
-        // n_parts covers the largest context among the rows' sequences.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        if n_parts > 1 {
-            let f = self.func(&format!("attention_combine_{}", self.t()))?;
-            let np = n_parts as i32;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&pm).arg(&pl).arg(&pacc);
-            match index {
-                Some(ix) => b.arg(ix),
-                None => b.arg(&null),
-            };
-            b.arg(&mut out.data).arg(&nh).arg(&hd).arg(&np);
-            let cfg = LaunchConfig {
-                grid_dim: (params.num_heads as u32, n_rows as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: reads the partials written above, writes `out` rows of head_dim at the
-            // same token indices.
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        }
-        Ok(())
-    }
-
     fn kv_elem_bytes(&self) -> usize {
         match self.kv {
             KvStorage::Same => self.dtype.size(),

@@ -1,0 +1,210 @@
+//! The CUDA backend's attention launches: the tiled flash-style prefill kernel over a step's
+//! prefill tiles and the split-K kernel over its decode tokens (or over every token, for
+//! [`CudaBackend::paged_attention_split_k`]); see `kernels/attention.cu` and
+//! `attention_plan.rs` for how a step's tokens are divided between them.
+
+use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+
+use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaKvCache, CudaStep};
+use crate::backend::cuda::attention_plan::{self, PrefillVariant};
+use crate::backend::{AttentionParams, BackendError};
+
+/// Threads per block of the split-K attention kernel; must equal `ATTN_WARPS * 32` in attention.cu.
+const ATTN_THREADS: u32 = 4 * 32;
+/// Largest head_dim the split-K attention kernel holds (`ATTN_MAX_DIM_PER_LANE * 32`).
+const ATTN_MAX_HEAD_DIM: usize = 256;
+/// Keys per split-K partition of the split-K attention kernel.
+const ATTN_PART_LEN: usize = 512;
+
+impl CudaBackend {
+    /// [`Backend::paged_attention`] with the split-K kernel for every token, prefill included (the
+    /// path before the tiled prefill kernel): for timing comparisons and as a second reference.
+    pub fn paged_attention_split_k(
+        &self,
+        q: &CudaBuffer,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.check_attention(q, cache, layer, step, params, out)?;
+        if step.num_tokens == 0 {
+            return Ok(());
+        }
+        self.launch_split_k(q, cache, layer, step, params, out, None)
+    }
+
+    pub(super) fn check_attention(
+        &self,
+        q: &CudaBuffer,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &CudaBuffer,
+    ) -> Result<(), BackendError> {
+        let spec = cache.spec;
+        if layer >= spec.num_layers
+            || params.num_kv_heads != spec.num_kv_heads
+            || params.head_dim != spec.head_dim
+            || params.num_kv_heads == 0
+            || !params.num_heads.is_multiple_of(params.num_kv_heads)
+            || params.head_dim > ATTN_MAX_HEAD_DIM
+        {
+            return Err(BackendError::InvalidArgument(format!(
+                "attention {params:?} on layer {layer} does not fit the cache {spec:?} (head_dim ≤ {ATTN_MAX_HEAD_DIM})"
+            )));
+        }
+        let n = step.num_tokens * params.num_heads * params.head_dim;
+        check_len("attention q", q.len, n)?;
+        check_len("attention output", out.len, n)
+    }
+
+    /// The tiled prefill kernel over the step's prefill tiles (see attention_plan.rs).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_prefill(
+        &self,
+        variant: PrefillVariant,
+        q: &CudaBuffer,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        let spec = cache.spec;
+        let f = self.func(&variant.kernel_name(self.t(), self.kv.suffix()))?;
+        let tiles = step
+            .attn_meta
+            .slice(0..step.prefill_tiles * attention_plan::TILE_FIELDS);
+        let (nh, nkv, hd, bs, mb) = (
+            params.num_heads as i32,
+            params.num_kv_heads as i32,
+            params.head_dim as i32,
+            spec.block_size as i32,
+            step.max_blocks as i32,
+        );
+        let scale = params.scale;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&q.data)
+            .arg(&cache.k[layer])
+            .arg(&cache.v[layer])
+            .arg(&step.block_tables)
+            .arg(&tiles)
+            .arg(&mut out.data);
+        b.arg(&nh).arg(&nkv).arg(&hd).arg(&bs).arg(&mb).arg(&scale);
+        let group = params.num_heads / params.num_kv_heads;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                step.prefill_tiles as u32,
+                params.num_kv_heads as u32,
+                variant.row_chunks(group) as u32,
+            ),
+            block_dim: (attention_plan::PREFILL_THREADS, 1, 1),
+            shared_mem_bytes: variant.shared_bytes(params.head_dim) as u32,
+        };
+        // SAFETY: tiles are [prefill_tiles, 4] built by AttentionPlan from the checked StepInput:
+        // each covers tokens < num_tokens of one sequence whose block table (ids < num_blocks)
+        // holds every position up to the tile's last; head_dim ≤ variant.max_head_dim and a
+        // multiple of 4 (for_head_dim); shared memory is sized by shared_bytes, and variants above
+        // 48 KB had their limit raised in `new`.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    /// The split-K kernel over `index` (token indices, one block row each) or, with `None`, over
+    /// every token of the step; merges the partitions with attention_combine when it splits.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_split_k(
+        &self,
+        q: &CudaBuffer,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &mut CudaBuffer,
+        index: Option<&CudaView<'_, i32>>,
+    ) -> Result<(), BackendError> {
+        let spec = cache.spec;
+        let (n_rows, max_context) = match index {
+            Some(_) => (step.split_tokens, step.split_max_context),
+            None => (step.num_tokens, step.max_context),
+        };
+        let n_parts = max_context.div_ceil(ATTN_PART_LEN).max(1);
+        let rows = n_rows * params.num_heads * n_parts;
+        let (mut pm, mut pl, mut pacc) = if n_parts > 1 {
+            (
+                self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
+                self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
+                self.stream
+                    .alloc_zeros::<f32>(rows * params.head_dim)
+                    .map_err(dev_err)?,
+            )
+        } else {
+            let one = || self.stream.alloc_zeros::<f32>(1).map_err(dev_err);
+            (one()?, one()?, one()?)
+        };
+        let null: u64 = 0;
+        let f = self.func(&format!("attention_{}_{}", self.t(), self.kv.suffix()))?;
+        let (nh, nkv, hd, bs, mb, pl_len) = (
+            params.num_heads as i32,
+            params.num_kv_heads as i32,
+            params.head_dim as i32,
+            spec.block_size as i32,
+            step.max_blocks as i32,
+            ATTN_PART_LEN as i32,
+        );
+        let scale = params.scale;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&q.data)
+            .arg(&cache.k[layer])
+            .arg(&cache.v[layer])
+            .arg(&step.block_tables);
+        b.arg(&step.token_seq).arg(&step.positions);
+        match index {
+            Some(ix) => b.arg(ix),
+            None => b.arg(&null),
+        };
+        b.arg(&mut out.data);
+        b.arg(&mut pm).arg(&mut pl).arg(&mut pacc);
+        b.arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&bs)
+            .arg(&mb)
+            .arg(&pl_len)
+            .arg(&scale);
+        let cfg = LaunchConfig {
+            grid_dim: (params.num_heads as u32, n_rows as u32, n_parts as u32),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: block tables are [n_seqs, max_blocks] with ids checked against num_blocks;
+        // every token's position is < its sequence's context, covered by its table; `index`
+        // holds n_rows token indices < num_tokens (or is null: rows are the tokens); partial
+        // buffers hold n_rows × num_heads × n_parts (× head_dim) floats when n_parts > 1, and
+        // n_parts covers the largest context among the rows' sequences.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        if n_parts > 1 {
+            let f = self.func(&format!("attention_combine_{}", self.t()))?;
+            let np = n_parts as i32;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&pm).arg(&pl).arg(&pacc);
+            match index {
+                Some(ix) => b.arg(ix),
+                None => b.arg(&null),
+            };
+            b.arg(&mut out.data).arg(&nh).arg(&hd).arg(&np);
+            let cfg = LaunchConfig {
+                grid_dim: (params.num_heads as u32, n_rows as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads the partials written above, writes `out` rows of head_dim at the
+            // same token indices.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,86 @@
+//! Getting host data onto the device in the compute dtype: activations from host f32, and
+//! stored tensors dequantized (GGUF Q8_0/Q4_0/Q4_1 by kernels on the GPU, every other encoding
+//! exactly on the host).
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{dev_err, ComputeDType, CudaBackend};
+use crate::backend::BackendError;
+use crate::model::quant::dequantize_row;
+use crate::model::{TensorView, WeightDType};
+
+impl CudaBackend {
+    /// Host f32 values → a compute-dtype buffer.
+    pub(super) fn upload_host_f32(&self, data: &[f32]) -> Result<CudaSlice<u8>, BackendError> {
+        match self.dtype {
+            ComputeDType::F32 => {
+                let bytes: &[u8] = bytemuck::cast_slice(data);
+                self.stream.clone_htod(bytes).map_err(dev_err)
+            }
+            ComputeDType::F16 => {
+                let h: Vec<u16> = data
+                    .iter()
+                    .map(|&x| half::f16::from_f32(x).to_bits())
+                    .collect();
+                self.stream
+                    .clone_htod(bytemuck::cast_slice::<u16, u8>(&h))
+                    .map_err(dev_err)
+            }
+            ComputeDType::BF16 => {
+                let h: Vec<u16> = data
+                    .iter()
+                    .map(|&x| half::bf16::from_f32(x).to_bits())
+                    .collect();
+                self.stream
+                    .clone_htod(bytemuck::cast_slice::<u16, u8>(&h))
+                    .map_err(dev_err)
+            }
+        }
+    }
+
+    /// Dequantize any stored tensor into a compute-dtype device buffer: Q8_0/Q4_0/Q4_1 on the GPU,
+    /// everything else exactly on the host.
+    pub(super) fn dequantize_to_device(
+        &self,
+        name: &str,
+        view: &TensorView<'_>,
+    ) -> Result<CudaSlice<u8>, BackendError> {
+        let numel = view.numel();
+        let kernel = match view.dtype {
+            WeightDType::Q8_0 => Some("q8_0"),
+            WeightDType::Q4_0 => Some("q4_0"),
+            WeightDType::Q4_1 => Some("q4_1"),
+            _ => None,
+        };
+        if let Some(q) = kernel {
+            let raw = self.stream.clone_htod(view.data).map_err(dev_err)?;
+            let mut out = self.alloc_bytes(numel * self.dtype.size())?;
+            let n_blocks = (numel / 32) as i64;
+            let f = self.func(&format!("dequant_{q}_{}", self.t()))?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&raw).arg(&mut out).arg(&n_blocks);
+            // SAFETY: `raw` holds n_blocks whole blocks and `out` numel elements of the compute
+            // dtype; the grid covers exactly n_blocks * 32 threads (extra ones return).
+            unsafe { b.launch(LaunchConfig::for_num_elems(numel as u32)) }.map_err(dev_err)?;
+            return Ok(out);
+        }
+        let cols = (*view.shape.last().unwrap_or(&1)).max(1);
+        let row_bytes = view.dtype.row_bytes(cols).ok_or_else(|| {
+            BackendError::InvalidArgument(format!("{name}: {cols} columns are not whole blocks"))
+        })?;
+        if view.data.len() != numel / cols * row_bytes {
+            return Err(BackendError::InvalidArgument(format!(
+                "{name}: {} bytes for shape {:?} of {:?}",
+                view.data.len(),
+                view.shape,
+                view.dtype
+            )));
+        }
+        let mut host = vec![0f32; numel];
+        for (r, chunk) in host.chunks_mut(cols).enumerate() {
+            let bytes = &view.data[r * row_bytes..(r + 1) * row_bytes];
+            dequantize_row(view.dtype, bytes, chunk);
+        }
+        self.upload_host_f32(&host)
+    }
+}
