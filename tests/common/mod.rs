@@ -1,0 +1,156 @@
+//! Shared helpers of the GPU parity tests (`cuda_parity`, `cuda_attention`, `cuda_sampling`):
+//! the dtypes a run covers, named tolerances, deterministic data, comparisons, the models.
+#![allow(dead_code)] // each test binary uses a subset
+
+use std::path::{Path, PathBuf};
+
+use kiln::backend::cuda::CudaBackend;
+use kiln::backend::Backend;
+use kiln::engine::{Device, EngineConfig, ModelRunner};
+use kiln::model::files::ModelFiles;
+use kiln::model::runner::build_runner_for;
+use kiln::tools::probe::ProbeOutput;
+
+/// Max |Δ| per compute dtype for single ops on O(1) data.
+pub const OP_TOL_F32: f32 = 1e-4;
+pub const OP_TOL_F16: f32 = 2e-2;
+pub const OP_TOL_BF16: f32 = 8e-2;
+/// Attention over an fp8 cache against the CPU rounding K/V through the same encoding: a K/V
+/// value that differs by one compute-dtype ulp can round to the neighbouring fp8 value.
+pub const OP_TOL_FP8_ATTENTION: f32 = 2e-2;
+
+pub fn dtypes() -> Vec<&'static str> {
+    // On a compute_70 run bf16 is not available.
+    if std::env::var("KILN_CUDA_ARCH").is_ok_and(|a| a.contains("70") || a.contains("75")) {
+        vec!["f32", "fp16"]
+    } else {
+        vec!["f32", "fp16", "bf16"]
+    }
+}
+
+pub fn tol(dtype: &str) -> f32 {
+    match dtype {
+        "f32" => OP_TOL_F32,
+        "fp16" => OP_TOL_F16,
+        _ => OP_TOL_BF16,
+    }
+}
+
+pub fn arch_override() -> Option<kiln::backend::cuda::Arch> {
+    std::env::var("KILN_CUDA_ARCH")
+        .ok()
+        .map(|a| a.parse().expect("KILN_CUDA_ARCH"))
+}
+
+pub fn gpu(dtype: &str, kv: &str) -> CudaBackend {
+    CudaBackend::new(0, dtype, kv, arch_override()).expect("CUDA backend")
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+pub fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+pub fn down<B: Backend>(b: &B, x: &B::Buffer, n: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n];
+    b.download(x, &mut out).expect("download");
+    out
+}
+
+/// Q8_0 bytes for `rows × cols` values (scale = max|x| / 127), built here so the test owns them.
+pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for block in x.chunks(32) {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        for v in block {
+            let q = if d > 0.0 { (v / d).round() } else { 0.0 };
+            out.push(q as i8 as u8);
+        }
+    }
+    out
+}
+
+/// The repository root: the build's, or the working directory when the binary runs elsewhere.
+pub fn root() -> PathBuf {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if built.join("tests/fixtures").is_dir() {
+        built.to_path_buf()
+    } else {
+        std::env::current_dir().expect("cwd")
+    }
+}
+
+pub fn models() -> Vec<PathBuf> {
+    let root = root();
+    let mut m: Vec<PathBuf> = [
+        "tests/fixtures/tiny-llama",
+        "tests/fixtures/tiny-qwen3",
+        "tests/fixtures/tiny-llama-q4_0.gguf",
+        "tests/fixtures/tiny-llama-q4_1.gguf",
+        "tests/fixtures/tiny-llama-q8_0.gguf",
+    ]
+    .iter()
+    .map(|p| root.join(p))
+    .collect();
+    if let Ok(p) = std::env::var("KILN_TEST_MODEL") {
+        m.push(PathBuf::from(p));
+    }
+    m
+}
+
+pub fn runner(files: &ModelFiles, device: Device, dtype: &str, kv: &str) -> Box<dyn ModelRunner> {
+    let engine = EngineConfig {
+        device,
+        dtype: dtype.into(),
+        kv_cache_dtype: kv.into(),
+        max_model_len: 1024,
+        max_num_batched_tokens: 512,
+        gpu_memory_utilization: 0.1,
+        ..EngineConfig::default()
+    };
+    build_runner_for(&files.config, files.weights.as_ref(), &engine).expect("runner")
+}
+
+/// (max |Δ| over all logits, min cosine per position, greedy tokens equal before the first
+/// difference) of `got` against `want`.
+pub fn compare(want: &ProbeOutput, got: &ProbeOutput) -> (f32, f64, usize) {
+    let (mut worst, mut worst_cos) = (0f32, 1f64);
+    for ((_, a), (_, b)) in want.logits.iter().zip(&got.logits) {
+        worst = worst.max(max_diff(a, b));
+        worst_cos = worst_cos.min(cosine(a, b));
+    }
+    let agree = want
+        .greedy
+        .iter()
+        .zip(&got.greedy)
+        .take_while(|(a, b)| a == b)
+        .count();
+    (worst, worst_cos, agree)
+}

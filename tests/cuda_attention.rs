@@ -1,0 +1,291 @@
+//! CUDA paged attention against the CPU backend, on a GPU: the tiled prefill kernel and the split-K
+//! kernel over prompts, mixed steps, GQA ratios, head dims, block sizes and KV storages; and a timing.
+//!
+//! Run on the GPU machine (binaries built here with `cargo test --features cuda --no-run`):
+//! `KILN_TEST_MODEL=/tmp/kiln/SmolLM2-135M-Instruct.Q4_1.gguf cuda_attention-<hash> --ignored --test-threads=1 --nocapture`
+//! and, for the V100 (sm_70) path through the driver's JIT of `compute_70` PTX with NVRTC 12.9:
+//! `KILN_CUDA_ARCH=compute_70 KILN_CUDA_INCLUDE=<12.9 headers> LD_LIBRARY_PATH=<nvrtc 12.9 lib> cuda_attention-<hash> --ignored --test-threads=1 --nocapture`
+//! (the 12.9 lib folder needs a `libnvrtc.so` link to `libnvrtc.so.12`).
+//! Each test prints `RESULT` lines that go into docs/gpu-validation.md.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::*;
+use kiln::backend::cuda::CudaBackend;
+use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec, StepInput};
+use kiln::engine::{ForwardBatch, LogitsFor, SeqSlice};
+
+/// One attention parity case: every sequence is `(cached_len, new tokens)`, all in one step.
+struct AttnCase {
+    seqs: Vec<(usize, usize)>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+}
+
+impl AttnCase {
+    fn new(seqs: &[(usize, usize)], heads: usize, kv_heads: usize, hd: usize, bs: usize) -> Self {
+        AttnCase {
+            seqs: seqs.to_vec(),
+            heads,
+            kv_heads,
+            head_dim: hd,
+            block_size: bs,
+        }
+    }
+
+    fn label(&self) -> String {
+        let seqs: Vec<String> = self.seqs.iter().map(|(c, l)| format!("{c}+{l}")).collect();
+        format!(
+            "seqs=[{}] heads={}/{} head_dim={} block={}",
+            seqs.join(","),
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.block_size
+        )
+    }
+
+    fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.1).sum()
+    }
+}
+
+/// Prompts of several lengths, a prefill chunk after a cached prefix mixed with decodes (split-K
+/// over three partitions through the token index list), GQA ratios 1, 3 and 8, head_dim 32..256
+/// (80: a head_dim that is not a multiple of 32; 66: not a multiple of 4, so the split-K kernel
+/// takes every token), block sizes 16 and 32, chunks that start mid-block.
+fn attn_cases() -> Vec<AttnCase> {
+    let mixed = [(700, 300), (5, 1), (1200, 1), (0, 17), (40, 1)];
+    let mut v: Vec<AttnCase> = [1, 17, 64, 300, 1100]
+        .iter()
+        .map(|&len| AttnCase::new(&[(0, len)], 9, 3, 64, 16))
+        .collect();
+    v.extend([
+        AttnCase::new(&mixed, 32, 4, 128, 32),
+        AttnCase::new(&mixed, 9, 3, 64, 16),
+        AttnCase::new(&[(700, 300), (5, 1), (1200, 1)], 4, 4, 256, 16),
+        AttnCase::new(&[(0, 300)], 4, 4, 128, 32),
+        AttnCase::new(&[(0, 300)], 32, 4, 128, 16),
+        AttnCase::new(&[(0, 300), (33, 45)], 6, 2, 256, 32),
+        AttnCase::new(&[(100, 200)], 16, 2, 256, 16),
+        AttnCase::new(&[(20, 130)], 6, 2, 80, 16),
+        AttnCase::new(&[(0, 70)], 4, 2, 32, 16),
+        AttnCase::new(&[(0, 5), (3, 2), (0, 40), (64, 33)], 9, 3, 64, 16),
+        AttnCase::new(&[(10, 50), (7, 1)], 4, 2, 66, 16),
+    ]);
+    v
+}
+
+/// K/V as the cache will hold them: fp8 values are exact in every compute dtype, so feeding
+/// pre-rounded K/V to both backends leaves only the compute dtype's error.
+fn kv_values(n: usize, seed: u64, kv: &str) -> Vec<f32> {
+    let storage = KvCacheDType::parse(kv).expect("kv dtype");
+    data(n, seed)
+        .into_iter()
+        .map(|v| storage.round(v))
+        .collect()
+}
+
+/// A case's cache (written through `write_kv`: the cached prefixes, then the step's tokens), step
+/// and queries, on any backend. Blocks are handed out in a scrambled order.
+struct AttnSetup<B: Backend> {
+    cache: B::KvCache,
+    step: B::Step,
+    q: B::Buffer,
+    params: AttentionParams,
+}
+
+fn attn_setup<B: Backend>(b: &B, c: &AttnCase, kv: &str) -> AttnSetup<B> {
+    let bs = c.block_size;
+    let need: usize = c.seqs.iter().map(|(cl, l)| (cl + l).div_ceil(bs)).sum();
+    let num_blocks = need + 3;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    let mut s = 0x9e3779b97f4a7c15u64;
+    for i in (1..ids.len()).rev() {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ids.swap(i, (s >> 33) as usize % (i + 1));
+    }
+    let mut next = 0;
+    let tables: Vec<Vec<u32>> = c
+        .seqs
+        .iter()
+        .map(|(cl, l)| {
+            let n = (cl + l).div_ceil(bs);
+            next += n;
+            ids[next - n..next].to_vec()
+        })
+        .collect();
+    let spec = KvCacheSpec {
+        num_layers: 1,
+        num_blocks,
+        block_size: bs,
+        num_kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+    };
+    let row = c.kv_heads * c.head_dim;
+    let mut cache = b.create_kv_cache(&spec).expect("cache");
+    let batch = |cached: bool| {
+        let mut fb = ForwardBatch::default();
+        for (i, &(cl, l)) in c.seqs.iter().enumerate() {
+            let (cached_len, len) = if cached { (0, cl) } else { (cl, l) };
+            fb.seqs.push(SeqSlice {
+                start: fb.token_ids.len(),
+                len,
+                cached_len,
+                block_table: tables[i].clone(),
+                logits: LogitsFor::None,
+                state_slot: None,
+            });
+            fb.token_ids.extend(std::iter::repeat_n(0, len));
+        }
+        StepInput::from_batch(&fb, bs, num_blocks, 1, 1 << 16).expect("step")
+    };
+    let prefix = batch(true);
+    let np = prefix.num_tokens();
+    if np > 0 {
+        let pst = b.prepare_step(&prefix).expect("prepare prefix");
+        let k = b.upload(&kv_values(np * row, 21, kv)).unwrap();
+        let v = b.upload(&kv_values(np * row, 22, kv)).unwrap();
+        b.write_kv(&mut cache, 0, &k, &v, &pst).unwrap();
+    }
+    let input = batch(false);
+    let t = input.num_tokens();
+    let step = b.prepare_step(&input).expect("prepare");
+    let k = b.upload(&kv_values(t * row, 23, kv)).unwrap();
+    let v = b.upload(&kv_values(t * row, 24, kv)).unwrap();
+    b.write_kv(&mut cache, 0, &k, &v, &step).unwrap();
+    // Queries in [-2, 2): a softmax that is neither flat nor one-hot.
+    let qv: Vec<f32> = data(t * c.heads * c.head_dim, 25)
+        .iter()
+        .map(|x| 2.0 * x)
+        .collect();
+    AttnSetup {
+        cache,
+        step,
+        q: b.upload(&qv).unwrap(),
+        params: AttentionParams {
+            num_heads: c.heads,
+            num_kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        },
+    }
+}
+
+/// The tiled prefill kernel (and the split-K kernel forced for every token, as a second opinion)
+/// against the CPU backend on every case, compute dtype and KV storage.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn prefill_attention_matches_the_cpu_backend() {
+    let cpu = CpuBackend::new(0).expect("cpu");
+    let cases = attn_cases();
+    let kvs = ["auto", "fp8_e5m2", "fp8_e4m3"];
+    let want: Vec<Vec<Vec<f32>>> = kvs
+        .iter()
+        .map(|kv| {
+            cases
+                .iter()
+                .map(|c| {
+                    let s = attn_setup(&cpu, c, kv);
+                    let n = c.num_tokens() * c.heads * c.head_dim;
+                    let mut out = cpu.alloc(n).unwrap();
+                    cpu.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, &mut out)
+                        .unwrap();
+                    down(&cpu, &out, n)
+                })
+                .collect()
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for dtype in dtypes() {
+        for (ki, kv) in kvs.iter().enumerate() {
+            let g = gpu(dtype, kv);
+            for (c, want) in cases.iter().zip(&want[ki]) {
+                let s = attn_setup(&g, c, kv);
+                let n = c.num_tokens() * c.heads * c.head_dim;
+                // Poisoned outputs: a token no kernel writes stays NaN.
+                let mut tiled = g.upload(&vec![f32::NAN; n]).unwrap();
+                g.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, &mut tiled)
+                    .unwrap();
+                let mut split = g.upload(&vec![f32::NAN; n]).unwrap();
+                g.paged_attention_split_k(&s.q, &s.cache, 0, &s.step, &s.params, &mut split)
+                    .unwrap();
+                let (tiled, split) = (down(&g, &tiled, n), down(&g, &split, n));
+                let (dt, ds) = (max_diff(want, &tiled), max_diff(want, &split));
+                let limit = tol(dtype);
+                let ok = dt <= limit && tiled.iter().all(|v| v.is_finite());
+                println!(
+                    "RESULT attention {} dtype={dtype} kv={kv} max_abs_diff={dt:.3e} split_k_max_abs_diff={ds:.3e} tol={limit:.0e} {}",
+                    c.label(),
+                    if ok { "ok" } else { "FAIL" }
+                );
+                if !ok {
+                    failures.push(format!("{} {dtype} {kv}: {dt}", c.label()));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+fn median_us(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One 2048-token prompt, 32 heads / 8 KV heads, head_dim 128, in bf16 (fp16 where bf16 is not
+/// available): the split-K kernel (the path before the tiled one) against the tiled kernel. Stream
+/// synchronize + Instant around each call, median of 7 after a warm-up.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn prefill_attention_timing() {
+    let dtype = if dtypes().contains(&"bf16") {
+        "bf16"
+    } else {
+        "fp16"
+    };
+    let c = AttnCase::new(&[(0, 2048)], 32, 8, 128, 16);
+    let n = c.num_tokens() * c.heads * c.head_dim;
+    for kv in ["auto", "fp8_e5m2"] {
+        let g = gpu(dtype, kv);
+        let s = attn_setup(&g, &c, kv);
+        let mut tiled = g.alloc(n).unwrap();
+        let mut split = g.alloc(n).unwrap();
+        let time = |force_split: bool, out: &mut <CudaBackend as Backend>::Buffer| {
+            let mut runs = Vec::new();
+            for i in 0..8 {
+                g.synchronize().unwrap();
+                let t0 = std::time::Instant::now();
+                if force_split {
+                    g.paged_attention_split_k(&s.q, &s.cache, 0, &s.step, &s.params, out)
+                } else {
+                    g.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, out)
+                }
+                .unwrap();
+                g.synchronize().unwrap();
+                if i > 0 {
+                    runs.push(t0.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            median_us(runs)
+        };
+        let split_us = time(true, &mut split);
+        let tiled_us = time(false, &mut tiled);
+        let d = max_diff(&down(&g, &split, n), &down(&g, &tiled, n));
+        // Causal FLOPs: QKᵀ and PV over T(T+1)/2 (query, key) pairs per head.
+        let t = c.num_tokens() as f64;
+        let flops = 4.0 * t * (t + 1.0) / 2.0 * (c.heads * c.head_dim) as f64;
+        println!(
+            "RESULT attention_prefill_us dtype={dtype} kv={kv} {} split_k_us={split_us:.0} tiled_us={tiled_us:.0} speedup={:.1}x tiled_tflops={:.2} tiled_vs_split_k_max_abs_diff={d:.3e}",
+            c.label(),
+            split_us / tiled_us,
+            flops / tiled_us / 1e6
+        );
+        assert!(d <= tol(dtype), "tiled and split-K disagree by {d}");
+    }
+}
