@@ -289,6 +289,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
         name: &str,
         view: &TensorView<'_>,
     ) -> Result<Self::Weight, BackendError>;
+    /// Bytes `w` occupies on the device.
+    fn weight_bytes(&self, w: &Self::Weight) -> usize;
     /// Upload a 1-D parameter (norm weights), dequantized exactly to the compute dtype.
     fn upload_vector(
         &self,

@@ -170,6 +170,7 @@ impl EngineCore {
             model: model_name,
             max_model_len: max_model_len as u32,
             device: runner.device_name(),
+            weight_bytes: runner.weight_bytes(),
         };
         tracing::info!(
             model = %info.model,

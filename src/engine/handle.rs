@@ -31,6 +31,8 @@ pub struct EngineInfo {
     pub max_model_len: u32,
     /// Backend description, e.g. `cpu (2 threads)` or `cuda:0 (sm_90)`.
     pub device: String,
+    /// Bytes of the weight matrices on the device (0 when the model does not say).
+    pub weight_bytes: u64,
 }
 
 /// Counters the engine publishes for watchdogs, progress bars and `STATUS=` lines.
@@ -238,6 +240,7 @@ mod tests {
             model: "fake".into(),
             max_model_len: 64,
             device: "none".into(),
+            weight_bytes: 0,
         }
     }
 

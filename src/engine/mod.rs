@@ -167,6 +167,11 @@ pub trait ModelRunner: Send {
     fn cache_geometry(&self) -> CacheGeometry;
     /// Human-readable backend description for logs.
     fn device_name(&self) -> String;
+    /// Bytes the weight matrices occupy on the device (what a decode step streams), for
+    /// roofline figures; 0 when unknown.
+    fn weight_bytes(&self) -> u64 {
+        0
+    }
     /// Run one step: raw logits rows for the `Last` / `All` sequences and sampled tokens for
     /// the `Sample` ones (see [`ForwardOutput`]). Writes K/V of the new tokens into the blocks
     /// named by each block table.

@@ -354,6 +354,30 @@ impl<B: Backend> ModelRunner for Llama<B> {
         self.backend.name()
     }
 
+    fn weight_bytes(&self) -> u64 {
+        let (b, w) = (&self.backend, &self.weights);
+        let layers: usize = w
+            .layers
+            .iter()
+            .map(|l| {
+                [
+                    &l.q_proj,
+                    &l.k_proj,
+                    &l.v_proj,
+                    &l.o_proj,
+                    &l.gate_proj,
+                    &l.up_proj,
+                    &l.down_proj,
+                ]
+                .iter()
+                .map(|m| b.weight_bytes(m))
+                .sum::<usize>()
+            })
+            .sum();
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
+        (layers + b.weight_bytes(head)) as u64
+    }
+
     fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
         let input = StepInput::from_batch(
             batch,

@@ -28,9 +28,20 @@ use crate::model::{TensorView, WeightDType};
 /// `kiln bench` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Device to benchmark (only `cpu` for now).
+    /// Device of the engine benchmark: `cpu`, `cuda`, `cuda:N` or `auto` (`--kernels`: `cpu`
+    /// only).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Compute dtype on GPUs (`engine.dtype`: auto, bf16, fp16, f32).
+    #[arg(long, default_value = "auto")]
+    pub dtype: String,
+    /// KV-cache storage (`engine.kv_cache_dtype`: auto, fp8_e5m2, fp8_e4m3).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
+    /// Memory bandwidth of the device in GB/s for the roofline column (default: from the
+    /// driver on CUDA; none on the CPU).
+    #[arg(long)]
+    pub peak_gbps: Option<f64>,
     /// Model file or folder (the engine benchmark).
     #[arg(long)]
     pub model: Option<std::path::PathBuf>,
@@ -141,11 +152,14 @@ pub enum BenchError {
 
 /// Run `kiln bench`.
 pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
-    if args.device != "cpu" {
-        return Err(BenchError::InvalidArgument(format!(
-            "`--device {}`: only `cpu` is benchmarked for now",
-            args.device
-        )));
+    let device: crate::engine::Device = args
+        .device
+        .parse()
+        .map_err(|e| BenchError::InvalidArgument(format!("`--device {}`: {e}", args.device)))?;
+    if args.kernels && device != crate::engine::Device::Cpu {
+        return Err(BenchError::InvalidArgument(
+            "`--kernels` benchmarks the CPU matmul kernels: use `--device cpu`".into(),
+        ));
     }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
@@ -155,7 +169,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         pool.install(|| kernels(args))
     } else {
         drop(pool);
-        engine(args)
+        engine(args, device)
     }
 }
 
@@ -169,8 +183,8 @@ struct EngineResult {
 }
 
 /// `kiln bench` on the real engine.
-fn engine(args: &BenchArgs) -> Result<(), BenchError> {
-    use crate::engine::{spawn_from_path, Device, EngineConfig};
+fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchError> {
+    use crate::engine::{spawn_from_path, EngineConfig};
     if args.concurrency.is_empty() || args.concurrency.contains(&0) {
         return Err(BenchError::InvalidArgument(
             "`--concurrency` needs counts ≥ 1".into(),
@@ -186,7 +200,9 @@ fn engine(args: &BenchArgs) -> Result<(), BenchError> {
     });
     let max_c = *args.concurrency.iter().max().unwrap_or(&1);
     let cfg = EngineConfig {
-        device: Device::Cpu,
+        device,
+        dtype: args.dtype.clone(),
+        kv_cache_dtype: args.kv_cache_dtype.clone(),
         threads: args.threads,
         max_num_seqs: max_c,
         max_num_batched_tokens: (max_c * args.prompt_tokens).clamp(2048, 16384),
@@ -199,18 +215,25 @@ fn engine(args: &BenchArgs) -> Result<(), BenchError> {
         .build()?;
     let load = load_average().unwrap_or_else(|| "unknown".into());
     let mode = crate::backend::cpu::matmul::MatmulMode::from_env();
+    let weight_bytes = engine.info().weight_bytes;
+    let peak = args.peak_gbps.or_else(|| device_peak_gbps(device));
     if !args.json {
         println!(
-            "# kiln engine: {}, model {}, matmul {}, prompt {} tokens, {} generated, load average {load}",
+            "# kiln engine: {}, model {}, matmul {} (CPU), prompt {} tokens, {} generated, load average {load}",
             engine.info().device,
             model.display(),
             mode_name(mode),
             args.prompt_tokens,
             args.gen_tokens
         );
+        println!(
+            "# weights read per decode step: {:.1} MB; peak bandwidth: {}",
+            weight_bytes as f64 / 1e6,
+            peak.map_or("unknown (--peak-gbps)".into(), |p| format!("{p:.0} GB/s"))
+        );
         println!();
-        println!("| sequences | prefill tokens/s | decode tokens/s | max TTFT ms | max total ms |");
-        println!("|---:|---:|---:|---:|---:|");
+        println!("| sequences | prefill tokens/s | decode tokens/s | decode weight GB/s | of peak | max TTFT ms | max total ms |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
     }
     // Warm-up: page the weights in, start the threads.
     runtime.block_on(run_batch(&engine, 1, 8, 4, 1))?;
@@ -222,6 +245,9 @@ fn engine(args: &BenchArgs) -> Result<(), BenchError> {
             args.gen_tokens,
             1000 + round as u64,
         ))?;
+        // Every decode step streams the weights once for all sequences of the batch.
+        let weight_gbps = r.decode_tokens_per_s / r.concurrency as f64 * weight_bytes as f64 / 1e9;
+        let of_peak = peak.map(|p| weight_gbps / p);
         if args.json {
             let v = serde_json::json!({
                 "bench": "engine", "device": engine.info().device, "model": model.display().to_string(),
@@ -230,14 +256,18 @@ fn engine(args: &BenchArgs) -> Result<(), BenchError> {
                 "prefill_tokens_per_s": r.prefill_tokens_per_s,
                 "decode_tokens_per_s": r.decode_tokens_per_s,
                 "max_ttft_ms": r.max_ttft.as_secs_f64() * 1e3, "max_total_ms": r.max_total.as_secs_f64() * 1e3,
+                "weight_bytes": weight_bytes, "decode_weight_gbps": weight_gbps, "peak_gbps": peak,
+                "decode_of_peak": of_peak,
             });
             println!("{v}");
         } else {
             println!(
-                "| {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                "| {} | {:.1} | {:.1} | {:.1} | {} | {:.1} | {:.1} |",
                 r.concurrency,
                 r.prefill_tokens_per_s,
                 r.decode_tokens_per_s,
+                weight_gbps,
+                of_peak.map_or("–".into(), |f| format!("{:.1}%", 100.0 * f)),
                 r.max_ttft.as_secs_f64() * 1e3,
                 r.max_total.as_secs_f64() * 1e3
             );
@@ -245,6 +275,20 @@ fn engine(args: &BenchArgs) -> Result<(), BenchError> {
     }
     engine.shutdown();
     Ok(())
+}
+
+/// The theoretical memory bandwidth of `device` from the driver, when it is a GPU.
+fn device_peak_gbps(device: crate::engine::Device) -> Option<f64> {
+    #[cfg(feature = "cuda")]
+    if let crate::engine::Device::Cuda(n) = device {
+        let (_, gpus) = crate::backend::cuda::device::list_gpus().ok()?;
+        return gpus
+            .into_iter()
+            .find(|g| g.ordinal == n)?
+            .peak_bandwidth_gbps;
+    }
+    let _ = device;
+    None
 }
 
 /// Submit `c` requests of `prompt` random token ids at once, each generating exactly `gen`

@@ -163,6 +163,7 @@ pub fn info() -> EngineInfo {
         model: "test-model".into(),
         max_model_len: 2048,
         device: "test double".into(),
+        weight_bytes: 0,
     }
 }
 

@@ -183,6 +183,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn weight_bytes(&self, w: &CpuWeight) -> usize {
+        w.bytes().len()
+    }
+
     fn upload_weight(&self, name: &str, view: &TensorView<'_>) -> Result<CpuWeight, BackendError> {
         let bad = |m: String| BackendError::InvalidArgument(format!("`{name}`: {m}"));
         let &[rows, cols] = view.shape else {

@@ -327,6 +327,10 @@ impl Backend for CudaBackend {
         self.stream.synchronize().map_err(dev_err)
     }
 
+    fn weight_bytes(&self, w: &CudaWeight) -> usize {
+        w.data.len()
+    }
+
     fn upload_weight(&self, name: &str, view: &TensorView<'_>) -> Result<CudaWeight, BackendError> {
         let &[n, k] = view.shape else {
             return Err(BackendError::InvalidArgument(format!(

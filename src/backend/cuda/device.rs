@@ -109,6 +109,9 @@ pub struct GpuInfo {
     pub compute_capability: (u32, u32),
     /// Total memory in bytes.
     pub total_memory: usize,
+    /// Theoretical memory bandwidth in GB/s from the driver's attributes (2 transfers per
+    /// memory clock × bus width); `None` when the driver does not report them.
+    pub peak_bandwidth_gbps: Option<f64>,
 }
 
 /// The driver's CUDA version (e.g. 13000 for 13.0) and every visible GPU.
@@ -126,11 +129,23 @@ pub fn list_gpus() -> Result<(i32, Vec<GpuInfo>), CudaError> {
     for ordinal in 0..count.max(0) as usize {
         let ctx = cudarc::driver::CudaContext::new(ordinal)?;
         let (major, minor) = ctx.compute_capability()?;
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let clock_khz = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).ok();
+        let bus_bits = ctx
+            .attribute(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)
+            .ok();
+        let peak_bandwidth_gbps = match (clock_khz, bus_bits) {
+            (Some(c), Some(b)) if c > 0 && b > 0 => {
+                Some(2.0 * c as f64 * 1e3 * b as f64 / 8.0 / 1e9)
+            }
+            _ => None,
+        };
         gpus.push(GpuInfo {
             ordinal,
             name: ctx.name()?,
             compute_capability: (major as u32, minor as u32),
             total_memory: ctx.total_mem()?,
+            peak_bandwidth_gbps,
         });
     }
     Ok((version, gpus))
