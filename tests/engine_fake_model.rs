@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln::engine::sampling::sample_row;
+use kiln::engine::test_support;
 use kiln::engine::{
     spawn, CacheGeometry, ChatMessage, Completion, EngineConfig, EngineHandle, FinishReason,
     ForwardBatch, ForwardOutput, GenerateRequest, LogitsFor, ModelRunner, Prompt, SamplingParams,
@@ -23,6 +24,13 @@ use kiln::tokenizer::Tokenizer;
 const VOCAB: usize = 257;
 const EOS: u32 = 256;
 const CHAT_TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+
+/// The engine tests' byte-level tokenizer (ids 0..256 = bytes, 256 = `<eos>`) with a chat template.
+fn byte_tokenizer() -> Tokenizer {
+    let mut t = test_support::byte_tokenizer();
+    t.chat_template = Some(CHAT_TEMPLATE.into());
+    t
+}
 
 fn mix(h: u64, x: u64) -> u64 {
     // splitmix64 finalizer over h ^ x.
@@ -191,45 +199,6 @@ impl ModelRunner for FakeRunner {
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
         self.kv[dst as usize] = self.kv[src as usize].clone();
         Ok(())
-    }
-}
-
-/// Byte-level BPE over the 256 bytes (id = byte value) plus `<eos>` = 256.
-fn byte_tokenizer() -> Tokenizer {
-    let mut bytes: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
-    let mut chars = bytes.clone();
-    let mut n = 0;
-    for b in 0..=255u32 {
-        if !bytes.contains(&b) {
-            bytes.push(b);
-            chars.push(256 + n);
-            n += 1;
-        }
-    }
-    let vocab: serde_json::Map<String, serde_json::Value> = bytes
-        .iter()
-        .zip(&chars)
-        .map(|(&b, &c)| (char::from_u32(c).expect("char").to_string(), b.into()))
-        .collect();
-    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "normalizer": null, "post_processor": null,
-        "added_tokens": [{"id": 256, "content": "<eos>", "single_word": false, "lstrip": false,
-                          "rstrip": false, "normalized": false, "special": true}],
-        "pre_tokenizer": byte_level, "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "ignore_merges": false, "vocab": vocab, "merges": []},
-    });
-    Tokenizer {
-        inner: json.to_string().parse().expect("tokenizer.json"),
-        chat_template: Some(CHAT_TEMPLATE.into()),
-        bos_token_id: None,
-        eos_token_ids: vec![EOS],
-        add_bos: false,
     }
 }
 

@@ -15,8 +15,8 @@ pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
 pub mod stop;
-#[cfg(test)]
-mod test_support;
+#[doc(hidden)]
+pub mod test_support;
 
 pub use self::core::StartError;
 pub use config::{Device, EngineConfig};

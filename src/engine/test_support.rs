@@ -1,9 +1,9 @@
-//! Helpers for the engine's unit tests.
+//! Helpers for the engine's tests (unit and integration); not part of the supported API.
 
 use crate::tokenizer::Tokenizer;
 
 /// A byte-level BPE tokenizer without merges: ids 0..256 are the bytes, 256 is `<eos>` (EOS).
-pub(crate) fn byte_tokenizer() -> Tokenizer {
+pub fn byte_tokenizer() -> Tokenizer {
     // GPT-2's byte → printable char map (the alphabet ByteLevel uses).
     let mut bytes: Vec<u32> = (b'!' as u32..=b'~' as u32)
         .chain(0xA1..=0xAC)
