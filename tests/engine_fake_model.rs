@@ -377,6 +377,10 @@ async fn preemption_under_a_tiny_kv_budget_gives_the_same_tokens() {
             num_blocks: 24,
             max_num_batched_tokens: 16, // also forces chunked prefill
             prefix_caching,
+            // Steps of ≥ 2 ms: all eight submissions land while the first request still runs,
+            // even when this thread is descheduled on a loaded machine (else "requests shared
+            // steps" below could fail by timing alone).
+            step_delay: Duration::from_millis(2),
             ..Setup::default()
         }
         .start();
