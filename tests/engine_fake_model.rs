@@ -94,6 +94,8 @@ struct FakeRunner {
     max_pos: usize,
     step_delay: Duration,
     panic_on_token: Option<u32>,
+    /// Fail a step holding this token with `Oom`, as a device out-of-memory would.
+    oom_on_token: Option<u32>,
     probe: Probe,
 }
 
@@ -130,6 +132,9 @@ impl ModelRunner for FakeRunner {
                 !batch.token_ids.contains(&t),
                 "fake model asked to panic on token {t}"
             );
+        }
+        if let Some(t) = self.oom_on_token.filter(|t| batch.token_ids.contains(t)) {
+            return Err(EngineError::Oom(format!("fake device OOM on token {t}")));
         }
         self.probe
             .batch_sizes
@@ -211,6 +216,7 @@ struct Setup {
     prefix_caching: bool,
     step_delay: Duration,
     panic_on_token: Option<u32>,
+    oom_on_token: Option<u32>,
 }
 
 impl Default for Setup {
@@ -224,6 +230,7 @@ impl Default for Setup {
             prefix_caching: true,
             step_delay: Duration::ZERO,
             panic_on_token: None,
+            oom_on_token: None,
         }
     }
 }
@@ -237,6 +244,7 @@ impl Setup {
             max_pos: self.max_pos,
             step_delay: self.step_delay,
             panic_on_token: self.panic_on_token,
+            oom_on_token: self.oom_on_token,
             probe: probe.clone(),
         };
         let cfg = EngineConfig {
@@ -683,6 +691,30 @@ async fn a_panic_in_a_step_fails_its_requests_and_the_engine_keeps_serving() {
     let r = h.submit(bad).await;
     assert!(
         matches!(&r, Err(EngineError::Internal(m)) if m.contains("panic")),
+        "{r:?}"
+    );
+    let ok = h
+        .submit(text_request("still alive", greedy(3)))
+        .await
+        .expect("ok");
+    assert_eq!(ok.token_ids.len(), 3);
+    assert_eq!(h.stats().await.expect("alive").kv_blocks_used, 0);
+}
+
+/// A device out-of-memory in a step (the CUDA backend maps it to `Oom`) fails that step's
+/// requests as `Oom` (which the daemon retries); the engine frees their blocks and goes on.
+#[tokio::test]
+async fn an_oom_in_a_step_fails_its_requests_with_oom_and_the_engine_keeps_serving() {
+    let (h, _) = Setup {
+        oom_on_token: Some(201),
+        ..Setup::default()
+    }
+    .start();
+    let r = h
+        .submit(GenerateRequest::new(Prompt::TokenIds(vec![5, 6, 201])))
+        .await;
+    assert!(
+        matches!(&r, Err(EngineError::Oom(m)) if m.contains("201")),
         "{r:?}"
     );
     let ok = h
