@@ -541,44 +541,12 @@ impl Backend for CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let ty = self.dtype.cuda_type();
-        let compute = if self.dtype == ComputeDType::F32 {
-            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC
-        } else {
-            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
-        };
-        let (wp, _w_sync) = w.data.device_ptr(&self.stream);
         let (xp, _x_sync) = x.data.device_ptr(&self.stream);
         let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
-        // Row-major out[rows, n] = x[rows, k] · w[n, k]ᵀ is column-major outᵀ (n × rows) =
-        // op(W)(n × k) · xᵀ (k × rows), with W seen column-major as k × n and transposed.
-        // SAFETY: the pointers are live device allocations of the sizes checked above, all on
-        // this handle's stream; alpha/beta are host f32 as CUBLAS_COMPUTE_32F expects.
-        unsafe {
-            cudarc::cublas::result::gemm_ex(
-                *self.blas.handle(),
-                cublas_sys::cublasOperation_t::CUBLAS_OP_T,
-                cublas_sys::cublasOperation_t::CUBLAS_OP_N,
-                w.n as i32,
-                rows as i32,
-                w.k as i32,
-                &alpha as *const f32 as *const c_void,
-                wp as *const c_void,
-                ty,
-                w.k as i32,
-                xp as *const c_void,
-                ty,
-                w.k as i32,
-                &beta as *const f32 as *const c_void,
-                op as *mut c_void,
-                ty,
-                w.n as i32,
-                compute,
-                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(dev_err)
+        // SAFETY: w, x and out are live device allocations holding n × k, rows × k and rows × n
+        // elements of the compute dtype (checked above); the sync guards keep them in use on
+        // this stream for the call.
+        unsafe { self.gemm_xwt(w, rows, xp, op, self.dtype.cuda_type()) }
     }
 
     fn rope(
@@ -827,6 +795,58 @@ impl CudaBackend {
             KvStorage::Same => self.dtype.size(),
             KvStorage::E5M2 | KvStorage::E4M3 => 1,
         }
+    }
+
+    /// Row-major `out[rows, w.n] = x[rows, w.k] · wᵀ` with cuBLAS, f32 accumulation (pedantic
+    /// f32 for an f32 compute dtype); x and w in the compute dtype, out in `out_type` (the
+    /// compute dtype, or f32 for logits). As column-major: outᵀ (n × rows) = op(W)(n × k) · xᵀ
+    /// (k × rows), with W seen column-major as k × n and transposed.
+    ///
+    /// # Safety
+    /// `xp` and `op` point to live device memory on this stream holding rows × k elements of
+    /// the compute dtype and rows × n elements of `out_type`.
+    pub(super) unsafe fn gemm_xwt(
+        &self,
+        w: &CudaWeight,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        out_type: cublas_sys::cudaDataType,
+    ) -> Result<(), BackendError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let ty = self.dtype.cuda_type();
+        let compute = if self.dtype == ComputeDType::F32 {
+            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC
+        } else {
+            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        let (wp, _w_sync) = w.data.device_ptr(&self.stream);
+        // SAFETY: w is a live n × k allocation (held by `_w_sync` for the call), x and out as
+        // the caller promises; alpha/beta are host f32 as CUBLAS_COMPUTE_32F expects.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                w.n as i32,
+                rows as i32,
+                w.k as i32,
+                &alpha as *const f32 as *const c_void,
+                wp as *const c_void,
+                ty,
+                w.k as i32,
+                xp as *const c_void,
+                ty,
+                w.k as i32,
+                &beta as *const f32 as *const c_void,
+                op as *mut c_void,
+                out_type,
+                w.n as i32,
+                compute,
+                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(dev_err)
     }
 
     /// `Err(InvalidArgument)` unless `b` holds the compute dtype.

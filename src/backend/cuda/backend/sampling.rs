@@ -10,8 +10,6 @@ use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
 use crate::engine::sampling::{SampleError, Sampled, SamplingRow};
 
-use std::ffi::c_void;
-
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
@@ -161,46 +159,11 @@ impl CudaBackend {
             .alloc_zeros::<f32>((rows * w.n).max(1))
             .map_err(dev_err)?;
         if rows > 0 {
-            let (alpha, beta) = (1.0f32, 0.0f32);
-            let ty = self.dtype.cuda_type();
-            let compute = if self.dtype == super::ComputeDType::F32 {
-                cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC
-            } else {
-                cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
-            };
-            let (wp, _w_sync) = w.data.device_ptr(&self.stream);
             let (xp, _x_sync) = x.data.device_ptr(&self.stream);
             let (op, _o_sync) = data.device_ptr_mut(&self.stream);
-            // As in `matmul`: row-major out[rows, n] = x[rows, k] · w[n, k]ᵀ is column-major
-            // outᵀ (n × rows) = op(W)(n × k) · xᵀ (k × rows); only C is CUDA_R_32F here (A/B in
-            // the compute dtype, 32F compute: a combination cuBLAS supports for f16/bf16/f32).
-            // SAFETY: the pointers are live device allocations of the sizes checked above
-            // (`data` holds rows × n f32), all on this handle's stream; alpha/beta are host f32
-            // as CUBLAS_COMPUTE_32F expects.
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    *self.blas.handle(),
-                    cublas_sys::cublasOperation_t::CUBLAS_OP_T,
-                    cublas_sys::cublasOperation_t::CUBLAS_OP_N,
-                    w.n as i32,
-                    rows as i32,
-                    w.k as i32,
-                    &alpha as *const f32 as *const c_void,
-                    wp as *const c_void,
-                    ty,
-                    w.k as i32,
-                    xp as *const c_void,
-                    ty,
-                    w.k as i32,
-                    &beta as *const f32 as *const c_void,
-                    op as *mut c_void,
-                    cublas_sys::cudaDataType::CUDA_R_32F,
-                    w.n as i32,
-                    compute,
-                    cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(dev_err)?;
+            // SAFETY: x holds rows × k compute-dtype elements (checked above) and `data` rows × n
+            // f32; the sync guards keep both in use on this stream for the call.
+            unsafe { self.gemm_xwt(w, rows, xp, op, cublas_sys::cudaDataType::CUDA_R_32F) }?;
         }
         Ok(CudaLogits {
             data,
