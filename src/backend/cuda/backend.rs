@@ -150,6 +150,12 @@ impl CudaBackend {
         let kv = resolve_kv(kv_cache_dtype)?;
         let include = nvrtc::find_include_dir(None)?;
         let cache = nvrtc::default_cache_dir();
+        // All work of a backend is queued on this one stream (cuBLAS included), so cudarc's
+        // cross-stream event tracking (two events created and destroyed per allocation) only
+        // costs driver calls.
+        // SAFETY: no other stream ever touches this context's allocations: the backend creates
+        // none, and its slices never leave it.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let mut functions = HashMap::new();
         for m in KernelModule::ALL {

@@ -133,17 +133,18 @@ impl CudaBackend {
         };
         let n_parts = max_context.div_ceil(ATTN_PART_LEN).max(1);
         let rows = n_rows * params.num_heads * n_parts;
-        let (mut pm, mut pl, mut pacc) = if n_parts > 1 {
-            (
+        // Partial (max, sum, acc) per split; with one part the kernel writes `out` directly and
+        // never touches them, so no buffers (null pointers) — most decode steps.
+        let mut partials = if n_parts > 1 {
+            Some((
                 self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
                 self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
                 self.stream
                     .alloc_zeros::<f32>(rows * params.head_dim)
                     .map_err(dev_err)?,
-            )
+            ))
         } else {
-            let one = || self.stream.alloc_zeros::<f32>(1).map_err(dev_err);
-            (one()?, one()?, one()?)
+            None
         };
         let null: u64 = 0;
         let f = self.func(&format!("attention_{}_{}", self.t(), self.kv.suffix()))?;
@@ -167,7 +168,10 @@ impl CudaBackend {
             None => b.arg(&null),
         };
         b.arg(&mut out.data);
-        b.arg(&mut pm).arg(&mut pl).arg(&mut pacc);
+        match partials.as_mut() {
+            Some((pm, pl, pacc)) => b.arg(pm).arg(pl).arg(pacc),
+            None => b.arg(&null).arg(&null).arg(&null),
+        };
         b.arg(&nh)
             .arg(&nkv)
             .arg(&hd)
@@ -183,14 +187,15 @@ impl CudaBackend {
         // SAFETY: block tables are [n_seqs, max_blocks] with ids checked against num_blocks;
         // every token's position is < its sequence's context, covered by its table; `index`
         // holds n_rows token indices < num_tokens (or is null: rows are the tokens); partial
-        // buffers hold n_rows × num_heads × n_parts (× head_dim) floats when n_parts > 1, and
-        // n_parts covers the largest context among the rows' sequences.
+        // buffers hold n_rows × num_heads × n_parts (× head_dim) floats when n_parts > 1 (null,
+        // and unread, otherwise), and n_parts covers the largest context among the rows'
+        // sequences.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        if n_parts > 1 {
+        if let Some((pm, pl, pacc)) = &partials {
             let f = self.func(&format!("attention_combine_{}", self.t()))?;
             let np = n_parts as i32;
             let mut b = self.stream.launch_builder(f);
-            b.arg(&pm).arg(&pl).arg(&pacc);
+            b.arg(pm).arg(pl).arg(pacc);
             match index {
                 Some(ix) => b.arg(ix),
                 None => b.arg(&null),
