@@ -36,6 +36,13 @@ pub fn build_runner_for(
                     engine.kv_cache_dtype
                 ))
             })?;
+            if kv != KvCacheDType::Same {
+                tracing::warn!(
+                    kv_cache_dtype = %engine.kv_cache_dtype,
+                    "The CPU keeps its KV cache in f32 and only rounds it through fp8 (the GPU's \
+                     numerics, for checking them): no memory is saved."
+                );
+            }
             let backend = CpuBackend::new(engine.threads)
                 .map_err(|e| ModelError::Backend(e.to_string()))?
                 .with_kv_storage(kv);
