@@ -115,6 +115,24 @@ pub struct AttentionParams {
     pub scale: f32,
 }
 
+impl AttentionParams {
+    /// `Err(InvalidArgument)` unless these shapes fit `spec` (same KV heads and head width, a
+    /// whole number of query heads per KV head) and `layer` is one of its layers.
+    pub fn check_fits(&self, spec: &KvCacheSpec, layer: usize) -> Result<(), BackendError> {
+        if layer >= spec.num_layers
+            || self.num_kv_heads != spec.num_kv_heads
+            || self.head_dim != spec.head_dim
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
+        {
+            return Err(BackendError::InvalidArgument(format!(
+                "attention {self:?} on layer {layer} does not fit the cache {spec:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// One sequence of a step, in host memory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepSeq {

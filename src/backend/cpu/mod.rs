@@ -463,16 +463,7 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
-        if layer >= spec.num_layers
-            || params.num_kv_heads != spec.num_kv_heads
-            || params.head_dim != spec.head_dim
-            || params.num_kv_heads == 0
-            || !params.num_heads.is_multiple_of(params.num_kv_heads)
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "attention {params:?} on layer {layer} does not fit the cache {spec:?}"
-            )));
-        }
+        params.check_fits(&spec, layer)?;
         if let Some(s) = step
             .seqs
             .iter()

@@ -454,21 +454,18 @@ impl Backend for CudaBackend {
             ComputeDType::F32 => self.func(&format!("embedding_{}_to_f32", self.t()))?,
             d => return Err(mixed("embedding output", d, self.dtype)),
         };
-        let dim = table.k as i32;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&step.token_ids)
-            .arg(&table.data)
-            .arg(&mut out.data)
-            .arg(&dim);
-        let cfg = LaunchConfig {
-            grid_dim: (step.num_tokens as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: token ids were range-checked by StepInput::from_batch; one block per token reads
-        // one table row of `dim` elements and writes one output row.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
+        // SAFETY: token ids were range-checked by StepInput::from_batch against the vocabulary
+        // (the table's rows); `out` holds num_tokens rows of k (checked above).
+        unsafe {
+            self.launch_row_gather(
+                f,
+                &step.token_ids,
+                step.num_tokens,
+                &table.data,
+                &mut out.data,
+                table.k,
+            )
+        }
     }
 
     fn rms_norm(
@@ -725,22 +722,20 @@ impl Backend for CudaBackend {
         if step.num_logit_rows == 0 {
             return Ok(());
         }
-        // The embedding kernel is a row gather: out[i] = table[idx[i]].
+        // The embedding kernel is a row gather: out[i] = x[logit_rows[i]].
         let f = self.func(&format!("embedding_{}", self.t()))?;
-        let d = dim as i32;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&step.logit_rows)
-            .arg(&x.data)
-            .arg(&mut out.data)
-            .arg(&d);
-        let cfg = LaunchConfig {
-            grid_dim: (step.num_logit_rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: logit rows are token indices < num_tokens (built by StepInput::from_batch).
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
+        // SAFETY: logit rows are token indices < num_tokens (built by StepInput::from_batch) and
+        // `x` holds num_tokens rows of dim, `out` num_logit_rows rows (checked above).
+        unsafe {
+            self.launch_row_gather(
+                f,
+                &step.logit_rows,
+                step.num_logit_rows,
+                &x.data,
+                &mut out.data,
+                dim,
+            )
+        }
     }
 
     fn logits(
@@ -853,6 +848,34 @@ impl CudaBackend {
             )
         }
         .map_err(dev_err)
+    }
+
+    /// `out[i, :] = src[idx[i], :]` for `n` rows of `dim` elements through an `embedding_*`
+    /// kernel `f` (one block per row).
+    ///
+    /// # Safety
+    /// `idx` holds `n` row indices inside `src`; `out` holds `n × dim` elements of `f`'s output
+    /// type and `src` rows of `dim` elements of its input type.
+    unsafe fn launch_row_gather(
+        &self,
+        f: &CudaFunction,
+        idx: &CudaSlice<i32>,
+        n: usize,
+        src: &CudaSlice<u8>,
+        out: &mut CudaSlice<u8>,
+        dim: usize,
+    ) -> Result<(), BackendError> {
+        let d = dim as i32;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(idx).arg(src).arg(out).arg(&d);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the caller's promise; every thread guards `i < dim` within its row.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
     }
 
     /// `Err(InvalidArgument)` unless `b` holds the compute dtype.

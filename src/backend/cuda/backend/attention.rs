@@ -44,16 +44,11 @@ impl CudaBackend {
         params: &AttentionParams,
         out: &CudaBuffer,
     ) -> Result<(), BackendError> {
-        let spec = cache.spec;
-        if layer >= spec.num_layers
-            || params.num_kv_heads != spec.num_kv_heads
-            || params.head_dim != spec.head_dim
-            || params.num_kv_heads == 0
-            || !params.num_heads.is_multiple_of(params.num_kv_heads)
-            || params.head_dim > ATTN_MAX_HEAD_DIM
-        {
+        params.check_fits(&cache.spec, layer)?;
+        if params.head_dim > ATTN_MAX_HEAD_DIM {
             return Err(BackendError::InvalidArgument(format!(
-                "attention {params:?} on layer {layer} does not fit the cache {spec:?} (head_dim ≤ {ATTN_MAX_HEAD_DIM})"
+                "attention head_dim {} is over the CUDA kernels' {ATTN_MAX_HEAD_DIM}",
+                params.head_dim
             )));
         }
         let n = step.num_tokens * params.num_heads * params.head_dim;
