@@ -1,7 +1,7 @@
 // sampling.cu: f32 logits rows -> sampled token ids (and requested logprobs) on the GPU, so only
 // those reach the host. Entry point: sample_rows (logits are f32 whatever the compute dtype).
 //
-// This is src/engine/sampling.rs (`sample_row`) bit for bit; read its header for the semantics.
+// This is src/sampling.rs (`sample_row`) bit for bit; read its header for the semantics.
 // Exactness: every float operation on the path that decides the token uses the explicitly rounded
 // intrinsics (__fadd_rn, __fmul_rn, ...), so NVRTC's --fmad=true cannot contract them into FMAs
 // and the results equal the host's IEEE f32 ops; masses are integers (p * 2^40 truncated), summed

@@ -22,14 +22,13 @@ pub mod pre_tokenizer;
 #[cfg(test)]
 mod test_vocab;
 
-pub use chat_template::{ChatTemplate, SpecialTokenVars};
+pub use chat_template::{ChatMessage, ChatTemplate, SpecialTokenVars};
 pub use gguf_vocab::{GgufTokenType, GgufVocab};
 pub use incremental::IncrementalDecoder;
 pub use pre_tokenizer::PreTokenizerKind;
 
 use tokenizers::DecoderWrapper;
 
-use crate::engine::request::ChatMessage;
 use crate::error::ModelError;
 
 /// A tokenizer with its special tokens and chat template.

@@ -13,8 +13,8 @@ mod common;
 
 use common::*;
 use kiln::backend::cuda::CudaBackend;
-use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec, StepInput};
-use kiln::engine::{ForwardBatch, LogitsFor, SeqSlice};
+use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec};
+use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
 
 /// One attention parity case: every sequence is `(cached_len, new tokens)`, all in one step.
 struct AttnCase {
@@ -143,7 +143,7 @@ fn attn_setup<B: Backend>(b: &B, c: &AttnCase, kv: &str) -> AttnSetup<B> {
             });
             fb.token_ids.extend(std::iter::repeat_n(0, len));
         }
-        StepInput::from_batch(&fb, bs, num_blocks, 1, 1 << 16).expect("step")
+        fb.step_input(bs, num_blocks, 1, 1 << 16).expect("step")
     };
     let prefix = batch(true);
     let np = prefix.num_tokens();

@@ -14,13 +14,12 @@ mod common;
 use common::*;
 use std::path::PathBuf;
 
-use kiln::backend::{
-    AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec, RopeSpec, StepInput,
-};
-use kiln::engine::sampling::SamplingRow;
-use kiln::engine::{Device, ForwardBatch, LogitsFor, SeqSlice};
+use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec, RopeSpec};
+use kiln::engine::Device;
 use kiln::model::files::ModelFiles;
-use kiln::model::{TensorView, WeightDType};
+use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
+use kiln::sampling::SamplingRow;
+use kiln::tensor::{TensorView, WeightDType};
 use kiln::tools::probe::{probe, Positions};
 
 /// A two-sequence step: a 37-token prefill after 700 cached tokens (so attention splits over
@@ -55,7 +54,7 @@ fn step() -> (ForwardBatch, usize) {
 
 fn run_ops<B: Backend>(b: &B) -> Vec<(&'static str, Vec<f32>)> {
     let (batch, num_blocks) = step();
-    let input = StepInput::from_batch(&batch, 16, num_blocks, 50, 2048).expect("step");
+    let input = batch.step_input(16, num_blocks, 50, 2048).expect("step");
     let st = b.prepare_step(&input).expect("prepare");
     let t = input.num_tokens();
     let (hidden, heads, kv_heads, hd) = (96, 6, 2, 64);
@@ -179,7 +178,7 @@ fn run_ops<B: Backend>(b: &B) -> Vec<(&'static str, Vec<f32>)> {
             },
         ],
     };
-    let fill_in = StepInput::from_batch(&fill, 16, num_blocks, 50, 2048).unwrap();
+    let fill_in = fill.step_input(16, num_blocks, 50, 2048).unwrap();
     let fill_st = b.prepare_step(&fill_in).unwrap();
     let fk = b.upload(&data(705 * kv_heads * hd, 8)).unwrap();
     let fv = b.upload(&data(705 * kv_heads * hd, 9)).unwrap();
@@ -211,7 +210,7 @@ fn run_ops<B: Backend>(b: &B) -> Vec<(&'static str, Vec<f32>)> {
             state_slot: None,
         }],
     };
-    let mv = StepInput::from_batch(&moved, 16, num_blocks, 50, 2048).unwrap();
+    let mv = moved.step_input(16, num_blocks, 50, 2048).unwrap();
     let mst = b.prepare_step(&mv).unwrap();
     let q1 = b.upload(&data(heads * hd, 11)).unwrap();
     let mut a1 = b.alloc(heads * hd).unwrap();

@@ -15,10 +15,11 @@ use common::*;
 use std::path::PathBuf;
 
 use kiln::backend::Backend;
-use kiln::engine::sampling::{sample_row, Penalty, SampleError, Sampled, SamplingRow};
-use kiln::engine::{Device, ForwardBatch, LogitsFor, SeqSlice};
+use kiln::engine::Device;
 use kiln::model::files::ModelFiles;
-use kiln::model::{TensorView, WeightDType};
+use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
+use kiln::sampling::{sample_row, Penalty, SampleError, Sampled, SamplingRow};
+use kiln::tensor::{TensorView, WeightDType};
 
 /// Logits rows `[rows, vocab]` on backend `b` from an identity GEMM (`x = I`, `w[n, r]` = the
 /// value of row r at token n), so they are exact copies of the (compute-dtype rounded) values:

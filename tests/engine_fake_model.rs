@@ -12,13 +12,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kiln::engine::sampling::sample_row;
 use kiln::engine::test_support;
 use kiln::engine::{
-    spawn, CacheGeometry, ChatMessage, Completion, EngineConfig, EngineHandle, FinishReason,
-    ForwardBatch, ForwardOutput, GenerateRequest, LogitsFor, ModelRunner, Prompt, SamplingParams,
+    spawn, ChatMessage, Completion, EngineConfig, EngineHandle, FinishReason, GenerateRequest,
+    Prompt, SamplingParams,
 };
 use kiln::error::EngineError;
+use kiln::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
+use kiln::sampling::sample_row;
 use kiln::tokenizer::Tokenizer;
 
 const VOCAB: usize = 257;

@@ -14,9 +14,10 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln::engine::{Device, EngineConfig, ModelRunner};
+use kiln::engine::{Device, EngineConfig};
 use kiln::model::files::ModelFiles;
 use kiln::model::runner::build_runner;
+use kiln::model::step::ModelRunner;
 use kiln::tools::probe::{probe, Positions};
 use serde::Deserialize;
 
@@ -55,7 +56,8 @@ fn runner_for(path: &Path) -> Box<dyn ModelRunner> {
         kv_cache_mib: 64,
         ..EngineConfig::default()
     };
-    build_runner(&files, &engine).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    build_runner(&files, &engine.runner_options())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -19,8 +19,9 @@
 
 use std::path::PathBuf;
 
-use kiln::model::quant::dequantize_view;
-use kiln::model::{Architecture, ModelFiles, ModelFormat, WeightDType};
+use kiln::model::{Architecture, ModelFiles, ModelFormat};
+use kiln::quant::dequantize_view;
+use kiln::tensor::WeightDType;
 use sha2::{Digest, Sha256};
 
 fn model_path() -> PathBuf {
@@ -158,7 +159,7 @@ fn smollm2_dequantized_values_match_gguf_py_and_transformers() {
     let rows: Vec<f32> = {
         let mut out = vec![0.0; 3 * 576];
         for (r, chunk) in out.chunks_exact_mut(576).enumerate() {
-            kiln::model::quant::dequantize_view_row(&embed, r, chunk);
+            kiln::quant::dequantize_view_row(&embed, r, chunk);
         }
         out
     };

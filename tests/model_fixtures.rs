@@ -10,8 +10,9 @@
 use std::path::{Path, PathBuf};
 
 use half::bf16;
-use kiln::model::quant::dequantize_view;
-use kiln::model::{Architecture, ModelFiles, ModelFormat, WeightDType};
+use kiln::model::{Architecture, ModelFiles, ModelFormat};
+use kiln::quant::dequantize_view;
+use kiln::tensor::WeightDType;
 
 fn fixture(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -19,7 +19,7 @@
 //!   [`Backend::copy_block`].
 //! - The lm_head projection writes f32 logits ([`Backend::logits`], [`Backend::Logits`]) that
 //!   stay on the device: [`Backend::sample`] turns rows into tokens there (penalties, logprobs,
-//!   greedy or top-k / top-p / min-p draws, exactly as [`crate::engine::sampling::sample_row`]),
+//!   greedy or top-k / top-p / min-p draws, exactly as [`crate::sampling::sample_row`]),
 //!   so only the sampled ids and requested logprobs reach the host; [`Backend::download_logits`]
 //!   copies raw rows for the callers that want them (`kiln probe`, tests).
 //! - All integer metadata of a step (token ids, positions, KV slots, block tables, which rows
@@ -43,10 +43,9 @@ pub use cpu::CpuBackend;
 pub use kv_dtype::KvCacheDType;
 pub use rope::RopeSpec;
 
-use crate::engine::sampling::{SampleError, Sampled, SamplingRow};
-use crate::engine::{ForwardBatch, LogitsFor};
 use crate::error::EngineError;
-use crate::model::TensorView;
+use crate::sampling::{SampleError, Sampled, SamplingRow};
+use crate::tensor::TensorView;
 
 /// Why a backend call failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -156,7 +155,7 @@ impl StepSeq {
 }
 
 /// Everything integer a step needs, in host memory; [`Backend::prepare_step`] copies it to the
-/// device. Built from a [`ForwardBatch`] by [`StepInput::from_batch`], which checks it.
+/// device. Built from a `ForwardBatch` by `ForwardBatch::step_input` (in `model::step`), which checks it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepInput {
     /// New tokens of all sequences: `[num_tokens]`.
@@ -174,94 +173,6 @@ pub struct StepInput {
 }
 
 impl StepInput {
-    /// Lay out `batch` for a cache of `num_blocks` blocks of `block_size` tokens and a model of
-    /// `vocab_size` tokens and `max_positions` positions. Errors name what is wrong: token ids
-    /// or positions out of range are `InvalidInput`; inconsistent slices or block tables are
-    /// `Internal` (a scheduler bug).
-    pub fn from_batch(
-        batch: &ForwardBatch,
-        block_size: usize,
-        num_blocks: usize,
-        vocab_size: usize,
-        max_positions: usize,
-    ) -> Result<StepInput, EngineError> {
-        let num_tokens = batch.token_ids.len();
-        if let Some(&bad) = batch.token_ids.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(EngineError::InvalidInput(format!(
-                "token id {bad} is out of the vocabulary (size {vocab_size})"
-            )));
-        }
-        let internal = |m: String| EngineError::Internal(format!("malformed forward batch: {m}"));
-        let mut positions = vec![u32::MAX; num_tokens];
-        let mut slot_mapping = vec![0u32; num_tokens];
-        let mut logit_rows = Vec::new();
-        let mut seqs = Vec::with_capacity(batch.seqs.len());
-        for (i, s) in batch.seqs.iter().enumerate() {
-            let end = s.start.checked_add(s.len).filter(|&e| e <= num_tokens);
-            let Some(end) = end else {
-                return Err(internal(format!(
-                    "sequence {i} covers tokens {}..{}+{} of {num_tokens}",
-                    s.start, s.start, s.len
-                )));
-            };
-            let context = s.cached_len + s.len;
-            if context > max_positions {
-                return Err(EngineError::InvalidInput(format!(
-                    "sequence {i} reaches {context} tokens, past the model's {max_positions} positions"
-                )));
-            }
-            if s.block_table.len() * block_size < context {
-                return Err(internal(format!(
-                    "sequence {i}: block table of {} blocks cannot hold {context} tokens",
-                    s.block_table.len()
-                )));
-            }
-            if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= num_blocks) {
-                return Err(internal(format!(
-                    "sequence {i}: block {b} is out of range ({num_blocks} blocks)"
-                )));
-            }
-            for t in 0..s.len {
-                let tok = s.start + t;
-                if positions[tok] != u32::MAX {
-                    return Err(internal(format!("token {tok} belongs to two sequences")));
-                }
-                let pos = s.cached_len + t;
-                positions[tok] = pos as u32;
-                let block = s.block_table[pos / block_size] as usize;
-                slot_mapping[tok] = (block * block_size + pos % block_size) as u32;
-            }
-            match s.logits {
-                LogitsFor::None => {}
-                LogitsFor::Last | LogitsFor::Sample(_) if s.len > 0 => {
-                    logit_rows.push((end - 1) as u32)
-                }
-                LogitsFor::Last | LogitsFor::Sample(_) => {
-                    return Err(internal(format!("sequence {i} wants logits of no tokens")))
-                }
-                LogitsFor::All => logit_rows.extend((s.start..end).map(|t| t as u32)),
-            }
-            seqs.push(StepSeq {
-                token_start: s.start,
-                len: s.len,
-                cached_len: s.cached_len,
-                block_table: s.block_table.clone(),
-                state_slot: s.state_slot,
-            });
-        }
-        if let Some(tok) = positions.iter().position(|&p| p == u32::MAX) {
-            return Err(internal(format!("token {tok} belongs to no sequence")));
-        }
-        Ok(StepInput {
-            token_ids: batch.token_ids.clone(),
-            positions,
-            slot_mapping,
-            seqs,
-            logit_rows,
-            block_size,
-        })
-    }
-
     /// Number of new tokens.
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()
@@ -458,7 +369,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<(), BackendError>;
 
     /// Sample one token per `(row, descriptor)`: the result of
-    /// [`crate::engine::sampling::sample_row`] on logits row `row`, bit for bit (same token,
+    /// [`crate::sampling::sample_row`] on logits row `row`, bit for bit (same token,
     /// logprobs within float rounding). `logits` is not modified. One result per entry, in order.
     fn sample(
         &self,
@@ -469,78 +380,4 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Copy block `src` into block `dst`, K and V, all layers.
     fn copy_block(&self, cache: &mut Self::KvCache, src: u32, dst: u32)
         -> Result<(), BackendError>;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::SeqSlice;
-
-    fn seq(
-        start: usize,
-        len: usize,
-        cached_len: usize,
-        table: Vec<u32>,
-        logits: LogitsFor,
-    ) -> SeqSlice {
-        SeqSlice {
-            start,
-            len,
-            cached_len,
-            block_table: table,
-            logits,
-            state_slot: None,
-        }
-    }
-
-    #[test]
-    fn step_input_maps_positions_slots_and_logit_rows() {
-        // Sequence 0: a 3-token prefill chunk after 2 cached tokens, blocks [5, 1] of size 4:
-        // positions 2, 3, 4 → slots 5*4+2, 5*4+3, 1*4+0. Sequence 1: one decode at position 0.
-        let batch = ForwardBatch {
-            token_ids: vec![10, 11, 12, 13],
-            seqs: vec![
-                seq(0, 3, 2, vec![5, 1], LogitsFor::All),
-                seq(3, 1, 0, vec![2], LogitsFor::Last),
-            ],
-        };
-        let s = StepInput::from_batch(&batch, 4, 8, 100, 100).unwrap();
-        assert_eq!(s.positions, vec![2, 3, 4, 0]);
-        assert_eq!(s.slot_mapping, vec![22, 23, 4, 8]);
-        assert_eq!(s.logit_rows, vec![0, 1, 2, 3]);
-        assert_eq!(s.seqs[0].context_len(), 5);
-    }
-
-    #[test]
-    fn step_input_rejects_bad_batches() {
-        let ok = |b: &ForwardBatch| StepInput::from_batch(b, 4, 8, 100, 100);
-        let short_table = ForwardBatch {
-            token_ids: vec![1; 5],
-            seqs: vec![seq(0, 5, 0, vec![0], LogitsFor::Last)],
-        };
-        assert!(matches!(ok(&short_table), Err(EngineError::Internal(_))));
-        let bad_block = ForwardBatch {
-            token_ids: vec![1],
-            seqs: vec![seq(0, 1, 0, vec![8], LogitsFor::Last)],
-        };
-        assert!(matches!(ok(&bad_block), Err(EngineError::Internal(_))));
-        let uncovered = ForwardBatch {
-            token_ids: vec![1, 2],
-            seqs: vec![seq(0, 1, 0, vec![0], LogitsFor::Last)],
-        };
-        assert!(matches!(ok(&uncovered), Err(EngineError::Internal(_))));
-        let bad_token = ForwardBatch {
-            token_ids: vec![100],
-            seqs: vec![seq(0, 1, 0, vec![0], LogitsFor::Last)],
-        };
-        assert!(matches!(ok(&bad_token), Err(EngineError::InvalidInput(_))));
-        let too_long = ForwardBatch {
-            token_ids: vec![1],
-            seqs: vec![seq(0, 1, 100, vec![0; 26], LogitsFor::Last)],
-        };
-        assert!(matches!(
-            StepInput::from_batch(&too_long, 4, 30, 100, 100),
-            Err(EngineError::InvalidInput(_))
-        ));
-    }
 }

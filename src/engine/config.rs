@@ -5,58 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Which backend runs the model. Parsed from `"auto" | "cpu" | "cuda" | "cuda:N"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Device {
-    /// CUDA device 0 when the `cuda` feature is built and a GPU is present, else the CPU.
-    Auto,
-    /// The CPU backend (the numerical reference).
-    Cpu,
-    /// CUDA device with this ordinal.
-    Cuda(usize),
-}
+use crate::model::options::RunnerOptions;
 
-impl TryFrom<String> for Device {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-impl From<Device> for String {
-    fn from(d: Device) -> String {
-        d.to_string()
-    }
-}
-
-impl std::str::FromStr for Device {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(Device::Auto),
-            "cpu" => Ok(Device::Cpu),
-            "cuda" => Ok(Device::Cuda(0)),
-            _ => s
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(Device::Cuda)
-                .ok_or_else(|| {
-                    format!("invalid device `{s}` (expected auto, cpu, cuda or cuda:N)")
-                }),
-        }
-    }
-}
-
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Device::Auto => f.write_str("auto"),
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(n) => write!(f, "cuda:{n}"),
-        }
-    }
-}
+pub use crate::model::options::Device;
 
 /// Engine settings (`[engine]` in `config.toml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -109,6 +60,23 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// What the model runner needs of these settings (device, cache geometry, dtypes, and the
+    /// step limits the device workspace is sized for).
+    pub fn runner_options(&self) -> RunnerOptions {
+        RunnerOptions {
+            device: self.device,
+            threads: self.threads,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_model_len: self.max_model_len,
+            block_size: self.block_size,
+            kv_cache_mib: self.kv_cache_mib,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            dtype: self.dtype.clone(),
+            kv_cache_dtype: self.kv_cache_dtype.clone(),
+        }
+    }
+
     /// Check ranges; errors name the key, the constraint and the value.
     pub fn validate(&self) -> Result<(), String> {
         if self.max_num_seqs == 0 {

@@ -28,11 +28,11 @@ use crate::engine::handle::{EngineCommand, EngineHandle, EngineInfo, EngineStats
 use crate::engine::kv_cache::BlockManager;
 use crate::engine::request::{Completion, FinishReason, GenerateRequest, Prompt};
 use crate::engine::sampler;
-use crate::engine::sampling::{SampleError, Sampled};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::engine::sequence::Sequence;
-use crate::engine::{ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
 use crate::error::{EngineError, ModelError};
+use crate::model::step::{ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
+use crate::sampling::{SampleError, Sampled};
 use crate::tokenizer::Tokenizer;
 
 /// Why the engine could not start.

@@ -7,14 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-/// One chat message; `content` is plain text (the daemon flattens OpenAI text-part arrays).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant` (or `tool`).
-    pub role: String,
-    /// The message text.
-    pub content: String,
-}
+pub use crate::tokenizer::ChatMessage;
 
 /// What to condition on.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,14 +1,14 @@
 //! Per-request sampling state: the seeded RNG and the tokens the penalties apply to. Each step
 //! it describes the row's sampling as plain data ([`SamplingRow`]), a backend applies that to
-//! the logits row ([`crate::engine::sampling::sample_row`] on the CPU, kernels on a GPU), and
+//! the logits row ([`crate::sampling::sample_row`] on the CPU, kernels on a GPU), and
 //! the chosen token comes back through [`Sampler::accept`].
 //!
 //! Each request owns a [`Sampler`]. Its RNG is seeded from `SamplingParams::seed` (or from a
 //! random seed) and gives exactly one uniform `u ∈ [0, 1)` per non-greedy step, never shared, so
 //! a request's tokens depend only on its own logits rows and seed: the same seed gives the same
 //! tokens alone or in any batch (given batch-invariant logits), on any backend (the draw from
-//! `u` is exact, see [`crate::engine::sampling`]). Greedy sampling does not touch the RNG.
-//! The order of operations on a row is documented in [`crate::engine::sampling`].
+//! `u` is exact, see [`crate::sampling`]). Greedy sampling does not touch the RNG.
+//! The order of operations on a row is documented in [`crate::sampling`].
 
 use std::collections::BTreeMap;
 
@@ -16,9 +16,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::engine::request::SamplingParams;
-pub use crate::engine::sampling::Sampled;
-use crate::engine::sampling::{sample_row, Penalty, SamplingRow};
 use crate::error::EngineError;
+pub use crate::sampling::Sampled;
+use crate::sampling::{sample_row, Penalty, SamplingRow};
 
 /// Sampling state of one request.
 #[derive(Debug)]

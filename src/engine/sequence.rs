@@ -19,9 +19,9 @@ use crate::engine::request::{
     Completion, FinishReason, SamplingParams, Timings, TokenLogprob, TopLogprob, Usage,
 };
 use crate::engine::sampler::Sampler;
-use crate::engine::sampling::{sample_row, Sampled, SamplingRow};
 use crate::engine::stop::StopStrings;
 use crate::error::EngineError;
+use crate::sampling::{sample_row, Sampled, SamplingRow};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// Where a sequence is in the scheduler.

@@ -18,7 +18,7 @@ use crate::model::config::ModelConfig;
 use crate::model::gguf::{GgufFile, GgufMetadata, GgufWeights};
 use crate::model::hf_config::{config_from_gguf, config_from_json_file};
 use crate::model::safetensors::SafetensorsWeights;
-use crate::model::tensor::WeightSource;
+use crate::tensor::WeightSource;
 
 /// Which container the weights came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

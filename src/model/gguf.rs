@@ -27,7 +27,7 @@ pub use weights::GgufWeights;
 pub use writer::GgufWriter;
 
 use crate::error::ModelError;
-use crate::model::tensor::WeightDType;
+use crate::tensor::WeightDType;
 
 /// `GGUF` read as a little-endian u32.
 const GGUF_MAGIC: [u8; 4] = *b"GGUF";

@@ -23,10 +23,11 @@
 use tracing::info;
 
 use crate::backend::{AttentionParams, Backend, KvCacheSpec, RopeSpec, StepInput};
-use crate::engine::{CacheGeometry, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
-use crate::model::{Architecture, ModelConfig, WeightSource};
+use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
+use crate::model::{Architecture, ModelConfig};
+use crate::tensor::WeightSource;
 
 /// One decoder layer's weights on the backend.
 struct LlamaLayer<B: Backend> {
@@ -71,7 +72,11 @@ struct Loader<'a, B: Backend> {
 }
 
 impl<B: Backend> Loader<'_, B> {
-    fn view(&self, key: &str, shape: &[usize]) -> Result<crate::model::TensorView<'_>, ModelError> {
+    fn view(
+        &self,
+        key: &str,
+        shape: &[usize],
+    ) -> Result<crate::tensor::TensorView<'_>, ModelError> {
         let view = self.weights.tensor(key)?;
         if view.shape != shape {
             return Err(ModelError::Shape {
@@ -314,7 +319,7 @@ impl<B: Backend> LlamaWeights<B> {
         b.gather_rows(&h, &step, hidden, &mut last)?;
         let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         let logits = b.logits(&last, rows, lm_head)?;
-        // Logits rows follow batch.seqs (as StepInput::from_batch laid them out).
+        // Logits rows follow batch.seqs (as ForwardBatch::step_input laid them out).
         let mut row = 0;
         let mut picks = Vec::new();
         for s in &batch.seqs {
@@ -379,8 +384,7 @@ impl<B: Backend> ModelRunner for Llama<B> {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
-        let input = StepInput::from_batch(
-            batch,
+        let input = batch.step_input(
             self.geometry.block_size,
             self.geometry.num_blocks,
             self.config.vocab_size,

@@ -7,13 +7,13 @@ pub mod files;
 pub mod gguf;
 pub mod hf_config;
 pub mod llama;
+pub mod memory;
+pub mod options;
 pub mod prefix;
-pub mod quant;
 pub mod runner;
 pub mod safetensors;
-pub mod tensor;
+pub mod step;
 
 pub use config::{Architecture, ModelConfig};
 pub use files::{ModelFiles, ModelFormat};
 pub use gguf::{GgufFile, GgufMetadata, GgufValue};
-pub use tensor::{TensorView, WeightDType, WeightSource};

@@ -1,54 +1,58 @@
-//! From model files and `[engine]` settings to a [`ModelRunner`]: the one place that names a
+//! From model files and [`RunnerOptions`] to a [`ModelRunner`]: the one place that names a
 //! concrete backend.
 //!
-//! `engine.device` picks the backend (`cpu`; `auto` means the CPU until the CUDA backend
-//! lands; `cuda:N` is a clear error in a build without the `cuda` feature). The CPU KV cache
-//! gets `engine.kv_cache_mib` MiB: as many blocks of `engine.block_size` tokens as fit.
+//! `engine.device` picks the backend (`cpu`; `auto` means CUDA device 0 when the build has the
+//! `cuda` feature and a GPU is visible, else the CPU; `cuda:N` is a clear error in a build
+//! without the feature). The CPU KV cache gets `engine.kv_cache_mib` MiB: as many blocks of
+//! `engine.block_size` tokens as fit; on GPUs the memory planner ([`crate::model::memory`])
+//! sizes it.
 
 use tracing::info;
 
 use crate::backend::{Backend, CpuBackend, KvCacheDType};
-use crate::engine::{Device, EngineConfig, ModelRunner};
 use crate::error::ModelError;
 use crate::model::files::ModelFiles;
 use crate::model::llama::Llama;
-use crate::model::{Architecture, ModelConfig, WeightSource};
+use crate::model::options::{Device, RunnerOptions};
+use crate::model::step::ModelRunner;
+use crate::model::{Architecture, ModelConfig};
+use crate::tensor::WeightSource;
 
-/// Load the model in `files` onto the device `engine.device` names.
+/// Load the model in `files` onto the device `opts.device` names.
 pub fn build_runner(
     files: &ModelFiles,
-    engine: &EngineConfig,
+    opts: &RunnerOptions,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
-    build_runner_for(&files.config, files.weights.as_ref(), engine)
+    build_runner_for(&files.config, files.weights.as_ref(), opts)
 }
 
-/// Load `config`'s model from `weights` onto the device `engine.device` names.
+/// Load `config`'s model from `weights` onto the device `opts.device` names.
 pub fn build_runner_for(
     config: &ModelConfig,
     weights: &dyn WeightSource,
-    engine: &EngineConfig,
+    opts: &RunnerOptions,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
-    match resolve_auto(engine.device) {
+    match resolve_auto(opts.device) {
         Device::Cpu | Device::Auto => {
-            let kv = KvCacheDType::parse(&engine.kv_cache_dtype).ok_or_else(|| {
+            let kv = KvCacheDType::parse(&opts.kv_cache_dtype).ok_or_else(|| {
                 ModelError::Unsupported(format!(
                     "engine.kv_cache_dtype `{}` (use auto, fp8_e5m2 or fp8_e4m3)",
-                    engine.kv_cache_dtype
+                    opts.kv_cache_dtype
                 ))
             })?;
             if kv != KvCacheDType::Same {
                 tracing::warn!(
-                    kv_cache_dtype = %engine.kv_cache_dtype,
+                    kv_cache_dtype = %opts.kv_cache_dtype,
                     "The CPU keeps its KV cache in f32 and only rounds it through fp8 (the GPU's \
                      numerics, for checking them): no memory is saved."
                 );
             }
-            let backend = CpuBackend::new(engine.threads)
+            let backend = CpuBackend::new(opts.threads)
                 .map_err(|e| ModelError::Backend(e.to_string()))?
                 .with_kv_storage(kv);
             let num_blocks =
-                blocks_for_budget(&backend, config, engine.block_size, engine.kv_cache_mib)?;
-            load_on(backend, config, weights, engine.block_size, num_blocks)
+                blocks_for_budget(&backend, config, opts.block_size, opts.kv_cache_mib)?;
+            load_on(backend, config, weights, opts.block_size, num_blocks)
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(n) => Err(ModelError::Unsupported(format!(
@@ -56,7 +60,7 @@ pub fn build_runner_for(
              `cargo build --release --features cuda`, or set `engine.device = \"cpu\"`)"
         ))),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) => load_cuda(n, config, weights, engine),
+        Device::Cuda(n) => load_cuda(n, config, weights, opts),
     }
 }
 
@@ -86,10 +90,10 @@ fn load_cuda(
     ordinal: usize,
     config: &ModelConfig,
     weights: &dyn WeightSource,
-    engine: &EngineConfig,
+    opts: &RunnerOptions,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
-    use crate::backend::cuda::planner::{plan, workspace_bytes, PlanInput};
     use crate::backend::cuda::{Arch, CudaBackend};
+    use crate::model::memory::{plan, workspace_bytes, PlanInput};
 
     let cuda_err = |e: crate::backend::cuda::CudaError| {
         ModelError::Backend(format!("device `cuda:{ordinal}`: {e}"))
@@ -98,13 +102,8 @@ fn load_cuda(
         Ok(a) => Some(a.parse::<Arch>().map_err(ModelError::Unsupported)?),
         Err(_) => None,
     };
-    let backend = CudaBackend::new(
-        ordinal,
-        &engine.dtype,
-        &engine.kv_cache_dtype,
-        arch_override,
-    )
-    .map_err(cuda_err)?;
+    let backend = CudaBackend::new(ordinal, &opts.dtype, &opts.kv_cache_dtype, arch_override)
+        .map_err(cuda_err)?;
     let (free, total) = backend
         .memory_info()
         .map_err(|e| ModelError::Backend(e.to_string()))?;
@@ -115,39 +114,33 @@ fn load_cuda(
         .filter_map(|n| weights.tensor(n).ok())
         .map(|t| t.numel() * elem)
         .sum();
-    let max_model_len = match engine.max_model_len {
+    let max_model_len = match opts.max_model_len {
         0 => config.max_position_embeddings,
         n => n.min(config.max_position_embeddings),
     };
     let input = PlanInput {
         free_bytes: free,
         total_bytes: total,
-        utilization: engine.gpu_memory_utilization,
+        utilization: opts.gpu_memory_utilization,
         weights_bytes,
         workspace_bytes: workspace_bytes(
             config,
-            engine.max_num_batched_tokens,
-            engine.max_num_seqs,
+            opts.max_num_batched_tokens,
+            opts.max_num_seqs,
             max_model_len,
             elem,
         ),
         bytes_per_block: backend.kv_bytes_per_block(&Llama::<CudaBackend>::kv_spec(
             config,
-            engine.block_size,
+            opts.block_size,
             1,
         )),
-        block_size: engine.block_size,
+        block_size: opts.block_size,
         max_model_len,
     };
     let memory = plan(&input).map_err(ModelError::Unsupported)?;
     info!(device = %backend.name(), plan = %memory, "GPU memory planned.");
-    load_on(
-        backend,
-        config,
-        weights,
-        engine.block_size,
-        memory.num_blocks,
-    )
+    load_on(backend, config, weights, opts.block_size, memory.num_blocks)
 }
 
 /// Blocks of `block_size` tokens that fit in `mib` MiB on `backend` (at least one).
@@ -196,20 +189,20 @@ fn load_on<B: Backend>(
 mod tests {
     use super::*;
     use crate::model::llama::tests::{tiny_config, tiny_weights};
-    use crate::model::WeightDType;
+    use crate::tensor::WeightDType;
 
     #[test]
     fn cpu_runner_sizes_its_cache_from_the_budget() {
         let c = tiny_config(Architecture::Llama);
         let w = tiny_weights(&c, 1, WeightDType::F32);
-        let engine = EngineConfig {
+        let opts = RunnerOptions {
             device: Device::Cpu,
             threads: 1,
             block_size: 16,
             kv_cache_mib: 1,
             ..Default::default()
         };
-        let r = build_runner_for(&c, &w, &engine).unwrap();
+        let r = build_runner_for(&c, &w, &opts).unwrap();
         // 2 layers × K,V × 16 tokens × 2 heads × 8 dims × 4 bytes = 4096 bytes per block.
         assert_eq!(r.cache_geometry().num_blocks, (1 << 20) / 4096);
         assert_eq!(r.cache_geometry().block_size, 16);
@@ -221,13 +214,13 @@ mod tests {
     fn cuda_without_a_cuda_backend_is_a_clear_error() {
         let c = tiny_config(Architecture::Llama);
         let w = tiny_weights(&c, 1, WeightDType::F32);
-        let engine = EngineConfig {
+        let opts = RunnerOptions {
             device: Device::Cuda(1),
             ..Default::default()
         };
-        let err = build_runner_for(&c, &w, &engine).err().unwrap();
+        let err = build_runner_for(&c, &w, &opts).err().unwrap();
         assert!(err.to_string().contains("cuda:1"), "{err}");
-        let tiny = EngineConfig {
+        let tiny = RunnerOptions {
             device: Device::Cpu,
             kv_cache_mib: 0,
             ..Default::default()

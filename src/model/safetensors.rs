@@ -22,7 +22,7 @@ use safetensors::SafeTensors;
 use serde::Deserialize;
 
 use crate::error::ModelError;
-use crate::model::tensor::{TensorView, WeightDType, WeightSource};
+use crate::tensor::{TensorView, WeightDType, WeightSource};
 
 /// The single-file checkpoint name.
 pub const SINGLE_FILE: &str = "model.safetensors";

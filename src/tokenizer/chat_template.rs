@@ -20,10 +20,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::Serde;
 use minijinja::Environment;
+use serde::{Deserialize, Serialize};
 
 use super::jinja_compat;
-use crate::engine::request::ChatMessage;
 use crate::error::ModelError;
+
+/// One chat message; `content` is plain text (the daemon flattens OpenAI text-part arrays).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` (or `tool`).
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
 
 /// Render variables that callers' kwargs may not replace (they are named arguments in transformers).
 const RESERVED_VARIABLES: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];

@@ -23,7 +23,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::backend::cpu::matmul::{matmul_on, HugePageBytes, Isa, MatmulMode};
-use crate::model::{TensorView, WeightDType};
+use crate::tensor::{TensorView, WeightDType};
 
 /// `kiln bench` arguments.
 #[derive(Debug, Clone, clap::Args)]

@@ -12,11 +12,12 @@ use std::path::PathBuf;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
-use crate::engine::sampling::SamplingRow;
-use crate::engine::{Device, EngineConfig, ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
+use crate::engine::{Device, EngineConfig};
 use crate::error::{EngineError, ModelError};
 use crate::model::files::ModelFiles;
 use crate::model::runner::build_runner;
+use crate::model::step::{ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
+use crate::sampling::SamplingRow;
 
 /// `kiln probe` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -204,7 +205,7 @@ pub fn probe(
 /// `kiln probe`: open the model, run the probe, print the JSON object on stdout.
 pub fn run(args: &ProbeArgs) -> Result<(), ProbeError> {
     let files = ModelFiles::open(&args.model)?;
-    let mut runner = build_runner(&files, &engine_config(args))?;
+    let mut runner = build_runner(&files, &engine_config(args).runner_options())?;
     let out = probe(
         runner.as_mut(),
         &args.token_ids,
@@ -249,7 +250,8 @@ mod tests {
     use super::*;
     use crate::model::llama::tests::{tiny_config, tiny_weights};
     use crate::model::runner::build_runner_for;
-    use crate::model::{Architecture, WeightDType};
+    use crate::model::Architecture;
+    use crate::tensor::WeightDType;
 
     fn runner() -> Box<dyn ModelRunner> {
         let c = tiny_config(Architecture::Qwen3);
@@ -261,7 +263,7 @@ mod tests {
             kv_cache_mib: 1,
             ..Default::default()
         };
-        build_runner_for(&c, &w, &engine).unwrap()
+        build_runner_for(&c, &w, &engine.runner_options()).unwrap()
     }
 
     #[test]

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 
 use kiln::backend::cuda::CudaBackend;
 use kiln::backend::Backend;
-use kiln::engine::{Device, EngineConfig, ModelRunner};
+use kiln::engine::{Device, EngineConfig};
 use kiln::model::files::ModelFiles;
 use kiln::model::runner::build_runner_for;
+use kiln::model::step::ModelRunner;
 use kiln::tools::probe::ProbeOutput;
 
 /// Max |Δ| per compute dtype for single ops on O(1) data.
@@ -135,7 +136,12 @@ pub fn runner(files: &ModelFiles, device: Device, dtype: &str, kv: &str) -> Box<
         gpu_memory_utilization: 0.1,
         ..EngineConfig::default()
     };
-    build_runner_for(&files.config, files.weights.as_ref(), &engine).expect("runner")
+    build_runner_for(
+        &files.config,
+        files.weights.as_ref(),
+        &engine.runner_options(),
+    )
+    .expect("runner")
 }
 
 /// (max |Δ| over all logits, min cosine per position, greedy tokens equal before the first

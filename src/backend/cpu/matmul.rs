@@ -68,7 +68,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use crate::model::{TensorView, WeightDType};
+use crate::tensor::{TensorView, WeightDType};
 
 pub use hugepages::HugePageBytes;
 

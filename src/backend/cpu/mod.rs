@@ -20,8 +20,8 @@ use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{
     AttentionParams, Backend, BackendError, KvCacheDType, KvCacheSpec, StepInput,
 };
-use crate::engine::sampling::{sample_row, SampleError, Sampled, SamplingRow};
-use crate::model::{TensorView, WeightDType};
+use crate::sampling::{sample_row, SampleError, Sampled, SamplingRow};
+use crate::tensor::{TensorView, WeightDType};
 
 pub use attention::CpuKvCache;
 

@@ -141,7 +141,7 @@ pub fn gather_rows(x: &[f32], rows: &[u32], dim: usize, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::WeightDType;
+    use crate::tensor::WeightDType;
 
     fn close(a: &[f32], b: &[f32], tol: f32) {
         assert_eq!(a.len(), b.len());

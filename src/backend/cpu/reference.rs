@@ -2,12 +2,12 @@
 //! with the f32 activations. Simple and slow; the fast kernels in `matmul.rs` are checked
 //! against it.
 //!
-//! Rows are dequantized by [`crate::model::quant::dequantize_row`], bit for bit ggml's reference
+//! Rows are dequantized by [`crate::quant::dequantize_row`], bit for bit ggml's reference
 //! (the same values transformers' GGUF loader produces), for every stored format.
 
 use rayon::prelude::*;
 
-pub use crate::model::quant::dequantize_row;
+pub use crate::quant::dequantize_row;
 
 use super::CpuWeight;
 
@@ -56,7 +56,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::WeightDType;
+    use crate::tensor::WeightDType;
     use half::f16;
 
     /// One Q4_1 block: d = 0.5, m = −1, nibbles j (low) and 15 − j (high) in byte j.

@@ -37,8 +37,8 @@ use super::kernels::KernelModule;
 use super::nvrtc::{self, Arch};
 use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{AttentionParams, Backend, BackendError, KvCacheSpec, StepInput};
-use crate::engine::sampling::{SampleError, Sampled, SamplingRow};
-use crate::model::TensorView;
+use crate::sampling::{SampleError, Sampled, SamplingRow};
+use crate::tensor::TensorView;
 
 /// How the KV cache is stored (shared with the CPU backend, which rounds the same way).
 pub use crate::backend::KvCacheDType as KvStorage;
@@ -454,7 +454,7 @@ impl Backend for CudaBackend {
             ComputeDType::F32 => self.func(&format!("embedding_{}_to_f32", self.t()))?,
             d => return Err(mixed("embedding output", d, self.dtype)),
         };
-        // SAFETY: token ids were range-checked by StepInput::from_batch against the vocabulary
+        // SAFETY: token ids were range-checked by ForwardBatch::step_input against the vocabulary
         // (the table's rows); `out` holds num_tokens rows of k (checked above).
         unsafe {
             self.launch_row_gather(
@@ -640,7 +640,7 @@ impl Backend for CudaBackend {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: slots come from StepInput::from_batch, which checked every block id against
+        // SAFETY: slots come from ForwardBatch::step_input, which checked every block id against
         // num_blocks, so each slot indexes inside the layer's cache.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
@@ -724,7 +724,7 @@ impl Backend for CudaBackend {
         }
         // The embedding kernel is a row gather: out[i] = x[logit_rows[i]].
         let f = self.func(&format!("embedding_{}", self.t()))?;
-        // SAFETY: logit rows are token indices < num_tokens (built by StepInput::from_batch) and
+        // SAFETY: logit rows are token indices < num_tokens (built by ForwardBatch::step_input) and
         // `x` holds num_tokens rows of dim, `out` num_logit_rows rows (checked above).
         unsafe {
             self.launch_row_gather(

@@ -9,7 +9,6 @@ pub mod backend;
 pub mod device;
 pub mod kernels;
 pub mod nvrtc;
-pub mod planner;
 
 pub use backend::{ComputeDType, CudaBackend, CudaLogits, KvStorage};
 pub use device::{CudaError, GpuInfo};

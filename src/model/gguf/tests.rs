@@ -4,7 +4,7 @@ use super::writer::testing::{self, tiny_model, write_temp};
 use super::*;
 use crate::model::config::Architecture;
 use crate::model::hf_config::config_from_gguf;
-use crate::model::tensor::WeightSource;
+use crate::tensor::WeightSource;
 
 fn open_bytes(bytes: &[u8]) -> Result<GgufFile, ModelError> {
     let mut f = tempfile::NamedTempFile::new().unwrap();
@@ -196,7 +196,7 @@ fn llama_weights_get_hf_names_shapes_and_unpermuted_qk() {
             .tensor(&format!("model.layers.0.self_attn.{name}.weight"))
             .unwrap();
         assert_eq!(t.shape, [heads * testing::HEAD_DIM, testing::HIDDEN]);
-        let vals = crate::model::quant::dequantize_view(&t);
+        let vals = crate::quant::dequantize_view(&t);
         let (hd, half) = (testing::HEAD_DIM, testing::HEAD_DIM / 2);
         for h in 0..heads {
             for a in 0..2 {
@@ -279,7 +279,7 @@ fn truncations_and_corruptions_never_panic() {
                 if let Ok(w) = GgufWeights::new(g, &config) {
                     for name in w.names() {
                         let t = w.tensor(&name).unwrap();
-                        let _ = crate::model::quant::dequantize_view(&t);
+                        let _ = crate::quant::dequantize_view(&t);
                     }
                 }
             }

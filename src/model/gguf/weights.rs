@@ -23,7 +23,7 @@ use std::ops::Range;
 use crate::error::ModelError;
 use crate::model::config::{Architecture, ModelConfig};
 use crate::model::gguf::GgufFile;
-use crate::model::tensor::{TensorView, WeightDType, WeightSource};
+use crate::tensor::{TensorView, WeightDType, WeightSource};
 
 /// The Hugging Face checkpoint key of ggml tensor `name`, or `None` when kiln has no mapping.
 pub fn hf_name(name: &str) -> Option<String> {

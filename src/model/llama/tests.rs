@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use super::*;
 use crate::backend::cpu::reference::dequantize_row;
 use crate::backend::CpuBackend;
-use crate::engine::{LogitsFor, SeqSlice};
-use crate::model::{TensorView, WeightDType};
+use crate::model::step::{LogitsFor, SeqSlice};
+use crate::tensor::{TensorView, WeightDType};
 
 /// Tensors held in memory, by checkpoint key.
 #[derive(Default)]
@@ -568,7 +568,7 @@ fn out_of_vocabulary_tokens_are_invalid_input() {
 
 #[test]
 fn sampling_rows_are_sampled_from_the_same_logits_as_raw_rows() {
-    use crate::engine::sampling::{sample_row, Penalty, SamplingRow};
+    use crate::sampling::{sample_row, Penalty, SamplingRow};
     let c = tiny_config(Architecture::Llama);
     let w = tiny_weights(&c, 9, WeightDType::F32);
     let raw = load(&c, &w, 8)

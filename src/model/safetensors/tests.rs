@@ -60,15 +60,12 @@ fn single_file_is_mapped_with_hf_names_and_dtypes() {
     );
     let n = w.tensor("model.norm.weight").unwrap();
     assert_eq!((n.dtype, n.shape), (WeightDType::F32, &[2usize, 2][..]));
-    assert_eq!(
-        crate::model::quant::dequantize_view(&n),
-        [1.0, 2.0, 3.0, 4.0]
-    );
+    assert_eq!(crate::quant::dequantize_view(&n), [1.0, 2.0, 3.0, 4.0]);
     let q = w.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
     assert_eq!(q.dtype, WeightDType::F16);
-    assert_eq!(crate::model::quant::dequantize_view(&q), [1.0, -2.0, 0.5]);
+    assert_eq!(crate::quant::dequantize_view(&q), [1.0, -2.0, 0.5]);
     let l = w.tensor("lm_head.weight").unwrap();
-    assert_eq!(crate::model::quant::dequantize_view(&l), [3.0, 4.0]);
+    assert_eq!(crate::quant::dequantize_view(&l), [3.0, 4.0]);
     // Mapped, not copied: the slice points into the map.
     let map = &w.shards[0];
     let range = map.as_ptr() as usize..map.as_ptr() as usize + map.len();

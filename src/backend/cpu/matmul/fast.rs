@@ -9,7 +9,7 @@
 //! - Q4_1: `dw · d · Σ n · q + mw · d · sum`.
 
 use super::{layout, FastKernels};
-use crate::model::WeightDType;
+use crate::tensor::WeightDType;
 
 /// Activation rows quantized to 8-bit blocks of 32.
 #[derive(Debug, Clone, Default)]

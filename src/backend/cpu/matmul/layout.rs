@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 
 use half::{bf16, f16};
 
-use crate::model::WeightDType;
+use crate::tensor::WeightDType;
 
 /// Bytes of a Q8_0 block.
 pub(super) const Q8_0_BYTES: usize = 34;

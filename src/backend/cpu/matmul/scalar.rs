@@ -2,7 +2,7 @@
 //! AVX2). Eight lanes per dot, as an `[f32; 8]` array the compiler may vectorize.
 
 use super::{layout, ExactKernels};
-use crate::model::WeightDType;
+use crate::tensor::WeightDType;
 
 /// The portable kernel set (always available).
 #[derive(Debug, Clone, Copy)]

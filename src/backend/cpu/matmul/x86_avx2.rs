@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::{layout, ExactKernels};
-use crate::model::WeightDType;
+use crate::tensor::WeightDType;
 
 /// Token for the AVX2 kernel set; exists only on CPUs with AVX2, FMA and F16C.
 #[derive(Debug, Clone, Copy)]

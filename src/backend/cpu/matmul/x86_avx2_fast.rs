@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 
 use super::fast::QuantizedRows;
 use super::{layout, FastKernels};
-use crate::model::WeightDType;
+use crate::tensor::WeightDType;
 
 /// Token for the AVX2 fast kernels; exists only on CPUs with AVX2, FMA and F16C.
 #[derive(Debug, Clone, Copy)]

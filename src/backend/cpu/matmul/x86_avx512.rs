@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::{layout, ExactKernels};
-use crate::model::WeightDType;
+use crate::tensor::WeightDType;
 
 /// Token for the AVX-512 kernel set; exists only on CPUs with AVX-512 F/BW/VL, FMA and F16C.
 #[derive(Debug, Clone, Copy)]

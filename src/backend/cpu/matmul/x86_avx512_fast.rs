@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use super::fast::QuantizedRows;
 use super::{layout, FastKernels};
-use crate::model::WeightDType;
+use crate::tensor::WeightDType;
 
 /// Token for the AVX-512 VNNI fast kernels.
 #[derive(Debug, Clone, Copy)]

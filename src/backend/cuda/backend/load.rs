@@ -6,8 +6,8 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{dev_err, ComputeDType, CudaBackend};
 use crate::backend::BackendError;
-use crate::model::quant::dequantize_row;
-use crate::model::{TensorView, WeightDType};
+use crate::quant::dequantize_row;
+use crate::tensor::{TensorView, WeightDType};
 
 impl CudaBackend {
     /// Host f32 values → a compute-dtype buffer.

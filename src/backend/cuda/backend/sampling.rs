@@ -4,11 +4,11 @@
 //! A sampling call packs the rows' descriptors into four small arrays ([`pack_rows`]), uploads
 //! them, runs one `sample_rows` block per row and copies back only the `(id, logprob)` pairs
 //! (one D2H copy), which [`unpack`] turns into [`Sampled`] values. The kernel reproduces
-//! [`crate::engine::sampling::sample_row`] exactly; the packing here is what it reads.
+//! [`crate::sampling::sample_row`] exactly; the packing here is what it reads.
 
 use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
-use crate::engine::sampling::{SampleError, Sampled, SamplingRow};
+use crate::sampling::{SampleError, Sampled, SamplingRow};
 
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
@@ -253,7 +253,7 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::sampling::Penalty;
+    use crate::sampling::Penalty;
 
     #[test]
     fn packing_lays_out_params_penalties_and_output_pairs() {

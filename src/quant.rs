@@ -14,7 +14,7 @@
 
 use half::{bf16, f16};
 
-use crate::model::tensor::{TensorView, WeightDType};
+use crate::tensor::{TensorView, WeightDType};
 
 /// Elements per block of the 32-element formats (`QK4_0`, `QK4_1`, `QK8_0`).
 pub const QK: usize = 32;

@@ -1,7 +1,7 @@
 //! The pure per-row sampling function: a [`SamplingRow`] descriptor applied to one f32 logits
 //! row gives a [`Sampled`] token. No state: the per-request state (seeded RNG, seen tokens,
-//! output counts) lives in [`crate::engine::sampler::Sampler`], which builds the descriptor each
-//! step. Backends run this function (the CPU backend calls [`sample_row`]; the CUDA backend
+//! output counts) lives in the engine's `Sampler` (`engine::sampler`, a layer above), which
+//! builds the descriptor each step. Backends run this function (the CPU backend calls [`sample_row`]; the CUDA backend
 //! reproduces it bit for bit in `kernels/sampling.cu`).
 //!
 //! Order of operations on a row `l` (`[vocab]` f32):

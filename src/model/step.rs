@@ -1,0 +1,280 @@
+//! The step contract between the engine and a loaded model: what one step of continuous
+//! batching asks for ([`ForwardBatch`]: new tokens, per-sequence slices over block tables,
+//! which logits to return) and what it gives back ([`ForwardOutput`]), and the
+//! [`ModelRunner`] trait every architecture implements. The engine (scheduler, sampler) builds
+//! batches above this module; backends below it see only the checked integer layout
+//! ([`StepInput`], made by [`ForwardBatch::step_input`]).
+//!
+//! Invariants a batch must satisfy (checked by [`ForwardBatch::step_input`]): every token
+//! belongs to exactly one sequence slice; a slice's block table covers `cached_len + len`
+//! tokens with in-range block ids; token ids are in the vocabulary and positions below the
+//! model's limit.
+
+use crate::backend::{StepInput, StepSeq};
+use crate::error::EngineError;
+use crate::sampling::{SampleError, Sampled, SamplingRow};
+
+/// What a sequence needs from a forward step's logits.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LogitsFor {
+    /// Nothing (an intermediate prefill chunk).
+    None,
+    /// The raw f32 logits row of the last token of the slice.
+    Last,
+    /// The raw f32 logits rows of every token of the slice (`kiln probe --positions all`).
+    All,
+    /// A token sampled on the device from the last token's logits, as the descriptor says;
+    /// only the token (and the requested logprobs) reach the host.
+    Sample(SamplingRow),
+}
+
+impl LogitsFor {
+    /// Logits rows this sequence occupies in the step (`len` new tokens).
+    pub fn rows(&self, len: usize) -> usize {
+        match self {
+            LogitsFor::None => 0,
+            LogitsFor::Last | LogitsFor::Sample(_) => 1,
+            LogitsFor::All => len,
+        }
+    }
+}
+
+/// What a forward step returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardOutput {
+    /// Raw f32 logits, row-major `[rows, vocab]`: 1 row per `LogitsFor::Last` and `len` per
+    /// `LogitsFor::All` sequence, in the order of `batch.seqs`.
+    pub logits: Vec<f32>,
+    /// One result per `LogitsFor::Sample` sequence, in the order of `batch.seqs` (a row whose
+    /// logits have no finite maximum fails alone).
+    pub samples: Vec<Result<Sampled, SampleError>>,
+}
+
+/// One sequence's part of a forward step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqSlice {
+    /// Offset of this sequence's tokens in [`ForwardBatch::token_ids`].
+    pub start: usize,
+    /// Number of new tokens this step (1 for decode; a chunk for prefill).
+    pub len: usize,
+    /// Tokens already in the KV cache for this sequence before this step (the new tokens take
+    /// positions `cached_len .. cached_len + len`).
+    pub cached_len: usize,
+    /// Physical KV block ids, in order; covers at least `cached_len + len` tokens.
+    pub block_table: Vec<u32>,
+    /// Which logits to return.
+    pub logits: LogitsFor,
+    /// Recurrent-state slot (hybrid models such as Qwen3.5; `None` for pure attention models).
+    pub state_slot: Option<u32>,
+}
+
+/// Everything the model needs for one step of continuous batching.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardBatch {
+    /// New tokens of all sequences, concatenated: `[num_tokens]`.
+    pub token_ids: Vec<u32>,
+    /// Per-sequence slices, in the order logits are returned.
+    pub seqs: Vec<SeqSlice>,
+}
+
+/// KV-cache geometry a runner was built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheGeometry {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Physical blocks available.
+    pub num_blocks: usize,
+    /// Recurrent-state slots (0 for pure attention models).
+    pub num_state_slots: usize,
+}
+
+/// A loaded model bound to a backend and its KV cache. Implemented once per architecture
+/// family, generic over `Backend`; the engine thread holds it as `Box<dyn ModelRunner>`.
+pub trait ModelRunner: Send {
+    /// Vocabulary size (length of every logits row).
+    fn vocab_size(&self) -> usize;
+    /// The model's own context limit (`max_position_embeddings`).
+    fn max_position_embeddings(&self) -> usize;
+    /// The KV-cache geometry.
+    fn cache_geometry(&self) -> CacheGeometry;
+    /// Human-readable backend description for logs.
+    fn device_name(&self) -> String;
+    /// Bytes the weight matrices occupy on the device (what a decode step streams), for
+    /// roofline figures; 0 when unknown.
+    fn weight_bytes(&self) -> u64 {
+        0
+    }
+    /// Run one step: raw logits rows for the `Last` / `All` sequences and sampled tokens for
+    /// the `Sample` ones (see [`ForwardOutput`]). Writes K/V of the new tokens into the blocks
+    /// named by each block table.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError>;
+    /// Copy the KV contents of block `src` into block `dst` (all layers).
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError>;
+    /// Reset recurrent state slot `slot` to zeros (hybrid models); a no-op otherwise.
+    fn reset_state_slot(&mut self, _slot: u32) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+impl ForwardBatch {
+    /// Lay out this batch for a cache of `num_blocks` blocks of `block_size` tokens and a model of
+    /// `vocab_size` tokens and `max_positions` positions. Errors name what is wrong: token ids
+    /// or positions out of range are `InvalidInput`; inconsistent slices or block tables are
+    /// `Internal` (a scheduler bug).
+    pub fn step_input(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        vocab_size: usize,
+        max_positions: usize,
+    ) -> Result<StepInput, EngineError> {
+        let num_tokens = self.token_ids.len();
+        if let Some(&bad) = self.token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(EngineError::InvalidInput(format!(
+                "token id {bad} is out of the vocabulary (size {vocab_size})"
+            )));
+        }
+        let internal = |m: String| EngineError::Internal(format!("malformed forward batch: {m}"));
+        let mut positions = vec![u32::MAX; num_tokens];
+        let mut slot_mapping = vec![0u32; num_tokens];
+        let mut logit_rows = Vec::new();
+        let mut seqs = Vec::with_capacity(self.seqs.len());
+        for (i, s) in self.seqs.iter().enumerate() {
+            let end = s.start.checked_add(s.len).filter(|&e| e <= num_tokens);
+            let Some(end) = end else {
+                return Err(internal(format!(
+                    "sequence {i} covers tokens {}..{}+{} of {num_tokens}",
+                    s.start, s.start, s.len
+                )));
+            };
+            let context = s.cached_len + s.len;
+            if context > max_positions {
+                return Err(EngineError::InvalidInput(format!(
+                    "sequence {i} reaches {context} tokens, past the model's {max_positions} positions"
+                )));
+            }
+            if s.block_table.len() * block_size < context {
+                return Err(internal(format!(
+                    "sequence {i}: block table of {} blocks cannot hold {context} tokens",
+                    s.block_table.len()
+                )));
+            }
+            if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= num_blocks) {
+                return Err(internal(format!(
+                    "sequence {i}: block {b} is out of range ({num_blocks} blocks)"
+                )));
+            }
+            for t in 0..s.len {
+                let tok = s.start + t;
+                if positions[tok] != u32::MAX {
+                    return Err(internal(format!("token {tok} belongs to two sequences")));
+                }
+                let pos = s.cached_len + t;
+                positions[tok] = pos as u32;
+                let block = s.block_table[pos / block_size] as usize;
+                slot_mapping[tok] = (block * block_size + pos % block_size) as u32;
+            }
+            match s.logits {
+                LogitsFor::None => {}
+                LogitsFor::Last | LogitsFor::Sample(_) if s.len > 0 => {
+                    logit_rows.push((end - 1) as u32)
+                }
+                LogitsFor::Last | LogitsFor::Sample(_) => {
+                    return Err(internal(format!("sequence {i} wants logits of no tokens")))
+                }
+                LogitsFor::All => logit_rows.extend((s.start..end).map(|t| t as u32)),
+            }
+            seqs.push(StepSeq {
+                token_start: s.start,
+                len: s.len,
+                cached_len: s.cached_len,
+                block_table: s.block_table.clone(),
+                state_slot: s.state_slot,
+            });
+        }
+        if let Some(tok) = positions.iter().position(|&p| p == u32::MAX) {
+            return Err(internal(format!("token {tok} belongs to no sequence")));
+        }
+        Ok(StepInput {
+            token_ids: self.token_ids.clone(),
+            positions,
+            slot_mapping,
+            seqs,
+            logit_rows,
+            block_size,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(
+        start: usize,
+        len: usize,
+        cached_len: usize,
+        table: Vec<u32>,
+        logits: LogitsFor,
+    ) -> SeqSlice {
+        SeqSlice {
+            start,
+            len,
+            cached_len,
+            block_table: table,
+            logits,
+            state_slot: None,
+        }
+    }
+
+    #[test]
+    fn step_input_maps_positions_slots_and_logit_rows() {
+        // Sequence 0: a 3-token prefill chunk after 2 cached tokens, blocks [5, 1] of size 4:
+        // positions 2, 3, 4 → slots 5*4+2, 5*4+3, 1*4+0. Sequence 1: one decode at position 0.
+        let batch = ForwardBatch {
+            token_ids: vec![10, 11, 12, 13],
+            seqs: vec![
+                seq(0, 3, 2, vec![5, 1], LogitsFor::All),
+                seq(3, 1, 0, vec![2], LogitsFor::Last),
+            ],
+        };
+        let s = batch.step_input(4, 8, 100, 100).unwrap();
+        assert_eq!(s.positions, vec![2, 3, 4, 0]);
+        assert_eq!(s.slot_mapping, vec![22, 23, 4, 8]);
+        assert_eq!(s.logit_rows, vec![0, 1, 2, 3]);
+        assert_eq!(s.seqs[0].context_len(), 5);
+    }
+
+    #[test]
+    fn step_input_rejects_bad_batches() {
+        let ok = |b: &ForwardBatch| b.step_input(4, 8, 100, 100);
+        let short_table = ForwardBatch {
+            token_ids: vec![1; 5],
+            seqs: vec![seq(0, 5, 0, vec![0], LogitsFor::Last)],
+        };
+        assert!(matches!(ok(&short_table), Err(EngineError::Internal(_))));
+        let bad_block = ForwardBatch {
+            token_ids: vec![1],
+            seqs: vec![seq(0, 1, 0, vec![8], LogitsFor::Last)],
+        };
+        assert!(matches!(ok(&bad_block), Err(EngineError::Internal(_))));
+        let uncovered = ForwardBatch {
+            token_ids: vec![1, 2],
+            seqs: vec![seq(0, 1, 0, vec![0], LogitsFor::Last)],
+        };
+        assert!(matches!(ok(&uncovered), Err(EngineError::Internal(_))));
+        let bad_token = ForwardBatch {
+            token_ids: vec![100],
+            seqs: vec![seq(0, 1, 0, vec![0], LogitsFor::Last)],
+        };
+        assert!(matches!(ok(&bad_token), Err(EngineError::InvalidInput(_))));
+        let too_long = ForwardBatch {
+            token_ids: vec![1],
+            seqs: vec![seq(0, 1, 100, vec![0; 26], LogitsFor::Last)],
+        };
+        assert!(matches!(
+            too_long.step_input(4, 30, 100, 100),
+            Err(EngineError::InvalidInput(_))
+        ));
+    }
+}
