@@ -147,27 +147,42 @@ impl Ledger {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
-            .connect_with(options)
-            .await
-            .map_err(|source| LedgerError::Open {
-                path: path.clone(),
-                source,
-            })?;
-        // Two processes opening a fresh ledger at once (`kiln run` and `kiln submit`) can race on
-        // the first migration: the loser's `CREATE TABLE` fails once the winner commits. Each
-        // migration is one transaction, so the loser's attempt rolled back; running again sees the
-        // migration applied.
+        // Two processes (or tasks) opening a fresh ledger at once race twice. First on the switch
+        // to WAL: both connections hold a read lock and try to upgrade it, and SQLite answers one
+        // of them `SQLITE_BUSY` at once, without the busy handler (waiting could deadlock). Then on
+        // the first migration: the loser's `CREATE TABLE` fails once the winner commits. Both are
+        // transient and idempotent (the WAL switch is persistent, each migration is one
+        // transaction that rolled back), so the loser starts over, for at most `BUSY_TIMEOUT`.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        let mut backoff = Duration::from_millis(5);
+        let pool = loop {
+            let attempt = SqlitePoolOptions::new()
+                .max_connections(MAX_CONNECTIONS)
+                .connect_with(options.clone())
+                .await;
+            match attempt {
+                Ok(pool) => break pool,
+                Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "The ledger is busy while opening; retrying.");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
+                Err(source) => {
+                    return Err(LedgerError::Open {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            }
+        };
         let migrator = sqlx::migrate!("./migrations");
-        let mut tries = 0;
         loop {
             match migrator.run(&pool).await {
                 Ok(()) => break,
-                Err(e) if tries < 2 => {
-                    tries += 1;
+                Err(e) if std::time::Instant::now() < deadline && migration_may_be_racing(&e) => {
                     tracing::debug!(error = %e, "Retrying the ledger migration.");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
                 Err(source) => {
                     return Err(LedgerError::Migrate {
@@ -236,6 +251,32 @@ impl Ledger {
     /// Close the pool, waiting for connections to finish (checkpoints the WAL).
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// Whether `e` is SQLite's `SQLITE_BUSY` / `SQLITE_LOCKED` (any extended code): another connection
+/// holds a lock this one needs; trying again later can succeed.
+pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
+        _ => false,
+    }
+}
+
+/// Whether a failed migration may have lost a race with another process migrating the same fresh
+/// file (busy, or "table already exists" because the other one committed first). An edited or a
+/// newer migration is not retried.
+fn migration_may_be_racing(e: &sqlx::migrate::MigrateError) -> bool {
+    match e {
+        sqlx::migrate::MigrateError::Execute(e)
+        | sqlx::migrate::MigrateError::ExecuteMigration(e, _) => {
+            is_busy(e)
+                || matches!(e, sqlx::Error::Database(db) if db.message().contains("already exists"))
+        }
+        _ => false,
     }
 }
 

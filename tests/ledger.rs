@@ -909,3 +909,28 @@ async fn concurrent_first_opens_of_a_fresh_ledger_all_succeed() {
         assert_eq!(ledger.counts().await.unwrap().total, 0);
     }
 }
+
+/// The race behind `concurrent_first_opens_…`, many times over: both connections of a fresh file
+/// take a read lock and try to upgrade it to switch the file to WAL; SQLite answers one of them
+/// `SQLITE_BUSY` at once (no busy handler, to avoid a deadlock). `Ledger::open` must retry that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_rounds_of_concurrent_first_opens_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..40 {
+        let path = dir.path().join(format!("fresh-{round}.db"));
+        let opens: Vec<_> = (0..8)
+            .map(|_| {
+                let p = path.clone();
+                tokio::spawn(async move { Ledger::open(p).await })
+            })
+            .collect();
+        for o in opens {
+            let ledger = o
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+            assert_eq!(ledger.counts().await.unwrap().total, 0);
+            ledger.close().await;
+        }
+    }
+}
