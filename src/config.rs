@@ -143,8 +143,13 @@ pub struct DaemonSettings {
     pub logs: PathBuf,
     /// The SQLite ledger file; absolute after loading.
     pub ledger: PathBuf,
-    /// Most tasks in flight inside the engine at once.
+    /// Most tasks in flight at once (running in the engine or waiting in its queue); 0 = auto:
+    /// `2 × engine.max_num_seqs`, so the engine is always full and has a queue ahead of it
+    /// (see [`Config::daemon_concurrency`]).
     pub concurrency: usize,
+    /// Generation cap of every task whose request sets neither `max_tokens` nor
+    /// `max_completion_tokens` (a `.txt` / `.md` task, unless its front matter sets one), in tokens.
+    pub default_max_tokens: u32,
     /// Deadline of one attempt, in seconds.
     pub task_timeout_secs: u64,
     /// After SIGTERM, how long in-flight tasks may finish, in seconds.
@@ -170,7 +175,8 @@ impl Default for DaemonSettings {
             outputs: PathBuf::from("outputs"),
             logs: PathBuf::from("logs"),
             ledger: PathBuf::from("kiln.db"),
-            concurrency: 4,
+            concurrency: 0,
+            default_max_tokens: 1024,
             task_timeout_secs: 600,
             shutdown_grace_secs: 30,
             stable_secs: 1.0,
@@ -413,13 +419,38 @@ impl Config {
         }
     }
 
+    /// The daemon's bound on tasks in flight: `daemon.concurrency`, or when it is 0 (the default)
+    /// `2 × engine.max_num_seqs`: every engine slot busy, and as many requests queued ahead of
+    /// them so a finished sequence is replaced at the next step.
+    pub fn daemon_concurrency(&self) -> usize {
+        match self.daemon.concurrency {
+            0 => self.engine.max_num_seqs.max(1).saturating_mul(2),
+            n => n,
+        }
+    }
+
     /// Check every range; the error names the key, the constraint and the value.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |msg: String| Err(ConfigError::Invalid(msg));
         self.engine.validate().map_err(ConfigError::Invalid)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let max_threads = (4 * cores).max(MIN_THREAD_LIMIT);
+        if self.engine.threads > max_threads {
+            return bad(format!(
+                "`engine.threads` = {} is more than {max_threads} (4 × the {cores} cores of this machine); \
+                 use 0 for one thread per core",
+                self.engine.threads
+            ));
+        }
         let d = &self.daemon;
-        if d.concurrency == 0 {
-            return bad("`daemon.concurrency` must be at least 1 (got 0)".into());
+        if d.concurrency > MAX_CONCURRENCY {
+            return bad(format!(
+                "`daemon.concurrency` must be at most {MAX_CONCURRENCY} (got {}); 0 = auto (2 × engine.max_num_seqs)",
+                d.concurrency
+            ));
+        }
+        if d.default_max_tokens == 0 {
+            return bad("`daemon.default_max_tokens` must be at least 1 (got 0)".into());
         }
         if d.task_timeout_secs == 0 {
             return bad("`daemon.task_timeout_secs` must be at least 1 (got 0)".into());
@@ -493,14 +524,46 @@ impl Config {
                 ));
             }
         }
-        if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.logging.level) {
-            return bad(format!(
-                "`logging.level` is not a valid filter directive (`{}`): {e}",
-                self.logging.level
-            ));
-        }
+        check_log_level(&self.logging.level).map_err(ConfigError::Invalid)?;
         Ok(())
     }
+}
+
+/// Fewest threads `engine.threads` may always ask for, whatever the core count.
+const MIN_THREAD_LIMIT: usize = 16;
+
+/// Most tasks `daemon.concurrency` may keep in flight (each holds an engine request and a task).
+const MAX_CONCURRENCY: usize = 65_536;
+
+/// The level names a `logging.level` directive may use.
+const LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
+
+/// Validate `logging.level`: comma-separated directives, each a level (`info`) or
+/// `target=level` (`kiln=debug`, `sqlx=warn`). `EnvFilter` itself reads a bare unknown word such
+/// as `warning` as a *target* and silently turns every other log line off, errors included; so a
+/// bare word must be a level name, and a target needs its `=level`.
+pub fn check_log_level(level: &str) -> Result<(), String> {
+    let hint = "expected a level (trace, debug, info, warn, error, off) or target=level directives like `kiln=debug,sqlx=warn`";
+    if level.trim().is_empty() {
+        return Err(format!("`logging.level` is empty: {hint}"));
+    }
+    for directive in level.split(',').map(str::trim) {
+        let lvl = match directive.rsplit_once('=') {
+            Some((target, lvl)) if !target.is_empty() => lvl,
+            _ => directive,
+        };
+        if !LEVELS.contains(&lvl.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "`logging.level` has an unknown level `{lvl}` in `{directive}` (got `{level}`): {hint}"
+            ));
+        }
+    }
+    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(level) {
+        return Err(format!(
+            "`logging.level` is not a valid filter directive (`{level}`): {e}"
+        ));
+    }
+    Ok(())
 }
 
 fn current_dir() -> Result<PathBuf, ConfigError> {

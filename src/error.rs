@@ -83,7 +83,28 @@ pub enum EngineError {
     /// The request was cancelled by its submitter (or the engine is shutting down).
     #[error("cancelled")]
     Cancelled,
+    /// The device hit a sticky fault (an illegal address, a failed launch, an uncorrectable ECC
+    /// error): every later call on it fails, so the engine stopped. Not the request's fault: the
+    /// daemon puts the request back to `queued` without counting the attempt and exits non-zero,
+    /// so systemd restarts the process with a fresh device context.
+    #[error("the device failed and the engine stopped: {0}")]
+    DeviceLost(String),
 }
+
+/// CUDA driver results after which the context is unusable until the process exits (CUDA
+/// documents these as "sticky": the process must be terminated and relaunched).
+const STICKY_CUDA_ERRORS: &[&str] = &[
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+];
 
 impl EngineError {
     /// The ledger class of this error. `Cancelled` maps to `None`: it is not an attempt.
@@ -93,7 +114,19 @@ impl EngineError {
             EngineError::Timeout(_) => Some(ErrorClass::Timeout),
             EngineError::InvalidInput(_) => Some(ErrorClass::InvalidInput),
             EngineError::Internal(_) => Some(ErrorClass::Internal),
-            EngineError::Cancelled => None,
+            EngineError::Cancelled | EngineError::DeviceLost(_) => None,
+        }
+    }
+
+    /// Whether this error leaves the device unusable (see [`EngineError::DeviceLost`]). The CUDA
+    /// backend reports driver errors as `Internal` text naming the `CUresult`
+    /// (`device error: CUDA driver: DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, …)`), so the sticky
+    /// ones are recognised by that name.
+    pub fn is_sticky_device_fault(&self) -> bool {
+        match self {
+            EngineError::DeviceLost(_) => true,
+            EngineError::Internal(m) => STICKY_CUDA_ERRORS.iter().any(|name| m.contains(name)),
+            _ => false,
         }
     }
 }

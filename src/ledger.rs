@@ -17,9 +17,11 @@
 //!
 //! All SQL of kiln lives in this module and its children:
 //! - [`intake`](self::intake): input files and task insertion (dedupe by path + sha256 + generation).
-//! - [`transitions`](self::transitions): claim, finish, release, recover, retry, cancel.
+//! - [`transitions`](self::transitions): claim, finish, release, recover, retry.
+//! - [`cancel`](self::cancel): `kiln cancel`, of waiting tasks and (through the daemon) running ones.
 //! - [`queries`](self::queries): get, list, counts, attempts, files ready for output.
 
+mod cancel;
 mod intake;
 mod queries;
 mod transitions;
@@ -35,6 +37,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, SqlitePool};
 
+pub use cancel::CancelResult;
 pub use intake::RecordedFile;
 pub use types::{
     Attempt, AttemptOutcome, AttemptStats, Counts, InputFile, InputFileId, InputKind, ListFilter,

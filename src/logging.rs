@@ -9,6 +9,10 @@
 //!   on drop, so `main` must hold it until exit. At most `logging.max_log_files` files are kept.
 //! - `logging.format = "json"` switches both outputs to one JSON object per line.
 //!
+//! - Text lines never carry a raw control character: every field value and the message go through
+//!   [`escape_line`] (a file name with a newline cannot forge a log line; see [`escape`]). JSON lines
+//!   are escaped by the JSON encoder, and their fields stay structured.
+//!
 //! Per-task logs (`<logs>/tasks/<task_id>.log`) are the daemon's (`daemon::task_log`), not a layer here.
 
 use std::io::IsTerminal;
@@ -21,6 +25,25 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::config::{LogFormat, LoggingSettings};
+
+pub mod escape;
+
+pub use escape::{escape_line, escape_terminal};
+
+/// The field formatter of text lines: `message` as is, other fields as `name=value`, each value
+/// through [`escape_line`].
+fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + Send + Sync + 'static {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            write!(w, "{}", escape_line(&text))
+        } else {
+            write!(w, "{}={}", field.name(), escape_line(&text))
+        }
+    })
+    .delimited(" ")
+}
 
 /// File name prefix of the daily log: files are `kiln.log.<YYYY-MM-DD>` (UTC date).
 pub const DAILY_LOG_PREFIX: &str = "kiln.log";
@@ -67,11 +90,13 @@ pub fn init(
             .with_writer(std::io::stderr)
             .boxed(),
         (LogFormat::Text, true) => tracing_subscriber::fmt::layer()
+            .fmt_fields(escaped_fields())
             .with_writer(std::io::stderr)
             .with_ansi(false)
             .without_time()
             .boxed(),
         (LogFormat::Text, false) => tracing_subscriber::fmt::layer()
+            .fmt_fields(escaped_fields())
             .with_writer(std::io::stderr)
             .with_ansi(ansi)
             .boxed(),
@@ -97,6 +122,7 @@ pub fn init(
                 .with_writer(writer)
                 .boxed(),
             LogFormat::Text => tracing_subscriber::fmt::layer()
+                .fmt_fields(escaped_fields())
                 .with_writer(writer)
                 .with_ansi(false)
                 .boxed(),

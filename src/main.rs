@@ -31,6 +31,8 @@ enum Command {
     Show(cli::show::ShowArgs),
     /// Re-queue failed, dead or cancelled tasks.
     Retry(cli::retry::RetryArgs),
+    /// Cancel tasks: waiting ones at once, running ones through the daemon.
+    Cancel(cli::cancel::CancelArgs),
     /// Print a task's own log.
     Logs(cli::logs::LogsArgs),
     /// Check the CUDA setup: driver, GPUs, NVRTC, and compile every kernel.
@@ -71,6 +73,7 @@ fn main() -> anyhow::Result<()> {
         Command::Show(args) => cli::show::run(config, args),
         Command::Retry(args) => cli::retry::run(config, args),
         Command::Logs(args) => cli::logs::run(config, args),
+        Command::Cancel(args) => cli::cancel::run(config, args),
         Command::Doctor(args) => kiln::tools::doctor::run(&args),
         Command::Probe(args) => Ok(kiln::tools::probe::run(&args)?),
         Command::Model {

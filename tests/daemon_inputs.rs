@@ -31,8 +31,13 @@ async fn bad_inputs_fail_clearly_and_the_daemon_keeps_going() {
     env.drop_input("notes.MD", "# Title\nSummarize this.");
     let req = json!({ "model": "x", "messages": [{ "role": "system", "content": "Be brief." },
                      { "role": "user", "content": [{ "type": "text", "text": "Hi " }, { "type": "text", "text": "there" }] }],
-                     "max_tokens": 16, "frobnicate": true });
+                     "max_tokens": 16, "user": "ignored offline" });
     env.drop_input("request.json", req.to_string());
+    // A typo of `max_tokens` must not run uncapped: it fails, naming the parameter.
+    env.drop_input(
+        "typo.json",
+        json!({ "messages": [{ "role": "user", "content": "x" }], "max_token": 16 }).to_string(),
+    );
 
     // Bad inputs.
     env.drop_input("empty.txt", "");
@@ -140,6 +145,11 @@ async fn bad_inputs_fail_clearly_and_the_daemon_keeps_going() {
             "invalid_input",
             "`stream: true` is not supported",
         ),
+        (
+            "typo.error.json",
+            "invalid_input",
+            "unknown parameter `max_token` (did you mean `max_tokens`?)",
+        ),
         ("outside.error.json", "invalid_input", "follow_symlinks"),
         ("dangling.error.json", "invalid_input", "broken symlink"),
     ];
@@ -188,19 +198,12 @@ async fn bad_inputs_fail_clearly_and_the_daemon_keeps_going() {
         "{names:?}"
     );
 
-    // The ledger agrees, and the unknown request field was noted in the task log.
+    // The ledger agrees.
     let ledger = env.ledger().await;
     let tasks = all_tasks(&ledger).await;
     assert!(tasks.iter().all(|t| t.state.is_terminal()), "{tasks:?}");
     assert!(tasks.iter().all(|t| t.output_path.is_some()));
     assert_eq!(count_state(&tasks, TaskState::Succeeded), 7);
-    let req_task = tasks
-        .iter()
-        .find(|t| t.input_path == "request.json")
-        .unwrap();
-    assert!(env
-        .task_log(req_task)
-        .contains("Unknown parameter `frobnicate` ignored."));
 }
 
 #[tokio::test]

@@ -84,16 +84,23 @@ fn table(tasks: &[Task]) -> String {
     if tasks.is_empty() {
         return "no tasks\n".to_owned();
     }
-    let inputs: Vec<String> = tasks.iter().map(input_label).collect();
+    let inputs: Vec<String> = tasks
+        .iter()
+        .map(|t| super::safe(&input_label(t)).into_owned())
+        .collect();
+    let customs: Vec<String> = tasks
+        .iter()
+        .map(|t| super::safe(t.custom_id.as_deref().unwrap_or("-")).into_owned())
+        .collect();
     let w_input = inputs
         .iter()
         .map(|s| s.chars().count())
         .max()
         .unwrap_or(0)
         .max(5);
-    let w_custom = tasks
+    let w_custom = customs
         .iter()
-        .map(|t| t.custom_id.as_deref().map_or(1, |c| c.chars().count()))
+        .map(|c| c.chars().count())
         .max()
         .unwrap_or(0)
         .max(9);
@@ -103,9 +110,9 @@ fn table(tasks: &[Task]) -> String {
         "{:<36}  {:<10}  {:>3}  {:<w_input$}  {:<w_custom$}  ERROR",
         "TASK", "STATE", "ATT", "INPUT", "CUSTOM_ID"
     );
-    for (t, input) in tasks.iter().zip(&inputs) {
+    for ((t, input), custom) in tasks.iter().zip(&inputs).zip(&customs) {
         let error = match (&t.error_class, &t.error) {
-            (Some(c), Some(e)) => format!("{c}: {}", one_line(e, 80)),
+            (Some(c), Some(e)) => format!("{c}: {}", super::safe(&one_line(e, 80))),
             (Some(c), None) => c.to_string(),
             _ => String::new(),
         };
@@ -116,7 +123,7 @@ fn table(tasks: &[Task]) -> String {
             t.state.as_str(),
             t.attempts,
             input,
-            t.custom_id.as_deref().unwrap_or("-"),
+            custom,
         );
     }
     out

@@ -97,9 +97,12 @@ fn read_from(path: &Path, offset: &mut u64) -> anyhow::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Print log bytes, escaping controls (older logs, or a line cut mid-write, may hold raw ones).
 fn write_raw(bytes: &[u8]) -> anyhow::Result<()> {
+    let text = String::from_utf8_lossy(bytes);
+    let text = kiln::logging::escape_terminal(&text);
     let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.context("writing to stdout"),
     }

@@ -4,6 +4,7 @@
 //! Shared helpers: loading the config, a small tokio runtime, opening the ledger for queries, and
 //! writing to stdout without panicking when the reader goes away (`kiln list | head`).
 
+pub mod cancel;
 pub mod list;
 pub mod logs;
 pub mod retry;
@@ -56,8 +57,17 @@ pub async fn resolve(ledger: &Ledger, text: &str) -> anyhow::Result<TaskId> {
         .with_context(|| format!("task `{text}`"))
 }
 
-/// Write `text` to stdout; a closed pipe is not an error.
+/// One untrusted value (file name, `custom_id`, error) for a single line or table cell: every
+/// control character escaped, newlines included.
+pub fn safe(text: &str) -> std::borrow::Cow<'_, str> {
+    kiln::logging::escape_line(text)
+}
+
+/// Write `text` to stdout; a closed pipe is not an error. Every control character but newline and
+/// tab is escaped on the way ([`kiln::logging::escape_terminal`]): nothing read from inputs, the
+/// ledger or a model can drive the terminal. JSON output stays valid JSON with the same values.
 pub fn print(text: &str) -> anyhow::Result<()> {
+    let text = kiln::logging::escape_terminal(text);
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),

@@ -23,7 +23,13 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
 #[test]
 fn empty_file_gives_the_documented_defaults() {
     let c = Config::from_toml_str("", Path::new("config.toml"), no_env()).unwrap();
-    assert_eq!(c.daemon.concurrency, 4);
+    assert_eq!(c.daemon.concurrency, 0, "auto");
+    assert_eq!(
+        c.daemon_concurrency(),
+        2 * c.engine.max_num_seqs,
+        "auto keeps every engine slot busy with a queue ahead"
+    );
+    assert_eq!(c.daemon.default_max_tokens, 1024);
     assert_eq!(c.daemon.task_timeout_secs, 600);
     assert_eq!(c.daemon.shutdown_grace_secs, 30);
     assert_eq!(c.daemon.stable_secs, 1.0);
@@ -197,7 +203,16 @@ fn an_explicit_missing_file_is_an_error() {
 #[test]
 fn validation_errors_name_the_key() {
     let cases = [
-        ("[daemon]\nconcurrency = 0\n", "daemon.concurrency"),
+        ("[daemon]\nconcurrency = 1000000\n", "daemon.concurrency"),
+        (
+            "[daemon]\ndefault_max_tokens = 0\n",
+            "daemon.default_max_tokens",
+        ),
+        ("[engine]\nthreads = 100000\n", "engine.threads"),
+        ("[logging]\nlevel = \"warning\"\n", "logging.level"),
+        ("[logging]\nlevel = \"kiln\"\n", "logging.level"),
+        ("[logging]\nlevel = \"info,sqlx=loud\"\n", "logging.level"),
+        ("[logging]\nlevel = \"\"\n", "logging.level"),
         (
             "[daemon]\ntask_timeout_secs = 0\n",
             "daemon.task_timeout_secs",
@@ -232,6 +247,16 @@ fn validation_errors_name_the_key() {
         let err = c.validate().expect_err(text);
         assert!(err.to_string().contains(key), "{text}: {err}");
     }
+}
+
+#[test]
+fn good_log_levels_and_an_explicit_concurrency_pass() {
+    for level in ["info", "WARN", "kiln=debug,sqlx=warn", "warn,kiln::daemon=trace", "off"] {
+        crate::config::check_log_level(level).unwrap_or_else(|e| panic!("{level}: {e}"));
+    }
+    let c = Config::from_toml_str("[daemon]\nconcurrency = 3\n", Path::new("c.toml"), no_env())
+        .unwrap();
+    assert_eq!(c.daemon_concurrency(), 3);
 }
 
 #[test]

@@ -7,6 +7,8 @@
 //! - An output that fails the request's `response_format` is a `parse` failure; the next attempt
 //!   of a task whose last failure was `parse` gets a new seed (derived from the task id, or the
 //!   request's own seed, and the attempt number), so a sampled retry can produce something else.
+//! - A request that sets neither `max_tokens` nor `max_completion_tokens` gets
+//!   `daemon.default_max_tokens`: no task runs to `max_model_len` by accident.
 //! - `EngineError::Cancelled` (the engine is shutting down) is an interruption, not a failure.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -43,6 +45,9 @@ pub enum AttemptResult {
     },
     /// Cut short by a shutdown (does not count as an attempt).
     Interrupted(String),
+    /// The engine stopped on a sticky device fault: the attempt does not count, and the daemon
+    /// must stop (non-zero exit) so the process restarts with a fresh device.
+    DeviceLost(String),
 }
 
 /// Everything an attempt needs besides the task.
@@ -54,6 +59,8 @@ pub struct AttemptContext {
     pub model: String,
     /// Deadline per attempt.
     pub task_timeout: Duration,
+    /// `daemon.default_max_tokens`: the cap of a request that sets none.
+    pub default_max_tokens: u32,
     /// Per-task logs.
     pub logs: TaskLogs,
 }
@@ -95,6 +102,9 @@ pub async fn run_attempt(ctx: &AttemptContext, task: &Task) -> AttemptResult {
         Err(e) => return fail(ErrorClass::InvalidInput, format!("invalid request: {e}")),
     };
     let mut request = chat.to_generate_request();
+    if request.sampling.max_tokens.is_none() {
+        request.sampling.max_tokens = Some(ctx.default_max_tokens);
+    }
     if task.attempts > 1
         && task.error_class == Some(ErrorClass::Parse)
         && chat.response_format.is_constrained()
@@ -158,6 +168,7 @@ pub async fn run_attempt(ctx: &AttemptContext, task: &Task) -> AttemptResult {
             };
             AttemptResult::Succeeded { result, stats }
         }
+        Err(EngineError::DeviceLost(m)) => AttemptResult::DeviceLost(m),
         Err(EngineError::Cancelled) => {
             AttemptResult::Interrupted("the engine cancelled the request (shutting down)".into())
         }

@@ -66,6 +66,8 @@ pub struct DispatchCounts {
     pub retried: u64,
     /// Attempts cut by shutdown (not counted against the tasks).
     pub interrupted: u64,
+    /// Running tasks stopped by `kiln cancel`.
+    pub cancelled: u64,
 }
 
 /// What finishing an attempt did.
@@ -286,7 +288,7 @@ impl Dispatcher {
                 }
                 state
             }
-            AttemptResult::Interrupted(reason) => {
+            AttemptResult::Interrupted(reason) | AttemptResult::DeviceLost(reason) => {
                 self.ledger.release_interrupted(id, &reason).await?;
                 self.counts.interrupted += 1;
                 logs.warn(
@@ -303,6 +305,28 @@ impl Dispatcher {
             input_file_id: task.input_file_id,
             state,
         })
+    }
+
+    /// Stop the attempt of a running task that `kiln cancel` asked about: its engine request is
+    /// dropped (which cancels it inside the engine) and the task becomes `cancelled`. `None` when
+    /// the task is not in flight here (it ended meanwhile).
+    pub async fn cancel(&mut self, id: TaskId) -> Result<Option<Finished>, LedgerError> {
+        let Some((handle, task)) = self.running.remove(&id) else {
+            return Ok(None);
+        };
+        handle.abort();
+        let reason = "cancelled by `kiln cancel` while it ran";
+        self.ledger.finish_cancelled(id, reason).await?;
+        self.counts.cancelled += 1;
+        self.ctx.logs.warn(
+            &id.to_string(),
+            &format!("Attempt {} stopped: {reason}.", task.attempts),
+        );
+        tracing::info!(task_id = %id, input = %task.input_path, "Task cancelled.");
+        Ok(Some(Finished {
+            input_file_id: task.input_file_id,
+            state: TaskState::Cancelled,
+        }))
     }
 
     /// Cut every attempt still in flight (shutdown grace over): the engine requests are cancelled

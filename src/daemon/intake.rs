@@ -2,7 +2,11 @@
 //!
 //! Formats (the extension decides, case-insensitively):
 //! - `.txt` / `.md`: the whole file (UTF-8, a leading BOM and surrounding whitespace dropped) is
-//!   one user message;
+//!   one user message. An optional front matter sets request fields: a first line `---`, then
+//!   `key: value` lines (the value is JSON when it parses as JSON, else the text as a string), then
+//!   a line `---`. Keys are chat-completions fields (`max_tokens`, `temperature`, `seed`,
+//!   `response_format`, ...) plus `system` (a system message); they are validated like a `.json`
+//!   request, so an unknown key fails the task. Without the closing `---` the file is plain text;
 //! - `.json`: one OpenAI chat-completions request body;
 //! - `.jsonl`: an OpenAI Batch input file, one `{custom_id, method, url, body}` per line; blank
 //!   lines are skipped; a bad line becomes a task that fails alone with a per-line error.
@@ -213,12 +217,13 @@ pub fn parse_bytes(kind: InputKind, bytes: &[u8], allow_incomplete: bool) -> Int
         )))]);
     }
     match kind {
-        InputKind::Txt | InputKind::Md => IntakeOutcome::Tasks(vec![match utf8(bytes) {
-            Ok(text) => TaskSpec {
+        InputKind::Txt | InputKind::Md => IntakeOutcome::Tasks(vec![match utf8(bytes)
+            .and_then(text_body)
+        {
+            Ok(body) => TaskSpec {
                 line: None,
                 custom_id: None,
-                // Editors end files with a newline; it is not part of the question.
-                body: Ok(openai::body_for_text(text.trim())),
+                body: Ok(body),
                 warnings: Vec::new(),
             },
             Err(e) => file_error(e),
@@ -226,6 +231,86 @@ pub fn parse_bytes(kind: InputKind, bytes: &[u8], allow_incomplete: bool) -> Int
         InputKind::Json => parse_json_file(bytes, allow_incomplete),
         InputKind::Jsonl => parse_jsonl(bytes, allow_incomplete),
     }
+}
+
+/// The request body of a `.txt` / `.md` file: its text as the user message, with the fields of
+/// an optional front matter (see the module docs).
+fn text_body(text: &str) -> Result<Value, IntakeError> {
+    let Some((front, rest)) = split_front_matter(text) else {
+        // Editors end files with a newline; it is not part of the question.
+        return Ok(openai::body_for_text(text.trim()));
+    };
+    let question = rest.trim();
+    if question.is_empty() {
+        return Err(IntakeError::invalid(
+            "the file has a front matter but no text after it: nothing to run",
+        ));
+    }
+    let mut body = serde_json::Map::new();
+    let mut system = None;
+    for (i, line) in front.lines().enumerate() {
+        let n = i + 2; // the opening `---` is line 1
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((key, value)) = line.split_once(':') else {
+            return Err(IntakeError::invalid(format!(
+                "front matter line {n}: expected `key: value`, found `{line}`"
+            )));
+        };
+        let (key, value) = (key.trim(), value.trim());
+        let value = serde_json::from_str::<Value>(value)
+            .unwrap_or_else(|_| Value::String(value.to_owned()));
+        match key {
+            "messages" => {
+                return Err(IntakeError::invalid(format!(
+                    "front matter line {n}: `messages` cannot be set in a front matter (the text is the user message; use `system` for a system message)"
+                )))
+            }
+            "system" => match value {
+                Value::String(s) => system = Some(s),
+                other => {
+                    return Err(IntakeError::invalid(format!(
+                        "front matter line {n}: `system` must be text, found {}",
+                        openai::kind_of(&other)
+                    )))
+                }
+            },
+            _ => {
+                if body.insert(key.to_owned(), value).is_some() {
+                    return Err(IntakeError::invalid(format!(
+                        "front matter line {n}: `{key}` is set twice"
+                    )));
+                }
+            }
+        }
+    }
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(serde_json::json!({ "role": "system", "content": s }));
+    }
+    messages.push(serde_json::json!({ "role": "user", "content": question }));
+    body.insert("messages".into(), Value::Array(messages));
+    let body = Value::Object(body);
+    openai::parse_chat_request(&body)
+        .map_err(|e| IntakeError::invalid(format!("front matter: invalid request: {e}")))?;
+    Ok(body)
+}
+
+/// `Some((front matter, rest))` when `text` opens with a `---` line and has a closing `---` line.
+fn split_front_matter(text: &str) -> Option<(&str, &str)> {
+    let rest = text
+        .strip_prefix("---\n")
+        .or_else(|| text.strip_prefix("---\r\n"))?;
+    let mut at = 0;
+    for line in rest.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            return Some((&rest[..at], &rest[at + line.len()..]));
+        }
+        at += line.len();
+    }
+    None
 }
 
 fn utf8(bytes: &[u8]) -> Result<&str, IntakeError> {
@@ -509,13 +594,49 @@ mod tests {
     }
 
     #[test]
+    fn front_matter_sets_request_fields_of_a_text_task() {
+        let t = tasks(
+            InputKind::Md,
+            b"---\nmax_tokens: 64\ntemperature: 0.5\nsystem: Be brief.\n---\n# Count\nFrom 32 to 35.\n",
+        );
+        let body = t[0].body.as_ref().expect("valid");
+        assert_eq!(body["max_tokens"], 64);
+        assert_eq!(body["temperature"], 0.5);
+        assert_eq!(body["messages"][0]["role"], "system");
+        assert_eq!(body["messages"][0]["content"], "Be brief.");
+        assert_eq!(body["messages"][1]["content"], "# Count\nFrom 32 to 35.");
+        // No closing line: plain text, the dashes included.
+        let t = tasks(InputKind::Txt, b"---\nnot front matter\n");
+        assert_eq!(
+            t[0].body.as_ref().unwrap()["messages"][0]["content"],
+            "---\nnot front matter"
+        );
+        // Plain files are unchanged.
+        let t = tasks(InputKind::Txt, b"  hi  \n");
+        assert_eq!(
+            t[0].body.as_ref().unwrap(),
+            &serde_json::json!({ "messages": [{ "role": "user", "content": "hi" }] })
+        );
+        let e = only_error(InputKind::Txt, b"---\nmax_token: 5\n---\nhi\n");
+        assert!(e.message.contains("unknown parameter `max_token`"), "{e}");
+        let e = only_error(InputKind::Txt, b"---\nmax_tokens 5\n---\nhi\n");
+        assert!(e.message.contains("front matter line 2"), "{e}");
+        let e = only_error(InputKind::Txt, b"---\nmax_tokens: 5\n---\n\n");
+        assert!(e.message.contains("no text after it"), "{e}");
+    }
+
+    #[test]
     fn json_file_is_validated_at_intake() {
         let ok = tasks(
             InputKind::Json,
-            br#"{"messages":[{"role":"user","content":"hi"}],"temperature":0.2,"x":1}"#,
+            br#"{"messages":[{"role":"user","content":"hi"}],"temperature":0.2,"user":"u"}"#,
         );
         assert!(ok[0].body.is_ok());
-        assert_eq!(ok[0].warnings.len(), 1);
+        let e = only_error(
+            InputKind::Json,
+            br#"{"messages":[{"role":"user","content":"hi"}],"x":1}"#,
+        );
+        assert!(e.message.contains("unknown parameter `x`"), "{e}");
         let e = only_error(
             InputKind::Json,
             br#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#,

@@ -134,6 +134,10 @@ pub enum DaemonError {
     /// The engine stopped answering (its thread ended).
     #[error("the engine stopped")]
     EngineStopped,
+    /// The device hit a sticky fault and the engine stopped; the interrupted tasks are back in
+    /// `queued` (their attempt not counted). Exit non-zero: systemd restarts kiln.
+    #[error("the device failed (restart kiln to get a fresh device context): {0}")]
+    DeviceLost(String),
 }
 
 impl From<&crate::config::RetrySettings> for RetryPolicy {
@@ -215,6 +219,12 @@ pub async fn run(
             "kiln stopped during every allowed attempt of this task; dead (internal).",
         );
     }
+    for id in &recovered.cancelled {
+        logs.warn(
+            &id.to_string(),
+            "cancelled by `kiln cancel`; kiln stopped before it could stop the attempt.",
+        );
+    }
     summary.recovered = recovered.requeued.len() as u64;
 
     let outputs = OutputDir::new(&d.outputs);
@@ -259,9 +269,11 @@ pub async fn run(
         engine: engine.clone(),
         model,
         task_timeout: d.task_timeout(),
+        default_max_tokens: d.default_max_tokens,
         logs: logs.clone(),
     };
-    let mut disp = Dispatcher::new(ledger.clone(), ctx, policy, d.concurrency, clock);
+    let concurrency = config.daemon_concurrency();
+    let mut disp = Dispatcher::new(ledger.clone(), ctx, policy, concurrency, clock);
 
     let in_flight = Arc::new(AtomicUsize::new(0));
     // The watchdog keeps pinging through the shutdown grace period; it stops when `run` returns.
@@ -280,7 +292,7 @@ pub async fn run(
     let mut progress = Progress::new(opts.progress, tally(&counts));
     opts.notifier.ready(&status_of(&counts, 0));
     tracing::info!(
-        model = %engine.info().model, device = %engine.info().device, concurrency = d.concurrency,
+        model = %engine.info().model, device = %engine.info().device, concurrency,
         inputs = %d.inputs.display(), outputs = %d.outputs.display(), once = opts.once,
         "Daemon ready."
     );
@@ -302,7 +314,7 @@ pub async fn run(
 
         // When the engine has room but nothing is claimable: sleep until the next retry is due.
         let mut wake = TICK;
-        if started == 0 && disp.in_flight() < d.concurrency.max(1) {
+        if started == 0 && disp.in_flight() < concurrency {
             if let Some(at) = ledger.next_attempt_at().await? {
                 wake = wake.min(clock.until(at));
             }
@@ -329,6 +341,15 @@ pub async fn run(
             }
             done = disp.next_done(), if disp.in_flight() > 0 => {
                 if let Some((id, result)) = done {
+                    if let AttemptResult::DeviceLost(why) = &result {
+                        let why = why.clone();
+                        tracing::error!(error = %why, in_flight = disp.in_flight(), "The device failed; putting every task in flight back to queued and stopping.");
+                        disp.finish(id, result).await?;
+                        disp.interrupt_all("the device failed").await?;
+                        intake_token.cancel();
+                        publish_all(&publisher, &mut dirty).await?;
+                        return Err(DaemonError::DeviceLost(why));
+                    }
                     let engine_gone = matches!(&result, AttemptResult::Failed { class: crate::error::ErrorClass::Internal, .. })
                         && engine.stats().await.is_none();
                     if engine_gone {
@@ -367,6 +388,11 @@ pub async fn run(
             }
             _ = tokio::time::sleep(wake) => {}
             _ = tick.tick() => {
+                for id in ledger.cancel_requested().await? {
+                    if let Some(f) = disp.cancel(id).await? {
+                        dirty.insert(f.input_file_id);
+                    }
+                }
                 for id in std::mem::take(&mut dirty) {
                     publisher.publish_file(id).await?;
                 }
@@ -450,6 +476,17 @@ pub async fn run(
         "Daemon stopped."
     );
     Ok(summary)
+}
+
+/// Publish the files marked dirty.
+async fn publish_all(
+    publisher: &Publisher,
+    dirty: &mut HashSet<InputFileId>,
+) -> Result<(), LedgerError> {
+    for id in std::mem::take(dirty) {
+        publisher.publish_file(id).await?;
+    }
+    Ok(())
 }
 
 /// Ping the systemd watchdog every third of its interval while the engine makes progress, until

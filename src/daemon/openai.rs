@@ -5,8 +5,10 @@
 //! - supported fields are validated with OpenAI's ranges and mapped onto [`SamplingParams`];
 //! - known-but-unsupported fields (`tools`, `audio`, `stream: true`, ...) are a [`RequestError`]
 //!   naming the parameter, so a batch line fails alone with a clear message;
-//! - unknown fields are ignored and reported in [`ChatRequest::warnings`] (the daemon writes them
-//!   into the task log).
+//! - fields that mean nothing offline ([`IGNORED`]: `user`, `metadata`, ...; the README lists them)
+//!   are accepted silently;
+//! - any other field is a [`RequestError`] naming it: a typo such as `max_token` must not run the
+//!   request uncapped. [`ChatRequest::warnings`] stays for notes that do not fail the request.
 //!
 //! A [`RequestError`] is always `invalid_input` (the same body can never succeed).
 //! `response_format` is compiled here (a bad JSON schema is a request error) and checked on the
@@ -48,8 +50,9 @@ const SUPPORTED: &[&str] = &[
     "stream",
 ];
 
-/// Fields that carry no meaning for an offline engine; accepted silently.
-const IGNORED: &[&str] = &[
+/// Fields that carry no meaning for an offline engine; accepted silently. Listed in the README
+/// ("Request fields"); every other unknown field fails the request.
+pub const IGNORED: &[&str] = &[
     "user",
     "metadata",
     "store",
@@ -184,7 +187,7 @@ pub struct ChatRequest {
     pub response_format: ResponseFormat,
     /// The `model` the request names, if any (outputs always name the model that ran).
     pub model: Option<String>,
-    /// Unknown fields that were ignored, one sentence each, for the task log.
+    /// Notes for the task log that do not fail the request, one sentence each.
     pub warnings: Vec<String>,
 }
 
@@ -215,7 +218,7 @@ pub fn parse_chat_request(body: &Value) -> Result<ChatRequest, RequestError> {
             ),
         });
     };
-    let mut warnings = Vec::new();
+    let warnings = Vec::new();
     for key in obj.keys() {
         let k = key.as_str();
         if let Some((_, why)) = UNSUPPORTED.iter().find(|(name, _)| *name == k) {
@@ -227,7 +230,14 @@ pub fn parse_chat_request(body: &Value) -> Result<ChatRequest, RequestError> {
                 ));
             }
         } else if !SUPPORTED.contains(&k) && !IGNORED.contains(&k) {
-            warnings.push(format!("Unknown parameter `{k}` ignored."));
+            let close = SUPPORTED
+                .iter()
+                .find(|s| s.starts_with(k) || k.starts_with(*s))
+                .map_or_else(String::new, |s| format!(" (did you mean `{s}`?)"));
+            return Err(RequestError::new(
+                k,
+                format!("unknown parameter `{k}`{close}; the README lists the supported and the ignored request fields"),
+            ));
         }
     }
 

@@ -85,11 +85,11 @@ impl TaskLogs {
         let now = time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
-        // One line per event: newlines inside the message are escaped.
+        // One line per event: newlines and terminal controls inside the message are escaped.
         let line = format!(
             "{now} {} {}\n",
             level.as_str(),
-            message.replace('\n', "\\n")
+            crate::logging::escape_line(message)
         );
         let mut f = std::fs::OpenOptions::new()
             .create(true)
@@ -110,7 +110,7 @@ mod tests {
         let id = "01890a5d-ac96-774b-bcce-b302099a8057";
         logs.info(id, "Taken from inputs/a.txt.");
         logs.warn(id, "Attempt 1 failed:\nout of memory.");
-        logs.error(id, "Dead.");
+        logs.error(id, "Dead: custom_id \x1b[2J\x1b]0;pwned\x07.");
         let text = std::fs::read_to_string(dir.path().join("tasks").join(format!("{id}.log")))
             .expect("read");
         let lines: Vec<&str> = text.lines().collect();
@@ -127,6 +127,12 @@ mod tests {
             assert_eq!(parts.next(), Some(level));
         }
         assert!(lines[1].ends_with("Attempt 1 failed:\\nout of memory."));
+        assert!(
+            lines[2].ends_with("custom_id \\u001b[2J\\u001b]0;pwned\\u0007."),
+            "{}",
+            lines[2]
+        );
+        assert!(!text.contains('\x1b') && !text.contains('\x07'));
     }
 
     #[test]

@@ -110,6 +110,8 @@ struct EngineCore {
     block_size: usize,
     stats: EngineStats,
     warned_preemption: bool,
+    /// Set by a sticky device fault: the serve loop stops and fails what is pending with it.
+    device_lost: Option<String>,
 }
 
 impl EngineCore {
@@ -197,6 +199,7 @@ impl EngineCore {
             replies: HashMap::new(),
             info,
             warned_preemption: false,
+            device_lost: None,
         })
     }
 
@@ -228,10 +231,17 @@ impl EngineCore {
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.step())) {
                 self.recover(&panic_message(&*panic));
             }
+            if self.device_lost.is_some() {
+                break 'serve;
+            }
         }
         let pending = self.scheduler.ids();
+        let why = match &self.device_lost {
+            Some(m) => EngineError::DeviceLost(m.clone()),
+            None => EngineError::Cancelled,
+        };
         for id in &pending {
-            self.fail(*id, EngineError::Cancelled);
+            self.fail(*id, why.clone());
         }
         tracing::info!(
             cancelled = pending.len(),
@@ -404,6 +414,14 @@ impl EngineCore {
         };
         let samples = match result {
             Ok(s) => s,
+            Err(e) if e.is_sticky_device_fault() => {
+                tracing::error!(seqs = out.scheduled.len(), error = %e, "Sticky device fault: every later step would fail; stopping the engine.");
+                self.device_lost = Some(e.to_string());
+                for s in &out.scheduled {
+                    self.fail(s.id, EngineError::DeviceLost(e.to_string()));
+                }
+                return;
+            }
             Err(e) => {
                 tracing::error!(seqs = out.scheduled.len(), error = %e, "Forward step failed; its requests fail.");
                 for s in &out.scheduled {

@@ -22,7 +22,8 @@ use crate::error::ErrorClass;
 
 /// The columns `kiln retry` resets when a task goes back to `queued` (binds: now, now).
 const REQUEUE_SET: &str = "state = 'queued', attempts = 0, queued_at = ?, next_attempt_at = NULL, \
-     error_class = NULL, error = NULL, result_json = NULL, output_path = NULL, finished_at = NULL, updated_at = ?";
+     error_class = NULL, error = NULL, result_json = NULL, output_path = NULL, finished_at = NULL, \
+     cancel_requested_at = NULL, updated_at = ?";
 
 impl Ledger {
     /// Claim up to `n` tasks: `queued` ones and `retry_wait` ones whose `next_attempt_at` ≤ `now`.
@@ -66,7 +67,7 @@ impl Ledger {
             let from: String = row.try_get("state")?;
             let done = sqlx::query(
                 "UPDATE tasks SET state = 'running', attempts = attempts + 1, next_attempt_at = NULL, \
-                        started_at = ?, updated_at = ? \
+                        cancel_requested_at = NULL, started_at = ?, updated_at = ? \
                  WHERE task_id = ? AND state = ?",
             )
             .bind(now.0)
@@ -205,7 +206,8 @@ impl Ledger {
         let now = UnixMillis::now();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rows = sqlx::query(
-            "SELECT task_id, attempts FROM tasks WHERE state = 'running' ORDER BY task_id",
+            "SELECT task_id, attempts, cancel_requested_at IS NOT NULL AS cancel FROM tasks \
+             WHERE state = 'running' ORDER BY task_id",
         )
         .fetch_all(&mut *tx)
         .await?;
@@ -214,6 +216,25 @@ impl Ledger {
             let id: String = row.try_get("task_id")?;
             let attempts: i64 = row.try_get("attempts")?;
             let task_id = parse_id(&id)?;
+            if row.try_get::<bool, _>("cancel")? {
+                let message = "cancelled by `kiln cancel` (kiln stopped before it could stop the attempt)";
+                let done = sqlx::query(
+                    "UPDATE tasks SET state = 'cancelled', error = ?, cancel_requested_at = NULL, \
+                            finished_at = ?, updated_at = ? \
+                     WHERE task_id = ? AND state = 'running'",
+                )
+                .bind(message)
+                .bind(now.0)
+                .bind(now.0)
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
+                check_one(&mut tx, done.rows_affected(), task_id, TaskState::Running).await?;
+                close_attempt(&mut tx, &id, now, "interrupted", Some(message), AttemptStats::default())
+                    .await?;
+                out.cancelled.push(task_id);
+                continue;
+            }
             let give_up = attempts >= i64::from(internal_limit);
             let message = if give_up {
                 format!("kiln stopped during {attempts} attempts of this task (crash, kill or power loss); giving up")
@@ -393,7 +414,7 @@ impl Ledger {
 }
 
 /// Close the open attempt row of a task (the one with the highest `n`, still without `finished_at`).
-async fn close_attempt(
+pub(super) async fn close_attempt(
     tx: &mut Transaction<'static, Sqlite>,
     id: &str,
     now: UnixMillis,
@@ -429,7 +450,7 @@ async fn close_attempt(
 }
 
 /// Turn a guarded update's row count into `Ok` or a [`LedgerError::Conflict`] naming the found state.
-async fn check_one(
+pub(super) async fn check_one(
     tx: &mut Transaction<'static, Sqlite>,
     rows: u64,
     task_id: TaskId,

@@ -480,6 +480,8 @@ pub struct Recovered {
     pub requeued: Vec<TaskId>,
     /// Tasks given up (`dead`, class `internal`) after too many interrupted attempts.
     pub dead: Vec<TaskId>,
+    /// Tasks whose `kiln cancel` came while they ran: now `cancelled`.
+    pub cancelled: Vec<TaskId>,
 }
 
 #[cfg(test)]

@@ -135,11 +135,15 @@ fn stream_tools_and_n_are_clear_errors() {
 }
 
 #[test]
-fn unknown_fields_are_warnings() {
-    let r =
-        parse(json!({ "messages": user("x"), "frobnicate": 1, "min_tokens": 3 })).expect("valid");
-    assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
-    assert!(r.warnings[0].contains("`frobnicate`"));
+fn unknown_fields_fail_naming_the_parameter_and_ignored_ones_pass() {
+    let e = parse(json!({ "messages": user("x"), "max_token": 16 })).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("max_token"));
+    assert!(e.message.contains("did you mean `max_tokens`"), "{e}");
+    let e = parse(json!({ "messages": user("x"), "frobnicate": 1 })).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("frobnicate"));
+    let r = parse(json!({ "messages": user("x"), "user": "u1", "metadata": {"k": "v"}, "store": false }))
+        .expect("ignored fields pass");
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
 
 #[test]
