@@ -270,14 +270,16 @@ pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
 }
 
 /// Whether a failed migration may have lost a race with another process migrating the same fresh
-/// file (busy, or "table already exists" because the other one committed first). An edited or a
-/// newer migration is not retried.
+/// file (busy, or "table already exists" / "duplicate column name" because the other one committed
+/// the same migration first: the retry finds it applied). An edited or newer migration is not retried.
 fn migration_may_be_racing(e: &sqlx::migrate::MigrateError) -> bool {
     match e {
         sqlx::migrate::MigrateError::Execute(e)
         | sqlx::migrate::MigrateError::ExecuteMigration(e, _) => {
             is_busy(e)
-                || matches!(e, sqlx::Error::Database(db) if db.message().contains("already exists"))
+                || matches!(e, sqlx::Error::Database(db)
+                    if db.message().contains("already exists")
+                        || db.message().contains("duplicate column name"))
         }
         _ => false,
     }

@@ -32,7 +32,8 @@ pub use escape::{escape_line, escape_terminal};
 
 /// The field formatter of text lines: `message` as is, other fields as `name=value`, each value
 /// through [`escape_line`].
-fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + Send + Sync + 'static {
+fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + Send + Sync + 'static
+{
     use tracing_subscriber::field::MakeExt;
     tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
         let text = format!("{value:?}");

@@ -119,7 +119,8 @@ async fn every_task_gets_a_generation_cap_and_text_tasks_may_set_their_own() {
         "front.md",
         "---\nmax_tokens: 7\ntemperature: 0\nsystem: Be brief.\n---\nCount from 1 to 3.\n",
     );
-    let req = json!({ "messages": [{ "role": "user", "content": "json" }], "max_completion_tokens": 16 });
+    let req =
+        json!({ "messages": [{ "role": "user", "content": "json" }], "max_completion_tokens": 16 });
     env.drop_input("own.json", req.to_string());
     let seen: Arc<Mutex<Vec<(String, Option<u32>)>>> = Arc::default();
     let s = seen.clone();
@@ -191,18 +192,23 @@ async fn cancel_stops_a_running_task_in_the_engine_and_a_queued_one_at_once() {
     let ledger = env.ledger().await;
     let shutdown = CancellationToken::new();
     let run = tokio::spawn({
-        let (config, ledger, engine, shutdown) =
-            (env.config.clone(), ledger.clone(), engine.clone(), shutdown.clone());
-        async move {
-            daemon::run(&config, ledger, engine, shutdown, RunOptions::default()).await
-        }
+        let (config, ledger, engine, shutdown) = (
+            env.config.clone(),
+            ledger.clone(),
+            engine.clone(),
+            shutdown.clone(),
+        );
+        async move { daemon::run(&config, ledger, engine, shutdown, RunOptions::default()).await }
     });
     wait_for("the first task to reach the engine", || {
         submitted.lock().unwrap().len() == 1
     })
     .await;
     let tasks = tasks_of(&ledger, "b.jsonl").await;
-    let running = tasks.iter().find(|t| t.state == TaskState::Running).unwrap();
+    let running = tasks
+        .iter()
+        .find(|t| t.state == TaskState::Running)
+        .unwrap();
     let queued = tasks.iter().find(|t| t.state == TaskState::Queued).unwrap();
 
     // What `kiln cancel` does, through a second handle on the ledger as the CLI would.
@@ -316,7 +322,10 @@ async fn a_sticky_device_fault_stops_the_engine_and_the_daemon_without_using_att
     let tasks = tasks_of(&ledger, "b.jsonl").await;
     assert_eq!(count_state(&tasks, TaskState::Queued), 6, "{tasks:?}");
     for t in &tasks {
-        assert_eq!(t.attempts, 0, "an interrupted attempt is not counted: {t:?}");
+        assert_eq!(
+            t.attempts, 0,
+            "an interrupted attempt is not counted: {t:?}"
+        );
         for a in ledger.attempts(t.task_id).await.unwrap() {
             assert_eq!(a.outcome, Some(AttemptOutcome::Interrupted));
         }

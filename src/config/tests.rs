@@ -251,7 +251,13 @@ fn validation_errors_name_the_key() {
 
 #[test]
 fn good_log_levels_and_an_explicit_concurrency_pass() {
-    for level in ["info", "WARN", "kiln=debug,sqlx=warn", "warn,kiln::daemon=trace", "off"] {
+    for level in [
+        "info",
+        "WARN",
+        "kiln=debug,sqlx=warn",
+        "warn,kiln::daemon=trace",
+        "off",
+    ] {
         crate::config::check_log_level(level).unwrap_or_else(|e| panic!("{level}: {e}"));
     }
     let c = Config::from_toml_str("[daemon]\nconcurrency = 3\n", Path::new("c.toml"), no_env())

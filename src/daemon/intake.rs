@@ -217,17 +217,17 @@ pub fn parse_bytes(kind: InputKind, bytes: &[u8], allow_incomplete: bool) -> Int
         )))]);
     }
     match kind {
-        InputKind::Txt | InputKind::Md => IntakeOutcome::Tasks(vec![match utf8(bytes)
-            .and_then(text_body)
-        {
-            Ok(body) => TaskSpec {
-                line: None,
-                custom_id: None,
-                body: Ok(body),
-                warnings: Vec::new(),
-            },
-            Err(e) => file_error(e),
-        }]),
+        InputKind::Txt | InputKind::Md => {
+            IntakeOutcome::Tasks(vec![match utf8(bytes).and_then(text_body) {
+                Ok(body) => TaskSpec {
+                    line: None,
+                    custom_id: None,
+                    body: Ok(body),
+                    warnings: Vec::new(),
+                },
+                Err(e) => file_error(e),
+            }])
+        }
         InputKind::Json => parse_json_file(bytes, allow_incomplete),
         InputKind::Jsonl => parse_jsonl(bytes, allow_incomplete),
     }

@@ -217,7 +217,8 @@ impl Ledger {
             let attempts: i64 = row.try_get("attempts")?;
             let task_id = parse_id(&id)?;
             if row.try_get::<bool, _>("cancel")? {
-                let message = "cancelled by `kiln cancel` (kiln stopped before it could stop the attempt)";
+                let message =
+                    "cancelled by `kiln cancel` (kiln stopped before it could stop the attempt)";
                 let done = sqlx::query(
                     "UPDATE tasks SET state = 'cancelled', error = ?, cancel_requested_at = NULL, \
                             finished_at = ?, updated_at = ? \
@@ -230,8 +231,15 @@ impl Ledger {
                 .execute(&mut *tx)
                 .await?;
                 check_one(&mut tx, done.rows_affected(), task_id, TaskState::Running).await?;
-                close_attempt(&mut tx, &id, now, "interrupted", Some(message), AttemptStats::default())
-                    .await?;
+                close_attempt(
+                    &mut tx,
+                    &id,
+                    now,
+                    "interrupted",
+                    Some(message),
+                    AttemptStats::default(),
+                )
+                .await?;
                 out.cancelled.push(task_id);
                 continue;
             }

@@ -141,8 +141,10 @@ fn unknown_fields_fail_naming_the_parameter_and_ignored_ones_pass() {
     assert!(e.message.contains("did you mean `max_tokens`"), "{e}");
     let e = parse(json!({ "messages": user("x"), "frobnicate": 1 })).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("frobnicate"));
-    let r = parse(json!({ "messages": user("x"), "user": "u1", "metadata": {"k": "v"}, "store": false }))
-        .expect("ignored fields pass");
+    let r = parse(
+        json!({ "messages": user("x"), "user": "u1", "metadata": {"k": "v"}, "store": false }),
+    )
+    .expect("ignored fields pass");
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
 
