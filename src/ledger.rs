@@ -10,7 +10,9 @@
 //!   checked: 0 rows is [`LedgerError::Conflict`]. Multi-statement changes run in `BEGIN IMMEDIATE`
 //!   transactions, so concurrent writers (the daemon, `kiln retry`, `kiln submit`) queue on SQLite's
 //!   write lock (with `busy_timeout`) instead of failing with `SQLITE_BUSY` on a lock upgrade.
-//! - One daemon per ledger: [`Ledger::lock_exclusive`] holds an advisory lock on `<ledger>.lock`.
+//! - One daemon per ledger: [`Ledger::lock_exclusive`] holds an advisory lock on `<ledger>.lock`
+//!   (beside the canonical file) and records it in the ledger's `daemon_owner` row, so a second
+//!   path to the same file (symlink, hard link) cannot start a second daemon.
 //!   Because of it, the startup sweep [`Ledger::recover_running`] may treat every `running` row as
 //!   orphaned. Read-only commands, `kiln retry` and `kiln submit` work beside a running daemon.
 //! - Timestamps are integer unix milliseconds ([`UnixMillis`]) everywhere.
@@ -24,6 +26,7 @@
 mod cancel;
 mod intake;
 mod queries;
+mod report;
 mod transitions;
 mod types;
 
@@ -39,6 +42,7 @@ use sqlx::{Row, SqlitePool};
 
 pub use cancel::CancelResult;
 pub use intake::RecordedFile;
+pub use report::FileReport;
 pub use types::{
     Attempt, AttemptOutcome, AttemptStats, Counts, InputFile, InputFileId, InputKind, ListFilter,
     NewInputFile, NewTask, NewTaskBody, Recovered, RetryResult, Task, TaskId, TaskState,
@@ -204,16 +208,25 @@ impl Ledger {
         &self.path
     }
 
-    /// The lock file next to a ledger: `<ledger>.lock`.
+    /// The lock file of a ledger: `<ledger>.lock` next to the ledger's canonical path (symlinks
+    /// and `..` resolved), so every path that reaches the same file names the same lock file.
+    /// When the ledger does not exist yet, the path as given.
     pub fn lock_path(ledger: &Path) -> PathBuf {
-        let mut name = ledger.as_os_str().to_owned();
+        let canonical = std::fs::canonicalize(ledger).unwrap_or_else(|_| ledger.to_path_buf());
+        let mut name = canonical.into_os_string();
         name.push(".lock");
         PathBuf::from(name)
     }
 
-    /// Take the exclusive daemon lock (`<ledger>.lock`) without waiting: [`LedgerError::Locked`] when
-    /// another process (or another handle in this one) holds it.
-    pub fn lock_exclusive(&self) -> Result<LedgerLock, LedgerError> {
+    /// Take the exclusive daemon lock without waiting: [`LedgerError::Locked`] when another
+    /// process (or another handle in this one) holds it.
+    ///
+    /// Two guards, so that no second path to the same ledger gets a second daemon:
+    /// 1. an advisory `flock` on [`Ledger::lock_path`] (the canonical path: symlinks included);
+    /// 2. inside SQLite, the `daemon_owner` row naming the lock file of the daemon that owns the
+    ///    ledger: a different lock file that is still locked means another daemon reached this
+    ///    file by another path (a hard link, a bind mount), and this one refuses.
+    pub async fn lock_exclusive(&self) -> Result<LedgerLock, LedgerError> {
         let lock = Ledger::lock_path(&self.path);
         let file = File::options()
             .create(true)
@@ -225,36 +238,69 @@ impl Ledger {
                 source,
             })?;
         match file.try_lock() {
-            Ok(()) => Ok(LedgerLock {
-                _file: file,
-                path: lock,
-            }),
-            Err(std::fs::TryLockError::WouldBlock) => Err(LedgerError::Locked {
-                path: self.path.clone(),
-                lock,
-            }),
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(LedgerError::Locked {
+                    path: self.path.clone(),
+                    lock,
+                })
+            }
             Err(std::fs::TryLockError::Error(source)) => {
-                Err(LedgerError::LockIo { path: lock, source })
+                return Err(LedgerError::LockIo { path: lock, source })
             }
         }
+        let held = LedgerLock {
+            _file: file,
+            path: lock.clone(),
+        };
+        let me = lock.to_string_lossy().into_owned();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT lock_path FROM daemon_owner WHERE id = 1")
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some(other) = owner.filter(|o| *o != me) {
+            if lock_file_is_held(Path::new(&other)) {
+                return Err(LedgerError::Locked {
+                    path: self.path.clone(),
+                    lock: PathBuf::from(other),
+                });
+            }
+        }
+        sqlx::query(
+            "INSERT INTO daemon_owner (id, lock_path, pid, acquired_at) VALUES (1, ?, ?, ?) \
+             ON CONFLICT (id) DO UPDATE SET lock_path = excluded.lock_path, pid = excluded.pid, \
+             acquired_at = excluded.acquired_at",
+        )
+        .bind(&me)
+        .bind(i64::from(std::process::id()))
+        .bind(UnixMillis::now().0)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(held)
     }
 
     /// Whether some process holds the daemon lock of the ledger at `ledger` (for `kiln status`).
     pub fn is_locked(ledger: &Path) -> bool {
-        let lock = Ledger::lock_path(ledger);
-        let Ok(file) = File::options().read(true).open(&lock) else {
-            return false;
-        };
-        matches!(
-            file.try_lock_shared(),
-            Err(std::fs::TryLockError::WouldBlock)
-        )
+        lock_file_is_held(&Ledger::lock_path(ledger))
     }
 
     /// Close the pool, waiting for connections to finish (checkpoints the WAL).
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// Whether some process holds an exclusive `flock` on the lock file `lock`.
+fn lock_file_is_held(lock: &Path) -> bool {
+    let Ok(file) = File::options().read(true).open(lock) else {
+        return false;
+    };
+    matches!(
+        file.try_lock_shared(),
+        Err(std::fs::TryLockError::WouldBlock)
+    )
 }
 
 /// Whether `e` is SQLite's `SQLITE_BUSY` / `SQLITE_LOCKED` (any extended code): another connection

@@ -66,7 +66,14 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = cli.config.as_deref();
     match cli.command {
-        Command::Run(args) => cli::run::run(config, args),
+        Command::Run(args) => {
+            // `run` has flushed its logs by the time it returns.
+            let code = cli::run::run(config, args)?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(())
+        }
         Command::Submit(args) => cli::submit::run(config, args),
         Command::Status(args) => cli::status::run(config, args),
         Command::List(args) => cli::list::run(config, args),

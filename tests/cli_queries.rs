@@ -375,7 +375,7 @@ async fn status_json_counts_states_and_sees_the_daemon_lock() {
         PathBuf::from(v["ledger"].as_str().unwrap()),
         site.path().join("kiln.db")
     );
-    let lock = ledger.lock_exclusive().unwrap();
+    let lock = ledger.lock_exclusive().await.unwrap();
     assert_eq!(site.json(&["status", "--json"])["daemon_running"], true);
     drop(lock);
     let text = site.ok(&["status"]);

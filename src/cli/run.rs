@@ -10,8 +10,15 @@
 //!
 //! SIGTERM or ctrl-c stops intake and lets in-flight tasks finish within
 //! `daemon.shutdown_grace_secs` (a second signal is only logged: the grace period is bounded).
-//! Exit status: 0 when the daemon ran (failed tasks are reported, not an error), non-zero when the
-//! daemon itself failed (configuration, ledger, model, engine).
+//! Exit status (documented in the README):
+//! - 0: the daemon ran; with `--once`, every task succeeded (or was cancelled) and every output is
+//!   written;
+//! - 1: the daemon itself failed (configuration, ledger, model, engine, a sticky device fault);
+//! - 2 (`--once`): some task ended `failed` or `dead` (its error file is written);
+//! - 3 (`--once`): some output could not be written (outputs folder not writable, disk full), or a
+//!   task is still unfinished; takes precedence over 2.
+//!
+//! With `--once`, one summary line per input file of the run goes to stderr.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -21,7 +28,7 @@ use anyhow::Context;
 use kiln::config::Config;
 use kiln::daemon::systemd::Notifier;
 use kiln::daemon::{RunOptions, RunSummary};
-use kiln::ledger::Ledger;
+use kiln::ledger::{FileReport, Ledger};
 use tokio_util::sync::CancellationToken;
 
 /// How much start-up time to ask systemd for while the model loads.
@@ -38,8 +45,14 @@ pub struct RunArgs {
     pub no_progress: bool,
 }
 
-/// Run `kiln run`.
-pub fn run(config_path: Option<&Path>, args: RunArgs) -> anyhow::Result<()> {
+/// `--once`: some task ended `failed` or `dead`.
+pub const EXIT_TASKS_FAILED: i32 = 2;
+
+/// `--once`: some output is not written, or some task did not finish.
+pub const EXIT_OUTPUTS_MISSING: i32 = 3;
+
+/// Run `kiln run`; returns the exit status (see the module docs).
+pub fn run(config_path: Option<&Path>, args: RunArgs) -> anyhow::Result<i32> {
     let config = Config::load(config_path).context("loading the configuration")?;
     let _log_guard = kiln::logging::init(&config.logging, Some(&config.daemon.logs))
         .context("setting up logging")?;
@@ -48,17 +61,72 @@ pub fn run(config_path: Option<&Path>, args: RunArgs) -> anyhow::Result<()> {
         .thread_name("kiln-daemon")
         .build()
         .context("starting the tokio runtime")?;
-    let summary = runtime.block_on(run_daemon(config, args))?;
+    let once = args.once;
+    let (summary, files) = runtime.block_on(run_daemon(config, args))?;
     print_summary(&summary);
-    Ok(())
+    if !once {
+        return Ok(0);
+    }
+    Ok(print_file_reports(&files))
 }
 
-async fn run_daemon(config: Config, args: RunArgs) -> anyhow::Result<RunSummary> {
+/// One line per input file; returns the `--once` exit status.
+fn print_file_reports(files: &[FileReport]) -> i32 {
+    let mut code = 0;
+    for f in files {
+        let mut line = format!(
+            "  {}: {} task(s), {} succeeded, {} failed",
+            kiln::logging::escape_line(&f.path),
+            f.total,
+            f.succeeded,
+            f.failed
+        );
+        if f.cancelled > 0 {
+            line.push_str(&format!(", {} cancelled", f.cancelled));
+        }
+        if f.open > 0 {
+            line.push_str(&format!(", {} unfinished", f.open));
+        }
+        if f.unwritten > 0 {
+            line.push_str(&format!(
+                "; OUTPUTS NOT WRITTEN for {} task(s) (see the log: is daemon.outputs writable?)",
+                f.unwritten
+            ));
+        } else if let Some(out) = &f.output {
+            line.push_str(&format!(" -> {}", kiln::logging::escape_line(out)));
+        }
+        eprintln!("{line}");
+        if f.unwritten > 0 || f.open > 0 {
+            code = EXIT_OUTPUTS_MISSING;
+        } else if f.failed > 0 && code == 0 {
+            code = EXIT_TASKS_FAILED;
+        }
+    }
+    match code {
+        EXIT_OUTPUTS_MISSING => eprintln!(
+            "kiln run --once: exit {code}: some outputs are not written or some tasks did not finish."
+        ),
+        EXIT_TASKS_FAILED => eprintln!(
+            "kiln run --once: exit {code}: some tasks failed or are dead (their error files are written)."
+        ),
+        _ => {}
+    }
+    code
+}
+
+async fn run_daemon(
+    config: Config,
+    args: RunArgs,
+) -> anyhow::Result<(RunSummary, Vec<FileReport>)> {
+    let started = kiln::ledger::UnixMillis::now();
     let ledger_path = config.daemon.ledger.clone();
     let ledger = Ledger::open(&ledger_path)
         .await
         .with_context(|| format!("opening the ledger {}", ledger_path.display()))?;
-    let _lock = ledger.lock_exclusive().context("locking the ledger")?;
+    let _lock = ledger
+        .lock_exclusive()
+        .await
+        .context("locking the ledger")?;
     let notifier = Notifier::from_env();
 
     ensure_model(&config)?;
@@ -88,8 +156,15 @@ async fn run_daemon(config: Config, args: RunArgs) -> anyhow::Result<RunSummary>
     };
     let result = kiln::daemon::run(&config, ledger.clone(), engine.clone(), shutdown, opts).await;
     engine.shutdown();
+    let files = match &result {
+        Ok(_) if args.once => ledger
+            .file_reports(started)
+            .await
+            .context("reading the per-file summary")?,
+        _ => Vec::new(),
+    };
     ledger.close().await;
-    result.context("the daemon failed")
+    Ok((result.context("the daemon failed")?, files))
 }
 
 /// Make sure the configured model exists, fetching the embedded default when allowed.

@@ -95,17 +95,46 @@ async fn check_constraints_mirror_the_enums() {
 async fn lock_is_exclusive_and_released_on_drop() {
     let (_dir, ledger) = open_temp().await;
     assert!(!Ledger::is_locked(ledger.path()));
-    let lock = ledger.lock_exclusive().unwrap();
+    let lock = ledger.lock_exclusive().await.unwrap();
     assert!(lock.path().ends_with("kiln.db.lock"));
     assert!(Ledger::is_locked(ledger.path()));
     let second = Ledger::open(ledger.path()).await.unwrap();
     assert!(matches!(
-        second.lock_exclusive(),
+        second.lock_exclusive().await,
         Err(LedgerError::Locked { .. })
     ));
     drop(lock);
     assert!(!Ledger::is_locked(ledger.path()));
-    let _again = second.lock_exclusive().unwrap();
+    let _again = second.lock_exclusive().await.unwrap();
+}
+
+/// Issue 11: `ln -s kiln.db link.db; KILN_DAEMON_LEDGER=link.db kiln run` started a second daemon
+/// because the lock was keyed on the path given. Neither a symlink nor a hard link may do that.
+#[tokio::test]
+async fn no_other_path_to_the_ledger_gets_a_second_lock() {
+    let (dir, ledger) = open_temp().await;
+    let lock = ledger.lock_exclusive().await.unwrap();
+    let sym = dir.path().join("link.db");
+    std::os::unix::fs::symlink(ledger.path(), &sym).unwrap();
+    let hard = dir.path().join("sub");
+    std::fs::create_dir(&hard).unwrap();
+    let hard = hard.join("hard.db");
+    std::fs::hard_link(ledger.path(), &hard).unwrap();
+    for other in [&sym, &hard] {
+        let second = Ledger::open(other).await.unwrap();
+        assert!(Ledger::is_locked(other) || other == &hard);
+        match second.lock_exclusive().await {
+            Err(LedgerError::Locked { lock, .. }) => {
+                assert_eq!(lock, dir.path().join("kiln.db.lock").canonicalize().unwrap())
+            }
+            other_result => panic!("{}: {other_result:?}", other.display()),
+        }
+        second.close().await;
+    }
+    drop(lock);
+    // Once the first daemon is gone, the other path may take over.
+    let second = Ledger::open(&hard).await.unwrap();
+    let _l = second.lock_exclusive().await.unwrap();
 }
 
 #[tokio::test]
