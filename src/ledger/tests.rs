@@ -109,32 +109,46 @@ async fn lock_is_exclusive_and_released_on_drop() {
 }
 
 /// Issue 11: `ln -s kiln.db link.db; KILN_DAEMON_LEDGER=link.db kiln run` started a second daemon
-/// because the lock was keyed on the path given. Neither a symlink nor a hard link may do that.
+/// because the lock was keyed on the path given. The lock file is the canonical one, and the
+/// `daemon_owner` row catches a path that canonicalizes elsewhere (a bind mount; simulated here
+/// by a row naming another lock file that is held).
 #[tokio::test]
 async fn no_other_path_to_the_ledger_gets_a_second_lock() {
     let (dir, ledger) = open_temp().await;
     let lock = ledger.lock_exclusive().await.unwrap();
     let sym = dir.path().join("link.db");
     std::os::unix::fs::symlink(ledger.path(), &sym).unwrap();
-    let hard = dir.path().join("sub");
-    std::fs::create_dir(&hard).unwrap();
-    let hard = hard.join("hard.db");
-    std::fs::hard_link(ledger.path(), &hard).unwrap();
-    for other in [&sym, &hard] {
-        let second = Ledger::open(other).await.unwrap();
-        assert!(Ledger::is_locked(other) || other == &hard);
-        match second.lock_exclusive().await {
-            Err(LedgerError::Locked { lock, .. }) => {
-                assert_eq!(lock, dir.path().join("kiln.db.lock").canonicalize().unwrap())
-            }
-            other_result => panic!("{}: {other_result:?}", other.display()),
+    let second = Ledger::open(&sym).await.unwrap();
+    assert!(Ledger::is_locked(&sym));
+    match second.lock_exclusive().await {
+        Err(LedgerError::Locked { lock, .. }) => {
+            assert_eq!(lock, Ledger::lock_path(ledger.path()))
         }
-        second.close().await;
+        other => panic!("{other:?}"),
     }
     drop(lock);
-    // Once the first daemon is gone, the other path may take over.
-    let second = Ledger::open(&hard).await.unwrap();
+
+    // Another daemon, reaching the file by a path with another canonical form, holds its lock.
+    let elsewhere = dir.path().join("mnt-kiln.db.lock");
+    let held = std::fs::File::create(&elsewhere).unwrap();
+    held.try_lock().unwrap();
+    sqlx::query("UPDATE daemon_owner SET lock_path = ? WHERE id = 1")
+        .bind(elsewhere.to_string_lossy().into_owned())
+        .execute(&ledger.pool)
+        .await
+        .unwrap();
+    match second.lock_exclusive().await {
+        Err(LedgerError::Locked { lock, .. }) => assert_eq!(lock, elsewhere),
+        other => panic!("{other:?}"),
+    }
+    // Once that daemon is gone (its lock released), this one takes over.
+    drop(held);
     let _l = second.lock_exclusive().await.unwrap();
+    let owner: String = sqlx::query_scalar("SELECT lock_path FROM daemon_owner")
+        .fetch_one(&ledger.pool)
+        .await
+        .unwrap();
+    assert_eq!(PathBuf::from(owner), Ledger::lock_path(ledger.path()));
 }
 
 #[tokio::test]
