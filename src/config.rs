@@ -166,6 +166,8 @@ pub struct DaemonSettings {
     pub follow_symlinks: bool,
     /// Larger input files fail as `invalid_input`, in bytes.
     pub max_input_bytes: u64,
+    /// Period of the progress log line (counts, tasks/s, tokens/s, ETA), in seconds; 0 = off.
+    pub progress_secs: u64,
 }
 
 impl Default for DaemonSettings {
@@ -185,6 +187,7 @@ impl Default for DaemonSettings {
             poll_interval_secs: 2.0,
             follow_symlinks: false,
             max_input_bytes: 16 * 1024 * 1024,
+            progress_secs: 60,
         }
     }
 }

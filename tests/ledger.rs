@@ -805,6 +805,24 @@ async fn outputs_are_due_when_every_task_of_a_file_is_terminal() {
     ));
     // A retried task makes the file due again once it finishes.
     ledger.retry(&[ids[1]]).await.unwrap();
+    // The publisher of the old group loses the race with `kiln retry`: nothing is recorded, not
+    // even the path of the task that did not change.
+    assert!(matches!(
+        ledger
+            .set_output_paths(&[
+                (ids[0], "2026-01-01/o-1.output.jsonl".into()),
+                (ids[1], "2026-01-01/o-1.errors.jsonl".into()),
+            ])
+            .await,
+        Err(LedgerError::Conflict {
+            found: Some(TaskState::Queued),
+            ..
+        })
+    ));
+    assert_eq!(
+        ledger.get(ids[0]).await.unwrap().unwrap().output_path.as_deref(),
+        Some("2026-01-01/o.output.jsonl")
+    );
     assert!(ledger.files_ready_for_output().await.unwrap().is_empty());
     ledger.claim_next(1, UnixMillis::now()).await.unwrap();
     ledger

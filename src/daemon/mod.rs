@@ -32,6 +32,7 @@ pub mod publish;
 pub mod retry;
 pub mod systemd;
 pub mod task_log;
+pub mod throughput;
 pub mod watcher;
 pub mod writer;
 
@@ -302,6 +303,14 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_status = tokio::time::Instant::now();
     let mut last_sweep = tokio::time::Instant::now();
+    let progress_every = Duration::from_secs(d.progress_secs);
+    let mut last_line = (
+        tokio::time::Instant::now(),
+        throughput::Sample {
+            terminal: tally(&counts).terminal,
+            tokens: engine.stats().await.map_or(0, |s| s.generated_tokens),
+        },
+    );
     let mut ingest_open = true;
 
     loop {
@@ -399,6 +408,23 @@ pub async fn run(
                 if last_sweep.elapsed() >= SWEEP_EVERY {
                     last_sweep = tokio::time::Instant::now();
                     publisher.publish_ready().await?;
+                }
+                if d.progress_secs > 0 && last_line.0.elapsed() >= progress_every {
+                    let c = ledger.counts().await?;
+                    let stats = engine.stats().await.unwrap_or_default();
+                    let now = throughput::Sample { terminal: tally(&c).terminal, tokens: stats.generated_tokens };
+                    let open = c.get(TaskState::Queued) + c.get(TaskState::Running) + c.get(TaskState::RetryWait);
+                    let r = throughput::rates(last_line.1, now, last_line.0.elapsed(), open);
+                    tracing::info!(
+                        queued = c.get(TaskState::Queued), running = disp.in_flight(),
+                        retry_wait = c.get(TaskState::RetryWait), succeeded = c.get(TaskState::Succeeded),
+                        failed = c.get(TaskState::Failed) + c.get(TaskState::Dead),
+                        tasks_per_s = format!("{:.2}", r.tasks_per_s), tokens_per_s = format!("{:.1}", r.tokens_per_s),
+                        eta_s = r.eta_s.map_or_else(|| "unknown".to_owned(), |e| format!("{e:.0}")),
+                        kv_blocks_used = stats.kv_blocks_used, kv_blocks_total = stats.kv_blocks_total,
+                        "Progress."
+                    );
+                    last_line = (tokio::time::Instant::now(), now);
                 }
                 let show = progress.is_visible();
                 let status_due = last_status.elapsed() >= STATUS_EVERY;

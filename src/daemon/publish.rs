@@ -89,7 +89,19 @@ impl Publisher {
                 paths.push((t.task_id, p.to_string_lossy().into_owned()));
             }
         }
-        self.ledger.set_output_paths(&paths).await?;
+        match self.ledger.set_output_paths(&paths).await {
+            Ok(()) => {}
+            Err(LedgerError::Conflict { task_id, found, .. }) => {
+                // `kiln retry` re-queued a task of this file while its group was being written:
+                // nothing is recorded; the file is published again once that task finished.
+                tracing::info!(
+                    input = %file.path, task_id = %task_id, state = ?found,
+                    "A task changed while its outputs were written; publishing again once it finishes."
+                );
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
         for (id, p) in &paths {
             let how = if placed.reused {
                 "already present"

@@ -395,25 +395,41 @@ impl Ledger {
         Ok(())
     }
 
-    /// Record where the writer put a task's result or error line. Not a state change.
+    /// Record where the writer put a task's result or error line. Not a state change, but guarded
+    /// all the same: the task must still be terminal.
     pub async fn set_output_path(&self, task_id: TaskId, path: &str) -> Result<(), LedgerError> {
         self.set_output_paths(&[(task_id, path.to_owned())]).await
     }
 
-    /// [`Ledger::set_output_path`] for many tasks in one transaction (a whole `.jsonl` file).
+    /// [`Ledger::set_output_path`] for a whole output group in one transaction, all or nothing:
+    /// each UPDATE is guarded on the task being terminal, so a `kiln retry` that re-queued one of
+    /// them while the group was being written makes the whole record fail with
+    /// [`LedgerError::Conflict`] (the publisher writes the group again once the retry finished)
+    /// instead of pinning a stale output on a queued task. An unknown task is
+    /// [`LedgerError::NotFound`].
     pub async fn set_output_paths(&self, paths: &[(TaskId, String)]) -> Result<(), LedgerError> {
         let now = UnixMillis::now();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         for (task_id, path) in paths {
-            let done =
-                sqlx::query("UPDATE tasks SET output_path = ?, updated_at = ? WHERE task_id = ?")
-                    .bind(path)
-                    .bind(now.0)
-                    .bind(task_id.to_string())
-                    .execute(&mut *tx)
-                    .await?;
+            let id = task_id.to_string();
+            let done = sqlx::query(
+                "UPDATE tasks SET output_path = ?, updated_at = ? \
+                 WHERE task_id = ? AND state IN ('succeeded', 'failed', 'dead', 'cancelled')",
+            )
+            .bind(path)
+            .bind(now.0)
+            .bind(&id)
+            .execute(&mut *tx)
+            .await?;
             if done.rows_affected() != 1 {
-                return Err(LedgerError::NotFound(task_id.to_string()));
+                return Err(match current_state(&mut tx, &id).await? {
+                    None => LedgerError::NotFound(id),
+                    found => LedgerError::Conflict {
+                        task_id: *task_id,
+                        expected_state: TaskState::Succeeded,
+                        found,
+                    },
+                });
             }
         }
         tx.commit().await?;
