@@ -5,6 +5,11 @@
 -- and moves it to `cancelled` (guarded on `running`). Cleared by every claim.
 ALTER TABLE tasks ADD COLUMN cancel_requested_at INTEGER;
 
+-- Set by `kiln retry` from `output_path`: the file that reported on the task before the retry. Once the
+-- file's new output group is recorded, a superseded error file (`.error.json`, `.errors.jsonl`) is removed
+-- so it no longer sits beside the new result; then this is cleared.
+ALTER TABLE tasks ADD COLUMN superseded_output TEXT;
+
 -- The daemon that owns this ledger (at most one row, id = 1). The flock on `<canonical ledger>.lock`
 -- keeps a second daemon off the same path, symlinks included; this row catches a second path to
 -- the same file that canonicalizes differently (a hard link, a bind mount): a daemon records its

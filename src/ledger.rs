@@ -336,7 +336,8 @@ macro_rules! task_select {
     () => {
         "SELECT t.task_id, t.input_file_id, f.path AS input_path, t.line, t.custom_id, t.request_json, \
          t.state, t.attempts, t.next_attempt_at, t.error_class, t.error, t.result_json, t.output_path, \
-         t.created_at, t.updated_at, t.started_at, t.finished_at \
+         t.created_at, t.updated_at, t.started_at, t.finished_at, \
+         (SELECT COALESCE(MAX(a.n), 0) FROM attempts a WHERE a.task_id = t.task_id) AS attempt_number \
          FROM tasks t JOIN input_files f ON f.id = t.input_file_id "
     };
 }
@@ -353,6 +354,7 @@ fn task_from_row(row: &SqliteRow) -> Result<Task, LedgerError> {
         request_json: row.try_get("request_json")?,
         state: parse_col(row, "state")?,
         attempts: u32_col(row, "attempts")?,
+        attempt_number: u32_col(row, "attempt_number")?,
         next_attempt_at: opt_millis(row, "next_attempt_at")?,
         error_class: opt_parse_col::<ErrorClass>(row, "error_class")?,
         error: row.try_get("error")?,

@@ -124,7 +124,7 @@ pub async fn run_attempt(ctx: &AttemptContext, task: &Task) -> AttemptResult {
             &id,
             &format!(
                 "Attempt {} uses seed {seed} after a response_format failure{greedy}.",
-                task.attempts
+                task.attempt_number
             ),
         );
     }

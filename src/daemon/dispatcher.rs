@@ -142,13 +142,13 @@ impl Dispatcher {
                     &sid,
                     &format!(
                         "Attempt {} started (retry after a {class} failure).",
-                        task.attempts
+                        task.attempt_number
                     ),
                 ),
                 None => self
                     .ctx
                     .logs
-                    .info(&sid, &format!("Attempt {} started.", task.attempts)),
+                    .info(&sid, &format!("Attempt {} started.", task.attempt_number)),
             }
             tracing::debug!(task_id = %id, attempt = task.attempts, input = %task.input_path, "Attempt started.");
             let ctx = self.ctx.clone();
@@ -216,7 +216,7 @@ impl Dispatcher {
                     &format!(
                         "Attempt {} succeeded: finish_reason {}, {} prompt tokens ({} cached), {} completion tokens, \
                          queue {:.0} ms, TTFT {:.0} ms, total {:.0} ms, {:.1} tokens/s.",
-                        task.attempts,
+                        task.attempt_number,
                         c.finish_reason.as_str(),
                         c.usage.prompt_tokens,
                         c.usage.cached_prompt_tokens,
@@ -255,7 +255,7 @@ impl Dispatcher {
                             &sid,
                             &format!(
                                 "Attempt {} failed ({class}): {message}. Retrying in {:.1}s (attempt {} of at most {}).",
-                                task.attempts,
+                                task.attempt_number,
                                 delay.as_secs_f64(),
                                 task.attempts + 1,
                                 self.policy.max_attempts(class),
@@ -269,7 +269,7 @@ impl Dispatcher {
                             &sid,
                             &format!(
                                 "Attempt {} failed ({class}, not retried): {message}.",
-                                task.attempts
+                                task.attempt_number
                             ),
                         );
                         tracing::warn!(task_id = %id, class = %class, error = %message, "Task failed.");
@@ -280,7 +280,7 @@ impl Dispatcher {
                             &sid,
                             &format!(
                                 "Attempt {} failed ({class}): {message}. No attempts left: dead.",
-                                task.attempts
+                                task.attempt_number
                             ),
                         );
                         tracing::error!(task_id = %id, class = %class, attempts = task.attempts, error = %message, "Task is dead after its last attempt.");
@@ -295,7 +295,7 @@ impl Dispatcher {
                     &sid,
                     &format!(
                         "Attempt {} interrupted ({reason}); back to queued, not counted.",
-                        task.attempts
+                        task.attempt_number
                     ),
                 );
                 TaskState::Queued
@@ -320,7 +320,7 @@ impl Dispatcher {
         self.counts.cancelled += 1;
         self.ctx.logs.warn(
             &id.to_string(),
-            &format!("Attempt {} stopped: {reason}.", task.attempts),
+            &format!("Attempt {} stopped: {reason}.", task.attempt_number),
         );
         tracing::info!(task_id = %id, input = %task.input_path, "Task cancelled.");
         Ok(Some(Finished {
@@ -332,8 +332,35 @@ impl Dispatcher {
     /// Cut every attempt still in flight (shutdown grace over): the engine requests are cancelled
     /// and the tasks go back to `queued` without counting the attempt.
     pub async fn interrupt_all(&mut self, reason: &str) -> Result<usize, LedgerError> {
+        self.interrupt_all_with(reason, false).await
+    }
+
+    /// [`Dispatcher::interrupt_all`] after the engine itself went away (a sticky device fault, its
+    /// thread ended): attempts that ended with an `internal` failure or `DeviceLost` just now
+    /// failed because of that, not because of their task, so they are released uncounted too.
+    pub async fn abandon_all(&mut self, reason: &str) -> Result<usize, LedgerError> {
+        self.interrupt_all_with(reason, true).await
+    }
+
+    async fn interrupt_all_with(
+        &mut self,
+        reason: &str,
+        engine_lost: bool,
+    ) -> Result<usize, LedgerError> {
         // Attempts that ended just now are recorded as they ended, not thrown away.
         while let Some(Ok((_, (id, result)))) = self.in_flight.try_join_next_with_id() {
+            let result = match result {
+                AttemptResult::Failed {
+                    class: crate::error::ErrorClass::Internal,
+                    ..
+                }
+                | AttemptResult::DeviceLost(_)
+                    if engine_lost =>
+                {
+                    AttemptResult::Interrupted(reason.to_string())
+                }
+                other => other,
+            };
             self.finish(id, result).await?;
         }
         self.in_flight.abort_all();

@@ -354,7 +354,7 @@ pub async fn run(
                         let why = why.clone();
                         tracing::error!(error = %why, in_flight = disp.in_flight(), "The device failed; putting every task in flight back to queued and stopping.");
                         disp.finish(id, result).await?;
-                        disp.interrupt_all("the device failed").await?;
+                        disp.abandon_all("the device failed").await?;
                         intake_token.cancel();
                         publish_all(&publisher, &mut dirty).await?;
                         return Err(DaemonError::DeviceLost(why));
@@ -363,7 +363,7 @@ pub async fn run(
                         && engine.stats().await.is_none();
                     if engine_gone {
                         disp.finish(id, AttemptResult::Interrupted("the engine stopped".into())).await?;
-                        disp.interrupt_all("the engine stopped").await?;
+                        disp.abandon_all("the engine stopped").await?;
                         intake_token.cancel();
                         return Err(DaemonError::EngineStopped);
                     }

@@ -64,6 +64,8 @@ impl Publisher {
         let Some(file) = self.ledger.input_file(input_file_id).await? else {
             return Ok(false);
         };
+        // Before placing: the stale error file would otherwise keep the stem taken (`q-1.md`).
+        let superseded = self.remove_superseded_errors(input_file_id).await?;
         let finished: Vec<FinishedTask> = tasks.iter().map(finished).collect();
         let files = render(file.kind, &file.path, &finished);
         let outputs = self.outputs.clone();
@@ -102,6 +104,9 @@ impl Publisher {
             }
             Err(e) => return Err(e),
         }
+        self.ledger
+            .clear_superseded(&superseded.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+            .await?;
         for (id, p) in &paths {
             let how = if placed.reused {
                 "already present"
@@ -117,6 +122,43 @@ impl Publisher {
             "Outputs published."
         );
         Ok(true)
+    }
+
+    /// After a `kiln retry`, the error file of the group before it is stale once the file is
+    /// published again: remove it (only `.error.json` / `.errors.jsonl` files under `outputs/`),
+    /// before the new group is placed. Results of the old group are left alone. Returns the
+    /// superseded entries, forgotten once the new group is recorded.
+    async fn remove_superseded_errors(
+        &self,
+        input_file_id: InputFileId,
+    ) -> Result<Vec<(crate::ledger::TaskId, String)>, LedgerError> {
+        let old = self.ledger.superseded_outputs(input_file_id).await?;
+        let root = self.outputs.root();
+        for (id, p) in &old {
+            let path = std::path::Path::new(p);
+            let is_error = p.ends_with(".error.json") || p.ends_with(".errors.jsonl");
+            let inside = path.starts_with(root)
+                && !path
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir));
+            if !is_error || !inside {
+                continue;
+            }
+            match std::fs::remove_file(path) {
+                Ok(()) => {
+                    self.logs.info(
+                        &id.to_string(),
+                        &format!("Removed the superseded error file {p}."),
+                    );
+                    tracing::info!(path = %p, "Removed a superseded error file.");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %p, error = %e, "Cannot remove a superseded error file.")
+                }
+            }
+        }
+        Ok(old)
     }
 
     /// Publish every input file whose outputs are due (at start, and as a periodic sweep).

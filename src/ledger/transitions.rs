@@ -22,6 +22,7 @@ use crate::error::ErrorClass;
 
 /// The columns `kiln retry` resets when a task goes back to `queued` (binds: now, now).
 const REQUEUE_SET: &str = "state = 'queued', attempts = 0, queued_at = ?, next_attempt_at = NULL, \
+     superseded_output = COALESCE(output_path, superseded_output), \
      error_class = NULL, error = NULL, result_json = NULL, output_path = NULL, finished_at = NULL, \
      cancel_requested_at = NULL, updated_at = ?";
 
@@ -431,6 +432,48 @@ impl Ledger {
                     },
                 });
             }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+impl Ledger {
+    /// The files that reported on tasks of an input file before a `kiln retry` (see
+    /// `superseded_output` in the migrations), as `(task, path)`.
+    pub async fn superseded_outputs(
+        &self,
+        input_file_id: super::InputFileId,
+    ) -> Result<Vec<(TaskId, String)>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT task_id, superseded_output FROM tasks \
+             WHERE input_file_id = ? AND superseded_output IS NOT NULL ORDER BY task_id",
+        )
+        .bind(input_file_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    parse_id(&r.try_get::<String, _>("task_id")?)?,
+                    r.try_get("superseded_output")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Forget the superseded outputs of these tasks, once dealt with. Guarded: only tasks whose
+    /// current output is recorded (a task re-queued again meanwhile keeps its list).
+    pub async fn clear_superseded(&self, ids: &[TaskId]) -> Result<(), LedgerError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        for id in ids {
+            sqlx::query(
+                "UPDATE tasks SET superseded_output = NULL \
+                 WHERE task_id = ? AND output_path IS NOT NULL",
+            )
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())

@@ -311,6 +311,9 @@ pub struct Task {
     pub state: TaskState,
     /// Counted attempts since intake or the last `kiln retry` (interrupted ones excluded).
     pub attempts: u32,
+    /// The ledger's number of the latest attempt (`attempts.n`: 1, 2, … over the task's whole
+    /// life, never reset by `kiln retry`); what task logs call "Attempt N". 0 before the first claim.
+    pub attempt_number: u32,
     /// `retry_wait` only: when it becomes claimable.
     pub next_attempt_at: Option<UnixMillis>,
     /// Class of the last failure (cleared by success and by `kiln retry`).
