@@ -55,13 +55,19 @@ fn exit_status_says_whether_every_task_succeeded_and_every_output_is_written() {
     std::fs::write(dir.path().join("inputs/ok.txt"), "Say hi.").unwrap();
     let (code, err) = run_once(&config);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("  ok.txt: 1 task(s), 1 succeeded, 0 failed -> "), "{err}");
+    assert!(
+        err.contains("  ok.txt: 1 task(s), 1 succeeded, 0 failed -> "),
+        "{err}"
+    );
 
     // A failed task: exit 2, its own line says so.
     std::fs::write(dir.path().join("inputs/bad.json"), "{\"messages\": ]}").unwrap();
     let (code, err) = run_once(&config);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("  bad.json: 1 task(s), 0 succeeded, 1 failed -> "), "{err}");
+    assert!(
+        err.contains("  bad.json: 1 task(s), 0 succeeded, 1 failed -> "),
+        "{err}"
+    );
 
     // Outputs that cannot be written (today's folder is taken by a file): exit 3, not "succeeded".
     let today = time::OffsetDateTime::now_utc().date();
@@ -78,7 +84,9 @@ fn exit_status_says_whether_every_task_succeeded_and_every_output_is_written() {
     let (code, err) = run_once(&config);
     assert_eq!(code, 3, "{err}");
     assert!(
-        err.contains("  later.txt: 1 task(s), 1 succeeded, 0 failed; OUTPUTS NOT WRITTEN for 1 task(s)"),
+        err.contains(
+            "  later.txt: 1 task(s), 1 succeeded, 0 failed; OUTPUTS NOT WRITTEN for 1 task(s)"
+        ),
         "{err}"
     );
 }

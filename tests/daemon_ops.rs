@@ -27,6 +27,12 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const VOCAB: usize = 257;
+
+/// Engine request ids seen by a test double.
+type Ids = Arc<Mutex<Vec<u64>>>;
+
+/// (prompt, max_tokens) of each request an engine double saw.
+type Seen = Arc<Mutex<Vec<(String, Option<u32>)>>>;
 const CHAT_TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
 const STICKY: &str = "device error: CUDA driver: DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access was encountered\")";
 
@@ -122,7 +128,7 @@ async fn every_task_gets_a_generation_cap_and_text_tasks_may_set_their_own() {
     let req =
         json!({ "messages": [{ "role": "user", "content": "json" }], "max_completion_tokens": 16 });
     env.drop_input("own.json", req.to_string());
-    let seen: Arc<Mutex<Vec<(String, Option<u32>)>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let s = seen.clone();
     let engine = EngineHandle::from_fn(info(), move |r| {
         s.lock()
@@ -146,10 +152,10 @@ async fn every_task_gets_a_generation_cap_and_text_tasks_may_set_their_own() {
 }
 
 /// An engine double served by the test: it never answers, and records submits and cancels.
-fn hanging_engine() -> (EngineHandle, Arc<Mutex<Vec<u64>>>, Arc<Mutex<Vec<u64>>>) {
+fn hanging_engine() -> (EngineHandle, Ids, Ids) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let submitted: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let cancelled: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let submitted: Ids = Arc::default();
+    let cancelled: Ids = Arc::default();
     let (s, c) = (submitted.clone(), cancelled.clone());
     tokio::spawn(async move {
         let mut replies = Vec::new();
@@ -355,7 +361,11 @@ async fn a_successful_retry_removes_the_stale_error_file_and_numbers_attempts_as
         }
     });
     env.run_once(&engine).await;
-    assert!(env.output("q.error.json").is_some(), "{:?}", env.output_names());
+    assert!(
+        env.output("q.error.json").is_some(),
+        "{:?}",
+        env.output_names()
+    );
     let ledger = env.ledger().await;
     let task = tasks_of(&ledger, "q.txt").await.remove(0);
     assert_eq!(task.state, TaskState::Failed);

@@ -820,7 +820,13 @@ async fn outputs_are_due_when_every_task_of_a_file_is_terminal() {
         })
     ));
     assert_eq!(
-        ledger.get(ids[0]).await.unwrap().unwrap().output_path.as_deref(),
+        ledger
+            .get(ids[0])
+            .await
+            .unwrap()
+            .unwrap()
+            .output_path
+            .as_deref(),
         Some("2026-01-01/o.output.jsonl")
     );
     assert!(ledger.files_ready_for_output().await.unwrap().is_empty());

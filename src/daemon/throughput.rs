@@ -64,9 +64,19 @@ mod tests {
         assert_eq!(r.tasks_per_s, 1.0);
         assert_eq!(r.tokens_per_s, 200.0);
         assert_eq!(r.eta_s, Some(90.0));
-        let stalled = rates(Sample::default(), Sample::default(), Duration::from_secs(5), 3);
+        let stalled = rates(
+            Sample::default(),
+            Sample::default(),
+            Duration::from_secs(5),
+            3,
+        );
         assert_eq!(stalled.eta_s, None, "no progress: no ETA");
-        let done = rates(Sample::default(), Sample::default(), Duration::from_secs(5), 0);
+        let done = rates(
+            Sample::default(),
+            Sample::default(),
+            Duration::from_secs(5),
+            0,
+        );
         assert_eq!(done.eta_s, Some(0.0));
     }
 }
