@@ -10,6 +10,8 @@ pub mod llama;
 pub mod memory;
 pub mod options;
 pub mod prefix;
+pub mod quant_config;
+pub mod quantized;
 pub mod runner;
 pub mod safetensors;
 pub mod step;
