@@ -93,7 +93,10 @@ impl WeightDType {
 
     /// Whether this is a plain float type (F32, F16, BF16).
     pub fn is_float(self) -> bool {
-        matches!(self, WeightDType::F32 | WeightDType::F16 | WeightDType::BF16)
+        matches!(
+            self,
+            WeightDType::F32 | WeightDType::F16 | WeightDType::BF16
+        )
     }
 
     /// Whether a tensor of this type can be a matmul weight or embedding table by itself

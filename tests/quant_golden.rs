@@ -97,18 +97,30 @@ fn check(fixture: &str, packed: &[&str], dense: &[&str]) {
         }
     }
     for (i, g) in f.greedy.iter().enumerate() {
-        let got = probe(runner.as_mut(), &g.prompt_ids, &Positions::Last, g.greedy.len())
-            .unwrap()
-            .greedy;
+        let got = probe(
+            runner.as_mut(),
+            &g.prompt_ids,
+            &Positions::Last,
+            g.greedy.len(),
+        )
+        .unwrap()
+        .greedy;
         let mut steps = 0;
         for s in 0..g.greedy.len() {
             if g.top2_gap[s] < TIE_GAP {
                 break;
             }
-            assert_eq!(got[s], g.greedy[s], "{fixture} greedy {i} step {s}: {got:?} vs {:?}", g.greedy);
+            assert_eq!(
+                got[s], g.greedy[s],
+                "{fixture} greedy {i} step {s}: {got:?} vs {:?}",
+                g.greedy
+            );
             steps += 1;
         }
-        println!("{fixture} greedy {i}: {steps}/{} steps compared", g.greedy.len());
+        println!(
+            "{fixture} greedy {i}: {steps}/{} steps compared",
+            g.greedy.len()
+        );
     }
     println!("{fixture}: max |Δ| logits = {worst:e}");
 }
@@ -123,7 +135,10 @@ const ALL_LINEARS: [&str; 3] = [
 fn compressed_tensors_w4a16_asym_group128_with_ignore_list() {
     check(
         "tiny_llama_ct_w4a16_asym_g128",
-        &["model.layers.0.mlp.down_proj", "model.layers.1.mlp.gate_proj"],
+        &[
+            "model.layers.0.mlp.down_proj",
+            "model.layers.1.mlp.gate_proj",
+        ],
         // `lm_head` by name, layer 1's down_proj by `re:.*layers\.1\.mlp\.down_proj$`.
         &["lm_head", "model.layers.1.mlp.down_proj"],
     );

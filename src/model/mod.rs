@@ -15,6 +15,7 @@ pub mod quantized;
 pub mod runner;
 pub mod safetensors;
 pub mod step;
+pub mod synthetic;
 
 pub use config::{Architecture, ModelConfig};
 pub use files::{ModelFiles, ModelFormat};

@@ -45,11 +45,13 @@ impl ModuleMatcher {
                 .map_err(|e| format!("pattern `{entry}`: {e}"));
         }
         // Module paths contain dots; class names (`Linear`, `Qwen3_5GatedDeltaNet`) do not.
-        Ok(if entry.contains('.') || entry.starts_with(char::is_lowercase) {
-            ModuleMatcher::Exact(entry.to_owned())
-        } else {
-            ModuleMatcher::Class(entry.to_owned())
-        })
+        Ok(
+            if entry.contains('.') || entry.starts_with(char::is_lowercase) {
+                ModuleMatcher::Exact(entry.to_owned())
+            } else {
+                ModuleMatcher::Class(entry.to_owned())
+            },
+        )
     }
 
     /// Whether the linear layer `module` matches.
@@ -189,7 +191,9 @@ fn ct_scheme(group: &Value, default_format: Option<&str>) -> Result<SchemeTempla
                 return Err(describe());
             }
             let group_size = match strategy {
-                "group" => Some(group_size(w.get("group_size"))?.ok_or("group without group_size")?),
+                "group" => {
+                    Some(group_size(w.get("group_size"))?.ok_or("group without group_size")?)
+                }
                 "channel" => None,
                 _ => return Err(describe()),
             };
@@ -326,7 +330,11 @@ impl QuantConfig {
                     }),
                     _ => Err(format!(
                         "gptq {bits}-bit checkpoint_format `{format}` group {gs:?}{}",
-                        if dynamic { " with per-module `dynamic` overrides" } else { "" }
+                        if dynamic {
+                            " with per-module `dynamic` overrides"
+                        } else {
+                            ""
+                        }
                     )),
                 };
                 Method::Uniform {

@@ -79,7 +79,9 @@ fn nibble(v: &TensorView<'_>, i: usize, j: usize) -> i32 {
 pub fn float_at(v: &TensorView<'_>, i: usize) -> f32 {
     let d = v.data;
     match v.dtype {
-        WeightDType::F32 => f32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]]),
+        WeightDType::F32 => {
+            f32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]])
+        }
         WeightDType::F16 => f16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32(),
         WeightDType::BF16 => bf16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32(),
         WeightDType::F8E4M3 => fp8_e4m3_to_f32(d[i]),
@@ -145,7 +147,10 @@ pub fn dequantize_packed_row(p: &PackedLinear<'_>, n: usize, out: &mut [f32]) {
             }
         }
         PackedScheme::Gptq { zero_minus_one, .. } => {
-            let z = p.zeros.as_ref().expect("a validated GPTQ linear has qzeros");
+            let z = p
+                .zeros
+                .as_ref()
+                .expect("a validated GPTQ linear has qzeros");
             let cols = nn / 8;
             for (kk, o) in out.iter_mut().enumerate() {
                 let gr = group_of(p, kk, g);

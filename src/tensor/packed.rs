@@ -207,7 +207,9 @@ impl<'a> PackedLinear<'a> {
                 expect("weight_packed", &self.qweight, &i32_, &[n, k / 8])?;
                 expect("weight_scale", &self.scales, &float, &[n, groups])?;
                 match (&self.zeros, symmetric) {
-                    (Some(z), false) => expect("weight_zero_point", z, &i32_, &[n.div_ceil(8), groups])?,
+                    (Some(z), false) => {
+                        expect("weight_zero_point", z, &i32_, &[n.div_ceil(8), groups])?
+                    }
                     (None, false) => return Err(err("asymmetric but no weight_zero_point".into())),
                     (z, true) => absent("zero-point", z)?,
                 }
@@ -217,7 +219,12 @@ impl<'a> PackedLinear<'a> {
                 if !k.is_multiple_of(16) {
                     return Err(err("in_features is not a multiple of 16".into()));
                 }
-                expect("weight_packed", &self.qweight, &|d| d == WeightDType::U8, &[n, k / 2])?;
+                expect(
+                    "weight_packed",
+                    &self.qweight,
+                    &|d| d == WeightDType::U8,
+                    &[n, k / 2],
+                )?;
                 expect(
                     "weight_scale",
                     &self.scales,
@@ -253,7 +260,7 @@ impl<'a> PackedLinear<'a> {
             PackedScheme::Gptq { .. } => {
                 if !n.is_multiple_of(8) || !k.is_multiple_of(8) {
                     return Err(err(
-                        "GPTQ needs out_features and in_features multiples of 8".into()
+                        "GPTQ needs out_features and in_features multiples of 8".into(),
                     ));
                 }
                 if self.g_idx.is_none() && !k.is_multiple_of(g) {
@@ -322,7 +329,11 @@ mod tests {
     #[test]
     fn ct_int4_layout_is_checked_part_by_part() {
         let (qs, ss, zs) = ([16usize, 8], [16usize, 2], [2usize, 2]);
-        let (q, s, z) = (vec![0u8; 16 * 8 * 4], vec![0u8; 16 * 2 * 2], vec![0u8; 2 * 2 * 4]);
+        let (q, s, z) = (
+            vec![0u8; 16 * 8 * 4],
+            vec![0u8; 16 * 2 * 2],
+            vec![0u8; 2 * 2 * 4],
+        );
         let mut p = PackedLinear {
             scheme: PackedScheme::CtInt4 {
                 group_size: 32,
@@ -354,7 +365,10 @@ mod tests {
             symmetric: true,
         };
         let e = p.validate().unwrap_err();
-        assert!(e.to_string().contains("weight_scale has shape [16, 2]"), "{e}");
+        assert!(
+            e.to_string().contains("weight_scale has shape [16, 2]"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -59,7 +59,9 @@ impl CpuWeight {
             dtype: p.qweight.dtype,
             shape: vec![p.out_features, p.in_features],
             bytes: matmul::HugePageBytes::copy_from(&[]),
-            packed: Some(std::sync::Arc::new(matmul::packed::PackedWeight::copy_from(p))),
+            packed: Some(std::sync::Arc::new(
+                matmul::packed::PackedWeight::copy_from(p),
+            )),
         }
     }
 

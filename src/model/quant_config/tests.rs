@@ -28,9 +28,11 @@ fn qwen_awq_asym() -> Value {
 
 #[test]
 fn no_quantization_config_is_none() {
-    assert!(QuantConfig::from_config_json(&json!({"model_type": "llama"}))
-        .unwrap()
-        .is_none());
+    assert!(
+        QuantConfig::from_config_json(&json!({"model_type": "llama"}))
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[test]
@@ -40,9 +42,14 @@ fn ignore_lists_take_exact_names_and_regexes() {
         group_size: Some(128),
         symmetric: false,
     });
-    assert_eq!(c.decide("model.language_model.layers.0.mlp.up_proj").unwrap(), packed);
     assert_eq!(
-        c.decide("model.language_model.layers.0.linear_attn.in_proj_qkv").unwrap(),
+        c.decide("model.language_model.layers.0.mlp.up_proj")
+            .unwrap(),
+        packed
+    );
+    assert_eq!(
+        c.decide("model.language_model.layers.0.linear_attn.in_proj_qkv")
+            .unwrap(),
         packed
     );
     for dense in [
@@ -66,17 +73,28 @@ fn ignore_lists_take_exact_names_and_regexes() {
             symmetric: true
         })
     );
-    assert_eq!(c.decide("xmodel.layers.1.mlp.up_proj").unwrap(), Decision::Dense);
-    assert_eq!(c.decide("model.layers.0.mlp.up_proj").unwrap(), Decision::Dense);
-    assert_eq!(c.decide("model.layers.1.mlp.down_proj").unwrap(), Decision::Dense);
+    assert_eq!(
+        c.decide("xmodel.layers.1.mlp.up_proj").unwrap(),
+        Decision::Dense
+    );
+    assert_eq!(
+        c.decide("model.layers.0.mlp.up_proj").unwrap(),
+        Decision::Dense
+    );
+    assert_eq!(
+        c.decide("model.layers.1.mlp.down_proj").unwrap(),
+        Decision::Dense
+    );
 }
 
 #[test]
 fn nvfp4_presets_parse_and_w4a4_is_flagged() {
     let w = json!({"num_bits": 4, "type": "float", "strategy": "tensor_group",
                    "group_size": 16, "symmetric": true, "scale_dtype": "float8_e4m3fn"});
-    let a16 = cfg(json!({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": w}}}));
+    let a16 = cfg(
+        json!({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": w}}}),
+    );
     assert_eq!(
         a16.decide("model.layers.0.self_attn.q_proj").unwrap(),
         Decision::Packed(SchemeTemplate::CtNvfp4 { w4a4: false })
@@ -94,26 +112,38 @@ fn nvfp4_presets_parse_and_w4a4_is_flagged() {
 
 #[test]
 fn an_unsupported_scheme_names_the_module_and_the_scheme() {
-    let c = cfg(json!({"quant_method": "compressed-tensors", "format": "float-quantized",
+    let c = cfg(
+        json!({"quant_method": "compressed-tensors", "format": "float-quantized",
         "config_groups": {"group_0": {"targets": ["Linear"],
             "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
             "input_activations": {"num_bits": 8, "type": "float", "dynamic": true}}},
-        "ignore": ["lm_head"]}));
-    let e = c.decide("model.layers.3.mlp.gate_proj").unwrap_err().to_string();
-    assert!(e.contains("`model.layers.3.mlp.gate_proj`"), "{e}");
-    assert!(e.contains("float-quantized") && e.contains("8-bit float"), "{e}");
-    // Ignored modules still load.
-    assert_eq!(c.decide("lm_head").unwrap(), Decision::Dense);
-    let e = QuantConfig::from_config_json(&json!({"quantization_config": {"quant_method": "bitsandbytes"}}))
+        "ignore": ["lm_head"]}),
+    );
+    let e = c
+        .decide("model.layers.3.mlp.gate_proj")
         .unwrap_err()
         .to_string();
+    assert!(e.contains("`model.layers.3.mlp.gate_proj`"), "{e}");
+    assert!(
+        e.contains("float-quantized") && e.contains("8-bit float"),
+        "{e}"
+    );
+    // Ignored modules still load.
+    assert_eq!(c.decide("lm_head").unwrap(), Decision::Dense);
+    let e = QuantConfig::from_config_json(
+        &json!({"quantization_config": {"quant_method": "bitsandbytes"}}),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("bitsandbytes"), "{e}");
 }
 
 #[test]
 fn awq_and_gptq_configs() {
-    let awq = cfg(json!({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true,
-        "version": "gemm", "modules_to_not_convert": ["in_proj_a", "in_proj_b"]}));
+    let awq = cfg(
+        json!({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true,
+        "version": "gemm", "modules_to_not_convert": ["in_proj_a", "in_proj_b"]}),
+    );
     assert_eq!(
         awq.decide("model.layers.0.mlp.up_proj").unwrap(),
         Decision::Packed(SchemeTemplate::AwqGemm { group_size: 128 })
@@ -124,10 +154,16 @@ fn awq_and_gptq_configs() {
         Decision::Dense
     );
     let gemv = cfg(json!({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}));
-    assert!(gemv.decide("model.layers.0.mlp.up_proj").unwrap_err().to_string().contains("gemv"));
+    assert!(gemv
+        .decide("model.layers.0.mlp.up_proj")
+        .unwrap_err()
+        .to_string()
+        .contains("gemv"));
 
-    let gptq = cfg(json!({"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": true,
-        "sym": true}));
+    let gptq = cfg(
+        json!({"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": true,
+        "sym": true}),
+    );
     assert_eq!(
         gptq.decide("model.layers.0.mlp.up_proj").unwrap(),
         Decision::Packed(SchemeTemplate::Gptq {
@@ -145,6 +181,9 @@ fn awq_and_gptq_configs() {
         })
     );
     let three = cfg(json!({"quant_method": "gptq", "bits": 3, "group_size": 128}));
-    let e = three.decide("model.layers.0.mlp.up_proj").unwrap_err().to_string();
+    let e = three
+        .decide("model.layers.0.mlp.up_proj")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("3-bit") && e.contains("up_proj"), "{e}");
 }

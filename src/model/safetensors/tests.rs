@@ -45,7 +45,10 @@ fn sample() -> Vec<(&'static str, Dtype, Vec<usize>, Vec<u8>)> {
             "q.weight_packed",
             Dtype::I32,
             vec![1, 2],
-            [-1i32, 0x1234_5678].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            [-1i32, 0x1234_5678]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
         ),
         ("q.weight_scale", Dtype::F8_E4M3, vec![2], vec![0x38, 0xC0]),
     ]

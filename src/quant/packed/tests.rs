@@ -66,7 +66,8 @@ fn ct_int4_matches_the_packing_it_reads() {
     let mut zwords = vec![0u32; n.div_ceil(8) * groups];
     for row in 0..n {
         for gr in 0..groups {
-            zwords[(row / 8) * groups + gr] |= ((zp[row * groups + gr] + 8) as u32) << (4 * (row % 8));
+            zwords[(row / 8) * groups + gr] |=
+                ((zp[row * groups + gr] + 8) as u32) << (4 * (row % 8));
         }
     }
     let (qb, zb, sb) = (i32_bytes(&words), i32_bytes(&zwords), bf16_bytes(&s));
@@ -101,7 +102,9 @@ fn ct_int4_matches_the_packing_it_reads() {
 #[test]
 fn ct_int4_symmetric_subtracts_eight() {
     let (n, k) = (8, 16);
-    let words: Vec<u32> = (0..n * k / 8).map(|i| 0x0123_4567u32.wrapping_mul(i as u32 + 1)).collect();
+    let words: Vec<u32> = (0..n * k / 8)
+        .map(|i| 0x0123_4567u32.wrapping_mul(i as u32 + 1))
+        .collect();
     let qb = i32_bytes(&words);
     let sb = bf16_bytes(&vec![0.5; n]);
     let (qs, ss) = ([n, k / 8], [n, 1]);
@@ -150,7 +153,10 @@ fn awq_gemm_reads_the_interleave() {
         i32_bytes(&out)
     };
     let (qb, zb) = (pack(&iw, k), pack(&iz, groups));
-    let sb: Vec<u8> = s.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect();
+    let sb: Vec<u8> = s
+        .iter()
+        .flat_map(|&x| f16::from_f32(x).to_le_bytes())
+        .collect();
     let (qs, ss, zs) = ([k, n / 8], [groups, n], [groups, n / 8]);
     let p = PackedLinear {
         scheme: PackedScheme::AwqGemm { group_size: g },
@@ -197,7 +203,10 @@ fn gptq_v1_adds_one_to_the_zeros_and_follows_g_idx() {
         }
     }
     let (qb, zb) = (i32_bytes(&qw), i32_bytes(&qz));
-    let sb: Vec<u8> = s.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect();
+    let sb: Vec<u8> = s
+        .iter()
+        .flat_map(|&x| f16::from_f32(x).to_le_bytes())
+        .collect();
     let gb: Vec<u8> = g_idx.iter().flat_map(|v| v.to_le_bytes()).collect();
     let (qs, ss, zs, gs) = ([k / 8, n], [groups, n], [groups, n / 8], [k]);
     let p = PackedLinear {

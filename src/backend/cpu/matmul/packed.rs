@@ -187,10 +187,18 @@ mod tests {
                 PackedScheme::CtInt4 { symmetric, .. } => {
                     let mut p = vec![
                         (vec![n, k / 8], WeightDType::I32, bytes(n * k / 2)),
-                        (vec![n, groups], WeightDType::BF16, bf16(n * groups, seed + 1)),
+                        (
+                            vec![n, groups],
+                            WeightDType::BF16,
+                            bf16(n * groups, seed + 1),
+                        ),
                     ];
                     if !symmetric {
-                        p.push((vec![n.div_ceil(8), groups], WeightDType::I32, bytes(n.div_ceil(8) * groups * 4)));
+                        p.push((
+                            vec![n.div_ceil(8), groups],
+                            WeightDType::I32,
+                            bytes(n.div_ceil(8) * groups * 4),
+                        ));
                     }
                     p
                 }
@@ -200,7 +208,10 @@ mod tests {
                     (
                         vec![n, k / 16],
                         WeightDType::F8E4M3,
-                        bytes(n * k / 16).iter().map(|b| ((3 + b % 6) << 3) | (b & 7)).collect(),
+                        bytes(n * k / 16)
+                            .iter()
+                            .map(|b| ((3 + b % 6) << 3) | (b & 7))
+                            .collect(),
                     ),
                     (vec![1], WeightDType::F32, 37.5f32.to_le_bytes().to_vec()),
                 ],
@@ -211,12 +222,21 @@ mod tests {
                     };
                     vec![
                         (q, WeightDType::I32, bytes(n * k / 2)),
-                        (vec![groups, n], WeightDType::BF16, bf16(groups * n, seed + 2)),
+                        (
+                            vec![groups, n],
+                            WeightDType::BF16,
+                            bf16(groups * n, seed + 2),
+                        ),
                         (vec![groups, n / 8], WeightDType::I32, bytes(groups * n / 2)),
                     ]
                 }
             };
-            RandomPacked { scheme, n, k, parts }
+            RandomPacked {
+                scheme,
+                n,
+                k,
+                parts,
+            }
         }
 
         pub(crate) fn view(&self) -> PackedLinear<'_> {
