@@ -12,6 +12,8 @@
 //! multiply-add), and f16 → f32 is exact. Element `j` of block `i` lands at `out[i * QK + j]`
 //! with the in-block orders documented on each struct.
 
+pub mod packed;
+
 use half::{bf16, f16};
 
 use crate::tensor::{TensorView, WeightDType};
@@ -276,6 +278,33 @@ pub fn dequantize_row(dtype: WeightDType, bytes: &[u8], out: &mut [f32]) {
         WeightDType::Q4_1 => dequantize_blocks::<BlockQ4_1>(bytes, out),
         WeightDType::Q4K => dequantize_blocks::<BlockQ4K>(bytes, out),
         WeightDType::Q6K => dequantize_blocks::<BlockQ6K>(bytes, out),
+        // The parts of packed linears, element by element (exact except i32 / i64 values
+        // beyond 2^24, which no part holds as a value: words are unpacked, not converted).
+        WeightDType::I32 => {
+            for (y, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *y = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32;
+            }
+        }
+        WeightDType::I64 => {
+            for (y, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+                *y = i64::from_le_bytes(c.try_into().expect("chunk of 8")) as f32;
+            }
+        }
+        WeightDType::U8 => {
+            for (y, &b) in out.iter_mut().zip(bytes) {
+                *y = f32::from(b);
+            }
+        }
+        WeightDType::I8 => {
+            for (y, &b) in out.iter_mut().zip(bytes) {
+                *y = f32::from(b as i8);
+            }
+        }
+        WeightDType::F8E4M3 => {
+            for (y, &b) in out.iter_mut().zip(bytes) {
+                *y = packed::fp8_e4m3_to_f32(b);
+            }
+        }
     }
 }
 

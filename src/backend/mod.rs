@@ -45,7 +45,7 @@ pub use rope::RopeSpec;
 
 use crate::error::EngineError;
 use crate::sampling::{SampleError, Sampled, SamplingRow};
-use crate::tensor::TensorView;
+use crate::tensor::{LinearView, TensorView};
 
 /// Why a backend call failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -218,6 +218,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
         name: &str,
         view: &TensorView<'_>,
     ) -> Result<Self::Weight, BackendError>;
+    /// Upload a linear layer's weight: a dense one as [`Backend::upload_weight`], a packed
+    /// 4-bit one ([`crate::tensor::PackedLinear`]) with its parts kept packed. The default
+    /// refuses packed weights with `Unsupported` (a backend without dequantizing kernels).
+    fn upload_linear(
+        &self,
+        name: &str,
+        linear: &LinearView<'_>,
+    ) -> Result<Self::Weight, BackendError> {
+        match linear {
+            LinearView::Dense(view) => self.upload_weight(name, view),
+            LinearView::Packed(p) => Err(BackendError::Unsupported(format!(
+                "`{name}`: {} weights on {} (no dequantizing kernel for them yet)",
+                p.scheme,
+                self.name()
+            ))),
+        }
+    }
     /// Bytes `w` occupies on the device.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
     /// Upload a 1-D parameter (norm weights), dequantized exactly to the compute dtype.

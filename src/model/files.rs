@@ -17,6 +17,7 @@ use crate::error::ModelError;
 use crate::model::config::ModelConfig;
 use crate::model::gguf::{GgufFile, GgufMetadata, GgufWeights};
 use crate::model::hf_config::{config_from_gguf, config_from_json_file};
+use crate::model::quantized::QuantizedWeights;
 use crate::model::safetensors::SafetensorsWeights;
 use crate::tensor::WeightSource;
 
@@ -154,12 +155,15 @@ impl ModelFiles {
             });
         }
         let config = config_from_json_file(&config_path)?;
-        let weights = SafetensorsWeights::open_dir(dir)?;
+        let weights = QuantizedWeights::wrap(
+            Box::new(SafetensorsWeights::open_dir(dir)?),
+            &read_json(&config_path)?,
+        )?;
         Ok(ModelFiles {
             path: dir.to_path_buf(),
             format: ModelFormat::HfFolder,
             config,
-            weights: Box::new(weights),
+            weights,
             gguf_metadata: None,
             hf_dir: Some(dir.to_path_buf()),
             tokenizer_files: HfTokenizerFiles::find(dir),
@@ -189,14 +193,24 @@ impl ModelFiles {
             });
         }
         let last = format!(
-            "model.layers.{}.self_attn.q_proj.weight",
+            "model.layers.{}.self_attn.q_proj",
             c.num_hidden_layers.saturating_sub(1)
         );
-        if !self.weights.contains(&last) {
-            return Err(ModelError::MissingTensor(last));
-        }
-        Ok(())
+        self.weights.linear(&last).map(|_| ())
     }
+}
+
+/// `path` parsed as JSON (the `quantization_config` is read from it).
+fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Format {
+        path: path.to_path_buf(),
+        format: "config.json",
+        message: e.to_string(),
+    })
 }
 
 #[cfg(test)]

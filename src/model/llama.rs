@@ -95,6 +95,22 @@ impl<B: Backend> Loader<'_, B> {
             .map_err(|e| ModelError::Backend(e.to_string()))
     }
 
+    /// The linear layer `module` (`<module>.weight`, or its packed parts in a quantized
+    /// checkpoint), checked to be `[rows, cols]`.
+    fn linear(&self, module: &str, rows: usize, cols: usize) -> Result<B::Weight, ModelError> {
+        let view = self.weights.linear(module)?;
+        if view.shape() != [rows, cols] {
+            return Err(ModelError::Shape {
+                name: module.to_owned(),
+                expected: vec![rows, cols],
+                found: view.shape(),
+            });
+        }
+        self.backend
+            .upload_linear(module, &view)
+            .map_err(|e| ModelError::Backend(e.to_string()))
+    }
+
     fn vector(&self, key: &str, len: usize) -> Result<B::Buffer, ModelError> {
         let view = self.view(key, &[len])?;
         self.backend
@@ -144,8 +160,11 @@ impl<B: Backend> Llama<B> {
         };
         let model = Prefix::new("model");
         let embed_tokens = ld.matrix(&model.key("embed_tokens.weight"), c.vocab_size, hidden)?;
-        let lm_head = if weights.contains("lm_head.weight") {
-            Some(ld.matrix("lm_head.weight", c.vocab_size, hidden)?)
+        let lm_head = if ["weight", "weight_packed", "qweight"]
+            .iter()
+            .any(|leaf| weights.contains(&format!("lm_head.{leaf}")))
+        {
+            Some(ld.linear("lm_head", c.vocab_size, hidden)?)
         } else {
             None
         };
@@ -157,10 +176,10 @@ impl<B: Backend> Llama<B> {
             let mlp = p.pp("mlp");
             layers.push(LlamaLayer {
                 input_layernorm: ld.vector(&p.key("input_layernorm.weight"), hidden)?,
-                q_proj: ld.matrix(&attn.key("q_proj.weight"), q_dim, hidden)?,
-                k_proj: ld.matrix(&attn.key("k_proj.weight"), kv_dim, hidden)?,
-                v_proj: ld.matrix(&attn.key("v_proj.weight"), kv_dim, hidden)?,
-                o_proj: ld.matrix(&attn.key("o_proj.weight"), hidden, q_dim)?,
+                q_proj: ld.linear(&attn.key("q_proj"), q_dim, hidden)?,
+                k_proj: ld.linear(&attn.key("k_proj"), kv_dim, hidden)?,
+                v_proj: ld.linear(&attn.key("v_proj"), kv_dim, hidden)?,
+                o_proj: ld.linear(&attn.key("o_proj"), hidden, q_dim)?,
                 q_norm: qk_norm
                     .then(|| ld.vector(&attn.key("q_norm.weight"), hd))
                     .transpose()?,
@@ -169,9 +188,9 @@ impl<B: Backend> Llama<B> {
                     .transpose()?,
                 post_attention_layernorm: ld
                     .vector(&p.key("post_attention_layernorm.weight"), hidden)?,
-                gate_proj: ld.matrix(&mlp.key("gate_proj.weight"), c.intermediate_size, hidden)?,
-                up_proj: ld.matrix(&mlp.key("up_proj.weight"), c.intermediate_size, hidden)?,
-                down_proj: ld.matrix(&mlp.key("down_proj.weight"), hidden, c.intermediate_size)?,
+                gate_proj: ld.linear(&mlp.key("gate_proj"), c.intermediate_size, hidden)?,
+                up_proj: ld.linear(&mlp.key("up_proj"), c.intermediate_size, hidden)?,
+                down_proj: ld.linear(&mlp.key("down_proj"), hidden, c.intermediate_size)?,
             });
         }
         let norm = ld.vector(&model.key("norm.weight"), hidden)?;

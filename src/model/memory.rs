@@ -6,6 +6,7 @@
 //! largest length that fits (the message users know from vLLM, said before anything runs).
 
 use crate::model::ModelConfig;
+use crate::tensor::{TensorInfo, WeightSource};
 
 /// Slack for the CUDA context, cuBLAS workspaces and allocator rounding, in bytes.
 pub const FIXED_OVERHEAD_BYTES: usize = 256 << 20;
@@ -101,6 +102,30 @@ pub fn plan(p: &PlanInput) -> Result<MemoryPlan, String> {
     })
 }
 
+/// Device bytes of one stored tensor on a GPU whose compute dtype has `compute_elem` bytes:
+/// floats are converted to the compute dtype (`numel × compute_elem`); ggml blocks too (the
+/// CUDA backend still expands them at load, issue 10); the parts of packed 4-bit linears
+/// (I32 / I64 / U8 / I8 / F8 words, zero points, fp8 scales, `g_idx`) stay as stored. Their
+/// 16-bit scales are floats and count at `compute_elem`, which is what they are stored as.
+pub fn weight_device_bytes(info: &TensorInfo, compute_elem: usize) -> usize {
+    if info.dtype.is_weight() {
+        info.numel() * compute_elem
+    } else {
+        info.bytes
+    }
+}
+
+/// [`weight_device_bytes`] summed over every tensor of `weights` (read without touching their
+/// bytes, [`WeightSource::tensor_info`]); tensors that cannot be described are skipped.
+pub fn weights_device_bytes(weights: &dyn WeightSource, compute_elem: usize) -> usize {
+    weights
+        .names()
+        .iter()
+        .filter_map(|n| weights.tensor_info(n).ok())
+        .map(|t| weight_device_bytes(&t, compute_elem))
+        .sum()
+}
+
 /// Activation bytes of one step of `tokens` tokens for a llama-family model with `logit_rows`
 /// rows of logits and an attention split over `max_model_len` keys, at `elem` bytes per element.
 pub fn workspace_bytes(
@@ -175,6 +200,38 @@ mod tests {
         .expect("fits");
         // min(30.4, 25) − 21.25 = 3.75 GiB.
         assert_eq!(crowded.num_blocks, (3.75 * 1024.0) as usize);
+    }
+
+    #[test]
+    fn device_bytes_keep_packed_parts_as_stored() {
+        use crate::tensor::WeightDType;
+        let info = |dtype, shape: &[usize], bytes| TensorInfo {
+            dtype,
+            shape: shape.to_vec(),
+            bytes,
+        };
+        // A float weight takes the compute dtype, whatever it is stored as.
+        assert_eq!(
+            weight_device_bytes(&info(WeightDType::F32, &[4, 8], 128), 2),
+            64
+        );
+        assert_eq!(
+            weight_device_bytes(&info(WeightDType::BF16, &[4, 8], 64), 2),
+            64
+        );
+        // Packed words, zero points and fp8 scales stay as stored.
+        assert_eq!(
+            weight_device_bytes(&info(WeightDType::I32, &[1024, 640], 1024 * 640 * 4), 2),
+            1024 * 640 * 4
+        );
+        assert_eq!(
+            weight_device_bytes(&info(WeightDType::F8E4M3, &[16, 4], 64), 2),
+            64
+        );
+        assert_eq!(
+            weight_device_bytes(&info(WeightDType::U8, &[16, 8], 128), 2),
+            128
+        );
     }
 
     #[test]

@@ -10,9 +10,12 @@ pub mod llama;
 pub mod memory;
 pub mod options;
 pub mod prefix;
+pub mod quant_config;
+pub mod quantized;
 pub mod runner;
 pub mod safetensors;
 pub mod step;
+pub mod synthetic;
 
 pub use config::{Architecture, ModelConfig};
 pub use files::{ModelFiles, ModelFormat};

@@ -108,12 +108,7 @@ fn load_cuda(
         .memory_info()
         .map_err(|e| ModelError::Backend(e.to_string()))?;
     let elem = backend.dtype().size();
-    let weights_bytes: usize = weights
-        .names()
-        .iter()
-        .filter_map(|n| weights.tensor(n).ok())
-        .map(|t| t.numel() * elem)
-        .sum();
+    let weights_bytes = crate::model::memory::weights_device_bytes(weights, elem);
     let max_model_len = match opts.max_model_len {
         0 => config.max_position_embeddings,
         n => n.min(config.max_position_embeddings),

@@ -5,9 +5,9 @@
 //! validated by the `safetensors` crate (contiguous offsets, sizes matching dtype × shape); a
 //! shard cut short is a `ModelError::Format` naming the first tensor that does not fit.
 //!
-//! Names and shapes are already Hugging Face's. Element types F32, F16 and BF16 are served;
-//! a tensor of any other dtype is listed but `tensor()` refuses it with `Unsupported` naming
-//! it (checkpoints sometimes carry unused integer buffers). Tensor bytes are slices of the map,
+//! Names and shapes are already Hugging Face's. Element types F32, F16, BF16 and the parts of
+//! packed 4-bit linears (I32, I64, U8, I8, F8_E4M3) are served; a tensor of any other dtype is
+//! listed but `tensor()` refuses it with `Unsupported` naming it. Tensor bytes are slices of the map,
 //! except a tensor whose offset is not a multiple of its element size (possible in files from
 //! third-party writers): it is copied once into an 8-byte-aligned buffer so readers may cast.
 
@@ -153,6 +153,11 @@ fn weight_dtype(d: Dtype) -> Result<WeightDType, Dtype> {
         Dtype::F32 => Ok(WeightDType::F32),
         Dtype::F16 => Ok(WeightDType::F16),
         Dtype::BF16 => Ok(WeightDType::BF16),
+        Dtype::I32 => Ok(WeightDType::I32),
+        Dtype::I64 => Ok(WeightDType::I64),
+        Dtype::U8 => Ok(WeightDType::U8),
+        Dtype::I8 => Ok(WeightDType::I8),
+        Dtype::F8_E4M3 => Ok(WeightDType::F8E4M3),
         other => Err(other),
     }
 }
@@ -243,7 +248,7 @@ impl WeightSource for SafetensorsWeights {
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let dtype = e.dtype.map_err(|d| {
             ModelError::Unsupported(format!(
-                "tensor `{name}` in {} has dtype {d:?} (kiln reads F32, F16, BF16)",
+                "tensor `{name}` in {} has dtype {d:?} (kiln reads F32, F16, BF16, I32, I64, U8, I8, F8_E4M3)",
                 e.shard_path.display()
             ))
         })?;

@@ -50,6 +50,7 @@ macro_rules! tile_dispatch {
 mod fast;
 mod hugepages;
 mod layout;
+pub mod packed;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;

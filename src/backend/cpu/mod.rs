@@ -21,7 +21,7 @@ use crate::backend::{
     AttentionParams, Backend, BackendError, KvCacheDType, KvCacheSpec, StepInput,
 };
 use crate::sampling::{sample_row, SampleError, Sampled, SamplingRow};
-use crate::tensor::{TensorView, WeightDType};
+use crate::tensor::{LinearView, PackedLinear, TensorView, WeightDType};
 
 pub use attention::CpuKvCache;
 
@@ -29,6 +29,8 @@ pub use attention::CpuKvCache;
 /// buffer backed by huge pages ([`matmul::HugePageBytes`]: batch-1 decoding streams every
 /// weight per token, and 4 KiB pages cost it ~3× on VMs); quantized blocks stay quantized,
 /// nothing is expanded to f32.
+/// A packed 4-bit linear keeps its parts instead ([`matmul::packed::PackedWeight`]; then
+/// `dtype` is its packed words' type and `bytes` is empty).
 #[derive(Debug, Clone)]
 pub struct CpuWeight {
     /// Element encoding.
@@ -36,6 +38,8 @@ pub struct CpuWeight {
     /// `[rows, cols]` (Hugging Face order; the last axis is contiguous).
     pub shape: Vec<usize>,
     bytes: matmul::HugePageBytes,
+    /// The parts of a packed linear.
+    packed: Option<std::sync::Arc<matmul::packed::PackedWeight>>,
 }
 
 impl CpuWeight {
@@ -45,7 +49,25 @@ impl CpuWeight {
             dtype,
             shape,
             bytes: matmul::HugePageBytes::copy_from(&bytes),
+            packed: None,
         }
+    }
+
+    /// A packed linear, its parts copied as stored.
+    pub fn packed(p: &PackedLinear<'_>) -> CpuWeight {
+        CpuWeight {
+            dtype: p.qweight.dtype,
+            shape: vec![p.out_features, p.in_features],
+            bytes: matmul::HugePageBytes::copy_from(&[]),
+            packed: Some(std::sync::Arc::new(
+                matmul::packed::PackedWeight::copy_from(p),
+            )),
+        }
+    }
+
+    /// The parts, when this is a packed linear.
+    pub fn packed_parts(&self) -> Option<&matmul::packed::PackedWeight> {
+        self.packed.as_deref()
     }
 
     /// An F32 weight from values (tests and small synthetic models).
@@ -184,7 +206,25 @@ impl Backend for CpuBackend {
     }
 
     fn weight_bytes(&self, w: &CpuWeight) -> usize {
-        w.bytes().len()
+        match &w.packed {
+            Some(p) => p.stored_bytes(),
+            None => w.bytes().len(),
+        }
+    }
+
+    fn upload_linear(
+        &self,
+        name: &str,
+        linear: &LinearView<'_>,
+    ) -> Result<CpuWeight, BackendError> {
+        match linear {
+            LinearView::Dense(view) => self.upload_weight(name, view),
+            LinearView::Packed(p) => {
+                p.validate()
+                    .map_err(|e| BackendError::InvalidArgument(format!("`{name}`: {e}")))?;
+                Ok(CpuWeight::packed(p))
+            }
+        }
     }
 
     fn upload_weight(&self, name: &str, view: &TensorView<'_>) -> Result<CpuWeight, BackendError> {
@@ -195,6 +235,12 @@ impl Backend for CpuBackend {
                 view.shape
             )));
         };
+        if !view.dtype.is_weight() {
+            return Err(bad(format!(
+                "{:?} is the type of a packed linear's part, not of a weight",
+                view.dtype
+            )));
+        }
         let row_bytes = view.dtype.row_bytes(cols).ok_or_else(|| {
             bad(format!(
                 "{cols} columns are not whole {:?} blocks",
@@ -287,6 +333,11 @@ impl Backend for CpuBackend {
         step: &StepInput,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
+        if table.packed.is_some() {
+            return Err(BackendError::Unsupported(
+                "an embedding table stored as a packed linear".into(),
+            ));
+        }
         let (vocab, hidden) = (table.shape[0], table.shape[1]);
         check_len("embedding output", out.len(), step.num_tokens() * hidden)?;
         if let Some(&id) = step.token_ids.iter().find(|&&id| id as usize >= vocab) {
@@ -359,6 +410,13 @@ impl Backend for CpuBackend {
         let (n, k) = (w.shape[0], w.shape[1]);
         check_len("matmul input", x.len(), rows * k)?;
         check_len("matmul output", out.len(), rows * n)?;
+        if let Some(p) = &w.packed {
+            // Packed 4-bit: dequantized row by row on the fly (the reference path).
+            self.pool.install(|| {
+                matmul::packed::matmul_packed(&x[..rows * k], rows, &p.view(), &mut out[..rows * n])
+            });
+            return Ok(());
+        }
         // Exact mode (f32 activations × exactly dequantized blocks), SIMD, on the backend's pool.
         self.pool
             .install(|| matmul::matmul(&x[..rows * k], rows, k, &w.view(), &mut out[..rows * n]));

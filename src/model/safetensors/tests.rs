@@ -40,7 +40,17 @@ fn sample() -> Vec<(&'static str, Dtype, Vec<usize>, Vec<u8>)> {
             h,
         ),
         ("lm_head.weight", Dtype::BF16, vec![1, 2], b),
-        ("position_ids", Dtype::I64, vec![2], vec![0; 16]),
+        ("position_ids", Dtype::F64, vec![2], vec![0; 16]),
+        (
+            "q.weight_packed",
+            Dtype::I32,
+            vec![1, 2],
+            [-1i32, 0x1234_5678]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        ("q.weight_scale", Dtype::F8_E4M3, vec![2], vec![0x38, 0xC0]),
     ]
 }
 
@@ -55,9 +65,18 @@ fn single_file_is_mapped_with_hf_names_and_dtypes() {
             "lm_head.weight",
             "model.layers.0.self_attn.q_proj.weight",
             "model.norm.weight",
-            "position_ids"
+            "position_ids",
+            "q.weight_packed",
+            "q.weight_scale"
         ]
     );
+    // The parts of packed linears are served as stored.
+    let p = w.tensor("q.weight_packed").unwrap();
+    assert_eq!((p.dtype, p.shape), (WeightDType::I32, &[1usize, 2][..]));
+    assert_eq!(&p.data[4..8], &0x1234_5678i32.to_le_bytes());
+    let f8 = w.tensor("q.weight_scale").unwrap();
+    assert_eq!(f8.dtype, WeightDType::F8E4M3);
+    assert_eq!(crate::quant::dequantize_view(&f8), [1.0, -2.0]);
     let n = w.tensor("model.norm.weight").unwrap();
     assert_eq!((n.dtype, n.shape), (WeightDType::F32, &[2usize, 2][..]));
     assert_eq!(crate::quant::dequantize_view(&n), [1.0, 2.0, 3.0, 4.0]);
@@ -73,7 +92,7 @@ fn single_file_is_mapped_with_hf_names_and_dtypes() {
 
     let err = w.tensor("position_ids").unwrap_err();
     assert!(matches!(err, ModelError::Unsupported(_)), "{err}");
-    assert!(err.to_string().contains("`position_ids`") && err.to_string().contains("I64"));
+    assert!(err.to_string().contains("`position_ids`") && err.to_string().contains("F64"));
     assert!(matches!(
         w.tensor("nope"),
         Err(ModelError::MissingTensor(_))

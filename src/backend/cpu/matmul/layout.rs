@@ -108,6 +108,13 @@ pub(super) fn dequant_row(dtype: WeightDType, row: &[u8], out: &mut [f32]) {
                 dequant_q6k_block(b, o);
             }
         }
+        // Parts of packed linears are never a matmul weight (`WeightDType::is_weight`); their
+        // element values, for completeness.
+        WeightDType::I32
+        | WeightDType::I64
+        | WeightDType::U8
+        | WeightDType::I8
+        | WeightDType::F8E4M3 => crate::quant::dequantize_row(dtype, row, out),
     }
 }
 

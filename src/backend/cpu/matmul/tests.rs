@@ -131,6 +131,7 @@ fn ref_elem(dtype: WeightDType, row: &[u8], t: usize) -> f32 {
             let sc = row[b + 192 + 8 * half + l32 / 16 + 2 * quarter] as i8;
             (h(b + 208) * sc as f32) * q as f32
         }
+        other => panic!("{other:?} is not a matmul weight"),
     }
 }
 

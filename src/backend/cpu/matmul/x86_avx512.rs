@@ -331,7 +331,13 @@ unsafe fn dequant_row(dtype: WeightDType, row: &[u8], out: &mut [f32]) {
             WeightDType::Q8_0 => blocks::<Q8_0>(p, k, o),
             WeightDType::Q4_0 => blocks::<Q4_0>(p, k, o),
             WeightDType::Q4_1 => blocks::<Q4_1>(p, k, o),
-            WeightDType::Q4K | WeightDType::Q6K => layout::dequant_row(dtype, row, out),
+            WeightDType::Q4K
+            | WeightDType::Q6K
+            | WeightDType::I32
+            | WeightDType::I64
+            | WeightDType::U8
+            | WeightDType::I8
+            | WeightDType::F8E4M3 => layout::dequant_row(dtype, row, out),
         }
     }
 }

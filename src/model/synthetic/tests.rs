@@ -1,0 +1,132 @@
+//! The synthetic Qwen3.5-27B: inventory, packing, device bytes, and one generated linear of
+//! each format through the CPU reference matmul.
+
+use super::*;
+use crate::backend::{Backend, CpuBackend};
+use crate::model::memory::weights_device_bytes;
+use crate::quant::packed::dequantize_packed_row;
+use crate::tensor::LinearView;
+
+const GIB: usize = 1 << 30;
+
+#[test]
+fn inventory_is_the_851_text_tensors_when_dense() {
+    let w = SyntheticWeights::qwen3_5_27b(SyntheticQuant::Bf16, 1);
+    // 3 + 64 × 5 + 48 × 9 + 16 × 6 (qwen3_5.md §2.2).
+    assert_eq!(w.names().len(), 851);
+    let params: usize = w
+        .names()
+        .iter()
+        .map(|n| w.tensor_info(n).unwrap().numel())
+        .sum();
+    // About 26.9 B text parameters.
+    assert!(
+        (26_700_000_000..27_000_000_000).contains(&params),
+        "{params}"
+    );
+    // Dense BF16 is ~50 GiB: it does not fit one 32 GB card.
+    let bytes = weights_device_bytes(&w, 2);
+    assert!(bytes > 49 * GIB, "{bytes}");
+}
+
+#[test]
+fn w4a16_27b_text_model_fits_in_19_gib_with_16_bit_head_and_embeddings() {
+    let w = qwen3_5_27b_weights(SyntheticQuant::W4A16, 1);
+    let bytes = weights_device_bytes(w.as_ref(), 2);
+    let gib = bytes as f64 / GIB as f64;
+    println!("synthetic Qwen3.5-27B W4A16: {gib:.2} GiB on the device");
+    assert!(bytes <= 19 * GIB, "{gib:.2} GiB");
+    // The 16-bit parts alone: embedding + lm_head are 2 × 248320 × 5120 × 2 bytes.
+    let head = 2 * qwen3_5_27b::VOCAB * qwen3_5_27b::HIDDEN * 2;
+    // ~24.3 B packed weights at half a byte each, plus scales and zero points.
+    assert!(
+        bytes > head + 12_150_000_000,
+        "{gib:.2} GiB is too little for 24.3 B 4-bit weights"
+    );
+    let nv = weights_device_bytes(qwen3_5_27b_weights(SyntheticQuant::Nvfp4, 1).as_ref(), 2);
+    assert!(nv <= 19 * GIB, "NVFP4 {:.2} GiB", nv as f64 / GIB as f64);
+}
+
+#[test]
+fn ignored_linears_are_dense_and_the_rest_packed_with_the_real_shapes() {
+    use qwen3_5_27b::*;
+    let w = qwen3_5_27b_weights(SyntheticQuant::W4A16, 1);
+    let l = "model.language_model.layers";
+    for (m, n, k) in [
+        (format!("{l}.0.linear_attn.in_proj_qkv"), GDN_QKV, HIDDEN),
+        (format!("{l}.0.linear_attn.in_proj_z"), GDN_V, HIDDEN),
+        (format!("{l}.0.linear_attn.out_proj"), HIDDEN, GDN_V),
+        (format!("{l}.3.self_attn.q_proj"), Q_PROJ, HIDDEN),
+        (format!("{l}.3.self_attn.k_proj"), KV_PROJ, HIDDEN),
+        (format!("{l}.3.self_attn.o_proj"), HIDDEN, ATTN_OUT),
+        (format!("{l}.63.mlp.gate_proj"), INTERMEDIATE, HIDDEN),
+        (format!("{l}.63.mlp.down_proj"), HIDDEN, INTERMEDIATE),
+    ] {
+        match w.linear(&m).unwrap() {
+            LinearView::Packed(p) => {
+                assert_eq!((p.out_features, p.in_features), (n, k), "{m}");
+                p.validate().unwrap();
+            }
+            LinearView::Dense(_) => panic!("{m} should be packed"),
+        }
+    }
+    for m in [
+        "lm_head".to_string(),
+        format!("{l}.0.linear_attn.in_proj_a"),
+        format!("{l}.4.linear_attn.in_proj_b"),
+    ] {
+        let LinearView::Dense(v) = w.linear(&m).unwrap() else {
+            panic!("{m} should be dense");
+        };
+        assert_eq!(v.dtype, WeightDType::BF16);
+    }
+}
+
+#[test]
+fn generated_linears_run_through_the_cpu_reference() {
+    let b = CpuBackend::new(0).unwrap();
+    let x: Vec<f32> = (0..2 * 5120)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    for quant in [SyntheticQuant::W4A16, SyntheticQuant::Nvfp4] {
+        let w = qwen3_5_27b_weights(quant, 9);
+        let m = "model.language_model.layers.3.self_attn.k_proj";
+        let view = w.linear(m).unwrap();
+        let LinearView::Packed(p) = view else {
+            panic!("packed")
+        };
+        let cw = b.upload_linear(m, &view).unwrap();
+        assert_eq!(b.weight_bytes(&cw), p.stored_bytes());
+        let mut out = vec![0.0; 2 * 1024];
+        b.matmul(&x, 2, &cw, &mut out).unwrap();
+        let mut row = vec![0.0; 5120];
+        for j in [0, 511, 1023] {
+            dequantize_packed_row(&p, j, &mut row);
+            assert!(row.iter().all(|v| v.is_finite()));
+            for i in 0..2 {
+                let want: f64 = (0..5120)
+                    .map(|t| f64::from(x[i * 5120 + t]) * f64::from(row[t]))
+                    .sum();
+                let mag: f64 = (0..5120)
+                    .map(|t| (f64::from(x[i * 5120 + t]) * f64::from(row[t])).abs())
+                    .sum();
+                let got = f64::from(out[i * 1024 + j]);
+                assert!(
+                    (got - want).abs() <= 1e-5 * mag,
+                    "{quant:?} [{i},{j}] {got} vs {want}"
+                );
+            }
+        }
+        // Same seed, same bytes; another seed, other bytes.
+        let again = qwen3_5_27b_weights(quant, 9);
+        let other = qwen3_5_27b_weights(quant, 10);
+        let q = |s: &dyn WeightSource| {
+            s.tensor(&format!("{m}.weight_packed"))
+                .unwrap()
+                .data
+                .to_vec()
+        };
+        assert_eq!(q(w.as_ref()), q(again.as_ref()));
+        assert_ne!(q(w.as_ref()), q(other.as_ref()));
+    }
+}
