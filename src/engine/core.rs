@@ -121,11 +121,14 @@ impl EngineCore {
     ) -> Result<EngineCore, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let geometry = runner.cache_geometry();
-        if geometry.num_state_slots > 0 {
-            return Err(StartError::Config(format!(
-                "the model needs {} recurrent-state slots (hybrid attention); the scheduler does not assign them yet",
-                geometry.num_state_slots
-            )));
+        // Hybrid models: one state slot per running sequence. The prefix cache holds KV blocks
+        // only, not the recurrent state after them, so it is off for them.
+        let hybrid = geometry.num_state_slots > 0;
+        let prefix_caching = cfg.enable_prefix_caching && !hybrid;
+        if hybrid && cfg.enable_prefix_caching {
+            tracing::warn!(
+                "Prefix caching is off for this hybrid model: the KV cache does not hold the recurrent state of a cached prefix."
+            );
         }
         if geometry.num_blocks == 0 || geometry.block_size == 0 {
             return Err(StartError::Config(format!(
@@ -160,12 +163,9 @@ impl EngineCore {
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
                 max_model_len,
             },
-            BlockManager::new(
-                geometry.num_blocks,
-                geometry.block_size,
-                cfg.enable_prefix_caching,
-            ),
-        );
+            BlockManager::new(geometry.num_blocks, geometry.block_size, prefix_caching),
+        )
+        .with_state_slots(geometry.num_state_slots);
         let info = EngineInfo {
             model: model_name,
             max_model_len: max_model_len as u32,
@@ -181,7 +181,8 @@ impl EngineCore {
             kv_tokens,
             max_num_seqs = cfg.max_num_seqs,
             max_num_batched_tokens = cfg.max_num_batched_tokens,
-            prefix_caching = cfg.enable_prefix_caching,
+            prefix_caching,
+            state_slots = geometry.num_state_slots,
             "Engine started."
         );
         Ok(EngineCore {
@@ -257,7 +258,8 @@ impl EngineCore {
         }
         let kv = self.scheduler.kv();
         let fresh = BlockManager::new(kv.num_blocks(), kv.block_size(), kv.prefix_caching());
-        self.scheduler = Scheduler::new(self.scheduler.config(), fresh);
+        let slots = self.scheduler.state_slots().total();
+        self.scheduler = Scheduler::new(self.scheduler.config(), fresh).with_state_slots(slots);
     }
 
     /// Apply one command; true means stop.
@@ -449,7 +451,7 @@ impl EngineCore {
                 } else {
                     LogitsFor::None
                 },
-                state_slot: None,
+                state_slot: seq.state_slot,
             });
         }
         batch

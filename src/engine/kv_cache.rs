@@ -108,6 +108,53 @@ pub struct PrefixCacheStats {
     pub hit_tokens: u64,
 }
 
+/// Recurrent-state slots of a hybrid model (Qwen3.5): the runner owns their memory; this is the
+/// free list. A running sequence holds exactly one; waiting sequences hold none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSlots {
+    total: usize,
+    /// Free slot ids, lowest first out.
+    free: Vec<u32>,
+}
+
+impl StateSlots {
+    /// `total` free slots (0 for pure attention models: [`StateSlots::enabled`] is false).
+    pub fn new(total: usize) -> StateSlots {
+        StateSlots {
+            total,
+            free: (0..total as u32).rev().collect(),
+        }
+    }
+
+    /// Whether the model needs slots at all.
+    pub fn enabled(&self) -> bool {
+        self.total > 0
+    }
+
+    /// Slots in all.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Slots in use.
+    pub fn num_used(&self) -> usize {
+        self.total - self.free.len()
+    }
+
+    /// Take a free slot, if any.
+    pub fn take(&mut self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    /// Give `slot` back (taken from `slot.take()` so it cannot be returned twice).
+    pub fn give_back(&mut self, slot: &mut Option<u32>) {
+        if let Some(s) = slot.take() {
+            debug_assert!(!self.free.contains(&s) && (s as usize) < self.total);
+            self.free.push(s);
+        }
+    }
+}
+
 /// Free list, reference counts, prefix cache and evictable LRU over `num_blocks` blocks.
 #[derive(Debug)]
 pub struct BlockManager {

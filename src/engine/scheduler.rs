@@ -24,6 +24,8 @@
 //! - every admitted sequence fits in the cache alone (`max_len − 1 ≤ num_blocks × block_size`),
 //!   so the oldest running sequence can always get its blocks by preempting newer ones: the
 //!   engine always makes progress;
+//! - with state slots (hybrid models), every running sequence holds its own slot and no waiting
+//!   one holds any; admission stops when none is free, preemption and removal give it back;
 //! - a request that could never fit (prompt + 1 > `max_model_len`, or a prompt larger than the
 //!   whole cache) is refused at admission (`InvalidInput` / `Oom`) and never queued.
 
@@ -31,7 +33,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use crate::engine::handle::RequestId;
-use crate::engine::kv_cache::BlockManager;
+use crate::engine::kv_cache::{BlockManager, StateSlots};
 use crate::engine::sequence::{Sequence, SequenceStatus};
 use crate::error::EngineError;
 
@@ -75,6 +77,7 @@ pub struct SchedulerOutput {
 pub struct Scheduler {
     cfg: SchedulerConfig,
     kv: BlockManager,
+    states: StateSlots,
     seqs: HashMap<RequestId, Sequence>,
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
@@ -87,11 +90,25 @@ impl Scheduler {
         Scheduler {
             cfg,
             kv,
+            states: StateSlots::new(0),
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             num_preemptions: 0,
         }
+    }
+
+    /// Give every running sequence one of `n` recurrent-state slots (hybrid models): taken at
+    /// admission, given back on preemption and removal; with every slot taken, nothing more is
+    /// admitted. 0 (the default) means the model has no recurrent state.
+    pub fn with_state_slots(mut self, n: usize) -> Self {
+        self.states = StateSlots::new(n);
+        self
+    }
+
+    /// The state slots (read-only; for stats and the engine's restart).
+    pub fn state_slots(&self) -> &StateSlots {
+        &self.states
     }
 
     /// The limits.
@@ -193,6 +210,7 @@ impl Scheduler {
             SequenceStatus::Waiting => self.waiting.retain(|&w| w != id),
         }
         self.kv.free(&mut seq.blocks);
+        self.states.give_back(&mut seq.state_slot);
         Some(seq)
     }
 
@@ -250,6 +268,15 @@ impl Scheduler {
                 if budget == 0 || self.running.len() >= self.cfg.max_num_seqs {
                     break;
                 }
+                // A hybrid model's sequence runs only with a state slot of its own.
+                let slot = if self.states.enabled() {
+                    match self.states.take() {
+                        Some(s) => Some(s),
+                        None => break,
+                    }
+                } else {
+                    None
+                };
                 let bs = self.kv.block_size();
                 let seq = self.seqs.get_mut(&id).expect("waiting ids are in seqs");
                 // Cap the hit so at least the last token is computed (its logits are needed).
@@ -262,8 +289,10 @@ impl Scheduler {
                     .allocate(&mut seq.blocks, &hits, num_cached + n)
                     .is_err()
                 {
+                    self.states.give_back(&mut { slot });
                     break;
                 }
+                seq.state_slot = slot;
                 self.kv.record_lookup(max_hit_blocks * bs, num_cached);
                 self.waiting.pop_front();
                 self.running.push(id);
@@ -305,6 +334,7 @@ impl Scheduler {
     fn preempt(&mut self, id: RequestId) {
         let seq = self.seqs.get_mut(&id).expect("preempted ids are in seqs");
         self.kv.free(&mut seq.blocks);
+        self.states.give_back(&mut seq.state_slot);
         seq.reset_for_recompute();
         self.waiting.push_front(id);
         self.num_preemptions += 1;
@@ -393,7 +423,7 @@ mod tests {
                 let s = &self.seqs[id];
                 assert_eq!(s.status, SequenceStatus::Waiting);
                 assert!(
-                    s.blocks.is_empty() && s.num_computed_tokens == 0,
+                    s.blocks.is_empty() && s.num_computed_tokens == 0 && s.state_slot.is_none(),
                     "waiting {id} holds state"
                 );
             }
@@ -406,6 +436,17 @@ mod tests {
             }
             // Blocks can be shared, so the tables hold at least the used blocks.
             assert!(used >= self.kv.num_used());
+            if self.states.enabled() {
+                let mut slots: Vec<u32> = self
+                    .running
+                    .iter()
+                    .map(|id| self.seqs[id].state_slot.expect("running holds a slot"))
+                    .collect();
+                slots.sort_unstable();
+                slots.dedup();
+                assert_eq!(slots.len(), self.running.len(), "slots are not shared");
+                assert_eq!(self.states.num_used(), self.running.len());
+            }
         }
     }
 
@@ -567,5 +608,46 @@ mod tests {
         assert_eq!(s.kv().num_used(), 1);
         assert_eq!(s.num_running(), 1);
         s.check_invariants();
+    }
+
+    #[test]
+    fn state_slots_bound_the_running_set_and_follow_preemption() {
+        // 4 blocks of 4 tokens, 2 state slots: the third sequence waits for a slot.
+        let mut s = scheduler(4, 4, 8, 64, false).with_state_slots(2);
+        add(&mut s, 1, prompt(1, 3), 20);
+        add(&mut s, 2, prompt(2, 3), 20);
+        add(&mut s, 3, prompt(3, 3), 1);
+        let out = step(&mut s);
+        assert_eq!(out.scheduled.len(), 2);
+        let slots: Vec<_> = [1, 2]
+            .iter()
+            .map(|&id| s.get(id).unwrap().state_slot)
+            .collect();
+        assert_eq!(slots, vec![Some(0), Some(1)]);
+        assert_eq!(s.get(3).unwrap().state_slot, None);
+        // Sequence 2 is removed: 3 takes its slot.
+        s.remove(2);
+        let out = step(&mut s);
+        assert_eq!(shares(&out), vec![(1, 3, 1, true), (3, 0, 3, true)]);
+        assert!(
+            s.get(3).is_none(),
+            "3 finished (max_tokens 1) and gave its slot back"
+        );
+        assert_eq!(s.state_slots().num_used(), 1);
+        // 1 keeps growing alone; nothing else is running, so nothing is preempted.
+        add(&mut s, 4, prompt(4, 7), 20);
+        let mut preempted = false;
+        for _ in 0..12 {
+            let out = step(&mut s);
+            if out.preempted.contains(&4) {
+                preempted = true;
+                assert_eq!(
+                    s.get(4).unwrap().state_slot,
+                    None,
+                    "a preempted sequence holds no slot"
+                );
+            }
+        }
+        assert!(preempted, "the cache of 16 tokens cannot hold both");
     }
 }

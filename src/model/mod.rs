@@ -10,10 +10,11 @@ pub mod llama;
 pub mod memory;
 pub mod options;
 pub mod prefix;
+pub mod qwen3_5;
 pub mod runner;
 pub mod safetensors;
 pub mod step;
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, HybridConfig, LayerType, ModelConfig};
 pub use files::{ModelFiles, ModelFormat};
 pub use gguf::{GgufFile, GgufMetadata, GgufValue};
