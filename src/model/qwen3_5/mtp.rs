@@ -140,7 +140,7 @@ pub fn attach_mtp_file(
     if !path.is_file() {
         return Ok(weights);
     }
-    let mtp = SafetensorsWeights::open_files(&[path.clone()])?;
+    let mtp = SafetensorsWeights::open_files(std::slice::from_ref(&path))?;
     let names = mtp.names();
     let in_main = names.iter().filter(|n| weights.contains(n)).count();
     if in_main == names.len() {
