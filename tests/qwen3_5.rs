@@ -298,3 +298,148 @@ async fn batched_requests_get_the_tokens_they_get_alone() {
     }
     engine.shutdown();
 }
+
+/// Forwards to a runner and counts the tokens it computes.
+struct Counting {
+    inner: Box<dyn ModelRunner>,
+    computed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ModelRunner for Counting {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn max_position_embeddings(&self) -> usize {
+        self.inner.max_position_embeddings()
+    }
+    fn cache_geometry(&self) -> kiln::model::step::CacheGeometry {
+        self.inner.cache_geometry()
+    }
+    fn device_name(&self) -> String {
+        self.inner.device_name()
+    }
+    fn forward(
+        &mut self,
+        batch: &ForwardBatch,
+    ) -> Result<kiln::model::step::ForwardOutput, kiln::error::EngineError> {
+        self.computed
+            .fetch_add(batch.token_ids.len(), std::sync::atomic::Ordering::Relaxed);
+        self.inner.forward(batch)
+    }
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), kiln::error::EngineError> {
+        self.inner.copy_block(src, dst)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_drops_the_state_and_recomputes_the_same_tokens() {
+    let f = fixture("tiny_qwen3_5");
+    // 1 MiB: 4 state slots (38 KiB each) and 27 KV blocks of 16 tokens = 432 tokens, fewer
+    // than the four requests need together (484), more than any one alone (224).
+    let cfg = EngineConfig {
+        kv_cache_mib: 1,
+        max_num_batched_tokens: 64,
+        ..engine_config()
+    };
+    let files = open(&f.golden.model_path);
+    let r = build_runner(&files, &cfg.runner_options()).unwrap();
+    let g = r.cache_geometry();
+    assert_eq!((g.num_state_slots, g.num_blocks), (4, 27), "{g:?}");
+    let computed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counting = Counting {
+        inner: r,
+        computed: computed.clone(),
+    };
+    let engine = spawn(Box::new(counting), tokenizer(), cfg.clone(), "tiny").unwrap();
+    let prompts: Vec<Vec<u32>> = f
+        .golden
+        .greedy
+        .iter()
+        .filter(|c| c.prompt_ids.len() > 1)
+        .map(|c| c.prompt_ids.clone())
+        .rev()
+        .collect();
+    let request = |ids: &Vec<u32>| GenerateRequest {
+        prompt: Prompt::TokenIds(ids.clone()),
+        sampling: SamplingParams {
+            max_tokens: Some(24),
+            temperature: 0.0,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        },
+        deadline: None,
+    };
+    let pending: Vec<_> = prompts.iter().map(|p| engine.submit(request(p))).collect();
+    let mut batched = Vec::new();
+    for p in pending {
+        batched.push(p.await.unwrap().token_ids);
+    }
+    engine.shutdown();
+    let needed: usize = prompts.iter().map(|p| p.len() + 23).sum();
+    let done = computed.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        done > needed,
+        "no preemption happened ({done} tokens computed, {needed} needed)"
+    );
+    // Each alone, on a fresh runner with room.
+    let mut r = runner(&f.golden.model_path);
+    for (p, got) in prompts.iter().zip(&batched) {
+        let alone = probe(r.as_mut(), p, &Positions::Last, 24).unwrap().greedy;
+        assert_eq!(got, &alone);
+    }
+}
+
+/// The checkpoint's weights with one tensor reported under a wrong shape.
+struct WrongShape<'a> {
+    inner: &'a dyn kiln::tensor::WeightSource,
+    name: &'static str,
+}
+
+impl kiln::tensor::WeightSource for WrongShape<'_> {
+    fn tensor(&self, name: &str) -> Result<kiln::tensor::TensorView<'_>, kiln::error::ModelError> {
+        let mut t = self.inner.tensor(name)?;
+        if name == self.name {
+            static ODD: [usize; 2] = [3, 5];
+            t.shape = &ODD;
+        }
+        Ok(t)
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+    fn names(&self) -> Vec<String> {
+        self.inner.names()
+    }
+}
+
+#[test]
+fn mtp_and_gdn_weights_are_shape_checked() {
+    for (path, name) in [
+        ("tests/fixtures/tiny-qwen3_5", "mtp.fc.weight"),
+        (
+            "tests/fixtures/tiny-qwen3_5-vl",
+            "mtp.layers.0.self_attn.q_proj.weight",
+        ),
+        (
+            "tests/fixtures/tiny-qwen3_5-vl",
+            "model.language_model.layers.0.linear_attn.in_proj_qkv.weight",
+        ),
+    ] {
+        let files = open(path);
+        let bad = WrongShape {
+            inner: files.weights.as_ref(),
+            name,
+        };
+        let err = kiln::model::runner::build_runner_for(
+            &files.config,
+            &bad,
+            &engine_config().runner_options(),
+        )
+        .err()
+        .expect("a wrong shape is refused");
+        assert!(
+            matches!(&err, kiln::error::ModelError::Shape { name: n, .. } if n == name),
+            "{path}: {err}"
+        );
+    }
+}
