@@ -329,6 +329,9 @@ impl ModelRunner for Counting {
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), kiln::error::EngineError> {
         self.inner.copy_block(src, dst)
     }
+    fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), kiln::error::EngineError> {
+        self.inner.copy_state_slot(src, dst)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,6 +342,7 @@ async fn preemption_drops_the_state_and_recomputes_the_same_tokens() {
     let cfg = EngineConfig {
         kv_cache_mib: 1,
         max_num_batched_tokens: 64,
+        enable_prefix_caching: false,
         ..engine_config()
     };
     let files = open(&f.golden.model_path);
@@ -442,4 +446,75 @@ fn mtp_and_gdn_weights_are_shape_checked() {
             "{path}: {err}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_prefix_caching_skips_checkpointed_prefixes_with_the_same_tokens() {
+    let f = fixture("tiny_qwen3_5");
+    // A shared 70-token "system prompt" (4 full blocks of 16) and three different questions.
+    let system = &f.golden.prompt_ids[..70];
+    let questions: Vec<&[u32]> = f.golden.greedy[1..4]
+        .iter()
+        .map(|c| &c.prompt_ids[..10])
+        .collect();
+    let mut prompts: Vec<Vec<u32>> = questions.iter().map(|q| [system, q].concat()).collect();
+    prompts.push(prompts[0].clone()); // the first prompt again
+    let run = |caching: bool| {
+        let prompts = prompts.clone();
+        let path = f.golden.model_path.clone();
+        async move {
+            let cfg = EngineConfig {
+                enable_prefix_caching: caching,
+                ..engine_config()
+            };
+            let files = open(&path);
+            let r = build_runner(&files, &cfg.runner_options()).unwrap();
+            // 4 running slots, and as many checkpoints with caching.
+            assert_eq!(
+                r.cache_geometry().num_state_slots,
+                if caching { 8 } else { 4 }
+            );
+            let computed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counting = Counting {
+                inner: r,
+                computed: computed.clone(),
+            };
+            let engine = spawn(Box::new(counting), tokenizer(), cfg, "tiny").unwrap();
+            let mut out = Vec::new();
+            for p in &prompts {
+                let req = GenerateRequest {
+                    prompt: Prompt::TokenIds(p.clone()),
+                    sampling: SamplingParams {
+                        max_tokens: Some(6),
+                        temperature: 0.0,
+                        ignore_eos: true,
+                        ..SamplingParams::default()
+                    },
+                    deadline: None,
+                };
+                let c = engine.submit(req).await.unwrap();
+                out.push((c.token_ids, c.usage.cached_prompt_tokens));
+            }
+            engine.shutdown();
+            (out, computed.load(std::sync::atomic::Ordering::Relaxed))
+        }
+    };
+    let (plain, plain_computed) = run(false).await;
+    let (cached, cached_computed) = run(true).await;
+    let tokens = |v: &[(Vec<u32>, u32)]| v.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        tokens(&cached),
+        tokens(&plain),
+        "the cache changes no token"
+    );
+    let hits: Vec<u32> = cached.iter().map(|x| x.1).collect();
+    // 1st: nothing cached. 2nd: the 64 shared tokens are cached as KV but their state is not:
+    // recomputed, checkpointed at 64. 3rd and 4th: the 64 tokens are skipped.
+    assert_eq!(hits, vec![0, 0, 64, 64]);
+    assert!(plain.iter().all(|x| x.1 == 0));
+    assert_eq!(
+        plain_computed - cached_computed,
+        2 * 64,
+        "prefill tokens skipped"
+    );
 }

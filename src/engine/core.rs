@@ -121,13 +121,20 @@ impl EngineCore {
     ) -> Result<EngineCore, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let geometry = runner.cache_geometry();
-        // Hybrid models: one state slot per running sequence. The prefix cache holds KV blocks
-        // only, not the recurrent state after them, so it is off for them.
+        // Hybrid models: one state slot per running sequence (the first `max_num_seqs`); with
+        // prefix caching the runner keeps more, which hold prefix checkpoints of the recurrent
+        // state (without any, a cached prefix's state is unknown and prefix caching is off).
         let hybrid = geometry.num_state_slots > 0;
-        let prefix_caching = cfg.enable_prefix_caching && !hybrid;
-        if hybrid && cfg.enable_prefix_caching {
+        let running_slots = geometry.num_state_slots.min(cfg.max_num_seqs);
+        let checkpoint_slots = if cfg.enable_prefix_caching {
+            geometry.num_state_slots - running_slots
+        } else {
+            0
+        };
+        let prefix_caching = cfg.enable_prefix_caching && (!hybrid || checkpoint_slots > 0);
+        if hybrid && cfg.enable_prefix_caching && checkpoint_slots == 0 {
             tracing::warn!(
-                "Prefix caching is off for this hybrid model: the KV cache does not hold the recurrent state of a cached prefix."
+                "Prefix caching is off for this hybrid model: no state slot is left for prefix checkpoints."
             );
         }
         if geometry.num_blocks == 0 || geometry.block_size == 0 {
@@ -165,7 +172,8 @@ impl EngineCore {
             },
             BlockManager::new(geometry.num_blocks, geometry.block_size, prefix_caching),
         )
-        .with_state_slots(geometry.num_state_slots);
+        .with_state_slots(running_slots)
+        .with_state_checkpoints(checkpoint_slots);
         let info = EngineInfo {
             model: model_name,
             max_model_len: max_model_len as u32,
@@ -182,7 +190,8 @@ impl EngineCore {
             max_num_seqs = cfg.max_num_seqs,
             max_num_batched_tokens = cfg.max_num_batched_tokens,
             prefix_caching,
-            state_slots = geometry.num_state_slots,
+            state_slots = running_slots,
+            state_checkpoints = checkpoint_slots,
             "Engine started."
         );
         Ok(EngineCore {
@@ -259,7 +268,10 @@ impl EngineCore {
         let kv = self.scheduler.kv();
         let fresh = BlockManager::new(kv.num_blocks(), kv.block_size(), kv.prefix_caching());
         let slots = self.scheduler.state_slots().total();
-        self.scheduler = Scheduler::new(self.scheduler.config(), fresh).with_state_slots(slots);
+        let checkpoints = self.scheduler.state_checkpoints().slots();
+        self.scheduler = Scheduler::new(self.scheduler.config(), fresh)
+            .with_state_slots(slots)
+            .with_state_checkpoints(checkpoints);
     }
 
     /// Apply one command; true means stop.
@@ -391,8 +403,19 @@ impl EngineCore {
         let batch = self.build_batch(&out);
         let rows = out.scheduled.iter().filter(|s| s.sample).count();
         let t0 = Instant::now();
+        // Hybrid prefix hits: the state after the cached prefix comes from its checkpoint.
+        let restores: Vec<(u32, u32)> = out
+            .scheduled
+            .iter()
+            .filter_map(|s| Some((s.restore_state_from?, batch_slot(&batch, &out, s.id)?)))
+            .collect();
         let runner = &mut self.runner;
-        let result = match catch_unwind(AssertUnwindSafe(|| runner.forward(&batch))) {
+        let result = match catch_unwind(AssertUnwindSafe(|| {
+            for &(src, dst) in &restores {
+                runner.copy_state_slot(src, dst)?;
+            }
+            runner.forward(&batch)
+        })) {
             Ok(Ok(fwd)) if fwd.samples.len() == rows => Ok(fwd.samples),
             Ok(Ok(fwd)) => Err(EngineError::Internal(format!(
                 "the model returned {} sampled tokens for {rows} sampling rows",
@@ -415,7 +438,12 @@ impl EngineCore {
             }
         };
         let forward_time = t0.elapsed();
-        self.scheduler.complete_step(&out.scheduled);
+        for (src, dst) in self.scheduler.complete_step(&out.scheduled) {
+            // Slot ids come from the scheduler's own pools: a failure is an engine bug.
+            if let Err(e) = self.runner.copy_state_slot(src, dst) {
+                panic!("checkpoint of state slot {src} into {dst} failed: {e}");
+            }
+        }
         self.count_prompt_tokens(&out);
         self.append_all(&out, samples);
         self.stats.steps += 1;
@@ -556,6 +584,12 @@ impl EngineCore {
             ..self.stats
         }
     }
+}
+
+/// The state slot the batch gives sequence `id` of `out`.
+fn batch_slot(batch: &ForwardBatch, out: &SchedulerOutput, id: RequestId) -> Option<u32> {
+    let i = out.scheduled.iter().position(|s| s.id == id)?;
+    batch.seqs.get(i)?.state_slot
 }
 
 /// Tokenizer and chat-template failures are the request's fault (a template that raises, a

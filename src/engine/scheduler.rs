@@ -26,6 +26,9 @@
 //!   engine always makes progress;
 //! - with state slots (hybrid models), every running sequence holds its own slot and no waiting
 //!   one holds any; admission stops when none is free, preemption and removal give it back;
+//! - a hybrid model's prefix hit is used only up to the longest prefix with a state checkpoint
+//!   (the state after the skipped tokens is copied from it); a longer cached prefix gets a
+//!   checkpoint: the prefill chunk stops at its end and the engine copies the state there;
 //! - a request that could never fit (prompt + 1 > `max_model_len`, or a prompt larger than the
 //!   whole cache) is refused at admission (`InvalidInput` / `Oom`) and never queued.
 
@@ -33,7 +36,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use crate::engine::handle::RequestId;
-use crate::engine::kv_cache::{BlockManager, StateSlots};
+use crate::engine::kv_cache::{BlockManager, StateCheckpoints, StateSlots};
 use crate::engine::sequence::{Sequence, SequenceStatus};
 use crate::error::EngineError;
 
@@ -59,6 +62,9 @@ pub struct ScheduledSeq {
     pub cached_len: usize,
     /// Whether this step reaches the end of the sequence, so its logits are sampled.
     pub sample: bool,
+    /// Hybrid models: copy this prefix-checkpoint slot into the sequence's state slot before
+    /// the step (its `cached_len` tokens were served from the prefix cache).
+    pub restore_state_from: Option<u32>,
 }
 
 /// What one step runs.
@@ -78,6 +84,7 @@ pub struct Scheduler {
     cfg: SchedulerConfig,
     kv: BlockManager,
     states: StateSlots,
+    checkpoints: StateCheckpoints,
     seqs: HashMap<RequestId, Sequence>,
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
@@ -91,6 +98,7 @@ impl Scheduler {
             cfg,
             kv,
             states: StateSlots::new(0),
+            checkpoints: StateCheckpoints::default(),
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -104,6 +112,21 @@ impl Scheduler {
     pub fn with_state_slots(mut self, n: usize) -> Self {
         self.states = StateSlots::new(n);
         self
+    }
+
+    /// Keep prefix checkpoints of the recurrent state in `n` slots after the running ones
+    /// (hybrid models with prefix caching): a prompt whose cached prefix has a checkpoint
+    /// skips that prefix; one whose cached prefix has none recomputes it and leaves a
+    /// checkpoint there (its prefill chunk stops at the prefix end). Without checkpoints a
+    /// hybrid model's prefix-cache hits are not used (the state after them is unknown).
+    pub fn with_state_checkpoints(mut self, n: usize) -> Self {
+        self.checkpoints = StateCheckpoints::new(self.states.total() as u32, n);
+        self
+    }
+
+    /// The checkpoint slots (for restarts and stats).
+    pub fn state_checkpoints(&self) -> &StateCheckpoints {
+        &self.checkpoints
     }
 
     /// The state slots (read-only; for stats and the engine's restart).
@@ -230,6 +253,7 @@ impl Scheduler {
                 continue;
             }
             let cached_len = seq.num_computed_tokens;
+            let n = cut_at_checkpoint(seq.checkpoint_at, cached_len, n);
             let sample = cached_len + n == seq.num_tokens();
             let mut fits = true;
             loop {
@@ -257,6 +281,7 @@ impl Scheduler {
                 num_new_tokens: n,
                 cached_len,
                 sample,
+                restore_state_from: None,
             });
             budget -= n;
             i += 1;
@@ -281,9 +306,28 @@ impl Scheduler {
                 let seq = self.seqs.get_mut(&id).expect("waiting ids are in seqs");
                 // Cap the hit so at least the last token is computed (its logits are needed).
                 let max_hit_blocks = ((seq.num_tokens() - 1) / bs).min(seq.block_hashes.len());
-                let hits = self.kv.lookup_prefix(&seq.block_hashes[..max_hit_blocks]);
+                let mut hits = self.kv.lookup_prefix(&seq.block_hashes[..max_hit_blocks]);
+                let mut restore = None;
+                if self.states.enabled() {
+                    // Only the longest hit prefix whose state is checkpointed can be skipped;
+                    // a longer shared prefix gets a checkpoint at its end this time.
+                    let k = (1..=hits.len())
+                        .rev()
+                        .find(|&k| self.checkpoints.contains(&seq.block_hashes[k - 1]))
+                        .unwrap_or(0);
+                    if k > 0 {
+                        restore = self.checkpoints.use_checkpoint(&seq.block_hashes[k - 1]);
+                    }
+                    seq.checkpoint_at =
+                        (self.checkpoints.enabled() && hits.len() > k).then_some(hits.len() * bs);
+                    hits.truncate(k);
+                }
                 let num_cached = hits.len() * bs;
-                let n = (seq.num_tokens() - num_cached).min(budget);
+                let n = cut_at_checkpoint(
+                    seq.checkpoint_at,
+                    num_cached,
+                    (seq.num_tokens() - num_cached).min(budget),
+                );
                 if self
                     .kv
                     .allocate(&mut seq.blocks, &hits, num_cached + n)
@@ -307,6 +351,7 @@ impl Scheduler {
                     num_new_tokens: n,
                     cached_len: num_cached,
                     sample,
+                    restore_state_from: restore,
                 });
                 budget -= n;
             }
@@ -316,8 +361,12 @@ impl Scheduler {
     }
 
     /// Record that a step's forward pass succeeded: advance each sequence's computed tokens and
-    /// offer its newly full blocks to the prefix cache.
-    pub fn complete_step(&mut self, scheduled: &[ScheduledSeq]) {
+    /// offer its newly full blocks to the prefix cache. Returns the state copies `(sequence
+    /// slot, checkpoint slot)` the engine must make now for the sequences that reached their
+    /// checkpoint (hybrid models).
+    pub fn complete_step(&mut self, scheduled: &[ScheduledSeq]) -> Vec<(u32, u32)> {
+        let mut copies = Vec::new();
+        let bs = self.kv.block_size();
         for s in scheduled {
             if let Some(seq) = self.seqs.get_mut(&s.id) {
                 seq.num_computed_tokens = s.cached_len + s.num_new_tokens;
@@ -326,8 +375,22 @@ impl Scheduler {
                     &seq.block_hashes,
                     seq.num_computed_tokens,
                 );
+                if let Some(at) = seq.checkpoint_at {
+                    if seq.num_computed_tokens >= at {
+                        seq.checkpoint_at = None;
+                        let hash = seq.block_hashes.get((at / bs).wrapping_sub(1));
+                        if let (true, Some(h), Some(slot)) =
+                            (seq.num_computed_tokens == at, hash, seq.state_slot)
+                        {
+                            if let Some(dst) = self.checkpoints.insert(*h) {
+                                copies.push((slot, dst));
+                            }
+                        }
+                    }
+                }
             }
         }
+        copies
     }
 
     /// Free a running sequence's blocks and queue it for recomputation, first in line.
@@ -338,6 +401,14 @@ impl Scheduler {
         seq.reset_for_recompute();
         self.waiting.push_front(id);
         self.num_preemptions += 1;
+    }
+}
+
+/// `n` new tokens from `cached_len`, stopped at `checkpoint_at` when that lies inside them.
+fn cut_at_checkpoint(checkpoint_at: Option<usize>, cached_len: usize, n: usize) -> usize {
+    match checkpoint_at {
+        Some(at) if at > cached_len && at < cached_len + n => at - cached_len,
+        _ => n,
     }
 }
 

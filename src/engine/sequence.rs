@@ -62,6 +62,9 @@ pub struct Sequence {
     /// Recurrent-state slot held while running (hybrid models only; see
     /// `kv_cache::StateSlots`).
     pub state_slot: Option<u32>,
+    /// Computed-token count at which to checkpoint the recurrent state (hybrid models with
+    /// prefix caching: the end of a prefix the cache says is shared); prefill chunks stop there.
+    pub checkpoint_at: Option<usize>,
     /// Hash chain over the full blocks of `token_ids`.
     pub block_hashes: Vec<BlockHash>,
     /// Generation ends (`Length`) once `token_ids` reaches this many tokens.
@@ -110,6 +113,7 @@ impl Sequence {
             num_computed_tokens: 0,
             blocks: SeqBlocks::default(),
             state_slot: None,
+            checkpoint_at: None,
             block_hashes,
             max_len,
             cached_prompt_tokens: None,

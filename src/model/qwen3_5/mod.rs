@@ -491,11 +491,15 @@ impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
     fn reset_state_slot(&mut self, slot: u32) -> Result<(), EngineError> {
         Ok(self.backend.reset_state_slot(&mut self.states, slot)?)
     }
+
+    fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        Ok(self.backend.copy_state_slot(&mut self.states, src, dst)?)
+    }
 }
 
 /// Qwen3.5 on the CPU: `engine.kv_cache_mib` holds the state slots (one per sequence of
-/// `engine.max_num_seqs`, fewer when the budget is short) and the KV blocks of the
-/// full-attention layers ([`crate::model::memory::split_hybrid`]).
+/// `engine.max_num_seqs`, twice that with prefix caching, fewer when the budget is short) and
+/// the KV blocks of the full-attention layers ([`crate::model::memory::split_hybrid`]).
 pub fn load_cpu(
     backend: crate::backend::CpuBackend,
     config: &ModelConfig,
@@ -513,15 +517,17 @@ pub fn load_cpu(
         state_bytes_per_slot: state.bytes_per_slot(),
         bytes_per_block: bytes_per_block.max(1),
         block_size: opts.block_size,
-        max_num_seqs: opts.max_num_seqs.max(1),
+        // With prefix caching, as many slots again hold prefix checkpoints (the engine gives
+        // running sequences the first `max_num_seqs`, checkpoints the rest).
+        max_num_seqs: opts.max_num_seqs.max(1) * if opts.enable_prefix_caching { 2 } else { 1 },
         min_kv_tokens: opts.block_size,
     })
     .map_err(ModelError::Unsupported)?;
-    if split.num_state_slots < opts.max_num_seqs {
+    if split.num_state_slots < opts.max_num_seqs * if opts.enable_prefix_caching { 2 } else { 1 } {
         tracing::warn!(
             max_num_seqs = opts.max_num_seqs,
             state_slots = split.num_state_slots,
-            "engine.kv_cache_mib holds only {} state slots: at most that many sequences run at once.",
+            "engine.kv_cache_mib holds only {} state slots: fewer sequences at once (or fewer prefix checkpoints).",
             split.num_state_slots
         );
     }
