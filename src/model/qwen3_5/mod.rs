@@ -532,12 +532,20 @@ pub fn load_cpu(
         );
     }
     info!(kv_cache_mib = opts.kv_cache_mib, plan = %split, "Hybrid cache sized.");
+    // Without full-attention layers a block costs nothing: only as many as the positions need.
+    let num_blocks = if config.num_kv_layers() == 0 {
+        split.num_blocks.min(
+            opts.max_num_seqs.max(1) * config.max_position_embeddings.div_ceil(opts.block_size),
+        )
+    } else {
+        split.num_blocks
+    };
     Ok(Box::new(Qwen3_5::load(
         backend,
         config,
         weights,
         opts.block_size,
-        split.num_blocks,
+        num_blocks,
         split.num_state_slots,
     )?))
 }
