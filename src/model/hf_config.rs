@@ -12,7 +12,7 @@
 //! file has no `output.weight`.
 //!
 //! Qwen3.5 (`qwen3_5`, `qwen3_5_text`: hybrid layers, partial rotary, a nested `text_config`)
-//! is read by [`qwen3_5`].
+//! is read by the private `qwen3_5` submodule.
 //!
 //! Anything kiln does not implement is `ModelError::Unsupported` naming it: another
 //! architecture, a RoPE scaling other than none/default, partial rotary, sliding windows,
