@@ -29,13 +29,14 @@
 //! Activations are in the backend's compute dtype (f32 on the CPU; bf16/fp16 on GPUs); only
 //! [`Backend::upload`] and [`Backend::download`] convert to and from host f32.
 //!
-//! Hybrid models (Qwen3.5, Gated DeltaNet layers) will add an associated `StateCache` with one
-//! recurrent-state slot per sequence (addressed by [`StepSeq::state_slot`], already carried in
-//! every step) and the ops `gdn_conv1d`, `gdn_chunk_prefill` and `gdn_decode_step`.
+//! Hybrid models (Qwen3.5, Gated DeltaNet layers) need more: the extension trait
+//! [`hybrid::HybridBackend`] adds a `StateCache` with one recurrent-state slot per sequence
+//! (addressed by [`StepSeq::state_slot`]) and the GDN ops; the CPU implements it, CUDA not yet.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod hybrid;
 pub mod kv_dtype;
 pub mod rope;
 

@@ -74,6 +74,7 @@ impl EngineConfig {
             gpu_memory_utilization: self.gpu_memory_utilization,
             dtype: self.dtype.clone(),
             kv_cache_dtype: self.kv_cache_dtype.clone(),
+            enable_prefix_caching: self.enable_prefix_caching,
         }
     }
 

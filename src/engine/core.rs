@@ -123,11 +123,21 @@ impl EngineCore {
     ) -> Result<EngineCore, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let geometry = runner.cache_geometry();
-        if geometry.num_state_slots > 0 {
-            return Err(StartError::Config(format!(
-                "the model needs {} recurrent-state slots (hybrid attention); the scheduler does not assign them yet",
-                geometry.num_state_slots
-            )));
+        // Hybrid models: one state slot per running sequence (the first `max_num_seqs`); with
+        // prefix caching the runner keeps more, which hold prefix checkpoints of the recurrent
+        // state (without any, a cached prefix's state is unknown and prefix caching is off).
+        let hybrid = geometry.num_state_slots > 0;
+        let running_slots = geometry.num_state_slots.min(cfg.max_num_seqs);
+        let checkpoint_slots = if cfg.enable_prefix_caching {
+            geometry.num_state_slots - running_slots
+        } else {
+            0
+        };
+        let prefix_caching = cfg.enable_prefix_caching && (!hybrid || checkpoint_slots > 0);
+        if hybrid && cfg.enable_prefix_caching && checkpoint_slots == 0 {
+            tracing::warn!(
+                "Prefix caching is off for this hybrid model: no state slot is left for prefix checkpoints."
+            );
         }
         if geometry.num_blocks == 0 || geometry.block_size == 0 {
             return Err(StartError::Config(format!(
@@ -162,12 +172,10 @@ impl EngineCore {
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
                 max_model_len,
             },
-            BlockManager::new(
-                geometry.num_blocks,
-                geometry.block_size,
-                cfg.enable_prefix_caching,
-            ),
-        );
+            BlockManager::new(geometry.num_blocks, geometry.block_size, prefix_caching),
+        )
+        .with_state_slots(running_slots)
+        .with_state_checkpoints(checkpoint_slots);
         let info = EngineInfo {
             model: model_name,
             max_model_len: max_model_len as u32,
@@ -183,7 +191,9 @@ impl EngineCore {
             kv_tokens,
             max_num_seqs = cfg.max_num_seqs,
             max_num_batched_tokens = cfg.max_num_batched_tokens,
-            prefix_caching = cfg.enable_prefix_caching,
+            prefix_caching,
+            state_slots = running_slots,
+            state_checkpoints = checkpoint_slots,
             "Engine started."
         );
         Ok(EngineCore {
@@ -267,7 +277,11 @@ impl EngineCore {
         }
         let kv = self.scheduler.kv();
         let fresh = BlockManager::new(kv.num_blocks(), kv.block_size(), kv.prefix_caching());
-        self.scheduler = Scheduler::new(self.scheduler.config(), fresh);
+        let slots = self.scheduler.state_slots().total();
+        let checkpoints = self.scheduler.state_checkpoints().slots();
+        self.scheduler = Scheduler::new(self.scheduler.config(), fresh)
+            .with_state_slots(slots)
+            .with_state_checkpoints(checkpoints);
     }
 
     /// Apply one command; true means stop.
@@ -399,8 +413,19 @@ impl EngineCore {
         let batch = self.build_batch(&out);
         let rows = out.scheduled.iter().filter(|s| s.sample).count();
         let t0 = Instant::now();
+        // Hybrid prefix hits: the state after the cached prefix comes from its checkpoint.
+        let restores: Vec<(u32, u32)> = out
+            .scheduled
+            .iter()
+            .filter_map(|s| Some((s.restore_state_from?, batch_slot(&batch, &out, s.id)?)))
+            .collect();
         let runner = &mut self.runner;
-        let result = match catch_unwind(AssertUnwindSafe(|| runner.forward(&batch))) {
+        let result = match catch_unwind(AssertUnwindSafe(|| {
+            for &(src, dst) in &restores {
+                runner.copy_state_slot(src, dst)?;
+            }
+            runner.forward(&batch)
+        })) {
             Ok(Ok(fwd)) if fwd.samples.len() == rows => Ok(fwd.samples),
             Ok(Ok(fwd)) => Err(EngineError::Internal(format!(
                 "the model returned {} sampled tokens for {rows} sampling rows",
@@ -431,7 +456,12 @@ impl EngineCore {
             }
         };
         let forward_time = t0.elapsed();
-        self.scheduler.complete_step(&out.scheduled);
+        for (src, dst) in self.scheduler.complete_step(&out.scheduled) {
+            // Slot ids come from the scheduler's own pools: a failure is an engine bug.
+            if let Err(e) = self.runner.copy_state_slot(src, dst) {
+                panic!("checkpoint of state slot {src} into {dst} failed: {e}");
+            }
+        }
         self.count_prompt_tokens(&out);
         self.append_all(&out, samples);
         self.stats.steps += 1;
@@ -467,7 +497,7 @@ impl EngineCore {
                 } else {
                     LogitsFor::None
                 },
-                state_slot: None,
+                state_slot: seq.state_slot,
             });
         }
         batch
@@ -572,6 +602,12 @@ impl EngineCore {
             ..self.stats
         }
     }
+}
+
+/// The state slot the batch gives sequence `id` of `out`.
+fn batch_slot(batch: &ForwardBatch, out: &SchedulerOutput, id: RequestId) -> Option<u32> {
+    let i = out.scheduled.iter().position(|s| s.id == id)?;
+    batch.seqs.get(i)?.state_slot
 }
 
 /// Tokenizer and chat-template failures are the request's fault (a template that raises, a

@@ -108,6 +108,129 @@ pub struct PrefixCacheStats {
     pub hit_tokens: u64,
 }
 
+/// Recurrent-state slots of a hybrid model (Qwen3.5): the runner owns their memory; this is the
+/// free list. A running sequence holds exactly one; waiting sequences hold none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSlots {
+    total: usize,
+    /// Free slot ids, lowest first out.
+    free: Vec<u32>,
+}
+
+impl StateSlots {
+    /// `total` free slots (0 for pure attention models: [`StateSlots::enabled`] is false).
+    pub fn new(total: usize) -> StateSlots {
+        StateSlots {
+            total,
+            free: (0..total as u32).rev().collect(),
+        }
+    }
+
+    /// Whether the model needs slots at all.
+    pub fn enabled(&self) -> bool {
+        self.total > 0
+    }
+
+    /// Slots in all.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Slots in use.
+    pub fn num_used(&self) -> usize {
+        self.total - self.free.len()
+    }
+
+    /// Take a free slot, if any.
+    pub fn take(&mut self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    /// Give `slot` back (taken from `slot.take()` so it cannot be returned twice).
+    pub fn give_back(&mut self, slot: &mut Option<u32>) {
+        if let Some(s) = slot.take() {
+            debug_assert!(!self.free.contains(&s) && (s as usize) < self.total);
+            self.free.push(s);
+        }
+    }
+}
+
+/// Prefix checkpoints of a hybrid model: state slots holding the recurrent + conv state after
+/// a cached prefix, keyed by the hash of the prefix's last full block (the chain hash names the
+/// whole prefix). At most `slots` of them; the least recently used is replaced first. A
+/// checkpoint is only useful while the KV blocks of its prefix are cached too: the scheduler
+/// uses the longest prefix with both.
+#[derive(Debug, Clone, Default)]
+pub struct StateCheckpoints {
+    free: Vec<u32>,
+    by_hash: HashMap<BlockHash, u32>,
+    /// Oldest use first.
+    lru: std::collections::VecDeque<BlockHash>,
+    slots: usize,
+}
+
+impl StateCheckpoints {
+    /// Checkpoints in slots `first .. first + n` of the runner's state cache.
+    pub fn new(first: u32, n: usize) -> StateCheckpoints {
+        StateCheckpoints {
+            free: (first..first + n as u32).rev().collect(),
+            slots: n,
+            ..StateCheckpoints::default()
+        }
+    }
+
+    /// Slots set aside for checkpoints.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Whether any slot is set aside for checkpoints.
+    pub fn enabled(&self) -> bool {
+        self.slots > 0
+    }
+
+    /// Checkpoints held.
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+
+    /// Whether the prefix ending with the block hashed `h` has a checkpoint.
+    pub fn contains(&self, h: &BlockHash) -> bool {
+        self.by_hash.contains_key(h)
+    }
+
+    /// The checkpoint slot of the prefix ending with `h`, marked as just used.
+    pub fn use_checkpoint(&mut self, h: &BlockHash) -> Option<u32> {
+        let slot = *self.by_hash.get(h)?;
+        self.lru.retain(|x| x != h);
+        self.lru.push_back(*h);
+        Some(slot)
+    }
+
+    /// A slot to write the checkpoint of the prefix ending with `h` into (a free one, else the
+    /// least recently used checkpoint's); `None` when `h` has one already or none is set aside.
+    pub fn insert(&mut self, h: BlockHash) -> Option<u32> {
+        if !self.enabled() || self.by_hash.contains_key(&h) {
+            return None;
+        }
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let old = self.lru.pop_front()?;
+                self.by_hash.remove(&old).expect("lru entries are mapped")
+            }
+        };
+        self.by_hash.insert(h, slot);
+        self.lru.push_back(h);
+        Some(slot)
+    }
+}
+
 /// Free list, reference counts, prefix cache and evictable LRU over `num_blocks` blocks.
 #[derive(Debug)]
 pub struct BlockManager {
@@ -519,5 +642,24 @@ mod tests {
         m.free(&mut a);
         assert!(m.lookup_prefix(&h).is_empty());
         m.check_invariants();
+    }
+
+    #[test]
+    fn state_checkpoints_replace_the_least_recently_used() {
+        let h = |i: u32| BlockHash::chain(None, &[i]);
+        let mut c = StateCheckpoints::new(4, 2);
+        assert_eq!(c.insert(h(1)), Some(4));
+        assert_eq!(c.insert(h(2)), Some(5));
+        assert_eq!(c.insert(h(2)), None, "already checkpointed");
+        assert_eq!(c.use_checkpoint(&h(1)), Some(4)); // 2 is now the oldest
+        assert_eq!(c.insert(h(3)), Some(5));
+        assert!(!c.contains(&h(2)) && c.contains(&h(1)) && c.contains(&h(3)));
+        assert_eq!(c.len(), 2);
+        assert_eq!(StateCheckpoints::new(0, 0).insert(h(1)), None);
+        let mut s = StateSlots::new(2);
+        let mut a = s.take();
+        assert_eq!((a, s.take(), s.take()), (Some(0), Some(1), None));
+        s.give_back(&mut a);
+        assert_eq!((a, s.num_used()), (None, 1));
     }
 }

@@ -24,6 +24,11 @@
 //! - every admitted sequence fits in the cache alone (`max_len − 1 ≤ num_blocks × block_size`),
 //!   so the oldest running sequence can always get its blocks by preempting newer ones: the
 //!   engine always makes progress;
+//! - with state slots (hybrid models), every running sequence holds its own slot and no waiting
+//!   one holds any; admission stops when none is free, preemption and removal give it back;
+//! - a hybrid model's prefix hit is used only up to the longest prefix with a state checkpoint
+//!   (the state after the skipped tokens is copied from it); a longer cached prefix gets a
+//!   checkpoint: the prefill chunk stops at its end and the engine copies the state there;
 //! - a request that could never fit (prompt + 1 > `max_model_len`, or a prompt larger than the
 //!   whole cache) is refused at admission (`InvalidInput` / `Oom`) and never queued.
 
@@ -31,7 +36,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use crate::engine::handle::RequestId;
-use crate::engine::kv_cache::BlockManager;
+use crate::engine::kv_cache::{BlockManager, StateCheckpoints, StateSlots};
 use crate::engine::sequence::{Sequence, SequenceStatus};
 use crate::error::EngineError;
 
@@ -57,6 +62,9 @@ pub struct ScheduledSeq {
     pub cached_len: usize,
     /// Whether this step reaches the end of the sequence, so its logits are sampled.
     pub sample: bool,
+    /// Hybrid models: copy this prefix-checkpoint slot into the sequence's state slot before
+    /// the step (its `cached_len` tokens were served from the prefix cache).
+    pub restore_state_from: Option<u32>,
 }
 
 /// What one step runs.
@@ -75,6 +83,8 @@ pub struct SchedulerOutput {
 pub struct Scheduler {
     cfg: SchedulerConfig,
     kv: BlockManager,
+    states: StateSlots,
+    checkpoints: StateCheckpoints,
     seqs: HashMap<RequestId, Sequence>,
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
@@ -87,11 +97,41 @@ impl Scheduler {
         Scheduler {
             cfg,
             kv,
+            states: StateSlots::new(0),
+            checkpoints: StateCheckpoints::default(),
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             num_preemptions: 0,
         }
+    }
+
+    /// Give every running sequence one of `n` recurrent-state slots (hybrid models): taken at
+    /// admission, given back on preemption and removal; with every slot taken, nothing more is
+    /// admitted. 0 (the default) means the model has no recurrent state.
+    pub fn with_state_slots(mut self, n: usize) -> Self {
+        self.states = StateSlots::new(n);
+        self
+    }
+
+    /// Keep prefix checkpoints of the recurrent state in `n` slots after the running ones
+    /// (hybrid models with prefix caching): a prompt whose cached prefix has a checkpoint
+    /// skips that prefix; one whose cached prefix has none recomputes it and leaves a
+    /// checkpoint there (its prefill chunk stops at the prefix end). Without checkpoints a
+    /// hybrid model's prefix-cache hits are not used (the state after them is unknown).
+    pub fn with_state_checkpoints(mut self, n: usize) -> Self {
+        self.checkpoints = StateCheckpoints::new(self.states.total() as u32, n);
+        self
+    }
+
+    /// The checkpoint slots (for restarts and stats).
+    pub fn state_checkpoints(&self) -> &StateCheckpoints {
+        &self.checkpoints
+    }
+
+    /// The state slots (read-only; for stats and the engine's restart).
+    pub fn state_slots(&self) -> &StateSlots {
+        &self.states
     }
 
     /// The limits.
@@ -193,6 +233,7 @@ impl Scheduler {
             SequenceStatus::Waiting => self.waiting.retain(|&w| w != id),
         }
         self.kv.free(&mut seq.blocks);
+        self.states.give_back(&mut seq.state_slot);
         Some(seq)
     }
 
@@ -212,6 +253,7 @@ impl Scheduler {
                 continue;
             }
             let cached_len = seq.num_computed_tokens;
+            let n = cut_at_checkpoint(seq.checkpoint_at, cached_len, n);
             let sample = cached_len + n == seq.num_tokens();
             let mut fits = true;
             loop {
@@ -239,6 +281,7 @@ impl Scheduler {
                 num_new_tokens: n,
                 cached_len,
                 sample,
+                restore_state_from: None,
             });
             budget -= n;
             i += 1;
@@ -250,20 +293,50 @@ impl Scheduler {
                 if budget == 0 || self.running.len() >= self.cfg.max_num_seqs {
                     break;
                 }
+                // A hybrid model's sequence runs only with a state slot of its own.
+                let slot = if self.states.enabled() {
+                    match self.states.take() {
+                        Some(s) => Some(s),
+                        None => break,
+                    }
+                } else {
+                    None
+                };
                 let bs = self.kv.block_size();
                 let seq = self.seqs.get_mut(&id).expect("waiting ids are in seqs");
                 // Cap the hit so at least the last token is computed (its logits are needed).
                 let max_hit_blocks = ((seq.num_tokens() - 1) / bs).min(seq.block_hashes.len());
-                let hits = self.kv.lookup_prefix(&seq.block_hashes[..max_hit_blocks]);
+                let mut hits = self.kv.lookup_prefix(&seq.block_hashes[..max_hit_blocks]);
+                let mut restore = None;
+                if self.states.enabled() {
+                    // Only the longest hit prefix whose state is checkpointed can be skipped;
+                    // a longer shared prefix gets a checkpoint at its end this time.
+                    let k = (1..=hits.len())
+                        .rev()
+                        .find(|&k| self.checkpoints.contains(&seq.block_hashes[k - 1]))
+                        .unwrap_or(0);
+                    if k > 0 {
+                        restore = self.checkpoints.use_checkpoint(&seq.block_hashes[k - 1]);
+                    }
+                    seq.checkpoint_at =
+                        (self.checkpoints.enabled() && hits.len() > k).then_some(hits.len() * bs);
+                    hits.truncate(k);
+                }
                 let num_cached = hits.len() * bs;
-                let n = (seq.num_tokens() - num_cached).min(budget);
+                let n = cut_at_checkpoint(
+                    seq.checkpoint_at,
+                    num_cached,
+                    (seq.num_tokens() - num_cached).min(budget),
+                );
                 if self
                     .kv
                     .allocate(&mut seq.blocks, &hits, num_cached + n)
                     .is_err()
                 {
+                    self.states.give_back(&mut { slot });
                     break;
                 }
+                seq.state_slot = slot;
                 self.kv.record_lookup(max_hit_blocks * bs, num_cached);
                 self.waiting.pop_front();
                 self.running.push(id);
@@ -278,6 +351,7 @@ impl Scheduler {
                     num_new_tokens: n,
                     cached_len: num_cached,
                     sample,
+                    restore_state_from: restore,
                 });
                 budget -= n;
             }
@@ -287,8 +361,12 @@ impl Scheduler {
     }
 
     /// Record that a step's forward pass succeeded: advance each sequence's computed tokens and
-    /// offer its newly full blocks to the prefix cache.
-    pub fn complete_step(&mut self, scheduled: &[ScheduledSeq]) {
+    /// offer its newly full blocks to the prefix cache. Returns the state copies `(sequence
+    /// slot, checkpoint slot)` the engine must make now for the sequences that reached their
+    /// checkpoint (hybrid models).
+    pub fn complete_step(&mut self, scheduled: &[ScheduledSeq]) -> Vec<(u32, u32)> {
+        let mut copies = Vec::new();
+        let bs = self.kv.block_size();
         for s in scheduled {
             if let Some(seq) = self.seqs.get_mut(&s.id) {
                 seq.num_computed_tokens = s.cached_len + s.num_new_tokens;
@@ -297,17 +375,40 @@ impl Scheduler {
                     &seq.block_hashes,
                     seq.num_computed_tokens,
                 );
+                if let Some(at) = seq.checkpoint_at {
+                    if seq.num_computed_tokens >= at {
+                        seq.checkpoint_at = None;
+                        let hash = seq.block_hashes.get((at / bs).wrapping_sub(1));
+                        if let (true, Some(h), Some(slot)) =
+                            (seq.num_computed_tokens == at, hash, seq.state_slot)
+                        {
+                            if let Some(dst) = self.checkpoints.insert(*h) {
+                                copies.push((slot, dst));
+                            }
+                        }
+                    }
+                }
             }
         }
+        copies
     }
 
     /// Free a running sequence's blocks and queue it for recomputation, first in line.
     fn preempt(&mut self, id: RequestId) {
         let seq = self.seqs.get_mut(&id).expect("preempted ids are in seqs");
         self.kv.free(&mut seq.blocks);
+        self.states.give_back(&mut seq.state_slot);
         seq.reset_for_recompute();
         self.waiting.push_front(id);
         self.num_preemptions += 1;
+    }
+}
+
+/// `n` new tokens from `cached_len`, stopped at `checkpoint_at` when that lies inside them.
+fn cut_at_checkpoint(checkpoint_at: Option<usize>, cached_len: usize, n: usize) -> usize {
+    match checkpoint_at {
+        Some(at) if at > cached_len && at < cached_len + n => at - cached_len,
+        _ => n,
     }
 }
 
@@ -393,7 +494,7 @@ mod tests {
                 let s = &self.seqs[id];
                 assert_eq!(s.status, SequenceStatus::Waiting);
                 assert!(
-                    s.blocks.is_empty() && s.num_computed_tokens == 0,
+                    s.blocks.is_empty() && s.num_computed_tokens == 0 && s.state_slot.is_none(),
                     "waiting {id} holds state"
                 );
             }
@@ -406,6 +507,17 @@ mod tests {
             }
             // Blocks can be shared, so the tables hold at least the used blocks.
             assert!(used >= self.kv.num_used());
+            if self.states.enabled() {
+                let mut slots: Vec<u32> = self
+                    .running
+                    .iter()
+                    .map(|id| self.seqs[id].state_slot.expect("running holds a slot"))
+                    .collect();
+                slots.sort_unstable();
+                slots.dedup();
+                assert_eq!(slots.len(), self.running.len(), "slots are not shared");
+                assert_eq!(self.states.num_used(), self.running.len());
+            }
         }
     }
 
@@ -567,5 +679,46 @@ mod tests {
         assert_eq!(s.kv().num_used(), 1);
         assert_eq!(s.num_running(), 1);
         s.check_invariants();
+    }
+
+    #[test]
+    fn state_slots_bound_the_running_set_and_follow_preemption() {
+        // 4 blocks of 4 tokens, 2 state slots: the third sequence waits for a slot.
+        let mut s = scheduler(4, 4, 8, 64, false).with_state_slots(2);
+        add(&mut s, 1, prompt(1, 3), 20);
+        add(&mut s, 2, prompt(2, 3), 20);
+        add(&mut s, 3, prompt(3, 3), 1);
+        let out = step(&mut s);
+        assert_eq!(out.scheduled.len(), 2);
+        let slots: Vec<_> = [1, 2]
+            .iter()
+            .map(|&id| s.get(id).unwrap().state_slot)
+            .collect();
+        assert_eq!(slots, vec![Some(0), Some(1)]);
+        assert_eq!(s.get(3).unwrap().state_slot, None);
+        // Sequence 2 is removed: 3 takes its slot.
+        s.remove(2);
+        let out = step(&mut s);
+        assert_eq!(shares(&out), vec![(1, 3, 1, true), (3, 0, 3, true)]);
+        assert!(
+            s.get(3).is_none(),
+            "3 finished (max_tokens 1) and gave its slot back"
+        );
+        assert_eq!(s.state_slots().num_used(), 1);
+        // 1 keeps growing alone; nothing else is running, so nothing is preempted.
+        add(&mut s, 4, prompt(4, 7), 20);
+        let mut preempted = false;
+        for _ in 0..12 {
+            let out = step(&mut s);
+            if out.preempted.contains(&4) {
+                preempted = true;
+                assert_eq!(
+                    s.get(4).unwrap().state_slot,
+                    None,
+                    "a preempted sequence holds no slot"
+                );
+            }
+        }
+        assert!(preempted, "the cache of 16 tokens cannot hold both");
     }
 }

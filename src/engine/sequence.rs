@@ -59,6 +59,12 @@ pub struct Sequence {
     pub num_computed_tokens: usize,
     /// KV blocks held.
     pub blocks: SeqBlocks,
+    /// Recurrent-state slot held while running (hybrid models only; see
+    /// `kv_cache::StateSlots`).
+    pub state_slot: Option<u32>,
+    /// Computed-token count at which to checkpoint the recurrent state (hybrid models with
+    /// prefix caching: the end of a prefix the cache says is shared); prefill chunks stop there.
+    pub checkpoint_at: Option<usize>,
     /// Hash chain over the full blocks of `token_ids`.
     pub block_hashes: Vec<BlockHash>,
     /// Generation ends (`Length`) once `token_ids` reaches this many tokens.
@@ -106,6 +112,8 @@ impl Sequence {
             prompt_len: prompt_ids.len(),
             num_computed_tokens: 0,
             blocks: SeqBlocks::default(),
+            state_slot: None,
+            checkpoint_at: None,
             block_hashes,
             max_len,
             cached_prompt_tokens: None,
@@ -220,9 +228,14 @@ impl Sequence {
     }
 
     /// Drop the KV state (preemption): everything will be recomputed from `token_ids`. The
-    /// caller frees `blocks`.
+    /// caller frees `blocks` and the state slot (a hybrid model's recurrent state is dropped
+    /// with them and recomputed from zero).
     pub fn reset_for_recompute(&mut self) {
         debug_assert!(self.blocks.is_empty(), "blocks must be freed first");
+        debug_assert!(
+            self.state_slot.is_none(),
+            "the state slot must be freed first"
+        );
         self.num_computed_tokens = 0;
         self.status = SequenceStatus::Waiting;
         self.num_preemptions += 1;

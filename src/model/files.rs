@@ -155,10 +155,11 @@ impl ModelFiles {
             });
         }
         let config = config_from_json_file(&config_path)?;
-        let weights = QuantizedWeights::wrap(
-            Box::new(SafetensorsWeights::open_dir(dir)?),
-            &read_json(&config_path)?,
-        )?;
+        let mut weights: Box<dyn WeightSource> = Box::new(SafetensorsWeights::open_dir(dir)?);
+        if config.architecture == crate::model::Architecture::Qwen3_5 {
+            weights = crate::model::qwen3_5::mtp::attach_mtp_file(dir, weights)?;
+        }
+        let weights = QuantizedWeights::wrap(weights, &read_json(&config_path)?)?;
         Ok(ModelFiles {
             path: dir.to_path_buf(),
             format: ModelFormat::HfFolder,
@@ -184,19 +185,29 @@ impl ModelFiles {
     /// `hidden_size`, and the last layer's attention exists.
     fn check_weights(&self) -> Result<(), ModelError> {
         let c = &self.config;
-        let embed = self.weights.tensor("model.embed_tokens.weight")?;
+        let root = c.weight_prefix();
+        let embed_name = format!("{root}.embed_tokens.weight");
+        let embed = self.weights.tensor(&embed_name)?;
         if embed.shape != [c.vocab_size, c.hidden_size] {
             return Err(ModelError::Shape {
-                name: "model.embed_tokens.weight".into(),
+                name: embed_name,
                 expected: vec![c.vocab_size, c.hidden_size],
                 found: embed.shape.to_vec(),
             });
         }
-        let last = format!(
-            "model.layers.{}.self_attn.q_proj",
-            c.num_hidden_layers.saturating_sub(1)
-        );
-        self.weights.linear(&last).map(|_| ())
+        let last_layer = c.num_hidden_layers.saturating_sub(1);
+        let mixer = match c
+            .hybrid
+            .as_ref()
+            .and_then(|h| h.layer_types.get(last_layer))
+        {
+            Some(crate::model::LayerType::LinearAttention) => "linear_attn.in_proj_qkv",
+            _ => "self_attn.q_proj",
+        };
+        // A logical linear: dense `.weight` or the packed parts of a quantized checkpoint.
+        self.weights
+            .linear(&format!("{root}.layers.{last_layer}.{mixer}"))
+            .map(|_| ())
     }
 }
 

@@ -11,6 +11,9 @@
 //! `.context_length`; the vocabulary is the embedding's row count; `lm_head` is tied when the
 //! file has no `output.weight`.
 //!
+//! Qwen3.5 (`qwen3_5`, `qwen3_5_text`: hybrid layers, partial rotary, a nested `text_config`)
+//! is read by the private `qwen3_5` submodule.
+//!
 //! Anything kiln does not implement is `ModelError::Unsupported` naming it: another
 //! architecture, a RoPE scaling other than none/default, partial rotary, sliding windows,
 //! non-SiLU activations, MLP biases.
@@ -75,13 +78,17 @@ pub fn config_from_json(text: &str, path: &Path) -> Result<ModelConfig, ModelErr
         format: "config.json",
         message,
     };
-    let raw: HfConfigJson = serde_json::from_str(text).map_err(|e| format_err(e.to_string()))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| format_err(e.to_string()))?;
+    if qwen3_5::is_qwen3_5(&value) {
+        return qwen3_5::config_from_value(&value, path);
+    }
+    let raw: HfConfigJson = serde_json::from_value(value).map_err(|e| format_err(e.to_string()))?;
     let architecture = match raw.model_type.as_deref() {
         Some("llama") => Architecture::Llama,
         Some("qwen3") => Architecture::Qwen3,
         Some(other) => {
             return Err(ModelError::Unsupported(format!(
-                "architecture `{other}` (model_type in {}; kiln supports llama and qwen3)",
+                "architecture `{other}` (model_type in {}; kiln supports llama, qwen3 and qwen3_5)",
                 path.display()
             )))
         }
@@ -192,6 +199,7 @@ pub fn config_from_json(text: &str, path: &Path) -> Result<ModelConfig, ModelErr
         max_position_embeddings: raw.max_position_embeddings,
         tie_word_embeddings: raw.tie_word_embeddings,
         attention_bias: raw.attention_bias,
+        hybrid: None,
     };
     check(&config).map_err(format_err)?;
     Ok(config)
@@ -351,10 +359,13 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         max_position_embeddings: m.require_usize(&key("context_length"))?,
         tie_word_embeddings: file.tensor_info("output.weight").is_none(),
         attention_bias: file.tensor_info("blk.0.attn_q.bias").is_some(),
+        hybrid: None,
     };
     check(&config).map_err(format_err)?;
     Ok(config)
 }
+
+mod qwen3_5;
 
 #[cfg(test)]
 mod tests;

@@ -147,6 +147,82 @@ pub fn workspace_bytes(
     tokens * (per_token * elem + c.hidden_size * 4) + attention_partials + logits
 }
 
+/// Inputs of [`split_hybrid`]: a budget to share between a hybrid model's state slots and its
+/// KV blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HybridSplitInput {
+    /// Bytes for KV blocks and state slots together (what [`plan`] gives the KV cache on a
+    /// GPU; `engine.kv_cache_mib` on the CPU).
+    pub budget_bytes: usize,
+    /// Bytes of one state slot (all GDN layers, recurrent + conv).
+    pub state_bytes_per_slot: usize,
+    /// KV bytes per block (the full-attention layers).
+    pub bytes_per_block: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Sequences wanted at once (`engine.max_num_seqs`): one state slot each.
+    pub max_num_seqs: usize,
+    /// KV tokens one sequence must be able to reach (`max_model_len` on GPUs; one block on
+    /// the CPU, which only warns about shorter caches).
+    pub min_kv_tokens: usize,
+}
+
+/// How a hybrid model's budget is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HybridSplit {
+    /// State slots: the most sequences that can run at once.
+    pub num_state_slots: usize,
+    /// Bytes of the state slots.
+    pub state_bytes: usize,
+    /// KV blocks.
+    pub num_blocks: usize,
+    /// Bytes of the KV blocks.
+    pub kv_bytes: usize,
+}
+
+impl std::fmt::Display for HybridSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        write!(
+            f,
+            "{} state slots, {:.2} GiB; KV cache {:.2} GiB ({} blocks)",
+            self.num_state_slots,
+            gib(self.state_bytes),
+            gib(self.kv_bytes),
+            self.num_blocks
+        )
+    }
+}
+
+/// Share `budget_bytes` between state slots and KV blocks: one slot per sequence of
+/// `max_num_seqs`, the rest KV blocks; when that leaves fewer than `min_kv_tokens` KV tokens,
+/// fewer slots (fewer sequences at once) until one sequence of `min_kv_tokens` fits. Errors say
+/// what cannot fit even with one slot.
+pub fn split_hybrid(p: &HybridSplitInput) -> Result<HybridSplit, String> {
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    let need_blocks = p.min_kv_tokens.div_ceil(p.block_size.max(1)).max(1);
+    let need_kv = need_blocks * p.bytes_per_block;
+    let max_slots = p.budget_bytes.saturating_sub(need_kv) / p.state_bytes_per_slot.max(1);
+    let slots = p.max_num_seqs.min(max_slots);
+    if slots == 0 {
+        return Err(format!(
+            "one sequence needs a {:.3} GiB state slot plus {:.3} GiB of KV cache for {} tokens, more than the {:.3} GiB available; raise the cache budget (`engine.kv_cache_mib` on the CPU, `engine.gpu_memory_utilization` on GPUs) or lower `engine.max_model_len`",
+            gib(p.state_bytes_per_slot),
+            gib(need_kv),
+            p.min_kv_tokens,
+            gib(p.budget_bytes)
+        ));
+    }
+    let state_bytes = slots * p.state_bytes_per_slot;
+    let num_blocks = (p.budget_bytes - state_bytes) / p.bytes_per_block.max(1);
+    Ok(HybridSplit {
+        num_state_slots: slots,
+        state_bytes,
+        num_blocks,
+        kv_bytes: num_blocks * p.bytes_per_block,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,5 +318,49 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.contains("does not fit"), "{err}");
+    }
+
+    fn split_input() -> HybridSplitInput {
+        HybridSplitInput {
+            budget_bytes: 8 * GIB,
+            // The 27B: 48 × ([48, 128, 128] + 3 × 10240) f32.
+            state_bytes_per_slot: 48 * (48 * 128 * 128 + 3 * 10240) * 4,
+            // bf16 KV of 16 layers × 2 × 4 heads × 256 = 64 KiB per token, blocks of 16.
+            bytes_per_block: 16 << 16,
+            block_size: 16,
+            max_num_seqs: 16,
+            min_kv_tokens: 32_768,
+        }
+    }
+
+    #[test]
+    fn hybrid_budget_gives_every_sequence_a_slot_when_it_can() {
+        let s = split_hybrid(&split_input()).unwrap();
+        assert_eq!(s.num_state_slots, 16);
+        assert_eq!(s.state_bytes, 16 * split_input().state_bytes_per_slot);
+        assert_eq!(
+            s.num_blocks,
+            (8 * GIB - s.state_bytes) / split_input().bytes_per_block
+        );
+        assert!(s.num_blocks * 16 >= 32_768);
+        assert!(s.to_string().starts_with("16 state slots, 2.34 GiB"), "{s}");
+    }
+
+    #[test]
+    fn hybrid_budget_trades_slots_for_kv_tokens() {
+        // 4 GiB: 32K tokens take 2 GiB of KV, so 2 GiB / 149.6 MiB = 13 slots.
+        let s = split_hybrid(&HybridSplitInput {
+            budget_bytes: 4 * GIB,
+            ..split_input()
+        })
+        .unwrap();
+        assert_eq!(s.num_state_slots, 13);
+        assert!(s.num_blocks * 16 >= 32_768);
+        let err = split_hybrid(&HybridSplitInput {
+            budget_bytes: 2 * GIB,
+            ..split_input()
+        })
+        .unwrap_err();
+        assert!(err.contains("32768 tokens"), "{err}");
     }
 }

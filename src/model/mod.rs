@@ -12,11 +12,12 @@ pub mod options;
 pub mod prefix;
 pub mod quant_config;
 pub mod quantized;
+pub mod qwen3_5;
 pub mod runner;
 pub mod safetensors;
 pub mod step;
 pub mod synthetic;
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, HybridConfig, LayerType, ModelConfig};
 pub use files::{ModelFiles, ModelFormat};
 pub use gguf::{GgufFile, GgufMetadata, GgufValue};

@@ -80,6 +80,9 @@ pub struct RunnerOptions {
     pub dtype: String,
     /// KV-cache storage dtype: `auto`, `fp8_e5m2` or `fp8_e4m3`.
     pub kv_cache_dtype: String,
+    /// `engine.enable_prefix_caching`: hybrid models then keep as many state slots again as
+    /// prefix checkpoints (the recurrent state after a cached prefix).
+    pub enable_prefix_caching: bool,
 }
 
 impl Default for RunnerOptions {
@@ -95,6 +98,7 @@ impl Default for RunnerOptions {
             gpu_memory_utilization: 0.90,
             dtype: "auto".into(),
             kv_cache_dtype: "auto".into(),
+            enable_prefix_caching: true,
         }
     }
 }

@@ -50,6 +50,10 @@ pub fn build_runner_for(
             let backend = CpuBackend::new(opts.threads)
                 .map_err(|e| ModelError::Backend(e.to_string()))?
                 .with_kv_storage(kv);
+            if config.architecture == Architecture::Qwen3_5 {
+                // KV blocks and state slots share `engine.kv_cache_mib`.
+                return crate::model::qwen3_5::load_cpu(backend, config, weights, opts);
+            }
             let num_blocks =
                 blocks_for_budget(&backend, config, opts.block_size, opts.kv_cache_mib)?;
             load_on(backend, config, weights, opts.block_size, num_blocks)
@@ -59,6 +63,13 @@ pub fn build_runner_for(
             "device `cuda:{n}`: this kiln was built without the `cuda` feature (rebuild with \
              `cargo build --release --features cuda`, or set `engine.device = \"cpu\"`)"
         ))),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if config.architecture == Architecture::Qwen3_5 => {
+            Err(ModelError::Unsupported(format!(
+                "the qwen3_5 hybrid architecture is not yet on CUDA (device `cuda:{n}`; Gated \
+                 DeltaNet kernels are CPU-only for now): set `engine.device = \"cpu\"`"
+            )))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => load_cuda(n, config, weights, opts),
     }
@@ -177,6 +188,13 @@ fn load_on<B: Backend>(
         Architecture::Llama | Architecture::Qwen3 => Ok(Box::new(Llama::load(
             backend, config, weights, block_size, num_blocks,
         )?)),
+        // The CPU loads Qwen3.5 before this point (`build_runner_for`); no other backend
+        // implements `HybridBackend` yet.
+        Architecture::Qwen3_5 => Err(ModelError::Unsupported(format!(
+            "the qwen3_5 hybrid architecture is not yet on {} (Gated DeltaNet kernels are CPU-only \
+             for now; set `engine.device = \"cpu\"`)",
+            backend.name()
+        ))),
     }
 }
 

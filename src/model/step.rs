@@ -114,6 +114,13 @@ pub trait ModelRunner: Send {
     fn reset_state_slot(&mut self, _slot: u32) -> Result<(), EngineError> {
         Ok(())
     }
+    /// Copy recurrent state slot `src` into `dst` (hybrid models: prefix checkpoints). Models
+    /// without state slots have nothing to copy: `Internal`.
+    fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        Err(EngineError::Internal(format!(
+            "copy of state slot {src} into {dst}: this model has no state slots"
+        )))
+    }
 }
 
 impl ForwardBatch {

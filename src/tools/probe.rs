@@ -157,7 +157,7 @@ pub fn probe(
         cached_len,
         block_table: block_table.clone(),
         logits,
-        state_slot: None,
+        state_slot: (geometry.num_state_slots > 0).then_some(0),
     };
     let vocab = runner.vocab_size();
     let all = wanted != [n - 1];

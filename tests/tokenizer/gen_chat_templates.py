@@ -12,6 +12,11 @@ reversed slices, `is string` / `is defined` / `is false`, str methods (split, st
 removeprefix), tojson with non-ASCII and HTML characters, Python printing of bools/None/floats/
 lists/dicts, macros, loop.previtem/nextitem, and raise_exception.
 
+The `qwen3_5_*` cases use the real Qwen3.5 chat template, `qwen3_5_chat_template.jinja` beside this
+script (a copy of the template shipped with the Qwen3.5 checkpoints, from the public
+`mlx-community/Qwen3.5-35B-A3B-4bit` repository, 7,756 bytes): `enable_thinking` on, off and unset,
+no tools, multi-turn reasoning, and a conversation without a user message (the template raises).
+
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install transformers jinja2
     /tmp/venv/bin/python tests/tokenizer/gen_chat_templates.py
 """
@@ -170,6 +175,9 @@ def m(role, content):
     return {"role": role, "content": content}
 
 
+QWEN3_5 = (pathlib.Path(__file__).parent / "qwen3_5_chat_template.jinja").read_text(encoding="utf-8")
+
+
 CASES = [
     case("qwen3_single_user", QWEN3_LIKE, [m("user", "What is the capital of France?")]),
     case("qwen3_thinking_off", QWEN3_LIKE, [m("user", "Hi")], kwargs={"enable_thinking": False}),
@@ -212,6 +220,30 @@ CASES = [
         kwargs=KWARGS_VALUES,
     ),
     case("python_values_raise", PYTHON_VALUES, [m("user", "a"), m("user", "b")], kwargs=KWARGS_VALUES),
+]
+
+CASES += [
+    case("qwen3_5_single_user", QWEN3_5, [m("user", "Hello, who are you?")]),
+    case("qwen3_5_thinking_off", QWEN3_5, [m("user", "2+2?")], kwargs={"enable_thinking": False}),
+    case("qwen3_5_thinking_on", QWEN3_5, [m("system", "Be brief."), m("user", "2+2?")], kwargs={"enable_thinking": True}),
+    case(
+        "qwen3_5_multi_turn_reasoning",
+        QWEN3_5,
+        [
+            m("system", "You are kiln."),
+            m("user", "2+2?"),
+            m("assistant", "<think>\nadd them\n</think>\n\n4"),
+            m("user", "and 3+3?"),
+        ],
+        kwargs={"enable_thinking": False},
+    ),
+    case(
+        "qwen3_5_history_without_prompt",
+        QWEN3_5,
+        [m("user", "Hi"), m("assistant", "<think>\nsay hi\n</think>\n\nHello! \u00fc")],
+        add_generation_prompt=False,
+    ),
+    case("qwen3_5_no_user_message_raises", QWEN3_5, [m("system", "Only a system prompt.")]),
 ]
 
 out = pathlib.Path(__file__).with_name("chat_templates.json")

@@ -12,6 +12,8 @@
 //! op on the backend's own thread pool.
 
 pub mod attention;
+pub mod gdn;
+mod hybrid;
 pub mod matmul;
 pub mod ops;
 pub mod reference;

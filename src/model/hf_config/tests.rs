@@ -55,6 +55,7 @@ fn transformers_4_config() {
             max_position_embeddings: 8192,
             tie_word_embeddings: true,
             attention_bias: false,
+            hybrid: None,
         }
     );
 }
@@ -202,6 +203,7 @@ fn gguf_metadata_to_config() {
             max_position_embeddings: 128,
             tie_word_embeddings: true,
             attention_bias: false,
+            hybrid: None,
         }
     );
 }

@@ -78,6 +78,7 @@ pub(crate) fn tiny_config(architecture: Architecture) -> ModelConfig {
         max_position_embeddings: 64,
         tie_word_embeddings: architecture == Architecture::Qwen3,
         attention_bias: false,
+        hybrid: None,
     }
 }
 

@@ -1,0 +1,551 @@
+//! The Qwen3.5 hybrid decoder (`qwen3_5`, `qwen3_5_text`; Qwen3.6 / 3.8 use the same code):
+//! Gated DeltaNet (linear attention, a recurrent state per sequence) and gated full-attention
+//! layers, generic over a [`HybridBackend`], as one [`ModelRunner`].
+//!
+//! Per layer (transformers `Qwen3_5DecoderLayer`; shared/docs/qwen3_5.md §3):
+//! ```text
+//! h = rms_norm(x) · (1 + input_layernorm)
+//! linear_attention:  mixed = h·W_qkvᵀ, z = h·W_zᵀ, b = h·W_bᵀ, a = h·W_aᵀ
+//!                    y = silu(conv(mixed; conv state));  o = gated delta rule(y, a, b; state)
+//!                    Δ = (rms_norm(o) · norm ⊙ silu(z))·W_outᵀ          (per value head)
+//! full_attention:    [q | gate] per head = h·W_qᵀ;  q, k = rms_norm per head · (1 + q/k_norm)
+//!                    q, k = partial NeoX RoPE (first rotary_dim dims);  paged causal attention
+//!                    Δ = (attn ⊙ sigmoid(gate))·W_oᵀ
+//! x = x + Δ;  h = rms_norm(x) · (1 + post_attention_layernorm)
+//! x = x + (silu(h·W_gateᵀ) ⊙ h·W_upᵀ)·W_downᵀ
+//! ```
+//! then `logits = rms_norm(x) · (1 + norm) · lm_headᵀ`. The `(1 + w)` norms are uploaded as
+//! `1 + w` (the same f32 values transformers multiplies by), so they run on the plain
+//! [`Backend::rms_norm`]; the GDN output norm uses its weight as stored.
+//!
+//! Caches: the KV cache holds the full-attention layers only; each sequence's GDN conv and
+//! recurrent state live in its state slot ([`HybridBackend::StateCache`], slot from
+//! `SeqSlice::state_slot`; a step starting at `cached_len == 0` starts from zeros). The MTP head
+//! (`mtp.*`, in the checkpoint or a separate `model-mtp.safetensors`) is loaded and
+//! shape-checked ([`mtp`]) but not used yet. A vision tower (`model.visual.*`) is skipped.
+
+mod forward;
+pub mod mtp;
+
+use tracing::info;
+
+use crate::backend::hybrid::{GdnParams, HybridBackend, StateSpec};
+use crate::backend::{Backend, KvCacheSpec, RopeSpec};
+use crate::error::{EngineError, ModelError};
+use crate::model::config::{HybridConfig, LayerType};
+use crate::model::prefix::Prefix;
+use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, ModelRunner};
+use crate::model::{Architecture, ModelConfig};
+use crate::tensor::{TensorView, WeightSource};
+
+/// A Gated DeltaNet layer's weights.
+pub(crate) struct GdnLayer<B: HybridBackend> {
+    /// `[conv_dim, hidden]`, rows `[q | k | v]`.
+    in_proj_qkv: B::Weight,
+    /// `[value_dim, hidden]`.
+    in_proj_z: B::Weight,
+    /// `[value_heads, hidden]`.
+    in_proj_b: B::Weight,
+    /// `[value_heads, hidden]`.
+    in_proj_a: B::Weight,
+    /// `[conv_dim, kernel]` (the checkpoint's `[conv_dim, 1, kernel]`).
+    conv1d: B::Buffer,
+    /// `[value_heads]`.
+    dt_bias: B::Buffer,
+    /// `[value_heads]`.
+    a_log: B::Buffer,
+    /// `[value_head_dim]`, plain weight.
+    norm: B::Buffer,
+    /// `[hidden, value_dim]`.
+    out_proj: B::Weight,
+    /// Index among the GDN layers (its layer in the state cache).
+    state_layer: usize,
+}
+
+/// A gated full-attention layer's weights.
+pub(crate) struct AttnLayer<B: HybridBackend> {
+    /// `[heads × 2 × head_dim, hidden]`, per head `[query | gate]`.
+    q_proj: B::Weight,
+    k_proj: B::Weight,
+    v_proj: B::Weight,
+    /// `[hidden, heads × head_dim]`.
+    o_proj: B::Weight,
+    /// `1 + q_norm.weight`, `[head_dim]`.
+    q_norm: B::Buffer,
+    /// `1 + k_norm.weight`, `[head_dim]`.
+    k_norm: B::Buffer,
+    /// Index among the full-attention layers (its layer in the KV cache).
+    kv_layer: usize,
+}
+
+/// What a layer mixes tokens with.
+pub(crate) enum Mixer<B: HybridBackend> {
+    Linear(GdnLayer<B>),
+    Full(AttnLayer<B>),
+}
+
+/// One decoder layer.
+pub(crate) struct Layer<B: HybridBackend> {
+    /// `1 + input_layernorm.weight`.
+    input_layernorm: B::Buffer,
+    mixer: Mixer<B>,
+    /// `1 + post_attention_layernorm.weight`.
+    post_attention_layernorm: B::Buffer,
+    gate_proj: B::Weight,
+    up_proj: B::Weight,
+    down_proj: B::Weight,
+}
+
+/// All weights the forward pass uses.
+pub(crate) struct Weights<B: HybridBackend> {
+    embed_tokens: B::Weight,
+    /// `None`: tied to `embed_tokens`.
+    lm_head: Option<B::Weight>,
+    layers: Vec<Layer<B>>,
+    /// `1 + norm.weight`.
+    norm: B::Buffer,
+    rope: B::Rope,
+}
+
+/// A loaded Qwen3.5 model with its KV cache and state slots on backend `B`.
+pub struct Qwen3_5<B: HybridBackend> {
+    backend: B,
+    config: ModelConfig,
+    weights: Weights<B>,
+    /// Loaded and shape-checked, not used yet (speculative decoding comes later).
+    mtp: Option<mtp::MtpWeights<B>>,
+    kv_cache: B::KvCache,
+    states: B::StateCache,
+    geometry: CacheGeometry,
+}
+
+/// Looks tensors up by key, checks their shapes and uploads them.
+pub(crate) struct Loader<'a, B: Backend> {
+    pub(crate) backend: &'a B,
+    pub(crate) weights: &'a dyn WeightSource,
+}
+
+fn backend_err(e: crate::backend::BackendError) -> ModelError {
+    ModelError::Backend(e.to_string())
+}
+
+impl<B: Backend> Loader<'_, B> {
+    fn view(&self, key: &str, shape: &[usize]) -> Result<TensorView<'_>, ModelError> {
+        let view = self.weights.tensor(key)?;
+        if view.shape != shape {
+            return Err(ModelError::Shape {
+                name: key.to_owned(),
+                expected: shape.to_vec(),
+                found: view.shape.to_vec(),
+            });
+        }
+        Ok(view)
+    }
+
+    /// A 2-D weight `[rows, cols]` as stored.
+    pub(crate) fn matrix(
+        &self,
+        key: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<B::Weight, ModelError> {
+        let view = self.view(key, &[rows, cols])?;
+        self.backend.upload_weight(key, &view).map_err(backend_err)
+    }
+
+    /// A 1-D parameter as stored.
+    pub(crate) fn vector(&self, key: &str, len: usize) -> Result<B::Buffer, ModelError> {
+        let view = self.view(key, &[len])?;
+        self.backend.upload_vector(key, &view).map_err(backend_err)
+    }
+
+    /// A tensor of `shape` dequantized to host f32.
+    fn host_f32(&self, key: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let view = self.view(key, shape)?;
+        let n: usize = shape.iter().product();
+        if view.dtype.is_quantized() || view.dtype.row_bytes(n) != Some(view.data.len()) {
+            return Err(ModelError::Unsupported(format!(
+                "`{key}` stored as {:?} (norms and conv weights must be f32, f16 or bf16)",
+                view.dtype
+            )));
+        }
+        let mut out = vec![0.0; n];
+        crate::quant::dequantize_row(view.dtype, view.data, &mut out);
+        Ok(out)
+    }
+
+    /// A zero-centred norm weight uploaded as `1 + w` (computed in f32, as transformers does).
+    pub(crate) fn norm_1p(&self, key: &str, len: usize) -> Result<B::Buffer, ModelError> {
+        let mut w = self.host_f32(key, &[len])?;
+        w.iter_mut().for_each(|v| *v += 1.0);
+        self.backend.upload(&w).map_err(backend_err)
+    }
+
+    /// The depthwise conv weight `[channels, 1, kernel]` as a `[channels × kernel]` buffer.
+    fn conv(&self, key: &str, channels: usize, kernel: usize) -> Result<B::Buffer, ModelError> {
+        let w = self.host_f32(key, &[channels, 1, kernel])?;
+        self.backend.upload(&w).map_err(backend_err)
+    }
+}
+
+/// The hybrid part of `config`, or `Unsupported`.
+fn hybrid(config: &ModelConfig) -> Result<&HybridConfig, ModelError> {
+    match (&config.architecture, &config.hybrid) {
+        (Architecture::Qwen3_5, Some(h)) => Ok(h),
+        _ => Err(ModelError::Unsupported(format!(
+            "a {:?} config without the qwen3_5 hybrid fields",
+            config.architecture
+        ))),
+    }
+}
+
+/// The state-cache geometry of `config` for `num_slots` slots.
+pub fn state_spec(config: &ModelConfig, num_slots: usize) -> Result<StateSpec, ModelError> {
+    let h = hybrid(config)?;
+    Ok(StateSpec {
+        num_slots,
+        num_layers: h.count(LayerType::LinearAttention),
+        conv_dim: h.conv_dim(),
+        conv_kernel: h.linear_conv_kernel_dim,
+        num_value_heads: h.linear_num_value_heads,
+        key_head_dim: h.linear_key_head_dim,
+        value_head_dim: h.linear_value_head_dim,
+    })
+}
+
+/// The KV-cache geometry of `config` (full-attention layers only).
+pub fn kv_spec(config: &ModelConfig, block_size: usize, num_blocks: usize) -> KvCacheSpec {
+    KvCacheSpec {
+        num_layers: config.num_kv_layers(),
+        num_blocks,
+        block_size,
+        num_kv_heads: config.num_key_value_heads,
+        head_dim: config.head_dim,
+    }
+}
+
+impl<B: HybridBackend> Qwen3_5<B> {
+    /// Load `config`'s model from `weights` onto `backend`, with a KV cache of `num_blocks`
+    /// blocks of `block_size` tokens and `num_state_slots` state slots.
+    pub fn load(
+        backend: B,
+        config: &ModelConfig,
+        weights: &dyn WeightSource,
+        block_size: usize,
+        num_blocks: usize,
+        num_state_slots: usize,
+    ) -> Result<Qwen3_5<B>, ModelError> {
+        let c = config;
+        let h = hybrid(c)?;
+        if c.num_key_value_heads == 0
+            || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads)
+        {
+            return Err(ModelError::Unsupported(format!(
+                "{} attention heads over {} KV heads",
+                c.num_attention_heads, c.num_key_value_heads
+            )));
+        }
+        if num_state_slots == 0 {
+            return Err(ModelError::Unsupported(
+                "a hybrid model needs at least one state slot".into(),
+            ));
+        }
+        let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+        let (conv_dim, value_dim, nv) = (h.conv_dim(), h.value_dim(), h.linear_num_value_heads);
+        let ld = Loader {
+            backend: &backend,
+            weights,
+        };
+        let model = Prefix::new(&h.weight_prefix);
+        let embed_tokens = ld.matrix(&model.key("embed_tokens.weight"), c.vocab_size, hidden)?;
+        let lm_head = if weights.contains("lm_head.weight") {
+            Some(ld.matrix("lm_head.weight", c.vocab_size, hidden)?)
+        } else if c.tie_word_embeddings {
+            None
+        } else {
+            return Err(ModelError::MissingTensor("lm_head.weight".into()));
+        };
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let (mut n_state, mut n_kv) = (0, 0);
+        for (i, kind) in h.layer_types.iter().enumerate() {
+            let p = model.pp("layers").pp(i);
+            let mixer = match kind {
+                LayerType::LinearAttention => {
+                    let la = p.pp("linear_attn");
+                    n_state += 1;
+                    Mixer::Linear(GdnLayer {
+                        in_proj_qkv: ld.matrix(&la.key("in_proj_qkv.weight"), conv_dim, hidden)?,
+                        in_proj_z: ld.matrix(&la.key("in_proj_z.weight"), value_dim, hidden)?,
+                        in_proj_b: ld.matrix(&la.key("in_proj_b.weight"), nv, hidden)?,
+                        in_proj_a: ld.matrix(&la.key("in_proj_a.weight"), nv, hidden)?,
+                        conv1d: ld.conv(
+                            &la.key("conv1d.weight"),
+                            conv_dim,
+                            h.linear_conv_kernel_dim,
+                        )?,
+                        dt_bias: ld.vector(&la.key("dt_bias"), nv)?,
+                        a_log: ld.vector(&la.key("A_log"), nv)?,
+                        norm: ld.vector(&la.key("norm.weight"), h.linear_value_head_dim)?,
+                        out_proj: ld.matrix(&la.key("out_proj.weight"), hidden, value_dim)?,
+                        state_layer: n_state - 1,
+                    })
+                }
+                LayerType::FullAttention => {
+                    let at = p.pp("self_attn");
+                    n_kv += 1;
+                    Mixer::Full(AttnLayer {
+                        q_proj: ld.matrix(&at.key("q_proj.weight"), 2 * q_dim, hidden)?,
+                        k_proj: ld.matrix(&at.key("k_proj.weight"), kv_dim, hidden)?,
+                        v_proj: ld.matrix(&at.key("v_proj.weight"), kv_dim, hidden)?,
+                        o_proj: ld.matrix(&at.key("o_proj.weight"), hidden, q_dim)?,
+                        q_norm: ld.norm_1p(&at.key("q_norm.weight"), hd)?,
+                        k_norm: ld.norm_1p(&at.key("k_norm.weight"), hd)?,
+                        kv_layer: n_kv - 1,
+                    })
+                }
+            };
+            let mlp = p.pp("mlp");
+            layers.push(Layer {
+                input_layernorm: ld.norm_1p(&p.key("input_layernorm.weight"), hidden)?,
+                mixer,
+                post_attention_layernorm: ld
+                    .norm_1p(&p.key("post_attention_layernorm.weight"), hidden)?,
+                gate_proj: ld.matrix(&mlp.key("gate_proj.weight"), inter, hidden)?,
+                up_proj: ld.matrix(&mlp.key("up_proj.weight"), inter, hidden)?,
+                down_proj: ld.matrix(&mlp.key("down_proj.weight"), hidden, inter)?,
+            });
+        }
+        let norm = ld.norm_1p(&model.key("norm.weight"), hidden)?;
+        let mtp = mtp::MtpWeights::load(&ld, c)?;
+        if h.has_vision {
+            info!("The checkpoint has a vision tower (model.visual.*); kiln runs the text model only and skips it.");
+        }
+        let rope = backend
+            .create_rope(&RopeSpec {
+                rotary_dim: h.rotary_dim,
+                theta: c.rope_theta,
+                max_positions: c.max_position_embeddings,
+            })
+            .map_err(backend_err)?;
+        let kv_cache = backend
+            .create_kv_cache(&kv_spec(c, block_size, num_blocks))
+            .map_err(backend_err)?;
+        let sspec = state_spec(c, num_state_slots)?;
+        let states = backend.create_state_cache(&sspec).map_err(backend_err)?;
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        info!(
+            architecture = ?c.architecture,
+            layers = c.num_hidden_layers,
+            gdn_layers = n_state,
+            attention_layers = n_kv,
+            hidden,
+            tied_embeddings = lm_head.is_none(),
+            mtp_layers = mtp.as_ref().map_or(0, |m| m.num_layers()),
+            kv_blocks = num_blocks,
+            block_size,
+            device = %backend.name(),
+            "Model loaded: {num_state_slots} state slots, {:.3} GiB ({:.1} MiB each).",
+            gib(sspec.bytes_per_slot() * num_state_slots),
+            sspec.bytes_per_slot() as f64 / (1 << 20) as f64,
+        );
+        Ok(Qwen3_5 {
+            backend,
+            config: c.clone(),
+            weights: Weights {
+                embed_tokens,
+                lm_head,
+                layers,
+                norm,
+                rope,
+            },
+            mtp,
+            kv_cache,
+            states,
+            geometry: CacheGeometry {
+                block_size,
+                num_blocks,
+                num_state_slots,
+            },
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Whether MTP weights were found (and shape-checked).
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// The backend's state cache (tests read slots through it).
+    pub fn states(&self) -> &B::StateCache {
+        &self.states
+    }
+
+    /// GDN shapes of this model.
+    fn gdn_params(&self) -> GdnParams {
+        let h = self.config.hybrid.as_ref().expect("checked at load");
+        GdnParams {
+            num_key_heads: h.linear_num_key_heads,
+            num_value_heads: h.linear_num_value_heads,
+            key_head_dim: h.linear_key_head_dim,
+            value_head_dim: h.linear_value_head_dim,
+        }
+    }
+
+    /// Copy state slot `src` into `dst` (prefix checkpoints).
+    pub fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        Ok(self.backend.copy_state_slot(&mut self.states, src, dst)?)
+    }
+}
+
+impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_position_embeddings(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn cache_geometry(&self) -> CacheGeometry {
+        self.geometry
+    }
+
+    fn device_name(&self) -> String {
+        self.backend.name()
+    }
+
+    fn weight_bytes(&self) -> u64 {
+        let b = &self.backend;
+        let w = &self.weights;
+        let mut total = 0usize;
+        for l in &w.layers {
+            total += [&l.gate_proj, &l.up_proj, &l.down_proj]
+                .iter()
+                .map(|m| b.weight_bytes(m))
+                .sum::<usize>();
+            total += match &l.mixer {
+                Mixer::Linear(g) => [
+                    &g.in_proj_qkv,
+                    &g.in_proj_z,
+                    &g.in_proj_a,
+                    &g.in_proj_b,
+                    &g.out_proj,
+                ]
+                .iter()
+                .map(|m| b.weight_bytes(m))
+                .sum::<usize>(),
+                Mixer::Full(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                    .iter()
+                    .map(|m| b.weight_bytes(m))
+                    .sum::<usize>(),
+            };
+        }
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
+        (total + b.weight_bytes(head)) as u64
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
+        let input = batch.step_input(
+            self.geometry.block_size,
+            self.geometry.num_blocks,
+            self.config.vocab_size,
+            self.config.max_position_embeddings,
+        )?;
+        if input.num_tokens() == 0 {
+            return Ok(ForwardOutput::default());
+        }
+        if let Some(i) = input
+            .seqs
+            .iter()
+            .position(|s| s.len > 0 && s.state_slot.is_none())
+        {
+            return Err(EngineError::Internal(format!(
+                "malformed forward batch: sequence {i} of a hybrid model has no state slot"
+            )));
+        }
+        let gdn = self.gdn_params();
+        let Qwen3_5 {
+            backend,
+            config,
+            weights,
+            kv_cache,
+            states,
+            ..
+        } = self;
+        backend.run_step(|| {
+            forward::run(
+                weights, backend, config, &gdn, kv_cache, states, &input, batch,
+            )
+        })
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        Ok(self.backend.copy_block(&mut self.kv_cache, src, dst)?)
+    }
+
+    fn reset_state_slot(&mut self, slot: u32) -> Result<(), EngineError> {
+        Ok(self.backend.reset_state_slot(&mut self.states, slot)?)
+    }
+
+    fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        Ok(self.backend.copy_state_slot(&mut self.states, src, dst)?)
+    }
+}
+
+/// Qwen3.5 on the CPU: `engine.kv_cache_mib` holds the state slots (one per sequence of
+/// `engine.max_num_seqs`, twice that with prefix caching, fewer when the budget is short) and
+/// the KV blocks of the full-attention layers ([`crate::model::memory::split_hybrid`]).
+pub fn load_cpu(
+    backend: crate::backend::CpuBackend,
+    config: &ModelConfig,
+    weights: &dyn WeightSource,
+    opts: &crate::model::options::RunnerOptions,
+) -> Result<Box<dyn ModelRunner>, ModelError> {
+    use crate::model::memory::{split_hybrid, HybridSplitInput};
+    if opts.block_size == 0 {
+        return Err(ModelError::Unsupported("`engine.block_size` = 0".into()));
+    }
+    let bytes_per_block = backend.kv_bytes_per_block(&kv_spec(config, opts.block_size, 1));
+    let state = state_spec(config, 1)?;
+    let split = split_hybrid(&HybridSplitInput {
+        budget_bytes: opts.kv_cache_mib << 20,
+        state_bytes_per_slot: state.bytes_per_slot(),
+        bytes_per_block: bytes_per_block.max(1),
+        block_size: opts.block_size,
+        // With prefix caching, as many slots again hold prefix checkpoints (the engine gives
+        // running sequences the first `max_num_seqs`, checkpoints the rest).
+        max_num_seqs: opts.max_num_seqs.max(1) * if opts.enable_prefix_caching { 2 } else { 1 },
+        min_kv_tokens: opts.block_size,
+    })
+    .map_err(ModelError::Unsupported)?;
+    if split.num_state_slots < opts.max_num_seqs * if opts.enable_prefix_caching { 2 } else { 1 } {
+        tracing::warn!(
+            max_num_seqs = opts.max_num_seqs,
+            state_slots = split.num_state_slots,
+            "engine.kv_cache_mib holds only {} state slots: fewer sequences at once (or fewer prefix checkpoints).",
+            split.num_state_slots
+        );
+    }
+    info!(kv_cache_mib = opts.kv_cache_mib, plan = %split, "Hybrid cache sized.");
+    // Without full-attention layers a block costs nothing: only as many as the positions need.
+    let num_blocks = if config.num_kv_layers() == 0 {
+        split.num_blocks.min(
+            opts.max_num_seqs.max(1) * config.max_position_embeddings.div_ceil(opts.block_size),
+        )
+    } else {
+        split.num_blocks
+    };
+    Ok(Box::new(Qwen3_5::load(
+        backend,
+        config,
+        weights,
+        opts.block_size,
+        num_blocks,
+        split.num_state_slots,
+    )?))
+}
