@@ -748,4 +748,52 @@ mod tests {
         assert!(b.copy_block(&mut c, 0, 2).is_err());
         assert_eq!(b.kv_bytes_per_block(&spec), 8);
     }
+
+    #[test]
+    fn swiglu_equals_silu_mul_on_the_halves() {
+        let b = CpuBackend::new(1).unwrap();
+        let (rows, inter) = (3, 5);
+        let gu: Vec<f32> = (0..rows * 2 * inter).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut fused = vec![f32::NAN; rows * inter];
+        b.swiglu(&gu, &mut fused, rows, inter).unwrap();
+        let (mut g, mut u) = (Vec::new(), Vec::new());
+        for r in gu.chunks(2 * inter) {
+            g.extend_from_slice(&r[..inter]);
+            u.extend_from_slice(&r[inter..]);
+        }
+        let mut split = vec![f32::NAN; rows * inter];
+        b.silu_mul(&g, &u, &mut split, rows * inter).unwrap();
+        assert_eq!(fused, split);
+        assert!(b.swiglu(&gu, &mut fused, rows + 1, inter).is_err());
+    }
+
+    #[test]
+    fn stacked_weights_concatenate_rows_and_refuse_mismatches() {
+        let b = CpuBackend::new(1).unwrap();
+        let (a, c) = ([1.0f32, 2.0, 3.0, 4.0], [5.0f32, 6.0]);
+        let (sa, sc) = ([2usize, 2], [1usize, 2]);
+        let va = TensorView {
+            dtype: WeightDType::F32,
+            shape: &sa,
+            data: bytemuck::cast_slice(&a),
+        };
+        let vc = TensorView {
+            dtype: WeightDType::F32,
+            shape: &sc,
+            data: bytemuck::cast_slice(&c),
+        };
+        let w = b.upload_weight_rows("ac", &[va, vc]).unwrap();
+        assert_eq!(w.shape, vec![3, 2]);
+        assert_eq!(
+            bytemuck::cast_slice::<u8, f32>(w.bytes()),
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        );
+        let narrow = [2usize, 1];
+        let vn = TensorView {
+            dtype: WeightDType::F32,
+            shape: &narrow,
+            data: bytemuck::cast_slice(&c),
+        };
+        assert!(b.upload_weight_rows("an", &[va, vn]).is_err());
+    }
 }
