@@ -223,10 +223,20 @@ fn run_ops<B: Backend>(b: &B) -> Vec<(&'static str, Vec<f32>)> {
     let qkv_width = (heads + 2 * kv_heads) * hd;
     let qkv = b.upload(&data(t * qkv_width, 15)).unwrap();
     let qn = b
-        .upload(&data(hd, 16).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>())
+        .upload(
+            &data(hd, 16)
+                .iter()
+                .map(|v| 1.0 + 0.5 * v)
+                .collect::<Vec<_>>(),
+        )
         .unwrap();
     let kn = b
-        .upload(&data(hd, 17).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>())
+        .upload(
+            &data(hd, 17)
+                .iter()
+                .map(|v| 1.0 + 0.5 * v)
+                .collect::<Vec<_>>(),
+        )
         .unwrap();
     for (name, norm) in [
         ("qkv_rope_write", None),
@@ -276,7 +286,10 @@ fn run_ops<B: Backend>(b: &B) -> Vec<(&'static str, Vec<f32>)> {
         .zip(host.chunks(50))
         .filter(|(g, row)| **g != kiln::sampling::sample_row(row, &greedy))
         .count();
-    out.push(("sample greedy fast path (rows unlike sample_row)", vec![mismatches as f32]));
+    out.push((
+        "sample greedy fast path (rows unlike sample_row)",
+        vec![mismatches as f32],
+    ));
 
     let g = b.upload(&data(t * 40, 12)).unwrap();
     let u = b.upload(&data(t * 40, 13)).unwrap();

@@ -476,7 +476,10 @@ pub fn concat_rows(
         .first()
         .ok_or_else(|| bad("no weights to stack".into()))?;
     let &[_, k] = first.shape else {
-        return Err(bad(format!("expected 2-D weights, found {:?}", first.shape)));
+        return Err(bad(format!(
+            "expected 2-D weights, found {:?}",
+            first.shape
+        )));
     };
     match first.dtype {
         D::F32 | D::F16 | D::BF16 | D::Q8_0 | D::Q4_0 | D::Q4_1 | D::Q4K | D::Q6K => {}
@@ -487,10 +490,12 @@ pub fn concat_rows(
             )))
         }
     }
-    let row_bytes = first
-        .dtype
-        .row_bytes(k)
-        .ok_or_else(|| bad(format!("{k} columns are not whole {:?} blocks", first.dtype)))?;
+    let row_bytes = first.dtype.row_bytes(k).ok_or_else(|| {
+        bad(format!(
+            "{k} columns are not whole {:?} blocks",
+            first.dtype
+        ))
+    })?;
     let mut rows = 0;
     let mut bytes = Vec::new();
     for p in parts {

@@ -176,7 +176,11 @@ impl<B: Backend> Loader<'_, B> {
 
     /// `parts` (key, rows) of width `cols` stacked into one weight, or `None` when the backend
     /// cannot stack their encoding (they are then loaded apart).
-    fn stacked(&self, parts: &[(&str, usize)], cols: usize) -> Result<Option<B::Weight>, ModelError> {
+    fn stacked(
+        &self,
+        parts: &[(&str, usize)],
+        cols: usize,
+    ) -> Result<Option<B::Weight>, ModelError> {
         let views = parts
             .iter()
             .map(|&(key, rows)| self.view(key, &[rows, cols]))
@@ -440,7 +444,14 @@ impl<B: Backend> LlamaWeights<B> {
         };
         let step = &ws.step;
         b.embedding(&self.embed_tokens, step, &mut ws.x)?;
-        b.rms_norm(&ws.x, &self.layers[0].input_layernorm, &mut ws.h, t, hidden, eps)?;
+        b.rms_norm(
+            &ws.x,
+            &self.layers[0].input_layernorm,
+            &mut ws.h,
+            t,
+            hidden,
+            eps,
+        )?;
         for (i, layer) in self.layers.iter().enumerate() {
             let qk_norm = match (&layer.q_norm, &layer.k_norm) {
                 (Some(qn), Some(kn)) => Some((qn, kn, eps)),

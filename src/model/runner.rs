@@ -53,7 +53,14 @@ pub fn build_runner_for(
             let num_blocks =
                 blocks_for_budget(&backend, config, opts.block_size, opts.kv_cache_mib)?;
             // The CPU workspace grows with the steps it sees (host memory is not planned).
-            load_on(backend, config, weights, opts.block_size, num_blocks, (0, 0))
+            load_on(
+                backend,
+                config,
+                weights,
+                opts.block_size,
+                num_blocks,
+                (0, 0),
+            )
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(n) => Err(ModelError::Unsupported(format!(

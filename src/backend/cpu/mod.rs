@@ -753,7 +753,9 @@ mod tests {
     fn swiglu_equals_silu_mul_on_the_halves() {
         let b = CpuBackend::new(1).unwrap();
         let (rows, inter) = (3, 5);
-        let gu: Vec<f32> = (0..rows * 2 * inter).map(|i| (i as f32 * 0.37).sin()).collect();
+        let gu: Vec<f32> = (0..rows * 2 * inter)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
         let mut fused = vec![f32::NAN; rows * inter];
         b.swiglu(&gu, &mut fused, rows, inter).unwrap();
         let (mut g, mut u) = (Vec::new(), Vec::new());

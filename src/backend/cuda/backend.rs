@@ -237,7 +237,6 @@ impl CudaBackend {
     fn alloc_bytes(&self, bytes: usize) -> Result<CudaSlice<u8>, BackendError> {
         self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(dev_err)
     }
-
 }
 
 /// Threads per block of `qkv_rope_write` (`QKV_WARPS * 32` in kv_cache.cu).
@@ -703,14 +702,7 @@ impl Backend for CudaBackend {
         // SAFETY: logit rows are token indices < num_tokens (built by ForwardBatch::step_input) and
         // `x` holds num_tokens rows of dim, `out` num_logit_rows rows (checked above).
         unsafe {
-            self.launch_row_gather(
-                f,
-                &rows,
-                step.num_logit_rows,
-                &x.data,
-                &mut out.data,
-                dim,
-            )
+            self.launch_row_gather(f, &rows, step.num_logit_rows, &x.data, &mut out.data, dim)
         }
     }
 

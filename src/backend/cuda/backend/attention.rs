@@ -132,9 +132,10 @@ impl CudaBackend {
         // null pointers — most decode steps.
         let mut scratch = self.scratch();
         if n_parts > 1 {
-            let fits = scratch.partials.as_ref().is_some_and(|(m, _, acc)| {
-                m.len() >= rows && acc.len() >= rows * params.head_dim
-            });
+            let fits = scratch
+                .partials
+                .as_ref()
+                .is_some_and(|(m, _, acc)| m.len() >= rows && acc.len() >= rows * params.head_dim);
             if !fits {
                 let acc = rows * params.head_dim;
                 scratch.partials = Some((

@@ -114,4 +114,3 @@ impl Kernels {
         &self.attention_prefill[i]
     }
 }
-

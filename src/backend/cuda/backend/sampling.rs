@@ -318,25 +318,25 @@ impl CudaBackend {
         );
         let v = vocab as i32;
         {
-        let mut b = self.stream.launch_builder(&self.k.sample_rows);
-        b.arg(&logits.data)
-            .arg(&v)
-            .arg(&ip)
-            .arg(&fp)
-            .arg(&dr)
-            .arg(&pens)
-            .arg(&mut arena.scratch)
-            .arg(&mut arena.out_dev);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.len() as u32, 1, 1),
-            block_dim: (SAMPLE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: pack_rows checked every logits row index (< logits.rows) and laid out
-        // 8 ints / 8 floats / 1 double per block, penalty ranges inside `pens`, and output
-        // offsets whose pairs fit in `out_dev` (≥ 2 × out_pairs ints); the parameter sections
-        // are 8-byte aligned inside the uploaded prefix; scratch holds ≥ rows × vocab f32.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+            let mut b = self.stream.launch_builder(&self.k.sample_rows);
+            b.arg(&logits.data)
+                .arg(&v)
+                .arg(&ip)
+                .arg(&fp)
+                .arg(&dr)
+                .arg(&pens)
+                .arg(&mut arena.scratch)
+                .arg(&mut arena.out_dev);
+            let cfg = LaunchConfig {
+                grid_dim: (rows.len() as u32, 1, 1),
+                block_dim: (SAMPLE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: pack_rows checked every logits row index (< logits.rows) and laid out
+            // 8 ints / 8 floats / 1 double per block, penalty ranges inside `pens`, and output
+            // offsets whose pairs fit in `out_dev` (≥ 2 × out_pairs ints); the parameter sections
+            // are 8-byte aligned inside the uploaded prefix; scratch holds ≥ rows × vocab f32.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
         let host = self.download_ints(arena, out_ints)?;
         Ok(unpack(host, &p))
@@ -365,19 +365,19 @@ impl CudaBackend {
         let idx = arena.params.dev().device_ptr(&self.stream).0;
         let v = logits.vocab as i32;
         {
-        let mut b = self.stream.launch_builder(&self.k.argmax_rows);
-        b.arg(&logits.data)
-            .arg(&v)
-            .arg(&idx)
-            .arg(&mut arena.out_dev);
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, 1, 1),
-            block_dim: (SAMPLE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the n row indices uploaded are < logits.rows (checked), each row holds vocab
-        // f32; out_dev holds ≥ n ints.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+            let mut b = self.stream.launch_builder(&self.k.argmax_rows);
+            b.arg(&logits.data)
+                .arg(&v)
+                .arg(&idx)
+                .arg(&mut arena.out_dev);
+            let cfg = LaunchConfig {
+                grid_dim: (n as u32, 1, 1),
+                block_dim: (SAMPLE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the n row indices uploaded are < logits.rows (checked), each row holds vocab
+            // f32; out_dev holds ≥ n ints.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
         let ids = self.download_ints(arena, n)?;
         Ok(ids
@@ -411,9 +411,8 @@ impl CudaBackend {
             .is_some_and(|a| a.fits(param_bytes, out_ints, scratch));
         if !fits {
             let old = guard.sample.take();
-            let at_least = |f: fn(&SampleArena) -> usize, want: usize| {
-                want.max(old.as_ref().map_or(0, f))
-            };
+            let at_least =
+                |f: fn(&SampleArena) -> usize, want: usize| want.max(old.as_ref().map_or(0, f));
             let pb = at_least(|a| a.params.capacity(), param_bytes.max(4096));
             let oi = at_least(|a| a.out_dev.len(), out_ints.max(1024));
             let sc = at_least(|a| a.scratch.len(), scratch);

@@ -32,9 +32,7 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Staging<T> {
         let ctx = stream.context();
         // SAFETY: the pinned memory is zero-filled below before anything reads it.
         let mut host = unsafe { ctx.alloc_pinned::<T>(capacity) }.map_err(dev_err)?;
-        host.as_mut_slice()
-            .map_err(dev_err)?
-            .fill(T::default());
+        host.as_mut_slice().map_err(dev_err)?.fill(T::default());
         let dev = stream.alloc_zeros::<T>(capacity).map_err(dev_err)?;
         let copied = ctx.new_event(None).map_err(dev_err)?;
         Ok(Staging { host, dev, copied })
