@@ -100,6 +100,13 @@ template <> struct Io<E4M3> {
     static __device__ __forceinline__ void store(E4M3* p, long i, float v) { p[i].b = f32_to_fp8e4m3(v); }
 };
 
+// `v` rounded to the storage type T and read back as f32 (what a store then a load would give).
+template <typename T> __device__ __forceinline__ float round_to(float v) {
+    T tmp;
+    Io<T>::store(&tmp, 0, v);
+    return Io<T>::load(&tmp, 0);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

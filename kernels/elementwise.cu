@@ -1,5 +1,5 @@
 // elementwise.cu: embedding gather, SiLU-gated product, residual add, dtype casts.
-// Entry points: embedding_{f32,f16,bf16}, embedding_{f16,bf16}_to_f32, silu_mul_*, add_*,
+// Entry points: embedding_{f32,f16,bf16}, embedding_{f16,bf16}_to_f32, silu_mul_*, swiglu_*, add_*,
 // cast_f32_to_{f16,bf16}, cast_{f16,bf16}_to_f32.
 
 // out[t, :] = table[ids[t], :]; grid (n_tokens), block any; table [vocab, dim].
@@ -18,6 +18,18 @@ __device__ void silu_mul(const T* gate, const T* up, T* out, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = Io<T>::load(gate, i), u = Io<T>::load(up, i);
+    Io<T>::store(out, i, g / (1.0f + expf(-g)) * u);
+}
+
+// The fused gate|up projection's product: gate_up is [rows, 2 * inter] (gate columns first, then
+// up), out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i] in f32; out is [rows, inter].
+template <typename T>
+__device__ void swiglu(const T* gate_up, T* out, long rows, int inter) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * inter) return;
+    long r = i / inter, c = i % inter;
+    const T* row = gate_up + r * 2 * inter;
+    float g = Io<T>::load(row, c), u = Io<T>::load(row, inter + c);
     Io<T>::store(out, i, g / (1.0f + expf(-g)) * u);
 }
 
@@ -42,6 +54,9 @@ __device__ void cast(const S* src, D* dst, long n) {
     }                                                                                              \
     extern "C" __global__ void silu_mul_##SUF(const T* gate, const T* up, T* out, long n) {         \
         silu_mul<T>(gate, up, out, n);                                                             \
+    }                                                                                              \
+    extern "C" __global__ void swiglu_##SUF(const T* gate_up, T* out, long rows, int inter) {     \
+        swiglu<T>(gate_up, out, rows, inter);                                                      \
     }                                                                                              \
     extern "C" __global__ void add_##SUF(T* x, const T* y, long n) { add_inplace<T>(x, y, n); }
 KILN_FOR_FLOAT_TYPES(ELEMENTWISE)

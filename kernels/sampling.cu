@@ -1,5 +1,6 @@
 // sampling.cu: f32 logits rows -> sampled token ids (and requested logprobs) on the GPU, so only
-// those reach the host. Entry point: sample_rows (logits are f32 whatever the compute dtype).
+// those reach the host. Entry points: sample_rows, argmax_rows (the greedy fast path; logits are f32
+// whatever the compute dtype).
 //
 // This is src/sampling.rs (`sample_row`) bit for bit; read its header for the semantics.
 // Exactness: every float operation on the path that decides the token uses the explicitly rounded
@@ -390,5 +391,25 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (tid == 0) {
         o[0] = chosen;
         o[1] = n_logprobs >= 0 ? __float_as_int(__fsub_rn(canon(l[chosen]), lse)) : 0;
+    }
+}
+
+// The greedy fast path: rows with no draw, no logprobs and no effective penalty need only step 3
+// above, the argmax of canon(l) by rank (lowest id on ties), so they skip the penalized copy and
+// the radix machinery. out[r] = that id, or -1 when the row has no finite maximum: exactly what
+// sample_rows gives for such a row. rows[r]: the logits row of output r.
+// grid (n_rows), block SAMPLE_THREADS.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    argmax_rows(const float* logits, int vocab, const int* rows, int* out) {
+    const float* l = logits + (long)rows[blockIdx.x] * vocab;
+    u64 best = 0;
+    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+        u64 k = rank_key(canon(l[i]), i);
+        best = k > best ? k : best;
+    }
+    best = block_max_u64(best);
+    if (threadIdx.x == 0) {
+        const float zmax = key_value((unsigned)(best >> 32));
+        out[blockIdx.x] = isfinite(zmax) ? rank_id(best) : -1;
     }
 }

@@ -23,8 +23,17 @@
 //!   so only the sampled ids and requested logprobs reach the host; [`Backend::download_logits`]
 //!   copies raw rows for the callers that want them (`kiln probe`, tests).
 //! - All integer metadata of a step (token ids, positions, KV slots, block tables, which rows
-//!   need logits) is uploaded once per step by [`Backend::prepare_step`]; ops read it from
-//!   there, so a CUDA backend does one host→device copy per step.
+//!   need logits) is uploaded once per step by [`Backend::prepare_step`] (or refilled into a
+//!   step the runner keeps, [`Backend::update_step`]); ops read it from there, so a CUDA
+//!   backend does one host→device copy per step.
+//! - Fused forms for the llama family: [`Backend::upload_weight_rows`] stacks the q|k|v (and
+//!   gate|up) weights into one, so one GEMM replaces three (two);
+//!   [`Backend::qkv_rope_write`] takes the fused q|k|v rows through the per-head norm, RoPE and
+//!   the KV write in one op, and [`Backend::swiglu`] the fused gate|up rows through SiLU·up.
+//!   Each equals its unfused ops (the CPU backend composes them, as the reference).
+//! - A runner keeps its activations, step metadata and logits for its life ([`Backend::alloc`]
+//!   once, at the largest step, then [`Backend::update_step`] and [`Backend::logits_into`]),
+//!   so every op takes buffers that may be longer than the rows it is given.
 //!
 //! Activations are in the backend's compute dtype (f32 on the CPU; bf16/fp16 on GPUs); only
 //! [`Backend::upload`] and [`Backend::download`] convert to and from host f32.
@@ -236,6 +245,27 @@ pub trait Backend: Send + Sync + Sized + 'static {
             ))),
         }
     }
+    /// Upload 2-D weights of the same width `k` as ONE weight `[Σ nᵢ, k]` whose rows are theirs
+    /// stacked in order: the fused q|k|v and gate|up projections (one GEMM instead of several;
+    /// output column `j` of the stack is output column `j − Σ_{i<p} nᵢ` of part `p`). The default
+    /// concatenates the stored rows on the host, exact for the encodings whose rows are stored
+    /// one after another (dense floats and the ggml block formats); any other encoding is
+    /// `Err(Unsupported)`, and the caller keeps the weights apart.
+    fn upload_weight_rows(
+        &self,
+        name: &str,
+        parts: &[TensorView<'_>],
+    ) -> Result<Self::Weight, BackendError> {
+        let (bytes, shape, dtype) = concat_rows(name, parts)?;
+        self.upload_weight(
+            name,
+            &TensorView {
+                dtype,
+                shape: &shape,
+                data: &bytes,
+            },
+        )
+    }
     /// Bytes `w` occupies on the device.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
     /// Upload a 1-D parameter (norm weights), dequantized exactly to the compute dtype.
@@ -252,6 +282,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn create_rope(&self, spec: &RopeSpec) -> Result<Self::Rope, BackendError>;
     /// Copy a step's metadata to the device.
     fn prepare_step(&self, step: &StepInput) -> Result<Self::Step, BackendError>;
+    /// Refill `step` (made by [`Backend::prepare_step`]) with `input`, reusing its buffers where
+    /// they are large enough: a runner keeps one step for its life, so a GPU step allocates
+    /// nothing and its metadata keeps its device addresses. The default makes a new one.
+    fn update_step(&self, step: &mut Self::Step, input: &StepInput) -> Result<(), BackendError> {
+        *step = self.prepare_step(input)?;
+        Ok(())
+    }
     /// Wait for queued work (a no-op on the CPU).
     fn synchronize(&self) -> Result<(), BackendError>;
     /// Run `f`, one step's worth of ops, in the backend's execution context: on the CPU inside
@@ -378,6 +415,50 @@ pub trait Backend: Send + Sync + Sized + 'static {
         w: &Self::Weight,
     ) -> Result<Self::Logits, BackendError>;
 
+    /// Zeroed f32 logits of `rows` rows of `vocab`, to be filled by [`Backend::logits_into`].
+    fn alloc_logits(&self, rows: usize, vocab: usize) -> Result<Self::Logits, BackendError>;
+
+    /// [`Backend::logits`] into `out` (from [`Backend::alloc_logits`], holding at least
+    /// `rows × w.rows` values), which then holds `rows` rows: no allocation.
+    fn logits_into(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        w: &Self::Weight,
+        out: &mut Self::Logits,
+    ) -> Result<(), BackendError>;
+
+    /// One layer's attention input from the fused q|k|v projection, in one op: `qkv` is
+    /// `[num_tokens, (num_heads + 2·num_kv_heads)·head_dim]` (q heads, then k heads, then v
+    /// heads); q and k are RMS-normed per head when `qk_norm = Some((q_norm, k_norm, eps))`
+    /// (each `[head_dim]`, Qwen3), both are rotated as [`Backend::rope`] does, q is written to
+    /// `q_out` (`[num_tokens, num_heads, head_dim]`) and k, v to each token's KV slot of layer
+    /// `layer` as [`Backend::write_kv`] does. Equals [`Backend::rms_norm`] ×2 (when normed),
+    /// [`Backend::rope`] and [`Backend::write_kv`] on the split rows, with the same roundings.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_rope_write(
+        &self,
+        qkv: &Self::Buffer,
+        q_out: &mut Self::Buffer,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        rope: &Self::Rope,
+        step: &Self::Step,
+        params: &AttentionParams,
+        qk_norm: Option<(&Self::Buffer, &Self::Buffer, f32)>,
+    ) -> Result<(), BackendError>;
+
+    /// `out[r, i] = silu(gate_up[r, i]) · gate_up[r, inter + i]`: the fused gate|up
+    /// projection's product; `gate_up`: `[rows, 2·inter]`, `out`: `[rows, inter]`. Equals
+    /// [`Backend::silu_mul`] on the two halves.
+    fn swiglu(
+        &self,
+        gate_up: &Self::Buffer,
+        out: &mut Self::Buffer,
+        rows: usize,
+        inter: usize,
+    ) -> Result<(), BackendError>;
+
     /// Copy rows `first_row ..` of `logits` into `dst` (a whole number of `[vocab]` rows).
     fn download_logits(
         &self,
@@ -398,4 +479,59 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Copy block `src` into block `dst`, K and V, all layers.
     fn copy_block(&self, cache: &mut Self::KvCache, src: u32, dst: u32)
         -> Result<(), BackendError>;
+}
+
+/// The stored rows of `parts` (2-D, one encoding, one width) one after another: the bytes, shape
+/// `[Σ nᵢ, k]` and encoding of their stack, for [`Backend::upload_weight_rows`]. Only for the
+/// encodings whose rows are stored independently and in order (dense floats, ggml blocks).
+pub fn concat_rows(
+    name: &str,
+    parts: &[TensorView<'_>],
+) -> Result<(Vec<u8>, [usize; 2], crate::tensor::WeightDType), BackendError> {
+    use crate::tensor::WeightDType as D;
+    let bad = |m: String| BackendError::InvalidArgument(format!("`{name}`: {m}"));
+    let first = parts
+        .first()
+        .ok_or_else(|| bad("no weights to stack".into()))?;
+    let &[_, k] = first.shape else {
+        return Err(bad(format!(
+            "expected 2-D weights, found {:?}",
+            first.shape
+        )));
+    };
+    match first.dtype {
+        D::F32 | D::F16 | D::BF16 | D::Q8_0 | D::Q4_0 | D::Q4_1 | D::Q4K | D::Q6K => {}
+        #[allow(unreachable_patterns)]
+        other => {
+            return Err(BackendError::Unsupported(format!(
+                "`{name}`: stacking {other:?} weights"
+            )))
+        }
+    }
+    let row_bytes = first.dtype.row_bytes(k).ok_or_else(|| {
+        bad(format!(
+            "{k} columns are not whole {:?} blocks",
+            first.dtype
+        ))
+    })?;
+    let mut rows = 0;
+    let mut bytes = Vec::new();
+    for p in parts {
+        let &[n, pk] = p.shape else {
+            return Err(bad(format!("expected 2-D weights, found {:?}", p.shape)));
+        };
+        if pk != k || p.dtype != first.dtype || p.data.len() != n * row_bytes {
+            return Err(bad(format!(
+                "cannot stack {:?} {:?} ({} bytes) under {:?} {:?}",
+                p.dtype,
+                p.shape,
+                p.data.len(),
+                first.dtype,
+                first.shape
+            )));
+        }
+        bytes.extend_from_slice(p.data);
+        rows += n;
+    }
+    Ok((bytes, [rows, k], first.dtype))
 }

@@ -18,7 +18,16 @@
 //! sub-block is fused with the norm that follows it ([`Backend::add_rms_norm`]).
 //!
 //! Weights are looked up by Hugging Face checkpoint key through [`Prefix`] and uploaded as
-//! stored; shapes are checked against the config at load.
+//! stored; shapes are checked against the config at load. q|k|v and gate|up are stacked into
+//! one weight each where the backend can ([`Backend::upload_weight_rows`]), so a layer runs
+//! one GEMM for q, k, v and one for gate, up, then [`Backend::qkv_rope_write`] (per-head norm,
+//! RoPE and KV write in one op) and [`Backend::swiglu`]; weights it cannot stack run the
+//! unfused ops, with the same results.
+//!
+//! The activations, the step metadata and the logits live in a [`Workspace`] kept for the
+//! runner's life: sized at the first step to at least [`Llama::reserve_workspace`]'s limits
+//! (the engine's `max_num_batched_tokens` / `max_num_seqs`, which the GPU memory planner
+//! counted), grown only by a larger step, so a steady-state step allocates nothing.
 
 use tracing::info;
 
@@ -29,21 +38,87 @@ use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, LogitsFor, 
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::WeightSource;
 
+/// The q, k, v projections: one stacked weight `[q_dim + 2·kv_dim, hidden]`, or three.
+enum QkvProj<B: Backend> {
+    Fused(B::Weight),
+    Split {
+        q: B::Weight,
+        k: B::Weight,
+        v: B::Weight,
+    },
+}
+
+/// The gate and up projections: one stacked weight `[2·intermediate, hidden]`, or two.
+enum GateUpProj<B: Backend> {
+    Fused(B::Weight),
+    Split { gate: B::Weight, up: B::Weight },
+}
+
 /// One decoder layer's weights on the backend.
 struct LlamaLayer<B: Backend> {
     input_layernorm: B::Buffer,
-    q_proj: B::Weight,
-    k_proj: B::Weight,
-    v_proj: B::Weight,
+    qkv: QkvProj<B>,
     o_proj: B::Weight,
     /// Qwen3 only: `[head_dim]`.
     q_norm: Option<B::Buffer>,
     /// Qwen3 only: `[head_dim]`.
     k_norm: Option<B::Buffer>,
     post_attention_layernorm: B::Buffer,
-    gate_proj: B::Weight,
-    up_proj: B::Weight,
+    gate_up: GateUpProj<B>,
     down_proj: B::Weight,
+}
+
+impl<B: Backend> LlamaLayer<B> {
+    /// Every projection weight of the layer.
+    fn matrices(&self) -> Vec<&B::Weight> {
+        let mut m = match &self.qkv {
+            QkvProj::Fused(w) => vec![w],
+            QkvProj::Split { q, k, v } => vec![q, k, v],
+        };
+        m.push(&self.o_proj);
+        match &self.gate_up {
+            GateUpProj::Fused(w) => m.push(w),
+            GateUpProj::Split { gate, up } => m.extend([gate, up]),
+        }
+        m.push(&self.down_proj);
+        m
+    }
+}
+
+/// The runner's persistent activations, step metadata and logits (see the module header), for
+/// steps of up to `tokens` tokens and `rows` logits rows. Buffers only one path uses (the fused
+/// or the unfused projections) are empty when no layer takes that path.
+struct Workspace<B: Backend> {
+    tokens: usize,
+    rows: usize,
+    step: B::Step,
+    /// Residual stream `[tokens, hidden]`, f32.
+    x: B::Buffer,
+    /// Normed input of the next sub-block `[tokens, hidden]`.
+    h: B::Buffer,
+    /// Output of o_proj / down_proj `[tokens, hidden]`.
+    delta: B::Buffer,
+    /// Fused q|k|v rows `[tokens, q_dim + 2·kv_dim]`.
+    qkv: B::Buffer,
+    /// Rotated q `[tokens, q_dim]`.
+    q: B::Buffer,
+    /// Unfused k, v (and Qwen3's normed k) `[tokens, kv_dim]`.
+    k: B::Buffer,
+    v: B::Buffer,
+    k_normed: B::Buffer,
+    /// Attention output `[tokens, q_dim]`.
+    a: B::Buffer,
+    /// Fused gate|up rows `[tokens, 2·intermediate]`.
+    gate_up: B::Buffer,
+    /// Unfused gate, up `[tokens, intermediate]`.
+    gate: B::Buffer,
+    up: B::Buffer,
+    /// SiLU·up `[tokens, intermediate]`.
+    act: B::Buffer,
+    /// Gathered logits rows of h `[rows, hidden]`.
+    last: B::Buffer,
+    /// f32 logits `[rows, vocab]`.
+    logits: B::Logits,
 }
 
 /// All weights of the model (and its RoPE table) on the backend.
@@ -63,6 +138,10 @@ pub struct Llama<B: Backend> {
     weights: LlamaWeights<B>,
     kv_cache: B::KvCache,
     geometry: CacheGeometry,
+    /// Made at the first step.
+    workspace: Option<Workspace<B>>,
+    /// Least (tokens, logits rows) the workspace is made for.
+    reserve: (usize, usize),
 }
 
 /// Looks tensors up by key, checks their shapes and uploads them.
@@ -109,6 +188,31 @@ impl<B: Backend> Loader<'_, B> {
         self.backend
             .upload_linear(module, &view)
             .map_err(|e| ModelError::Backend(e.to_string()))
+    }
+
+    /// The linear layers `parts` (module, rows) of width `cols` stacked into one weight, or
+    /// `None` when they cannot be stacked (a packed 4-bit part, or an encoding the backend
+    /// cannot stack): they are then loaded apart with [`Loader::linear`].
+    fn stacked(
+        &self,
+        parts: &[(&str, usize)],
+        cols: usize,
+    ) -> Result<Option<B::Weight>, ModelError> {
+        let mut views = Vec::with_capacity(parts.len());
+        for &(module, rows) in parts {
+            match self.weights.linear(module)? {
+                crate::tensor::LinearView::Dense(_) => {
+                    views.push(self.view(&format!("{module}.weight"), &[rows, cols])?)
+                }
+                crate::tensor::LinearView::Packed(_) => return Ok(None),
+            }
+        }
+        let name = parts.iter().map(|p| p.0).collect::<Vec<_>>().join(" | ");
+        match self.backend.upload_weight_rows(&name, &views) {
+            Ok(w) => Ok(Some(w)),
+            Err(crate::backend::BackendError::Unsupported(_)) => Ok(None),
+            Err(e) => Err(ModelError::Backend(e.to_string())),
+        }
     }
 
     fn vector(&self, key: &str, len: usize) -> Result<B::Buffer, ModelError> {
@@ -174,11 +278,27 @@ impl<B: Backend> Llama<B> {
             let p = model.pp("layers").pp(i);
             let attn = p.pp("self_attn");
             let mlp = p.pp("mlp");
+            let (qk, kk, vk) = (attn.key("q_proj"), attn.key("k_proj"), attn.key("v_proj"));
+            let qkv = match ld.stacked(&[(&qk, q_dim), (&kk, kv_dim), (&vk, kv_dim)], hidden)? {
+                Some(w) => QkvProj::Fused(w),
+                None => QkvProj::Split {
+                    q: ld.linear(&qk, q_dim, hidden)?,
+                    k: ld.linear(&kk, kv_dim, hidden)?,
+                    v: ld.linear(&vk, kv_dim, hidden)?,
+                },
+            };
+            let (gk, uk) = (mlp.key("gate_proj"), mlp.key("up_proj"));
+            let inter = c.intermediate_size;
+            let gate_up = match ld.stacked(&[(&gk, inter), (&uk, inter)], hidden)? {
+                Some(w) => GateUpProj::Fused(w),
+                None => GateUpProj::Split {
+                    gate: ld.linear(&gk, inter, hidden)?,
+                    up: ld.linear(&uk, inter, hidden)?,
+                },
+            };
             layers.push(LlamaLayer {
                 input_layernorm: ld.vector(&p.key("input_layernorm.weight"), hidden)?,
-                q_proj: ld.linear(&attn.key("q_proj"), q_dim, hidden)?,
-                k_proj: ld.linear(&attn.key("k_proj"), kv_dim, hidden)?,
-                v_proj: ld.linear(&attn.key("v_proj"), kv_dim, hidden)?,
+                qkv,
                 o_proj: ld.linear(&attn.key("o_proj"), hidden, q_dim)?,
                 q_norm: qk_norm
                     .then(|| ld.vector(&attn.key("q_norm.weight"), hd))
@@ -188,8 +308,7 @@ impl<B: Backend> Llama<B> {
                     .transpose()?,
                 post_attention_layernorm: ld
                     .vector(&p.key("post_attention_layernorm.weight"), hidden)?,
-                gate_proj: ld.linear(&mlp.key("gate_proj"), c.intermediate_size, hidden)?,
-                up_proj: ld.linear(&mlp.key("up_proj"), c.intermediate_size, hidden)?,
+                gate_up,
                 down_proj: ld.linear(&mlp.key("down_proj"), hidden, c.intermediate_size)?,
             });
         }
@@ -209,6 +328,8 @@ impl<B: Backend> Llama<B> {
             architecture = ?c.architecture,
             layers = c.num_hidden_layers,
             hidden,
+            fused_qkv = layers.iter().all(|l| matches!(l.qkv, QkvProj::Fused(_))),
+            fused_gate_up = layers.iter().all(|l| matches!(l.gate_up, GateUpProj::Fused(_))),
             tied_embeddings = lm_head.is_none(),
             kv_blocks = num_blocks,
             block_size,
@@ -231,7 +352,17 @@ impl<B: Backend> Llama<B> {
                 num_blocks,
                 num_state_slots: 0,
             },
+            workspace: None,
+            reserve: (0, 0),
         })
+    }
+
+    /// Make the workspace (at the first step) for at least `tokens` tokens and `rows` logits
+    /// rows per step: the engine's `max_num_batched_tokens` and `max_num_seqs`, so a GPU runner
+    /// holds the memory the planner counted from its start and never grows it in service.
+    pub fn reserve_workspace(mut self, tokens: usize, rows: usize) -> Self {
+        self.reserve = (tokens, rows);
+        self
     }
 
     /// The KV-cache geometry `config` needs for `num_blocks` blocks of `block_size` tokens.
@@ -251,15 +382,71 @@ impl<B: Backend> Llama<B> {
     }
 }
 
+impl<B: Backend> Workspace<B> {
+    /// Buffers for `tokens` tokens and `rows` logits rows of `c`'s model with `weights`' layout,
+    /// and `input` as the first step.
+    fn new(
+        b: &B,
+        c: &ModelConfig,
+        weights: &LlamaWeights<B>,
+        tokens: usize,
+        rows: usize,
+        input: &StepInput,
+    ) -> Result<Workspace<B>, EngineError> {
+        let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+        let any_split_qkv = weights
+            .layers
+            .iter()
+            .any(|l| matches!(l.qkv, QkvProj::Split { .. }));
+        let any_fused_qkv = weights
+            .layers
+            .iter()
+            .any(|l| matches!(l.qkv, QkvProj::Fused(_)));
+        let any_split_mlp = weights
+            .layers
+            .iter()
+            .any(|l| matches!(l.gate_up, GateUpProj::Split { .. }));
+        let any_fused_mlp = weights
+            .layers
+            .iter()
+            .any(|l| matches!(l.gate_up, GateUpProj::Fused(_)));
+        let qk_norm = weights.layers.iter().any(|l| l.k_norm.is_some());
+        let sized = |on: bool, n: usize| if on { tokens * n } else { 0 };
+        Ok(Workspace {
+            tokens,
+            rows,
+            step: b.prepare_step(input)?,
+            x: b.alloc_f32(tokens * hidden)?,
+            h: b.alloc(tokens * hidden)?,
+            delta: b.alloc(tokens * hidden)?,
+            qkv: b.alloc(sized(any_fused_qkv, q_dim + 2 * kv_dim))?,
+            q: b.alloc(tokens * q_dim)?,
+            k: b.alloc(sized(any_split_qkv, kv_dim))?,
+            v: b.alloc(sized(any_split_qkv, kv_dim))?,
+            k_normed: b.alloc(sized(any_split_qkv && qk_norm, kv_dim))?,
+            a: b.alloc(tokens * q_dim)?,
+            gate_up: b.alloc(sized(any_fused_mlp, 2 * inter))?,
+            gate: b.alloc(sized(any_split_mlp, inter))?,
+            up: b.alloc(sized(any_split_mlp, inter))?,
+            act: b.alloc(tokens * inter)?,
+            last: b.alloc(rows * hidden)?,
+            logits: b.alloc_logits(rows, c.vocab_size)?,
+        })
+    }
+}
+
 impl<B: Backend> LlamaWeights<B> {
-    /// Run every layer over the step's tokens; then the f32 logits of the step's logit rows stay
-    /// on the device: raw rows are downloaded for the `Last` / `All` sequences of `batch`, and
-    /// the `Sample` sequences' rows are sampled by the backend.
+    /// Run every layer over the step's tokens in `ws` (which holds the step's metadata); then
+    /// the f32 logits of the step's logit rows stay on the device: raw rows are downloaded for
+    /// the `Last` / `All` sequences of `batch`, and the `Sample` sequences' rows are sampled by
+    /// the backend.
     fn run(
         &self,
         b: &B,
         c: &ModelConfig,
         kv_cache: &mut B::KvCache,
+        ws: &mut Workspace<B>,
         input: &StepInput,
         batch: &ForwardBatch,
     ) -> Result<ForwardOutput, EngineError> {
@@ -276,68 +463,82 @@ impl<B: Backend> LlamaWeights<B> {
             head_dim: hd,
             scale: (hd as f32).powf(-0.5),
         };
-        let step = b.prepare_step(input)?;
-
-        let mut x = b.alloc_f32(t * hidden)?; // residual stream, f32 on every backend
-        let mut h = b.alloc(t * hidden)?; // normed input of the next sub-block
-        let mut delta = b.alloc(t * hidden)?;
-        let mut q = b.alloc(t * nh * hd)?;
-        let mut k = b.alloc(t * nkv * hd)?;
-        let mut v = b.alloc(t * nkv * hd)?;
-        let mut a = b.alloc(t * nh * hd)?;
-        let mut gate = b.alloc(t * inter)?;
-        let mut up = b.alloc(t * inter)?;
-        let mut act = b.alloc(t * inter)?;
-        let mut k_normed = b.alloc(if self.layers[0].k_norm.is_some() {
-            t * nkv * hd
-        } else {
-            0
-        })?;
-        b.embedding(&self.embed_tokens, &step, &mut x)?;
-        b.rms_norm(&x, &self.layers[0].input_layernorm, &mut h, t, hidden, eps)?;
+        let step = &ws.step;
+        b.embedding(&self.embed_tokens, step, &mut ws.x)?;
+        b.rms_norm(
+            &ws.x,
+            &self.layers[0].input_layernorm,
+            &mut ws.h,
+            t,
+            hidden,
+            eps,
+        )?;
         for (i, layer) in self.layers.iter().enumerate() {
-            b.matmul(&h, t, &layer.q_proj, &mut q)?;
-            b.matmul(&h, t, &layer.k_proj, &mut k)?;
-            b.matmul(&h, t, &layer.v_proj, &mut v)?;
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                // `a` is free until the attention output: use it for the normed q.
-                b.rms_norm(&q, qn, &mut a, t * nh, hd, eps)?;
-                std::mem::swap(&mut q, &mut a);
-                b.rms_norm(&k, kn, &mut k_normed, t * nkv, hd, eps)?;
-                std::mem::swap(&mut k, &mut k_normed);
+            let qk_norm = match (&layer.q_norm, &layer.k_norm) {
+                (Some(qn), Some(kn)) => Some((qn, kn, eps)),
+                _ => None,
+            };
+            match &layer.qkv {
+                QkvProj::Fused(w) => {
+                    b.matmul(&ws.h, t, w, &mut ws.qkv)?;
+                    b.qkv_rope_write(
+                        &ws.qkv, &mut ws.q, kv_cache, i, &self.rope, step, &attn, qk_norm,
+                    )?;
+                }
+                QkvProj::Split { q, k, v } => {
+                    b.matmul(&ws.h, t, k, &mut ws.k)?;
+                    b.matmul(&ws.h, t, v, &mut ws.v)?;
+                    if let Some((qn, kn, _)) = qk_norm {
+                        // `a` is free until the attention output: the raw q goes there.
+                        b.matmul(&ws.h, t, q, &mut ws.a)?;
+                        b.rms_norm(&ws.a, qn, &mut ws.q, t * nh, hd, eps)?;
+                        b.rms_norm(&ws.k, kn, &mut ws.k_normed, t * nkv, hd, eps)?;
+                        std::mem::swap(&mut ws.k, &mut ws.k_normed);
+                    } else {
+                        b.matmul(&ws.h, t, q, &mut ws.q)?;
+                    }
+                    b.rope(&mut ws.q, &mut ws.k, &self.rope, step, nh, nkv, hd)?;
+                    b.write_kv(kv_cache, i, &ws.k, &ws.v, step)?;
+                }
             }
-            b.rope(&mut q, &mut k, &self.rope, &step, nh, nkv, hd)?;
-            b.write_kv(kv_cache, i, &k, &v, &step)?;
-            b.paged_attention(&q, kv_cache, i, &step, &attn, &mut a)?;
-            b.matmul(&a, t, &layer.o_proj, &mut delta)?;
+            b.paged_attention(&ws.q, kv_cache, i, step, &attn, &mut ws.a)?;
+            b.matmul(&ws.a, t, &layer.o_proj, &mut ws.delta)?;
             b.add_rms_norm(
-                &mut x,
-                &delta,
+                &mut ws.x,
+                &ws.delta,
                 &layer.post_attention_layernorm,
-                &mut h,
+                &mut ws.h,
                 t,
                 hidden,
                 eps,
             )?;
-            b.matmul(&h, t, &layer.gate_proj, &mut gate)?;
-            b.matmul(&h, t, &layer.up_proj, &mut up)?;
-            b.silu_mul(&gate, &up, &mut act, t * inter)?;
-            b.matmul(&act, t, &layer.down_proj, &mut delta)?;
+            match &layer.gate_up {
+                GateUpProj::Fused(w) => {
+                    b.matmul(&ws.h, t, w, &mut ws.gate_up)?;
+                    b.swiglu(&ws.gate_up, &mut ws.act, t, inter)?;
+                }
+                GateUpProj::Split { gate, up } => {
+                    b.matmul(&ws.h, t, gate, &mut ws.gate)?;
+                    b.matmul(&ws.h, t, up, &mut ws.up)?;
+                    b.silu_mul(&ws.gate, &ws.up, &mut ws.act, t * inter)?;
+                }
+            }
+            b.matmul(&ws.act, t, &layer.down_proj, &mut ws.delta)?;
             let next_norm = self
                 .layers
                 .get(i + 1)
                 .map_or(&self.norm, |l| &l.input_layernorm);
-            b.add_rms_norm(&mut x, &delta, next_norm, &mut h, t, hidden, eps)?;
+            b.add_rms_norm(&mut ws.x, &ws.delta, next_norm, &mut ws.h, t, hidden, eps)?;
         }
         let rows = input.logit_rows.len();
         let mut out = ForwardOutput::default();
         if rows == 0 {
             return Ok(out);
         }
-        let mut last = b.alloc(rows * hidden)?;
-        b.gather_rows(&h, &step, hidden, &mut last)?;
+        b.gather_rows(&ws.h, step, hidden, &mut ws.last)?;
         let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        let logits = b.logits(&last, rows, lm_head)?;
+        b.logits_into(&ws.last, rows, lm_head, &mut ws.logits)?;
+        let logits = &ws.logits;
         // Logits rows follow batch.seqs (as ForwardBatch::step_input laid them out).
         let mut row = 0;
         let mut picks = Vec::new();
@@ -349,13 +550,13 @@ impl<B: Backend> LlamaWeights<B> {
                 LogitsFor::Last | LogitsFor::All => {
                     let at = out.logits.len();
                     out.logits.resize(at + n * c.vocab_size, 0.0);
-                    b.download_logits(&logits, row, &mut out.logits[at..])?;
+                    b.download_logits(logits, row, &mut out.logits[at..])?;
                 }
             }
             row += n;
         }
         if !picks.is_empty() {
-            out.samples = b.sample(&logits, &picks)?;
+            out.samples = b.sample(logits, &picks)?;
         }
         Ok(out)
     }
@@ -384,18 +585,10 @@ impl<B: Backend> ModelRunner for Llama<B> {
             .layers
             .iter()
             .map(|l| {
-                [
-                    &l.q_proj,
-                    &l.k_proj,
-                    &l.v_proj,
-                    &l.o_proj,
-                    &l.gate_proj,
-                    &l.up_proj,
-                    &l.down_proj,
-                ]
-                .iter()
-                .map(|m| b.weight_bytes(m))
-                .sum::<usize>()
+                l.matrices()
+                    .iter()
+                    .map(|m| b.weight_bytes(m))
+                    .sum::<usize>()
             })
             .sum();
         let head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
@@ -417,9 +610,31 @@ impl<B: Backend> ModelRunner for Llama<B> {
             config,
             weights,
             kv_cache,
+            workspace,
+            reserve,
             ..
         } = self;
-        backend.run_step(|| weights.run(backend, config, kv_cache, &input, batch))
+        backend.run_step(|| {
+            let (t, rows) = (input.num_tokens(), input.logit_rows.len());
+            match workspace {
+                Some(ws) if ws.tokens >= t && ws.rows >= rows => {
+                    backend.update_step(&mut ws.step, &input)?;
+                }
+                _ => {
+                    // First step, or one larger than any before: (re)make it, at least as large
+                    // as reserved and as the one it replaces.
+                    let (old_t, old_r) = workspace.as_ref().map_or((0, 0), |w| (w.tokens, w.rows));
+                    *workspace = None;
+                    let tokens = t.max(reserve.0).max(old_t);
+                    let rows = rows.max(reserve.1).max(old_r).max(1);
+                    *workspace = Some(Workspace::new(
+                        backend, config, weights, tokens, rows, &input,
+                    )?);
+                }
+            }
+            let ws = workspace.as_mut().expect("made above");
+            weights.run(backend, config, kv_cache, ws, &input, batch)
+        })
     }
 
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {

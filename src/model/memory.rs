@@ -137,9 +137,10 @@ pub fn workspace_bytes(
 ) -> usize {
     let q_dim = c.num_attention_heads * c.head_dim;
     let kv_dim = c.num_key_value_heads * c.head_dim;
-    // Normed, attention output, projection output, q, k, v, gate, up, activation in the
-    // compute dtype; the residual stream in f32 (`Backend::alloc_f32`).
-    let per_token = 3 * c.hidden_size + q_dim + 2 * kv_dim + 3 * c.intermediate_size;
+    // The llama runner's workspace: normed input, projection output (hidden each), fused q|k|v,
+    // rotated q, attention output, fused gate|up, activation in the compute dtype; the residual
+    // stream in f32 (`Backend::alloc_f32`).
+    let per_token = 2 * c.hidden_size + 3 * q_dim + 2 * kv_dim + 3 * c.intermediate_size;
     let parts = max_model_len.div_ceil(512).max(1);
     let attention_partials = tokens * c.num_attention_heads * parts * (c.head_dim + 2) * 4;
     // f32 logits plus the sampler's f32 penalized copy of each sampled row.

@@ -56,7 +56,15 @@ pub fn build_runner_for(
             }
             let num_blocks =
                 blocks_for_budget(&backend, config, opts.block_size, opts.kv_cache_mib)?;
-            load_on(backend, config, weights, opts.block_size, num_blocks)
+            // The CPU workspace grows with the steps it sees (host memory is not planned).
+            load_on(
+                backend,
+                config,
+                weights,
+                opts.block_size,
+                num_blocks,
+                (0, 0),
+            )
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(n) => Err(ModelError::Unsupported(format!(
@@ -146,7 +154,16 @@ fn load_cuda(
     };
     let memory = plan(&input).map_err(ModelError::Unsupported)?;
     info!(device = %backend.name(), plan = %memory, "GPU memory planned.");
-    load_on(backend, config, weights, opts.block_size, memory.num_blocks)
+    // The workspace the planner counted, made at the first step and kept.
+    let reserve = (opts.max_num_batched_tokens, opts.max_num_seqs);
+    load_on(
+        backend,
+        config,
+        weights,
+        opts.block_size,
+        memory.num_blocks,
+        reserve,
+    )
 }
 
 /// Blocks of `block_size` tokens that fit in `mib` MiB on `backend` (at least one).
@@ -176,18 +193,21 @@ fn blocks_for_budget<B: Backend>(
     Ok(num_blocks)
 }
 
-/// The architecture's model on `backend`.
+/// The architecture's model on `backend`, its workspace reserved for `reserve` = (tokens,
+/// logits rows) per step.
 fn load_on<B: Backend>(
     backend: B,
     config: &ModelConfig,
     weights: &dyn WeightSource,
     block_size: usize,
     num_blocks: usize,
+    reserve: (usize, usize),
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
     match config.architecture {
-        Architecture::Llama | Architecture::Qwen3 => Ok(Box::new(Llama::load(
-            backend, config, weights, block_size, num_blocks,
-        )?)),
+        Architecture::Llama | Architecture::Qwen3 => Ok(Box::new(
+            Llama::load(backend, config, weights, block_size, num_blocks)?
+                .reserve_workspace(reserve.0, reserve.1),
+        )),
         // The CPU loads Qwen3.5 before this point (`build_runner_for`); no other backend
         // implements `HybridBackend` yet.
         Architecture::Qwen3_5 => Err(ModelError::Unsupported(format!(

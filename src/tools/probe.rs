@@ -40,6 +40,11 @@ pub struct ProbeArgs {
     /// CPU threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Compute dtype on GPUs (`engine.dtype`): `auto` (bf16 on sm_80+, fp16 before), `f32`,
+    /// `fp16` or `bf16`; `f32` checks the GPU path against transformers' float32. The CPU
+    /// always computes in f32.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "f32", "fp16", "bf16"])]
+    pub dtype: String,
 }
 
 /// Which prompt positions to return logits for.
@@ -236,6 +241,7 @@ pub fn engine_config(args: &ProbeArgs) -> EngineConfig {
     EngineConfig {
         device: args.device,
         threads: args.threads,
+        dtype: args.dtype.clone(),
         ..EngineConfig::default()
     }
 }
@@ -264,6 +270,25 @@ mod tests {
             ..Default::default()
         };
         build_runner_for(&c, &w, &engine.runner_options()).unwrap()
+    }
+
+    #[test]
+    fn dtype_reaches_the_runner_options() {
+        let args = ProbeArgs {
+            model: PathBuf::from("m.gguf"),
+            token_ids: vec![1],
+            positions: Positions::Last,
+            greedy: 0,
+            device: Device::Cuda(0),
+            threads: 0,
+            dtype: "f32".into(),
+        };
+        assert_eq!(engine_config(&args).runner_options().dtype, "f32");
+        let auto = ProbeArgs {
+            dtype: "auto".into(),
+            ..args
+        };
+        assert_eq!(engine_config(&auto).runner_options().dtype, "auto");
     }
 
     #[test]

@@ -19,6 +19,11 @@ pub const OP_TOL_BF16: f32 = 8e-2;
 /// Attention over an fp8 cache against the CPU rounding K/V through the same encoding: a K/V
 /// value that differs by one compute-dtype ulp can round to the neighbouring fp8 value.
 pub const OP_TOL_FP8_ATTENTION: f32 = 2e-2;
+/// The same with bf16 compute: every K/V value is first rounded to bf16 (8 mantissa bits) and then
+/// to fp8, which moves more values to a neighbouring fp8 step than f32 → fp8 directly (the
+/// reference); largest when a per-head norm scales k up (Qwen3's k_norm, the fused
+/// `qkv_rope_write` case: 9.6e-2 on sm_90 at 2026-12-01, while f32 compute matched to 3e-7).
+pub const OP_TOL_FP8_ATTENTION_BF16: f32 = 0.15;
 
 pub fn dtypes() -> Vec<&'static str> {
     // On a compute_70 run bf16 is not available.

@@ -597,6 +597,102 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn alloc_logits(&self, rows: usize, vocab: usize) -> Result<CpuLogits, BackendError> {
+        Ok(CpuLogits {
+            data: self.alloc(rows * vocab)?,
+            vocab,
+        })
+    }
+
+    fn logits_into(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: &CpuWeight,
+        out: &mut CpuLogits,
+    ) -> Result<(), BackendError> {
+        let n = rows * w.shape[0];
+        check_len("logits output", out.data.capacity(), n)?;
+        // Within the capacity: no allocation. The rows are exactly `rows` afterwards.
+        out.data.resize(n, 0.0);
+        out.vocab = w.shape[0];
+        self.matmul(x, rows, w, &mut out.data)
+    }
+
+    fn qkv_rope_write(
+        &self,
+        qkv: &Vec<f32>,
+        q_out: &mut Vec<f32>,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        rope: &CpuRope,
+        step: &StepInput,
+        params: &AttentionParams,
+        qk_norm: Option<(&Vec<f32>, &Vec<f32>, f32)>,
+    ) -> Result<(), BackendError> {
+        // The reference: the unfused ops on the split rows, so both paths agree bit for bit.
+        let (t, hd) = (step.num_tokens(), params.head_dim);
+        let (qd, kvd) = (params.num_heads * hd, params.num_kv_heads * hd);
+        let width = qd + 2 * kvd;
+        check_len("qkv_rope_write qkv", qkv.len(), t * width)?;
+        check_len("qkv_rope_write q_out", q_out.len(), t * qd)?;
+        let mut q = self.alloc(t * qd)?;
+        let mut k = self.alloc(t * kvd)?;
+        let mut v = self.alloc(t * kvd)?;
+        for (r, row) in qkv[..t * width].chunks_exact(width).enumerate() {
+            q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
+            k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
+            v[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd + kvd..]);
+        }
+        let mut k = match qk_norm {
+            Some((qn, kn, eps)) => {
+                self.rms_norm(&q, qn, q_out, t * params.num_heads, hd, eps)?;
+                let mut kn_out = self.alloc(t * kvd)?;
+                self.rms_norm(&k, kn, &mut kn_out, t * params.num_kv_heads, hd, eps)?;
+                kn_out
+            }
+            None => {
+                q_out[..t * qd].copy_from_slice(&q);
+                k
+            }
+        };
+        self.rope(
+            q_out,
+            &mut k,
+            rope,
+            step,
+            params.num_heads,
+            params.num_kv_heads,
+            hd,
+        )?;
+        self.write_kv(cache, layer, &k, &v, step)
+    }
+
+    fn swiglu(
+        &self,
+        gate_up: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+        inter: usize,
+    ) -> Result<(), BackendError> {
+        use rayon::prelude::*;
+        check_len("swiglu gate_up", gate_up.len(), rows * 2 * inter)?;
+        check_len("swiglu output", out.len(), rows * inter)?;
+        if inter == 0 {
+            return Ok(());
+        }
+        self.pool.install(|| {
+            out[..rows * inter]
+                .par_chunks_mut(inter)
+                .zip(gate_up[..rows * 2 * inter].par_chunks(2 * inter))
+                .for_each(|(o, gu)| {
+                    let (g, u) = gu.split_at(inter);
+                    ops::silu_mul(g, u, o);
+                })
+        });
+        Ok(())
+    }
+
     fn download_logits(
         &self,
         logits: &CpuLogits,
@@ -711,5 +807,55 @@ mod tests {
         assert!(b.copy_block(&mut c, 0, 1).is_ok());
         assert!(b.copy_block(&mut c, 0, 2).is_err());
         assert_eq!(b.kv_bytes_per_block(&spec), 8);
+    }
+
+    #[test]
+    fn swiglu_equals_silu_mul_on_the_halves() {
+        let b = CpuBackend::new(1).unwrap();
+        let (rows, inter) = (3, 5);
+        let gu: Vec<f32> = (0..rows * 2 * inter)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let mut fused = vec![f32::NAN; rows * inter];
+        b.swiglu(&gu, &mut fused, rows, inter).unwrap();
+        let (mut g, mut u) = (Vec::new(), Vec::new());
+        for r in gu.chunks(2 * inter) {
+            g.extend_from_slice(&r[..inter]);
+            u.extend_from_slice(&r[inter..]);
+        }
+        let mut split = vec![f32::NAN; rows * inter];
+        b.silu_mul(&g, &u, &mut split, rows * inter).unwrap();
+        assert_eq!(fused, split);
+        assert!(b.swiglu(&gu, &mut fused, rows + 1, inter).is_err());
+    }
+
+    #[test]
+    fn stacked_weights_concatenate_rows_and_refuse_mismatches() {
+        let b = CpuBackend::new(1).unwrap();
+        let (a, c) = ([1.0f32, 2.0, 3.0, 4.0], [5.0f32, 6.0]);
+        let (sa, sc) = ([2usize, 2], [1usize, 2]);
+        let va = TensorView {
+            dtype: WeightDType::F32,
+            shape: &sa,
+            data: bytemuck::cast_slice(&a),
+        };
+        let vc = TensorView {
+            dtype: WeightDType::F32,
+            shape: &sc,
+            data: bytemuck::cast_slice(&c),
+        };
+        let w = b.upload_weight_rows("ac", &[va, vc]).unwrap();
+        assert_eq!(w.shape, vec![3, 2]);
+        assert_eq!(
+            bytemuck::cast_slice::<u8, f32>(w.bytes()),
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        );
+        let narrow = [2usize, 1];
+        let vn = TensorView {
+            dtype: WeightDType::F32,
+            shape: &narrow,
+            data: bytemuck::cast_slice(&c),
+        };
+        assert!(b.upload_weight_rows("an", &[va, vn]).is_err());
     }
 }

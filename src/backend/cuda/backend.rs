@@ -1,36 +1,45 @@
 //! [`CudaBackend`]: the [`Backend`] trait on one NVIDIA GPU.
 //!
 //! Activations live in the compute dtype (bf16 on sm_80+, fp16 on sm_70/sm_75, or f32 for
-//! parity tests) as untyped device bytes; each op picks the kernel variant `{op}_{dtype}` from the
-//! registry. Weights are dequantized to the compute dtype at load (GGUF Q8_0/Q4_0/Q4_1 on the GPU,
+//! parity tests) as untyped device bytes; every kernel variant `{op}_{dtype}` the backend launches
+//! is resolved once, at creation, into a typed handle ([`handles::Kernels`]). Weights are dequantized to the compute dtype at load (GGUF Q8_0/Q4_0/Q4_1 on the GPU,
 //! other encodings on the host) and multiplied with cuBLAS (f32 accumulation). The KV cache is
 //! stored in the compute dtype or fp8 (e5m2 / e4m3). All work is queued on one stream; a step's
-//! integer metadata is uploaded once by `prepare_step`.
+//! integer metadata is packed into one buffer and copied from pinned host memory in one copy
+//! (`step`, `staging`); scratch the ops need (split-K partials, sampler buffers) is kept by
+//! the backend and reused, so a step allocates nothing once it has run at its largest size.
 //!
-//! Child modules: `dtype` ([`ComputeDType`]), `load` (host data and stored tensors onto the
-//! device), `attention` (the tiled prefill and split-K launches), `sampling` (f32 logits and
-//! the GPU sampler).
+//! Child modules: `dtype` ([`ComputeDType`]), `handles` (the typed kernel handles), `step`
+//! ([`CudaStep`]), `staging` (pinned host → device buffers), `load` (host data and stored
+//! tensors onto the device), `attention` (the tiled prefill and split-K launches), `sampling`
+//! (f32 logits and the GPU sampler, with its greedy fast path).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut,
+    LaunchConfig, PushKernelArg,
 };
 
-use super::attention_plan::{self, AttentionPlan, PrefillVariant};
+use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dtype;
+mod handles;
 mod load;
 mod sampling;
+mod staging;
+mod step;
 
 pub use dtype::ComputeDType;
 pub use sampling::CudaLogits;
+pub use step::CudaStep;
+
+use handles::Kernels;
 
 use super::device::{self, CudaError};
 use super::kernels::KernelModule;
@@ -82,34 +91,14 @@ pub struct CudaRope {
     sin: CudaSlice<f32>,
 }
 
-/// One step's metadata on the device.
-#[derive(Debug)]
-pub struct CudaStep {
-    num_tokens: usize,
-    num_logit_rows: usize,
-    max_blocks: usize,
-    max_context: usize,
-    token_ids: CudaSlice<i32>,
-    positions: CudaSlice<i32>,
-    slot_mapping: CudaSlice<i32>,
-    token_seq: CudaSlice<i32>,
-    block_tables: CudaSlice<i32>,
-    logit_rows: CudaSlice<i32>,
-    /// Attention layout ([`AttentionPlan::packed`]): prefill tiles `[prefill_tiles, 4]`, then the
-    /// `split_tokens` token indices of one-token sequences.
-    attn_meta: CudaSlice<i32>,
-    prefill_tiles: usize,
-    split_tokens: usize,
-    /// Largest context among the split-K tokens' sequences.
-    split_max_context: usize,
-}
-
 /// The CUDA backend on one device.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
-    functions: HashMap<String, CudaFunction>,
+    k: Kernels,
+    /// Reused scratch of the ops (see [`Scratch`]).
+    scratch: Mutex<Scratch>,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -120,6 +109,16 @@ impl std::fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.name())
     }
+}
+
+/// Device scratch the backend reuses across ops and steps; grown when an op needs more than any
+/// before it, never shrunk. All of it is only touched by work on the backend's one stream.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Split-K attention partials `(max, sum, acc)`, f32.
+    partials: Option<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)>,
+    /// The sampler's buffers.
+    sample: Option<sampling::SampleArena>,
 }
 
 fn dev_err(e: impl Into<CudaError>) -> BackendError {
@@ -188,6 +187,11 @@ impl CudaBackend {
                 }
             }
         }
+        let kv_bytes = match kv {
+            KvStorage::Same => dtype.size(),
+            KvStorage::E5M2 | KvStorage::E4M3 => 1,
+        };
+        let k = Kernels::resolve(&functions, dtype.suffix(), kv.suffix(), kv_bytes)?;
         let blas = CudaBlas::new(stream.clone())?;
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
@@ -200,7 +204,8 @@ impl CudaBackend {
             ctx,
             stream,
             blas,
-            functions,
+            k,
+            scratch: Mutex::new(Scratch::default()),
             arch,
             dtype,
             kv,
@@ -223,28 +228,21 @@ impl CudaBackend {
         self.ctx.mem_get_info().map_err(dev_err)
     }
 
-    fn func(&self, name: &str) -> Result<&CudaFunction, BackendError> {
-        self.functions
-            .get(name)
-            .ok_or_else(|| BackendError::Device(format!("kernel `{name}` is not loaded")))
-    }
-
-    fn t(&self) -> &'static str {
-        self.dtype.suffix()
+    /// The reused scratch, locked (a poisoned lock only means a panic elsewhere mid-op: the
+    /// buffers themselves are still valid).
+    fn scratch(&self) -> std::sync::MutexGuard<'_, Scratch> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn alloc_bytes(&self, bytes: usize) -> Result<CudaSlice<u8>, BackendError> {
         self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(dev_err)
     }
-
-    fn upload_i32(&self, v: &[u32]) -> Result<CudaSlice<i32>, BackendError> {
-        let host: Vec<i32> = v.iter().map(|&x| x as i32).collect();
-        if host.is_empty() {
-            return self.stream.alloc_zeros::<i32>(1).map_err(dev_err);
-        }
-        self.stream.clone_htod(&host).map_err(dev_err)
-    }
 }
+
+/// Threads per block of `qkv_rope_write` (`QKV_WARPS * 32` in kv_cache.cu).
+const QKV_THREADS: u32 = 4 * 32;
+/// Largest head_dim `qkv_rope_write` holds (`QKV_MAX_DIM`).
+const QKV_MAX_HEAD_DIM: usize = 256;
 
 /// A buffer of dtype `got` where `want` (the compute dtype) is needed.
 fn mixed(what: &str, got: ComputeDType, want: ComputeDType) -> BackendError {
@@ -391,39 +389,13 @@ impl Backend for CudaBackend {
     }
 
     fn prepare_step(&self, step: &StepInput) -> Result<CudaStep, BackendError> {
-        let max_blocks = step
-            .seqs
-            .iter()
-            .map(|s| s.block_table.len())
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut tables = vec![0u32; step.seqs.len().max(1) * max_blocks];
-        let mut token_seq = vec![0u32; step.num_tokens()];
-        for (i, s) in step.seqs.iter().enumerate() {
-            tables[i * max_blocks..i * max_blocks + s.block_table.len()]
-                .copy_from_slice(&s.block_table);
-            for t in s.token_start..s.token_start + s.len {
-                token_seq[t] = i as u32;
-            }
-        }
-        let plan = AttentionPlan::new(step);
-        Ok(CudaStep {
-            attn_meta: self.upload_i32(&plan.packed())?,
-            prefill_tiles: plan.num_tiles(),
-            split_tokens: plan.split_tokens.len(),
-            split_max_context: plan.split_max_context,
-            num_tokens: step.num_tokens(),
-            num_logit_rows: step.logit_rows.len(),
-            max_blocks,
-            max_context: step.seqs.iter().map(|s| s.context_len()).max().unwrap_or(0),
-            token_ids: self.upload_i32(&step.token_ids)?,
-            positions: self.upload_i32(&step.positions)?,
-            slot_mapping: self.upload_i32(&step.slot_mapping)?,
-            token_seq: self.upload_i32(&token_seq)?,
-            block_tables: self.upload_i32(&tables)?,
-            logit_rows: self.upload_i32(&step.logit_rows)?,
-        })
+        let mut st = CudaStep::with_capacity(&self.stream, CudaStep::len_for(step))?;
+        st.fill(&self.stream, step)?;
+        Ok(st)
+    }
+
+    fn update_step(&self, st: &mut CudaStep, step: &StepInput) -> Result<(), BackendError> {
+        st.fill(&self.stream, step)
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
@@ -449,17 +421,18 @@ impl Backend for CudaBackend {
         if step.num_tokens == 0 {
             return Ok(());
         }
-        let f = match out.dtype {
-            d if d == self.dtype => self.func(&format!("embedding_{}", self.t()))?,
-            ComputeDType::F32 => self.func(&format!("embedding_{}_to_f32", self.t()))?,
-            d => return Err(mixed("embedding output", d, self.dtype)),
+        let f = match (out.dtype, &self.k.embedding_to_f32) {
+            (d, _) if d == self.dtype => &self.k.embedding,
+            (ComputeDType::F32, Some(f)) => f,
+            (d, _) => return Err(mixed("embedding output", d, self.dtype)),
         };
+        let ids = step.token_ids();
         // SAFETY: token ids were range-checked by ForwardBatch::step_input against the vocabulary
         // (the table's rows); `out` holds num_tokens rows of k (checked above).
         unsafe {
             self.launch_row_gather(
                 f,
-                &step.token_ids,
+                &ids,
                 step.num_tokens,
                 &table.data,
                 &mut out.data,
@@ -481,13 +454,13 @@ impl Backend for CudaBackend {
         check_len("rms_norm output", out.len, rows * dim)?;
         check_len("rms_norm weight", weight.len, dim)?;
         self.expect_compute("rms_norm output", out)?;
-        let kernel = match x.dtype {
-            d if d == self.dtype => format!("rms_norm_{}", self.t()),
-            ComputeDType::F32 => format!("rms_norm_{}_xf32", self.t()),
-            d => return Err(mixed("rms_norm input", d, self.dtype)),
+        let kernel = match (x.dtype, &self.k.rms_norm_xf32) {
+            (d, _) if d == self.dtype => &self.k.rms_norm,
+            (ComputeDType::F32, Some(f)) => f,
+            (d, _) => return Err(mixed("rms_norm input", d, self.dtype)),
         };
         self.launch_rms_norm(
-            &kernel,
+            kernel,
             &x.data,
             None,
             &weight.data,
@@ -513,13 +486,13 @@ impl Backend for CudaBackend {
         check_len("add_rms_norm output", out.len, rows * dim)?;
         self.expect_compute("add_rms_norm delta", delta)?;
         self.expect_compute("add_rms_norm output", out)?;
-        let kernel = match residual.dtype {
-            d if d == self.dtype => format!("rms_norm_{}", self.t()),
-            ComputeDType::F32 => format!("rms_norm_{}_rf32", self.t()),
-            d => return Err(mixed("add_rms_norm residual", d, self.dtype)),
+        let kernel = match (residual.dtype, &self.k.rms_norm_rf32) {
+            (d, _) if d == self.dtype => &self.k.rms_norm,
+            (ComputeDType::F32, Some(f)) => f,
+            (d, _) => return Err(mixed("add_rms_norm residual", d, self.dtype)),
         };
         self.launch_rms_norm(
-            &kernel,
+            kernel,
             &delta.data,
             Some(&mut residual.data),
             &weight.data,
@@ -579,7 +552,8 @@ impl Backend for CudaBackend {
         if step.num_tokens == 0 {
             return Ok(());
         }
-        let f = self.func(&format!("rope_{}", self.t()))?;
+        let f = &self.k.rope;
+        let positions = step.positions();
         let (nh, nkv, hd, half) = (
             num_heads as i32,
             num_kv_heads as i32,
@@ -589,7 +563,7 @@ impl Backend for CudaBackend {
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut q.data)
             .arg(&mut k.data)
-            .arg(&step.positions)
+            .arg(&positions)
             .arg(&rope.cos)
             .arg(&rope.sin);
         b.arg(&nh).arg(&nkv).arg(&hd).arg(&half);
@@ -625,7 +599,8 @@ impl Backend for CudaBackend {
         if step.num_tokens == 0 {
             return Ok(());
         }
-        let f = self.func(&format!("kv_write_{}_{}", self.t(), self.kv.suffix()))?;
+        let f = &self.k.kv_write;
+        let slots = step.slot_mapping();
         let row_elems = row as i32;
         let (kc, vc) = (&mut cache.k[layer], &mut cache.v[layer]);
         let mut b = self.stream.launch_builder(f);
@@ -633,7 +608,7 @@ impl Backend for CudaBackend {
             .arg(&v.data)
             .arg(kc)
             .arg(vc)
-            .arg(&step.slot_mapping)
+            .arg(&slots)
             .arg(&row_elems);
         let cfg = LaunchConfig {
             grid_dim: (step.num_tokens as u32, 1, 1),
@@ -666,8 +641,7 @@ impl Backend for CudaBackend {
         };
         self.launch_prefill(variant, q, cache, layer, step, params, out)?;
         if step.split_tokens > 0 {
-            let start = step.prefill_tiles * attention_plan::TILE_FIELDS;
-            let index = step.attn_meta.slice(start..start + step.split_tokens);
+            let index = step.split_index();
             self.launch_split_k(q, cache, layer, step, params, out, Some(&index))?;
         }
         Ok(())
@@ -686,7 +660,7 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        let f = self.func(&format!("silu_mul_{}", self.t()))?;
+        let f = &self.k.silu_mul;
         let n = len as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
@@ -701,7 +675,7 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        let f = self.func(&format!("add_{}", self.t()))?;
+        let f = &self.k.add;
         let n = len as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut x.data).arg(&y.data).arg(&n);
@@ -723,18 +697,12 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         // The embedding kernel is a row gather: out[i] = x[logit_rows[i]].
-        let f = self.func(&format!("embedding_{}", self.t()))?;
+        let f = &self.k.embedding;
+        let rows = step.logit_rows();
         // SAFETY: logit rows are token indices < num_tokens (built by ForwardBatch::step_input) and
         // `x` holds num_tokens rows of dim, `out` num_logit_rows rows (checked above).
         unsafe {
-            self.launch_row_gather(
-                f,
-                &step.logit_rows,
-                step.num_logit_rows,
-                &x.data,
-                &mut out.data,
-                dim,
-            )
+            self.launch_row_gather(f, &rows, step.num_logit_rows, &x.data, &mut out.data, dim)
         }
     }
 
@@ -744,7 +712,126 @@ impl Backend for CudaBackend {
         rows: usize,
         w: &CudaWeight,
     ) -> Result<CudaLogits, BackendError> {
-        self.logits_f32(x, rows, w)
+        let mut out = self.alloc_logits_rows(rows, w.n)?;
+        self.logits_f32_into(x, rows, w, &mut out)?;
+        Ok(out)
+    }
+
+    fn alloc_logits(&self, rows: usize, vocab: usize) -> Result<CudaLogits, BackendError> {
+        self.alloc_logits_rows(rows, vocab)
+    }
+
+    fn logits_into(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        out: &mut CudaLogits,
+    ) -> Result<(), BackendError> {
+        self.logits_f32_into(x, rows, w, out)
+    }
+
+    fn qkv_rope_write(
+        &self,
+        qkv: &CudaBuffer,
+        q_out: &mut CudaBuffer,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        rope: &CudaRope,
+        step: &CudaStep,
+        params: &AttentionParams,
+        qk_norm: Option<(&CudaBuffer, &CudaBuffer, f32)>,
+    ) -> Result<(), BackendError> {
+        let spec = cache.spec;
+        params.check_fits(&spec, layer)?;
+        let (t, hd) = (step.num_tokens, params.head_dim);
+        let width = (params.num_heads + 2 * params.num_kv_heads) * hd;
+        check_len("qkv_rope_write qkv", qkv.len, t * width)?;
+        check_len("qkv_rope_write q_out", q_out.len, t * params.num_heads * hd)?;
+        self.expect_compute("qkv_rope_write qkv", qkv)?;
+        self.expect_compute("qkv_rope_write q_out", q_out)?;
+        if hd > QKV_MAX_HEAD_DIM || rope.spec.rotary_dim > hd {
+            return Err(BackendError::InvalidArgument(format!(
+                "qkv_rope_write: head_dim {hd} (at most {QKV_MAX_HEAD_DIM}), rotary_dim {}",
+                rope.spec.rotary_dim
+            )));
+        }
+        if step.max_context > rope.spec.max_positions {
+            return Err(BackendError::InvalidArgument(format!(
+                "position {} past the RoPE table ({})",
+                step.max_context, rope.spec.max_positions
+            )));
+        }
+        if let Some((qn, kn, _)) = qk_norm {
+            check_len("qkv_rope_write q_norm", qn.len, hd)?;
+            check_len("qkv_rope_write k_norm", kn.len, hd)?;
+            self.expect_compute("qkv_rope_write q_norm", qn)?;
+            self.expect_compute("qkv_rope_write k_norm", kn)?;
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let positions = step.positions();
+        let slots = step.slot_mapping();
+        let null: u64 = 0;
+        let (nh, nkv, hdi, half) = (
+            params.num_heads as i32,
+            params.num_kv_heads as i32,
+            hd as i32,
+            (rope.spec.rotary_dim / 2) as i32,
+        );
+        let eps = qk_norm.map_or(0.0, |(_, _, e)| e);
+        let (kc, vc) = (&mut cache.k[layer], &mut cache.v[layer]);
+        let mut b = self.stream.launch_builder(&self.k.qkv_rope_write);
+        b.arg(&qkv.data)
+            .arg(&mut q_out.data)
+            .arg(kc)
+            .arg(vc)
+            .arg(&positions)
+            .arg(&slots)
+            .arg(&rope.cos)
+            .arg(&rope.sin);
+        match qk_norm {
+            Some((qn, kn, _)) => b.arg(&qn.data).arg(&kn.data),
+            None => b.arg(&null).arg(&null),
+        };
+        b.arg(&nh).arg(&nkv).arg(&hdi).arg(&half).arg(&eps);
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (QKV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: qkv holds t rows of (heads + 2 kv_heads) × head_dim and q_out t rows of heads ×
+        // head_dim (checked); head_dim ≤ QKV_MAX_DIM (the kernel's shared row); positions are
+        // below the RoPE table (checked via max_context); slots come from ForwardBatch::step_input,
+        // which checked every block id, so each indexes inside the layer's cache; the norm
+        // weights hold head_dim elements or are null (skipping the norm).
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    fn swiglu(
+        &self,
+        gate_up: &CudaBuffer,
+        out: &mut CudaBuffer,
+        rows: usize,
+        inter: usize,
+    ) -> Result<(), BackendError> {
+        check_len("swiglu gate_up", gate_up.len, rows * 2 * inter)?;
+        check_len("swiglu output", out.len, rows * inter)?;
+        self.expect_compute("swiglu gate_up", gate_up)?;
+        self.expect_compute("swiglu output", out)?;
+        let n = rows * inter;
+        if n == 0 {
+            return Ok(());
+        }
+        let (r, i) = (rows as i64, inter as i32);
+        let mut b = self.stream.launch_builder(&self.k.swiglu);
+        b.arg(&gate_up.data).arg(&mut out.data).arg(&r).arg(&i);
+        // SAFETY: gate_up holds rows × 2·inter and out rows × inter elements (checked); the kernel
+        // guards i < rows × inter.
+        unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }.map_err(dev_err)?;
+        Ok(())
     }
 
     fn download_logits(
@@ -772,8 +859,7 @@ impl Backend for CudaBackend {
                 spec.num_blocks
             )));
         }
-        let elem = self.kv_elem_bytes();
-        let f = self.func(&format!("kv_copy_block_b{elem}"))?;
+        let f = &self.k.kv_copy_block;
         let block_elems = (spec.block_size * spec.slot_elems()) as i64;
         let (s, d) = (src as i64, dst as i64);
         for layer in 0..spec.num_layers {
@@ -859,7 +945,7 @@ impl CudaBackend {
     unsafe fn launch_row_gather(
         &self,
         f: &CudaFunction,
-        idx: &CudaSlice<i32>,
+        idx: &CudaView<'_, i32>,
         n: usize,
         src: &CudaSlice<u8>,
         out: &mut CudaSlice<u8>,
@@ -890,7 +976,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn launch_rms_norm(
         &self,
-        kernel: &str,
+        f: &CudaFunction,
         x: &CudaSlice<u8>,
         residual: Option<&mut CudaSlice<u8>>,
         weight: &CudaSlice<u8>,
@@ -902,7 +988,6 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.func(kernel)?;
         let d = dim as i32;
         let null: u64 = 0;
         let mut b = self.stream.launch_builder(f);

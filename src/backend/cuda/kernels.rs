@@ -82,7 +82,7 @@ impl KernelModule {
         for t in floats {
             match self {
                 KernelModule::Elementwise => {
-                    for op in ["embedding", "silu_mul", "add"] {
+                    for op in ["embedding", "silu_mul", "swiglu", "add"] {
                         names.push(format!("{op}_{t}"));
                     }
                     if t != "f32" {
@@ -102,6 +102,7 @@ impl KernelModule {
                 KernelModule::KvCache => {
                     for c in ["same", "e5m2", "e4m3"] {
                         names.push(format!("kv_write_{t}_{c}"));
+                        names.push(format!("qkv_rope_write_{t}_{c}"));
                     }
                 }
                 KernelModule::Attention => {
@@ -129,6 +130,7 @@ impl KernelModule {
         }
         if self == KernelModule::Sampling {
             names.push("sample_rows".into());
+            names.push("argmax_rows".into());
         }
         names
     }

@@ -69,10 +69,9 @@ impl CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
-        let f = self.func(&variant.kernel_name(self.t(), self.kv.suffix()))?;
-        let tiles = step
-            .attn_meta
-            .slice(0..step.prefill_tiles * attention_plan::TILE_FIELDS);
+        let f = self.k.prefill(variant);
+        let tiles = step.tiles();
+        let tables = step.block_tables();
         let (nh, nkv, hd, bs, mb) = (
             params.num_heads as i32,
             params.num_kv_heads as i32,
@@ -85,7 +84,7 @@ impl CudaBackend {
         b.arg(&q.data)
             .arg(&cache.k[layer])
             .arg(&cache.v[layer])
-            .arg(&step.block_tables)
+            .arg(&tables)
             .arg(&tiles)
             .arg(&mut out.data);
         b.arg(&nh).arg(&nkv).arg(&hd).arg(&bs).arg(&mb).arg(&scale);
@@ -128,21 +127,34 @@ impl CudaBackend {
         };
         let n_parts = max_context.div_ceil(ATTN_PART_LEN).max(1);
         let rows = n_rows * params.num_heads * n_parts;
-        // Partial (max, sum, acc) per split; with one part the kernel writes `out` directly and
-        // never touches them, so no buffers (null pointers) — most decode steps.
+        // Partial (max, sum, acc) per split, in the backend's reused scratch (grown to the largest
+        // call so far); with one part the kernel writes `out` directly and never touches them, so
+        // null pointers — most decode steps.
+        let mut scratch = self.scratch();
+        if n_parts > 1 {
+            let fits = scratch
+                .partials
+                .as_ref()
+                .is_some_and(|(m, _, acc)| m.len() >= rows && acc.len() >= rows * params.head_dim);
+            if !fits {
+                let acc = rows * params.head_dim;
+                scratch.partials = Some((
+                    self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
+                    self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
+                    self.stream.alloc_zeros::<f32>(acc).map_err(dev_err)?,
+                ));
+            }
+        }
         let mut partials = if n_parts > 1 {
-            Some((
-                self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
-                self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
-                self.stream
-                    .alloc_zeros::<f32>(rows * params.head_dim)
-                    .map_err(dev_err)?,
-            ))
+            scratch.partials.as_mut()
         } else {
             None
         };
         let null: u64 = 0;
-        let f = self.func(&format!("attention_{}_{}", self.t(), self.kv.suffix()))?;
+        let f = &self.k.attention_split_k;
+        let tables = step.block_tables();
+        let token_seq = step.token_seq();
+        let positions = step.positions();
         let (nh, nkv, hd, bs, mb, pl_len) = (
             params.num_heads as i32,
             params.num_kv_heads as i32,
@@ -156,8 +168,8 @@ impl CudaBackend {
         b.arg(&q.data)
             .arg(&cache.k[layer])
             .arg(&cache.v[layer])
-            .arg(&step.block_tables);
-        b.arg(&step.token_seq).arg(&step.positions);
+            .arg(&tables);
+        b.arg(&token_seq).arg(&positions);
         match index {
             Some(ix) => b.arg(ix),
             None => b.arg(&null),
@@ -187,7 +199,7 @@ impl CudaBackend {
         // sequences.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         if let Some((pm, pl, pacc)) = &partials {
-            let f = self.func(&format!("attention_combine_{}", self.t()))?;
+            let f = &self.k.attention_combine;
             let np = n_parts as i32;
             let mut b = self.stream.launch_builder(f);
             b.arg(pm).arg(pl).arg(pacc);

@@ -47,16 +47,15 @@ impl CudaBackend {
     ) -> Result<CudaSlice<u8>, BackendError> {
         let numel = view.numel();
         let kernel = match view.dtype {
-            WeightDType::Q8_0 => Some("q8_0"),
-            WeightDType::Q4_0 => Some("q4_0"),
-            WeightDType::Q4_1 => Some("q4_1"),
+            WeightDType::Q8_0 => Some(&self.k.dequant_q8_0),
+            WeightDType::Q4_0 => Some(&self.k.dequant_q4_0),
+            WeightDType::Q4_1 => Some(&self.k.dequant_q4_1),
             _ => None,
         };
-        if let Some(q) = kernel {
+        if let Some(f) = kernel {
             let raw = self.stream.clone_htod(view.data).map_err(dev_err)?;
             let mut out = self.alloc_bytes(numel * self.dtype.size())?;
             let n_blocks = (numel / 32) as i64;
-            let f = self.func(&format!("dequant_{q}_{}", self.t()))?;
             let mut b = self.stream.launch_builder(f);
             b.arg(&raw).arg(&mut out).arg(&n_blocks);
             // SAFETY: `raw` holds n_blocks whole blocks and `out` numel elements of the compute

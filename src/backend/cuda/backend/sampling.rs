@@ -2,28 +2,96 @@
 //! ([`CudaLogits`]), raw-row downloads, and the host side of `kernels/sampling.cu`.
 //!
 //! A sampling call packs the rows' descriptors into four small arrays ([`pack_rows`]), uploads
-//! them, runs one `sample_rows` block per row and copies back only the `(id, logprob)` pairs
-//! (one D2H copy), which [`unpack`] turns into [`Sampled`] values. The kernel reproduces
-//! [`crate::sampling::sample_row`] exactly; the packing here is what it reads.
+//! them in one copy from pinned staging, runs one `sample_rows` block per row and copies back
+//! only the `(id, logprob)` pairs (one D2H copy into pinned memory), which [`unpack`] turns into
+//! [`Sampled`] values. The kernel reproduces [`crate::sampling::sample_row`] exactly; the packing
+//! here is what it reads. Every buffer is kept in a [`SampleArena`] and reused.
+//!
+//! Greedy fast path: when every row is greedy, asks for no logprobs and has no effective penalty
+//! ([`is_plain_greedy`]), the answer is the argmax by rank alone, so `argmax_rows` runs instead
+//! (no penalized copy of the row, no radix machinery) and only the ids come back.
 
+use super::staging::Staging;
 use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
 use crate::sampling::{SampleError, Sampled, SamplingRow};
 
+use std::sync::Arc;
+
 use cudarc::cublas::sys as cublas_sys;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
 
 /// Threads per block of `sample_rows`; must equal `SAMPLE_THREADS` in sampling.cu.
 const SAMPLE_THREADS: u32 = 512;
 /// i32 / f32 parameters per row (`iparams` / `fparams` strides in sampling.cu).
 const PARAMS_PER_ROW: usize = 8;
 
-/// f32 logits rows `[rows, vocab]` on the device.
+/// f32 logits rows `[rows, vocab]` on the device (in a buffer that may hold more rows: a
+/// runner keeps one and refills it with [`crate::backend::Backend::logits_into`]).
 #[derive(Debug)]
 pub struct CudaLogits {
     data: CudaSlice<f32>,
     rows: usize,
     vocab: usize,
+}
+
+/// Whether `d` is answered by the argmax alone: greedy, no logprobs, and every penalty neutral
+/// (repetition 1, presence 0, frequency 0 leave each logit bit for bit as it is).
+pub(crate) fn is_plain_greedy(d: &SamplingRow) -> bool {
+    d.inv_temperature().is_none()
+        && d.logprobs.is_none()
+        && (d.penalties.is_empty()
+            || (d.repetition_penalty == 1.0
+                && d.presence_penalty == 0.0
+                && d.frequency_penalty == 0.0))
+}
+
+/// The sampler's reused buffers: the packed parameters (pinned staging, one upload per call),
+/// the output pairs (device, and pinned host memory the host reads), and the f32 scratch of the
+/// penalized rows. Grown when a call needs more; never shrunk.
+#[derive(Debug)]
+pub(crate) struct SampleArena {
+    /// `iparams | fparams | draws | pens` (or the argmax rows), 8-byte aligned sections.
+    params: Staging<u8>,
+    out_dev: CudaSlice<i32>,
+    out_host: PinnedHostSlice<i32>,
+    scratch: CudaSlice<f32>,
+}
+
+impl SampleArena {
+    fn new(
+        stream: &Arc<CudaStream>,
+        param_bytes: usize,
+        out_ints: usize,
+        scratch: usize,
+    ) -> Result<SampleArena, BackendError> {
+        let out_ints = out_ints.max(1);
+        // SAFETY: the pinned output is only read after a copy into it has completed (a stream
+        // synchronize after the copy), and only the copied prefix is read.
+        let out_host = unsafe { stream.context().alloc_pinned_with_flags::<i32>(out_ints, 0) }
+            .map_err(dev_err)?;
+        Ok(SampleArena {
+            params: Staging::new(stream, param_bytes)?,
+            out_dev: stream.alloc_zeros::<i32>(out_ints).map_err(dev_err)?,
+            out_host,
+            // SAFETY: uninitialized f32 scratch; the kernel writes each row's copy before
+            // reading it.
+            scratch: unsafe { stream.alloc::<f32>(scratch.max(1)) }.map_err(dev_err)?,
+        })
+    }
+
+    fn fits(&self, param_bytes: usize, out_ints: usize, scratch: usize) -> bool {
+        self.params.capacity() >= param_bytes
+            && self.out_dev.len() >= out_ints
+            && self.scratch.len() >= scratch
+    }
+}
+
+/// `v` rounded up to a multiple of 8.
+fn align8(v: usize) -> usize {
+    v.div_ceil(8) * 8
 }
 
 /// Descriptors laid out as `sample_rows` reads them (see the header of sampling.cu).
@@ -146,30 +214,43 @@ pub(crate) fn unpack(out: &[i32], p: &PackedRows) -> Vec<Result<Sampled, SampleE
 }
 
 impl CudaBackend {
-    /// `logits = x · wᵀ` with x and w in the compute dtype, accumulated and written in f32.
-    pub(super) fn logits_f32(
+    /// Zeroed logits of `rows` rows of `vocab`.
+    pub(super) fn alloc_logits_rows(
+        &self,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<CudaLogits, BackendError> {
+        Ok(CudaLogits {
+            data: self
+                .stream
+                .alloc_zeros::<f32>((rows * vocab).max(1))
+                .map_err(dev_err)?,
+            rows,
+            vocab,
+        })
+    }
+
+    /// `out = x · wᵀ` with x and w in the compute dtype, accumulated and written in f32; `out`
+    /// must hold `rows × w.n` values and then holds `rows` rows of `w.n`.
+    pub(super) fn logits_f32_into(
         &self,
         x: &CudaBuffer,
         rows: usize,
         w: &CudaWeight,
-    ) -> Result<CudaLogits, BackendError> {
+        out: &mut CudaLogits,
+    ) -> Result<(), BackendError> {
         check_len("logits input", x.len, rows * w.k)?;
-        let mut data = self
-            .stream
-            .alloc_zeros::<f32>((rows * w.n).max(1))
-            .map_err(dev_err)?;
+        check_len("logits output", out.data.len(), rows * w.n)?;
         if rows > 0 {
             let (xp, _x_sync) = x.data.device_ptr(&self.stream);
-            let (op, _o_sync) = data.device_ptr_mut(&self.stream);
-            // SAFETY: x holds rows × k compute-dtype elements (checked above) and `data` rows × n
-            // f32; the sync guards keep both in use on this stream for the call.
+            let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
+            // SAFETY: x holds rows × k compute-dtype elements and `out` rows × n f32 (checked
+            // above); the sync guards keep both in use on this stream for the call.
             unsafe { self.gemm_xwt(w, rows, xp, op, cublas_sys::cudaDataType::CUDA_R_32F) }?;
         }
-        Ok(CudaLogits {
-            data,
-            rows,
-            vocab: w.n,
-        })
+        out.rows = rows;
+        out.vocab = w.n;
+        Ok(())
     }
 
     /// Rows `first_row ..` of `logits` into `dst` (whole rows).
@@ -206,47 +287,158 @@ impl CudaBackend {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
+        if rows.iter().all(|(_, d)| is_plain_greedy(d)) {
+            return self.argmax_rows(logits, rows);
+        }
         let vocab = logits.vocab;
         let p = pack_rows(rows, logits.rows, vocab)?;
-        let ip = self.stream.clone_htod(&p.iparams).map_err(dev_err)?;
-        let fp = self.stream.clone_htod(&p.fparams).map_err(dev_err)?;
-        let draws = self.stream.clone_htod(&p.draws).map_err(dev_err)?;
-        let pens = if p.pens.is_empty() {
-            self.stream.alloc_zeros::<i32>(3).map_err(dev_err)?
-        } else {
-            self.stream.clone_htod(&p.pens).map_err(dev_err)?
-        };
-        // SAFETY: uninitialized f32 scratch; the kernel writes each row's copy before reading it.
-        let mut scratch =
-            unsafe { self.stream.alloc::<f32>(rows.len() * vocab) }.map_err(dev_err)?;
-        let mut out = self
-            .stream
-            .alloc_zeros::<i32>(2 * p.out_pairs)
-            .map_err(dev_err)?;
-        let f = self.func("sample_rows")?;
+        // Sections of the one parameter upload, each 8-byte aligned.
+        let ip_at = 0;
+        let fp_at = align8(ip_at + 4 * p.iparams.len());
+        let dr_at = align8(fp_at + 4 * p.fparams.len());
+        let pen_at = align8(dr_at + 8 * p.draws.len());
+        let total = align8(pen_at + 4 * p.pens.len().max(3));
+        let out_ints = 2 * p.out_pairs;
+        let mut guard = self.scratch();
+        let arena = self.arena(&mut guard, total, out_ints, rows.len() * vocab)?;
+        let host = arena.params.host_mut()?;
+        host[ip_at..fp_at].fill(0);
+        host[ip_at..ip_at + 4 * p.iparams.len()].copy_from_slice(bytemuck::cast_slice(&p.iparams));
+        host[fp_at..fp_at + 4 * p.fparams.len()].copy_from_slice(bytemuck::cast_slice(&p.fparams));
+        host[dr_at..dr_at + 8 * p.draws.len()].copy_from_slice(bytemuck::cast_slice(&p.draws));
+        host[pen_at..total].fill(0);
+        host[pen_at..pen_at + 4 * p.pens.len()].copy_from_slice(bytemuck::cast_slice(&p.pens));
+        arena.params.upload(&self.stream, total)?;
+        let base = arena.params.dev().device_ptr(&self.stream).0;
+        let (ip, fp, dr, pens) = (
+            base + ip_at as u64,
+            base + fp_at as u64,
+            base + dr_at as u64,
+            base + pen_at as u64,
+        );
         let v = vocab as i32;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&logits.data)
-            .arg(&v)
-            .arg(&ip)
-            .arg(&fp)
-            .arg(&draws)
-            .arg(&pens)
-            .arg(&mut scratch)
-            .arg(&mut out);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.len() as u32, 1, 1),
-            block_dim: (SAMPLE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: pack_rows checked every logits row index (< logits.rows) and laid out
-        // 8 ints / 8 floats / 1 double per block, penalty ranges inside `pens`, and output
-        // offsets whose pairs fit in `out` (2 × out_pairs ints); scratch holds rows × vocab f32.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        let mut host = vec![0i32; 2 * p.out_pairs];
-        self.stream.memcpy_dtoh(&out, &mut host).map_err(dev_err)?;
+        {
+            let mut b = self.stream.launch_builder(&self.k.sample_rows);
+            b.arg(&logits.data)
+                .arg(&v)
+                .arg(&ip)
+                .arg(&fp)
+                .arg(&dr)
+                .arg(&pens)
+                .arg(&mut arena.scratch)
+                .arg(&mut arena.out_dev);
+            let cfg = LaunchConfig {
+                grid_dim: (rows.len() as u32, 1, 1),
+                block_dim: (SAMPLE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: pack_rows checked every logits row index (< logits.rows) and laid out
+            // 8 ints / 8 floats / 1 double per block, penalty ranges inside `pens`, and output
+            // offsets whose pairs fit in `out_dev` (≥ 2 × out_pairs ints); the parameter sections
+            // are 8-byte aligned inside the uploaded prefix; scratch holds ≥ rows × vocab f32.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+        let host = self.download_ints(arena, out_ints)?;
+        Ok(unpack(host, &p))
+    }
+
+    /// The greedy fast path: `argmax_rows` over rows that [`is_plain_greedy`] accepted.
+    fn argmax_rows(
+        &self,
+        logits: &CudaLogits,
+        rows: &[(usize, &SamplingRow)],
+    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        if let Some(&(r, _)) = rows.iter().find(|(r, _)| *r >= logits.rows) {
+            return Err(BackendError::InvalidArgument(format!(
+                "sample row {r} of {} logits rows",
+                logits.rows
+            )));
+        }
+        let n = rows.len();
+        let mut guard = self.scratch();
+        let arena = self.arena(&mut guard, 4 * n, n, 0)?;
+        let host = arena.params.host_mut()?;
+        for (d, &(r, _)) in host.chunks_exact_mut(4).zip(rows) {
+            d.copy_from_slice(&(r as i32).to_ne_bytes());
+        }
+        arena.params.upload(&self.stream, 4 * n)?;
+        let idx = arena.params.dev().device_ptr(&self.stream).0;
+        let v = logits.vocab as i32;
+        {
+            let mut b = self.stream.launch_builder(&self.k.argmax_rows);
+            b.arg(&logits.data)
+                .arg(&v)
+                .arg(&idx)
+                .arg(&mut arena.out_dev);
+            let cfg = LaunchConfig {
+                grid_dim: (n as u32, 1, 1),
+                block_dim: (SAMPLE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the n row indices uploaded are < logits.rows (checked), each row holds vocab
+            // f32; out_dev holds ≥ n ints.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+        let ids = self.download_ints(arena, n)?;
+        Ok(ids
+            .iter()
+            .map(|&id| {
+                if id < 0 {
+                    Err(SampleError::NoFiniteLogit)
+                } else {
+                    Ok(Sampled {
+                        token_id: id as u32,
+                        logprob: None,
+                        top: Vec::new(),
+                    })
+                }
+            })
+            .collect())
+    }
+
+    /// The sampler's arena, (re)made to hold `param_bytes` of parameters, `out_ints` outputs and
+    /// `scratch` f32 of penalized rows.
+    fn arena<'a>(
+        &self,
+        guard: &'a mut std::sync::MutexGuard<'_, super::Scratch>,
+        param_bytes: usize,
+        out_ints: usize,
+        scratch: usize,
+    ) -> Result<&'a mut SampleArena, BackendError> {
+        let fits = guard
+            .sample
+            .as_ref()
+            .is_some_and(|a| a.fits(param_bytes, out_ints, scratch));
+        if !fits {
+            let old = guard.sample.take();
+            let at_least =
+                |f: fn(&SampleArena) -> usize, want: usize| want.max(old.as_ref().map_or(0, f));
+            let pb = at_least(|a| a.params.capacity(), param_bytes.max(4096));
+            let oi = at_least(|a| a.out_dev.len(), out_ints.max(1024));
+            let sc = at_least(|a| a.scratch.len(), scratch);
+            drop(old);
+            guard.sample = Some(SampleArena::new(&self.stream, pb, oi, sc)?);
+        }
+        Ok(guard.sample.as_mut().expect("made above"))
+    }
+
+    /// Copy the first `n` output ints to pinned host memory and wait for them.
+    fn download_ints<'a>(
+        &self,
+        arena: &'a mut SampleArena,
+        n: usize,
+    ) -> Result<&'a [i32], BackendError> {
+        let host = arena.out_host.as_mut_slice().map_err(dev_err)?;
+        let (src, _sync) = arena.out_dev.device_ptr(&self.stream);
+        // SAFETY: `host` is pinned memory of ≥ n ints owned by the arena, which the lock keeps
+        // alive and untouched until the synchronize below has completed the copy; `src` holds
+        // ≥ n ints on this stream.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut host[..n], src, self.stream.cu_stream())
+        }
+        .map_err(dev_err)?;
         self.stream.synchronize().map_err(dev_err)?;
-        Ok(unpack(&host, &p))
+        Ok(&host[..n])
     }
 }
 

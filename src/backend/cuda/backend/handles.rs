@@ -1,0 +1,116 @@
+//! Typed kernel handles: every entry point the backend launches, resolved once when the backend
+//! is created for its compute dtype and KV storage, so a launch reads a field instead of
+//! formatting a name and looking it up in a map (what each step did ~450 times before).
+
+use std::collections::HashMap;
+
+use cudarc::driver::CudaFunction;
+
+use crate::backend::cuda::attention_plan::PrefillVariant;
+use crate::backend::cuda::device::CudaError;
+
+/// The launched entry points for one (compute dtype `t`, KV storage `c`) pair.
+#[derive(Debug, Clone)]
+pub(crate) struct Kernels {
+    /// `embedding_{t}`: row gather in the compute dtype (embedding, `gather_rows`).
+    pub embedding: CudaFunction,
+    /// `embedding_{t}_to_f32` (the f32 residual stream); `None` when `t` is f32, where
+    /// `embedding` already writes f32.
+    pub embedding_to_f32: Option<CudaFunction>,
+    /// `silu_mul_{t}`.
+    pub silu_mul: CudaFunction,
+    /// `swiglu_{t}`: silu(gate) · up over a fused gate|up row.
+    pub swiglu: CudaFunction,
+    /// `add_{t}`.
+    pub add: CudaFunction,
+    /// `rms_norm_{t}`: x, residual and out in the compute dtype.
+    pub rms_norm: CudaFunction,
+    /// `rms_norm_{t}_rf32`: f32 residual; `None` when `t` is f32.
+    pub rms_norm_rf32: Option<CudaFunction>,
+    /// `rms_norm_{t}_xf32`: f32 input, no residual; `None` when `t` is f32.
+    pub rms_norm_xf32: Option<CudaFunction>,
+    /// `rope_{t}`.
+    pub rope: CudaFunction,
+    /// `kv_write_{t}_{c}`.
+    pub kv_write: CudaFunction,
+    /// `qkv_rope_write_{t}_{c}`: per-head norm + RoPE + KV write of a fused q|k|v row.
+    pub qkv_rope_write: CudaFunction,
+    /// `kv_copy_block_b{bytes of c}`.
+    pub kv_copy_block: CudaFunction,
+    /// `attention_{t}_{c}`: the split-K kernel.
+    pub attention_split_k: CudaFunction,
+    /// `attention_combine_{t}`.
+    pub attention_combine: CudaFunction,
+    /// `attention_prefill_{t}_{c}_{d}`, in the order of [`PrefillVariant::ALL`].
+    pub attention_prefill: Vec<CudaFunction>,
+    /// `dequant_{q8_0,q4_0,q4_1}_{t}`.
+    pub dequant_q8_0: CudaFunction,
+    /// See `dequant_q8_0`.
+    pub dequant_q4_0: CudaFunction,
+    /// See `dequant_q8_0`.
+    pub dequant_q4_1: CudaFunction,
+    /// `sample_rows` (f32 logits whatever `t`).
+    pub sample_rows: CudaFunction,
+    /// `argmax_rows`: the greedy fast path.
+    pub argmax_rows: CudaFunction,
+}
+
+impl Kernels {
+    /// Pick the entry points for compute dtype suffix `t`, KV storage suffix `c` and KV element
+    /// bytes `kv_bytes` out of every loaded function (`all`, by name).
+    pub fn resolve(
+        all: &HashMap<String, CudaFunction>,
+        t: &str,
+        c: &str,
+        kv_bytes: usize,
+    ) -> Result<Kernels, CudaError> {
+        let get = |name: String| -> Result<CudaFunction, CudaError> {
+            all.get(&name).cloned().ok_or(CudaError::MissingKernel {
+                module: "(any)",
+                function: name,
+            })
+        };
+        let wide = t != "f32";
+        let opt = |name: String| -> Result<Option<CudaFunction>, CudaError> {
+            if wide {
+                get(name).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Kernels {
+            embedding: get(format!("embedding_{t}"))?,
+            embedding_to_f32: opt(format!("embedding_{t}_to_f32"))?,
+            silu_mul: get(format!("silu_mul_{t}"))?,
+            swiglu: get(format!("swiglu_{t}"))?,
+            add: get(format!("add_{t}"))?,
+            rms_norm: get(format!("rms_norm_{t}"))?,
+            rms_norm_rf32: opt(format!("rms_norm_{t}_rf32"))?,
+            rms_norm_xf32: opt(format!("rms_norm_{t}_xf32"))?,
+            rope: get(format!("rope_{t}"))?,
+            kv_write: get(format!("kv_write_{t}_{c}"))?,
+            qkv_rope_write: get(format!("qkv_rope_write_{t}_{c}"))?,
+            kv_copy_block: get(format!("kv_copy_block_b{kv_bytes}"))?,
+            attention_split_k: get(format!("attention_{t}_{c}"))?,
+            attention_combine: get(format!("attention_combine_{t}"))?,
+            attention_prefill: PrefillVariant::ALL
+                .iter()
+                .map(|v| get(v.kernel_name(t, c)))
+                .collect::<Result<_, _>>()?,
+            dequant_q8_0: get(format!("dequant_q8_0_{t}"))?,
+            dequant_q4_0: get(format!("dequant_q4_0_{t}"))?,
+            dequant_q4_1: get(format!("dequant_q4_1_{t}"))?,
+            sample_rows: get("sample_rows".into())?,
+            argmax_rows: get("argmax_rows".into())?,
+        })
+    }
+
+    /// The prefill kernel of `variant`.
+    pub fn prefill(&self, variant: PrefillVariant) -> &CudaFunction {
+        let i = PrefillVariant::ALL
+            .iter()
+            .position(|v| *v == variant)
+            .unwrap_or(0);
+        &self.attention_prefill[i]
+    }
+}

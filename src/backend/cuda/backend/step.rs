@@ -1,0 +1,209 @@
+//! [`CudaStep`]: one step's integer metadata on the device, packed into one `i32` buffer that is
+//! written from pinned host staging with one copy per step ([`Staging`]).
+//!
+//! Layout (`i32`, in this order, each field starting where the previous ends):
+//! `token_ids [T] | positions [T] | slot_mapping [T] | token_seq [T] | logit_rows [R] |
+//! attn_meta [4·tiles + split] | block_tables [S, max_blocks]`, with T tokens, R logits rows and
+//! S sequences; `attn_meta` is [`AttentionPlan::packed`]. A runner keeps one `CudaStep` and
+//! refills it each step ([`crate::backend::Backend::update_step`]); its buffers grow only when a
+//! step needs more than any before it, so its device addresses are stable.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, CudaView};
+
+use super::staging::Staging;
+use crate::backend::cuda::attention_plan::AttentionPlan;
+use crate::backend::{BackendError, StepInput};
+
+/// The packed fields, in layout order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    TokenIds,
+    Positions,
+    SlotMapping,
+    TokenSeq,
+    LogitRows,
+    AttnMeta,
+    BlockTables,
+}
+
+/// One step's metadata on the device (see the module header).
+#[derive(Debug)]
+pub struct CudaStep {
+    pub(super) num_tokens: usize,
+    pub(super) num_logit_rows: usize,
+    /// Width of each sequence's row of `block_tables`.
+    pub(super) max_blocks: usize,
+    /// Largest context (`cached_len + len`) of the step's sequences.
+    pub(super) max_context: usize,
+    /// Prefill tiles at the start of `attn_meta`.
+    pub(super) prefill_tiles: usize,
+    /// One-token sequences' token indices after the tiles in `attn_meta`.
+    pub(super) split_tokens: usize,
+    /// Largest context among the split-K tokens' sequences.
+    pub(super) split_max_context: usize,
+    /// Start of each [`Field`] in the buffer, and the end of the last.
+    offsets: [usize; 8],
+    meta: Staging<i32>,
+}
+
+impl CudaStep {
+    /// An empty step whose buffers hold `capacity` `i32`s.
+    pub(super) fn with_capacity(
+        stream: &Arc<CudaStream>,
+        capacity: usize,
+    ) -> Result<CudaStep, BackendError> {
+        Ok(CudaStep {
+            num_tokens: 0,
+            num_logit_rows: 0,
+            max_blocks: 1,
+            max_context: 0,
+            prefill_tiles: 0,
+            split_tokens: 0,
+            split_max_context: 0,
+            offsets: [0; 8],
+            meta: Staging::new(stream, capacity)?,
+        })
+    }
+
+    /// `i32`s the layout of `input` takes (an upper bound used to size a new step).
+    pub(super) fn len_for(input: &StepInput) -> usize {
+        let n = input.num_tokens();
+        let max_blocks = max_blocks(input);
+        // Tiles of ≤ TILE_TOKENS tokens: at most n of them, 4 fields each, plus split tokens.
+        4 * n + input.logit_rows.len() + 5 * n + input.seqs.len().max(1) * max_blocks
+    }
+
+    /// Lay `input` out in the host staging and queue its one copy to the device.
+    pub(super) fn fill(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        input: &StepInput,
+    ) -> Result<(), BackendError> {
+        let need = CudaStep::len_for(input);
+        if need > self.meta.capacity() {
+            // Grow (rare: a step larger than every earlier one); at least double.
+            self.meta = Staging::new(stream, need.max(2 * self.meta.capacity()))?;
+        }
+        let n = input.num_tokens();
+        let mb = max_blocks(input);
+        let plan = AttentionPlan::new(input);
+        let packed = plan.packed();
+        let lens = [
+            n,
+            n,
+            n,
+            n,
+            input.logit_rows.len(),
+            packed.len(),
+            input.seqs.len().max(1) * mb,
+        ];
+        let mut offsets = [0usize; 8];
+        for (i, l) in lens.iter().enumerate() {
+            offsets[i + 1] = offsets[i] + l;
+        }
+        let host = self.meta.host_mut()?;
+        let put = |host: &mut [i32], f: Field, v: &[u32]| {
+            let at = offsets[f as usize];
+            for (d, &s) in host[at..at + v.len()].iter_mut().zip(v) {
+                *d = s as i32;
+            }
+        };
+        put(host, Field::TokenIds, &input.token_ids);
+        put(host, Field::Positions, &input.positions);
+        put(host, Field::SlotMapping, &input.slot_mapping);
+        put(host, Field::LogitRows, &input.logit_rows);
+        put(host, Field::AttnMeta, &packed);
+        let seq_at = offsets[Field::TokenSeq as usize];
+        let tab_at = offsets[Field::BlockTables as usize];
+        host[tab_at..offsets[7]].fill(0);
+        for (i, s) in input.seqs.iter().enumerate() {
+            host[seq_at + s.token_start..seq_at + s.token_start + s.len].fill(i as i32);
+            let row = tab_at + i * mb;
+            for (d, &b) in host[row..row + s.block_table.len()]
+                .iter_mut()
+                .zip(&s.block_table)
+            {
+                *d = b as i32;
+            }
+        }
+        self.meta.upload(stream, offsets[7])?;
+        self.offsets = offsets;
+        self.num_tokens = n;
+        self.num_logit_rows = input.logit_rows.len();
+        self.max_blocks = mb;
+        self.max_context = input
+            .seqs
+            .iter()
+            .map(|s| s.context_len())
+            .max()
+            .unwrap_or(0);
+        self.prefill_tiles = plan.num_tiles();
+        self.split_tokens = plan.split_tokens.len();
+        self.split_max_context = plan.split_max_context;
+        Ok(())
+    }
+
+    fn range(&self, f: Field) -> Range<usize> {
+        let (a, b) = (self.offsets[f as usize], self.offsets[f as usize + 1]);
+        // An empty field still needs a valid pointer: point at one element (never read).
+        if a == b {
+            return a.min(self.meta.capacity() - 1)..a.min(self.meta.capacity() - 1) + 1;
+        }
+        a..b
+    }
+
+    fn view(&self, f: Field) -> CudaView<'_, i32> {
+        self.meta.dev().slice(self.range(f))
+    }
+
+    /// `[num_tokens]` token ids.
+    pub(super) fn token_ids(&self) -> CudaView<'_, i32> {
+        self.view(Field::TokenIds)
+    }
+    /// `[num_tokens]` positions.
+    pub(super) fn positions(&self) -> CudaView<'_, i32> {
+        self.view(Field::Positions)
+    }
+    /// `[num_tokens]` KV slots.
+    pub(super) fn slot_mapping(&self) -> CudaView<'_, i32> {
+        self.view(Field::SlotMapping)
+    }
+    /// `[num_tokens]` index of each token's sequence.
+    pub(super) fn token_seq(&self) -> CudaView<'_, i32> {
+        self.view(Field::TokenSeq)
+    }
+    /// `[num_logit_rows]` token indices whose logits are kept.
+    pub(super) fn logit_rows(&self) -> CudaView<'_, i32> {
+        self.view(Field::LogitRows)
+    }
+    /// `[num_seqs, max_blocks]` block tables.
+    pub(super) fn block_tables(&self) -> CudaView<'_, i32> {
+        self.view(Field::BlockTables)
+    }
+    /// The prefill tiles `[prefill_tiles, 4]` at the start of `attn_meta`.
+    pub(super) fn tiles(&self) -> CudaView<'_, i32> {
+        let a = self.offsets[Field::AttnMeta as usize];
+        let len = self.prefill_tiles * crate::backend::cuda::attention_plan::TILE_FIELDS;
+        self.meta.dev().slice(a..a + len.max(1))
+    }
+    /// The split-K token indices `[split_tokens]` after the tiles.
+    pub(super) fn split_index(&self) -> CudaView<'_, i32> {
+        let a = self.offsets[Field::AttnMeta as usize]
+            + self.prefill_tiles * crate::backend::cuda::attention_plan::TILE_FIELDS;
+        self.meta.dev().slice(a..a + self.split_tokens.max(1))
+    }
+}
+
+/// Block-table width of a step: its longest table (at least 1).
+fn max_blocks(input: &StepInput) -> usize {
+    input
+        .seqs
+        .iter()
+        .map(|s| s.block_table.len())
+        .max()
+        .unwrap_or(0)
+        .max(1)
+}
