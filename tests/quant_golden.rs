@@ -163,3 +163,48 @@ fn autoawq_gemm_group64() {
 fn gptq_group64_desc_act() {
     check("tiny_llama_gptq_g64_desc_act", &ALL_LINEARS, &["lm_head"]);
 }
+
+/// A copy of the asymmetric compressed-tensors fixture with its `quantization_config` edited
+/// by `edit`; the error of opening it and building the CPU runner.
+fn load_error(edit: impl Fn(&mut serde_json::Value)) -> String {
+    let src = root().join("tests/fixtures/tiny-llama-ct-w4a16-asym-g128");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut config["quantization_config"]);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let files = match ModelFiles::open(dir.path()) {
+        Ok(f) => f,
+        Err(e) => return e.to_string(),
+    };
+    let engine = EngineConfig {
+        device: Device::Cpu,
+        kv_cache_mib: 8,
+        ..EngineConfig::default()
+    };
+    match build_runner(&files, &engine.runner_options()) {
+        Ok(_) => panic!("the edited checkpoint loaded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_module_the_config_quantizes_but_the_file_stores_dense_is_named() {
+    // Drop `lm_head` from the ignore list: the config now says it is packed, the file has
+    // a dense `lm_head.weight`.
+    let e = load_error(|q| q["ignore"] = serde_json::json!(["re:.*layers\\.1\\.mlp\\.down_proj$"]));
+    assert!(e.contains("`lm_head`") && e.contains("dense"), "{e}");
+}
+
+#[test]
+fn an_unsupported_scheme_is_an_error_naming_module_and_scheme() {
+    let e = load_error(|q| q["config_groups"]["group_0"]["weights"]["num_bits"] = 8.into());
+    // `ModelFiles::open` checks the last layer's q_proj first.
+    assert!(e.contains("`model.layers.1.self_attn.q_proj`"), "{e}");
+    assert!(e.contains("8-bit int group"), "{e}");
+}

@@ -4,7 +4,7 @@
 //! integer words, per-group scales, optional zero points, an optional `g_idx` (act-order) and,
 //! for NVFP4, a global scale. [`PackedLinear`] borrows all of them with the [`PackedScheme`]
 //! that says how to read them; [`LinearView`] is what a weight source hands the loader for a
-//! linear, dense or packed. The exact dequantization lives in [`crate::quant::packed`]; this
+//! linear, dense or packed. The exact dequantization lives in `quant::packed` (a layer above); this
 //! file only describes and checks the layouts (every shape below is `[rows, cols]`, row-major,
 //! `N` = out_features, `K` = in_features, `G` = group size):
 //!
