@@ -448,6 +448,52 @@ mod tests {
     use crate::sampling::Penalty;
 
     #[test]
+    fn only_plain_greedy_rows_take_the_argmax_fast_path() {
+        let pen = Penalty {
+            token: 3,
+            repeated: true,
+            count: 1,
+        };
+        assert!(is_plain_greedy(&SamplingRow::greedy()));
+        // Penalties that leave every logit as it is keep the fast path.
+        let neutral = SamplingRow {
+            penalties: vec![pen],
+            ..SamplingRow::greedy()
+        };
+        assert!(is_plain_greedy(&neutral));
+        for row in [
+            SamplingRow {
+                logprobs: Some(0),
+                ..SamplingRow::greedy()
+            },
+            SamplingRow {
+                temperature: 0.7,
+                draw: Some(0.5),
+                ..SamplingRow::greedy()
+            },
+            SamplingRow {
+                repetition_penalty: 1.2,
+                ..neutral.clone()
+            },
+            SamplingRow {
+                presence_penalty: 0.5,
+                ..neutral.clone()
+            },
+            SamplingRow {
+                frequency_penalty: 0.5,
+                ..neutral.clone()
+            },
+        ] {
+            assert!(!is_plain_greedy(&row), "{row:?}");
+        }
+        // A temperature without a draw is greedy (sample_row's rule), so it takes the fast path.
+        assert!(is_plain_greedy(&SamplingRow {
+            temperature: 0.7,
+            ..SamplingRow::greedy()
+        }));
+    }
+
+    #[test]
     fn packing_lays_out_params_penalties_and_output_pairs() {
         let a = SamplingRow {
             temperature: 0.5,
