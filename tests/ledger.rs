@@ -958,3 +958,35 @@ async fn many_rounds_of_concurrent_first_opens_all_succeed() {
         }
     }
 }
+
+/// `kiln status`: throughput over a window, the ETA of what is open, and per-file reports.
+#[tokio::test]
+async fn throughput_eta_and_file_reports() {
+    let (_dir, ledger) = open_temp().await;
+    let t0 = UnixMillis::now();
+    let ids = seed(&ledger, "t.jsonl", 3).await;
+    let stats = AttemptStats {
+        completion_tokens: Some(10),
+        ..AttemptStats::default()
+    };
+    for _ in 0..2 {
+        let id = claim_one(&ledger).await;
+        ledger.finish_success(id, "{}", stats).await.unwrap();
+    }
+    let r = ledger
+        .throughput(UnixMillis::now(), 300_000)
+        .await
+        .unwrap();
+    assert_eq!((r.tasks, r.tokens, r.open), (2, 20, 1));
+    assert!((r.tasks_per_s - 2.0 / 300.0).abs() < 1e-9, "{r:?}");
+    assert!((r.eta_secs.unwrap() - 150.0).abs() < 1e-6, "{r:?}");
+    let files = ledger.file_reports(t0).await.unwrap();
+    assert_eq!(files.len(), 1);
+    let f = &files[0];
+    assert_eq!(
+        (f.path.as_str(), f.total, f.succeeded, f.open, f.unwritten),
+        ("t.jsonl", 3, 2, 1, 2)
+    );
+    assert!(!f.is_complete());
+    let _ = ids;
+}
