@@ -25,6 +25,7 @@
 
 mod cancel;
 mod intake;
+mod prune;
 mod queries;
 mod report;
 mod transitions;

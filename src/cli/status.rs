@@ -138,11 +138,19 @@ pub fn run(config_path: Option<&Path>, args: StatusArgs) -> anyhow::Result<()> {
             f.succeeded,
             f.failed,
             f.open,
-            if f.open == 0 { ", outputs not written yet" } else { "" }
+            if f.open == 0 {
+                ", outputs not written yet"
+            } else {
+                ""
+            }
         );
     }
     if files.len() > MAX_FILES {
-        let _ = writeln!(out, "  … and {} more unfinished file(s)", files.len() - MAX_FILES);
+        let _ = writeln!(
+            out,
+            "  … and {} more unfinished file(s)",
+            files.len() - MAX_FILES
+        );
     }
     super::print(&out)
 }
