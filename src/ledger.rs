@@ -25,6 +25,7 @@
 
 mod cancel;
 mod intake;
+mod prune;
 mod queries;
 mod report;
 mod transitions;
@@ -42,7 +43,7 @@ use sqlx::{Row, SqlitePool};
 
 pub use cancel::CancelResult;
 pub use intake::RecordedFile;
-pub use report::FileReport;
+pub use report::{FileReport, Throughput};
 pub use types::{
     Attempt, AttemptOutcome, AttemptStats, Counts, InputFile, InputFileId, InputKind, ListFilter,
     NewInputFile, NewTask, NewTaskBody, Recovered, RetryResult, Task, TaskId, TaskState,

@@ -33,6 +33,8 @@ enum Command {
     Retry(cli::retry::RetryArgs),
     /// Cancel tasks: waiting ones at once, running ones through the daemon.
     Cancel(cli::cancel::CancelArgs),
+    /// Forget ledger rows and task logs of work finished long ago (inputs and outputs untouched).
+    Prune(cli::prune::PruneArgs),
     /// Print a task's own log.
     Logs(cli::logs::LogsArgs),
     /// Check the CUDA setup: driver, GPUs, NVRTC, and compile every kernel.
@@ -81,6 +83,7 @@ fn main() -> anyhow::Result<()> {
         Command::Retry(args) => cli::retry::run(config, args),
         Command::Logs(args) => cli::logs::run(config, args),
         Command::Cancel(args) => cli::cancel::run(config, args),
+        Command::Prune(args) => cli::prune::run(config, args),
         Command::Doctor(args) => kiln::tools::doctor::run(&args),
         Command::Probe(args) => Ok(kiln::tools::probe::run(&args)?),
         Command::Model {

@@ -958,3 +958,74 @@ async fn many_rounds_of_concurrent_first_opens_all_succeed() {
         }
     }
 }
+
+/// `kiln status`: throughput over a window, the ETA of what is open, and per-file reports.
+#[tokio::test]
+async fn throughput_eta_and_file_reports() {
+    let (_dir, ledger) = open_temp().await;
+    let t0 = UnixMillis::now();
+    let ids = seed(&ledger, "t.jsonl", 3).await;
+    let stats = AttemptStats {
+        completion_tokens: Some(10),
+        ..AttemptStats::default()
+    };
+    for _ in 0..2 {
+        let id = claim_one(&ledger).await;
+        ledger.finish_success(id, "{}", stats).await.unwrap();
+    }
+    let r = ledger.throughput(UnixMillis::now(), 300_000).await.unwrap();
+    assert_eq!((r.tasks, r.tokens, r.open), (2, 20, 1));
+    assert!((r.tasks_per_s - 2.0 / 300.0).abs() < 1e-9, "{r:?}");
+    assert!((r.eta_secs.unwrap() - 150.0).abs() < 1e-6, "{r:?}");
+    let files = ledger.file_reports(t0).await.unwrap();
+    assert_eq!(files.len(), 1);
+    let f = &files[0];
+    assert_eq!(
+        (f.path.as_str(), f.total, f.succeeded, f.open, f.unwritten),
+        ("t.jsonl", 3, 2, 1, 2)
+    );
+    assert!(!f.is_complete());
+    let _ = ids;
+}
+
+/// `kiln prune`: only whole, finished, published, old input files lose their rows.
+#[tokio::test]
+async fn prune_forgets_only_whole_old_published_files() {
+    let (_dir, ledger) = open_temp().await;
+    let done = seed(&ledger, "done.jsonl", 2).await;
+    let open = seed(&ledger, "open.jsonl", 2).await;
+    for _ in 0..3 {
+        let id = claim_one(&ledger).await;
+        ledger
+            .finish_success(id, "{}", AttemptStats::default())
+            .await
+            .unwrap();
+    }
+    // done.jsonl: both finished; open.jsonl: one finished, one queued.
+    assert_eq!(state(&ledger, open[1]).await, TaskState::Queued);
+    ledger
+        .set_output_paths(&[(done[0], "d".into()), (done[1], "d".into())])
+        .await
+        .unwrap();
+    ledger.set_output_path(open[0], "o").await.unwrap();
+    let future = UnixMillis(UnixMillis::now().0 + 60_000);
+    // Not old enough: nothing.
+    assert!(ledger
+        .prune(UnixMillis(UnixMillis::now().0 - 60_000))
+        .await
+        .unwrap()
+        .is_empty());
+    let mut pruned = ledger.prune(future).await.unwrap();
+    pruned.sort();
+    let mut want = done.clone();
+    want.sort();
+    assert_eq!(pruned, want, "only the whole finished file");
+    assert!(ledger.get(done[0]).await.unwrap().is_none());
+    assert!(ledger.attempts(done[0]).await.unwrap().is_empty());
+    assert!(ledger.get(open[0]).await.unwrap().is_some());
+    // The input file record stays: the same content is still known and will not run again.
+    assert!(ledger
+        .input_file_known("done.jsonl", &file("done.jsonl", "done.jsonl:2").sha256)
+        .await
+        .unwrap());
+}

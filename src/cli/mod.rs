@@ -7,6 +7,7 @@
 pub mod cancel;
 pub mod list;
 pub mod logs;
+pub mod prune;
 pub mod retry;
 pub mod run;
 pub mod show;

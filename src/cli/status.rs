@@ -1,9 +1,11 @@
-//! `kiln status [--json]`: task counts per state, failures per class, whether a daemon holds the ledger.
+//! `kiln status [--json]`: task counts per state, failures per class, whether a daemon holds the
+//! ledger, throughput over the last five minutes (tasks/s, tokens/s) with an ETA of what is open,
+//! and per-input counts of the files that are not finished.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-use kiln::ledger::{Counts, Ledger, TaskState};
+use kiln::ledger::{Counts, FileReport, Ledger, TaskState, Throughput, UnixMillis};
 use serde_json::json;
 
 /// Arguments of `kiln status`.
@@ -19,15 +21,28 @@ pub fn run(config_path: Option<&Path>, args: StatusArgs) -> anyhow::Result<()> {
     let config = super::load_config(config_path)?;
     let ledger_path = &config.daemon.ledger;
     let exists = ledger_path.exists();
-    let counts = if exists {
+    let (counts, rate, files) = if exists {
         super::runtime()?.block_on(async {
-            anyhow::Ok(super::open_existing_ledger(&config).await?.counts().await?)
+            let ledger = super::open_existing_ledger(&config).await?;
+            let counts = ledger.counts().await?;
+            let rate = ledger.throughput(UnixMillis::now(), WINDOW_MS).await?;
+            let files: Vec<FileReport> = ledger
+                .file_reports(UnixMillis(0))
+                .await?
+                .into_iter()
+                .filter(|f| !f.is_complete())
+                .collect();
+            anyhow::Ok((counts, rate, files))
         })?
     } else {
-        Counts {
-            by_state: TaskState::ALL.iter().map(|&s| (s, 0)).collect(),
-            ..Default::default()
-        }
+        (
+            Counts {
+                by_state: TaskState::ALL.iter().map(|&s| (s, 0)).collect(),
+                ..Default::default()
+            },
+            Throughput::default(),
+            Vec::new(),
+        )
     };
     let daemon_running = Ledger::is_locked(ledger_path);
     if args.json {
@@ -56,6 +71,8 @@ pub fn run(config_path: Option<&Path>, args: StatusArgs) -> anyhow::Result<()> {
             "tasks": tasks,
             "failed_by_class": by_class,
             "next_attempt_at": counts.next_attempt_at.map(|m| m.to_rfc3339()),
+            "throughput": rate,
+            "unfinished_files": files,
         });
         return super::print(&format!("{}\n", serde_json::to_string_pretty(&v)?));
     }
@@ -100,5 +117,57 @@ pub fn run(config_path: Option<&Path>, args: StatusArgs) -> anyhow::Result<()> {
     if let Some(t) = counts.next_attempt_at {
         let _ = writeln!(out, "next retry   {t}");
     }
+    let eta = match rate.eta_secs {
+        Some(s) if rate.open > 0 => format!(", ETA {}", human_secs(s)),
+        None if rate.open > 0 => ", ETA unknown (nothing finished lately)".to_owned(),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "throughput   {:.2} tasks/s, {:.1} tokens/s over the last {:.0} min{eta}",
+        rate.tasks_per_s,
+        rate.tokens_per_s,
+        rate.window_secs / 60.0
+    );
+    for f in files.iter().take(MAX_FILES) {
+        let _ = writeln!(
+            out,
+            "  {}: {} task(s), {} succeeded, {} failed, {} unfinished{}",
+            super::safe(&f.path),
+            f.total,
+            f.succeeded,
+            f.failed,
+            f.open,
+            if f.open == 0 {
+                ", outputs not written yet"
+            } else {
+                ""
+            }
+        );
+    }
+    if files.len() > MAX_FILES {
+        let _ = writeln!(
+            out,
+            "  … and {} more unfinished file(s)",
+            files.len() - MAX_FILES
+        );
+    }
     super::print(&out)
+}
+
+/// The throughput window of `kiln status`.
+const WINDOW_MS: i64 = 5 * 60 * 1000;
+
+/// Unfinished input files listed by `kiln status` (text).
+const MAX_FILES: usize = 20;
+
+/// `95 s`, `12 min`, `3.5 h`.
+fn human_secs(s: f64) -> String {
+    if s < 120.0 {
+        format!("{s:.0} s")
+    } else if s < 7200.0 {
+        format!("{:.0} min", s / 60.0)
+    } else {
+        format!("{:.1} h", s / 3600.0)
+    }
 }

@@ -255,7 +255,7 @@ fn good_log_levels_and_an_explicit_concurrency_pass() {
         "info",
         "WARN",
         "kiln=debug,sqlx=warn",
-        "warn,kiln::daemon=trace",
+        "warn,kiln::engine=trace",
         "off",
     ] {
         crate::config::check_log_level(level).unwrap_or_else(|e| panic!("{level}: {e}"));

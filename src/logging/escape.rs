@@ -61,10 +61,10 @@ mod tests {
 
     #[test]
     fn forged_lines_and_terminal_sequences_are_escaped() {
-        let name = "fake\n2026-12-01T00:00:00Z ERROR kiln::daemon: FORGED.txt";
+        let name = "fake\n2026-12-01T00:00:00Z ERROR kiln: FORGED.txt";
         assert_eq!(
             escape_line(name),
-            "fake\\n2026-12-01T00:00:00Z ERROR kiln::daemon: FORGED.txt"
+            "fake\\n2026-12-01T00:00:00Z ERROR kiln: FORGED.txt"
         );
         let cid = "\x1b[2J\x1b]0;pwned\x07";
         assert_eq!(escape_line(cid), "\\u001b[2J\\u001b]0;pwned\\u0007");
