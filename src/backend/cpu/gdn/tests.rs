@@ -266,7 +266,7 @@ fn chunked_equals_recurrent_at_27b_shapes() {
     let a_log: Vec<f32> = noise(48, 14).iter().map(|x| x - 1.0).collect();
     let dt = noise(48, 15);
     let st = step(&[(0, t, 0, 0)]);
-    let mut time = |form| {
+    let time = |form| {
         let mut cache = CpuStateCache::new(sp).unwrap();
         let mut out = vec![0.0; t * p.value_dim()];
         let t0 = std::time::Instant::now();
