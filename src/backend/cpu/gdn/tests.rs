@@ -237,3 +237,47 @@ fn gated_norm_split_and_gate() {
     sigmoid_mul(&mut y, &[0.0, 1000.0]);
     assert_eq!(y, [1.0, 2.0]);
 }
+
+/// The 27B's GDN shapes (16 key heads, 48 value heads, dims 128, conv 10240): chunked equals
+/// recurrent over 256 tokens, and the times of both. Slow in debug builds, so ignored; run with
+/// `cargo test --lib chunked_equals_recurrent_at_27b_shapes -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn chunked_equals_recurrent_at_27b_shapes() {
+    let p = GdnParams {
+        num_key_heads: 16,
+        num_value_heads: 48,
+        key_head_dim: 128,
+        value_head_dim: 128,
+    };
+    let sp = StateSpec {
+        num_slots: 1,
+        num_layers: 1,
+        conv_dim: p.conv_dim(),
+        conv_kernel: 4,
+        num_value_heads: 48,
+        key_head_dim: 128,
+        value_head_dim: 128,
+    };
+    let t = 256;
+    let qkv = noise(t * p.conv_dim(), 11);
+    let a = noise(t * 48, 12);
+    let b = noise(t * 48, 13);
+    let a_log: Vec<f32> = noise(48, 14).iter().map(|x| x - 1.0).collect();
+    let dt = noise(48, 15);
+    let st = step(&[(0, t, 0, 0)]);
+    let time = |form| {
+        let mut cache = CpuStateCache::new(sp).unwrap();
+        let mut out = vec![0.0; t * p.value_dim()];
+        let t0 = std::time::Instant::now();
+        recurrence(
+            &mut cache, 0, &qkv, &a, &b, &a_log, &dt, &st, &p, &mut out, form,
+        );
+        (out, cache.recurrent, t0.elapsed())
+    };
+    let (want, want_state, t_rec) = time(Form::Recurrent);
+    let (got, got_state, t_chunk) = time(Form::Auto);
+    let (d, ds) = (max_diff(&got, &want), max_diff(&got_state, &want_state));
+    println!("256 tokens x 48 heads: recurrent {t_rec:?}, chunked {t_chunk:?}; max |Δ| out {d:.2e}, state {ds:.2e}");
+    assert!(d < 1e-4 && ds < 1e-4, "{d} {ds}");
+}
