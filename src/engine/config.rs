@@ -42,19 +42,22 @@ pub struct EngineConfig {
 }
 
 impl Default for EngineConfig {
+    /// The runner's defaults ([`RunnerOptions::default`], the one place they are written) plus
+    /// the engine's own.
     fn default() -> Self {
+        let r = RunnerOptions::default();
         EngineConfig {
-            device: Device::Auto,
-            threads: 0,
-            max_num_seqs: 16,
-            max_num_batched_tokens: 2048,
-            max_model_len: 0,
-            block_size: 16,
-            kv_cache_mib: 512,
-            gpu_memory_utilization: 0.90,
-            enable_prefix_caching: true,
-            dtype: "auto".into(),
-            kv_cache_dtype: "auto".into(),
+            device: r.device,
+            threads: r.threads,
+            max_num_seqs: r.max_num_seqs,
+            max_num_batched_tokens: r.max_num_batched_tokens,
+            max_model_len: r.max_model_len,
+            block_size: r.block_size,
+            kv_cache_mib: r.kv_cache_mib,
+            gpu_memory_utilization: r.gpu_memory_utilization,
+            enable_prefix_caching: r.enable_prefix_caching,
+            dtype: r.dtype,
+            kv_cache_dtype: r.kv_cache_dtype,
         }
     }
 }
