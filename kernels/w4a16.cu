@@ -1,7 +1,7 @@
 // W4A16 GEMV for compressed-tensors `pack-quantized` int4 weights, dequantized in registers.
 //
 // Standalone (issue 10, step 6): not yet wired into the CUDA backend and NOT YET RUN ON A GPU;
-// tests/cuda_w4a16_compile.rs only checks that it compiles for sm_70..sm_90. The CPU reference it
+// tests/cuda_kernels_compile.rs only checks that it compiles for sm_70..sm_90. The CPU reference it
 // must match is src/quant/packed.rs (`dequantize_packed_row`) through
 // src/backend/cpu/matmul/packed.rs.
 //
