@@ -133,6 +133,17 @@ impl HybridConfig {
 }
 
 impl ModelConfig {
+    /// Shapes of this model's attention calls: its heads, KV heads and head width, scaled by
+    /// `head_dim^-0.5` (llama, qwen3 and qwen3_5's gated attention alike).
+    pub fn attention_params(&self) -> crate::backend::AttentionParams {
+        crate::backend::AttentionParams {
+            num_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            scale: (self.head_dim as f32).powf(-0.5),
+        }
+    }
+
     /// Checkpoint root of the decoder (`model`, or `model.language_model` for the nested
     /// Qwen3.5 layout).
     pub fn weight_prefix(&self) -> &str {

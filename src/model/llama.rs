@@ -31,7 +31,7 @@
 
 use tracing::info;
 
-use crate::backend::{AttentionParams, Backend, KvCacheSpec, RopeSpec, StepInput};
+use crate::backend::{Backend, KvCacheSpec, RopeSpec, StepInput};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
 use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
@@ -457,12 +457,7 @@ impl<B: Backend> LlamaWeights<B> {
             c.num_key_value_heads,
             c.intermediate_size,
         );
-        let attn = AttentionParams {
-            num_heads: nh,
-            num_kv_heads: nkv,
-            head_dim: hd,
-            scale: (hd as f32).powf(-0.5),
-        };
+        let attn = c.attention_params();
         let step = &ws.step;
         b.embedding(&self.embed_tokens, step, &mut ws.x)?;
         b.rms_norm(

@@ -1,7 +1,7 @@
 //! One step of the Qwen3.5 forward pass (the math is in the parent module's docs).
 
 use crate::backend::hybrid::{GdnParams, HybridBackend};
-use crate::backend::{AttentionParams, StepInput};
+use crate::backend::StepInput;
 use crate::error::EngineError;
 use crate::model::step::{ForwardBatch, ForwardOutput, LogitsFor};
 use crate::model::ModelConfig;
@@ -28,12 +28,7 @@ pub(super) fn run<B: HybridBackend>(
         c.num_key_value_heads,
         c.intermediate_size,
     );
-    let attn = AttentionParams {
-        num_heads: nh,
-        num_kv_heads: nkv,
-        head_dim: hd,
-        scale: (hd as f32).powf(-0.5),
-    };
+    let attn = c.attention_params();
     let (conv_dim, value_dim, nv, dv) = (
         gdn.conv_dim(),
         gdn.value_dim(),
