@@ -25,9 +25,11 @@
 
 mod cancel;
 mod intake;
+mod outputs;
 mod prune;
 mod queries;
 mod report;
+mod stamps;
 mod transitions;
 mod types;
 
@@ -44,6 +46,7 @@ use sqlx::{Row, SqlitePool};
 pub use cancel::CancelResult;
 pub use intake::RecordedFile;
 pub use report::{FileReport, Throughput};
+pub use stamps::FileStamp;
 pub use types::{
     Attempt, AttemptOutcome, AttemptStats, Counts, InputFile, InputFileId, InputKind, ListFilter,
     NewInputFile, NewTask, NewTaskBody, Recovered, RetryResult, Task, TaskId, TaskState,
@@ -122,6 +125,9 @@ pub enum LedgerError {
 pub struct Ledger {
     pool: SqlitePool,
     path: PathBuf,
+    /// Task rows read by [`Ledger::file_tasks`] through this handle and its clones (a cost
+    /// counter: publishing must read a file's rows once per publication, not once per tick).
+    task_rows_read: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The exclusive lock of one ledger, held by `kiln run` while it runs; released on drop.
@@ -201,7 +207,17 @@ impl Ledger {
             }
         }
         tracing::debug!(path = %path.display(), "Opened the ledger.");
-        Ok(Ledger { pool, path })
+        Ok(Ledger {
+            pool,
+            path,
+            task_rows_read: Default::default(),
+        })
+    }
+
+    /// Task rows [`Ledger::file_tasks`] has read through this handle and its clones so far.
+    pub fn task_rows_read(&self) -> u64 {
+        self.task_rows_read
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The ledger file.

@@ -229,6 +229,9 @@ pub async fn run(
     summary.recovered = recovered.requeued.len() as u64;
 
     let outputs = OutputDir::new(&d.outputs);
+    let publisher = Publisher::new(ledger.clone(), outputs.clone(), logs.clone());
+    // Before the stale temporaries go: an interrupted group is completed from its own.
+    publisher.recover().await?;
     let stale = outputs.remove_stale_temporaries();
     if stale > 0 {
         tracing::info!(
@@ -236,7 +239,6 @@ pub async fn run(
             "Removed temporaries of an interrupted output write."
         );
     }
-    let publisher = Publisher::new(ledger.clone(), outputs, logs.clone());
     publisher.publish_ready().await?;
 
     let intake_token = shutdown.child_token();

@@ -2,13 +2,33 @@
 //!
 //! An input file's outputs are due when all its tasks are terminal and some task has no
 //! `output_path` (first completion, a `kiln retry` that finished again, or a crash between the
-//! last transition and the write). The group is rendered from the rows alone and placed
-//! idempotently ([`OutputDir::place`]), then the paths are recorded. A write failure (disk full,
-//! permissions) is logged and left due: the next sweep tries again; it never fails a task.
+//! last transition and the write). Whether a file is due is two indexed probes
+//! ([`Ledger::file_output_due`]); only a due file's rows are read, once, so publishing costs
+//! O(rows of the files that completed), not O(rows) per finished task.
+//!
+//! The group is rendered from the rows alone and published all or nothing (see
+//! [`writer`](crate::daemon::writer)): staged to temporaries, the plan recorded in the ledger,
+//! linked into place, then the output paths recorded and the plan forgotten in one transaction.
+//! [`Publisher::recover`] completes (or rolls back) a plan a crash left behind. A write failure
+//! (disk full, permissions) is logged and left due: the next sweep tries again; it never fails a
+//! task.
+
+use std::path::PathBuf;
 
 use crate::daemon::task_log::TaskLogs;
-use crate::daemon::writer::{render, FinishedTask, OutputDir, StoredResult, TaskOutcome};
-use crate::ledger::{InputFileId, Ledger, LedgerError, Task, TaskState};
+use crate::daemon::writer::{
+    group_base, render, FinishedTask, GroupPlan, OutputDir, Placed, Staged, StoredResult,
+    TaskOutcome, WriteError,
+};
+use crate::ledger::{InputFileId, Ledger, LedgerError, Task, TaskId, TaskState};
+
+/// How linking a plan ended, as the publisher sees it.
+enum Linked {
+    /// In place and recorded.
+    Recorded(Placed),
+    /// Not recorded (a task changed meanwhile, or a write failed): rolled back, due again later.
+    RolledBack,
+}
 
 /// Writes outputs of finished input files.
 #[derive(Debug, Clone)]
@@ -52,8 +72,89 @@ impl Publisher {
         }
     }
 
+    /// Complete or roll back the output groups a crash left between staging and recording
+    /// (`output_intents`). Run at start, with the ledger lock held, before the stale temporaries
+    /// are removed (the plans need theirs). Returns how many groups were completed.
+    pub async fn recover(&self) -> Result<usize, LedgerError> {
+        let mut completed = 0;
+        for (file_id, plan_json) in self.ledger.output_intents().await? {
+            let plan: GroupPlan = match serde_json::from_str(&plan_json) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(input_file_id = file_id, error = %e, "An output plan in the ledger cannot be read; forgetting it (the file is published again).");
+                    self.ledger.drop_output_intent(file_id).await?;
+                    continue;
+                }
+            };
+            if let Linked::Recorded(placed) = self.link_and_record(file_id, plan).await? {
+                completed += 1;
+                tracing::warn!(
+                    input_file_id = file_id, files = placed.files.len(),
+                    first = %placed.files.first().map(|p| p.display().to_string()).unwrap_or_default(),
+                    "Completed an output group interrupted by a crash."
+                );
+            }
+        }
+        Ok(completed)
+    }
+
+    /// Link a recorded plan into place and record it; roll it back when that cannot be done.
+    async fn link_and_record(
+        &self,
+        file_id: InputFileId,
+        plan: GroupPlan,
+    ) -> Result<Linked, LedgerError> {
+        let outputs = self.outputs.clone();
+        let p = plan.clone();
+        let linked: Result<Placed, WriteError> =
+            match tokio::task::spawn_blocking(move || outputs.link_plan(&p)).await {
+                Ok(r) => r,
+                Err(e) => Err(WriteError::Io {
+                    path: self.outputs.root().to_path_buf(),
+                    source: std::io::Error::other(format!("linking outputs panicked: {e}")),
+                }),
+            };
+        let placed = match linked {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(input_file_id = file_id, error = %e, "Cannot put outputs in place; rolled back, will try again.");
+                self.roll_back(file_id, &plan).await?;
+                return Ok(Linked::RolledBack);
+            }
+        };
+        let paths = task_paths(&placed)?;
+        match self.ledger.complete_output_intent(file_id, &paths).await {
+            Ok(()) => {
+                self.outputs.discard_temporaries(&plan);
+                Ok(Linked::Recorded(placed))
+            }
+            Err(LedgerError::Conflict { task_id, found, .. }) => {
+                // `kiln retry` re-queued a task of this file while its group was being written:
+                // nothing is recorded; the file is published again once that task finished.
+                tracing::info!(
+                    input_file_id = file_id, task_id = %task_id, state = ?found,
+                    "A task changed while its outputs were written; rolled back, publishing again once it finishes."
+                );
+                self.roll_back(file_id, &plan).await?;
+                Ok(Linked::RolledBack)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn roll_back(&self, file_id: InputFileId, plan: &GroupPlan) -> Result<(), LedgerError> {
+        let outputs = self.outputs.clone();
+        let p = plan.clone();
+        let _ = tokio::task::spawn_blocking(move || outputs.roll_back(&p)).await;
+        self.ledger.drop_output_intent(file_id).await?;
+        Ok(())
+    }
+
     /// Publish one input file if its outputs are due; returns whether files were placed.
     pub async fn publish_file(&self, input_file_id: InputFileId) -> Result<bool, LedgerError> {
+        if !self.ledger.file_output_due(input_file_id).await? {
+            return Ok(false);
+        }
         let tasks = self.ledger.file_tasks(input_file_id).await?;
         let due = !tasks.is_empty()
             && tasks.iter().all(|t| t.state.is_terminal())
@@ -66,15 +167,30 @@ impl Publisher {
         };
         // Before placing: the stale error file would otherwise keep the stem taken (`q-1.md`).
         let superseded = self.remove_superseded_errors(input_file_id).await?;
+        // Groups the ledger recorded for this input (any day folder): an identical one is reused.
+        let mut candidates: Vec<PathBuf> = Vec::new();
+        let recorded = tasks
+            .iter()
+            .filter_map(|t| t.output_path.as_deref())
+            .chain(superseded.iter().map(|(_, p)| p.as_str()));
+        for p in recorded {
+            if let Some(b) = group_base(file.kind, std::path::Path::new(p)) {
+                if !candidates.contains(&b) {
+                    candidates.push(b);
+                }
+            }
+        }
         let finished: Vec<FinishedTask> = tasks.iter().map(finished).collect();
         let files = render(file.kind, &file.path, &finished);
         let outputs = self.outputs.clone();
         let (path, kind) = (file.path.clone(), file.kind);
         let today = time::OffsetDateTime::now_utc().date();
-        let placed =
-            tokio::task::spawn_blocking(move || outputs.place(&path, kind, &files, today)).await;
-        let placed = match placed {
-            Ok(Ok(p)) => p,
+        let staged = tokio::task::spawn_blocking(move || {
+            outputs.stage(&path, kind, &files, today, &candidates)
+        })
+        .await;
+        let staged = match staged {
+            Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 tracing::error!(input = %file.path, error = %e, "Cannot write outputs; will try again.");
                 return Ok(false);
@@ -84,37 +200,45 @@ impl Publisher {
                 return Ok(false);
             }
         };
-        let mut paths = Vec::with_capacity(placed.task_paths.len());
-        for t in &tasks {
-            let sid = t.task_id.to_string();
-            if let Some((_, p)) = placed.task_paths.iter().find(|(id, _)| *id == sid) {
-                paths.push((t.task_id, p.to_string_lossy().into_owned()));
+        let placed = match staged {
+            Staged::Reused(placed) => {
+                let paths = task_paths(&placed)?;
+                match self.ledger.set_output_paths(&paths).await {
+                    Ok(()) => placed,
+                    Err(LedgerError::Conflict { task_id, found, .. }) => {
+                        tracing::info!(
+                            input = %file.path, task_id = %task_id, state = ?found,
+                            "A task changed while its outputs were written; publishing again once it finishes."
+                        );
+                        return Ok(false);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-        }
-        match self.ledger.set_output_paths(&paths).await {
-            Ok(()) => {}
-            Err(LedgerError::Conflict { task_id, found, .. }) => {
-                // `kiln retry` re-queued a task of this file while its group was being written:
-                // nothing is recorded; the file is published again once that task finished.
-                tracing::info!(
-                    input = %file.path, task_id = %task_id, state = ?found,
-                    "A task changed while its outputs were written; publishing again once it finishes."
-                );
-                return Ok(false);
+            Staged::New(plan) => {
+                let json = serde_json::to_string(&plan)
+                    .map_err(|e| LedgerError::Invalid(format!("output plan: {e}")))?;
+                if let Err(e) = self.ledger.record_output_intent(input_file_id, &json).await {
+                    self.outputs.discard_temporaries(&plan);
+                    return Err(e);
+                }
+                match self.link_and_record(input_file_id, plan).await? {
+                    Linked::Recorded(placed) => placed,
+                    Linked::RolledBack => return Ok(false),
+                }
             }
-            Err(e) => return Err(e),
-        }
+        };
         self.ledger
             .clear_superseded(&superseded.iter().map(|(id, _)| *id).collect::<Vec<_>>())
             .await?;
-        for (id, p) in &paths {
-            let how = if placed.reused {
-                "already present"
-            } else {
-                "written"
-            };
+        let how = if placed.reused {
+            "already present"
+        } else {
+            "written"
+        };
+        for (id, p) in &placed.task_paths {
             self.logs
-                .info(&id.to_string(), &format!("Output {how}: {p}."));
+                .info(id, &format!("Output {how}: {}.", p.display()));
         }
         tracing::info!(
             input = %file.path, files = placed.files.len(), reused = placed.reused,
@@ -171,4 +295,18 @@ impl Publisher {
         }
         Ok(n)
     }
+}
+
+/// The `(task, output path)` pairs of a placed group, for the ledger.
+fn task_paths(placed: &Placed) -> Result<Vec<(TaskId, String)>, LedgerError> {
+    placed
+        .task_paths
+        .iter()
+        .map(|(id, p)| {
+            let id = id
+                .parse::<TaskId>()
+                .map_err(|e| LedgerError::Invalid(format!("task id `{id}`: {e}")))?;
+            Ok((id, p.to_string_lossy().into_owned()))
+        })
+        .collect()
 }

@@ -5,18 +5,23 @@
 //! `<stem>.errors.jsonl`), byte-for-byte determined by the ledger rows (no clocks read here), so
 //! rendering the same rows twice gives the same bytes.
 //!
-//! Placing ([`OutputDir::place`]): the group goes to `outputs/<YYYY-MM-DD>/` (UTC), all its files
-//! under one stem. Invariants:
+//! Placing: the group goes to `outputs/<YYYY-MM-DD>/` (UTC), all its files under one stem.
+//! Invariants:
 //! - a name never escapes `outputs/`: the stem is one sanitized path component and the day folder
 //!   is created by us (a symlinked day folder is refused);
-//! - every file is written to a hidden temporary in the same folder, `fsync`ed, and linked into
-//!   place without replacing anything (`link(2)` fails on an existing name), then the folder is
-//!   `fsync`ed: a reader never sees a partial file;
+//! - all or nothing ([`OutputDir::stage`], then [`OutputDir::link_plan`]): every file of the group
+//!   is first written to a hidden temporary in the day folder and fsynced; the publisher records
+//!   the plan in the ledger (`output_intents`); then each temporary is linked into place without
+//!   replacing anything (`link(2)` fails on an existing name) and the folder is fsynced; then the
+//!   tasks' output paths are recorded and the plan forgotten in one transaction. A crash anywhere
+//!   leaves either no visible file (temporaries only, removed at start) or a recorded plan that
+//!   the next start completes from its temporaries ([`OutputDir::link_plan`] is idempotent) or
+//!   rolls back ([`OutputDir::roll_back`]): never a partial group, never a second `<stem>-1`;
 //! - nothing is overwritten: when the stem is taken (any file of its group exists), the next free
 //!   `<stem>-1`, `<stem>-2`, ... is used;
-//! - placing is idempotent: if a group with byte-identical files already exists under some suffix
-//!   (in today's or yesterday's folder) it is reused, so a crash between writing the files and
-//!   recording them in the ledger never produces a duplicate on restart.
+//! - an identical group is reused: if the group at one of the bases the ledger recorded for the
+//!   input (its tasks' output paths, whatever their day folder) is byte-identical, nothing is
+//!   written.
 
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
@@ -314,6 +319,33 @@ pub struct Placed {
     pub reused: bool,
 }
 
+/// One file of a staged group: written and fsynced at `tmp`, to be linked to `path`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StagedFile {
+    /// The hidden temporary in the day folder.
+    pub tmp: PathBuf,
+    /// The final name.
+    pub path: PathBuf,
+}
+
+/// A group whose files are staged: what the ledger's `output_intents.plan_json` records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupPlan {
+    /// Every file of the group, in render order.
+    pub files: Vec<StagedFile>,
+    /// `(task_id, final path of the file reporting on it)` for every task of the group.
+    pub task_paths: Vec<(String, PathBuf)>,
+}
+
+/// What [`OutputDir::stage`] found to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Staged {
+    /// An identical group is already in place (recorded by the ledger): nothing was written.
+    Reused(Placed),
+    /// The files are staged: record the plan, then link it.
+    New(GroupPlan),
+}
+
 impl OutputDir {
     /// Outputs under `root` (created on first write).
     pub fn new(root: impl Into<PathBuf>) -> Self {
@@ -358,23 +390,27 @@ impl OutputDir {
         ))
     }
 
-    /// Place an output group for the input `input` (relative path) in today's folder (UTC
-    /// `today`); see the module docs for the guarantees.
-    pub fn place(
+    /// Stage an output group for the input `input` (relative path) in today's folder (UTC
+    /// `today`): if one of the `candidates` (bases `dir/<stem>[-k]` of groups the ledger recorded
+    /// for this input, whatever their day folder) already holds a byte-identical group, that one
+    /// is reused and nothing is written. Otherwise every file is written to a hidden temporary in
+    /// the day folder and fsynced, under the first free `<stem>[-k]`; nothing is visible yet.
+    /// The caller records the returned plan, then [`OutputDir::link_plan`]s it.
+    pub fn stage(
         &self,
         input: &str,
         kind: InputKind,
         files: &[OutputFile],
         today: time::Date,
-    ) -> Result<Placed, WriteError> {
-        let stem = safe_stem(input);
-        let dir = self.day_dir(today);
-        let yesterday = today.previous_day().map(|d| self.day_dir(d));
-        for d in std::iter::once(&dir).chain(yesterday.as_ref()) {
-            if let Some(existing) = find_identical(d, &stem, files)? {
-                return Ok(self.placed(&existing, files, true));
+        candidates: &[PathBuf],
+    ) -> Result<Staged, WriteError> {
+        for base in candidates {
+            if self.is_identical_group(base, kind, files) {
+                return Ok(Staged::Reused(self.placed(base, files, true)));
             }
         }
+        let stem = safe_stem(input);
+        let dir = self.day_dir(today);
         self.ensure_day_dir(&dir)?;
         let exts = group_exts(kind);
         let base = (0u32..)
@@ -387,22 +423,123 @@ impl OutputDir {
             })
             .find(|b| exts.iter().all(|e| !path_with_ext(b, e).exists()))
             .unwrap_or_else(|| dir.join(&stem));
+        let mut plan = GroupPlan {
+            files: Vec::with_capacity(files.len()),
+            task_paths: Vec::new(),
+        };
         for f in files {
             let path = path_with_ext(&base, f.ext);
             self.check_inside(&path)?;
-            if !write_new(&path, &f.bytes)? {
-                // Someone took the name between our check and the link: never replace it.
-                return Err(WriteError::Io {
-                    path,
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::AlreadyExists,
-                        "output appeared while writing",
-                    ),
-                });
+            match write_temporary(&path, &f.bytes) {
+                Ok(tmp) => plan.files.push(StagedFile { tmp, path }),
+                Err(e) => {
+                    self.discard_temporaries(&plan);
+                    return Err(e);
+                }
             }
         }
         sync_dir(&dir)?;
-        Ok(self.placed(&base, files, false))
+        plan.task_paths = self.placed(&base, files, false).task_paths;
+        Ok(Staged::New(plan))
+    }
+
+    /// Link every staged file of `plan` to its final name, never replacing another file; a file
+    /// already linked by an earlier, interrupted run of the same plan counts as done. Then the
+    /// folders are fsynced. The temporaries stay (see [`OutputDir::discard_temporaries`]).
+    /// Idempotent: what recovery calls on a plan found in the ledger.
+    pub fn link_plan(&self, plan: &GroupPlan) -> Result<Placed, WriteError> {
+        let mut dirs: Vec<&Path> = Vec::new();
+        for f in &plan.files {
+            self.check_inside(&f.path)?;
+            self.check_inside(&f.tmp)?;
+            link_staged(f)?;
+            if let Some(d) = f.path.parent().filter(|d| !dirs.contains(d)) {
+                dirs.push(d);
+            }
+        }
+        for d in dirs {
+            sync_dir(d)?;
+        }
+        Ok(Placed {
+            task_paths: plan.task_paths.clone(),
+            files: plan.files.iter().map(|f| f.path.clone()).collect(),
+            reused: false,
+        })
+    }
+
+    /// Remove the temporaries of a plan (best effort: they are hidden, and removed at start anyway).
+    pub fn discard_temporaries(&self, plan: &GroupPlan) {
+        for f in &plan.files {
+            if self.check_inside(&f.tmp).is_ok() {
+                let _ = std::fs::remove_file(&f.tmp);
+            }
+        }
+    }
+
+    /// Undo a plan that will not be recorded: remove every final name that is still a link of its
+    /// own temporary (so nothing else is ever removed), then the temporaries.
+    pub fn roll_back(&self, plan: &GroupPlan) {
+        use std::os::unix::fs::MetadataExt;
+        for f in &plan.files {
+            if self.check_inside(&f.path).is_err() || self.check_inside(&f.tmp).is_err() {
+                continue;
+            }
+            let same = match (
+                std::fs::metadata(&f.tmp),
+                std::fs::symlink_metadata(&f.path),
+            ) {
+                (Ok(t), Ok(p)) => t.dev() == p.dev() && t.ino() == p.ino(),
+                _ => false,
+            };
+            if same {
+                let _ = std::fs::remove_file(&f.path);
+            }
+        }
+        self.discard_temporaries(plan);
+    }
+
+    /// [`OutputDir::stage`] then [`OutputDir::link_plan`] without a ledger in between: for callers
+    /// that need no crash recovery (and tests).
+    pub fn place(
+        &self,
+        input: &str,
+        kind: InputKind,
+        files: &[OutputFile],
+        today: time::Date,
+        candidates: &[PathBuf],
+    ) -> Result<Placed, WriteError> {
+        match self.stage(input, kind, files, today, candidates)? {
+            Staged::Reused(p) => Ok(p),
+            Staged::New(plan) => {
+                let placed = self.link_plan(&plan);
+                if placed.is_err() {
+                    self.roll_back(&plan);
+                } else {
+                    self.discard_temporaries(&plan);
+                }
+                placed
+            }
+        }
+    }
+
+    /// Whether `base` holds exactly this group: every file byte-identical, and no other file of
+    /// the kind's group beside them. A base outside `outputs/` never matches.
+    fn is_identical_group(&self, base: &Path, kind: InputKind, files: &[OutputFile]) -> bool {
+        if files.is_empty() {
+            return false;
+        }
+        let inside = files
+            .iter()
+            .all(|f| self.check_inside(&path_with_ext(base, f.ext)).is_ok());
+        let same = inside
+            && files
+                .iter()
+                .all(|f| std::fs::read(path_with_ext(base, f.ext)).is_ok_and(|b| b == f.bytes));
+        let no_extra = group_exts(kind)
+            .iter()
+            .filter(|e| !files.iter().any(|f| f.ext == **e))
+            .all(|e| !path_with_ext(base, e).exists());
+        same && no_extra
     }
 
     fn placed(&self, base: &Path, files: &[OutputFile], reused: bool) -> Placed {
@@ -454,50 +591,74 @@ fn path_with_ext(base: &Path, ext: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// The base path (`dir/<stem>[-k]`) of an existing group whose files are byte-identical to
-/// `files` and which has no extra group files, if any.
-fn find_identical(
-    dir: &Path,
-    stem: &str,
-    files: &[OutputFile],
-) -> Result<Option<PathBuf>, WriteError> {
-    let Some(first) = files.first() else {
-        return Ok(None);
-    };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+/// The base (`dir/<stem>[-k]`) of a recorded output file of an input of this kind: the path
+/// without its group extension (the longest that matches, so `.error.json` before `.json`).
+pub fn group_base(kind: InputKind, path: &Path) -> Option<PathBuf> {
+    let s = path.to_str()?;
+    let mut exts: Vec<&str> = group_exts(kind).to_vec();
+    exts.sort_by_key(|e| std::cmp::Reverse(e.len()));
+    exts.iter()
+        .find_map(|e| s.strip_suffix(e))
+        .filter(|b| !b.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Write `bytes` to a fresh hidden temporary beside `path` (`.<name>.<32 hex>.tmp`, the pattern
+/// [`OutputDir::remove_stale_temporaries`] knows) and fsync it; returns the temporary.
+fn write_temporary(path: &Path, bytes: &[u8]) -> Result<PathBuf, WriteError> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| WriteError::Escape(path.to_path_buf()))?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::now_v7().simple()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        f.write_all(bytes).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))
+    })();
+    match written {
+        Ok(()) => Ok(tmp),
         Err(e) => {
-            return Err(WriteError::Io {
-                path: dir.to_path_buf(),
-                source: e,
-            })
-        }
-    };
-    for entry in entries {
-        let entry = entry.map_err(io_err(dir))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(base_name) = name.strip_suffix(first.ext) else {
-            continue;
-        };
-        let suffix_ok = base_name == stem
-            || base_name
-                .strip_prefix(stem)
-                .and_then(|r| r.strip_prefix('-'))
-                .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
-        if !suffix_ok {
-            continue;
-        }
-        let base = dir.join(base_name);
-        let same = files
-            .iter()
-            .all(|f| std::fs::read(path_with_ext(&base, f.ext)).is_ok_and(|b| b == f.bytes));
-        if same {
-            return Ok(Some(base));
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
         }
     }
-    Ok(None)
+}
+
+/// Link one staged file into place. Done already (by an interrupted earlier run) when the final
+/// name is a link of the temporary, or when the temporary is gone and the final name exists (the
+/// rename fallback moved it). Another file under the final name is an error, never replaced.
+fn link_staged(f: &StagedFile) -> Result<(), WriteError> {
+    use std::os::unix::fs::MetadataExt;
+    let tmp_meta = match std::fs::metadata(&f.tmp) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && f.path.exists() => return Ok(()),
+        Err(e) => return Err(io_err(&f.tmp)(e)),
+    };
+    match std::fs::hard_link(&f.tmp, &f.path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let p = std::fs::symlink_metadata(&f.path).map_err(io_err(&f.path))?;
+            if p.dev() == tmp_meta.dev() && p.ino() == tmp_meta.ino() {
+                Ok(())
+            } else {
+                Err(WriteError::Io {
+                    path: f.path.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "another file appeared under this output name",
+                    ),
+                })
+            }
+        }
+        // Filesystems without hard links: check, then rename (a tiny window, no partial file).
+        Err(_) if !f.path.exists() => std::fs::rename(&f.tmp, &f.path).map_err(io_err(&f.path)),
+        Err(e) => Err(io_err(&f.path)(e)),
+    }
 }
 
 /// Write `bytes` to `path` atomically without replacing an existing file. Returns `false`
@@ -727,7 +888,7 @@ mod tests {
         let today = date!(2026 - 03 - 04);
         let files = render(InputKind::Txt, "my q ü.txt", &[ok("t1", None, None, "A")]);
         let p = out
-            .place("my q ü.txt", InputKind::Txt, &files, today)
+            .place("my q ü.txt", InputKind::Txt, &files, today, &[])
             .expect("place");
         let day = dir.path().join("outputs/2026-03-04");
         assert_eq!(
@@ -741,9 +902,17 @@ mod tests {
         assert!(!p.reused);
         assert_eq!(std::fs::read(day.join("my q ü.md")).unwrap(), b"A\n");
 
-        // The same rows again (a restart after a crash): nothing new.
+        // The same rows again, with the base the ledger recorded: nothing new.
+        let base = group_base(InputKind::Txt, &p.task_paths[0].1).expect("base");
+        assert_eq!(base, day.join("my q ü"));
         let again = out
-            .place("my q ü.txt", InputKind::Txt, &files, today)
+            .place(
+                "my q ü.txt",
+                InputKind::Txt,
+                &files,
+                today,
+                std::slice::from_ref(&base),
+            )
             .expect("place");
         assert!(again.reused);
         assert_eq!(again.files, p.files);
@@ -751,7 +920,13 @@ mod tests {
         // A different task with the same stem gets a suffix; an error file also takes the stem.
         let other = render(InputKind::Txt, "my q ü.txt", &[ok("t2", None, None, "B")]);
         let p2 = out
-            .place("my q ü.txt", InputKind::Txt, &other, today)
+            .place(
+                "my q ü.txt",
+                InputKind::Txt,
+                &other,
+                today,
+                std::slice::from_ref(&base),
+            )
             .expect("place");
         assert_eq!(p2.files[0], day.join("my q ü-1.md"));
         let err = render(
@@ -760,7 +935,7 @@ mod tests {
             &[failed("t3", None, None, "failed", ErrorClass::InvalidInput)],
         );
         let p3 = out
-            .place("my q ü.txt", InputKind::Txt, &err, today)
+            .place("my q ü.txt", InputKind::Txt, &err, today, &[])
             .expect("place");
         assert_eq!(p3.files[0], day.join("my q ü-2.error.json"));
         assert_eq!(
@@ -769,13 +944,19 @@ mod tests {
             "never overwritten"
         );
 
-        // Yesterday's identical group is found across midnight.
-        let tomorrow = today.next_day().unwrap();
-        assert!(
-            out.place("my q ü.txt", InputKind::Txt, &files, tomorrow)
-                .unwrap()
-                .reused
-        );
+        // A recorded identical group is found whatever its day folder (a month later here).
+        let later = date!(2026 - 04 - 04);
+        let p4 = out
+            .place(
+                "my q ü.txt",
+                InputKind::Txt,
+                &files,
+                later,
+                std::slice::from_ref(&base),
+            )
+            .unwrap();
+        assert!(p4.reused);
+        assert_eq!(p4.files, p.files);
 
         // No temporaries are left behind.
         let leftovers: Vec<_> = std::fs::read_dir(&day)
@@ -801,6 +982,7 @@ mod tests {
                 InputKind::Txt,
                 &files,
                 date!(2026 - 01 - 01),
+                &[],
             )
             .expect("place");
         for f in &p.files {
@@ -839,5 +1021,62 @@ mod tests {
         assert!(!write_new(&p, b"two").unwrap());
         assert_eq!(std::fs::read(&p).unwrap(), b"one");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_staged_plan_is_invisible_until_linked_and_linking_is_idempotent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = OutputDir::new(dir.path().join("outputs"));
+        let today = date!(2026 - 03 - 04);
+        let day = dir.path().join("outputs/2026-03-04");
+        let files = render(InputKind::Txt, "q.txt", &[ok("t1", None, None, "A")]);
+        let Staged::New(plan) = out
+            .stage("q.txt", InputKind::Txt, &files, today, &[])
+            .unwrap()
+        else {
+            panic!("nothing recorded: must stage")
+        };
+        let visible = |d: &Path| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with('.'))
+                .collect();
+            v.sort();
+            v
+        };
+        assert!(visible(&day).is_empty(), "staged files are hidden");
+        // A crash after linking the first file only: linking the same plan again completes it.
+        link_staged(&plan.files[0]).unwrap();
+        assert_eq!(visible(&day), vec!["q.md"]);
+        let placed = out.link_plan(&plan).unwrap();
+        assert_eq!(placed.files, vec![day.join("q.md"), day.join("q.json")]);
+        assert_eq!(visible(&day), vec!["q.json", "q.md"]);
+        out.discard_temporaries(&plan);
+        assert_eq!(
+            std::fs::read_dir(&day).unwrap().count(),
+            2,
+            "no temporaries"
+        );
+
+        // Rolling back removes only the plan's own links, never another file.
+        let other = render(InputKind::Txt, "q.txt", &[ok("t2", None, None, "B")]);
+        let Staged::New(plan2) = out
+            .stage("q.txt", InputKind::Txt, &other, today, &[])
+            .unwrap()
+        else {
+            panic!("different bytes: must stage")
+        };
+        assert_eq!(plan2.files[0].path, day.join("q-1.md"));
+        link_staged(&plan2.files[0]).unwrap();
+        std::fs::write(day.join("q-1.json"), "someone else's").unwrap();
+        assert!(out.link_plan(&plan2).is_err(), "never replaces a file");
+        out.roll_back(&plan2);
+        assert_eq!(visible(&day), vec!["q-1.json", "q.json", "q.md"]);
+        assert_eq!(
+            std::fs::read(day.join("q-1.json")).unwrap(),
+            b"someone else's"
+        );
     }
 }

@@ -71,6 +71,8 @@ impl Ledger {
         .bind(input_file_id)
         .fetch_all(&self.pool)
         .await?;
+        self.task_rows_read
+            .fetch_add(rows.len() as u64, std::sync::atomic::Ordering::Relaxed);
         rows.iter().map(task_from_row).collect()
     }
 

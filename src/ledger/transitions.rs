@@ -409,33 +409,42 @@ impl Ledger {
     /// instead of pinning a stale output on a queued task. An unknown task is
     /// [`LedgerError::NotFound`].
     pub async fn set_output_paths(&self, paths: &[(TaskId, String)]) -> Result<(), LedgerError> {
-        let now = UnixMillis::now();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        for (task_id, path) in paths {
-            let id = task_id.to_string();
-            let done = sqlx::query(
-                "UPDATE tasks SET output_path = ?, updated_at = ? \
-                 WHERE task_id = ? AND state IN ('succeeded', 'failed', 'dead', 'cancelled')",
-            )
-            .bind(path)
-            .bind(now.0)
-            .bind(&id)
-            .execute(&mut *tx)
-            .await?;
-            if done.rows_affected() != 1 {
-                return Err(match current_state(&mut tx, &id).await? {
-                    None => LedgerError::NotFound(id),
-                    found => LedgerError::Conflict {
-                        task_id: *task_id,
-                        expected_state: TaskState::Succeeded,
-                        found,
-                    },
-                });
-            }
-        }
+        set_output_paths_tx(&mut tx, paths).await?;
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// The guarded UPDATEs of [`Ledger::set_output_paths`], inside the caller's transaction.
+pub(super) async fn set_output_paths_tx(
+    tx: &mut Transaction<'static, Sqlite>,
+    paths: &[(TaskId, String)],
+) -> Result<(), LedgerError> {
+    let now = UnixMillis::now();
+    for (task_id, path) in paths {
+        let id = task_id.to_string();
+        let done = sqlx::query(
+            "UPDATE tasks SET output_path = ?, updated_at = ? \
+             WHERE task_id = ? AND state IN ('succeeded', 'failed', 'dead', 'cancelled')",
+        )
+        .bind(path)
+        .bind(now.0)
+        .bind(&id)
+        .execute(&mut **tx)
+        .await?;
+        if done.rows_affected() != 1 {
+            return Err(match current_state(tx, &id).await? {
+                None => LedgerError::NotFound(id),
+                found => LedgerError::Conflict {
+                    task_id: *task_id,
+                    expected_state: TaskState::Succeeded,
+                    found,
+                },
+            });
+        }
+    }
+    Ok(())
 }
 
 impl Ledger {
