@@ -230,3 +230,34 @@ async fn publishing_reads_a_files_rows_once_when_it_completes_not_once_per_finis
         "every line published"
     );
 }
+
+#[tokio::test]
+async fn start_up_does_not_reread_or_rehash_unchanged_inputs() {
+    use sha2::Digest;
+    let env = Env::new();
+    env.drop_input("a.txt", "Say hi.");
+    env.drop_input("b.json", r#"{"messages":[{"role":"user","content":"b"}]}"#);
+    env.drop_input(
+        "c.jsonl",
+        format!("{}\n{}\n", batch_line("1", "x"), batch_line("2", "y")),
+    );
+    let engine = echo_engine();
+    let first = env.run_once(&engine).await;
+    assert_eq!((first.inputs_hashed, first.inputs_unchanged), (3, 0));
+
+    // A restart over the same inputs: nothing is read.
+    let second = env.run_once(&engine).await;
+    assert_eq!((second.inputs_hashed, second.inputs_unchanged), (0, 3));
+    assert_eq!(second.tasks, 0);
+
+    // New content (a new inode, as producers write), and `kiln submit --force` of another:
+    // exactly those two are read again.
+    env.drop_input("b.json", r#"{"messages":[{"role":"user","content":"B!"}]}"#);
+    let ledger = env.ledger().await;
+    let sha = hex::encode(sha2::Sha256::digest(b"Say hi."));
+    ledger.request_rerun("a.txt", &sha).await.unwrap();
+    ledger.close().await;
+    let third = env.run_once(&engine).await;
+    assert_eq!((third.inputs_hashed, third.inputs_unchanged), (2, 1));
+    assert_eq!(third.tasks, 2, "b.json's new content and a.txt's rerun");
+}

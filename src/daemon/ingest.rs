@@ -1,8 +1,10 @@
 //! Ingest: what the watcher found → rows in the ledger (an input file and its tasks).
 //!
 //! Runs as its own tokio task so reading and hashing a large file never delays the dispatcher.
-//! For each stable file: read and hash it (blocking pool), skip it when the ledger already knows
-//! this content of this path, split it into tasks ([`intake`](crate::daemon::intake)), record the
+//! For each stable file: skip it without reading when its size, mtime and inode are those the
+//! ledger recorded with a known content of this path ([`Ledger::unchanged_known_input`]); else
+//! read and hash it (blocking pool), skip it when the ledger already knows this content of this
+//! path, split it into tasks ([`intake`](crate::daemon::intake)), record the
 //! file and all its tasks in one transaction, and write each task's first log lines.
 //!
 //! - A file that looks cut short is looked at again after the `parse` backoff, up to
@@ -28,7 +30,7 @@ use crate::daemon::task_log::TaskLogs;
 use crate::daemon::watcher::{Found, WatcherHandle};
 use crate::error::ErrorClass;
 use crate::ledger::{
-    InputFileId, InputKind, Ledger, LedgerError, NewInputFile, NewTask, NewTaskBody,
+    FileStamp, InputFileId, InputKind, Ledger, LedgerError, NewInputFile, NewTask, NewTaskBody,
 };
 
 /// How long to wait before looking again at a file that could not be read.
@@ -57,6 +59,10 @@ pub struct IngestStatus {
     pub initial_scan_done: bool,
     /// Files waiting for another look (cut short or unreadable).
     pub deferred: usize,
+    /// Files read and hashed so far.
+    pub hashed: u64,
+    /// Files skipped without reading: unchanged since the ledger recorded them.
+    pub unchanged: u64,
 }
 
 /// Settings of the ingest task.
@@ -146,10 +152,26 @@ impl Ingest {
         rel: String,
         kind: InputKind,
     ) -> Result<(), LedgerError> {
+        let stamp = std::fs::metadata(&path).ok().map(|m| FileStamp::of(&m));
+        if let Some(st) = stamp {
+            if let Some(sha) = self.ledger.unchanged_known_input(&rel, st).await? {
+                tracing::debug!(path = %path.display(), sha256 = %sha, "Input unchanged since recorded; skipped without reading.");
+                self.looks.remove(&path);
+                self.status.send_modify(|s| s.unchanged += 1);
+                self.set_deferred();
+                return Ok(());
+            }
+        }
         let max = self.cfg.max_input_bytes;
         let p = path.clone();
         let raw =
             tokio::task::spawn_blocking(move || crate::daemon::intake::read_raw(&p, max)).await;
+        if matches!(raw, Ok(Ok(_))) {
+            self.status.send_modify(|s| s.hashed += 1);
+        }
+        // The stamp is kept only when the file did not change while it was read.
+        let stamp =
+            stamp.filter(|st| std::fs::metadata(&path).is_ok_and(|m| FileStamp::of(&m) == *st));
         let raw: RawInput = match raw {
             Ok(Ok(raw)) => raw,
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -177,6 +199,11 @@ impl Ingest {
         };
         if self.ledger.input_file_known(&rel, &raw.sha256).await? {
             tracing::debug!(path = %path.display(), sha256 = %raw.sha256, "Input already recorded; skipped.");
+            if let Some(st) = stamp {
+                self.ledger
+                    .record_input_stamp(&rel, st, &raw.sha256)
+                    .await?;
+            }
             self.looks.remove(&path);
             self.set_deferred();
             return Ok(());
@@ -229,7 +256,14 @@ impl Ingest {
             size: raw.size,
             kind,
         };
-        let Some(rec) = self.ledger.record_input_file(&file, &tasks).await? else {
+        let recorded = self.ledger.record_input_file(&file, &tasks).await?;
+        if let Some(st) = stamp {
+            // Recorded now, or by a concurrent intake of the same content: known either way.
+            self.ledger
+                .record_input_stamp(&rel, st, &raw.sha256)
+                .await?;
+        }
+        let Some(rec) = recorded else {
             return Ok(());
         };
         let mut rejected = 0;

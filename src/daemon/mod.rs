@@ -113,6 +113,10 @@ pub struct RunSummary {
     pub unfinished: u64,
     /// Failed or dead tasks in the ledger when the run ended.
     pub failed_total: u64,
+    /// Input files this run read and hashed.
+    pub inputs_hashed: u64,
+    /// Input files this run skipped without reading (unchanged since recorded).
+    pub inputs_unchanged: u64,
 }
 
 /// Why the daemon itself failed.
@@ -489,6 +493,11 @@ pub async fn run(
     }
     publisher.publish_ready().await?;
     progress.finish();
+    {
+        let s = *ingest_status.borrow();
+        summary.inputs_hashed = s.hashed;
+        summary.inputs_unchanged = s.unchanged;
+    }
 
     let c = ledger.counts().await?;
     summary.dispatch = disp.counts();
