@@ -81,6 +81,8 @@ pub struct Config {
     pub retry: RetrySettings,
     /// `[logging]`: level and format.
     pub logging: LoggingSettings,
+    /// `[metrics]`: the optional Prometheus endpoint of `kiln run`.
+    pub metrics: MetricsSettings,
     /// The file this configuration was read from (`None` = defaults only).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -324,6 +326,22 @@ impl Default for LoggingSettings {
     }
 }
 
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// `host:port` where `kiln run` serves Prometheus metrics at `/metrics` (e.g.
+    /// `127.0.0.1:9464`); empty (the default) serves nothing.
+    pub listen: String,
+}
+
+impl MetricsSettings {
+    /// The address to serve on, if any (checked by [`Config::validate`]).
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        self.listen.trim().parse().ok()
+    }
+}
+
 impl Config {
     /// Load from `path` (or `./config.toml` when `None`), apply the process's `KILN_*` environment
     /// overrides, resolve relative paths and validate.
@@ -436,6 +454,13 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |msg: String| Err(ConfigError::Invalid(msg));
         self.engine.validate().map_err(ConfigError::Invalid)?;
+        if !self.metrics.listen.trim().is_empty() && self.metrics.listen_addr().is_none() {
+            return bad(format!(
+                "`metrics.listen` = {:?} is not an address `host:port` with an IP host (e.g. \"127.0.0.1:9464\"); \
+                 leave it empty for no metrics endpoint",
+                self.metrics.listen
+            ));
+        }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let max_threads = (4 * cores).max(MIN_THREAD_LIMIT);
         if self.engine.threads > max_threads {

@@ -7,7 +7,7 @@ use super::{ConfigError, ENV_PREFIX};
 /// The known section named by `KILN_<SECTION>_…`, if any.
 pub(super) fn section_of(var: &str) -> Option<&'static str> {
     let rest = var.strip_prefix(ENV_PREFIX)?;
-    ["model", "engine", "daemon", "retry", "logging"]
+    ["model", "engine", "daemon", "retry", "logging", "metrics"]
         .into_iter()
         .find(|s| {
             rest.len() > s.len() + 1

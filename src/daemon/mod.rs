@@ -26,6 +26,7 @@ pub mod attempt;
 pub mod dispatcher;
 pub mod ingest;
 pub mod intake;
+pub mod metrics;
 pub mod openai;
 pub mod progress;
 pub mod publish;
@@ -128,6 +129,9 @@ pub enum DaemonError {
     /// The inputs folder cannot be watched.
     #[error(transparent)]
     Watch(#[from] WatchError),
+    /// The metrics endpoint (`metrics.listen`) could not be opened.
+    #[error(transparent)]
+    Metrics(#[from] self::metrics::MetricsError),
     /// A folder could not be created.
     #[error("{path}: {source}")]
     Io {
@@ -244,6 +248,21 @@ pub async fn run(
         );
     }
     publisher.publish_ready().await?;
+
+    let metrics = Arc::new(self::metrics::Metrics::new());
+    // The endpoint stops when `run` returns (the guard), after the shutdown drain.
+    let metrics_stop = CancellationToken::new();
+    let _metrics_guard = metrics_stop.clone().drop_guard();
+    if let Some(addr) = config.metrics.listen_addr() {
+        self::metrics::serve(
+            addr,
+            metrics.clone(),
+            ledger.clone(),
+            engine.clone(),
+            metrics_stop.clone(),
+        )
+        .await?;
+    }
 
     let intake_token = shutdown.child_token();
     let watch_cfg = WatchConfig {
@@ -373,7 +392,8 @@ pub async fn run(
                         intake_token.cancel();
                         return Err(DaemonError::EngineStopped);
                     }
-                    let f = disp.finish(id, result).await?;
+                    let f = disp.finish(id, result.clone()).await?;
+                    metrics.attempt_finished(&result, f.state);
                     if f.state.is_terminal() {
                         dirty.insert(f.input_file_id);
                     }
@@ -405,6 +425,7 @@ pub async fn run(
             _ = tick.tick() => {
                 for id in ledger.cancel_requested().await? {
                     if let Some(f) = disp.cancel(id).await? {
+                        metrics.task_finished(f.state);
                         dirty.insert(f.input_file_id);
                     }
                 }
@@ -468,7 +489,8 @@ pub async fn run(
             tokio::select! {
                 done = disp.next_done() => match done {
                     Some((id, result)) => {
-                        let f = disp.finish(id, result).await?;
+                        let f = disp.finish(id, result.clone()).await?;
+                        metrics.attempt_finished(&result, f.state);
                         if f.state.is_terminal() {
                             dirty.insert(f.input_file_id);
                         }

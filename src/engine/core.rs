@@ -465,6 +465,10 @@ impl EngineCore {
         self.count_prompt_tokens(&out);
         self.append_all(&out, samples);
         self.stats.steps += 1;
+        self.stats.step_micros = self
+            .stats
+            .step_micros
+            .saturating_add(u64::try_from(forward_time.as_micros()).unwrap_or(u64::MAX));
         tracing::debug!(
             seqs = out.scheduled.len(),
             tokens = out.num_batched_tokens,

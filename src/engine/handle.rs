@@ -52,6 +52,9 @@ pub struct EngineStats {
     pub kv_blocks_used: usize,
     /// Total KV blocks.
     pub kv_blocks_total: usize,
+    /// Time spent in forward steps since start, microseconds (with `steps`: the mean step time;
+    /// read by the daemon's metrics).
+    pub step_micros: u64,
 }
 
 /// Messages the engine thread consumes.
