@@ -6,9 +6,11 @@
 //!                                        │
 //!                                        └──finished files──▶ publish ──▶ outputs/
 //! ```
-//! - Start: recover tasks left `running` by a crash (back to `queued`, the attempt counted), publish
-//!   outputs that were due, start the watcher and ingest, then `READY=1` (the engine handed in is
-//!   already loaded).
+//! - Start: recover tasks left `running` by a crash (back to `queued`, the attempt counted),
+//!   complete (or roll back) output groups a crash left between staging and recording, remove
+//!   stale temporaries, publish outputs that were due, open the metrics endpoint when
+//!   `metrics.listen` is set, start the watcher and ingest (which skips unchanged inputs unread),
+//!   then `READY=1` (the engine handed in is already loaded).
 //! - Loop: keep `daemon.concurrency` attempts in flight; record each result; publish an input
 //!   file's outputs once all its tasks are terminal (checked every second for files that changed);
 //!   wake for due retries; report `STATUS=` / the progress bar.
