@@ -22,7 +22,10 @@ fn check(label: &str, o: &Owned) {
         seen.iter_mut().for_each(|s| *s = false);
         for j in 0..o.k {
             let c = t.input_column(j);
-            assert!(!seen[c], "{label}: column {c} appears twice in the permutation");
+            assert!(
+                !seen[c],
+                "{label}: column {c} appears twice in the permutation"
+            );
             seen[c] = true;
             let (got, want) = (t.weight(n, j), row[c]);
             assert_eq!(

@@ -23,6 +23,7 @@
 //! NVFP4 is a different value set and is not repacked here.
 
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 use crate::tensor::packed::PackedLayoutError;
 use crate::tensor::{PackedLinear, PackedScheme, TensorView, WeightDType};
@@ -78,7 +79,9 @@ fn nib(v: &TensorView<'_>, i: usize, j: usize) -> u8 {
 fn float_at(v: &TensorView<'_>, i: usize) -> f32 {
     let d = v.data;
     match v.dtype {
-        WeightDType::F32 => f32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]]),
+        WeightDType::F32 => {
+            f32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]])
+        }
         WeightDType::F16 => f16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32(),
         WeightDType::BF16 => bf16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32(),
         // validate() admits only float scales for the int4 schemes.
@@ -145,7 +148,13 @@ impl W4Tiles {
         let col_of = |j: usize| perm.as_ref().map_or(j, |pm| pm[j] as usize);
 
         // (u, z, s) accessors per scheme, in input-column space.
-        let symmetric = matches!(p.scheme, PackedScheme::CtInt4 { symmetric: true, .. });
+        let symmetric = matches!(
+            p.scheme,
+            PackedScheme::CtInt4 {
+                symmetric: true,
+                ..
+            }
+        );
         let q_of = |row: usize, col: usize| -> u8 {
             match p.scheme {
                 PackedScheme::CtInt4 { .. } => nib(&p.qweight, row * (k / 8) + col / 8, col % 8),
@@ -190,23 +199,35 @@ impl W4Tiles {
                 }
             }
         }
+        // One n8 tile per task (a 27B model has ~27G nibbles to move at load).
         let mut qweight = vec![0u32; tiles * kb * 32 * 4];
-        for nt in 0..tiles {
-            for b in 0..kb {
-                for lane in 0..32 {
-                    let (gl, t) = (lane / 4, lane % 4);
-                    let row = nt * 8 + gl;
-                    for c in 0..8 {
-                        for q in 0..4 {
-                            let j = b * TILE_K + 16 * c + 2 * t + (q & 1) + if q >= 2 { 8 } else { 0 };
-                            let u = if row < n && j < k { q_of(row, col_of(j)) } else { 8 };
-                            let w = ((nt * kb + b) * 32 + lane) * 4 + c / 2;
-                            qweight[w] |= u32::from(u) << (16 * (c % 2) + 4 * q);
+        qweight
+            .par_chunks_mut(kb * 32 * 4)
+            .enumerate()
+            .for_each(|(nt, tile)| {
+                for b in 0..kb {
+                    for lane in 0..32 {
+                        let (gl, t) = (lane / 4, lane % 4);
+                        let row = nt * 8 + gl;
+                        for c in 0..8 {
+                            for q in 0..4 {
+                                let j = b * TILE_K
+                                    + 16 * c
+                                    + 2 * t
+                                    + (q & 1)
+                                    + if q >= 2 { 8 } else { 0 };
+                                let u = if row < n && j < k {
+                                    q_of(row, col_of(j))
+                                } else {
+                                    8
+                                };
+                                tile[(b * 32 + lane) * 4 + c / 2] |=
+                                    u32::from(u) << (16 * (c % 2) + 4 * q);
+                            }
                         }
                     }
                 }
-            }
-        }
+            });
         Ok(W4Tiles {
             n,
             k,
@@ -296,7 +317,10 @@ mod tests {
             global_scale: None,
         };
         let t = W4Tiles::from_packed(&p).unwrap();
-        assert_eq!((t.n_pad, t.k_pad, t.group_chunks, t.k_slices), (64, 256, 2, 2));
+        assert_eq!(
+            (t.n_pad, t.k_pad, t.group_chunks, t.k_slices),
+            (64, 256, 2, 2)
+        );
         for row in 0..n {
             for col in 0..k {
                 let u = (words[row * (k / 8) + col / 8] >> (4 * (col % 8))) & 15;

@@ -171,13 +171,19 @@ pub fn all_formats() -> Vec<(&'static str, Fmt)> {
         ("ct-sym-g64-actorder", ct(64, true, true)),
         ("awq-g64", Fmt::Awq { group: 64 }),
         ("awq-g128", Fmt::Awq { group: 128 }),
-        ("gptq-g64", Fmt::Gptq {
-            group: 64,
-            desc_act: false,
-        }),
-        ("gptq-g128-desc-act", Fmt::Gptq {
-            group: 128,
-            desc_act: true,
-        }),
+        (
+            "gptq-g64",
+            Fmt::Gptq {
+                group: 64,
+                desc_act: false,
+            },
+        ),
+        (
+            "gptq-g128-desc-act",
+            Fmt::Gptq {
+                group: 128,
+                desc_act: true,
+            },
+        ),
     ]
 }

@@ -214,8 +214,20 @@ impl CudaBackend {
         );
         let of32 = i32::from(out_f32);
         let mut b = self.stream.launch_builder(f);
-        b.arg(&xp).arg(&m).arg(&k).arg(&qp).arg(&sp).arg(&zp).arg(&pp);
-        b.arg(&kb).arg(&ks).arg(&gc).arg(&gs).arg(&n).arg(&op).arg(&of32);
+        b.arg(&xp)
+            .arg(&m)
+            .arg(&k)
+            .arg(&qp)
+            .arg(&sp)
+            .arg(&zp)
+            .arg(&pp);
+        b.arg(&kb)
+            .arg(&ks)
+            .arg(&gc)
+            .arg(&gs)
+            .arg(&n)
+            .arg(&op)
+            .arg(&of32);
         let cfg = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
             block_dim: (block as u32, 1, 1),
