@@ -34,10 +34,12 @@ mod load;
 mod sampling;
 mod staging;
 mod step;
+mod w4a16;
 
 pub use dtype::ComputeDType;
 pub use sampling::CudaLogits;
 pub use step::CudaStep;
+pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};
 
 use handles::Kernels;
 
@@ -67,12 +69,14 @@ pub struct CudaBuffer {
     dtype: ComputeDType,
 }
 
-/// A weight `[n, k]` in the compute dtype.
+/// A weight `[n, k]` in the compute dtype, or a packed 4-bit one (`data` its tile words).
 #[derive(Debug)]
 pub struct CudaWeight {
     data: CudaSlice<u8>,
     n: usize,
     k: usize,
+    /// The other parts of a packed 4-bit weight (`w4a16`); `None` for a dense one.
+    packed: Option<Box<w4a16::CudaPackedParts>>,
 }
 
 /// K and V of every layer, `[num_blocks, block_size, num_kv_heads, head_dim]` each.
@@ -332,7 +336,18 @@ impl Backend for CudaBackend {
     }
 
     fn weight_bytes(&self, w: &CudaWeight) -> usize {
-        w.data.len()
+        w.data.len() + w.packed.as_ref().map_or(0, |p| p.bytes())
+    }
+
+    fn upload_linear(
+        &self,
+        name: &str,
+        linear: &crate::tensor::LinearView<'_>,
+    ) -> Result<CudaWeight, BackendError> {
+        match linear {
+            crate::tensor::LinearView::Dense(view) => self.upload_weight(name, view),
+            crate::tensor::LinearView::Packed(p) => self.upload_packed(name, p),
+        }
     }
 
     fn upload_weight(&self, name: &str, view: &TensorView<'_>) -> Result<CudaWeight, BackendError> {
@@ -346,6 +361,7 @@ impl Backend for CudaBackend {
             data: self.dequantize_to_device(name, view)?,
             n,
             k,
+            packed: None,
         })
     }
 
@@ -418,6 +434,11 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
         check_len("embedding output", out.len, step.num_tokens * table.k)?;
+        if table.packed.is_some() {
+            return Err(BackendError::Unsupported(
+                "embedding: a packed 4-bit table (embeddings load in 16 bits)".into(),
+            ));
+        }
         if step.num_tokens == 0 {
             return Ok(());
         }
@@ -900,6 +921,12 @@ impl CudaBackend {
         op: u64,
         out_type: cublas_sys::cudaDataType,
     ) -> Result<(), BackendError> {
+        if let Some(parts) = &w.packed {
+            let out_f32 = out_type == cublas_sys::cudaDataType::CUDA_R_32F;
+            let kernel = self.w4_kernel_for(rows);
+            // SAFETY: as this function's contract.
+            return unsafe { self.packed_matmul(w, parts, rows, xp, op, out_f32, kernel) };
+        }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let ty = self.dtype.cuda_type();
         let compute = if self.dtype == ComputeDType::F32 {

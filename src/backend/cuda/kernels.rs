@@ -24,11 +24,13 @@ pub enum KernelModule {
     Dequant,
     /// f32 logits rows to sampled token ids and logprobs.
     Sampling,
+    /// Matmuls on 4-bit weights kept packed (the w4 tile layout, issue 10).
+    W4a16,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 7] = [
+    pub const ALL: [KernelModule; 8] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -36,6 +38,7 @@ impl KernelModule {
         KernelModule::Attention,
         KernelModule::Dequant,
         KernelModule::Sampling,
+        KernelModule::W4a16,
     ];
 
     /// File name under `kernels/`.
@@ -48,6 +51,7 @@ impl KernelModule {
             KernelModule::Attention => "attention.cu",
             KernelModule::Dequant => "dequant.cu",
             KernelModule::Sampling => "sampling.cu",
+            KernelModule::W4a16 => "w4a16.cu",
         }
     }
 
@@ -61,6 +65,7 @@ impl KernelModule {
             KernelModule::Attention => include_str!("../../../kernels/attention.cu"),
             KernelModule::Dequant => include_str!("../../../kernels/dequant.cu"),
             KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
+            KernelModule::W4a16 => include_str!("../../../kernels/w4a16.cu"),
         }
     }
 
@@ -121,6 +126,14 @@ impl KernelModule {
                 }
                 // Logits are f32 whatever the compute dtype: one variant, added below.
                 KernelModule::Sampling => {}
+                // Tensor-core kernels for the 16-bit dtypes, the FMA path for all three.
+                KernelModule::W4a16 => {
+                    if t != "f32" {
+                        names.push(format!("w4_gemv_{t}"));
+                        names.push(format!("w4_gemm_{t}"));
+                    }
+                    names.push(format!("w4_fma_{t}"));
+                }
             }
         }
         if self == KernelModule::KvCache {

@@ -53,6 +53,12 @@ pub(crate) struct Kernels {
     pub sample_rows: CudaFunction,
     /// `argmax_rows`: the greedy fast path.
     pub argmax_rows: CudaFunction,
+    /// `w4_gemv_{t}`: packed 4-bit GEMV (tensor cores); `None` when `t` is f32.
+    pub w4_gemv: Option<CudaFunction>,
+    /// `w4_gemm_{t}`: packed 4-bit GEMM (tensor cores); `None` when `t` is f32.
+    pub w4_gemm: Option<CudaFunction>,
+    /// `w4_fma_{t}`: packed 4-bit matmul on CUDA cores (sm_70 / sm_75, f32).
+    pub w4_fma: CudaFunction,
 }
 
 impl Kernels {
@@ -102,6 +108,9 @@ impl Kernels {
             dequant_q4_1: get(format!("dequant_q4_1_{t}"))?,
             sample_rows: get("sample_rows".into())?,
             argmax_rows: get("argmax_rows".into())?,
+            w4_gemv: opt(format!("w4_gemv_{t}"))?,
+            w4_gemm: opt(format!("w4_gemm_{t}"))?,
+            w4_fma: get(format!("w4_fma_{t}"))?,
         })
     }
 

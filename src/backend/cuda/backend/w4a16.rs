@@ -1,0 +1,243 @@
+//! 4-bit integer linears kept packed on the device: upload in the w4 tile layout
+//! ([`crate::tensor::packed_tiles`]) and the matmul through `kernels/w4a16.cu`.
+//!
+//! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, `w4_gemv` for steps of
+//! 1–16 rows and `w4_gemm` for larger ones, both `mma.sync.m16n8k16` over the same fragments and
+//! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
+//! depend on its batch; elsewhere (sm_70 / sm_75, f32) `w4_fma`, one kernel for every row count.
+//! Nothing here allocates per call, and every launch takes fixed pointers (graph-capturable).
+
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+
+use super::{dev_err, mixed, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
+use crate::backend::BackendError;
+use crate::tensor::packed_tiles::{W4Tiles, PAD_N, TILE_N};
+use crate::tensor::PackedLinear;
+
+/// Rows the GEMV covers; larger steps run the GEMM (same numerics).
+pub const GEMV_MAX_ROWS: usize = 16;
+
+/// Which packed-matmul kernel runs (tests force one; the backend picks by rows and arch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum W4Kernel {
+    /// Tensor-core GEMV: one m16 tile per block row (any row count; picked for 1–16).
+    Gemv,
+    /// Tensor-core GEMM, 128 × 64 block tiles (picked above 16 rows).
+    Gemm,
+    /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
+    Fma,
+}
+
+/// The device parts of a packed linear besides its 4-bit words (which are `CudaWeight::data`).
+#[derive(Debug)]
+pub struct CudaPackedParts {
+    /// Scales in the compute dtype, `[Np/8][GS][8]`.
+    scales: CudaSlice<u8>,
+    /// Zero points u8 `[Np/8][GS][8]`; `None` = symmetric (8).
+    zeros: Option<CudaSlice<u8>>,
+    /// Tile column → input column (act-order).
+    perm: Option<CudaSlice<u8>>,
+    n_pad: usize,
+    k_blocks: usize,
+    k_slices: usize,
+    group_chunks: usize,
+    groups: usize,
+}
+
+impl CudaPackedParts {
+    /// Device bytes besides the 4-bit words.
+    pub fn bytes(&self) -> usize {
+        self.scales.len()
+            + self.zeros.as_ref().map_or(0, |z| z.len())
+            + self.perm.as_ref().map_or(0, |p| p.len())
+    }
+}
+
+impl CudaBackend {
+    /// Repack an int4 linear into the tile layout and upload it; NVFP4 and `g_idx` layouts the
+    /// tiles cannot hold are `Unsupported`, naming the module.
+    pub(super) fn upload_packed(
+        &self,
+        name: &str,
+        p: &PackedLinear<'_>,
+    ) -> Result<CudaWeight, BackendError> {
+        let t = W4Tiles::from_packed(p)
+            .map_err(|e| BackendError::Unsupported(format!("`{name}` on {}: {e}", self.name_())))?;
+        debug_assert_eq!(t.n_pad % PAD_N, 0);
+        let qweight = self
+            .stream
+            .clone_htod(bytemuck::cast_slice::<u32, u8>(&t.qweight))
+            .map_err(dev_err)?;
+        let scales = self.upload_host_f32(&t.scales)?;
+        let zeros = match &t.zeros {
+            Some(z) => Some(self.stream.clone_htod(z).map_err(dev_err)?),
+            None => None,
+        };
+        let perm = match &t.perm {
+            Some(pm) => Some(
+                self.stream
+                    .clone_htod(bytemuck::cast_slice::<i32, u8>(pm))
+                    .map_err(dev_err)?,
+            ),
+            None => None,
+        };
+        tracing::debug!(
+            module = name,
+            scheme = %p.scheme,
+            n = t.n,
+            k = t.k,
+            k_slices = t.k_slices,
+            act_order = t.perm.is_some(),
+            "Packed linear uploaded in the w4 tile layout."
+        );
+        Ok(CudaWeight {
+            data: qweight,
+            n: t.n,
+            k: t.k,
+            packed: Some(Box::new(CudaPackedParts {
+                scales,
+                zeros,
+                perm,
+                n_pad: t.n_pad,
+                k_blocks: t.k_blocks(),
+                k_slices: t.k_slices,
+                group_chunks: t.group_chunks,
+                groups: t.groups,
+            })),
+        })
+    }
+
+    fn name_(&self) -> &str {
+        &self.device_name
+    }
+
+    /// The kernel the backend runs for a step of `rows` rows.
+    pub fn w4_kernel_for(&self, rows: usize) -> W4Kernel {
+        if !self.w4_tensor_cores() {
+            W4Kernel::Fma
+        } else if rows <= GEMV_MAX_ROWS {
+            W4Kernel::Gemv
+        } else {
+            W4Kernel::Gemm
+        }
+    }
+
+    /// Whether the tensor-core kernels run here (sm_80+, 16-bit compute dtype).
+    pub fn w4_tensor_cores(&self) -> bool {
+        self.arch.major >= 8 && self.dtype != ComputeDType::F32
+    }
+
+    /// `out[rows, n] = x[rows, k] · wᵀ` for a packed `w` with the given kernel (what
+    /// [`crate::backend::Backend::matmul`] does with the kernel of [`Self::w4_kernel_for`]).
+    /// For tests and benchmarks that compare the kernels.
+    pub fn matmul_w4_with(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        out: &mut CudaBuffer,
+        kernel: W4Kernel,
+    ) -> Result<(), BackendError> {
+        super::check_len("matmul input", x.len, rows * w.k)?;
+        super::check_len("matmul output", out.len, rows * w.n)?;
+        if x.dtype != self.dtype {
+            return Err(mixed("matmul input", x.dtype, self.dtype));
+        }
+        if out.dtype != self.dtype {
+            return Err(mixed("matmul output", out.dtype, self.dtype));
+        }
+        let Some(parts) = &w.packed else {
+            return Err(BackendError::InvalidArgument(
+                "matmul_w4_with: a dense weight".into(),
+            ));
+        };
+        if rows == 0 {
+            return Ok(());
+        }
+        let (xp, _x) = x.data.device_ptr(&self.stream);
+        let (op, _o) = out.data.device_ptr(&self.stream);
+        // SAFETY: x and out hold rows × k and rows × n compute-dtype elements (checked above) and
+        // stay alive (guards) for the call.
+        unsafe { self.packed_matmul(w, parts, rows, xp, op, false, kernel) }
+    }
+
+    /// Launch the packed matmul.
+    ///
+    /// # Safety
+    /// `xp` points to `rows × w.k` compute-dtype elements and `op` to `rows × w.n` elements of
+    /// the compute dtype (or f32 when `out_f32`), live on this stream.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn packed_matmul(
+        &self,
+        w: &CudaWeight,
+        parts: &CudaPackedParts,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        out_f32: bool,
+        kernel: W4Kernel,
+    ) -> Result<(), BackendError> {
+        let f = match kernel {
+            W4Kernel::Gemv => self.k.w4_gemv.as_ref().filter(|_| self.w4_tensor_cores()),
+            W4Kernel::Gemm => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
+            W4Kernel::Fma => Some(&self.k.w4_fma),
+        }
+        .ok_or_else(|| {
+            BackendError::Unsupported(format!(
+                "{kernel:?} packed matmul needs sm_80+ and a 16-bit dtype ({})",
+                self.device_name
+            ))
+        })?;
+        let (block, grid) = match kernel {
+            W4Kernel::Gemv => (
+                32 * parts.k_slices,
+                (parts.n_pad / (2 * TILE_N), rows.div_ceil(16)),
+            ),
+            W4Kernel::Gemm => (128, (parts.n_pad / 64, rows.div_ceil(128))),
+            W4Kernel::Fma => (
+                32 * parts.k_slices,
+                (parts.n_pad / TILE_N, rows.div_ceil(16)),
+            ),
+        };
+        let (qp, _q) = w.data.device_ptr(&self.stream);
+        let (sp, _s) = parts.scales.device_ptr(&self.stream);
+        let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
+        let pg = parts.perm.as_ref().map(|p| p.device_ptr(&self.stream));
+        let zp: u64 = zg.as_ref().map_or(0, |(p, _)| *p);
+        let pp: u64 = pg.as_ref().map_or(0, |(p, _)| *p);
+        let (m, k, n) = (rows as i32, w.k as i32, w.n as i32);
+        let (kb, ks, gc, gs) = (
+            parts.k_blocks as i32,
+            parts.k_slices as i32,
+            parts.group_chunks as i32,
+            parts.groups as i32,
+        );
+        let of32 = i32::from(out_f32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&xp)
+            .arg(&m)
+            .arg(&k)
+            .arg(&qp)
+            .arg(&sp)
+            .arg(&zp)
+            .arg(&pp);
+        b.arg(&kb)
+            .arg(&ks)
+            .arg(&gc)
+            .arg(&gs)
+            .arg(&n)
+            .arg(&op)
+            .arg(&of32);
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+            block_dim: (block as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the parts were built by W4Tiles for this weight (n_pad / 8 tiles of k_blocks
+        // blocks, groups stored groups, perm of k entries); the grid covers n_pad outputs and
+        // ceil(rows / tile) row tiles, and the kernels read x only below (rows, k) and write out
+        // only below (rows, n) — the caller vouches for x and out.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+}

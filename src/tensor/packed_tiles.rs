@@ -1,0 +1,335 @@
+//! The one device layout of 4-bit integer linears ("w4 tiles"): every int4 format
+//! (compressed-tensors `pack-quantized` sym / asym with any group and `g_idx`, AutoAWQ GEMM,
+//! GPTQ incl. `desc_act`) repacked at load so that a GPU kernel reads whole 128-bit words per
+//! lane and decodes them straight into `mma.sync.m16n8k16` B fragments (`kernels/w4a16.cu`).
+//!
+//! Logical weight `W [N, K]`, `W[n, j] = (u − z) · s`, with `u` the 4-bit value (0..15), `z` the
+//! zero point (0..16; 8 when symmetric) and `s` the scale of `(n, group of j)`. Shapes:
+//! - `Np` = N rounded up to [`PAD_N`], `Kp` = K rounded up to [`TILE_K`], `KB = Kp / 128`;
+//! - `qweight` u32 `[Np/8][KB][32 lanes][4 words]`: lane `l = 4g + t` of n8 tile `nt` holds output
+//!   `n = 8nt + g`; chunk `c` (16 columns, `0..8`) is the 16 bits at `16·(c % 2)` of word `c / 2`,
+//!   its nibbles (low first) columns `16c + 2t`, `16c + 2t + 1`, `16c + 8 + 2t`, `16c + 9 + 2t` of
+//!   the block;
+//! - `scales` f32 `[Np/8][GS][8]` and `zeros` u8 `[Np/8][GS][8]` (absent: z = 8), `GS` stored
+//!   groups; the group of chunk `q = j / 16` is `q / group_chunks`;
+//! - `perm` i32 `[K]` (act-order only): tile column `j` holds input column `perm[j]`; the columns
+//!   are stably sorted by `g_idx`, so each group is contiguous. Every group must then hold exactly
+//!   `G` columns (the last one the rest), as GPTQ and compressed-tensors write them; other
+//!   `g_idx` are refused.
+//!
+//! Padding (rows ≥ N, columns ≥ K, stored groups ≥ ⌈K/G⌉) has `u = 8`, `z = 8`, `s = 0`.
+//! Dequantizing from the tiles ([`W4Tiles::weight`]) is exact and equals the CPU reference
+//! (`quant::packed::dequantize_packed_row`) at input column `perm[j]` (tests/cuda_w4a16_layout.rs).
+//! NVFP4 is a different value set and is not repacked here.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::tensor::packed::PackedLayoutError;
+use crate::tensor::{PackedLinear, PackedScheme, TensorView, WeightDType};
+
+/// Columns per tile block (eight 16-column mma chunks).
+pub const TILE_K: usize = 128;
+/// Outputs per tile (one mma n8).
+pub const TILE_N: usize = 8;
+/// N is padded to this (the GEMM's 64-output block tile).
+pub const PAD_N: usize = 64;
+/// Most K slices (`kernels/w4a16.cu` `W4_MAX_KS`).
+pub const MAX_K_SLICES: usize = 8;
+
+/// AutoAWQ: output column `n` sits in nibble `AWQ_REVERSE_ORDER[n % 8]` of its word.
+const AWQ_REVERSE_ORDER: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// A 4-bit linear in the tile layout (host copy, before upload).
+#[derive(Debug, Clone, PartialEq)]
+pub struct W4Tiles {
+    /// N (out_features).
+    pub n: usize,
+    /// K (in_features).
+    pub k: usize,
+    /// N padded to [`PAD_N`].
+    pub n_pad: usize,
+    /// K padded to [`TILE_K`].
+    pub k_pad: usize,
+    /// Stored groups per output (`GS`).
+    pub groups: usize,
+    /// 16-column chunks per group.
+    pub group_chunks: usize,
+    /// K slices the kernels cut K into (from K alone: the largest of 8, 4, 2, 1 dividing `KB`).
+    pub k_slices: usize,
+    /// The 4-bit words, see the module docs.
+    pub qweight: Vec<u32>,
+    /// Scales `[Np/8][GS][8]`.
+    pub scales: Vec<f32>,
+    /// Zero points `[Np/8][GS][8]`, `None` when symmetric (8).
+    pub zeros: Option<Vec<u8>>,
+    /// Tile column → input column, `None` without act-order.
+    pub perm: Option<Vec<i32>>,
+}
+
+fn i32_at(v: &TensorView<'_>, i: usize) -> i32 {
+    let b = &v.data[4 * i..4 * i + 4];
+    i32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn nib(v: &TensorView<'_>, i: usize, j: usize) -> u8 {
+    ((i32_at(v, i) as u32 >> (4 * j)) & 0xF) as u8
+}
+
+fn float_at(v: &TensorView<'_>, i: usize) -> f32 {
+    let d = v.data;
+    match v.dtype {
+        WeightDType::F32 => {
+            f32::from_le_bytes([d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]])
+        }
+        WeightDType::F16 => f16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32(),
+        WeightDType::BF16 => bf16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32(),
+        // validate() admits only float scales for the int4 schemes.
+        _ => f32::NAN,
+    }
+}
+
+impl W4Tiles {
+    /// Repack a validated-or-not int4 linear (it is validated here). NVFP4, a group size that
+    /// is not a multiple of 16 (with more than one group) and a `g_idx` whose groups are not
+    /// `G` columns each are `Err` naming the reason.
+    pub fn from_packed(p: &PackedLinear<'_>) -> Result<W4Tiles, PackedLayoutError> {
+        p.validate()?;
+        let (n, k) = (p.out_features, p.in_features);
+        let err = |message: String| PackedLayoutError {
+            scheme: p.scheme,
+            n,
+            k,
+            message,
+        };
+        if p.scheme == PackedScheme::CtNvfp4 {
+            return Err(err(
+                "NVFP4 is not an int4 format: no device layout for it yet".into(),
+            ));
+        }
+        let g = p.scheme.group_size();
+        let groups = p.num_groups();
+        let k_pad = k.div_ceil(TILE_K) * TILE_K;
+        let n_pad = n.div_ceil(PAD_N) * PAD_N;
+        let kb = k_pad / TILE_K;
+        let chunks = k_pad / 16;
+        let group_chunks = if groups == 1 {
+            chunks
+        } else if g.is_multiple_of(16) {
+            g / 16
+        } else {
+            return Err(err(format!(
+                "group size {g} is not a multiple of 16 (the kernels' chunk)"
+            )));
+        };
+        let stored_groups = chunks.div_ceil(group_chunks);
+        let k_slices = [8usize, 4, 2, 1]
+            .into_iter()
+            .find(|s| kb.is_multiple_of(*s))
+            .unwrap_or(1);
+
+        // Act-order: sort columns by group; identity g_idx (k / G) needs no permutation.
+        let perm: Option<Vec<i32>> = match &p.g_idx {
+            Some(gi) if (0..k).any(|c| i32_at(gi, c) as usize != c / g) => {
+                let mut cols: Vec<usize> = (0..k).collect();
+                cols.sort_by_key(|&c| i32_at(gi, c));
+                for (j, &c) in cols.iter().enumerate() {
+                    if i32_at(gi, c) as usize != j / g {
+                        return Err(err(format!(
+                            "g_idx groups are not {g} columns each (column {c} in group {})",
+                            i32_at(gi, c)
+                        )));
+                    }
+                }
+                Some(cols.into_iter().map(|c| c as i32).collect())
+            }
+            _ => None,
+        };
+        let col_of = |j: usize| perm.as_ref().map_or(j, |pm| pm[j] as usize);
+
+        // (u, z, s) accessors per scheme, in input-column space.
+        let symmetric = matches!(
+            p.scheme,
+            PackedScheme::CtInt4 {
+                symmetric: true,
+                ..
+            }
+        );
+        let q_of = |row: usize, col: usize| -> u8 {
+            match p.scheme {
+                PackedScheme::CtInt4 { .. } => nib(&p.qweight, row * (k / 8) + col / 8, col % 8),
+                PackedScheme::AwqGemm { .. } => nib(
+                    &p.qweight,
+                    col * (n / 8) + row / 8,
+                    AWQ_REVERSE_ORDER[row % 8],
+                ),
+                PackedScheme::Gptq { .. } => nib(&p.qweight, (col / 8) * n + row, col % 8),
+                PackedScheme::CtNvfp4 => 0,
+            }
+        };
+        let z_of = |row: usize, gr: usize| -> u8 {
+            let Some(z) = &p.zeros else { return 8 };
+            match p.scheme {
+                PackedScheme::CtInt4 { .. } => nib(z, (row / 8) * groups + gr, row % 8),
+                PackedScheme::AwqGemm { .. } => {
+                    nib(z, gr * (n / 8) + row / 8, AWQ_REVERSE_ORDER[row % 8])
+                }
+                PackedScheme::Gptq { zero_minus_one, .. } => {
+                    nib(z, gr * (n / 8) + row / 8, row % 8) + u8::from(zero_minus_one)
+                }
+                PackedScheme::CtNvfp4 => 8,
+            }
+        };
+        let s_of = |row: usize, gr: usize| -> f32 {
+            match p.scheme {
+                PackedScheme::CtInt4 { .. } => float_at(&p.scales, row * groups + gr),
+                _ => float_at(&p.scales, gr * n + row),
+            }
+        };
+
+        let tiles = n_pad / TILE_N;
+        let mut scales = vec![0f32; tiles * stored_groups * 8];
+        let mut zeros = (!symmetric).then(|| vec![8u8; tiles * stored_groups * 8]);
+        for row in 0..n {
+            for gr in 0..groups {
+                let i = ((row / 8) * stored_groups + gr) * 8 + row % 8;
+                scales[i] = s_of(row, gr);
+                if let Some(z) = zeros.as_mut() {
+                    z[i] = z_of(row, gr);
+                }
+            }
+        }
+        // One n8 tile per task (a 27B model has ~27G nibbles to move at load).
+        let mut qweight = vec![0u32; tiles * kb * 32 * 4];
+        qweight
+            .par_chunks_mut(kb * 32 * 4)
+            .enumerate()
+            .for_each(|(nt, tile)| {
+                for b in 0..kb {
+                    for lane in 0..32 {
+                        let (gl, t) = (lane / 4, lane % 4);
+                        let row = nt * 8 + gl;
+                        for c in 0..8 {
+                            for q in 0..4 {
+                                let j = b * TILE_K
+                                    + 16 * c
+                                    + 2 * t
+                                    + (q & 1)
+                                    + if q >= 2 { 8 } else { 0 };
+                                let u = if row < n && j < k {
+                                    q_of(row, col_of(j))
+                                } else {
+                                    8
+                                };
+                                tile[(b * 32 + lane) * 4 + c / 2] |=
+                                    u32::from(u) << (16 * (c % 2) + 4 * q);
+                            }
+                        }
+                    }
+                }
+            });
+        Ok(W4Tiles {
+            n,
+            k,
+            n_pad,
+            k_pad,
+            groups: stored_groups,
+            group_chunks,
+            k_slices,
+            qweight,
+            scales,
+            zeros,
+            perm,
+        })
+    }
+
+    /// K blocks (`Kp / 128`).
+    pub fn k_blocks(&self) -> usize {
+        self.k_pad / TILE_K
+    }
+
+    /// The weight at output `n`, tile column `j`, dequantized from the tiles the way the kernels
+    /// do it before rounding (exact: `(u − z) · s` in f32).
+    pub fn weight(&self, n: usize, j: usize) -> f32 {
+        let kb = self.k_blocks();
+        let (b, r) = (j / TILE_K, j % TILE_K);
+        let (c, q16) = (r / 16, r % 16);
+        let (t, q) = if q16 < 8 {
+            (q16 / 2, q16 % 2)
+        } else {
+            ((q16 - 8) / 2, 2 + q16 % 2)
+        };
+        let (nt, gl) = (n / 8, n % 8);
+        let lane = 4 * gl + t;
+        let word = self.qweight[((nt * kb + b) * 32 + lane) * 4 + c / 2];
+        let u = (word >> (16 * (c % 2) + 4 * q)) & 0xF;
+        let gi = (j / 16) / self.group_chunks;
+        let i = (nt * self.groups + gi) * 8 + gl;
+        let z = self.zeros.as_ref().map_or(8, |z| z[i]);
+        (u as i32 - i32::from(z)) as f32 * self.scales[i]
+    }
+
+    /// The input column of tile column `j`.
+    pub fn input_column(&self, j: usize) -> usize {
+        self.perm.as_ref().map_or(j, |p| p[j] as usize)
+    }
+
+    /// Device bytes with scales stored in `scale_bytes`-byte floats (the compute dtype).
+    pub fn device_bytes(&self, scale_bytes: usize) -> usize {
+        self.qweight.len() * 4
+            + self.scales.len() * scale_bytes
+            + self.zeros.as_ref().map_or(0, Vec::len)
+            + self.perm.as_ref().map_or(0, |p| p.len() * 4)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view<'a>(dtype: WeightDType, shape: &'a [usize], data: &'a [u8]) -> TensorView<'a> {
+        TensorView { dtype, shape, data }
+    }
+
+    #[test]
+    fn symmetric_ct_round_trips_through_the_tiles() {
+        // N = 16, K = 160 (padded to 256), group 32: every nibble value appears.
+        let (n, k, g) = (16usize, 160usize, 32usize);
+        let words: Vec<u32> = (0..n * k / 8)
+            .map(|i| (i as u32).wrapping_mul(0x9E37_79B9))
+            .collect();
+        let q: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let s: Vec<u8> = (0..n * k / g)
+            .flat_map(|i| bf16::from_f32(0.5 + i as f32 / 64.0).to_le_bytes())
+            .collect();
+        let (qs, ss) = ([n, k / 8], [n, k / g]);
+        let p = PackedLinear {
+            scheme: PackedScheme::CtInt4 {
+                group_size: g,
+                symmetric: true,
+            },
+            out_features: n,
+            in_features: k,
+            qweight: view(WeightDType::I32, &qs, &q),
+            scales: view(WeightDType::BF16, &ss, &s),
+            zeros: None,
+            g_idx: None,
+            global_scale: None,
+        };
+        let t = W4Tiles::from_packed(&p).unwrap();
+        assert_eq!(
+            (t.n_pad, t.k_pad, t.group_chunks, t.k_slices),
+            (64, 256, 2, 2)
+        );
+        for row in 0..n {
+            for col in 0..k {
+                let u = (words[row * (k / 8) + col / 8] >> (4 * (col % 8))) & 15;
+                let sc = bf16::from_f32(0.5 + (row * (k / g) + col / g) as f32 / 64.0).to_f32();
+                assert_eq!(t.weight(row, col), (u as f32 - 8.0) * sc, "({row}, {col})");
+            }
+            for col in k..t.k_pad {
+                assert_eq!(t.weight(row, col), 0.0);
+            }
+        }
+    }
+}

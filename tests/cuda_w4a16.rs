@@ -1,0 +1,310 @@
+//! Packed 4-bit matmuls on the GPU (`kernels/w4a16.cu`) against the CPU dequantizing reference
+//! (`kiln::quant::packed`), batch invariance and GEMV = GEMM bit for bit, and whole tiny
+//! quantized models on CUDA against the CPU backend.
+//!
+//! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`), from
+//! the repository root (it reads `tests/fixtures`):
+//! `LD_LIBRARY_PATH=/usr/local/cuda/lib64 cuda_w4a16-<hash> --ignored --test-threads=1 --nocapture`
+//! and for the V100 (sm_70) path, compute_70 PTX through the driver's JIT with NVRTC 12.9:
+//! `source .gpu/shared/env70.sh && cuda_w4a16-<hash> --ignored --test-threads=1 --nocapture`.
+//! Each test prints `RESULT` lines that go into docs/gpu-validation.md.
+//!
+//! The reference: every weight dequantized exactly in f32 (`dequantize_packed_row`), the input as
+//! the GPU holds it (rounded to the compute dtype), dot products in f64. Relative error = max |Δ|
+//! / max |reference| over the checked outputs, ≤ 1e-2 (16-bit weights and inputs). For the 27B
+//! shapes with N × K > 32M the reference checks a seeded random subset of 256 output columns (all
+//! rows); every other shape is checked in full.
+#![cfg(feature = "cuda")]
+
+mod common;
+mod w4_support;
+
+use std::time::Instant;
+
+use common::*;
+use half::{bf16, f16};
+use kiln::backend::cuda::{CudaBackend, W4Kernel};
+use kiln::backend::Backend;
+use kiln::engine::Device;
+use kiln::model::files::ModelFiles;
+use kiln::quant::packed::dequantize_packed_row;
+use kiln::tensor::LinearView;
+use kiln::tools::probe::{probe, Positions};
+use rayon::prelude::*;
+use w4_support::{all_formats, Fmt, Owned, Rng};
+
+/// N × K of every linear of Qwen3.5-27B.
+const SHAPES_27B: [(usize, usize); 9] = [
+    (10240, 5120),
+    (6144, 5120),
+    (48, 5120),
+    (12288, 5120),
+    (1024, 5120),
+    (5120, 6144),
+    (17408, 5120),
+    (5120, 17408),
+    (248320, 5120),
+];
+const ROWS: [usize; 6] = [1, 2, 7, 16, 64, 257];
+const REL_TOL: f64 = 1e-2;
+
+/// `v` as the GPU holds it in `dtype`.
+fn round(dtype: &str, v: f32) -> f32 {
+    match dtype {
+        "bf16" => bf16::from_f32(v).to_f32(),
+        "fp16" => f16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
+
+/// The reference outputs `[rows][cols.len()]` for columns `cols` of `o` on input `x` (`[rows, K]`).
+fn reference(o: &Owned, x: &[f32], rows: usize, cols: &[usize]) -> Vec<Vec<f64>> {
+    let p = o.linear();
+    let k = o.k;
+    let per_col: Vec<Vec<f64>> = cols
+        .par_iter()
+        .map(|&n| {
+            let mut w = vec![0f32; k];
+            dequantize_packed_row(&p, n, &mut w);
+            (0..rows)
+                .map(|r| {
+                    x[r * k..(r + 1) * k]
+                        .iter()
+                        .zip(&w)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum()
+                })
+                .collect()
+        })
+        .collect();
+    (0..rows)
+        .map(|r| per_col.iter().map(|c| c[r]).collect())
+        .collect()
+}
+
+/// Max |Δ| / max |reference| of `got` (`[rows, N]`) on the checked columns.
+fn rel_err(got: &[f32], n: usize, cols: &[usize], want: &[Vec<f64>]) -> f64 {
+    let (mut d, mut m) = (0f64, 0f64);
+    for (r, row) in want.iter().enumerate() {
+        for (i, &c) in cols.iter().enumerate() {
+            let g = f64::from(got[r * n + c]);
+            if !g.is_finite() {
+                return f64::INFINITY;
+            }
+            d = d.max((g - row[i]).abs());
+            m = m.max(row[i].abs());
+        }
+    }
+    d / m.max(1e-30)
+}
+
+fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Run `o` on the first `rows` rows of `x` with `kernel` (None: the backend's choice).
+fn run(
+    b: &CudaBackend,
+    w: &<CudaBackend as Backend>::Weight,
+    x: &[f32],
+    rows: usize,
+    n: usize,
+    k: usize,
+    kernel: Option<W4Kernel>,
+) -> Vec<f32> {
+    let xb = b.upload(&x[..rows * k]).expect("upload x");
+    let mut out = b.alloc(rows * n).expect("alloc out");
+    // Poison the output first.
+    let nan = b.upload(&vec![f32::NAN; rows * n]).expect("poison");
+    b.add(&mut out, &nan, rows * n).expect("poison add");
+    match kernel {
+        Some(kk) => b
+            .matmul_w4_with(&xb, rows, w, &mut out, kk)
+            .expect("matmul_w4_with"),
+        None => b.matmul(&xb, rows, w, &mut out).expect("matmul"),
+    }
+    down(b, &out, rows * n)
+}
+
+/// One linear on one backend: every row count against the reference; every prefix of rows equal
+/// bit for bit to the same rows of the 257-row step; GEMV and GEMM equal on 64 rows.
+fn check_linear(b: &CudaBackend, dtype: &str, label: &str, o: &Owned, subset: bool) -> Vec<String> {
+    let (n, k) = (o.n, o.k);
+    let mut failures = Vec::new();
+    let t0 = Instant::now();
+    let w = b
+        .upload_linear(label, &LinearView::Packed(o.linear()))
+        .expect("upload_linear");
+    let upload_s = t0.elapsed().as_secs_f64();
+    let max_rows = *ROWS.last().unwrap_or(&1);
+    let x: Vec<f32> = data(max_rows * k, 17 + n as u64)
+        .into_iter()
+        .map(|v| round(dtype, v))
+        .collect();
+    let cols: Vec<usize> = if subset {
+        let mut rng = Rng(n as u64 * 31 + k as u64);
+        let mut c: Vec<usize> = (0..256).map(|_| rng.below(n)).collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    } else {
+        (0..n).collect()
+    };
+    let want = reference(o, &x, max_rows, &cols);
+    let full = run(b, &w, &x, max_rows, n, k, None);
+    let mut worst = 0f64;
+    let mut invariant = true;
+    for rows in ROWS {
+        let got = if rows == max_rows {
+            full.clone()
+        } else {
+            run(b, &w, &x, rows, n, k, None)
+        };
+        let e = rel_err(&got, n, &cols, &want[..rows]);
+        worst = worst.max(e);
+        if e > REL_TOL {
+            failures.push(format!(
+                "{dtype} {label} {n}x{k} rows {rows}: rel err {e:.3e}"
+            ));
+        }
+        if !bits_equal(&got, &full[..rows * n]) {
+            invariant = false;
+            failures.push(format!(
+                "{dtype} {label} {n}x{k}: rows {rows} differ from the same rows of a {max_rows}-row step"
+            ));
+        }
+    }
+    let mut gemv_gemm = "n/a (FMA path)".to_string();
+    if b.w4_tensor_cores() {
+        let gv = run(b, &w, &x, 64, n, k, Some(W4Kernel::Gemv));
+        let gm = run(b, &w, &x, 64, n, k, Some(W4Kernel::Gemm));
+        let same = bits_equal(&gv, &gm);
+        gemv_gemm = if same { "equal" } else { "DIFFER" }.into();
+        if !same {
+            failures.push(format!(
+                "{dtype} {label} {n}x{k}: GEMV and GEMM differ on 64 rows"
+            ));
+        }
+    }
+    println!(
+        "RESULT w4a16 {dtype} {label} N={n} K={k} rows={ROWS:?} checked_cols={} rel_err_max={worst:.3e} batch_invariant={invariant} gemv_vs_gemm_64={gemv_gemm} upload_s={upload_s:.2} {}",
+        if subset { format!("{} (seeded subset)", cols.len()) } else { format!("{n} (all)") },
+        if failures.is_empty() { "ok" } else { "FAIL" }
+    );
+    failures
+}
+
+/// 16-bit dtypes of this run (bf16 only where the device has it).
+fn half_dtypes() -> Vec<&'static str> {
+    dtypes().into_iter().filter(|d| *d != "f32").collect()
+}
+
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn every_27b_linear_shape_matches_the_cpu_reference() {
+    let dtype = if half_dtypes().contains(&"bf16") {
+        "bf16"
+    } else {
+        "fp16"
+    };
+    let b = gpu(dtype, "auto");
+    println!("device: {}", b.name());
+    let mut failures = Vec::new();
+    for (i, &(n, k)) in SHAPES_27B.iter().enumerate() {
+        // The 27B checkpoint's format: compressed-tensors W4A16 symmetric, group 128.
+        let o = Owned::random(
+            Fmt::Ct {
+                group: 128,
+                symmetric: true,
+                act_order: false,
+            },
+            n,
+            k,
+            1000 + i as u64,
+        );
+        failures.extend(check_linear(&b, dtype, "ct-sym-g128", &o, n * k > 32 << 20));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn every_int4_format_matches_the_cpu_reference() {
+    let mut failures = Vec::new();
+    for dtype in dtypes() {
+        let b = gpu(dtype, "auto");
+        println!("device: {}", b.name());
+        for (i, (label, fmt)) in all_formats().into_iter().enumerate() {
+            // N = 200 (not a multiple of 64: padding); K = 1152 (9 blocks: 1 slice) and 4096 (8).
+            for k in [1152usize, 4096] {
+                let o = Owned::random(fmt, 200, k, 50 + i as u64);
+                failures.extend(check_linear(&b, dtype, label, &o, false));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn tiny_quantized_models_match_the_cpu_backend() {
+    let mut failures = Vec::new();
+    for fixture in [
+        "tiny-llama-ct-w4a16-asym-g128",
+        "tiny-llama-ct-w4a16-sym-g32",
+        "tiny-llama-awq-g64",
+        "tiny-llama-gptq-g64-desc-act",
+    ] {
+        let path = root().join("tests/fixtures").join(fixture);
+        let files = ModelFiles::open(&path).expect("model");
+        let vocab = files.config.vocab_size as u32;
+        let prompt: Vec<u32> = (0..40u32)
+            .map(|i| (i * 37 + 11) % vocab.min(5000))
+            .collect();
+        let cpu = probe(
+            runner(&files, Device::Cpu, "f32", "auto").as_mut(),
+            &prompt,
+            &Positions::All,
+            16,
+        )
+        .expect("cpu");
+        for dtype in dtypes() {
+            let got = probe(
+                runner(&files, Device::Cuda(0), dtype, "auto").as_mut(),
+                &prompt,
+                &Positions::All,
+                16,
+            )
+            .expect("gpu");
+            let (worst, worst_cos, agree) = compare(&cpu, &got);
+            let ok = match dtype {
+                "f32" => worst <= 1e-3 && agree == 16,
+                _ => worst_cos >= 0.999,
+            };
+            println!(
+                "RESULT w4a16 model {fixture} dtype={dtype} logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_agree={agree}/16 {}",
+                if ok { "ok" } else { "FAIL" }
+            );
+            if !ok {
+                failures.push(format!("{fixture} {dtype}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn nvfp4_on_cuda_is_a_clear_unsupported_error() {
+    let path = root().join("tests/fixtures/tiny-llama-ct-nvfp4a16");
+    let files = ModelFiles::open(&path).expect("model");
+    let b = gpu("auto", "auto");
+    let module = "model.layers.0.self_attn.q_proj";
+    let view = files.weights.linear(module).expect("linear");
+    let e = b
+        .upload_linear(module, &view)
+        .expect_err("NVFP4 is not on the GPU yet");
+    let msg = e.to_string();
+    println!("RESULT w4a16 nvfp4 upload error: {msg}");
+    assert!(msg.contains("NVFP4") && msg.contains(module), "{msg}");
+}

@@ -1,0 +1,243 @@
+//! Speed of the packed 4-bit matmuls on the GPU (issue 10 item 7) and the device memory of the
+//! synthetic Qwen3.5-27B W4A16 text model. Figures, not pass/fail checks (the targets are printed
+//! beside them); they go into docs/benchmarks.md.
+//!
+//! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
+//! `LD_LIBRARY_PATH=/usr/local/cuda/lib64 cuda_w4a16_bench-<hash> --ignored --test-threads=1 --nocapture`
+//!
+//! Timing: host wall clock around `ITERS` back-to-back launches on the backend's one stream and a
+//! synchronize, median of `REPS`; random data (CT W4A16 symmetric, group 128, bf16). Bytes of a
+//! GEMV = packed words + scales (+ zeros) as stored on the device; the copy bandwidth is a
+//! device-to-device `cuMemcpy` of 1 GiB counted as read + write, in the same run.
+#![cfg(feature = "cuda")]
+
+mod common;
+mod w4_support;
+
+use std::time::Instant;
+
+use common::*;
+use half::bf16;
+use kiln::backend::cuda::{CudaBackend, W4Kernel};
+use kiln::backend::Backend;
+use kiln::model::synthetic::{qwen3_5_27b_weights, SyntheticQuant};
+use kiln::tensor::{LinearView, TensorView, WeightDType};
+use w4_support::{Fmt, Owned, Rng};
+
+const ITERS: usize = 20;
+const REPS: usize = 7;
+
+/// Median seconds per call of `f` (after one warm-up batch).
+fn time(b: &CudaBackend, mut f: impl FnMut()) -> f64 {
+    for _ in 0..ITERS {
+        f();
+    }
+    b.synchronize().expect("sync");
+    let mut t: Vec<f64> = (0..REPS)
+        .map(|_| {
+            let s = Instant::now();
+            for _ in 0..ITERS {
+                f();
+            }
+            b.synchronize().expect("sync");
+            s.elapsed().as_secs_f64() / ITERS as f64
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[REPS / 2]
+}
+
+/// Device-to-device copy bandwidth (read + write bytes per second) of 1 GiB.
+fn copy_bandwidth() -> f64 {
+    let ctx = cudarc::driver::CudaContext::new(0).expect("context");
+    let s = ctx.default_stream();
+    let bytes = 1usize << 30;
+    let src = s.alloc_zeros::<u8>(bytes).expect("alloc");
+    let mut dst = s.alloc_zeros::<u8>(bytes).expect("alloc");
+    s.memcpy_dtod(&src, &mut dst).expect("copy");
+    s.synchronize().expect("sync");
+    let mut t: Vec<f64> = (0..REPS)
+        .map(|_| {
+            let st = Instant::now();
+            for _ in 0..5 {
+                s.memcpy_dtod(&src, &mut dst).expect("copy");
+            }
+            s.synchronize().expect("sync");
+            st.elapsed().as_secs_f64() / 5.0
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    2.0 * bytes as f64 / t[REPS / 2]
+}
+
+fn ct_g128(n: usize, k: usize, seed: u64) -> Owned {
+    Owned::random(
+        Fmt::Ct {
+            group: 128,
+            symmetric: true,
+            act_order: false,
+        },
+        n,
+        k,
+        seed,
+    )
+}
+
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_and_gemm_speed() {
+    let b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    let copy = copy_bandwidth();
+    println!("RESULT bench copy_bandwidth_GBps={:.0}", copy / 1e9);
+    for (i, (n, k)) in [(17408usize, 5120usize), (5120, 17408)]
+        .into_iter()
+        .enumerate()
+    {
+        let o = ct_g128(n, k, 7 + i as u64);
+        let w = b
+            .upload_linear("bench", &LinearView::Packed(o.linear()))
+            .expect("upload");
+        let bytes = b.weight_bytes(&w) as f64;
+        let x = b.upload(&data(16 * k, 3)).expect("x");
+        let mut out = b.alloc(16 * n).expect("out");
+        let mut t1 = 0.0;
+        let mut line = String::new();
+        for rows in 1..=16usize {
+            let t = time(&b, || b.matmul(&x, rows, &w, &mut out).expect("matmul"));
+            if rows == 1 {
+                t1 = t;
+                println!(
+                    "RESULT bench gemv N={n} K={k} rows=1 time_us={:.2} bytes={bytes:.0} GBps={:.0} fraction_of_copy={:.3} (target >= 0.80)",
+                    t * 1e6,
+                    bytes / t / 1e9,
+                    bytes / t / copy
+                );
+            }
+            line += &format!(" {rows}:{:.2}", t / t1);
+        }
+        println!("RESULT bench gemv N={n} K={k} time_vs_1row (target <= 1.3):{line}");
+    }
+    // GEMM at M = 4096 against dense bf16 cuBLAS on the same shape.
+    let (m, n, k) = (4096usize, 17408usize, 5120usize);
+    let o = ct_g128(n, k, 11);
+    let w = b
+        .upload_linear("bench", &LinearView::Packed(o.linear()))
+        .expect("upload");
+    let mut rng = Rng(5);
+    let dense: Vec<u8> = (0..n * k)
+        .flat_map(|_| bf16::from_f32(0.02 * rng.unit()).to_le_bytes())
+        .collect();
+    let shape = [n, k];
+    let wd = b
+        .upload_weight(
+            "dense",
+            &TensorView {
+                dtype: WeightDType::BF16,
+                shape: &shape,
+                data: &dense,
+            },
+        )
+        .expect("dense");
+    let x = b.upload(&data(m * k, 9)).expect("x");
+    let mut out = b.alloc(m * n).expect("out");
+    let flops = 2.0 * (m * n * k) as f64;
+    let tq = time(&b, || {
+        b.matmul_w4_with(&x, m, &w, &mut out, W4Kernel::Gemm)
+            .expect("gemm")
+    });
+    let td = time(&b, || b.matmul(&x, m, &wd, &mut out).expect("cublas"));
+    println!(
+        "RESULT bench gemm M={m} N={n} K={k} w4a16_TFLOPs={:.1} dense_bf16_cublas_TFLOPs={:.1} fraction={:.3} (target >= 0.50)",
+        flops / tq / 1e12,
+        flops / td / 1e12,
+        td / tq
+    );
+    // The GEMV path at M = 4096 (what the GEMM's data reuse buys).
+    let tv = time(&b, || {
+        b.matmul_w4_with(&x, m, &w, &mut out, W4Kernel::Gemv)
+            .expect("gemv")
+    });
+    println!(
+        "RESULT bench gemv-kernel M={m} N={n} K={k} TFLOPs={:.1}",
+        flops / tv / 1e12
+    );
+}
+
+/// The synthetic Qwen3.5-27B W4A16 text model's weights on the GPU: device memory used (target
+/// ≤ 19 GiB), and one pass of every linear at 1 row (the layer stack's linears alone: the
+/// Qwen3.5 CUDA model path is not on this branch) against its bytes.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn synthetic_27b_w4a16_loads_and_runs_its_linears() {
+    let b = gpu("bf16", "auto");
+    let (free0, total) = b.memory_info().expect("meminfo");
+    let src = qwen3_5_27b_weights(SyntheticQuant::W4A16, 1);
+    let t0 = Instant::now();
+    let mut linears = Vec::new();
+    let mut dense = Vec::new();
+    let mut vectors = Vec::new();
+    for name in src.names() {
+        if let Some(module) = name.strip_suffix(".weight_packed") {
+            let view = src.linear(module).expect("linear");
+            let w = b.upload_linear(module, &view).expect("upload");
+            linears.push((module.to_owned(), w));
+        } else if [".weight_scale", ".weight_zero_point", ".weight_shape"]
+            .iter()
+            .any(|s| name.ends_with(s))
+        {
+            // Parts of the packed linears above.
+        } else {
+            let view = src.tensor(&name).expect("tensor");
+            let w = match view.shape.len() {
+                2 => Some(b.upload_weight(&name, &view).expect("dense")),
+                _ => None,
+            };
+            if let Some(w) = w {
+                dense.push((name, w));
+            } else {
+                let flat = [view.numel()];
+                let v = b
+                    .upload_vector(
+                        &name,
+                        &TensorView {
+                            dtype: view.dtype,
+                            shape: &flat,
+                            data: view.data,
+                        },
+                    )
+                    .expect("vector");
+                vectors.push(v);
+            }
+        }
+    }
+    b.synchronize().expect("sync");
+    let load_s = t0.elapsed().as_secs_f64();
+    let (free1, _) = b.memory_info().expect("meminfo");
+    let packed: usize = linears.iter().map(|(_, w)| b.weight_bytes(w)).sum();
+    let dense_b: usize = dense.iter().map(|(_, w)| b.weight_bytes(w)).sum();
+    println!(
+        "RESULT bench synthetic-27b w4a16 linears={} packed_GiB={:.2} dense_2d_GiB={:.2} device_used_GiB={:.2} of {:.1} (target <= 19) load_s={load_s:.1}",
+        linears.len(),
+        packed as f64 / (1u64 << 30) as f64,
+        dense_b as f64 / (1u64 << 30) as f64,
+        (free0 - free1) as f64 / (1u64 << 30) as f64,
+        total as f64 / (1u64 << 30) as f64,
+    );
+    // Every packed linear once at 1 row: the decode step's linear work (lm_head is dense bf16).
+    let x = b.upload(&data(17408, 1)).expect("x");
+    let mut out = b.alloc(17408).expect("out");
+    let copy = copy_bandwidth();
+    let t = time(&b, || {
+        for (_, w) in &linears {
+            b.matmul_w4_with(&x, 1, w, &mut out, W4Kernel::Gemv)
+                .expect("gemv");
+        }
+    });
+    println!(
+        "RESULT bench synthetic-27b w4a16 all_packed_linears_1row_ms={:.3} GBps={:.0} fraction_of_copy={:.3}",
+        t * 1e3,
+        packed as f64 / t / 1e9,
+        packed as f64 / t / copy
+    );
+}
