@@ -24,3 +24,7 @@ CREATE TABLE input_stamps (
     sha256    TEXT    NOT NULL CHECK (length(sha256) = 64),
     seen_at   INTEGER NOT NULL
 );
+
+-- The tasks whose output is not recorded yet, by file: whether a file's outputs are due, and the
+-- periodic sweep for due files, read only these rows instead of every row of every file.
+CREATE INDEX tasks_unpublished ON tasks (input_file_id) WHERE output_path IS NULL;

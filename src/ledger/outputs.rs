@@ -12,8 +12,9 @@ use super::{InputFileId, Ledger, LedgerError, TaskId, UnixMillis};
 
 impl Ledger {
     /// Whether an input file's outputs are due: it has tasks, none of them is waiting or running,
-    /// and some task has no `output_path`. Two indexed probes (`tasks_by_file`), so the publisher
-    /// can ask after every finished task without reading the file's rows.
+    /// and some task has no `output_path`. Two indexed probes (`tasks_by_file`,
+    /// `tasks_unpublished`), so the publisher can ask after every finished task without reading
+    /// the file's rows.
     pub async fn file_output_due(&self, input_file_id: InputFileId) -> Result<bool, LedgerError> {
         let due: bool = sqlx::query_scalar(
             "SELECT NOT EXISTS (SELECT 1 FROM tasks WHERE input_file_id = ?1 \
