@@ -360,7 +360,7 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         for (int c = 0; c < 8; ++c) {
             float sc;
             int z;
-            w4_scale_zero<T>(scales, zeros, nt, (kb * 8 + c) / gshift, gstore, g, sc, z);
+            w4_scale_zero<T>(scales, zeros, nt, (kb * 8 + c) >> gshift, gstore, g, sc, z);
             const unsigned bits = w4_chunk_bits(w, c);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
