@@ -111,6 +111,11 @@ impl CudaBackend {
         &self.device_name
     }
 
+    /// `(out_features, in_features)` of a weight, dense or packed.
+    pub fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
+        (w.n, w.k)
+    }
+
     /// The kernel the backend runs for a step of `rows` rows.
     pub fn w4_kernel_for(&self, rows: usize) -> W4Kernel {
         if !self.w4_tensor_cores() {
