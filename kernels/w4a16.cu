@@ -8,11 +8,11 @@
 //                                  gives lane l: chunk c (16 k's, 0..7) sits in bits 16(c&1).. of
 //                                  word c/2, nibbles k = 16c+2t, 16c+2t+1, 16c+8+2t, 16c+9+2t.
 //   scales  T     [Np/8][GS][8]    scale of (n, group), the compute dtype; group of chunk
-//                                  kb*8+c is (kb*8+c)/gchunks (a group is gchunks chunks).
+//                                  kb*8+c is (kb*8+c) >> gshift (a group is 2^gshift chunks).
 //   zeros   u8    [Np/8][GS][8]    zero point, or nullptr (symmetric: 8).
 //   perm    i32   [Kp]             act-order: permuted column j holds input column perm[j]
 //                                  (groups made contiguous at load), or nullptr.
-//   W[n, j] = (u - z) * s, computed in f32 and rounded once to the compute dtype.
+//   W[n, j] = (u - z) * s, exact before one rounding to the compute dtype.
 // Np is N rounded up to 64, Kp is K rounded up to 128 (padding has scale 0); x is read only
 // below column k and row m, out written only below n and m.
 //
@@ -96,7 +96,7 @@ __device__ __forceinline__ unsigned w4_chunk_bits(const uint4& w, int c) {
     return (word >> (16 * (c & 1))) & 0xffffu;
 }
 
-// Scale and zero point of output 8*nt + g in stored group gi.
+// Scale and zero point of output 8*nt + g in stored group gi (the FMA path: f32 and int).
 template <typename T>
 __device__ __forceinline__ void w4_scale_zero(const T* __restrict__ scales,
                                               const unsigned char* __restrict__ zeros, int nt,
@@ -106,15 +106,64 @@ __device__ __forceinline__ void w4_scale_zero(const T* __restrict__ scales,
     z = zeros ? (int)__ldg(zeros + i) : 8;
 }
 
+// The tensor-core decode works in the 16-bit type itself: a nibble u OR-ed into the mantissa of
+// MAGIC (1024 for f16, 128 for bf16) is the exact value MAGIC + u; minus (MAGIC + z) is the exact
+// small integer u - z; times the scale rounds once (RNE). That is bit for bit the f32 product
+// (u - z) * s rounded to T, since that product is exact in f32: a cheaper route to the same value.
+template <typename T> struct W4Dec;
+template <> struct W4Dec<__half> {
+    static constexpr unsigned MAGIC = 0x64006400u;
+    static __device__ __forceinline__ unsigned bias(int z) {
+        const unsigned h = __half_as_ushort(__float2half_rn(1024.0f + (float)z));
+        return h | (h << 16);
+    }
+    static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
+        const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&q),
+                                  *reinterpret_cast<const __half2*>(&zb));
+        const __half2 w = __hmul2(d, *reinterpret_cast<const __half2*>(&s2));
+        return *reinterpret_cast<const unsigned*>(&w);
+    }
+};
+template <> struct W4Dec<bf16_t> {
+    static constexpr unsigned MAGIC = 0x43004300u;
+    static __device__ __forceinline__ unsigned bias(int z) {
+        const unsigned h = f32_to_bf16(128.0f + (float)z);
+        return h | (h << 16);
+    }
+    static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        unsigned d, w;
+        // q * 1 - zb (exact), then d * s2 + (-0) (one rounding; -0 keeps the sign of a zero).
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(q), "r"(0x3f803f80u), "r"(zb ^ 0x80008000u));
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(w) : "r"(d), "r"(s2), "r"(0x80008000u));
+        return w;
+#else
+        __trap();
+        return 0u;
+#endif
+    }
+};
+
+// Scale (as a 16-bit pair) and zero bias of output 8*nt + g in stored group gi.
+template <typename T>
+__device__ __forceinline__ void w4_scale_bias(const T* __restrict__ scales,
+                                              const unsigned char* __restrict__ zeros, int nt,
+                                              int gi, int gstore, int g, unsigned& s2,
+                                              unsigned& zb) {
+    const size_t i = ((size_t)nt * gstore + gi) * 8 + g;
+    const unsigned sv = __ldg(reinterpret_cast<const unsigned short*>(scales) + i);
+    s2 = sv | (sv << 16);
+    zb = W4Dec<T>::bias(zeros ? (int)__ldg(zeros + i) : 8);
+}
+
 // B fragment (two words) of one chunk: the four weights of the chunk's 16 bits.
 template <typename T>
-__device__ __forceinline__ void w4_decode(unsigned bits, float s, int z, unsigned& b0, unsigned& b1) {
-    const float w0 = (float)((int)(bits & 15u) - z) * s;
-    const float w1 = (float)((int)((bits >> 4) & 15u) - z) * s;
-    const float w2 = (float)((int)((bits >> 8) & 15u) - z) * s;
-    const float w3 = (float)((int)((bits >> 12) & 15u) - z) * s;
-    b0 = W4Pack<T>::pack(w0, w1);
-    b1 = W4Pack<T>::pack(w2, w3);
+__device__ __forceinline__ void w4_decode(unsigned bits, unsigned s2, unsigned zb, unsigned& b0,
+                                          unsigned& b1) {
+    const unsigned q0 = (bits & 0xfu) | ((bits & 0xf0u) << 12) | W4Dec<T>::MAGIC;
+    const unsigned q1 = ((bits >> 8) & 0xfu) | ((bits & 0xf000u) << 4) | W4Dec<T>::MAGIC;
+    b0 = W4Dec<T>::apply(q0, zb, s2);
+    b1 = W4Dec<T>::apply(q1, zb, s2);
 }
 
 // Store one output element (compute dtype, or f32 logits).
@@ -132,7 +181,7 @@ __device__ __forceinline__ void w4_store(void* out, int out_f32, int row, int n,
 template <typename T>
 __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
-                                        const int* perm, int kblocks, int ks, int gchunks,
+                                        const int* perm, int kblocks, int ks, int gshift,
                                         int gstore, int n, void* out, int out_f32) {
     __shared__ float part[W4_MAX_KS][W4_GEMV_NT][4][32];
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
@@ -146,17 +195,31 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
     for (int j = 0; j < W4_GEMV_NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    // Groups of >= 128 columns (gshift >= 3): one scale / zero per tile per k block, loaded one
+    // block ahead with the weights (hides their latency; the arithmetic is the same).
+    const bool one_group = gshift >= 3;
     uint4 next[W4_GEMV_NT];
+    unsigned s2n[W4_GEMV_NT] = {}, zbn[W4_GEMV_NT] = {};
 #pragma unroll
-    for (int j = 0; j < W4_GEMV_NT; ++j)
+    for (int j = 0; j < W4_GEMV_NT; ++j) {
         next[j] = __ldg(qw + ((size_t)(nt0 + j) * kblocks + kb0) * 32 + lane);
+        if (one_group && per > 0)
+            w4_scale_bias<T>(scales, zeros, nt0 + j, (kb0 * 8) >> gshift, gstore, g, s2n[j], zbn[j]);
+    }
     for (int kb = kb0; kb < kb0 + per; ++kb) {
         uint4 w[W4_GEMV_NT];
+        unsigned s2c[W4_GEMV_NT], zbc[W4_GEMV_NT];
 #pragma unroll
         for (int j = 0; j < W4_GEMV_NT; ++j) {
             w[j] = next[j];
-            if (kb + 1 < kb0 + per)
+            s2c[j] = s2n[j];
+            zbc[j] = zbn[j];
+            if (kb + 1 < kb0 + per) {
                 next[j] = __ldg(qw + ((size_t)(nt0 + j) * kblocks + kb + 1) * 32 + lane);
+                if (one_group)
+                    w4_scale_bias<T>(scales, zeros, nt0 + j, ((kb + 1) * 8) >> gshift, gstore, g,
+                                     s2n[j], zbn[j]);
+            }
         }
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
@@ -166,14 +229,13 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
             a[1] = w4_pair(xs, r0 + g + 8, m, col, k, perm);
             a[2] = w4_pair(xs, r0 + g, m, col + 8, k, perm);
             a[3] = w4_pair(xs, r0 + g + 8, m, col + 8, k, perm);
-            const int gi = (kb * 8 + c) / gchunks;
+            const int gi = (kb * 8 + c) >> gshift;
 #pragma unroll
             for (int j = 0; j < W4_GEMV_NT; ++j) {
-                float sc;
-                int z;
-                w4_scale_zero<T>(scales, zeros, nt0 + j, gi, gstore, g, sc, z);
+                unsigned s2 = s2c[j], zb = zbc[j];
+                if (!one_group) w4_scale_bias<T>(scales, zeros, nt0 + j, gi, gstore, g, s2, zb);
                 unsigned b0, b1;
-                w4_decode<T>(w4_chunk_bits(w[j], c), sc, z, b0, b1);
+                w4_decode<T>(w4_chunk_bits(w[j], c), s2, zb, b0, b1);
                 w4_mma<T>(acc[j], a, b0, b1);
             }
         }
@@ -202,7 +264,7 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
 template <typename T>
 __device__ __forceinline__ void w4_gemm(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
-                                        const int* perm, int kblocks, int ks, int gchunks,
+                                        const int* perm, int kblocks, int ks, int gshift,
                                         int gstore, int n, void* out, int out_f32) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -233,14 +295,13 @@ __device__ __forceinline__ void w4_gemm(const T* x, int m, int k, const uint4* _
 #pragma unroll
             for (int c = 0; c < 8; ++c) {
                 const int col = kb * W4_KB + 16 * c + 2 * t;
-                const int gi = (kb * 8 + c) / gchunks;
+                const int gi = (kb * 8 + c) >> gshift;
                 unsigned b[W4_GEMM_NT][2];
 #pragma unroll
                 for (int j = 0; j < W4_GEMM_NT; ++j) {
-                    float sc;
-                    int z;
-                    w4_scale_zero<T>(scales, zeros, nt0 + j, gi, gstore, g, sc, z);
-                    w4_decode<T>(w4_chunk_bits(w[j], c), sc, z, b[j][0], b[j][1]);
+                    unsigned s2, zb;
+                    w4_scale_bias<T>(scales, zeros, nt0 + j, gi, gstore, g, s2, zb);
+                    w4_decode<T>(w4_chunk_bits(w[j], c), s2, zb, b[j][0], b[j][1]);
                 }
 #pragma unroll
                 for (int i = 0; i < W4_GEMM_MT; ++i) {
@@ -280,7 +341,7 @@ __device__ __forceinline__ void w4_gemm(const T* x, int m, int k, const uint4* _
 template <typename T>
 __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __restrict__ qw,
                                        const T* scales, const unsigned char* zeros,
-                                       const int* perm, int kblocks, int ks, int gchunks,
+                                       const int* perm, int kblocks, int ks, int gshift,
                                        int gstore, int n, void* out, int out_f32) {
     __shared__ float part[W4_MAX_KS][16][8];
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
@@ -299,7 +360,7 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         for (int c = 0; c < 8; ++c) {
             float sc;
             int z;
-            w4_scale_zero<T>(scales, zeros, nt, (kb * 8 + c) / gchunks, gstore, g, sc, z);
+            w4_scale_zero<T>(scales, zeros, nt, (kb * 8 + c) >> gshift, gstore, g, sc, z);
             const unsigned bits = w4_chunk_bits(w, c);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
@@ -338,12 +399,14 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 
 #define W4_ARGS(T)                                                                              \
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
-        const int *perm, int kblocks, int ks, int gchunks, int gstore, int n, void *out,        \
+        const int *perm, int kblocks, int ks, int gshift, int gstore, int n, void *out,        \
         int out_f32
-#define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gchunks, gstore, n, out, out_f32
+#define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
 
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void w4_gemv_##SUF(W4_ARGS(T)) { w4_gemv<T>(W4_PASS); }              \
+    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemv_##SUF(W4_ARGS(T)) {           \
+        w4_gemv<T>(W4_PASS);                                                                     \
+    }                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) w4_gemm_##SUF(W4_ARGS(T)) {               \
         w4_gemm<T>(W4_PASS);                                                                     \
     }

@@ -11,7 +11,7 @@
 //!   its nibbles (low first) columns `16c + 2t`, `16c + 2t + 1`, `16c + 8 + 2t`, `16c + 9 + 2t` of
 //!   the block;
 //! - `scales` f32 `[Np/8][GS][8]` and `zeros` u8 `[Np/8][GS][8]` (absent: z = 8), `GS` stored
-//!   groups; the group of chunk `q = j / 16` is `q / group_chunks`;
+//!   groups; the group of chunk `q = j / 16` is `q >> group_shift` (groups of 16 · 2^s columns);
 //! - `perm` i32 `[K]` (act-order only): tile column `j` holds input column `perm[j]`; the columns
 //!   are stably sorted by `g_idx`, so each group is contiguous. Every group must then hold exactly
 //!   `G` columns (the last one the rest), as GPTQ and compressed-tensors write them; other
@@ -53,7 +53,7 @@ pub struct W4Tiles {
     pub k_pad: usize,
     /// Stored groups per output (`GS`).
     pub groups: usize,
-    /// 16-column chunks per group.
+    /// 16-column chunks per group (a power of two).
     pub group_chunks: usize,
     /// K slices the kernels cut K into (from K alone: the largest of 8, 4, 2, 1 dividing `KB`).
     pub k_slices: usize,
@@ -113,13 +113,14 @@ impl W4Tiles {
         let n_pad = n.div_ceil(PAD_N) * PAD_N;
         let kb = k_pad / TILE_K;
         let chunks = k_pad / 16;
+        // The kernels find a chunk's group by a shift: a power-of-two number of chunks.
         let group_chunks = if groups == 1 {
-            chunks
-        } else if g.is_multiple_of(16) {
+            chunks.next_power_of_two()
+        } else if g.is_multiple_of(16) && (g / 16).is_power_of_two() {
             g / 16
         } else {
             return Err(err(format!(
-                "group size {g} is not a multiple of 16 (the kernels' chunk)"
+                "group size {g} is not 16 × a power of two (the kernels' chunk is 16 columns)"
             )));
         };
         let stored_groups = chunks.div_ceil(group_chunks);
@@ -243,6 +244,11 @@ impl W4Tiles {
         })
     }
 
+    /// log2 of [`Self::group_chunks`] (the kernels' `gshift`).
+    pub fn group_shift(&self) -> u32 {
+        self.group_chunks.trailing_zeros()
+    }
+
     /// K blocks (`Kp / 128`).
     pub fn k_blocks(&self) -> usize {
         self.k_pad / TILE_K
@@ -263,7 +269,7 @@ impl W4Tiles {
         let lane = 4 * gl + t;
         let word = self.qweight[((nt * kb + b) * 32 + lane) * 4 + c / 2];
         let u = (word >> (16 * (c % 2) + 4 * q)) & 0xF;
-        let gi = (j / 16) / self.group_chunks;
+        let gi = (j / 16) >> self.group_shift();
         let i = (nt * self.groups + gi) * 8 + gl;
         let z = self.zeros.as_ref().map_or(8, |z| z[i]);
         (u as i32 - i32::from(z)) as f32 * self.scales[i]

@@ -79,6 +79,13 @@ pub struct BenchArgs {
     /// Print one JSON object per result line instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Seeded random weights of this model instead of a file (`qwen3.5-27b`; GPU only): device
+    /// memory and the linear layers' time (see `bench_synthetic`).
+    #[arg(long)]
+    pub synthetic: Option<String>,
+    /// Packing of the `--synthetic` weights: w4a16, nvfp4 or bf16.
+    #[arg(long, default_value = "w4a16")]
+    pub quant: String,
 }
 
 /// How a kernel measurement is timed.
@@ -156,6 +163,9 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         .device
         .parse()
         .map_err(|e| BenchError::InvalidArgument(format!("`--device {}`: {e}", args.device)))?;
+    if let Some(model) = &args.synthetic {
+        return super::bench_synthetic::run(model, &args.quant, device, &args.dtype, args.json);
+    }
     if args.kernels && device != crate::engine::Device::Cpu {
         return Err(BenchError::InvalidArgument(
             "`--kernels` benchmarks the CPU matmul kernels: use `--device cpu`".into(),

@@ -3,7 +3,8 @@
 //! Activations live in the compute dtype (bf16 on sm_80+, fp16 on sm_70/sm_75, or f32 for
 //! parity tests) as untyped device bytes; every kernel variant `{op}_{dtype}` the backend launches
 //! is resolved once, at creation, into a typed handle ([`handles::Kernels`]). Weights are dequantized to the compute dtype at load (GGUF Q8_0/Q4_0/Q4_1 on the GPU,
-//! other encodings on the host) and multiplied with cuBLAS (f32 accumulation). The KV cache is
+//! other encodings on the host) and multiplied with cuBLAS (f32 accumulation); packed int4
+//! linears stay 4-bit on the device and run through the fused kernels of `w4a16`. The KV cache is
 //! stored in the compute dtype or fp8 (e5m2 / e4m3). All work is queued on one stream; a step's
 //! integer metadata is packed into one buffer and copied from pinned host memory in one copy
 //! (`step`, `staging`); scratch the ops need (split-K partials, sampler buffers) is kept by

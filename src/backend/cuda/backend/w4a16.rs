@@ -40,7 +40,7 @@ pub struct CudaPackedParts {
     n_pad: usize,
     k_blocks: usize,
     k_slices: usize,
-    group_chunks: usize,
+    group_shift: u32,
     groups: usize,
 }
 
@@ -101,7 +101,7 @@ impl CudaBackend {
                 n_pad: t.n_pad,
                 k_blocks: t.k_blocks(),
                 k_slices: t.k_slices,
-                group_chunks: t.group_chunks,
+                group_shift: t.group_shift(),
                 groups: t.groups,
             })),
         })
@@ -109,6 +109,11 @@ impl CudaBackend {
 
     fn name_(&self) -> &str {
         &self.device_name
+    }
+
+    /// `(out_features, in_features)` of a weight, dense or packed.
+    pub fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
+        (w.n, w.k)
     }
 
     /// The kernel the backend runs for a step of `rows` rows.
@@ -209,7 +214,7 @@ impl CudaBackend {
         let (kb, ks, gc, gs) = (
             parts.k_blocks as i32,
             parts.k_slices as i32,
-            parts.group_chunks as i32,
+            parts.group_shift as i32,
             parts.groups as i32,
         );
         let of32 = i32::from(out_f32);
