@@ -9,7 +9,7 @@
 //! (`step`, `staging`); scratch the ops need (split-K partials, sampler buffers) is kept by
 //! the backend and reused, so a step allocates nothing once it has run at its largest size.
 //!
-//! Child modules: `dtype` ([`ComputeDType`]), `handles` (the typed kernel handles), `step`
+//! Child modules: `dtype` ([`ComputeDType`]), `graph` (stream capture into CUDA graphs), `handles` (the typed kernel handles), `step`
 //! ([`CudaStep`]), `staging` (pinned host → device buffers), `load` (host data and stored
 //! tensors onto the device), `attention` (the tiled prefill and split-K launches), `sampling`
 //! (f32 logits and the GPU sampler, with its greedy fast path).
@@ -29,6 +29,7 @@ use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dtype;
+mod graph;
 mod handles;
 mod load;
 mod sampling;
@@ -45,7 +46,9 @@ use super::device::{self, CudaError};
 use super::kernels::KernelModule;
 use super::nvrtc::{self, Arch};
 use crate::backend::rope::{cos_sin_table, RopeSpec};
-use crate::backend::{AttentionParams, Backend, BackendError, KvCacheSpec, StepInput};
+use crate::backend::{
+    AttentionParams, Backend, BackendError, KvCacheSpec, PinnedShape, StepGraph, StepInput,
+};
 use crate::sampling::{SampleError, Sampled, SamplingRow};
 use crate::tensor::TensorView;
 
@@ -96,6 +99,8 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    /// cuBLAS's workspace (set on `blas`; declared after it, so dropped after it).
+    _blas_workspace: CudaSlice<u8>,
     k: Kernels,
     /// Reused scratch of the ops (see [`Scratch`]).
     scratch: Mutex<Scratch>,
@@ -112,13 +117,14 @@ impl std::fmt::Debug for CudaBackend {
 }
 
 /// Device scratch the backend reuses across ops and steps; grown when an op needs more than any
-/// before it, never shrunk. All of it is only touched by work on the backend's one stream.
+/// before it, never shrunk. All of it is only touched by work on the backend's one stream. (The
+/// split-K attention partials belong to each [`CudaStep`], so a graph's never move.)
 #[derive(Debug, Default)]
 struct Scratch {
-    /// Split-K attention partials `(max, sum, acc)`, f32.
-    partials: Option<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)>,
     /// The sampler's buffers.
     sample: Option<sampling::SampleArena>,
+    /// Free device bytes when the current graph capture began (`graph::begin`).
+    free_before_capture: usize,
 }
 
 fn dev_err(e: impl Into<CudaError>) -> BackendError {
@@ -153,9 +159,10 @@ impl CudaBackend {
         // cross-stream event tracking (two events created and destroyed per allocation) only
         // costs driver calls.
         // SAFETY: no other stream ever touches this context's allocations: the backend creates
-        // none, and its slices never leave it.
+        // only this one, and its slices never leave it.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A created stream, not the legacy default one: only those can be captured into graphs.
+        let stream = ctx.new_stream()?;
         let mut functions = HashMap::new();
         for m in KernelModule::ALL {
             let ptx = nvrtc::compile_module(m, arch, &include, cache.as_deref())?;
@@ -193,6 +200,24 @@ impl CudaBackend {
         };
         let k = Kernels::resolve(&functions, dtype.suffix(), kv.suffix(), kv_bytes)?;
         let blas = CudaBlas::new(stream.clone())?;
+        // cuBLAS gets a fixed workspace of its own, so it never allocates inside a graph capture
+        // and picks its kernels with the same workspace eagerly and captured.
+        let blas_workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
+        {
+            let (wp, _sync) = blas_workspace.device_ptr(&stream);
+            // SAFETY: the workspace is a live allocation of CUBLAS_WORKSPACE_BYTES on the stream
+            // the handle uses, kept in the backend (dropped after the handle: field order).
+            let status = unsafe {
+                cublas_sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    wp as *mut c_void,
+                    CUBLAS_WORKSPACE_BYTES,
+                )
+            };
+            if status != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(CudaError::Cublas(cudarc::cublas::result::CublasError(status)));
+            }
+        }
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -204,6 +229,7 @@ impl CudaBackend {
             ctx,
             stream,
             blas,
+            _blas_workspace: blas_workspace,
             k,
             scratch: Mutex::new(Scratch::default()),
             arch,
@@ -238,6 +264,9 @@ impl CudaBackend {
         self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(dev_err)
     }
 }
+
+/// Bytes of the workspace cuBLAS is given (NVIDIA's advice for Hopper; more than enough below).
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Threads per block of `qkv_rope_write` (`QKV_WARPS * 32` in kv_cache.cu).
 const QKV_THREADS: u32 = 4 * 32;
@@ -395,7 +424,38 @@ impl Backend for CudaBackend {
     }
 
     fn update_step(&self, st: &mut CudaStep, step: &StepInput) -> Result<(), BackendError> {
-        st.fill(&self.stream, step)
+        st.fill(&self.stream, step)?;
+        st.pinned_context = 0;
+        Ok(())
+    }
+
+    fn update_step_pinned(
+        &self,
+        st: &mut CudaStep,
+        step: &StepInput,
+        shape: &PinnedShape,
+    ) -> Result<(), BackendError> {
+        st.fill(&self.stream, step)?;
+        if st.max_context > shape.max_context {
+            return Err(BackendError::InvalidArgument(format!(
+                "a step of context {} pinned to {}",
+                st.max_context, shape.max_context
+            )));
+        }
+        st.pinned_context = shape.max_context;
+        Ok(())
+    }
+
+    fn supports_graphs(&self) -> bool {
+        true
+    }
+
+    fn begin_capture(&self) -> Result<(), BackendError> {
+        graph::begin(self)
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn StepGraph>, BackendError> {
+        graph::end(self)
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {

@@ -125,31 +125,24 @@ impl CudaBackend {
             Some(_) => (step.split_tokens, step.split_max_context),
             None => (step.num_tokens, step.max_context),
         };
-        let n_parts = max_context.div_ceil(ATTN_PART_LEN).max(1);
+        // A pinned step (a replayed graph) sizes the split for its pinned context, so its grid
+        // never follows the data; the extra parts cover no keys, write an empty partial
+        // (max = -inf) and are skipped by the merge, which leaves the result bit for bit as with
+        // the parts the data needs (a scale of exp(0) = 1 on the one part is exact).
+        let n_parts = max_context
+            .max(step.pinned_context)
+            .div_ceil(ATTN_PART_LEN)
+            .max(1);
         let rows = n_rows * params.num_heads * n_parts;
-        // Partial (max, sum, acc) per split, in the backend's reused scratch (grown to the largest
-        // call so far); with one part the kernel writes `out` directly and never touches them, so
-        // null pointers — most decode steps.
-        let mut scratch = self.scratch();
-        if n_parts > 1 {
-            let fits = scratch
-                .partials
-                .as_ref()
-                .is_some_and(|(m, _, acc)| m.len() >= rows && acc.len() >= rows * params.head_dim);
-            if !fits {
-                let acc = rows * params.head_dim;
-                scratch.partials = Some((
-                    self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
-                    self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
-                    self.stream.alloc_zeros::<f32>(acc).map_err(dev_err)?,
-                ));
-            }
-        }
-        let mut partials = if n_parts > 1 {
-            scratch.partials.as_mut()
+        // Partial (max, sum, acc) per split, in the step's own scratch (grown to its largest
+        // call so far); with one part the kernel writes `out` directly and never touches them,
+        // so null pointers — most eager decode steps.
+        let mut guard = if n_parts > 1 {
+            Some(step.partials(&self.stream, rows, params.head_dim)?)
         } else {
             None
         };
+        let mut partials = guard.as_mut().and_then(|g| g.as_mut());
         let null: u64 = 0;
         let f = &self.k.attention_split_k;
         let tables = step.block_tables();
