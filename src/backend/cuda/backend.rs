@@ -32,6 +32,7 @@ mod dtype;
 mod graph;
 mod handles;
 mod load;
+mod profile;
 mod sampling;
 mod staging;
 mod step;
@@ -101,6 +102,8 @@ pub struct CudaBackend {
     blas: CudaBlas,
     /// cuBLAS's workspace (set on `blas`; declared after it, so dropped after it).
     _blas_workspace: CudaSlice<u8>,
+    /// Per-op CUDA-event timing (`KILN_PROFILE_OPS=1`), see `profile`.
+    prof: Arc<profile::Profiler>,
     k: Kernels,
     /// Reused scratch of the ops (see [`Scratch`]).
     scratch: Mutex<Scratch>,
@@ -108,6 +111,24 @@ pub struct CudaBackend {
     dtype: ComputeDType,
     kv: KvStorage,
     device_name: String,
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // The per-op tables of a `KILN_PROFILE_OPS=1` run, on stdout beside the bench's own.
+        if let Some(report) = self.prof.report() {
+            println!("{report}");
+        }
+    }
+}
+
+/// Decode rows of a step for the profiler: its sequences when each adds one token, else 0.
+fn profile_rows(step: &StepInput) -> usize {
+    if !step.seqs.is_empty() && step.seqs.iter().all(|s| s.len == 1) {
+        step.seqs.len()
+    } else {
+        0
+    }
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -230,6 +251,7 @@ impl CudaBackend {
             stream,
             blas,
             _blas_workspace: blas_workspace,
+            prof: profile::Profiler::from_env(),
             k,
             scratch: Mutex::new(Scratch::default()),
             arch,
@@ -420,12 +442,14 @@ impl Backend for CudaBackend {
     fn prepare_step(&self, step: &StepInput) -> Result<CudaStep, BackendError> {
         let mut st = CudaStep::with_capacity(&self.stream, CudaStep::len_for(step))?;
         st.fill(&self.stream, step)?;
+        self.prof.note_step(profile_rows(step));
         Ok(st)
     }
 
     fn update_step(&self, st: &mut CudaStep, step: &StepInput) -> Result<(), BackendError> {
         st.fill(&self.stream, step)?;
         st.pinned_context = 0;
+        self.prof.note_step(profile_rows(step));
         Ok(())
     }
 
@@ -443,6 +467,7 @@ impl Backend for CudaBackend {
             )));
         }
         st.pinned_context = shape.max_context;
+        self.prof.note_step(profile_rows(step));
         Ok(())
     }
 
@@ -451,10 +476,13 @@ impl Backend for CudaBackend {
     }
 
     fn begin_capture(&self) -> Result<(), BackendError> {
-        graph::begin(self)
+        graph::begin(self)?;
+        self.prof.set_capturing(true);
+        Ok(())
     }
 
     fn end_capture(&self) -> Result<Box<dyn StepGraph>, BackendError> {
+        self.prof.set_capturing(false);
         graph::end(self)
     }
 
@@ -468,7 +496,13 @@ impl Backend for CudaBackend {
         if let Err(e) = self.ctx.bind_to_thread() {
             tracing::warn!(error = ?e, "Could not bind the CUDA context to the engine thread.");
         }
-        f()
+        if !self.prof.on() {
+            return f();
+        }
+        self.prof.begin_step(&self.stream, &self.k.gpu_sleep);
+        let r = f();
+        self.prof.end_step(&self.stream);
+        r
     }
 
     fn embedding(
@@ -477,6 +511,7 @@ impl Backend for CudaBackend {
         step: &CudaStep,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "embedding");
         check_len("embedding output", out.len, step.num_tokens * table.k)?;
         if step.num_tokens == 0 {
             return Ok(());
@@ -510,6 +545,7 @@ impl Backend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "rms_norm");
         check_len("rms_norm input", x.len, rows * dim)?;
         check_len("rms_norm output", out.len, rows * dim)?;
         check_len("rms_norm weight", weight.len, dim)?;
@@ -541,6 +577,7 @@ impl Backend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "add_rms_norm");
         check_len("add_rms_norm residual", residual.len, rows * dim)?;
         check_len("add_rms_norm delta", delta.len, rows * dim)?;
         check_len("add_rms_norm output", out.len, rows * dim)?;
@@ -570,6 +607,7 @@ impl Backend for CudaBackend {
         w: &CudaWeight,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "matmul");
         check_len("matmul input", x.len, rows * w.k)?;
         check_len("matmul output", out.len, rows * w.n)?;
         self.expect_compute("matmul input", x)?;
@@ -595,6 +633,7 @@ impl Backend for CudaBackend {
         num_kv_heads: usize,
         head_dim: usize,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "rope");
         check_len("rope q", q.len, step.num_tokens * num_heads * head_dim)?;
         check_len("rope k", k.len, step.num_tokens * num_kv_heads * head_dim)?;
         if rope.spec.rotary_dim > head_dim {
@@ -646,6 +685,7 @@ impl Backend for CudaBackend {
         v: &CudaBuffer,
         step: &CudaStep,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "write_kv");
         let spec = cache.spec;
         if layer >= spec.num_layers {
             return Err(BackendError::InvalidArgument(format!(
@@ -690,6 +730,7 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "paged_attention");
         self.check_attention(q, cache, layer, step, params, out)?;
         if step.num_tokens == 0 {
             return Ok(());
@@ -714,6 +755,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
         len: usize,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "silu_mul");
         check_len("silu_mul gate", gate.len, len)?;
         check_len("silu_mul up", up.len, len)?;
         check_len("silu_mul output", out.len, len)?;
@@ -730,6 +772,7 @@ impl Backend for CudaBackend {
     }
 
     fn add(&self, x: &mut CudaBuffer, y: &CudaBuffer, len: usize) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "add");
         check_len("add x", x.len, len)?;
         check_len("add y", y.len, len)?;
         if len == 0 {
@@ -751,6 +794,7 @@ impl Backend for CudaBackend {
         dim: usize,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "gather_rows");
         check_len("gather_rows input", x.len, step.num_tokens * dim)?;
         check_len("gather_rows output", out.len, step.num_logit_rows * dim)?;
         if step.num_logit_rows == 0 {
@@ -788,6 +832,7 @@ impl Backend for CudaBackend {
         w: &CudaWeight,
         out: &mut CudaLogits,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "logits_into");
         self.logits_f32_into(x, rows, w, out)
     }
 
@@ -802,6 +847,7 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
         qk_norm: Option<(&CudaBuffer, &CudaBuffer, f32)>,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "qkv_rope_write");
         let spec = cache.spec;
         params.check_fits(&spec, layer)?;
         let (t, hd) = (step.num_tokens, params.head_dim);
@@ -877,6 +923,7 @@ impl Backend for CudaBackend {
         rows: usize,
         inter: usize,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "swiglu");
         check_len("swiglu gate_up", gate_up.len, rows * 2 * inter)?;
         check_len("swiglu output", out.len, rows * inter)?;
         self.expect_compute("swiglu gate_up", gate_up)?;
@@ -900,6 +947,7 @@ impl Backend for CudaBackend {
         first_row: usize,
         dst: &mut [f32],
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "download_logits");
         self.download_logits_rows(logits, first_row, dst)
     }
 
@@ -908,6 +956,7 @@ impl Backend for CudaBackend {
         logits: &CudaLogits,
         rows: &[(usize, &SamplingRow)],
     ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        let _t = self.prof.op(&self.stream, "sample");
         self.sample_rows(logits, rows)
     }
 

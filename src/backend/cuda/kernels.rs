@@ -128,6 +128,9 @@ impl KernelModule {
                 names.push(format!("kv_copy_block_{b}"));
             }
         }
+        if self == KernelModule::Elementwise {
+            names.push("gpu_sleep".into());
+        }
         if self == KernelModule::Sampling {
             names.push("sample_rows".into());
             names.push("argmax_rows".into());

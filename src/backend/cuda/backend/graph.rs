@@ -20,6 +20,7 @@ use crate::backend::{BackendError, StepGraph};
 /// An instantiated graph of one decode step, replayed on the backend's stream.
 pub struct CudaStepGraph {
     graph: CudaGraph,
+    prof: Arc<super::profile::Profiler>,
     stream: Arc<CudaStream>,
     device_bytes: usize,
     nodes: usize,
@@ -44,6 +45,7 @@ impl StepGraph for CudaStepGraph {
     fn replay(&self) -> Result<(), BackendError> {
         // The launch binds the context itself; the stream is the one the graph was recorded on.
         let _ = &self.stream;
+        self.prof.note_replay();
         self.graph.launch().map_err(dev_err)
     }
 
@@ -93,6 +95,7 @@ pub(super) fn end(b: &CudaBackend) -> Result<Box<dyn StepGraph>, BackendError> {
     let free_after = b.ctx.mem_get_info().map_err(dev_err)?.0;
     Ok(Box::new(CudaStepGraph {
         graph,
+        prof: b.prof.clone(),
         stream: b.stream.clone(),
         device_bytes: free_before.saturating_sub(free_after),
         nodes,

@@ -53,6 +53,8 @@ pub(crate) struct Kernels {
     pub sample_rows: CudaFunction,
     /// `argmax_rows`: the greedy fast path.
     pub argmax_rows: CudaFunction,
+    /// `gpu_sleep`: holds the GPU for a time (the profiler's gate, `KILN_PROFILE_OPS`).
+    pub gpu_sleep: CudaFunction,
 }
 
 impl Kernels {
@@ -102,6 +104,7 @@ impl Kernels {
             dequant_q4_1: get(format!("dequant_q4_1_{t}"))?,
             sample_rows: get("sample_rows".into())?,
             argmax_rows: get("argmax_rows".into())?,
+            gpu_sleep: get("gpu_sleep".into())?,
         })
     }
 
