@@ -1,6 +1,9 @@
 //! Decode graphs on a GPU: a decode step replayed from a CUDA graph gives the same sampled
-//! tokens and the same logits, bit for bit, as the eager path on the same batch; padded batches
-//! (a size between buckets) too; and the graphs really ran (counted replays).
+//! tokens and the same logits, bit for bit, as the eager path on the same batch (a bucket-sized
+//! one); a padded batch (a size between buckets) gives the same tokens and logits within the
+//! dtype's tolerance (its GEMMs have more rows than the eager ones, and cuBLAS may pick another
+//! kernel for them: f32 5 → 8 rows differed by 5e-5 on the H200); and the graphs really ran
+//! (counted replays).
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `KILN_TEST_MODEL=/tmp/k/SmolLM2.gguf cuda_graphs-<hash> --ignored --test-threads=1 --nocapture`
@@ -144,10 +147,13 @@ fn replayed_decode_steps_equal_the_eager_path_bit_for_bit() {
                 stats.device_bytes
             );
             // Prefill is eager; the first decode step records; the other steps replay.
-            let ok = !stats.disabled
-                && stats.replays == (steps - 1) as u64
-                && same_tokens
-                && same_logits;
+            let bucket_sized = n.is_power_of_two() || n == MAX_SEQS;
+            let close = if bucket_sized {
+                same_logits
+            } else {
+                worst <= tol(dtype)
+            };
+            let ok = !stats.disabled && stats.replays == (steps - 1) as u64 && same_tokens && close;
             if !ok {
                 failures.push(format!("{dtype} n={n}: {stats:?}"));
             }

@@ -13,7 +13,8 @@ use crate::backend::{AttentionParams, BackendError};
 const ATTN_THREADS: u32 = 4 * 32;
 /// Largest head_dim the split-K attention kernel holds (`ATTN_MAX_DIM_PER_LANE * 32`).
 const ATTN_MAX_HEAD_DIM: usize = 256;
-/// Keys per split-K partition of the split-K attention kernel.
+/// Keys per split-K partition of the split-K attention kernel (at most `ATTN_PART_MAX`, the
+/// kernel's shared score row).
 const ATTN_PART_LEN: usize = 512;
 
 impl CudaBackend {

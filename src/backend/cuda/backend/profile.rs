@@ -14,7 +14,7 @@
 //! GPU idle share of a decode step = 1 − busy / (open step wall + gap between steps). Steps are
 //! keyed by their number of decode rows (every sequence one token; a graph step's padded bucket)
 //! and by whether they replayed a graph (whose ops are not timed one by one: only its span);
-//! other steps (prefill, mixed) are summed as one line.
+//! other steps (prefill, mixed) are summed as one line. Steps that record a graph are left out.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +51,8 @@ struct State {
     last_end: Option<Instant>,
     gated: bool,
     capturing: bool,
+    /// A graph was recorded in this step: its times are not a decode step's (not counted).
+    recorded: bool,
     decode_rows: usize,
     steps: u64,
     agg: BTreeMap<Key, Agg>,
@@ -148,7 +150,9 @@ impl Profiler {
     /// Graph recording starts / ends (ops are not timed while recording).
     pub fn set_capturing(&self, on: bool) {
         if self.on {
-            self.lock().capturing = on;
+            let mut st = self.lock();
+            st.capturing = on;
+            st.recorded = true;
         }
     }
 
@@ -162,6 +166,7 @@ impl Profiler {
         st.steps += 1;
         st.gated = st.steps % 2 == 0;
         st.decode_rows = 0;
+        st.recorded = false;
         self.replayed.store(false, Ordering::Relaxed);
         let now = Instant::now();
         if let Some(end) = st.last_end.take() {
@@ -212,6 +217,11 @@ impl Profiler {
         let span = start.elapsed_ms(&end).unwrap_or(0.0) as f64;
         st.free.push(start);
         st.free.push(end);
+        if st.recorded {
+            // A graph recording step (eager run + capture + instantiation): not a decode step.
+            st.last_end = Some(Instant::now());
+            return;
+        }
         let agg = st.agg.entry(key).or_default();
         if gated {
             agg.gated_steps += 1;
