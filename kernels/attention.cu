@@ -1,5 +1,6 @@
 // attention.cu: causal GQA attention over the paged KV cache, for prefill chunks and decode.
-// Entry points: attention_{f32,f16,bf16}_{same,e5m2,e4m3} (split-K, one query per block),
+// Entry points: attention_{f32,f16,bf16}_{same,e5m2,e4m3} (split-K, one query per block; head_dim ≤ 64),
+// attention_serial_{f32,f16,bf16}_{same,e5m2,e4m3} (the first split-K kernel; head_dim > 64),
 // attention_combine_{f32,f16,bf16}, and
 // attention_prefill_{f32,f16,bf16}_{same,e5m2,e4m3}_d{64,128,256} (tiled, flash-style; below).
 //
@@ -122,6 +123,89 @@ __device__ void attention(const T* q, const C* k_cache, const C* v_cache, const 
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float o = 0.0f;
         for (int w = 0; w < ATTN_WARPS; ++w) o += sacc[w][d];
+        if (n_parts > 1) {
+            part_acc[ph * head_dim + d] = o;
+        } else {
+            Io<T>::store(out, (t * n_heads + head) * (long)head_dim + d, L > 0.0f ? o / L : 0.0f);
+        }
+    }
+}
+
+// attention_serial_*: the first split-K kernel, kept for head_dim > 64, where it measured faster at long
+// contexts on the H200 (2026-12-01: 32/8 heads × 128 at 32K keys, 556 vs 221 GB/s): same grid, same
+// partial format, same ATTN_WARPS * 32 threads; each of the warps walks every ATTN_WARPS-th key of the
+// part with an online softmax, lanes splitting head_dim (lane l holds dims l, l + 32, ...), and the
+// warps are merged in shared memory.
+template <typename T, typename C>
+__device__ void attention_serial(const T* q, const C* k_cache, const C* v_cache, const int* block_tables,
+                          const int* q_seq, const int* q_pos, const int* q_index, T* out,
+                          float* part_m, float* part_l, float* part_acc, int n_heads,
+                          int n_kv_heads, int head_dim, int block_size, int max_blocks,
+                          int part_len, float scale) {
+    int head = blockIdx.x;
+    long row_y = blockIdx.y;
+    long t = q_index ? q_index[row_y] : row_y;
+    int part = blockIdx.z, n_parts = gridDim.z;
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    int kv_head = head / (n_heads / n_kv_heads);
+    int per_lane = (head_dim + WARP_SIZE - 1) / WARP_SIZE;
+    int ctx = q_pos[t] + 1;
+    int start = part * part_len;
+    int end = min(ctx, start + part_len);
+    const int* table = block_tables + (long)q_seq[t] * max_blocks;
+
+    float qv[ATTN_MAX_DIM_PER_LANE], acc[ATTN_MAX_DIM_PER_LANE];
+    const T* qr = q + (t * n_heads + head) * (long)head_dim;
+    for (int i = 0; i < per_lane; ++i) {
+        int d = lane + i * WARP_SIZE;
+        qv[i] = d < head_dim ? Io<T>::load(qr, d) * scale : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = KILN_NEG_INF, l = 0.0f;
+    long row = (long)n_kv_heads * head_dim;
+    for (int j = start + warp; j < end; j += ATTN_WARPS) {
+        long slot = (long)table[j / block_size] * block_size + j % block_size;
+        long base = slot * row + (long)kv_head * head_dim;
+        float s = 0.0f;
+        for (int i = 0; i < per_lane; ++i) {
+            int d = lane + i * WARP_SIZE;
+            if (d < head_dim) s += qv[i] * Io<C>::load(k_cache, base + d);
+        }
+        s = warp_sum(s);
+        float m_new = fmaxf(m, s);
+        float corr = expf(m - m_new), p = expf(s - m_new);
+        l = l * corr + p;
+        for (int i = 0; i < per_lane; ++i) {
+            int d = lane + i * WARP_SIZE;
+            if (d < head_dim) acc[i] = acc[i] * corr + p * Io<C>::load(v_cache, base + d);
+        }
+        m = m_new;
+    }
+
+    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS];
+    __shared__ float sacc[ATTN_WARPS][ATTN_MAX_DIM_PER_LANE * WARP_SIZE];
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+    for (int i = 0; i < per_lane; ++i) {
+        int d = lane + i * WARP_SIZE;
+        if (d < head_dim) sacc[warp][d] = acc[i];
+    }
+    __syncthreads();
+    float M = KILN_NEG_INF;
+    for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, sm[w]);
+    float L = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; ++w) L += (sm[w] == KILN_NEG_INF) ? 0.0f : sl[w] * expf(sm[w] - M);
+    long ph = (row_y * n_heads + head) * (long)n_parts + part;
+    if (n_parts > 1 && threadIdx.x == 0) {
+        part_m[ph] = M;
+        part_l[ph] = L;
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; ++w)
+            if (sm[w] != KILN_NEG_INF) o += sacc[w][d] * expf(sm[w] - M);
         if (n_parts > 1) {
             part_acc[ph * head_dim + d] = o;
         } else {
@@ -368,6 +452,13 @@ __device__ void attention_prefill(const T* q, const C* k_cache, const C* v_cache
         int n_kv_heads, int head_dim, int block_size, int max_blocks, int part_len, float scale) {  \
         attention<T, C>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc, n_heads,           \
                         n_kv_heads, head_dim, block_size, max_blocks, part_len, scale);             \
+    }                                                                                               \
+    extern "C" __global__ void attention_serial_##SUF##_##CSUF(                                     \
+        const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq, const int* q_pos,    \
+        const int* q_index, T* out, float* pm, float* pl, float* pacc, int n_heads,                \
+        int n_kv_heads, int head_dim, int block_size, int max_blocks, int part_len, float scale) {  \
+        attention_serial<T, C>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc, n_heads,    \
+                               n_kv_heads, head_dim, block_size, max_blocks, part_len, scale);      \
     }                                                                                               \
     ATTENTION_PREFILL_ONE(SUF, T, CSUF, C, d64, 2)                                                  \
     ATTENTION_PREFILL_ONE(SUF, T, CSUF, C, d128, 4)                                                 \

@@ -57,7 +57,7 @@ fn run(r: &mut dyn ModelRunner, n: usize, steps: usize) -> Vec<ForwardOutput> {
         })
         .collect();
     let want = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             LogitsFor::Sample(SamplingRow::greedy())
         } else {
             LogitsFor::Last
@@ -84,12 +84,19 @@ fn run(r: &mut dyn ModelRunner, n: usize, steps: usize) -> Vec<ForwardOutput> {
         let (mut sample, mut row) = (out.samples.iter(), 0);
         let mut next = ForwardBatch::default();
         for i in 0..n {
-            let id = if i % 2 == 0 {
-                sample.next().expect("sample").as_ref().expect("sampled").token_id
+            let id = if i.is_multiple_of(2) {
+                sample
+                    .next()
+                    .expect("sample")
+                    .as_ref()
+                    .expect("sampled")
+                    .token_id
             } else {
                 let l = &out.logits[row * v..(row + 1) * v];
                 row += 1;
-                (0..v).max_by(|&a, &b| l[a].total_cmp(&l[b]).then(b.cmp(&a))).unwrap() as u32
+                (0..v)
+                    .max_by(|&a, &b| l[a].total_cmp(&l[b]).then(b.cmp(&a)))
+                    .unwrap() as u32
             };
             next.seqs.push(SeqSlice {
                 start: i,
@@ -119,7 +126,11 @@ fn replayed_decode_steps_equal_the_eager_path_bit_for_bit() {
         .map(PathBuf::from)
         .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
     let files = ModelFiles::open(&path).expect("model");
-    let name = path.file_name().unwrap_or_default().to_string_lossy().to_string();
+    let name = path
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
     let steps = 10;
     let mut failures = Vec::new();
     for dtype in dtypes() {
@@ -131,7 +142,10 @@ fn replayed_decode_steps_equal_the_eager_path_bit_for_bit() {
             let (mut same_tokens, mut same_logits, mut worst) = (true, true, 0f32);
             for (e, r) in eager.iter().zip(&replayed) {
                 let ids = |o: &ForwardOutput| {
-                    o.samples.iter().map(|s| s.as_ref().map(|s| s.token_id).ok()).collect::<Vec<_>>()
+                    o.samples
+                        .iter()
+                        .map(|s| s.as_ref().map(|s| s.token_id).ok())
+                        .collect::<Vec<_>>()
                 };
                 same_tokens &= ids(e) == ids(r);
                 same_logits &= bits(&e.logits) == bits(&r.logits);

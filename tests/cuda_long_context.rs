@@ -110,7 +110,10 @@ fn attention_seconds(
     // The kernel ran over the whole context: every output is finite (q·k over written keys
     // and zero keys alike).
     let got = down(&b, &out, seqs * heads * head_dim);
-    assert!(got.iter().all(|v| v.is_finite()), "non-finite attention output");
+    assert!(
+        got.iter().all(|v| v.is_finite()),
+        "non-finite attention output"
+    );
     times[3]
 }
 
@@ -119,7 +122,11 @@ fn attention_seconds(
 fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
     let copy = copy_gbps(1 << 30);
     println!("RESULT long_context copy_gbps={copy:.0} (1 GiB device-to-device, read + write)");
-    let wide = if dtypes().contains(&"bf16") { "bf16" } else { "fp16" };
+    let wide = if dtypes().contains(&"bf16") {
+        "bf16"
+    } else {
+        "fp16"
+    };
     for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128)] {
         for ctx in [8192usize, 32768] {
             for seqs in [1usize, 16] {

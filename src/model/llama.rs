@@ -658,7 +658,10 @@ impl<B: Backend> ModelRunner for Llama<B> {
                 Some(b) => (b.size, b.size),
                 None => (input.num_tokens(), input.logit_rows.len()),
             };
-            if !workspace.as_ref().is_some_and(|w| w.tokens >= t && w.rows >= rows) {
+            if !workspace
+                .as_ref()
+                .is_some_and(|w| w.tokens >= t && w.rows >= rows)
+            {
                 // First step, or one larger than any before: (re)make it, at least as large
                 // as reserved and as the one it replaces. Graphs recorded its old buffers.
                 let (old_t, old_r) = workspace.as_ref().map_or((0, 0), |w| (w.tokens, w.rows));

@@ -236,7 +236,9 @@ impl CudaBackend {
                 )
             };
             if status != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                return Err(CudaError::Cublas(cudarc::cublas::result::CublasError(status)));
+                return Err(CudaError::Cublas(cudarc::cublas::result::CublasError(
+                    status,
+                )));
             }
         }
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)

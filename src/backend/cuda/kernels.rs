@@ -108,6 +108,7 @@ impl KernelModule {
                 KernelModule::Attention => {
                     for c in ["same", "e5m2", "e4m3"] {
                         names.push(format!("attention_{t}_{c}"));
+                        names.push(format!("attention_serial_{t}_{c}"));
                         for d in ["d64", "d128", "d256"] {
                             names.push(format!("attention_prefill_{t}_{c}_{d}"));
                         }

@@ -143,7 +143,11 @@ impl<B: Backend> DecodeGraphs<B> {
         let decode_only = n > 0
             && input.num_tokens() == n
             && input.logit_rows.len() == n
-            && input.logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i)
+            && input
+                .logit_rows
+                .iter()
+                .enumerate()
+                .all(|(i, &r)| r as usize == i)
             && input.seqs.iter().enumerate().all(|(i, s)| {
                 s.len == 1
                     && s.token_start == i

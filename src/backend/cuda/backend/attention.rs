@@ -13,6 +13,8 @@ use crate::backend::{AttentionParams, BackendError};
 const ATTN_THREADS: u32 = 4 * 32;
 /// Largest head_dim the split-K attention kernel holds (`ATTN_MAX_DIM_PER_LANE * 32`).
 const ATTN_MAX_HEAD_DIM: usize = 256;
+/// Widest head the block-wide split-K kernel takes; wider heads go to `attention_serial_*`.
+const SERIAL_ABOVE_HEAD_DIM: usize = 64;
 /// Keys per split-K partition of the split-K attention kernel (at most `ATTN_PART_MAX`, the
 /// kernel's shared score row).
 const ATTN_PART_LEN: usize = 512;
@@ -145,7 +147,14 @@ impl CudaBackend {
         };
         let mut partials = guard.as_mut().and_then(|g| g.as_mut());
         let null: u64 = 0;
-        let f = &self.k.attention_split_k;
+        // The block-wide kernel for heads up to 64 wide (faster at short contexts); the serial one
+        // above (faster for wide heads at long contexts; see attention.cu). A function of the
+        // shapes only, so a graph's kernel never changes with the data.
+        let f = if params.head_dim > SERIAL_ABOVE_HEAD_DIM {
+            &self.k.attention_split_k_serial
+        } else {
+            &self.k.attention_split_k
+        };
         let tables = step.block_tables();
         let token_seq = step.token_seq();
         let positions = step.positions();

@@ -39,6 +39,8 @@ pub(crate) struct Kernels {
     pub kv_copy_block: CudaFunction,
     /// `attention_{t}_{c}`: the split-K kernel.
     pub attention_split_k: CudaFunction,
+    /// `attention_serial_{t}_{c}`: the first split-K kernel, for head_dim > 64.
+    pub attention_split_k_serial: CudaFunction,
     /// `attention_combine_{t}`.
     pub attention_combine: CudaFunction,
     /// `attention_prefill_{t}_{c}_{d}`, in the order of [`PrefillVariant::ALL`].
@@ -94,6 +96,7 @@ impl Kernels {
             qkv_rope_write: get(format!("qkv_rope_write_{t}_{c}"))?,
             kv_copy_block: get(format!("kv_copy_block_b{kv_bytes}"))?,
             attention_split_k: get(format!("attention_{t}_{c}"))?,
+            attention_split_k_serial: get(format!("attention_serial_{t}_{c}"))?,
             attention_combine: get(format!("attention_combine_{t}"))?,
             attention_prefill: PrefillVariant::ALL
                 .iter()

@@ -115,7 +115,11 @@ impl Profiler {
     }
 
     /// Time one op (when on, in a gated step, and not recording a graph).
-    pub fn op<'a>(&'a self, stream: &'a Arc<CudaStream>, name: &'static str) -> Option<OpTimer<'a>> {
+    pub fn op<'a>(
+        &'a self,
+        stream: &'a Arc<CudaStream>,
+        name: &'static str,
+    ) -> Option<OpTimer<'a>> {
         if !self.on {
             return None;
         }
@@ -164,7 +168,7 @@ impl Profiler {
         }
         let mut st = self.lock();
         st.steps += 1;
-        st.gated = st.steps % 2 == 0;
+        st.gated = st.steps.is_multiple_of(2);
         st.decode_rows = 0;
         st.recorded = false;
         self.replayed.store(false, Ordering::Relaxed);
@@ -262,7 +266,11 @@ impl Profiler {
             let idle = 1.0 - busy / (wall + gap);
             out.push_str(&format!(
                 "| {} | {} | {} / {} | {:.1} | {:.1} | {:.1} | {:.1}% |\n",
-                if rows == 0 { "mixed".to_string() } else { rows.to_string() },
+                if rows == 0 {
+                    "mixed".to_string()
+                } else {
+                    rows.to_string()
+                },
                 if graph { "replay" } else { "eager" },
                 a.gated_steps,
                 a.open_steps,
