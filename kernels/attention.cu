@@ -1,5 +1,6 @@
 // attention.cu: causal GQA attention over the paged KV cache, for prefill chunks and decode.
-// Entry points: attention_{f32,f16,bf16}_{same,e5m2,e4m3} (split-K, one query per block),
+// Entry points: attention_{f32,f16,bf16}_{same,e5m2,e4m3} (split-K, one query per block; head_dim ≤ 64),
+// attention_serial_{f32,f16,bf16}_{same,e5m2,e4m3} (the first split-K kernel; head_dim > 64),
 // attention_combine_{f32,f16,bf16}, and
 // attention_prefill_{f32,f16,bf16}_{same,e5m2,e4m3}_d{64,128,256} (tiled, flash-style; below).
 //
@@ -12,20 +13,131 @@
 // n_kv_heads, head_dim] (storage C); block_tables [n_seqs, max_blocks] (int32).
 //
 // ---- Split-K kernel (decode) ----
-// head_dim is at most 256 (ATTN_MAX_DIM_PER_LANE * 32); lane l holds dims l, l + 32, ...
+// head_dim is at most 256 (ATTN_MAX_DIM_PER_LANE * 32); part_len at most ATTN_PART_MAX.
 // Grid (n_heads, n_rows, n_parts): block row y handles query token t = q_index[y] (or y when
 // q_index is null, i.e. every token of the step), so a mixed step can send only its decode tokens
-// here. Part p covers keys [p*part_len, (p+1)*part_len). Each of the block's ATTN_WARPS warps walks
-// every ATTN_WARPS-th key with an online softmax, lanes splitting the head dimension; the warps are
-// merged in shared memory. With n_parts == 1 the result goes straight to `out`; otherwise partial
-// (max, sum, acc) go to part_m/part_l [n_rows, n_heads, n_parts] and part_acc [n_rows, n_heads,
-// n_parts, head_dim] (f32, indexed by the block row y) and attention_combine_* merges them.
-// Softmax in f32; `scale` is usually 1/sqrt(head_dim).
+// here. Part p covers keys [p*part_len, (p+1)*part_len) ∩ [0, ctx); a part past the context is
+// empty and writes an empty partial (max = -inf, sum 0, acc 0), which the merge skips.
+// Three passes over the part's keys, each spread over the whole block so that many independent
+// loads are in flight (the kernel is bound by memory latency at small batch and by bandwidth at
+// long contexts, never by arithmetic):
+//   1. scores: thread i takes keys i, i + blockDim, ...: s_j = (scale · q) · k_j over head_dim
+//      (q staged in shared memory as f32; a key row is read by one thread, through L1), into
+//      shared s[j]; the block's max M.
+//   2. p_j = exp(s_j - M) in place; the block's sum L = Σ p_j.
+//   3. acc = Σ p_j v_j: warp w takes keys w, w + ATTN_WARPS, ... (unrolled, so several rows are
+//      loaded at once), lane l dims l, l + 32, ... (coalesced rows); the warps' sums are merged in
+//      shared memory.
+// With n_parts == 1 the result acc / L goes straight to `out`; otherwise partial (M, L, acc) go to
+// part_m/part_l [n_rows, n_heads, n_parts] and part_acc [n_rows, n_heads, n_parts, head_dim] (f32,
+// indexed by the block row y) and attention_combine_* merges them. Softmax in f32; `scale` is
+// usually 1/sqrt(head_dim). Launch with ATTN_WARPS * 32 threads.
 #define ATTN_WARPS 4
 #define ATTN_MAX_DIM_PER_LANE 8
+#define ATTN_PART_MAX 512
+#define ATTN_THREADS (ATTN_WARPS * WARP_SIZE)
+
+__device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    __syncthreads();  // `red` may still be read from the previous reduction
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < ATTN_WARPS; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+    return r;
+}
 
 template <typename T, typename C>
 __device__ void attention(const T* q, const C* k_cache, const C* v_cache, const int* block_tables,
+                          const int* q_seq, const int* q_pos, const int* q_index, T* out,
+                          float* part_m, float* part_l, float* part_acc, int n_heads,
+                          int n_kv_heads, int head_dim, int block_size, int max_blocks,
+                          int part_len, float scale) {
+    __shared__ float q_s[ATTN_MAX_DIM_PER_LANE * WARP_SIZE];
+    __shared__ float s_s[ATTN_PART_MAX];
+    __shared__ float red[ATTN_WARPS];
+    __shared__ float sacc[ATTN_WARPS][ATTN_MAX_DIM_PER_LANE * WARP_SIZE];
+    int head = blockIdx.x;
+    long row_y = blockIdx.y;
+    long t = q_index ? q_index[row_y] : row_y;
+    int part = blockIdx.z, n_parts = gridDim.z;
+    int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    int kv_head = head / (n_heads / n_kv_heads);
+    int per_lane = (head_dim + WARP_SIZE - 1) / WARP_SIZE;
+    int ctx = q_pos[t] + 1;
+    int start = part * part_len;
+    int n = min(ctx, start + part_len) - start;  // keys of this part (≤ 0: an empty part)
+    const int* table = block_tables + (long)q_seq[t] * max_blocks;
+    long row = (long)n_kv_heads * head_dim;
+    long head_off = (long)kv_head * head_dim;
+
+    const T* qr = q + (t * n_heads + head) * (long)head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) q_s[d] = Io<T>::load(qr, d) * scale;
+    __syncthreads();
+
+    // 1. scores and their max.
+    float m = KILN_NEG_INF;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        int key = start + j;
+        long base = ((long)table[key / block_size] * block_size + key % block_size) * row + head_off;
+        float s = 0.0f;
+        for (int d = 0; d < head_dim; ++d) s += q_s[d] * Io<C>::load(k_cache, base + d);
+        s_s[j] = s;
+        m = fmaxf(m, s);
+    }
+    float M = block_reduce(m, red, true);
+    // 2. probabilities and their sum (each thread rewrites only the scores it wrote).
+    float l = 0.0f;
+    if (M != KILN_NEG_INF) {
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            float p = expf(s_s[j] - M);
+            s_s[j] = p;
+            l += p;
+        }
+    }
+    float L = block_reduce(l, red, false);  // its barriers also publish s_s
+    // 3. acc = Σ p_j v_j.
+    float acc[ATTN_MAX_DIM_PER_LANE];
+    for (int i = 0; i < ATTN_MAX_DIM_PER_LANE; ++i) acc[i] = 0.0f;
+#pragma unroll 4
+    for (int j = warp; j < n; j += ATTN_WARPS) {
+        int key = start + j;
+        long base = ((long)table[key / block_size] * block_size + key % block_size) * row + head_off;
+        float p = s_s[j];
+        for (int i = 0; i < per_lane; ++i) {
+            int d = lane + i * WARP_SIZE;
+            if (d < head_dim) acc[i] += p * Io<C>::load(v_cache, base + d);
+        }
+    }
+    for (int i = 0; i < per_lane; ++i) {
+        int d = lane + i * WARP_SIZE;
+        if (d < head_dim) sacc[warp][d] = acc[i];
+    }
+    __syncthreads();
+    long ph = (row_y * n_heads + head) * (long)n_parts + part;
+    if (n_parts > 1 && threadIdx.x == 0) {
+        part_m[ph] = M;
+        part_l[ph] = L;
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; ++w) o += sacc[w][d];
+        if (n_parts > 1) {
+            part_acc[ph * head_dim + d] = o;
+        } else {
+            Io<T>::store(out, (t * n_heads + head) * (long)head_dim + d, L > 0.0f ? o / L : 0.0f);
+        }
+    }
+}
+
+// attention_serial_*: the first split-K kernel, kept for head_dim > 64, where it measured faster at long
+// contexts on the H200 (2026-12-01: 32/8 heads × 128 at 32K keys, 556 vs 221 GB/s): same grid, same
+// partial format, same ATTN_WARPS * 32 threads; each of the warps walks every ATTN_WARPS-th key of the
+// part with an online softmax, lanes splitting head_dim (lane l holds dims l, l + 32, ...), and the
+// warps are merged in shared memory.
+template <typename T, typename C>
+__device__ void attention_serial(const T* q, const C* k_cache, const C* v_cache, const int* block_tables,
                           const int* q_seq, const int* q_pos, const int* q_index, T* out,
                           float* part_m, float* part_l, float* part_acc, int n_heads,
                           int n_kv_heads, int head_dim, int block_size, int max_blocks,
@@ -340,6 +452,13 @@ __device__ void attention_prefill(const T* q, const C* k_cache, const C* v_cache
         int n_kv_heads, int head_dim, int block_size, int max_blocks, int part_len, float scale) {  \
         attention<T, C>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc, n_heads,           \
                         n_kv_heads, head_dim, block_size, max_blocks, part_len, scale);             \
+    }                                                                                               \
+    extern "C" __global__ void attention_serial_##SUF##_##CSUF(                                     \
+        const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq, const int* q_pos,    \
+        const int* q_index, T* out, float* pm, float* pl, float* pacc, int n_heads,                \
+        int n_kv_heads, int head_dim, int block_size, int max_blocks, int part_len, float scale) {  \
+        attention_serial<T, C>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc, n_heads,    \
+                               n_kv_heads, head_dim, block_size, max_blocks, part_len, scale);      \
     }                                                                                               \
     ATTENTION_PREFILL_ONE(SUF, T, CSUF, C, d64, 2)                                                  \
     ATTENTION_PREFILL_ONE(SUF, T, CSUF, C, d128, 4)                                                 \

@@ -1,6 +1,6 @@
 // elementwise.cu: embedding gather, SiLU-gated product, residual add, dtype casts.
 // Entry points: embedding_{f32,f16,bf16}, embedding_{f16,bf16}_to_f32, silu_mul_*, swiglu_*, add_*,
-// cast_f32_to_{f16,bf16}, cast_{f16,bf16}_to_f32.
+// cast_f32_to_{f16,bf16}, cast_{f16,bf16}_to_f32, gpu_sleep (the profiler's gate).
 
 // out[t, :] = table[ids[t], :]; grid (n_tokens), block any; table [vocab, dim].
 // The `_to_f32` variants write an f32 output (the model's f32 residual stream).
@@ -74,3 +74,13 @@ CASTS(bf16, bf16_t)
     }
 EMBEDDING_TO_F32(f16, __half)
 EMBEDDING_TO_F32(bf16, bf16_t)
+
+// gpu_sleep: one thread spins on the global timer for `ns` nanoseconds, holding the stream: the
+// profiler's gate (KILN_PROFILE_OPS), so a whole step is queued before the GPU starts it.
+extern "C" __global__ void gpu_sleep(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}

@@ -189,6 +189,26 @@ impl StepInput {
     }
 }
 
+/// Launch shapes a graph-replayed step keeps whatever its data ([`Backend::update_step_pinned`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedShape {
+    /// Context length the attention's work split is sized for (`max_model_len`): at least the
+    /// longest context of any step refilled with it.
+    pub max_context: usize,
+}
+
+/// A recorded sequence of ops ([`Backend::begin_capture`] .. [`Backend::end_capture`]) that
+/// replays them on the device with the same pointers and shapes, reading whatever those
+/// buffers hold at replay time.
+pub trait StepGraph: Send {
+    /// Queue one replay (asynchronous, like the ops it recorded).
+    fn replay(&self) -> Result<(), BackendError>;
+    /// Device bytes the instantiated graph took (measured around its instantiation).
+    fn device_bytes(&self) -> usize;
+    /// Ops (graph nodes) it holds.
+    fn nodes(&self) -> usize;
+}
+
 /// A compute device. Shapes are row-major; `rows` is the number of tokens unless stated.
 /// Methods take `&self`: a backend is shared by the model's layers and its state (streams,
 /// thread pool) is internal.
@@ -288,6 +308,42 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn update_step(&self, step: &mut Self::Step, input: &StepInput) -> Result<(), BackendError> {
         *step = self.prepare_step(input)?;
         Ok(())
+    }
+    /// [`Backend::update_step`] for a step that a captured graph replays ([`Backend::begin_capture`]):
+    /// the launch shapes that would otherwise follow the data are pinned by `shape` (the split-K
+    /// attention's part count follows `shape.max_context`, not the step's longest context), so
+    /// every refill with the same number of tokens, sequences and block-table width launches the
+    /// same grids. Results equal [`Backend::update_step`]'s bit for bit. The default is
+    /// [`Backend::update_step`] (a backend without graphs has no shapes to pin).
+    fn update_step_pinned(
+        &self,
+        step: &mut Self::Step,
+        input: &StepInput,
+        shape: &PinnedShape,
+    ) -> Result<(), BackendError> {
+        let _ = shape;
+        self.update_step(step, input)
+    }
+    /// Whether [`Backend::begin_capture`] can work here (CUDA: yes; the CPU: no).
+    fn supports_graphs(&self) -> bool {
+        false
+    }
+    /// Start recording the ops queued from now on into a graph instead of running them, until
+    /// [`Backend::end_capture`] (which must follow, also when an op in between failed). Ops
+    /// recorded must obey the capture rules in docs/architecture.md: no allocation, no host
+    /// synchronization, no host reads of device data, fixed device pointers.
+    fn begin_capture(&self) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported(format!(
+            "graph capture on {}",
+            self.name()
+        )))
+    }
+    /// Stop recording and instantiate what was recorded since [`Backend::begin_capture`].
+    fn end_capture(&self) -> Result<Box<dyn StepGraph>, BackendError> {
+        Err(BackendError::Unsupported(format!(
+            "graph capture on {}",
+            self.name()
+        )))
     }
     /// Wait for queued work (a no-op on the CPU).
     fn synchronize(&self) -> Result<(), BackendError>;

@@ -39,6 +39,10 @@ pub struct EngineConfig {
     /// KV-cache storage dtype: `auto` (the compute dtype), `fp8_e5m2` or `fp8_e4m3`. The CPU
     /// keeps f32 and rounds through the fp8 encoding (same numerics, no memory saved).
     pub kv_cache_dtype: String,
+    /// Replay decode-only steps from CUDA graphs, one per batch bucket (1, 2, 4, … up to
+    /// `max_num_seqs`), recorded at first use; mixed and prefill steps run eagerly. Ignored on
+    /// the CPU.
+    pub cuda_graphs: bool,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +62,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: r.enable_prefix_caching,
             dtype: r.dtype,
             kv_cache_dtype: r.kv_cache_dtype,
+            cuda_graphs: r.cuda_graphs,
         }
     }
 }
@@ -78,6 +83,7 @@ impl EngineConfig {
             dtype: self.dtype.clone(),
             kv_cache_dtype: self.kv_cache_dtype.clone(),
             enable_prefix_caching: self.enable_prefix_caching,
+            cuda_graphs: self.cuda_graphs,
         }
     }
 

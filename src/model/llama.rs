@@ -31,7 +31,7 @@
 
 use tracing::info;
 
-use crate::backend::{Backend, KvCacheSpec, RopeSpec, StepInput};
+use crate::backend::{Backend, KvCacheSpec, RopeSpec};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
 use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
@@ -91,7 +91,6 @@ impl<B: Backend> LlamaLayer<B> {
 struct Workspace<B: Backend> {
     tokens: usize,
     rows: usize,
-    step: B::Step,
     /// Residual stream `[tokens, hidden]`, f32.
     x: B::Buffer,
     /// Normed input of the next sub-block `[tokens, hidden]`.
@@ -140,6 +139,10 @@ pub struct Llama<B: Backend> {
     geometry: CacheGeometry,
     /// Made at the first step.
     workspace: Option<Workspace<B>>,
+    /// The eager steps' metadata on the device, made at the first eager step and refilled.
+    step: Option<B::Step>,
+    /// Decode graphs ([`Llama::with_decode_graphs`]); `None`: every step runs eagerly.
+    graphs: Option<decode_graphs::DecodeGraphs<B>>,
     /// Least (tokens, logits rows) the workspace is made for.
     reserve: (usize, usize),
 }
@@ -353,7 +356,9 @@ impl<B: Backend> Llama<B> {
                 num_state_slots: 0,
             },
             workspace: None,
+            step: None,
             reserve: (0, 0),
+            graphs: None,
         })
     }
 
@@ -363,6 +368,33 @@ impl<B: Backend> Llama<B> {
     pub fn reserve_workspace(mut self, tokens: usize, rows: usize) -> Self {
         self.reserve = (tokens, rows);
         self
+    }
+
+    /// Replay decode-only steps from CUDA-style graphs, one per batch bucket (1, 2, 4, … up to
+    /// `max_num_seqs`), each recorded at its first use ([`decode_graphs`]). The last KV block
+    /// becomes the padding rows' scratch block: the runner reports one block fewer. A backend
+    /// without graphs ([`Backend::supports_graphs`]), or a cache of one block, stays eager.
+    pub fn with_decode_graphs(mut self, max_num_seqs: usize, max_model_len: usize) -> Self {
+        if !self.backend.supports_graphs() || self.geometry.num_blocks < 2 || max_num_seqs == 0 {
+            return self;
+        }
+        let max_model_len = match max_model_len {
+            0 => self.config.max_position_embeddings,
+            n => n.min(self.config.max_position_embeddings),
+        };
+        self.geometry.num_blocks -= 1;
+        self.graphs = Some(decode_graphs::DecodeGraphs::new(
+            max_num_seqs,
+            max_model_len,
+            self.geometry.block_size,
+            self.geometry.num_blocks as u32,
+        ));
+        self
+    }
+
+    /// What the decode graphs have done; `None` when this runner has none.
+    pub fn graph_stats(&self) -> Option<GraphStats> {
+        self.graphs.as_ref().map(|g| g.stats())
     }
 
     /// The KV-cache geometry `config` needs for `num_blocks` blocks of `block_size` tokens.
@@ -383,15 +415,13 @@ impl<B: Backend> Llama<B> {
 }
 
 impl<B: Backend> Workspace<B> {
-    /// Buffers for `tokens` tokens and `rows` logits rows of `c`'s model with `weights`' layout,
-    /// and `input` as the first step.
+    /// Buffers for `tokens` tokens and `rows` logits rows of `c`'s model with `weights`' layout.
     fn new(
         b: &B,
         c: &ModelConfig,
         weights: &LlamaWeights<B>,
         tokens: usize,
         rows: usize,
-        input: &StepInput,
     ) -> Result<Workspace<B>, EngineError> {
         let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
@@ -416,7 +446,6 @@ impl<B: Backend> Workspace<B> {
         Ok(Workspace {
             tokens,
             rows,
-            step: b.prepare_step(input)?,
             x: b.alloc_f32(tokens * hidden)?,
             h: b.alloc(tokens * hidden)?,
             delta: b.alloc(tokens * hidden)?,
@@ -437,20 +466,21 @@ impl<B: Backend> Workspace<B> {
 }
 
 impl<B: Backend> LlamaWeights<B> {
-    /// Run every layer over the step's tokens in `ws` (which holds the step's metadata); then
-    /// the f32 logits of the step's logit rows stay on the device: raw rows are downloaded for
-    /// the `Last` / `All` sequences of `batch`, and the `Sample` sequences' rows are sampled by
-    /// the backend.
-    fn run(
+    /// Queue every layer over the `t` tokens of `step` (the step's metadata on the device), then
+    /// the f32 logits of its `rows` logit rows into `ws.logits`, where they stay. Only device
+    /// work, with no host synchronization and no allocation: this is what a decode graph
+    /// records ([`decode_graphs`]).
+    #[allow(clippy::too_many_arguments)]
+    fn queue(
         &self,
         b: &B,
         c: &ModelConfig,
         kv_cache: &mut B::KvCache,
         ws: &mut Workspace<B>,
-        input: &StepInput,
-        batch: &ForwardBatch,
-    ) -> Result<ForwardOutput, EngineError> {
-        let t = input.num_tokens();
+        step: &B::Step,
+        t: usize,
+        rows: usize,
+    ) -> Result<(), EngineError> {
         let (hidden, hd, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps);
         let (nh, nkv, inter) = (
             c.num_attention_heads,
@@ -458,7 +488,6 @@ impl<B: Backend> LlamaWeights<B> {
             c.intermediate_size,
         );
         let attn = c.attention_params();
-        let step = &ws.step;
         b.embedding(&self.embed_tokens, step, &mut ws.x)?;
         b.rms_norm(
             &ws.x,
@@ -525,15 +554,26 @@ impl<B: Backend> LlamaWeights<B> {
                 .map_or(&self.norm, |l| &l.input_layernorm);
             b.add_rms_norm(&mut ws.x, &ws.delta, next_norm, &mut ws.h, t, hidden, eps)?;
         }
-        let rows = input.logit_rows.len();
-        let mut out = ForwardOutput::default();
         if rows == 0 {
-            return Ok(out);
+            return Ok(());
         }
         b.gather_rows(&ws.h, step, hidden, &mut ws.last)?;
         let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         b.logits_into(&ws.last, rows, lm_head, &mut ws.logits)?;
-        let logits = &ws.logits;
+        Ok(())
+    }
+
+    /// The step's answer from the logits [`LlamaWeights::queue`] left in `logits`: raw rows are
+    /// downloaded for the `Last` / `All` sequences of `batch`, and the `Sample` sequences' rows
+    /// are sampled by the backend (rows past the batch's own, padding of a decode graph, are
+    /// never read).
+    fn finish(
+        b: &B,
+        c: &ModelConfig,
+        logits: &B::Logits,
+        batch: &ForwardBatch,
+    ) -> Result<ForwardOutput, EngineError> {
+        let mut out = ForwardOutput::default();
         // Logits rows follow batch.seqs (as ForwardBatch::step_input laid them out).
         let mut row = 0;
         let mut picks = Vec::new();
@@ -606,29 +646,48 @@ impl<B: Backend> ModelRunner for Llama<B> {
             weights,
             kv_cache,
             workspace,
+            step,
             reserve,
+            graphs,
             ..
         } = self;
         backend.run_step(|| {
-            let (t, rows) = (input.num_tokens(), input.logit_rows.len());
-            match workspace {
-                Some(ws) if ws.tokens >= t && ws.rows >= rows => {
-                    backend.update_step(&mut ws.step, &input)?;
+            // A decode-only step that fits a graph bucket runs padded to the bucket.
+            let bucket = graphs.as_ref().and_then(|g| g.bucket_for(&input));
+            let (t, rows) = match bucket {
+                Some(b) => (b.size, b.size),
+                None => (input.num_tokens(), input.logit_rows.len()),
+            };
+            if !workspace
+                .as_ref()
+                .is_some_and(|w| w.tokens >= t && w.rows >= rows)
+            {
+                // First step, or one larger than any before: (re)make it, at least as large
+                // as reserved and as the one it replaces. Graphs recorded its old buffers.
+                let (old_t, old_r) = workspace.as_ref().map_or((0, 0), |w| (w.tokens, w.rows));
+                *workspace = None;
+                if let Some(g) = graphs.as_mut() {
+                    g.clear();
                 }
-                _ => {
-                    // First step, or one larger than any before: (re)make it, at least as large
-                    // as reserved and as the one it replaces.
-                    let (old_t, old_r) = workspace.as_ref().map_or((0, 0), |w| (w.tokens, w.rows));
-                    *workspace = None;
-                    let tokens = t.max(reserve.0).max(old_t);
-                    let rows = rows.max(reserve.1).max(old_r).max(1);
-                    *workspace = Some(Workspace::new(
-                        backend, config, weights, tokens, rows, &input,
-                    )?);
-                }
+                let tokens = t.max(reserve.0).max(old_t);
+                let rows = rows.max(reserve.1).max(old_r).max(1);
+                *workspace = Some(Workspace::new(backend, config, weights, tokens, rows)?);
             }
             let ws = workspace.as_mut().expect("made above");
-            weights.run(backend, config, kv_cache, ws, &input, batch)
+            match (bucket, graphs.as_mut()) {
+                (Some(bucket), Some(g)) => {
+                    g.run(bucket, backend, config, weights, kv_cache, ws, &input)?;
+                }
+                _ => {
+                    match step {
+                        Some(st) => backend.update_step(st, &input)?,
+                        None => *step = Some(backend.prepare_step(&input)?),
+                    }
+                    let st = step.as_ref().expect("made above");
+                    weights.queue(backend, config, kv_cache, ws, st, t, rows)?;
+                }
+            }
+            LlamaWeights::finish(backend, config, &ws.logits, batch)
         })
     }
 
@@ -637,5 +696,7 @@ impl<B: Backend> ModelRunner for Llama<B> {
     }
 }
 
+mod decode_graphs;
+pub use decode_graphs::GraphStats;
 #[cfg(test)]
 pub(crate) mod tests;

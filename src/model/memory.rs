@@ -148,6 +148,41 @@ pub fn workspace_bytes(
     tokens * (per_token * elem + c.hidden_size * 4) + attention_partials + logits
 }
 
+/// Device bytes allowed per instantiated decode graph (the driver's copy of ~300 kernel nodes
+/// and their parameters; measured and logged at each recording, "Decode graph recorded.").
+pub const GRAPH_ALLOWANCE_BYTES: usize = 2 << 20;
+
+/// Device bytes the llama runner's decode graphs take beyond its workspace, with `engine.cuda_graphs`
+/// on: per bucket (1, 2, 4, … up to `max_num_seqs`) its own split-K partials for `max_model_len`
+/// keys, its step metadata and [`GRAPH_ALLOWANCE_BYTES`]; and the one scratch KV block the padding
+/// rows use (`bytes_per_block`).
+pub fn decode_graph_bytes(
+    c: &ModelConfig,
+    max_num_seqs: usize,
+    max_model_len: usize,
+    block_size: usize,
+    bytes_per_block: usize,
+) -> usize {
+    let parts = max_model_len.div_ceil(512).max(1);
+    let width = max_model_len.div_ceil(block_size.max(1)).max(1);
+    let mut buckets: Vec<usize> = std::iter::successors(Some(1usize), |&b| Some(b * 2))
+        .take_while(|&b| b < max_num_seqs)
+        .collect();
+    buckets.push(max_num_seqs.max(1));
+    let per_bucket = |b: usize| {
+        let partials = if parts > 1 {
+            b * c.num_attention_heads * parts * (c.head_dim + 2) * 4
+        } else {
+            0
+        };
+        // i32 metadata: 9 per token (ids, positions, slots, sequence, logits row, split-K
+        // list and tile slack) and the block tables.
+        let meta = (9 * b + b * width) * 4;
+        partials + meta + GRAPH_ALLOWANCE_BYTES
+    };
+    bytes_per_block + buckets.into_iter().map(per_bucket).sum::<usize>()
+}
+
 /// Inputs of [`split_hybrid`]: a budget to share between a hybrid model's state slots and its
 /// KV blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,6 +343,29 @@ mod tests {
         assert_eq!(
             weight_device_bytes(&info(WeightDType::U8, &[16, 8], 128), 2),
             128
+        );
+    }
+
+    #[test]
+    fn decode_graphs_count_partials_per_bucket_and_one_scratch_block() {
+        use crate::model::llama::tests::tiny_config;
+        let c = tiny_config(crate::model::Architecture::Llama);
+        // max_model_len 512: one split-K part, no partials; buckets 1, 2, 4 (max_num_seqs 4).
+        let width = 512 / 16;
+        let meta = |b: usize| (9 * b + b * width) * 4;
+        let short = decode_graph_bytes(&c, 4, 512, 16, 1000);
+        assert_eq!(
+            short,
+            1000 + 3 * GRAPH_ALLOWANCE_BYTES + meta(1) + meta(2) + meta(4)
+        );
+        // 2048 keys: 4 parts, partials for 1 + 2 + 4 rows.
+        let long = decode_graph_bytes(&c, 4, 2048, 16, 1000);
+        let w2 = 2048 / 16;
+        let meta2 = |b: usize| (9 * b + b * w2) * 4;
+        let partials = 7 * c.num_attention_heads * 4 * (c.head_dim + 2) * 4;
+        assert_eq!(
+            long,
+            1000 + 3 * GRAPH_ALLOWANCE_BYTES + meta2(1) + meta2(2) + meta2(4) + partials
         );
     }
 

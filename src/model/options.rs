@@ -83,6 +83,9 @@ pub struct RunnerOptions {
     /// `engine.enable_prefix_caching`: hybrid models then keep as many state slots again as
     /// prefix checkpoints (the recurrent state after a cached prefix).
     pub enable_prefix_caching: bool,
+    /// `engine.cuda_graphs`: replay decode-only steps from CUDA graphs (one per batch bucket);
+    /// ignored on the CPU.
+    pub cuda_graphs: bool,
 }
 
 impl Default for RunnerOptions {
@@ -99,6 +102,7 @@ impl Default for RunnerOptions {
             dtype: "auto".into(),
             kv_cache_dtype: "auto".into(),
             enable_prefix_caching: true,
+            cuda_graphs: true,
         }
     }
 }

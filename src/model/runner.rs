@@ -56,7 +56,8 @@ pub fn build_runner_for(
             }
             let num_blocks =
                 blocks_for_budget(&backend, config, opts.block_size, opts.kv_cache_mib)?;
-            // The CPU workspace grows with the steps it sees (host memory is not planned).
+            // The CPU workspace grows with the steps it sees (host memory is not planned); the
+            // CPU has no graphs (`engine.cuda_graphs` is ignored).
             load_on(
                 backend,
                 config,
@@ -64,6 +65,7 @@ pub fn build_runner_for(
                 opts.block_size,
                 num_blocks,
                 (0, 0),
+                None,
             )
         }
         #[cfg(not(feature = "cuda"))]
@@ -112,7 +114,7 @@ fn load_cuda(
     opts: &RunnerOptions,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
     use crate::backend::cuda::{Arch, CudaBackend};
-    use crate::model::memory::{plan, workspace_bytes, PlanInput};
+    use crate::model::memory::{decode_graph_bytes, plan, workspace_bytes, PlanInput};
 
     let cuda_err = |e: crate::backend::cuda::CudaError| {
         ModelError::Backend(format!("device `cuda:{ordinal}`: {e}"))
@@ -132,6 +134,21 @@ fn load_cuda(
         0 => config.max_position_embeddings,
         n => n.min(config.max_position_embeddings),
     };
+    let bytes_per_block =
+        backend.kv_bytes_per_block(&Llama::<CudaBackend>::kv_spec(config, opts.block_size, 1));
+    // Decode graphs: their partials and metadata per bucket, and one scratch KV block, counted
+    // with the workspace.
+    let graph_bytes = if opts.cuda_graphs {
+        decode_graph_bytes(
+            config,
+            opts.max_num_seqs,
+            max_model_len,
+            opts.block_size,
+            bytes_per_block,
+        )
+    } else {
+        0
+    };
     let input = PlanInput {
         free_bytes: free,
         total_bytes: total,
@@ -143,26 +160,39 @@ fn load_cuda(
             opts.max_num_seqs,
             max_model_len,
             elem,
-        ),
-        bytes_per_block: backend.kv_bytes_per_block(&Llama::<CudaBackend>::kv_spec(
-            config,
-            opts.block_size,
-            1,
-        )),
+        ) + graph_bytes,
+        bytes_per_block,
         block_size: opts.block_size,
         max_model_len,
     };
     let memory = plan(&input).map_err(ModelError::Unsupported)?;
-    info!(device = %backend.name(), plan = %memory, "GPU memory planned.");
-    // The workspace the planner counted, made at the first step and kept.
+    info!(
+        device = %backend.name(),
+        plan = %memory,
+        cuda_graphs = opts.cuda_graphs,
+        graphs_mib = graph_bytes as f64 / (1 << 20) as f64,
+        "GPU memory planned (the workspace includes the decode graphs)."
+    );
+    // The workspace the planner counted, made at the first step and kept; with graphs, one
+    // more block than planned for the KV cache (the padding rows' scratch block, counted in
+    // `graph_bytes`), which the runner hides from the engine.
     let reserve = (opts.max_num_batched_tokens, opts.max_num_seqs);
+    let (blocks, graphs) = if opts.cuda_graphs {
+        (
+            memory.num_blocks + 1,
+            Some((opts.max_num_seqs, max_model_len)),
+        )
+    } else {
+        (memory.num_blocks, None)
+    };
     load_on(
         backend,
         config,
         weights,
         opts.block_size,
-        memory.num_blocks,
+        blocks,
         reserve,
+        graphs,
     )
 }
 
@@ -194,7 +224,8 @@ fn blocks_for_budget<B: Backend>(
 }
 
 /// The architecture's model on `backend`, its workspace reserved for `reserve` = (tokens,
-/// logits rows) per step.
+/// logits rows) per step, with decode graphs for `graphs = Some((max_num_seqs, max_model_len))`
+/// (the last of the `num_blocks` blocks then becomes their scratch block).
 fn load_on<B: Backend>(
     backend: B,
     config: &ModelConfig,
@@ -202,12 +233,17 @@ fn load_on<B: Backend>(
     block_size: usize,
     num_blocks: usize,
     reserve: (usize, usize),
+    graphs: Option<(usize, usize)>,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
     match config.architecture {
-        Architecture::Llama | Architecture::Qwen3 => Ok(Box::new(
-            Llama::load(backend, config, weights, block_size, num_blocks)?
-                .reserve_workspace(reserve.0, reserve.1),
-        )),
+        Architecture::Llama | Architecture::Qwen3 => {
+            let model = Llama::load(backend, config, weights, block_size, num_blocks)?
+                .reserve_workspace(reserve.0, reserve.1);
+            Ok(Box::new(match graphs {
+                Some((seqs, len)) => model.with_decode_graphs(seqs, len),
+                None => model,
+            }))
+        }
         // The CPU loads Qwen3.5 before this point (`build_runner_for`); no other backend
         // implements `HybridBackend` yet.
         Architecture::Qwen3_5 => Err(ModelError::Unsupported(format!(

@@ -76,6 +76,9 @@ pub struct BenchArgs {
     /// Weight shape `N×K` of the per-dtype kernel table (K a multiple of 256).
     #[arg(long, default_value = "576x1536")]
     pub shape: String,
+    /// Replay decode steps from CUDA graphs (`engine.cuda_graphs`; ignored on the CPU).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub cuda_graphs: bool,
     /// Print one JSON object per result line instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -217,6 +220,7 @@ fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchEr
         max_num_seqs: max_c,
         max_num_batched_tokens: (max_c * args.prompt_tokens).clamp(2048, 16384),
         enable_prefix_caching: false,
+        cuda_graphs: args.cuda_graphs,
         ..EngineConfig::default()
     };
     let engine = spawn_from_path(&model, cfg)?;
@@ -229,10 +233,11 @@ fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchEr
     let peak = args.peak_gbps.or_else(|| device_peak_gbps(device));
     if !args.json {
         println!(
-            "# kiln engine: {}, model {}, matmul {} (CPU), prompt {} tokens, {} generated, load average {load}",
+            "# kiln engine: {}, model {}, matmul {} (CPU), cuda_graphs {}, prompt {} tokens, {} generated, load average {load}",
             engine.info().device,
             model.display(),
             mode_name(mode),
+            args.cuda_graphs,
             args.prompt_tokens,
             args.gen_tokens
         );
@@ -248,6 +253,9 @@ fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchEr
     // Warm-up: page the weights in, start the threads.
     runtime.block_on(run_batch(&engine, 1, 8, 4, 1))?;
     for (round, &c) in args.concurrency.iter().enumerate() {
+        // Warm-up at this size too: a decode graph for this batch is recorded here, not in
+        // the measured run (and cuBLAS has seen its shapes).
+        runtime.block_on(run_batch(&engine, c, 8, 4, 500 + round as u64))?;
         let r = runtime.block_on(run_batch(
             &engine,
             c,
@@ -261,7 +269,7 @@ fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchEr
         if args.json {
             let v = serde_json::json!({
                 "bench": "engine", "device": engine.info().device, "model": model.display().to_string(),
-                "matmul": mode_name(mode), "load": load, "concurrency": r.concurrency,
+                "matmul": mode_name(mode), "cuda_graphs": args.cuda_graphs, "load": load, "concurrency": r.concurrency,
                 "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
                 "prefill_tokens_per_s": r.prefill_tokens_per_s,
                 "decode_tokens_per_s": r.decode_tokens_per_s,

@@ -127,6 +127,9 @@ pub struct CpuBackend {
     pool: rayon::ThreadPool,
     /// KV-cache encoding new caches round through (see [`KvCacheDType`]).
     kv_storage: KvCacheDType,
+    /// `qkv_rope_write`'s split q, k, v (and normed k) rows, kept between calls so a layer
+    /// allocates nothing once the largest step has run.
+    qkv_scratch: std::sync::Mutex<[Vec<f32>; 4]>,
 }
 
 impl CpuBackend {
@@ -140,6 +143,7 @@ impl CpuBackend {
         Ok(CpuBackend {
             pool,
             kv_storage: KvCacheDType::Same,
+            qkv_scratch: Default::default(),
         })
     }
 
@@ -636,36 +640,39 @@ impl Backend for CpuBackend {
         let width = qd + 2 * kvd;
         check_len("qkv_rope_write qkv", qkv.len(), t * width)?;
         check_len("qkv_rope_write q_out", q_out.len(), t * qd)?;
-        let mut q = self.alloc(t * qd)?;
-        let mut k = self.alloc(t * kvd)?;
-        let mut v = self.alloc(t * kvd)?;
+        // Reused split rows (every element is written below before it is read).
+        let mut scratch = self.qkv_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let [q, k, v, kn_out] = &mut *scratch;
+        for (buf, n) in [(&mut *q, t * qd), (&mut *k, t * kvd), (&mut *v, t * kvd)] {
+            buf.resize(n, 0.0);
+        }
         for (r, row) in qkv[..t * width].chunks_exact(width).enumerate() {
             q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
             k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
             v[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd + kvd..]);
         }
-        let mut k = match qk_norm {
+        let k = match qk_norm {
             Some((qn, kn, eps)) => {
-                self.rms_norm(&q, qn, q_out, t * params.num_heads, hd, eps)?;
-                let mut kn_out = self.alloc(t * kvd)?;
-                self.rms_norm(&k, kn, &mut kn_out, t * params.num_kv_heads, hd, eps)?;
+                self.rms_norm(q, qn, q_out, t * params.num_heads, hd, eps)?;
+                kn_out.resize(t * kvd, 0.0);
+                self.rms_norm(k, kn, kn_out, t * params.num_kv_heads, hd, eps)?;
                 kn_out
             }
             None => {
-                q_out[..t * qd].copy_from_slice(&q);
+                q_out[..t * qd].copy_from_slice(q);
                 k
             }
         };
         self.rope(
             q_out,
-            &mut k,
+            k,
             rope,
             step,
             params.num_heads,
             params.num_kv_heads,
             hd,
         )?;
-        self.write_kv(cache, layer, &k, &v, step)
+        self.write_kv(cache, layer, k, v, step)
     }
 
     fn swiglu(

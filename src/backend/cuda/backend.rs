@@ -10,7 +10,7 @@
 //! (`step`, `staging`); scratch the ops need (split-K partials, sampler buffers) is kept by
 //! the backend and reused, so a step allocates nothing once it has run at its largest size.
 //!
-//! Child modules: `dtype` ([`ComputeDType`]), `handles` (the typed kernel handles), `step`
+//! Child modules: `dtype` ([`ComputeDType`]), `graph` (stream capture into CUDA graphs), `handles` (the typed kernel handles), `step`
 //! ([`CudaStep`]), `staging` (pinned host → device buffers), `load` (host data and stored
 //! tensors onto the device), `attention` (the tiled prefill and split-K launches), `sampling`
 //! (f32 logits and the GPU sampler, with its greedy fast path).
@@ -30,8 +30,10 @@ use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dtype;
+mod graph;
 mod handles;
 mod load;
+mod profile;
 mod sampling;
 mod staging;
 mod step;
@@ -48,7 +50,9 @@ use super::device::{self, CudaError};
 use super::kernels::KernelModule;
 use super::nvrtc::{self, Arch};
 use crate::backend::rope::{cos_sin_table, RopeSpec};
-use crate::backend::{AttentionParams, Backend, BackendError, KvCacheSpec, StepInput};
+use crate::backend::{
+    AttentionParams, Backend, BackendError, KvCacheSpec, PinnedShape, StepGraph, StepInput,
+};
 use crate::sampling::{SampleError, Sampled, SamplingRow};
 use crate::tensor::TensorView;
 
@@ -101,6 +105,10 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    /// cuBLAS's workspace (set on `blas`; declared after it, so dropped after it).
+    _blas_workspace: CudaSlice<u8>,
+    /// Per-op CUDA-event timing (`KILN_PROFILE_OPS=1`), see `profile`.
+    prof: Arc<profile::Profiler>,
     k: Kernels,
     /// Reused scratch of the ops (see [`Scratch`]).
     scratch: Mutex<Scratch>,
@@ -110,6 +118,24 @@ pub struct CudaBackend {
     device_name: String,
 }
 
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // The per-op tables of a `KILN_PROFILE_OPS=1` run, on stdout beside the bench's own.
+        if let Some(report) = self.prof.report() {
+            println!("{report}");
+        }
+    }
+}
+
+/// Decode rows of a step for the profiler: its sequences when each adds one token, else 0.
+fn profile_rows(step: &StepInput) -> usize {
+    if !step.seqs.is_empty() && step.seqs.iter().all(|s| s.len == 1) {
+        step.seqs.len()
+    } else {
+        0
+    }
+}
+
 impl std::fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.name())
@@ -117,13 +143,14 @@ impl std::fmt::Debug for CudaBackend {
 }
 
 /// Device scratch the backend reuses across ops and steps; grown when an op needs more than any
-/// before it, never shrunk. All of it is only touched by work on the backend's one stream.
+/// before it, never shrunk. All of it is only touched by work on the backend's one stream. (The
+/// split-K attention partials belong to each [`CudaStep`], so a graph's never move.)
 #[derive(Debug, Default)]
 struct Scratch {
-    /// Split-K attention partials `(max, sum, acc)`, f32.
-    partials: Option<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)>,
     /// The sampler's buffers.
     sample: Option<sampling::SampleArena>,
+    /// Free device bytes when the current graph capture began (`graph::begin`).
+    free_before_capture: usize,
 }
 
 fn dev_err(e: impl Into<CudaError>) -> BackendError {
@@ -158,9 +185,10 @@ impl CudaBackend {
         // cross-stream event tracking (two events created and destroyed per allocation) only
         // costs driver calls.
         // SAFETY: no other stream ever touches this context's allocations: the backend creates
-        // none, and its slices never leave it.
+        // only this one, and its slices never leave it.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A created stream, not the legacy default one: only those can be captured into graphs.
+        let stream = ctx.new_stream()?;
         let mut functions = HashMap::new();
         for m in KernelModule::ALL {
             let ptx = nvrtc::compile_module(m, arch, &include, cache.as_deref())?;
@@ -198,6 +226,26 @@ impl CudaBackend {
         };
         let k = Kernels::resolve(&functions, dtype.suffix(), kv.suffix(), kv_bytes)?;
         let blas = CudaBlas::new(stream.clone())?;
+        // cuBLAS gets a fixed workspace of its own, so it never allocates inside a graph capture
+        // and picks its kernels with the same workspace eagerly and captured.
+        let blas_workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
+        {
+            let (wp, _sync) = blas_workspace.device_ptr(&stream);
+            // SAFETY: the workspace is a live allocation of CUBLAS_WORKSPACE_BYTES on the stream
+            // the handle uses, kept in the backend (dropped after the handle: field order).
+            let status = unsafe {
+                cublas_sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    wp as *mut c_void,
+                    CUBLAS_WORKSPACE_BYTES,
+                )
+            };
+            if status != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(CudaError::Cublas(cudarc::cublas::result::CublasError(
+                    status,
+                )));
+            }
+        }
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -209,6 +257,8 @@ impl CudaBackend {
             ctx,
             stream,
             blas,
+            _blas_workspace: blas_workspace,
+            prof: profile::Profiler::from_env(),
             k,
             scratch: Mutex::new(Scratch::default()),
             arch,
@@ -243,6 +293,9 @@ impl CudaBackend {
         self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(dev_err)
     }
 }
+
+/// Bytes of the workspace cuBLAS is given (NVIDIA's advice for Hopper; more than enough below).
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Threads per block of `qkv_rope_write` (`QKV_WARPS * 32` in kv_cache.cu).
 const QKV_THREADS: u32 = 4 * 32;
@@ -408,11 +461,48 @@ impl Backend for CudaBackend {
     fn prepare_step(&self, step: &StepInput) -> Result<CudaStep, BackendError> {
         let mut st = CudaStep::with_capacity(&self.stream, CudaStep::len_for(step))?;
         st.fill(&self.stream, step)?;
+        self.prof.note_step(profile_rows(step));
         Ok(st)
     }
 
     fn update_step(&self, st: &mut CudaStep, step: &StepInput) -> Result<(), BackendError> {
-        st.fill(&self.stream, step)
+        st.fill(&self.stream, step)?;
+        st.pinned_context = 0;
+        self.prof.note_step(profile_rows(step));
+        Ok(())
+    }
+
+    fn update_step_pinned(
+        &self,
+        st: &mut CudaStep,
+        step: &StepInput,
+        shape: &PinnedShape,
+    ) -> Result<(), BackendError> {
+        st.fill(&self.stream, step)?;
+        if st.max_context > shape.max_context {
+            return Err(BackendError::InvalidArgument(format!(
+                "a step of context {} pinned to {}",
+                st.max_context, shape.max_context
+            )));
+        }
+        st.pinned_context = shape.max_context;
+        self.prof.note_step(profile_rows(step));
+        Ok(())
+    }
+
+    fn supports_graphs(&self) -> bool {
+        true
+    }
+
+    fn begin_capture(&self) -> Result<(), BackendError> {
+        graph::begin(self)?;
+        self.prof.set_capturing(true);
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn StepGraph>, BackendError> {
+        self.prof.set_capturing(false);
+        graph::end(self)
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
@@ -425,7 +515,13 @@ impl Backend for CudaBackend {
         if let Err(e) = self.ctx.bind_to_thread() {
             tracing::warn!(error = ?e, "Could not bind the CUDA context to the engine thread.");
         }
-        f()
+        if !self.prof.on() {
+            return f();
+        }
+        self.prof.begin_step(&self.stream, &self.k.gpu_sleep);
+        let r = f();
+        self.prof.end_step(&self.stream);
+        r
     }
 
     fn embedding(
@@ -434,6 +530,7 @@ impl Backend for CudaBackend {
         step: &CudaStep,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "embedding");
         check_len("embedding output", out.len, step.num_tokens * table.k)?;
         if table.packed.is_some() {
             return Err(BackendError::Unsupported(
@@ -472,6 +569,7 @@ impl Backend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "rms_norm");
         check_len("rms_norm input", x.len, rows * dim)?;
         check_len("rms_norm output", out.len, rows * dim)?;
         check_len("rms_norm weight", weight.len, dim)?;
@@ -503,6 +601,7 @@ impl Backend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "add_rms_norm");
         check_len("add_rms_norm residual", residual.len, rows * dim)?;
         check_len("add_rms_norm delta", delta.len, rows * dim)?;
         check_len("add_rms_norm output", out.len, rows * dim)?;
@@ -532,6 +631,7 @@ impl Backend for CudaBackend {
         w: &CudaWeight,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "matmul");
         check_len("matmul input", x.len, rows * w.k)?;
         check_len("matmul output", out.len, rows * w.n)?;
         self.expect_compute("matmul input", x)?;
@@ -557,6 +657,7 @@ impl Backend for CudaBackend {
         num_kv_heads: usize,
         head_dim: usize,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "rope");
         check_len("rope q", q.len, step.num_tokens * num_heads * head_dim)?;
         check_len("rope k", k.len, step.num_tokens * num_kv_heads * head_dim)?;
         if rope.spec.rotary_dim > head_dim {
@@ -608,6 +709,7 @@ impl Backend for CudaBackend {
         v: &CudaBuffer,
         step: &CudaStep,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "write_kv");
         let spec = cache.spec;
         if layer >= spec.num_layers {
             return Err(BackendError::InvalidArgument(format!(
@@ -652,6 +754,7 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "paged_attention");
         self.check_attention(q, cache, layer, step, params, out)?;
         if step.num_tokens == 0 {
             return Ok(());
@@ -676,6 +779,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
         len: usize,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "silu_mul");
         check_len("silu_mul gate", gate.len, len)?;
         check_len("silu_mul up", up.len, len)?;
         check_len("silu_mul output", out.len, len)?;
@@ -692,6 +796,7 @@ impl Backend for CudaBackend {
     }
 
     fn add(&self, x: &mut CudaBuffer, y: &CudaBuffer, len: usize) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "add");
         check_len("add x", x.len, len)?;
         check_len("add y", y.len, len)?;
         if len == 0 {
@@ -713,6 +818,7 @@ impl Backend for CudaBackend {
         dim: usize,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "gather_rows");
         check_len("gather_rows input", x.len, step.num_tokens * dim)?;
         check_len("gather_rows output", out.len, step.num_logit_rows * dim)?;
         if step.num_logit_rows == 0 {
@@ -750,6 +856,7 @@ impl Backend for CudaBackend {
         w: &CudaWeight,
         out: &mut CudaLogits,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "logits_into");
         self.logits_f32_into(x, rows, w, out)
     }
 
@@ -764,6 +871,7 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
         qk_norm: Option<(&CudaBuffer, &CudaBuffer, f32)>,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "qkv_rope_write");
         let spec = cache.spec;
         params.check_fits(&spec, layer)?;
         let (t, hd) = (step.num_tokens, params.head_dim);
@@ -839,6 +947,7 @@ impl Backend for CudaBackend {
         rows: usize,
         inter: usize,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "swiglu");
         check_len("swiglu gate_up", gate_up.len, rows * 2 * inter)?;
         check_len("swiglu output", out.len, rows * inter)?;
         self.expect_compute("swiglu gate_up", gate_up)?;
@@ -862,6 +971,7 @@ impl Backend for CudaBackend {
         first_row: usize,
         dst: &mut [f32],
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "download_logits");
         self.download_logits_rows(logits, first_row, dst)
     }
 
@@ -870,6 +980,7 @@ impl Backend for CudaBackend {
         logits: &CudaLogits,
         rows: &[(usize, &SamplingRow)],
     ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        let _t = self.prof.op(&self.stream, "sample");
         self.sample_rows(logits, rows)
     }
 

@@ -113,6 +113,7 @@ impl KernelModule {
                 KernelModule::Attention => {
                     for c in ["same", "e5m2", "e4m3"] {
                         names.push(format!("attention_{t}_{c}"));
+                        names.push(format!("attention_serial_{t}_{c}"));
                         for d in ["d64", "d128", "d256"] {
                             names.push(format!("attention_prefill_{t}_{c}_{d}"));
                         }
@@ -140,6 +141,9 @@ impl KernelModule {
             for b in ["b1", "b2", "b4"] {
                 names.push(format!("kv_copy_block_{b}"));
             }
+        }
+        if self == KernelModule::Elementwise {
+            names.push("gpu_sleep".into());
         }
         if self == KernelModule::Sampling {
             names.push("sample_rows".into());

@@ -13,7 +13,10 @@ use crate::backend::{AttentionParams, BackendError};
 const ATTN_THREADS: u32 = 4 * 32;
 /// Largest head_dim the split-K attention kernel holds (`ATTN_MAX_DIM_PER_LANE * 32`).
 const ATTN_MAX_HEAD_DIM: usize = 256;
-/// Keys per split-K partition of the split-K attention kernel.
+/// Widest head the block-wide split-K kernel takes; wider heads go to `attention_serial_*`.
+const SERIAL_ABOVE_HEAD_DIM: usize = 64;
+/// Keys per split-K partition of the split-K attention kernel (at most `ATTN_PART_MAX`, the
+/// kernel's shared score row).
 const ATTN_PART_LEN: usize = 512;
 
 impl CudaBackend {
@@ -125,33 +128,33 @@ impl CudaBackend {
             Some(_) => (step.split_tokens, step.split_max_context),
             None => (step.num_tokens, step.max_context),
         };
-        let n_parts = max_context.div_ceil(ATTN_PART_LEN).max(1);
+        // A pinned step (a replayed graph) sizes the split for its pinned context, so its grid
+        // never follows the data; the extra parts cover no keys, write an empty partial
+        // (max = -inf) and are skipped by the merge, which leaves the result bit for bit as with
+        // the parts the data needs (a scale of exp(0) = 1 on the one part is exact).
+        let n_parts = max_context
+            .max(step.pinned_context)
+            .div_ceil(ATTN_PART_LEN)
+            .max(1);
         let rows = n_rows * params.num_heads * n_parts;
-        // Partial (max, sum, acc) per split, in the backend's reused scratch (grown to the largest
-        // call so far); with one part the kernel writes `out` directly and never touches them, so
-        // null pointers — most decode steps.
-        let mut scratch = self.scratch();
-        if n_parts > 1 {
-            let fits = scratch
-                .partials
-                .as_ref()
-                .is_some_and(|(m, _, acc)| m.len() >= rows && acc.len() >= rows * params.head_dim);
-            if !fits {
-                let acc = rows * params.head_dim;
-                scratch.partials = Some((
-                    self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
-                    self.stream.alloc_zeros::<f32>(rows).map_err(dev_err)?,
-                    self.stream.alloc_zeros::<f32>(acc).map_err(dev_err)?,
-                ));
-            }
-        }
-        let mut partials = if n_parts > 1 {
-            scratch.partials.as_mut()
+        // Partial (max, sum, acc) per split, in the step's own scratch (grown to its largest
+        // call so far); with one part the kernel writes `out` directly and never touches them,
+        // so null pointers — most eager decode steps.
+        let mut guard = if n_parts > 1 {
+            Some(step.partials(&self.stream, rows, params.head_dim)?)
         } else {
             None
         };
+        let mut partials = guard.as_mut().and_then(|g| g.as_mut());
         let null: u64 = 0;
-        let f = &self.k.attention_split_k;
+        // The block-wide kernel for heads up to 64 wide (faster at short contexts); the serial one
+        // above (faster for wide heads at long contexts; see attention.cu). A function of the
+        // shapes only, so a graph's kernel never changes with the data.
+        let f = if params.head_dim > SERIAL_ABOVE_HEAD_DIM {
+            &self.k.attention_split_k_serial
+        } else {
+            &self.k.attention_split_k
+        };
         let tables = step.block_tables();
         let token_seq = step.token_seq();
         let positions = step.positions();

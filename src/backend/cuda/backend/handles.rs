@@ -39,6 +39,8 @@ pub(crate) struct Kernels {
     pub kv_copy_block: CudaFunction,
     /// `attention_{t}_{c}`: the split-K kernel.
     pub attention_split_k: CudaFunction,
+    /// `attention_serial_{t}_{c}`: the first split-K kernel, for head_dim > 64.
+    pub attention_split_k_serial: CudaFunction,
     /// `attention_combine_{t}`.
     pub attention_combine: CudaFunction,
     /// `attention_prefill_{t}_{c}_{d}`, in the order of [`PrefillVariant::ALL`].
@@ -59,6 +61,8 @@ pub(crate) struct Kernels {
     pub w4_gemm: Option<CudaFunction>,
     /// `w4_fma_{t}`: packed 4-bit matmul on CUDA cores (sm_70 / sm_75, f32).
     pub w4_fma: CudaFunction,
+    /// `gpu_sleep`: holds the GPU for a time (the profiler's gate, `KILN_PROFILE_OPS`).
+    pub gpu_sleep: CudaFunction,
 }
 
 impl Kernels {
@@ -98,6 +102,7 @@ impl Kernels {
             qkv_rope_write: get(format!("qkv_rope_write_{t}_{c}"))?,
             kv_copy_block: get(format!("kv_copy_block_b{kv_bytes}"))?,
             attention_split_k: get(format!("attention_{t}_{c}"))?,
+            attention_split_k_serial: get(format!("attention_serial_{t}_{c}"))?,
             attention_combine: get(format!("attention_combine_{t}"))?,
             attention_prefill: PrefillVariant::ALL
                 .iter()
@@ -111,6 +116,7 @@ impl Kernels {
             w4_gemv: opt(format!("w4_gemv_{t}"))?,
             w4_gemm: opt(format!("w4_gemm_{t}"))?,
             w4_fma: get(format!("w4_fma_{t}"))?,
+            gpu_sleep: get("gpu_sleep".into())?,
         })
     }
 

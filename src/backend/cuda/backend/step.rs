@@ -9,9 +9,9 @@
 //! step needs more than any before it, so its device addresses are stable.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 
 use super::staging::Staging;
 use crate::backend::cuda::attention_plan::AttentionPlan;
@@ -29,6 +29,9 @@ enum Field {
     BlockTables,
 }
 
+/// Split-K partial buffers `(max, sum, acc)`.
+pub(super) type Partials = (CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>);
+
 /// One step's metadata on the device (see the module header).
 #[derive(Debug)]
 pub struct CudaStep {
@@ -44,6 +47,13 @@ pub struct CudaStep {
     pub(super) split_tokens: usize,
     /// Largest context among the split-K tokens' sequences.
     pub(super) split_max_context: usize,
+    /// Context the split-K part count is sized for when pinned
+    /// ([`crate::backend::Backend::update_step_pinned`]); 0 = follow the data.
+    pub(super) pinned_context: usize,
+    /// This step's split-K partials `(max, sum, acc)`, f32, grown to its largest call and kept:
+    /// owned by the step (not the backend) so that a graph-replayed step's partials never move
+    /// when an eager step needs more.
+    partials: Mutex<Option<Partials>>,
     /// Start of each [`Field`] in the buffer, and the end of the last.
     offsets: [usize; 8],
     meta: Staging<i32>,
@@ -63,6 +73,8 @@ impl CudaStep {
             prefill_tiles: 0,
             split_tokens: 0,
             split_max_context: 0,
+            pinned_context: 0,
+            partials: Mutex::new(None),
             offsets: [0; 8],
             meta: Staging::new(stream, capacity)?,
         })
@@ -144,6 +156,29 @@ impl CudaStep {
         self.split_tokens = plan.split_tokens.len();
         self.split_max_context = plan.split_max_context;
         Ok(())
+    }
+
+    /// The split-K partials, grown to hold at least `rows` (max, sum) and `rows × head_dim` acc
+    /// values (an allocation only when this step never needed as many).
+    pub(super) fn partials(
+        &self,
+        stream: &Arc<CudaStream>,
+        rows: usize,
+        head_dim: usize,
+    ) -> Result<MutexGuard<'_, Option<Partials>>, BackendError> {
+        let mut p = self.partials.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = p
+            .as_ref()
+            .is_some_and(|(m, _, acc)| m.len() >= rows && acc.len() >= rows * head_dim);
+        if !fits {
+            let err = super::dev_err;
+            *p = Some((
+                stream.alloc_zeros::<f32>(rows).map_err(err)?,
+                stream.alloc_zeros::<f32>(rows).map_err(err)?,
+                stream.alloc_zeros::<f32>(rows * head_dim).map_err(err)?,
+            ));
+        }
+        Ok(p)
     }
 
     fn range(&self, f: Field) -> Range<usize> {
