@@ -72,13 +72,6 @@ pub fn build_runner_for(
              `cargo build --release --features cuda`, or set `engine.device = \"cpu\"`)"
         ))),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) if config.architecture == Architecture::Qwen3_5 => {
-            Err(ModelError::Unsupported(format!(
-                "the qwen3_5 hybrid architecture is not yet on CUDA (device `cuda:{n}`; Gated \
-                 DeltaNet kernels are CPU-only for now): set `engine.device = \"cpu\"`"
-            )))
-        }
-        #[cfg(feature = "cuda")]
         Device::Cuda(n) => load_cuda(n, config, weights, opts),
     }
 }
@@ -143,17 +136,32 @@ fn load_cuda(
             opts.max_num_seqs,
             max_model_len,
             elem,
-        ),
-        bytes_per_block: backend.kv_bytes_per_block(&Llama::<CudaBackend>::kv_spec(
+        ) + crate::model::qwen3_5::extra_workspace_bytes(
             config,
-            opts.block_size,
-            1,
-        )),
+            opts.max_num_batched_tokens,
+            elem,
+        ),
+        bytes_per_block: backend.kv_bytes_per_block(&match config.architecture {
+            // Only the full-attention layers of a hybrid model have KV.
+            Architecture::Qwen3_5 => crate::model::qwen3_5::kv_spec(config, opts.block_size, 1),
+            _ => Llama::<CudaBackend>::kv_spec(config, opts.block_size, 1),
+        }),
         block_size: opts.block_size,
         max_model_len,
     };
     let memory = plan(&input).map_err(ModelError::Unsupported)?;
     info!(device = %backend.name(), plan = %memory, "GPU memory planned.");
+    if config.architecture == Architecture::Qwen3_5 {
+        // The KV budget is shared between state slots and KV blocks (logged there).
+        return crate::model::qwen3_5::load_gpu(
+            backend,
+            config,
+            weights,
+            opts,
+            memory.kv_bytes,
+            max_model_len,
+        );
+    }
     // The workspace the planner counted, made at the first step and kept.
     let reserve = (opts.max_num_batched_tokens, opts.max_num_seqs);
     load_on(
@@ -208,11 +216,11 @@ fn load_on<B: Backend>(
             Llama::load(backend, config, weights, block_size, num_blocks)?
                 .reserve_workspace(reserve.0, reserve.1),
         )),
-        // The CPU loads Qwen3.5 before this point (`build_runner_for`); no other backend
-        // implements `HybridBackend` yet.
+        // Qwen3.5 is loaded before this point (`build_runner_for` on the CPU, `load_cuda`),
+        // with its state slots sized beside the KV cache.
         Architecture::Qwen3_5 => Err(ModelError::Unsupported(format!(
-            "the qwen3_5 hybrid architecture is not yet on {} (Gated DeltaNet kernels are CPU-only \
-             for now; set `engine.device = \"cpu\"`)",
+            "the qwen3_5 hybrid architecture needs its state slots planned (internal: reached \
+             load_on on {})",
             backend.name()
         ))),
     }

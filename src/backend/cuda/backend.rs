@@ -29,6 +29,7 @@ use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dtype;
+mod gdn;
 mod handles;
 mod load;
 mod sampling;
@@ -36,6 +37,7 @@ mod staging;
 mod step;
 
 pub use dtype::ComputeDType;
+pub use gdn::{CudaStateCache, GDN_OPS};
 pub use sampling::CudaLogits;
 pub use step::CudaStep;
 

@@ -24,11 +24,13 @@ pub enum KernelModule {
     Dequant,
     /// f32 logits rows to sampled token ids and logprobs.
     Sampling,
+    /// Gated DeltaNet (conv, fused delta-rule scan, gated norm) and gated-attention helpers.
+    Gdn,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 7] = [
+    pub const ALL: [KernelModule; 8] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -36,6 +38,7 @@ impl KernelModule {
         KernelModule::Attention,
         KernelModule::Dequant,
         KernelModule::Sampling,
+        KernelModule::Gdn,
     ];
 
     /// File name under `kernels/`.
@@ -48,6 +51,7 @@ impl KernelModule {
             KernelModule::Attention => "attention.cu",
             KernelModule::Dequant => "dequant.cu",
             KernelModule::Sampling => "sampling.cu",
+            KernelModule::Gdn => "gdn.cu",
         }
     }
 
@@ -61,6 +65,7 @@ impl KernelModule {
             KernelModule::Attention => include_str!("../../../kernels/attention.cu"),
             KernelModule::Dequant => include_str!("../../../kernels/dequant.cu"),
             KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
+            KernelModule::Gdn => include_str!("../../../kernels/gdn.cu"),
         }
     }
 
@@ -121,6 +126,11 @@ impl KernelModule {
                 }
                 // Logits are f32 whatever the compute dtype: one variant, added below.
                 KernelModule::Sampling => {}
+                KernelModule::Gdn => names.extend(
+                    super::backend::GDN_OPS
+                        .iter()
+                        .map(|op| format!("{op}_{t}")),
+                ),
             }
         }
         if self == KernelModule::KvCache {

@@ -53,6 +53,8 @@ pub(crate) struct Kernels {
     pub sample_rows: CudaFunction,
     /// `argmax_rows`: the greedy fast path.
     pub argmax_rows: CudaFunction,
+    /// The Gated DeltaNet entry points (`gdn.cu`).
+    pub gdn: super::gdn::GdnKernels,
 }
 
 impl Kernels {
@@ -102,6 +104,7 @@ impl Kernels {
             dequant_q4_1: get(format!("dequant_q4_1_{t}"))?,
             sample_rows: get("sample_rows".into())?,
             argmax_rows: get("argmax_rows".into())?,
+            gdn: super::gdn::GdnKernels::resolve(&get, t)?,
         })
     }
 
