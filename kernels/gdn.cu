@@ -4,7 +4,9 @@
 //   gdn_conv1d_{T}       causal depthwise conv + SiLU over the step's tokens, reading the conv state
 //   gdn_conv_state_{T}   the conv state after the step (launched after gdn_conv1d)
 //   gdn_scan_{T}         the gated delta rule (l2norm, g, beta, state update, output), fused,
-//                        for decode tokens and prefill chunks alike (a sequential scan, state on chip)
+//                        for decode tokens and prefill chunks alike (a sequential scan, state on chip);
+//                        8 lanes per value column (key head dims that are multiples of 8)
+//   gdn_scan_w_{T}       the same with a warp per value column (key head dims that are multiples of 32)
 //   gated_rms_norm_{T}   out = x / rms(x) * w * silu(z) per row
 //   split_query_gate_{T} [q | gate] per head -> q, gate
 //   sigmoid_mul_{T}      x *= sigmoid(gate)
@@ -86,38 +88,39 @@ __device__ void gdn_conv_state(const T* mixed, float* conv_state, const int* seq
     }
 }
 
-// The gated delta rule, one block per (sequence, value head, slice of GDN_COLS value columns).
-// Lanes: GDN_R consecutive threads share a value column j, each holding dk / GDN_R rows of the
-// state column S[:, j] in registers (rows s, s + R, s + 2R, ...). Per token (all f32):
+// The gated delta rule, one block of GDN_THREADS threads per (sequence, value head, slice of
+// GDN_THREADS / R value columns). Lanes: R consecutive threads share a value column j, each holding
+// dk / R rows of the state column S[:, j] in registers (rows s, s + R, s + 2R, ...); R = 32 (a warp
+// per column, dk a multiple of 32) or R = 8 (dk a multiple of 8). Per token (all f32):
 //   q^ = l2norm(q) dk^-1/2, k^ = l2norm(k), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
 //   kv = e^g S^T k^;  sq = e^g S^T q^ (both of the old S, reduced over the R lanes)
 //   delta = beta (v - kv);  S <- e^g S + k^ delta^T;  o = S^T q^ = sq + delta (k^ . q^)
-// Tokens are staged GDN_TILE at a time in shared memory (normalised q^/k^, v slice, e^g, beta,
-// k^ . q^), one barrier pair per tile; the scan itself has no barrier.
-#define GDN_R 8
-#define GDN_COLS 16
-#define GDN_THREADS (GDN_R * GDN_COLS)
+// Tokens are staged GDN_TILE at a time in shared memory: every thread first issues independent
+// loads of the tile's raw q, k, v slice, a, b; then a warp per token normalises q and k there and
+// computes e^g, beta and k^ . q^; the scan itself runs with no barrier and no global load.
+#define GDN_THREADS 128
 #define GDN_TILE 32
 #define GDN_MAX_DK 128
-#define GDN_MAX_ROWS (GDN_MAX_DK / GDN_R)
 
-template <typename T>
+template <typename T, int R>
 __device__ void gdn_scan(const T* qkv, const T* a_in, const T* b_in, const T* a_log, const T* dt_bias,
                          float* rec_state, const int* seq_meta, T* out, int num_key_heads,
                          int num_value_heads, int dk, int dv, int num_layers, int layer) {
+    constexpr int COLS = GDN_THREADS / R;
+    constexpr int MAX_ROWS = GDN_MAX_DK / R;
     __shared__ float qs[GDN_TILE][GDN_MAX_DK];
     __shared__ float ks[GDN_TILE][GDN_MAX_DK];
-    __shared__ float vs[GDN_TILE][GDN_COLS];
-    __shared__ float egs[GDN_TILE], betas[GDN_TILE], kqs[GDN_TILE];
+    __shared__ float vs[GDN_TILE][COLS];
+    __shared__ float as[GDN_TILE], bs[GDN_TILE], kqs[GDN_TILE];
 
     int seq = blockIdx.x, h = blockIdx.y;
     int start = seq_meta[4 * seq], len = seq_meta[4 * seq + 1], cached = seq_meta[4 * seq + 2],
         slot = seq_meta[4 * seq + 3];
     if (len == 0 || slot < 0) return;
-    int tid = threadIdx.x, s = tid % GDN_R, jj = tid / GDN_R;
-    int col = blockIdx.z * GDN_COLS + jj;
+    int tid = threadIdx.x, s = tid % R, jj = tid / R;
+    int col = blockIdx.z * COLS + jj;
     bool active = col < dv;
-    int rows = dk / GDN_R;
+    int rows = dk / R;
     int kh = h / (num_value_heads / num_key_heads);
     long key_dim = (long)num_key_heads * dk;
     long conv_dim = 2 * key_dim + (long)num_value_heads * dv;
@@ -126,25 +129,39 @@ __device__ void gdn_scan(const T* qkv, const T* a_in, const T* b_in, const T* a_
     float dtb = Io<T>::load(dt_bias, h);
 
     float* st = rec_state + (((long)slot * num_layers + layer) * num_value_heads + h) * (long)dv * dk;
-    float S[GDN_MAX_ROWS];
+    float S[MAX_ROWS];
 #pragma unroll
-    for (int r = 0; r < GDN_MAX_ROWS; r++)
-        S[r] = (r < rows && active && cached != 0) ? st[(long)col * dk + s + GDN_R * r] : 0.0f;
+    for (int r = 0; r < MAX_ROWS; r++)
+        S[r] = (r < rows && active && cached != 0) ? st[(long)col * dk + s + R * r] : 0.0f;
 
     int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE, nwarps = GDN_THREADS / WARP_SIZE;
     for (int t0 = 0; t0 < len; t0 += GDN_TILE) {
         int n = min(GDN_TILE, len - t0);
         __syncthreads();  // the previous tile's readers are done
+        const long row0 = (long)(start + t0) * conv_dim;
+        for (int e = tid; e < n * dk; e += GDN_THREADS) {
+            int i = e / dk, d = e % dk;
+            long row = row0 + (long)i * conv_dim;
+            qs[i][d] = Io<T>::load(qkv, row + (long)kh * dk + d);
+            ks[i][d] = Io<T>::load(qkv, row + key_dim + (long)kh * dk + d);
+        }
+        for (int e = tid; e < n * COLS; e += GDN_THREADS) {
+            int i = e / COLS, c = blockIdx.z * COLS + e % COLS;
+            vs[i][e % COLS] =
+                c < dv ? Io<T>::load(qkv, row0 + (long)i * conv_dim + 2 * key_dim + (long)h * dv + c)
+                       : 0.0f;
+        }
+        if (tid < n) {
+            long tok = (long)(start + t0 + tid) * num_value_heads + h;
+            as[tid] = Io<T>::load(a_in, tok);
+            bs[tid] = Io<T>::load(b_in, tok);
+        }
+        __syncthreads();
         for (int i = warp; i < n; i += nwarps) {
-            long row = (long)(start + t0 + i) * conv_dim;
             float ssq = 0.0f, ssk = 0.0f;
             for (int d = lane; d < dk; d += WARP_SIZE) {
-                float q = Io<T>::load(qkv, row + (long)kh * dk + d);
-                float k = Io<T>::load(qkv, row + key_dim + (long)kh * dk + d);
-                qs[i][d] = q;
-                ks[i][d] = k;
-                ssq += q * q;
-                ssk += k * k;
+                ssq += qs[i][d] * qs[i][d];
+                ssk += ks[i][d] * ks[i][d];
             }
             ssq = warp_sum(ssq);
             ssk = warp_sum(ssk);
@@ -158,44 +175,37 @@ __device__ void gdn_scan(const T* qkv, const T* a_in, const T* b_in, const T* a_
             }
             kq = warp_sum(kq);
             if (lane == 0) {
-                long tok = (long)(start + t0 + i) * num_value_heads + h;
-                float g = decay_rate * gdn_softplus(Io<T>::load(a_in, tok) + dtb);
-                egs[i] = expf(g);
-                betas[i] = gdn_sigmoid(Io<T>::load(b_in, tok));
+                float g = decay_rate * gdn_softplus(as[i] + dtb);
+                as[i] = expf(g);  // now e^g
+                bs[i] = gdn_sigmoid(bs[i]);
                 kqs[i] = kq;
             }
-        }
-        for (int e = tid; e < n * GDN_COLS; e += GDN_THREADS) {
-            int i = e / GDN_COLS, c = blockIdx.z * GDN_COLS + e % GDN_COLS;
-            vs[i][e % GDN_COLS] =
-                c < dv ? Io<T>::load(qkv, (long)(start + t0 + i) * conv_dim + 2 * key_dim + (long)h * dv + c)
-                       : 0.0f;
         }
         __syncthreads();
         for (int i = 0; i < n; i++) {
             float kv0 = 0.0f, kv1 = 0.0f, sq0 = 0.0f, sq1 = 0.0f;
 #pragma unroll
-            for (int r = 0; r < GDN_MAX_ROWS; r += 2) {
+            for (int r = 0; r < MAX_ROWS; r += 2) {
                 if (r < rows) {
-                    kv0 += S[r] * ks[i][s + GDN_R * r];
-                    sq0 += S[r] * qs[i][s + GDN_R * r];
+                    kv0 += S[r] * ks[i][s + R * r];
+                    sq0 += S[r] * qs[i][s + R * r];
                 }
                 if (r + 1 < rows) {
-                    kv1 += S[r + 1] * ks[i][s + GDN_R * (r + 1)];
-                    sq1 += S[r + 1] * qs[i][s + GDN_R * (r + 1)];
+                    kv1 += S[r + 1] * ks[i][s + R * (r + 1)];
+                    sq1 += S[r + 1] * qs[i][s + R * (r + 1)];
                 }
             }
             float kv = kv0 + kv1, sq = sq0 + sq1;
 #pragma unroll
-            for (int o = 1; o < GDN_R; o <<= 1) {
+            for (int o = 1; o < R; o <<= 1) {
                 kv += __shfl_xor_sync(0xffffffffu, kv, o);
                 sq += __shfl_xor_sync(0xffffffffu, sq, o);
             }
-            float eg = egs[i];
-            float delta = betas[i] * (vs[i][jj] - eg * kv);
+            float eg = as[i];
+            float delta = bs[i] * (vs[i][jj] - eg * kv);
 #pragma unroll
-            for (int r = 0; r < GDN_MAX_ROWS; r++)
-                if (r < rows) S[r] = S[r] * eg + ks[i][s + GDN_R * r] * delta;
+            for (int r = 0; r < MAX_ROWS; r++)
+                if (r < rows) S[r] = S[r] * eg + ks[i][s + R * r] * delta;
             if (active && s == 0) {
                 float o = eg * sq + delta * kqs[i];
                 Io<T>::store(out, ((long)(start + t0 + i) * num_value_heads + h) * dv + col, o);
@@ -204,8 +214,8 @@ __device__ void gdn_scan(const T* qkv, const T* a_in, const T* b_in, const T* a_
     }
     if (active) {
 #pragma unroll
-        for (int r = 0; r < GDN_MAX_ROWS; r++)
-            if (r < rows) st[(long)col * dk + s + GDN_R * r] = S[r];
+        for (int r = 0; r < MAX_ROWS; r++)
+            if (r < rows) st[(long)col * dk + s + R * r] = S[r];
     }
 }
 
@@ -262,8 +272,15 @@ __device__ void sigmoid_mul(T* x, const T* gate, long n) {
         const T* qkv, const T* a, const T* b, const T* a_log, const T* dt_bias, float* rec_state,    \
         const int* seq_meta, T* out, int num_key_heads, int num_value_heads, int dk, int dv,         \
         int num_layers, int layer) {                                                                 \
-        gdn_scan<T>(qkv, a, b, a_log, dt_bias, rec_state, seq_meta, out, num_key_heads,              \
-                    num_value_heads, dk, dv, num_layers, layer);                                     \
+        gdn_scan<T, 8>(qkv, a, b, a_log, dt_bias, rec_state, seq_meta, out, num_key_heads,           \
+                       num_value_heads, dk, dv, num_layers, layer);                                  \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_w_##SUF(                       \
+        const T* qkv, const T* a, const T* b, const T* a_log, const T* dt_bias, float* rec_state,    \
+        const int* seq_meta, T* out, int num_key_heads, int num_value_heads, int dk, int dv,         \
+        int num_layers, int layer) {                                                                 \
+        gdn_scan<T, 32>(qkv, a, b, a_log, dt_bias, rec_state, seq_meta, out, num_key_heads,          \
+                        num_value_heads, dk, dv, num_layers, layer);                                 \
     }                                                                                                \
     extern "C" __global__ void gated_rms_norm_##SUF(const T* x, const T* z, const T* w, T* out,      \
                                                     int dim, float eps) {                             \

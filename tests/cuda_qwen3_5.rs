@@ -16,11 +16,18 @@ mod common;
 
 use common::*;
 
+use std::collections::HashMap;
+
 use kiln::backend::cuda::CudaBackend;
 use kiln::backend::hybrid::{GdnParams, HybridBackend, StateSpec};
 use kiln::backend::{CpuBackend, StepInput, StepSeq};
 use kiln::engine::Device;
+use kiln::engine::EngineConfig;
+use kiln::error::ModelError;
 use kiln::model::files::ModelFiles;
+use kiln::model::runner::build_runner_for;
+use kiln::model::step::ModelRunner;
+use kiln::tensor::{TensorView, WeightDType, WeightSource};
 use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
 use kiln::sampling::SamplingRow;
 use kiln::tools::probe::{probe, Positions};
@@ -306,6 +313,117 @@ fn prompt(vocab: usize, n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 37 + 11) % vocab as u32).collect()
 }
 
+/// A checkpoint's tensors with every f32 one stored as bf16 (round to nearest even): what a
+/// bf16 checkpoint of the same model holds. The tiny fixtures are f32; real Qwen3.5 checkpoints
+/// are bf16, so for them this rounding costs nothing, while for the fixtures it is a
+/// perturbation of the model itself that bf16 compute cannot avoid.
+struct Bf16Weights {
+    tensors: HashMap<String, (Vec<usize>, Vec<u8>, WeightDType)>,
+}
+
+impl Bf16Weights {
+    fn new(inner: &dyn WeightSource) -> Bf16Weights {
+        let mut tensors = HashMap::new();
+        for name in inner.names() {
+            let t = inner.tensor(&name).expect("tensor");
+            let entry = if t.dtype == WeightDType::F32 {
+                let bytes: Vec<u8> = t
+                    .data
+                    .chunks_exact(4)
+                    .flat_map(|b| {
+                        half::bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                            .to_le_bytes()
+                    })
+                    .collect();
+                (t.shape.to_vec(), bytes, WeightDType::BF16)
+            } else {
+                (t.shape.to_vec(), t.data.to_vec(), t.dtype)
+            };
+            tensors.insert(name, entry);
+        }
+        Bf16Weights { tensors }
+    }
+}
+
+impl WeightSource for Bf16Weights {
+    fn tensor(&self, name: &str) -> Result<TensorView<'_>, ModelError> {
+        let (shape, data, dtype) = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+        Ok(TensorView {
+            dtype: *dtype,
+            shape,
+            data,
+        })
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+    fn names(&self) -> Vec<String> {
+        let mut n: Vec<String> = self.tensors.keys().cloned().collect();
+        n.sort();
+        n
+    }
+}
+
+/// As `common::runner`, over any weight source.
+fn runner_on(
+    files: &ModelFiles,
+    weights: &dyn WeightSource,
+    device: Device,
+    dtype: &str,
+) -> Box<dyn ModelRunner> {
+    let engine = EngineConfig {
+        device,
+        dtype: dtype.into(),
+        max_model_len: 1024,
+        max_num_batched_tokens: 512,
+        gpu_memory_utilization: 0.1,
+        ..EngineConfig::default()
+    };
+    build_runner_for(&files.config, weights, &engine.runner_options()).expect("runner")
+}
+
+/// Worst (max |Δ|, cosine) and whether all greedy continuations agree, `want` vs `got`, over
+/// prompts of 1, 63, 64, 65 and 200 tokens (logits at every position, 16 greedy tokens).
+fn compare_runners(
+    want: &mut dyn ModelRunner,
+    got: &mut dyn ModelRunner,
+    vocab: usize,
+) -> (f32, f64, bool) {
+    let (mut worst, mut worst_cos, mut agree_all) = (0f32, 1f64, true);
+    for n in [1, 63, 64, 65, 200] {
+        let ids = prompt(vocab, n);
+        let w = probe(want, &ids, &Positions::All, 16).expect("reference");
+        let g = probe(got, &ids, &Positions::All, 16).expect("checked");
+        let (d, c, agree) = compare(&w, &g);
+        worst = worst.max(d);
+        worst_cos = worst_cos.min(c);
+        agree_all &= agree == 16;
+    }
+    (worst, worst_cos, agree_all)
+}
+
+/// What rounding the f32 fixtures' weights to bf16 costs by itself (both runs on the CPU in
+/// f32): the floor under any bf16 comparison against the f32 model. Needs no GPU (ignored only
+/// to keep it out of CI's time): `cargo test --features cuda --test cuda_qwen3_5 bf16_weight -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, printed: see the doc comment"]
+fn bf16_weight_rounding_cost_on_the_cpu() {
+    for path in MODELS {
+        let files = ModelFiles::open(&root().join(path)).expect("model");
+        let vocab = files.config.vocab_size;
+        let rounded = Bf16Weights::new(files.weights.as_ref());
+        let mut exact = runner_on(&files, files.weights.as_ref(), Device::Cpu, "f32");
+        let mut r = runner_on(&files, &rounded, Device::Cpu, "f32");
+        let (d, c, a) = compare_runners(exact.as_mut(), r.as_mut(), vocab);
+        println!(
+            "RESULT bf16_weight_cost model {path} (cpu f32 on bf16-rounded weights vs cpu f32) logits_max_abs_diff={d:.3e} min_cosine={c:.6} greedy_all_16={a}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn tiny_qwen3_5_models_match_the_cpu_backend() {
@@ -313,28 +431,24 @@ fn tiny_qwen3_5_models_match_the_cpu_backend() {
     for path in MODELS {
         let files = ModelFiles::open(&root().join(path)).expect("model");
         let vocab = files.config.vocab_size;
-        let mut cpu = runner(&files, Device::Cpu, "f32", "auto");
+        let rounded = Bf16Weights::new(files.weights.as_ref());
+        let mut cpu = runner_on(&files, files.weights.as_ref(), Device::Cpu, "f32");
+        // The bf16 reference: the CPU in f32 on the bf16-rounded weights (see Bf16Weights).
+        let mut cpu_bf16w = runner_on(&files, &rounded, Device::Cpu, "f32");
         for dtype in dtypes() {
-            let mut gpu = runner(&files, Device::Cuda(0), dtype, "auto");
-            let (mut worst, mut worst_cos, mut agree_all) = (0f32, 1f64, true);
-            for n in [1, 63, 64, 65, 200] {
-                let ids = prompt(vocab, n);
-                let want = probe(cpu.as_mut(), &ids, &Positions::All, 16).expect("cpu");
-                let got = probe(gpu.as_mut(), &ids, &Positions::All, 16).expect("gpu");
-                let (d, c, agree) = compare(&want, &got);
-                worst = worst.max(d);
-                worst_cos = worst_cos.min(c);
-                agree_all &= agree == 16;
-                println!(
-                    "RESULT model {path} dtype={dtype} prompt={n} logits_max_abs_diff={d:.3e} min_cosine={c:.6} greedy_agree={agree}/16"
-                );
-            }
+            let mut gpu = runner_on(&files, files.weights.as_ref(), Device::Cuda(0), dtype);
+            let (worst, worst_cos, agree_all) = if dtype == "bf16" {
+                compare_runners(cpu_bf16w.as_mut(), gpu.as_mut(), vocab)
+            } else {
+                compare_runners(cpu.as_mut(), gpu.as_mut(), vocab)
+            };
             let ok = match dtype {
                 "f32" => worst <= MODEL_TOL_F32 && agree_all,
                 _ => worst_cos >= MODEL_MIN_COSINE_16,
             };
             println!(
-                "RESULT model {path} dtype={dtype} all prompts: logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_all_16={agree_all} {}",
+                "RESULT model {path} dtype={dtype} vs {} prompts 1/63/64/65/200: logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_all_16={agree_all} {}",
+                if dtype == "bf16" { "cpu f32 on bf16-rounded weights" } else { "cpu f32" },
                 if ok { "ok" } else { "FAIL" }
             );
             if !ok {

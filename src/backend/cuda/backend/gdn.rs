@@ -22,19 +22,22 @@ use crate::backend::hybrid::{GdnParams, HybridBackend, StateSpec};
 use crate::backend::BackendError;
 
 /// The op stems of `gdn.cu`; each exists as `{op}_{f32,f16,bf16}`.
-pub const GDN_OPS: [&str; 6] = [
+pub const GDN_OPS: [&str; 7] = [
     "gdn_conv1d",
     "gdn_conv_state",
     "gdn_scan",
+    "gdn_scan_w",
     "gated_rms_norm",
     "split_query_gate",
     "sigmoid_mul",
 ];
 
-/// Threads per block of `gdn_scan` (`GDN_THREADS`), and value columns per block (`GDN_COLS`).
-const SCAN_THREADS: u32 = 8 * 16;
-const SCAN_COLS: usize = 16;
-/// Lanes sharing one value column (`GDN_R`); `key_head_dim` must be a multiple of it.
+/// Threads per block of `gdn_scan` (`GDN_THREADS`).
+const SCAN_THREADS: usize = 128;
+/// Lanes sharing one value column: `gdn_scan_w` (a warp; key head dims that are multiples of
+/// 32) and `gdn_scan` (8; multiples of 8). Fewer state rows per lane shorten each token's
+/// dependent chain, which is what a sequential scan's time is made of.
+const SCAN_LANES_WIDE: usize = 32;
 const SCAN_LANES: usize = 8;
 /// Largest key head the scan keeps in registers (`GDN_MAX_DK`).
 const SCAN_MAX_DK: usize = 128;
@@ -51,6 +54,7 @@ pub(crate) struct GdnKernels {
     conv1d: CudaFunction,
     conv_state: CudaFunction,
     scan: CudaFunction,
+    scan_wide: CudaFunction,
     gated_rms_norm: CudaFunction,
     split_query_gate: CudaFunction,
     sigmoid_mul: CudaFunction,
@@ -67,6 +71,7 @@ impl GdnKernels {
             conv1d: f("gdn_conv1d")?,
             conv_state: f("gdn_conv_state")?,
             scan: f("gdn_scan")?,
+            scan_wide: f("gdn_scan_w")?,
             gated_rms_norm: f("gated_rms_norm")?,
             split_query_gate: f("split_query_gate")?,
             sigmoid_mul: f("sigmoid_mul")?,
@@ -426,7 +431,13 @@ impl HybridBackend for CudaBackend {
             cache.spec.num_layers as i32,
             layer as i32,
         );
-        let mut lb = self.stream.launch_builder(&self.k.gdn.scan);
+        let (f, lanes) = if dk.is_multiple_of(SCAN_LANES_WIDE) {
+            (&self.k.gdn.scan_wide, SCAN_LANES_WIDE)
+        } else {
+            (&self.k.gdn.scan, SCAN_LANES)
+        };
+        let cols = SCAN_THREADS / lanes;
+        let mut lb = self.stream.launch_builder(f);
         lb.arg(&qkv.data)
             .arg(&a.data)
             .arg(&b.data)
@@ -440,13 +451,13 @@ impl HybridBackend for CudaBackend {
             grid_dim: (
                 step.num_seqs.max(1) as u32,
                 nv as u32,
-                dv.div_ceil(SCAN_COLS) as u32,
+                dv.div_ceil(cols) as u32,
             ),
-            block_dim: (SCAN_THREADS, 1, 1),
+            block_dim: (SCAN_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: qkv holds t rows of conv_dim, a/b t rows of value_heads, out t rows of
-        // value_dim, A_log/dt_bias value_heads (all checked); dk is a multiple of GDN_R and at
+        // value_dim, A_log/dt_bias value_heads (all checked); dk is a multiple of the kernel's R and at
         // most GDN_MAX_DK (the kernel's register and shared arrays); each block reads and
         // writes the state of its own (slot, head) only, and slots are distinct (checked).
         unsafe { lb.launch(cfg) }.map_err(dev_err)?;
