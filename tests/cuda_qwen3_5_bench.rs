@@ -140,8 +140,7 @@ fn time_ops(
                     0 => conv(cache, l),
                     1 => g
                         .gdn_recurrence(
-                            cache, 0, &l.conv, &l.a, &l.b, &l.a_log, &l.dt_bias, &st, &p,
-                            &mut l.o,
+                            cache, 0, &l.conv, &l.a, &l.b, &l.a_log, &l.dt_bias, &st, &p, &mut l.o,
                         )
                         .unwrap(),
                     _ => g

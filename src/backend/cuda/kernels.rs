@@ -126,11 +126,9 @@ impl KernelModule {
                 }
                 // Logits are f32 whatever the compute dtype: one variant, added below.
                 KernelModule::Sampling => {}
-                KernelModule::Gdn => names.extend(
-                    super::backend::GDN_OPS
-                        .iter()
-                        .map(|op| format!("{op}_{t}")),
-                ),
+                KernelModule::Gdn => {
+                    names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")))
+                }
             }
         }
         if self == KernelModule::KvCache {

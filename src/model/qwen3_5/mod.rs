@@ -559,7 +559,15 @@ pub fn load_cpu(
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
     let budget = opts.kv_cache_mib << 20;
     // The CPU workspace grows with the steps it sees (host memory is not planned).
-    load_split(backend, config, weights, opts, budget, opts.block_size, (0, 0))
+    load_split(
+        backend,
+        config,
+        weights,
+        opts,
+        budget,
+        opts.block_size,
+        (0, 0),
+    )
 }
 
 /// Qwen3.5 on a GPU: `budget_bytes` (what the memory planner left after the weights and the
@@ -575,7 +583,15 @@ pub fn load_gpu<B: HybridBackend>(
     max_model_len: usize,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
     let reserve = (opts.max_num_batched_tokens, opts.max_num_seqs);
-    load_split(backend, config, weights, opts, budget_bytes, max_model_len, reserve)
+    load_split(
+        backend,
+        config,
+        weights,
+        opts,
+        budget_bytes,
+        max_model_len,
+        reserve,
+    )
 }
 
 /// Share `budget_bytes` between state slots and KV blocks (at least `min_kv_tokens` KV tokens),
@@ -633,13 +649,15 @@ fn load_split<B: HybridBackend>(
     } else {
         split.num_blocks
     };
-    Ok(Box::new(Qwen3_5::load(
-        backend,
-        config,
-        weights,
-        opts.block_size,
-        num_blocks,
-        split.num_state_slots,
-    )?
-    .reserve_workspace(reserve.0, reserve.1)))
+    Ok(Box::new(
+        Qwen3_5::load(
+            backend,
+            config,
+            weights,
+            opts.block_size,
+            num_blocks,
+            split.num_state_slots,
+        )?
+        .reserve_workspace(reserve.0, reserve.1),
+    ))
 }

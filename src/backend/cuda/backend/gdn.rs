@@ -275,7 +275,7 @@ impl HybridBackend for CudaBackend {
         check_len("split_query_gate input", qg.len, 2 * n)?;
         check_len("split_query_gate q", q.len, n)?;
         check_len("split_query_gate gate", gate.len, n)?;
-        for (what, b) in [("input", &*qg), ("q", &*q), ("gate", &*gate)] {
+        for (what, b) in [("input", qg), ("q", &*q), ("gate", &*gate)] {
             self.expect_compute(&format!("split_query_gate {what}"), b)?;
         }
         if n == 0 {
@@ -343,7 +343,12 @@ impl HybridBackend for CudaBackend {
             )));
         }
         let (token_seq, meta) = (step.token_seq(), step.seq_meta());
-        let (d, k, nl, l) = (dim as i32, kern as i32, spec.num_layers as i32, layer as i32);
+        let (d, k, nl, l) = (
+            dim as i32,
+            kern as i32,
+            spec.num_layers as i32,
+            layer as i32,
+        );
         let blocks = dim.div_ceil(CONV_THREADS) as u32;
         let mut b = self.stream.launch_builder(&self.k.gdn.conv1d);
         b.arg(&mixed.data)
