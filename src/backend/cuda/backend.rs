@@ -12,7 +12,8 @@
 //! Child modules: `dtype` ([`ComputeDType`]), `handles` (the typed kernel handles), `step`
 //! ([`CudaStep`]), `staging` (pinned host → device buffers), `load` (host data and stored
 //! tensors onto the device), `attention` (the tiled prefill and split-K launches), `sampling`
-//! (f32 logits and the GPU sampler, with its greedy fast path).
+//! (f32 logits and the GPU sampler, with its greedy fast path), `gdn` (the hybrid models' state
+//! slots and Gated DeltaNet ops: [`crate::backend::hybrid::HybridBackend`]).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
