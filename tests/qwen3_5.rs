@@ -230,22 +230,26 @@ fn both_checkpoint_layouts_load_with_their_mtp_weights() {
 }
 
 #[test]
-fn qwen3_5_on_cuda_is_a_clear_error() {
+fn qwen3_5_on_cuda_without_the_feature_or_a_gpu_is_a_clear_error() {
     let files = open("tests/fixtures/tiny-qwen3_5");
     let opts = EngineConfig {
         device: Device::Cuda(0),
         ..engine_config()
     }
     .runner_options();
-    let err = build_runner(&files, &opts)
-        .err()
-        .expect("not on CUDA")
-        .to_string();
-    // Without the cuda feature the device itself is refused; with it, the architecture is.
-    assert!(
-        err.contains("not yet on CUDA") || err.contains("without the `cuda` feature"),
-        "{err}"
-    );
+    match build_runner(&files, &opts) {
+        // Without the cuda feature the device itself is refused; with it and no GPU (CI), the
+        // device cannot be opened. The architecture itself is supported on CUDA
+        // (tests/cuda_qwen3_5.rs checks it on a GPU).
+        Err(e) => {
+            let err = e.to_string();
+            assert!(
+                err.contains("without the `cuda` feature") || err.contains("cuda:0"),
+                "{err}"
+            );
+        }
+        Ok(r) => assert!(r.device_name().starts_with("cuda"), "{}", r.device_name()),
+    }
 }
 
 fn tokenizer() -> Tokenizer {

@@ -40,7 +40,7 @@
 //!
 //! Hybrid models (Qwen3.5, Gated DeltaNet layers) need more: the extension trait
 //! [`hybrid::HybridBackend`] adds a `StateCache` with one recurrent-state slot per sequence
-//! (addressed by [`StepSeq::state_slot`]) and the GDN ops; the CPU implements it, CUDA not yet.
+//! (addressed by [`StepSeq::state_slot`]) and the GDN ops; the CPU and CUDA implement it.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -74,13 +74,6 @@ pub fn build_runner_for(
              `cargo build --release --features cuda`, or set `engine.device = \"cpu\"`)"
         ))),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) if config.architecture == Architecture::Qwen3_5 => {
-            Err(ModelError::Unsupported(format!(
-                "the qwen3_5 hybrid architecture is not yet on CUDA (device `cuda:{n}`; Gated \
-                 DeltaNet kernels are CPU-only for now): set `engine.device = \"cpu\"`"
-            )))
-        }
-        #[cfg(feature = "cuda")]
         Device::Cuda(n) => load_cuda(n, config, weights, opts),
     }
 }
@@ -134,11 +127,17 @@ fn load_cuda(
         0 => config.max_position_embeddings,
         n => n.min(config.max_position_embeddings),
     };
-    let bytes_per_block =
-        backend.kv_bytes_per_block(&Llama::<CudaBackend>::kv_spec(config, opts.block_size, 1));
-    // Decode graphs: their partials and metadata per bucket, and one scratch KV block, counted
-    // with the workspace.
-    let graph_bytes = if opts.cuda_graphs {
+    let hybrid = config.architecture == Architecture::Qwen3_5;
+    let bytes_per_block = backend.kv_bytes_per_block(&if hybrid {
+        // Only the full-attention layers of a hybrid model have KV.
+        crate::model::qwen3_5::kv_spec(config, opts.block_size, 1)
+    } else {
+        Llama::<CudaBackend>::kv_spec(config, opts.block_size, 1)
+    });
+    // Decode graphs (llama / qwen3; the hybrid's decode is eager for now): their partials and
+    // metadata per bucket, and one scratch KV block, counted with the workspace.
+    let cuda_graphs = opts.cuda_graphs && !hybrid;
+    let graph_bytes = if cuda_graphs {
         decode_graph_bytes(
             config,
             opts.max_num_seqs,
@@ -160,7 +159,12 @@ fn load_cuda(
             opts.max_num_seqs,
             max_model_len,
             elem,
-        ) + graph_bytes,
+        ) + graph_bytes
+            + crate::model::qwen3_5::extra_workspace_bytes(
+                config,
+                opts.max_num_batched_tokens,
+                elem,
+            ),
         bytes_per_block,
         block_size: opts.block_size,
         max_model_len,
@@ -169,15 +173,26 @@ fn load_cuda(
     info!(
         device = %backend.name(),
         plan = %memory,
-        cuda_graphs = opts.cuda_graphs,
+        cuda_graphs,
         graphs_mib = graph_bytes as f64 / (1 << 20) as f64,
         "GPU memory planned (the workspace includes the decode graphs)."
     );
+    if hybrid {
+        // The KV budget is shared between state slots and KV blocks (logged there).
+        return crate::model::qwen3_5::load_gpu(
+            backend,
+            config,
+            weights,
+            opts,
+            memory.kv_bytes,
+            max_model_len,
+        );
+    }
     // The workspace the planner counted, made at the first step and kept; with graphs, one
     // more block than planned for the KV cache (the padding rows' scratch block, counted in
     // `graph_bytes`), which the runner hides from the engine.
     let reserve = (opts.max_num_batched_tokens, opts.max_num_seqs);
-    let (blocks, graphs) = if opts.cuda_graphs {
+    let (blocks, graphs) = if cuda_graphs {
         (
             memory.num_blocks + 1,
             Some((opts.max_num_seqs, max_model_len)),
@@ -244,11 +259,11 @@ fn load_on<B: Backend>(
                 None => model,
             }))
         }
-        // The CPU loads Qwen3.5 before this point (`build_runner_for`); no other backend
-        // implements `HybridBackend` yet.
+        // Qwen3.5 is loaded before this point (`build_runner_for` on the CPU, `load_cuda`),
+        // with its state slots sized beside the KV cache.
         Architecture::Qwen3_5 => Err(ModelError::Unsupported(format!(
-            "the qwen3_5 hybrid architecture is not yet on {} (Gated DeltaNet kernels are CPU-only \
-             for now; set `engine.device = \"cpu\"`)",
+            "the qwen3_5 hybrid architecture needs its state slots planned (internal: reached \
+             load_on on {})",
             backend.name()
         ))),
     }

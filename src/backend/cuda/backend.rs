@@ -13,7 +13,8 @@
 //! Child modules: `dtype` ([`ComputeDType`]), `graph` (stream capture into CUDA graphs), `handles` (the typed kernel handles), `step`
 //! ([`CudaStep`]), `staging` (pinned host → device buffers), `load` (host data and stored
 //! tensors onto the device), `attention` (the tiled prefill and split-K launches), `sampling`
-//! (f32 logits and the GPU sampler, with its greedy fast path).
+//! (f32 logits and the GPU sampler, with its greedy fast path), `gdn` (the hybrid models' state
+//! slots and Gated DeltaNet ops: [`crate::backend::hybrid::HybridBackend`]).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -30,6 +31,7 @@ use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dtype;
+mod gdn;
 mod graph;
 mod handles;
 mod load;
@@ -40,6 +42,7 @@ mod step;
 mod w4a16;
 
 pub use dtype::ComputeDType;
+pub use gdn::{CudaStateCache, GDN_OPS};
 pub use sampling::CudaLogits;
 pub use step::CudaStep;
 pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};

@@ -26,11 +26,13 @@ pub enum KernelModule {
     Sampling,
     /// Matmuls on 4-bit weights kept packed (the w4 tile layout, issue 10).
     W4a16,
+    /// Gated DeltaNet (conv, fused delta-rule scan, gated norm) and gated-attention helpers.
+    Gdn,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 8] = [
+    pub const ALL: [KernelModule; 9] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -39,6 +41,7 @@ impl KernelModule {
         KernelModule::Dequant,
         KernelModule::Sampling,
         KernelModule::W4a16,
+        KernelModule::Gdn,
     ];
 
     /// File name under `kernels/`.
@@ -52,6 +55,7 @@ impl KernelModule {
             KernelModule::Dequant => "dequant.cu",
             KernelModule::Sampling => "sampling.cu",
             KernelModule::W4a16 => "w4a16.cu",
+            KernelModule::Gdn => "gdn.cu",
         }
     }
 
@@ -66,6 +70,7 @@ impl KernelModule {
             KernelModule::Dequant => include_str!("../../../kernels/dequant.cu"),
             KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
             KernelModule::W4a16 => include_str!("../../../kernels/w4a16.cu"),
+            KernelModule::Gdn => include_str!("../../../kernels/gdn.cu"),
         }
     }
 
@@ -134,6 +139,9 @@ impl KernelModule {
                         names.push(format!("w4_gemm_{t}"));
                     }
                     names.push(format!("w4_fma_{t}"));
+                }
+                KernelModule::Gdn => {
+                    names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")))
                 }
             }
         }

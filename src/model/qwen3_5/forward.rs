@@ -1,4 +1,7 @@
-//! One step of the Qwen3.5 forward pass (the math is in the parent module's docs).
+//! One step of the Qwen3.5 forward pass (the math is in the parent module's docs), over a
+//! [`Workspace`] of activations, step metadata and logits the runner keeps for its life (made
+//! at the first step for at least the reserved limits, remade only for a larger step), so a
+//! step allocates nothing on the device.
 
 use crate::backend::hybrid::{GdnParams, HybridBackend};
 use crate::backend::StepInput;
@@ -7,6 +10,96 @@ use crate::model::step::{ForwardBatch, ForwardOutput, LogitsFor};
 use crate::model::ModelConfig;
 
 use super::{Mixer, Weights};
+
+/// The runner's persistent buffers for steps of up to `tokens` tokens and `rows` logits rows.
+/// Buffers of a mixer no layer has are empty.
+pub(super) struct Workspace<B: HybridBackend> {
+    pub(super) tokens: usize,
+    pub(super) rows: usize,
+    pub(super) step: B::Step,
+    /// Residual stream `[tokens, hidden]`, f32.
+    x: B::Buffer,
+    /// Normed input of the next sub-block, and the mixer / MLP output `[tokens, hidden]`.
+    h: B::Buffer,
+    delta: B::Buffer,
+    /// Gated attention: `[q | gate]` rows `[tokens, 2·q_dim]`, q and normed q, gate, attention
+    /// output `[tokens, q_dim]`; k, normed k, v `[tokens, kv_dim]`.
+    qg: B::Buffer,
+    q: B::Buffer,
+    qn: B::Buffer,
+    gate: B::Buffer,
+    att: B::Buffer,
+    k: B::Buffer,
+    kn: B::Buffer,
+    v: B::Buffer,
+    /// GDN: pre-conv and conv rows `[tokens, conv_dim]`; z, delta-rule output, gated-norm
+    /// output `[tokens, value_dim]`; b, a `[tokens, value_heads]`.
+    mixed: B::Buffer,
+    conv: B::Buffer,
+    z: B::Buffer,
+    o: B::Buffer,
+    y: B::Buffer,
+    gb: B::Buffer,
+    ga: B::Buffer,
+    /// MLP gate, up, SiLU·up `[tokens, intermediate]`.
+    g_mlp: B::Buffer,
+    up: B::Buffer,
+    act: B::Buffer,
+    /// Gathered logits rows of h `[rows, hidden]` and their f32 logits `[rows, vocab]`.
+    last: B::Buffer,
+    logits: B::Logits,
+}
+
+impl<B: HybridBackend> Workspace<B> {
+    /// Buffers for `tokens` tokens and `rows` logits rows, with `input` as the first step.
+    pub(super) fn new(
+        b: &B,
+        c: &ModelConfig,
+        gdn: &GdnParams,
+        w: &Weights<B>,
+        tokens: usize,
+        rows: usize,
+        input: &StepInput,
+    ) -> Result<Workspace<B>, EngineError> {
+        let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+        let has = |full: bool| {
+            w.layers
+                .iter()
+                .any(|l| matches!(l.mixer, Mixer::Full(_)) == full)
+        };
+        let (full, linear) = (has(true), has(false));
+        let sz = |on: bool, n: usize| if on { tokens * n } else { 0 };
+        Ok(Workspace {
+            tokens,
+            rows,
+            step: b.prepare_step(input)?,
+            x: b.alloc_f32(tokens * hidden)?,
+            h: b.alloc(tokens * hidden)?,
+            delta: b.alloc(tokens * hidden)?,
+            qg: b.alloc(sz(full, 2 * q_dim))?,
+            q: b.alloc(sz(full, q_dim))?,
+            qn: b.alloc(sz(full, q_dim))?,
+            gate: b.alloc(sz(full, q_dim))?,
+            att: b.alloc(sz(full, q_dim))?,
+            k: b.alloc(sz(full, kv_dim))?,
+            kn: b.alloc(sz(full, kv_dim))?,
+            v: b.alloc(sz(full, kv_dim))?,
+            mixed: b.alloc(sz(linear, gdn.conv_dim()))?,
+            conv: b.alloc(sz(linear, gdn.conv_dim()))?,
+            z: b.alloc(sz(linear, gdn.value_dim()))?,
+            o: b.alloc(sz(linear, gdn.value_dim()))?,
+            y: b.alloc(sz(linear, gdn.value_dim()))?,
+            gb: b.alloc(sz(linear, gdn.num_value_heads))?,
+            ga: b.alloc(sz(linear, gdn.num_value_heads))?,
+            g_mlp: b.alloc(tokens * inter)?,
+            up: b.alloc(tokens * inter)?,
+            act: b.alloc(tokens * inter)?,
+            last: b.alloc(rows * hidden)?,
+            logits: b.alloc_logits(rows, c.vocab_size)?,
+        })
+    }
+}
 
 /// Run every layer over the step's tokens; logits rows as `Llama` returns them (raw rows for
 /// `Last` / `All`, device-sampled tokens for `Sample`).
@@ -18,6 +111,7 @@ pub(super) fn run<B: HybridBackend>(
     gdn: &GdnParams,
     kv_cache: &mut B::KvCache,
     states: &mut B::StateCache,
+    ws: &mut Workspace<B>,
     input: &StepInput,
     batch: &ForwardBatch,
 ) -> Result<ForwardOutput, EngineError> {
@@ -29,100 +123,90 @@ pub(super) fn run<B: HybridBackend>(
         c.intermediate_size,
     );
     let attn = c.attention_params();
-    let (conv_dim, value_dim, nv, dv) = (
-        gdn.conv_dim(),
-        gdn.value_dim(),
-        gdn.num_value_heads,
-        gdn.value_head_dim,
-    );
-    let has = |full: bool| {
-        w.layers
-            .iter()
-            .any(|l| matches!(l.mixer, Mixer::Full(_)) == full)
-    };
-    let (any_full, any_linear) = (has(true), has(false));
-    let sz = |on: bool, n: usize| if on { n } else { 0 };
-    let step = b.prepare_step(input)?;
+    let (nv, dv) = (gdn.num_value_heads, gdn.value_head_dim);
+    let Workspace {
+        step,
+        x,
+        h,
+        delta,
+        qg,
+        q,
+        qn,
+        gate,
+        att,
+        k,
+        kn,
+        v,
+        mixed,
+        conv,
+        z,
+        o,
+        y,
+        gb,
+        ga,
+        g_mlp,
+        up,
+        act,
+        last,
+        logits,
+        ..
+    } = ws;
+    let step = &*step;
 
-    let mut x = b.alloc_f32(t * hidden)?;
-    let mut h = b.alloc(t * hidden)?;
-    let mut delta = b.alloc(t * hidden)?;
-    // Full attention.
-    let mut qg = b.alloc(sz(any_full, 2 * t * nh * hd))?;
-    let mut q = b.alloc(sz(any_full, t * nh * hd))?;
-    let mut qn = b.alloc(sz(any_full, t * nh * hd))?;
-    let mut gate = b.alloc(sz(any_full, t * nh * hd))?;
-    let mut k = b.alloc(sz(any_full, t * nkv * hd))?;
-    let mut kn = b.alloc(sz(any_full, t * nkv * hd))?;
-    let mut v = b.alloc(sz(any_full, t * nkv * hd))?;
-    let mut att = b.alloc(sz(any_full, t * nh * hd))?;
-    // Gated DeltaNet.
-    let mut mixed = b.alloc(sz(any_linear, t * conv_dim))?;
-    let mut conv = b.alloc(sz(any_linear, t * conv_dim))?;
-    let mut z = b.alloc(sz(any_linear, t * value_dim))?;
-    let mut gb = b.alloc(sz(any_linear, t * nv))?;
-    let mut ga = b.alloc(sz(any_linear, t * nv))?;
-    let mut o = b.alloc(sz(any_linear, t * value_dim))?;
-    let mut y = b.alloc(sz(any_linear, t * value_dim))?;
-    // MLP.
-    let mut g_mlp = b.alloc(t * inter)?;
-    let mut up = b.alloc(t * inter)?;
-    let mut act = b.alloc(t * inter)?;
-
-    b.embedding(&w.embed_tokens, &step, &mut x)?;
-    b.rms_norm(&x, &w.layers[0].input_layernorm, &mut h, t, hidden, eps)?;
+    b.embedding(&w.embed_tokens, step, x)?;
+    b.rms_norm(&*x, &w.layers[0].input_layernorm, h, t, hidden, eps)?;
     for (i, layer) in w.layers.iter().enumerate() {
         match &layer.mixer {
             Mixer::Linear(g) => {
-                b.matmul(&h, t, &g.in_proj_qkv, &mut mixed)?;
-                b.matmul(&h, t, &g.in_proj_z, &mut z)?;
-                b.matmul(&h, t, &g.in_proj_b, &mut gb)?;
-                b.matmul(&h, t, &g.in_proj_a, &mut ga)?;
-                b.gdn_conv1d(states, g.state_layer, &mixed, &g.conv1d, &step, &mut conv)?;
+                b.matmul(&*h, t, &g.in_proj_qkv, mixed)?;
+                b.matmul(&*h, t, &g.in_proj_z, z)?;
+                b.matmul(&*h, t, &g.in_proj_b, gb)?;
+                b.matmul(&*h, t, &g.in_proj_a, ga)?;
+                b.gdn_conv1d(states, g.state_layer, &*mixed, &g.conv1d, step, conv)?;
                 b.gdn_recurrence(
                     states,
                     g.state_layer,
-                    &conv,
-                    &ga,
-                    &gb,
+                    &*conv,
+                    &*ga,
+                    &*gb,
                     &g.a_log,
                     &g.dt_bias,
-                    &step,
+                    step,
                     gdn,
-                    &mut o,
+                    o,
                 )?;
-                b.gated_rms_norm(&o, &z, &g.norm, &mut y, t * nv, dv, eps)?;
-                b.matmul(&y, t, &g.out_proj, &mut delta)?;
+                b.gated_rms_norm(&*o, &*z, &g.norm, y, t * nv, dv, eps)?;
+                b.matmul(&*y, t, &g.out_proj, delta)?;
             }
             Mixer::Full(a) => {
-                b.matmul(&h, t, &a.q_proj, &mut qg)?;
-                b.split_query_gate(&qg, &mut q, &mut gate, t, nh, hd)?;
-                b.matmul(&h, t, &a.k_proj, &mut k)?;
-                b.matmul(&h, t, &a.v_proj, &mut v)?;
-                b.rms_norm(&q, &a.q_norm, &mut qn, t * nh, hd, eps)?;
-                b.rms_norm(&k, &a.k_norm, &mut kn, t * nkv, hd, eps)?;
-                b.rope(&mut qn, &mut kn, &w.rope, &step, nh, nkv, hd)?;
-                b.write_kv(kv_cache, a.kv_layer, &kn, &v, &step)?;
-                b.paged_attention(&qn, kv_cache, a.kv_layer, &step, &attn, &mut att)?;
-                b.sigmoid_mul(&mut att, &gate, t * nh * hd)?;
-                b.matmul(&att, t, &a.o_proj, &mut delta)?;
+                b.matmul(&*h, t, &a.q_proj, qg)?;
+                b.split_query_gate(&*qg, q, gate, t, nh, hd)?;
+                b.matmul(&*h, t, &a.k_proj, k)?;
+                b.matmul(&*h, t, &a.v_proj, v)?;
+                b.rms_norm(&*q, &a.q_norm, qn, t * nh, hd, eps)?;
+                b.rms_norm(&*k, &a.k_norm, kn, t * nkv, hd, eps)?;
+                b.rope(qn, kn, &w.rope, step, nh, nkv, hd)?;
+                b.write_kv(kv_cache, a.kv_layer, &*kn, &*v, step)?;
+                b.paged_attention(&*qn, kv_cache, a.kv_layer, step, &attn, att)?;
+                b.sigmoid_mul(att, &*gate, t * nh * hd)?;
+                b.matmul(&*att, t, &a.o_proj, delta)?;
             }
         }
         b.add_rms_norm(
-            &mut x,
-            &delta,
+            x,
+            &*delta,
             &layer.post_attention_layernorm,
-            &mut h,
+            h,
             t,
             hidden,
             eps,
         )?;
-        b.matmul(&h, t, &layer.gate_proj, &mut g_mlp)?;
-        b.matmul(&h, t, &layer.up_proj, &mut up)?;
-        b.silu_mul(&g_mlp, &up, &mut act, t * inter)?;
-        b.matmul(&act, t, &layer.down_proj, &mut delta)?;
+        b.matmul(&*h, t, &layer.gate_proj, g_mlp)?;
+        b.matmul(&*h, t, &layer.up_proj, up)?;
+        b.silu_mul(&*g_mlp, &*up, act, t * inter)?;
+        b.matmul(&*act, t, &layer.down_proj, delta)?;
         let next_norm = w.layers.get(i + 1).map_or(&w.norm, |l| &l.input_layernorm);
-        b.add_rms_norm(&mut x, &delta, next_norm, &mut h, t, hidden, eps)?;
+        b.add_rms_norm(x, &*delta, next_norm, h, t, hidden, eps)?;
     }
 
     let rows = input.logit_rows.len();
@@ -130,10 +214,9 @@ pub(super) fn run<B: HybridBackend>(
     if rows == 0 {
         return Ok(out);
     }
-    let mut last = b.alloc(rows * hidden)?;
-    b.gather_rows(&h, &step, hidden, &mut last)?;
+    b.gather_rows(&*h, step, hidden, last)?;
     let lm_head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
-    let logits = b.logits(&last, rows, lm_head)?;
+    b.logits_into(&*last, rows, lm_head, logits)?;
     let mut row = 0;
     let mut picks = Vec::new();
     for s in &batch.seqs {
@@ -144,13 +227,13 @@ pub(super) fn run<B: HybridBackend>(
             LogitsFor::Last | LogitsFor::All => {
                 let at = out.logits.len();
                 out.logits.resize(at + n * c.vocab_size, 0.0);
-                b.download_logits(&logits, row, &mut out.logits[at..])?;
+                b.download_logits(logits, row, &mut out.logits[at..])?;
             }
         }
         row += n;
     }
     if !picks.is_empty() {
-        out.samples = b.sample(&logits, &picks)?;
+        out.samples = b.sample(logits, &picks)?;
     }
     Ok(out)
 }

@@ -117,6 +117,10 @@ pub struct Qwen3_5<B: HybridBackend> {
     kv_cache: B::KvCache,
     states: B::StateCache,
     geometry: CacheGeometry,
+    /// Activations, step metadata and logits kept across steps (made at the first step).
+    workspace: Option<forward::Workspace<B>>,
+    /// Least (tokens, logits rows) the workspace is made for.
+    reserve: (usize, usize),
 }
 
 /// Looks tensors up by key, checks their shapes and uploads them.
@@ -211,6 +215,24 @@ pub fn state_spec(config: &ModelConfig, num_slots: usize) -> Result<StateSpec, M
         key_head_dim: h.linear_key_head_dim,
         value_head_dim: h.linear_value_head_dim,
     })
+}
+
+/// Activation bytes a Qwen3.5 step of `tokens` tokens needs beyond the llama-family estimate
+/// of [`crate::model::memory::workspace_bytes`] (0 for other architectures): the gated q
+/// projection and gate, the unfused q/k/v and their norms, and the GDN buffers (pre-conv and
+/// conv rows, z, b, a, the delta-rule output and the gated norm's), at `elem` bytes each.
+pub fn extra_workspace_bytes(config: &ModelConfig, tokens: usize, elem: usize) -> usize {
+    let Some(h) = config.hybrid.as_ref() else {
+        return 0;
+    };
+    let q_dim = config.num_attention_heads * config.head_dim;
+    let kv_dim = config.num_key_value_heads * config.head_dim;
+    let per_token = 3 * q_dim
+        + 2 * kv_dim
+        + 2 * h.conv_dim()
+        + 3 * h.value_dim()
+        + 2 * h.linear_num_value_heads;
+    tokens * per_token * elem
 }
 
 /// The KV-cache geometry of `config` (full-attention layers only).
@@ -367,7 +389,16 @@ impl<B: HybridBackend> Qwen3_5<B> {
                 num_blocks,
                 num_state_slots,
             },
+            workspace: None,
+            reserve: (0, 0),
         })
+    }
+
+    /// Make the workspace (at the first step) for at least `tokens` tokens and `rows` logits
+    /// rows, so steps up to that size never remake it (what the GPU planner counted).
+    pub fn reserve_workspace(mut self, tokens: usize, rows: usize) -> Self {
+        self.reserve = (tokens, rows);
+        self
     }
 
     /// The model's hyper-parameters.
@@ -475,11 +506,31 @@ impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
             weights,
             kv_cache,
             states,
+            workspace,
+            reserve,
             ..
         } = self;
         backend.run_step(|| {
+            let (t, rows) = (input.num_tokens(), input.logit_rows.len());
+            match workspace {
+                Some(ws) if ws.tokens >= t && ws.rows >= rows => {
+                    backend.update_step(&mut ws.step, &input)?;
+                }
+                _ => {
+                    // First step, or one larger than any before: (re)make it, at least as large
+                    // as reserved and as the one it replaces.
+                    let (old_t, old_r) = workspace.as_ref().map_or((0, 0), |w| (w.tokens, w.rows));
+                    *workspace = None;
+                    let tokens = t.max(reserve.0).max(old_t);
+                    let rows = rows.max(reserve.1).max(old_r).max(1);
+                    *workspace = Some(forward::Workspace::new(
+                        backend, config, &gdn, weights, tokens, rows, &input,
+                    )?);
+                }
+            }
+            let ws = workspace.as_mut().expect("made above");
             forward::run(
-                weights, backend, config, &gdn, kv_cache, states, &input, batch,
+                weights, backend, config, &gdn, kv_cache, states, ws, &input, batch,
             )
         })
     }
@@ -506,32 +557,90 @@ pub fn load_cpu(
     weights: &dyn WeightSource,
     opts: &crate::model::options::RunnerOptions,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
+    let budget = opts.kv_cache_mib << 20;
+    // The CPU workspace grows with the steps it sees (host memory is not planned).
+    load_split(
+        backend,
+        config,
+        weights,
+        opts,
+        budget,
+        opts.block_size,
+        (0, 0),
+    )
+}
+
+/// Qwen3.5 on a GPU: `budget_bytes` (what the memory planner left after the weights and the
+/// workspace) is shared between the state slots and the KV blocks by
+/// [`crate::model::memory::split_hybrid`], keeping room for one sequence of `max_model_len`
+/// KV tokens; the split is logged ("N state slots, X GiB; KV cache …").
+pub fn load_gpu<B: HybridBackend>(
+    backend: B,
+    config: &ModelConfig,
+    weights: &dyn WeightSource,
+    opts: &crate::model::options::RunnerOptions,
+    budget_bytes: usize,
+    max_model_len: usize,
+) -> Result<Box<dyn ModelRunner>, ModelError> {
+    let reserve = (opts.max_num_batched_tokens, opts.max_num_seqs);
+    load_split(
+        backend,
+        config,
+        weights,
+        opts,
+        budget_bytes,
+        max_model_len,
+        reserve,
+    )
+}
+
+/// Share `budget_bytes` between state slots and KV blocks (at least `min_kv_tokens` KV tokens),
+/// then load, the workspace reserved for `reserve` = (tokens, logits rows) per step.
+fn load_split<B: HybridBackend>(
+    backend: B,
+    config: &ModelConfig,
+    weights: &dyn WeightSource,
+    opts: &crate::model::options::RunnerOptions,
+    budget_bytes: usize,
+    min_kv_tokens: usize,
+    reserve: (usize, usize),
+) -> Result<Box<dyn ModelRunner>, ModelError> {
     use crate::model::memory::{split_hybrid, HybridSplitInput};
     if opts.block_size == 0 {
         return Err(ModelError::Unsupported("`engine.block_size` = 0".into()));
     }
     let bytes_per_block = backend.kv_bytes_per_block(&kv_spec(config, opts.block_size, 1));
     let state = state_spec(config, 1)?;
+    // With prefix caching, as many slots again hold prefix checkpoints (the engine gives
+    // running sequences the first `max_num_seqs`, checkpoints the rest).
+    let wanted = opts.max_num_seqs.max(1) * if opts.enable_prefix_caching { 2 } else { 1 };
     let split = split_hybrid(&HybridSplitInput {
-        budget_bytes: opts.kv_cache_mib << 20,
+        budget_bytes,
         state_bytes_per_slot: state.bytes_per_slot(),
         bytes_per_block: bytes_per_block.max(1),
         block_size: opts.block_size,
-        // With prefix caching, as many slots again hold prefix checkpoints (the engine gives
-        // running sequences the first `max_num_seqs`, checkpoints the rest).
-        max_num_seqs: opts.max_num_seqs.max(1) * if opts.enable_prefix_caching { 2 } else { 1 },
-        min_kv_tokens: opts.block_size,
+        max_num_seqs: wanted,
+        // Without full-attention layers no KV token is needed.
+        min_kv_tokens: if config.num_kv_layers() == 0 {
+            opts.block_size
+        } else {
+            min_kv_tokens
+        },
     })
     .map_err(ModelError::Unsupported)?;
-    if split.num_state_slots < opts.max_num_seqs * if opts.enable_prefix_caching { 2 } else { 1 } {
+    if split.num_state_slots < wanted {
         tracing::warn!(
             max_num_seqs = opts.max_num_seqs,
             state_slots = split.num_state_slots,
-            "engine.kv_cache_mib holds only {} state slots: fewer sequences at once (or fewer prefix checkpoints).",
+            "The cache budget holds only {} state slots: fewer sequences at once (or fewer prefix checkpoints).",
             split.num_state_slots
         );
     }
-    info!(kv_cache_mib = opts.kv_cache_mib, plan = %split, "Hybrid cache sized.");
+    info!(
+        budget_mib = budget_bytes >> 20,
+        plan = %split,
+        "Hybrid cache sized."
+    );
     // Without full-attention layers a block costs nothing: only as many as the positions need.
     let num_blocks = if config.num_kv_layers() == 0 {
         split.num_blocks.min(
@@ -540,12 +649,15 @@ pub fn load_cpu(
     } else {
         split.num_blocks
     };
-    Ok(Box::new(Qwen3_5::load(
-        backend,
-        config,
-        weights,
-        opts.block_size,
-        num_blocks,
-        split.num_state_slots,
-    )?))
+    Ok(Box::new(
+        Qwen3_5::load(
+            backend,
+            config,
+            weights,
+            opts.block_size,
+            num_blocks,
+            split.num_state_slots,
+        )?
+        .reserve_workspace(reserve.0, reserve.1),
+    ))
 }

@@ -27,6 +27,7 @@ enum Field {
     LogitRows,
     AttnMeta,
     BlockTables,
+    SeqMeta,
 }
 
 /// Split-K partial buffers `(max, sum, acc)`.
@@ -54,8 +55,12 @@ pub struct CudaStep {
     /// owned by the step (not the backend) so that a graph-replayed step's partials never move
     /// when an eager step needs more.
     partials: Mutex<Option<Partials>>,
+    /// Sequences of the step (rows of `block_tables` and `seq_meta`).
+    pub(super) num_seqs: usize,
+    /// Each sequence's `(len, state slot)` on the host, for the GDN ops' argument checks.
+    pub(super) seq_slots: Vec<(usize, Option<u32>)>,
     /// Start of each [`Field`] in the buffer, and the end of the last.
-    offsets: [usize; 8],
+    offsets: [usize; 9],
     meta: Staging<i32>,
 }
 
@@ -75,7 +80,9 @@ impl CudaStep {
             split_max_context: 0,
             pinned_context: 0,
             partials: Mutex::new(None),
-            offsets: [0; 8],
+            num_seqs: 0,
+            seq_slots: Vec::new(),
+            offsets: [0; 9],
             meta: Staging::new(stream, capacity)?,
         })
     }
@@ -85,7 +92,7 @@ impl CudaStep {
         let n = input.num_tokens();
         let max_blocks = max_blocks(input);
         // Tiles of ≤ TILE_TOKENS tokens: at most n of them, 4 fields each, plus split tokens.
-        4 * n + input.logit_rows.len() + 5 * n + input.seqs.len().max(1) * max_blocks
+        4 * n + input.logit_rows.len() + 5 * n + input.seqs.len().max(1) * (max_blocks + 4)
     }
 
     /// Lay `input` out in the host staging and queue its one copy to the device.
@@ -111,8 +118,9 @@ impl CudaStep {
             input.logit_rows.len(),
             packed.len(),
             input.seqs.len().max(1) * mb,
+            input.seqs.len().max(1) * 4,
         ];
-        let mut offsets = [0usize; 8];
+        let mut offsets = [0usize; 9];
         for (i, l) in lens.iter().enumerate() {
             offsets[i + 1] = offsets[i] + l;
         }
@@ -130,7 +138,8 @@ impl CudaStep {
         put(host, Field::AttnMeta, &packed);
         let seq_at = offsets[Field::TokenSeq as usize];
         let tab_at = offsets[Field::BlockTables as usize];
-        host[tab_at..offsets[7]].fill(0);
+        host[tab_at..offsets[8]].fill(0);
+        let meta_at = offsets[Field::SeqMeta as usize];
         for (i, s) in input.seqs.iter().enumerate() {
             host[seq_at + s.token_start..seq_at + s.token_start + s.len].fill(i as i32);
             let row = tab_at + i * mb;
@@ -140,8 +149,19 @@ impl CudaStep {
             {
                 *d = b as i32;
             }
+            let m = [
+                s.token_start as i32,
+                s.len as i32,
+                s.cached_len as i32,
+                s.state_slot.map_or(-1, |x| x as i32),
+            ];
+            host[meta_at + 4 * i..meta_at + 4 * i + 4].copy_from_slice(&m);
         }
-        self.meta.upload(stream, offsets[7])?;
+        self.meta.upload(stream, offsets[8])?;
+        self.num_seqs = input.seqs.len();
+        self.seq_slots.clear();
+        self.seq_slots
+            .extend(input.seqs.iter().map(|s| (s.len, s.state_slot)));
         self.offsets = offsets;
         self.num_tokens = n;
         self.num_logit_rows = input.logit_rows.len();
@@ -217,6 +237,10 @@ impl CudaStep {
     /// `[num_seqs, max_blocks]` block tables.
     pub(super) fn block_tables(&self) -> CudaView<'_, i32> {
         self.view(Field::BlockTables)
+    }
+    /// `[num_seqs, 4]` per-sequence (token_start, len, cached_len, state slot or −1).
+    pub(super) fn seq_meta(&self) -> CudaView<'_, i32> {
+        self.view(Field::SeqMeta)
     }
     /// The prefill tiles `[prefill_tiles, 4]` at the start of `attn_meta`.
     pub(super) fn tiles(&self) -> CudaView<'_, i32> {

@@ -1,0 +1,512 @@
+//! [`HybridBackend`] on CUDA: the state slots ([`CudaStateCache`], f32 on the device) and the
+//! launches of `kernels/gdn.cu` (causal conv + its state, the fused delta-rule scan, the gated
+//! RMSNorm, the gated attention's query/gate split and sigmoid gate).
+//!
+//! Every op reads the step's per-sequence metadata from the [`CudaStep`] (`seq_meta`: token
+//! start, length, cached length, state slot; `token_seq`), allocates nothing and never waits
+//! for the device, so a decode step can be captured in a CUDA graph. Argument checks use the
+//! host copy the step keeps of each sequence's `(len, slot)`.
+//!
+//! The delta rule runs as one kernel for decode tokens and prefill chunks alike: a sequential
+//! scan over each sequence's new tokens with the state in registers (see `gdn.cu`), which is
+//! the same math as the CPU's chunked form up to float rounding. A tensor-core chunked form
+//! (C = 64) is not written yet.
+
+use std::collections::HashSet;
+
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaStep};
+use crate::backend::cuda::device::CudaError;
+use crate::backend::hybrid::{GdnParams, HybridBackend, StateSpec};
+use crate::backend::BackendError;
+
+/// The op stems of `gdn.cu`; each exists as `{op}_{f32,f16,bf16}`.
+pub const GDN_OPS: [&str; 7] = [
+    "gdn_conv1d",
+    "gdn_conv_state",
+    "gdn_scan",
+    "gdn_scan_w",
+    "gated_rms_norm",
+    "split_query_gate",
+    "sigmoid_mul",
+];
+
+/// Threads per block of `gdn_scan` (`GDN_THREADS`).
+const SCAN_THREADS: usize = 128;
+/// Lanes sharing one value column: `gdn_scan_w` (a warp; key head dims that are multiples of
+/// 32) and `gdn_scan` (8; multiples of 8). Fewer state rows per lane shorten each token's
+/// dependent chain, which is what a sequential scan's time is made of.
+const SCAN_LANES_WIDE: usize = 32;
+const SCAN_LANES: usize = 8;
+/// Largest key head the scan keeps in registers (`GDN_MAX_DK`).
+const SCAN_MAX_DK: usize = 128;
+/// Largest conv kernel (`GDN_MAX_KERNEL`).
+const MAX_CONV_KERNEL: usize = 8;
+/// Threads per block of the conv kernels.
+const CONV_THREADS: usize = 128;
+/// Largest grid y (tokens per conv launch).
+const MAX_GRID_Y: usize = 65535;
+
+/// The `gdn.cu` entry points for one compute dtype.
+#[derive(Debug, Clone)]
+pub(crate) struct GdnKernels {
+    conv1d: CudaFunction,
+    conv_state: CudaFunction,
+    scan: CudaFunction,
+    scan_wide: CudaFunction,
+    gated_rms_norm: CudaFunction,
+    split_query_gate: CudaFunction,
+    sigmoid_mul: CudaFunction,
+}
+
+impl GdnKernels {
+    /// Resolve the entry points for dtype suffix `t` through `get` (name → function).
+    pub(crate) fn resolve(
+        get: &impl Fn(String) -> Result<CudaFunction, CudaError>,
+        t: &str,
+    ) -> Result<GdnKernels, CudaError> {
+        let f = |op: &str| get(format!("{op}_{t}"));
+        Ok(GdnKernels {
+            conv1d: f("gdn_conv1d")?,
+            conv_state: f("gdn_conv_state")?,
+            scan: f("gdn_scan")?,
+            scan_wide: f("gdn_scan_w")?,
+            gated_rms_norm: f("gated_rms_norm")?,
+            split_query_gate: f("split_query_gate")?,
+            sigmoid_mul: f("sigmoid_mul")?,
+        })
+    }
+}
+
+/// The state slots of every GDN layer on the device, f32: conv `[slots, layers, kernel − 1,
+/// conv_dim]` (oldest row first) and recurrent `[slots, layers, value_heads, dv, dk]` (each
+/// value column's `dk` entries contiguous: transposed against the CPU's `[.., dk, dv]`).
+#[derive(Debug)]
+pub struct CudaStateCache {
+    spec: StateSpec,
+    conv: CudaSlice<f32>,
+    rec: CudaSlice<f32>,
+}
+
+impl CudaStateCache {
+    /// The geometry.
+    pub fn spec(&self) -> &StateSpec {
+        &self.spec
+    }
+}
+
+/// `Err(InvalidArgument)` unless every sequence of `step` with tokens names a distinct slot of
+/// `spec`.
+fn check_slots(step: &CudaStep, spec: &StateSpec) -> Result<(), BackendError> {
+    let mut seen = HashSet::new();
+    for (i, &(len, slot)) in step.seq_slots.iter().enumerate() {
+        if len == 0 {
+            continue;
+        }
+        let slot = slot.ok_or_else(|| {
+            BackendError::InvalidArgument(format!(
+                "sequence {i} of a hybrid-model step has no state slot"
+            ))
+        })?;
+        check_slot(spec, slot)?;
+        if !seen.insert(slot) {
+            return Err(BackendError::InvalidArgument(format!(
+                "state slot {slot} is used by two sequences of one step"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_slot(spec: &StateSpec, slot: u32) -> Result<(), BackendError> {
+    if slot as usize >= spec.num_slots {
+        return Err(BackendError::InvalidArgument(format!(
+            "state slot {slot} of {}",
+            spec.num_slots
+        )));
+    }
+    Ok(())
+}
+
+fn check_layer(spec: &StateSpec, layer: usize) -> Result<(), BackendError> {
+    if layer >= spec.num_layers {
+        return Err(BackendError::InvalidArgument(format!(
+            "GDN layer {layer} of {}",
+            spec.num_layers
+        )));
+    }
+    Ok(())
+}
+
+fn elementwise(len: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (len.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// Slot `slot`'s conv state `[kernel − 1, conv_dim]` and recurrent state `[value_heads, dk,
+    /// dv]` (the CPU's layout) of GDN layer `layer`, on the host (tests; synchronizes).
+    pub fn download_state(
+        &self,
+        cache: &CudaStateCache,
+        slot: u32,
+        layer: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+        let spec = cache.spec;
+        check_slot(&spec, slot)?;
+        check_layer(&spec, layer)?;
+        let at = slot as usize * spec.num_layers + layer;
+        let (cn, rn) = (spec.conv_elems(), spec.recurrent_elems());
+        let mut conv = vec![0.0f32; cn];
+        self.stream
+            .memcpy_dtoh(&cache.conv.slice(at * cn..(at + 1) * cn), &mut conv)
+            .map_err(dev_err)?;
+        let mut t = vec![0.0f32; rn];
+        self.stream
+            .memcpy_dtoh(&cache.rec.slice(at * rn..(at + 1) * rn), &mut t)
+            .map_err(dev_err)?;
+        let (nv, dk, dv) = (spec.num_value_heads, spec.key_head_dim, spec.value_head_dim);
+        let mut rec = vec![0.0f32; rn];
+        for h in 0..nv {
+            for j in 0..dv {
+                for i in 0..dk {
+                    rec[(h * dk + i) * dv + j] = t[(h * dv + j) * dk + i];
+                }
+            }
+        }
+        Ok((conv, rec))
+    }
+
+    /// `(slot elements of conv, of recurrent)`: one slot's share of each buffer.
+    fn slot_elems(spec: &StateSpec) -> (usize, usize) {
+        (
+            spec.num_layers * spec.conv_elems(),
+            spec.num_layers * spec.recurrent_elems(),
+        )
+    }
+}
+
+/// Copy `n` elements at `src` to `dst` within one device buffer (ranges do not overlap).
+fn copy_within(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    buf: &mut CudaSlice<f32>,
+    src: usize,
+    dst: usize,
+    n: usize,
+) -> Result<(), BackendError> {
+    if src < dst {
+        let (lo, mut hi) = buf.split_at_mut(dst);
+        let from = lo.slice(src..src + n);
+        let mut to = hi.slice_mut(0..n);
+        stream.memcpy_dtod(&from, &mut to).map_err(dev_err)
+    } else {
+        let (mut lo, hi) = buf.split_at_mut(src);
+        let from = hi.slice(0..n);
+        let mut to = lo.slice_mut(dst..dst + n);
+        stream.memcpy_dtod(&from, &mut to).map_err(dev_err)
+    }
+}
+
+impl HybridBackend for CudaBackend {
+    type StateCache = CudaStateCache;
+
+    fn create_state_cache(&self, spec: &StateSpec) -> Result<CudaStateCache, BackendError> {
+        if spec.conv_kernel < 2 || spec.conv_kernel > MAX_CONV_KERNEL {
+            return Err(BackendError::Unsupported(format!(
+                "conv kernel {} (the CUDA kernels take 2..={MAX_CONV_KERNEL} taps)",
+                spec.conv_kernel
+            )));
+        }
+        let (cn, rn) = CudaBackend::slot_elems(spec);
+        Ok(CudaStateCache {
+            spec: *spec,
+            conv: self
+                .stream
+                .alloc_zeros::<f32>((spec.num_slots * cn).max(1))
+                .map_err(dev_err)?,
+            rec: self
+                .stream
+                .alloc_zeros::<f32>((spec.num_slots * rn).max(1))
+                .map_err(dev_err)?,
+        })
+    }
+
+    fn reset_state_slot(&self, cache: &mut CudaStateCache, slot: u32) -> Result<(), BackendError> {
+        check_slot(&cache.spec, slot)?;
+        let (cn, rn) = CudaBackend::slot_elems(&cache.spec);
+        let s = slot as usize;
+        let mut c = cache.conv.slice_mut(s * cn..(s + 1) * cn);
+        self.stream.memset_zeros(&mut c).map_err(dev_err)?;
+        let mut r = cache.rec.slice_mut(s * rn..(s + 1) * rn);
+        self.stream.memset_zeros(&mut r).map_err(dev_err)
+    }
+
+    fn copy_state_slot(
+        &self,
+        cache: &mut CudaStateCache,
+        src: u32,
+        dst: u32,
+    ) -> Result<(), BackendError> {
+        check_slot(&cache.spec, src)?;
+        check_slot(&cache.spec, dst)?;
+        if src == dst {
+            return Ok(());
+        }
+        let (cn, rn) = CudaBackend::slot_elems(&cache.spec);
+        let (s, d) = (src as usize, dst as usize);
+        copy_within(&self.stream, &mut cache.conv, s * cn, d * cn, cn)?;
+        copy_within(&self.stream, &mut cache.rec, s * rn, d * rn, rn)
+    }
+
+    fn split_query_gate(
+        &self,
+        qg: &CudaBuffer,
+        q: &mut CudaBuffer,
+        gate: &mut CudaBuffer,
+        tokens: usize,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<(), BackendError> {
+        let n = tokens * heads * head_dim;
+        check_len("split_query_gate input", qg.len, 2 * n)?;
+        check_len("split_query_gate q", q.len, n)?;
+        check_len("split_query_gate gate", gate.len, n)?;
+        for (what, b) in [("input", qg), ("q", &*q), ("gate", &*gate)] {
+            self.expect_compute(&format!("split_query_gate {what}"), b)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (nl, hd) = (n as i64, head_dim as i32);
+        let mut b = self.stream.launch_builder(&self.k.gdn.split_query_gate);
+        b.arg(&qg.data)
+            .arg(&mut q.data)
+            .arg(&mut gate.data)
+            .arg(&nl)
+            .arg(&hd);
+        // SAFETY: qg holds 2n elements, q and gate n (checked, all compute dtype); the kernel
+        // guards i < n.
+        unsafe { b.launch(elementwise(n)) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    fn sigmoid_mul(
+        &self,
+        x: &mut CudaBuffer,
+        gate: &CudaBuffer,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        check_len("sigmoid_mul x", x.len, len)?;
+        check_len("sigmoid_mul gate", gate.len, len)?;
+        self.expect_compute("sigmoid_mul x", x)?;
+        self.expect_compute("sigmoid_mul gate", gate)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = len as i64;
+        let mut b = self.stream.launch_builder(&self.k.gdn.sigmoid_mul);
+        b.arg(&mut x.data).arg(&gate.data).arg(&n);
+        // SAFETY: both hold at least `len` compute-dtype elements; the kernel guards i < n.
+        unsafe { b.launch(elementwise(len)) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    fn gdn_conv1d(
+        &self,
+        cache: &mut CudaStateCache,
+        layer: usize,
+        mixed: &CudaBuffer,
+        weight: &CudaBuffer,
+        step: &CudaStep,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        let spec = cache.spec;
+        check_layer(&spec, layer)?;
+        check_slots(step, &spec)?;
+        let (dim, kern, t) = (spec.conv_dim, spec.conv_kernel, step.num_tokens);
+        check_len("gdn_conv1d input", mixed.len, t * dim)?;
+        check_len("gdn_conv1d output", out.len, t * dim)?;
+        check_len("gdn_conv1d weight", weight.len, dim * kern)?;
+        for (what, b) in [("input", mixed), ("weight", weight), ("output", &*out)] {
+            self.expect_compute(&format!("gdn_conv1d {what}"), b)?;
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        if t > MAX_GRID_Y || step.num_seqs > MAX_GRID_Y {
+            return Err(BackendError::Unsupported(format!(
+                "gdn_conv1d over {t} tokens (at most {MAX_GRID_Y} per step on CUDA)"
+            )));
+        }
+        let (token_seq, meta) = (step.token_seq(), step.seq_meta());
+        let (d, k, nl, l) = (
+            dim as i32,
+            kern as i32,
+            spec.num_layers as i32,
+            layer as i32,
+        );
+        let blocks = dim.div_ceil(CONV_THREADS) as u32;
+        let mut b = self.stream.launch_builder(&self.k.gdn.conv1d);
+        b.arg(&mixed.data)
+            .arg(&weight.data)
+            .arg(&cache.conv)
+            .arg(&token_seq)
+            .arg(&meta)
+            .arg(&mut out.data);
+        b.arg(&d).arg(&k).arg(&nl).arg(&l);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, t as u32, 1),
+            block_dim: (CONV_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: mixed/out hold t rows of conv_dim and weight conv_dim × kernel (checked);
+        // token_seq/seq_meta come from the checked StepInput (every token's sequence has a slot
+        // < num_slots, checked above), so every state row read lies in the slot's layer block.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        // The new conv state, after every token of the step has read the old one.
+        let mut b = self.stream.launch_builder(&self.k.gdn.conv_state);
+        b.arg(&mixed.data).arg(&mut cache.conv).arg(&meta);
+        b.arg(&d).arg(&k).arg(&nl).arg(&l);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, step.num_seqs.max(1) as u32, 1),
+            block_dim: (CONV_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as above; each thread writes one channel of its sequence's slot (distinct
+        // slots, checked), and a sequence without tokens or slot returns.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    fn gdn_recurrence(
+        &self,
+        cache: &mut CudaStateCache,
+        layer: usize,
+        qkv: &CudaBuffer,
+        a: &CudaBuffer,
+        b: &CudaBuffer,
+        a_log: &CudaBuffer,
+        dt_bias: &CudaBuffer,
+        step: &CudaStep,
+        params: &GdnParams,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        params.check_fits(&cache.spec, layer)?;
+        check_slots(step, &cache.spec)?;
+        let (t, nv, dk, dv) = (
+            step.num_tokens,
+            params.num_value_heads,
+            params.key_head_dim,
+            params.value_head_dim,
+        );
+        check_len("gdn qkv", qkv.len, t * params.conv_dim())?;
+        check_len("gdn a", a.len, t * nv)?;
+        check_len("gdn b", b.len, t * nv)?;
+        check_len("gdn A_log", a_log.len, nv)?;
+        check_len("gdn dt_bias", dt_bias.len, nv)?;
+        check_len("gdn output", out.len, t * params.value_dim())?;
+        for (what, x) in [
+            ("qkv", qkv),
+            ("a", a),
+            ("b", b),
+            ("A_log", a_log),
+            ("dt_bias", dt_bias),
+            ("output", &*out),
+        ] {
+            self.expect_compute(&format!("gdn {what}"), x)?;
+        }
+        if !dk.is_multiple_of(SCAN_LANES) || dk > SCAN_MAX_DK {
+            return Err(BackendError::Unsupported(format!(
+                "GDN key head dim {dk} on CUDA (a multiple of {SCAN_LANES}, at most {SCAN_MAX_DK})"
+            )));
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let meta = step.seq_meta();
+        let (nk, nvi, dki, dvi, nl, l) = (
+            params.num_key_heads as i32,
+            nv as i32,
+            dk as i32,
+            dv as i32,
+            cache.spec.num_layers as i32,
+            layer as i32,
+        );
+        let (f, lanes) = if dk.is_multiple_of(SCAN_LANES_WIDE) {
+            (&self.k.gdn.scan_wide, SCAN_LANES_WIDE)
+        } else {
+            (&self.k.gdn.scan, SCAN_LANES)
+        };
+        let cols = SCAN_THREADS / lanes;
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&qkv.data)
+            .arg(&a.data)
+            .arg(&b.data)
+            .arg(&a_log.data)
+            .arg(&dt_bias.data)
+            .arg(&mut cache.rec)
+            .arg(&meta)
+            .arg(&mut out.data);
+        lb.arg(&nk).arg(&nvi).arg(&dki).arg(&dvi).arg(&nl).arg(&l);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                step.num_seqs.max(1) as u32,
+                nv as u32,
+                dv.div_ceil(cols) as u32,
+            ),
+            block_dim: (SCAN_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: qkv holds t rows of conv_dim, a/b t rows of value_heads, out t rows of
+        // value_dim, A_log/dt_bias value_heads (all checked); dk is a multiple of the kernel's R and at
+        // most GDN_MAX_DK (the kernel's register and shared arrays); each block reads and
+        // writes the state of its own (slot, head) only, and slots are distinct (checked).
+        unsafe { lb.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &CudaBuffer,
+        z: &CudaBuffer,
+        weight: &CudaBuffer,
+        out: &mut CudaBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        let n = rows * dim;
+        check_len("gated_rms_norm x", x.len, n)?;
+        check_len("gated_rms_norm z", z.len, n)?;
+        check_len("gated_rms_norm output", out.len, n)?;
+        check_len("gated_rms_norm weight", weight.len, dim)?;
+        for (what, b) in [("x", x), ("z", z), ("weight", weight), ("output", &*out)] {
+            self.expect_compute(&format!("gated_rms_norm {what}"), b)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let d = dim as i32;
+        let mut b = self.stream.launch_builder(&self.k.gdn.gated_rms_norm);
+        b.arg(&x.data)
+            .arg(&z.data)
+            .arg(&weight.data)
+            .arg(&mut out.data)
+            .arg(&d)
+            .arg(&eps);
+        let threads = (dim.div_ceil(32) * 32).min(1024) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: x, z and out hold rows × dim elements and weight dim (checked); blockDim is a
+        // multiple of 32 and at most 1024, as block_sum needs.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+}
