@@ -289,7 +289,7 @@ mod tests {
     use std::path::{Component, Path};
     use std::time::Duration;
 
-    fn result(text: &str) -> StoredResult {
+    pub(super) fn result(text: &str) -> StoredResult {
         StoredResult {
             model: "smol".into(),
             created: 1_700_000_000,
@@ -313,7 +313,7 @@ mod tests {
         }
     }
 
-    fn ok(id: &str, line: Option<u32>, cid: Option<&str>, text: &str) -> FinishedTask {
+    pub(super) fn ok(id: &str, line: Option<u32>, cid: Option<&str>, text: &str) -> FinishedTask {
         FinishedTask {
             task_id: id.into(),
             line,
@@ -322,7 +322,7 @@ mod tests {
         }
     }
 
-    fn failed(
+    pub(super) fn failed(
         id: &str,
         line: Option<u32>,
         cid: Option<&str>,

@@ -447,64 +447,10 @@ fn sync_dir(dir: &Path) -> Result<(), WriteError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::writer::{render, FinishedTask, StoredResult, TaskOutcome};
-    use crate::engine::request::{Completion, FinishReason, Timings, Usage};
+    use crate::daemon::writer::render;
+    use crate::daemon::writer::tests::{failed, ok};
     use crate::error::ErrorClass;
-    use std::time::Duration;
     use time::macros::date;
-
-    fn result(text: &str) -> StoredResult {
-        StoredResult {
-            model: "smol".into(),
-            created: 1_700_000_000,
-            completion: Completion {
-                text: text.into(),
-                token_ids: vec![1, 2],
-                finish_reason: FinishReason::Stop,
-                usage: Usage {
-                    prompt_tokens: 7,
-                    completion_tokens: 2,
-                    cached_prompt_tokens: 0,
-                },
-                timings: Timings {
-                    queue: Duration::from_millis(1),
-                    ttft: Duration::from_millis(20),
-                    total: Duration::from_millis(50),
-                    decode_tokens_per_s: 33.0,
-                },
-                logprobs: None,
-            },
-        }
-    }
-
-    fn ok(id: &str, line: Option<u32>, cid: Option<&str>, text: &str) -> FinishedTask {
-        FinishedTask {
-            task_id: id.into(),
-            line,
-            custom_id: cid.map(Into::into),
-            outcome: TaskOutcome::Succeeded(result(text)),
-        }
-    }
-
-    fn failed(
-        id: &str,
-        line: Option<u32>,
-        cid: Option<&str>,
-        state: &str,
-        class: ErrorClass,
-    ) -> FinishedTask {
-        FinishedTask {
-            task_id: id.into(),
-            line,
-            custom_id: cid.map(Into::into),
-            outcome: TaskOutcome::Failed {
-                state: state.into(),
-                class: Some(class),
-                message: "boom".into(),
-                attempts: 3,
-            },
-        }
-    }
 
     #[test]
     fn placing_is_atomic_suffixed_and_idempotent() {
