@@ -34,7 +34,7 @@ use tracing::info;
 use crate::backend::{Backend, KvCacheSpec, RopeSpec};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
-use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
+use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, ModelRunner};
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::WeightSource;
 
@@ -562,39 +562,6 @@ impl<B: Backend> LlamaWeights<B> {
         b.logits_into(&ws.last, rows, lm_head, &mut ws.logits)?;
         Ok(())
     }
-
-    /// The step's answer from the logits [`LlamaWeights::queue`] left in `logits`: raw rows are
-    /// downloaded for the `Last` / `All` sequences of `batch`, and the `Sample` sequences' rows
-    /// are sampled by the backend (rows past the batch's own, padding of a decode graph, are
-    /// never read).
-    fn finish(
-        b: &B,
-        c: &ModelConfig,
-        logits: &B::Logits,
-        batch: &ForwardBatch,
-    ) -> Result<ForwardOutput, EngineError> {
-        let mut out = ForwardOutput::default();
-        // Logits rows follow batch.seqs (as ForwardBatch::step_input laid them out).
-        let mut row = 0;
-        let mut picks = Vec::new();
-        for s in &batch.seqs {
-            let n = s.logits.rows(s.len);
-            match &s.logits {
-                LogitsFor::None => {}
-                LogitsFor::Sample(desc) => picks.push((row, desc)),
-                LogitsFor::Last | LogitsFor::All => {
-                    let at = out.logits.len();
-                    out.logits.resize(at + n * c.vocab_size, 0.0);
-                    b.download_logits(logits, row, &mut out.logits[at..])?;
-                }
-            }
-            row += n;
-        }
-        if !picks.is_empty() {
-            out.samples = b.sample(logits, &picks)?;
-        }
-        Ok(out)
-    }
 }
 
 impl<B: Backend> ModelRunner for Llama<B> {
@@ -687,7 +654,7 @@ impl<B: Backend> ModelRunner for Llama<B> {
                     weights.queue(backend, config, kv_cache, ws, st, t, rows)?;
                 }
             }
-            LlamaWeights::finish(backend, config, &ws.logits, batch)
+            ForwardOutput::from_logits(backend, config.vocab_size, &ws.logits, batch)
         })
     }
 

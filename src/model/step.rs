@@ -10,7 +10,7 @@
 //! tokens with in-range block ids; token ids are in the vocabulary and positions below the
 //! model's limit.
 
-use crate::backend::{StepInput, StepSeq};
+use crate::backend::{Backend, StepInput, StepSeq};
 use crate::error::EngineError;
 use crate::sampling::{SampleError, Sampled, SamplingRow};
 
@@ -48,6 +48,40 @@ pub struct ForwardOutput {
     /// One result per `LogitsFor::Sample` sequence, in the order of `batch.seqs` (a row whose
     /// logits have no finite maximum fails alone).
     pub samples: Vec<Result<Sampled, SampleError>>,
+}
+
+impl ForwardOutput {
+    /// The step's answer from the logits rows `logits` holds (laid out in the order of
+    /// `batch.seqs`, as [`ForwardBatch::step_input`] lays them out): raw rows are downloaded for
+    /// the `Last` / `All` sequences, and the `Sample` sequences' rows are sampled by the backend
+    /// (rows past the batch's own, e.g. the padding of a decode graph, are never read).
+    pub fn from_logits<B: Backend>(
+        b: &B,
+        vocab_size: usize,
+        logits: &B::Logits,
+        batch: &ForwardBatch,
+    ) -> Result<ForwardOutput, EngineError> {
+        let mut out = ForwardOutput::default();
+        let mut row = 0;
+        let mut picks = Vec::new();
+        for s in &batch.seqs {
+            let n = s.logits.rows(s.len);
+            match &s.logits {
+                LogitsFor::None => {}
+                LogitsFor::Sample(desc) => picks.push((row, desc)),
+                LogitsFor::Last | LogitsFor::All => {
+                    let at = out.logits.len();
+                    out.logits.resize(at + n * vocab_size, 0.0);
+                    b.download_logits(logits, row, &mut out.logits[at..])?;
+                }
+            }
+            row += n;
+        }
+        if !picks.is_empty() {
+            out.samples = b.sample(logits, &picks)?;
+        }
+        Ok(out)
+    }
 }
 
 /// One sequence's part of a forward step.

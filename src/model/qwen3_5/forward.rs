@@ -6,7 +6,7 @@
 use crate::backend::hybrid::{GdnParams, HybridBackend};
 use crate::backend::StepInput;
 use crate::error::EngineError;
-use crate::model::step::{ForwardBatch, ForwardOutput, LogitsFor};
+use crate::model::step::{ForwardBatch, ForwardOutput};
 use crate::model::ModelConfig;
 
 use super::{Mixer, Weights};
@@ -210,30 +210,11 @@ pub(super) fn run<B: HybridBackend>(
     }
 
     let rows = input.logit_rows.len();
-    let mut out = ForwardOutput::default();
     if rows == 0 {
-        return Ok(out);
+        return Ok(ForwardOutput::default());
     }
     b.gather_rows(&*h, step, hidden, last)?;
     let lm_head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
     b.logits_into(&*last, rows, lm_head, logits)?;
-    let mut row = 0;
-    let mut picks = Vec::new();
-    for s in &batch.seqs {
-        let n = s.logits.rows(s.len);
-        match &s.logits {
-            LogitsFor::None => {}
-            LogitsFor::Sample(desc) => picks.push((row, desc)),
-            LogitsFor::Last | LogitsFor::All => {
-                let at = out.logits.len();
-                out.logits.resize(at + n * c.vocab_size, 0.0);
-                b.download_logits(logits, row, &mut out.logits[at..])?;
-            }
-        }
-        row += n;
-    }
-    if !picks.is_empty() {
-        out.samples = b.sample(logits, &picks)?;
-    }
-    Ok(out)
+    ForwardOutput::from_logits(b, c.vocab_size, &*logits, batch)
 }
