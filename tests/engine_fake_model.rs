@@ -18,7 +18,9 @@ use kiln::engine::{
     Prompt, SamplingParams,
 };
 use kiln::error::EngineError;
-use kiln::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
+use kiln::model::step::{
+    CacheGeometry, Deferred, Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, Submitted,
+};
 use kiln::sampling::sample_row;
 use kiln::tokenizer::Tokenizer;
 
@@ -86,6 +88,8 @@ struct Probe {
     computed_tokens: Arc<AtomicUsize>,
     /// Sequences per forward step.
     batch_sizes: Arc<Mutex<Vec<usize>>>,
+    /// Tokens fed on the "device" to a step submitted while the one before it was queued.
+    fed_ahead: Arc<AtomicUsize>,
 }
 
 struct FakeRunner {
@@ -208,6 +212,63 @@ impl ModelRunner for FakeRunner {
     }
 }
 
+/// A queued runner that checks, at each submission, that no block a queued (not yet computed)
+/// step writes for one sequence appears in another sequence's block table: a block must not be
+/// handed to a new owner while the device may still write it. Sequences are told apart by the
+/// first block of their table, which holds only with prefix caching off (`check_reuse`).
+struct InFlightCheck {
+    inner: Deferred<FakeRunner>,
+    check_reuse: bool,
+    probe: Probe,
+}
+
+impl ModelRunner for InFlightCheck {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn max_position_embeddings(&self) -> usize {
+        self.inner.max_position_embeddings()
+    }
+    fn cache_geometry(&self) -> CacheGeometry {
+        self.inner.cache_geometry()
+    }
+    fn device_name(&self) -> String {
+        "fake, queued".into()
+    }
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
+        self.inner.forward(batch)
+    }
+    fn submit(&mut self, batch: &ForwardBatch, feeds: &[Feed]) -> Result<Submitted, EngineError> {
+        if self.check_reuse {
+            for queued in self.inner.queued() {
+                for q in &queued.seqs {
+                    for s in &batch.seqs {
+                        let reused = q.block_table.iter().find(|b| s.block_table.contains(b));
+                        if let (Some(b), true) = (reused, q.block_table[0] != s.block_table[0]) {
+                            return Err(EngineError::Internal(format!(
+                                "block {b} is handed to another sequence while a queued step writes it"
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        if self.inner.queued().next().is_some() {
+            self.probe.fed_ahead.fetch_add(feeds.len(), Ordering::Relaxed);
+        }
+        self.inner.submit(batch, feeds)
+    }
+    fn collect(&mut self, step: Submitted) -> Result<ForwardOutput, EngineError> {
+        self.inner.collect(step)
+    }
+    fn queues_steps(&self) -> bool {
+        true
+    }
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        self.inner.copy_block(src, dst)
+    }
+}
+
 struct Setup {
     num_blocks: usize,
     block_size: usize,
@@ -218,6 +279,9 @@ struct Setup {
     step_delay: Duration,
     panic_on_token: Option<u32>,
     oom_on_token: Option<u32>,
+    /// Run the fake model behind a device-like queue ([`Deferred`]), so the engine overlaps:
+    /// it builds and submits step N+1 before step N is computed.
+    overlap: bool,
 }
 
 impl Default for Setup {
@@ -232,6 +296,7 @@ impl Default for Setup {
             step_delay: Duration::ZERO,
             panic_on_token: None,
             oom_on_token: None,
+            overlap: false,
         }
     }
 }
@@ -255,7 +320,16 @@ impl Setup {
             enable_prefix_caching: self.prefix_caching,
             ..EngineConfig::default()
         };
-        let handle = spawn(Box::new(runner), byte_tokenizer(), cfg, "fake").expect("engine starts");
+        let runner: Box<dyn ModelRunner> = if self.overlap {
+            Box::new(InFlightCheck {
+                inner: Deferred::new(runner),
+                check_reuse: !self.prefix_caching,
+                probe: probe.clone(),
+            })
+        } else {
+            Box::new(runner)
+        };
+        let handle = spawn(runner, byte_tokenizer(), cfg, "fake").expect("engine starts");
         (handle, probe)
     }
 }
@@ -803,4 +877,137 @@ async fn chat_prompts_are_rendered_with_the_template() {
         .await
         .expect("ok");
     assert_eq!(c.token_ids, plain.token_ids);
+}
+
+/// The same requests with and without overlap: every request's tokens, text and finish reason.
+async fn overlap_agrees(setup: impl Fn(bool) -> Setup, reqs: impl Fn() -> Vec<GenerateRequest>) {
+    let run = |overlap: bool| {
+        let (h, probe) = setup(overlap).start();
+        let reqs = reqs();
+        async move { (run_all(&h, reqs).await, probe) }
+    };
+    let (plain, _) = run(false).await;
+    let (overlapped, probe) = run(true).await;
+    let key = |r: &Result<Completion, EngineError>| {
+        let c = r.as_ref().expect("completion");
+        (c.token_ids.clone(), c.text.clone(), c.finish_reason)
+    };
+    assert_eq!(
+        plain.iter().map(key).collect::<Vec<_>>(),
+        overlapped.iter().map(key).collect::<Vec<_>>()
+    );
+    // The overlapped run did build steps ahead, feeding them tokens still being computed.
+    assert!(probe.fed_ahead.load(Ordering::Relaxed) > 0);
+}
+
+#[tokio::test]
+async fn overlap_gives_the_same_tokens_eos_and_max_tokens() {
+    // EOS stops some requests early, max_tokens the others; greedy and seeded sampling mixed.
+    overlap_agrees(
+        |overlap| Setup {
+            overlap,
+            ..Setup::default()
+        },
+        || {
+            prompts(10)
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let sampling = SamplingParams {
+                        max_tokens: Some(5 + 7 * (i as u32 % 4)),
+                        temperature: if i % 2 == 0 { 0.0 } else { 0.9 },
+                        seed: Some(i as u64),
+                        ..SamplingParams::default()
+                    };
+                    text_request(p, sampling)
+                })
+                .collect()
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn overlap_gives_the_same_tokens_with_stop_strings_and_logprobs() {
+    overlap_agrees(
+        |overlap| Setup {
+            overlap,
+            ..Setup::default()
+        },
+        || {
+            prompts(6)
+                .iter()
+                .map(|p| {
+                    let sampling = SamplingParams {
+                        stop: vec!["e".into(), "q u".into()],
+                        logprobs: Some(2),
+                        ..greedy(30)
+                    };
+                    text_request(p, sampling)
+                })
+                .collect()
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn overlap_with_penalties_and_preemption_gives_the_same_tokens_and_never_reuses_a_busy_block() {
+    // A tiny cache (preemption), one-token prefill chunks, prefix caching off (so the queued
+    // runner can check block ownership), and penalties on some requests (those steps are
+    // collected before the next is built).
+    overlap_agrees(
+        |overlap| Setup {
+            overlap,
+            num_blocks: 24,
+            max_num_seqs: 6,
+            max_num_batched_tokens: 8,
+            prefix_caching: false,
+            ..Setup::default()
+        },
+        || {
+            prompts(9)
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let sampling = SamplingParams {
+                        repetition_penalty: if i % 3 == 0 { 1.3 } else { 1.0 },
+                        ..greedy(6 + i as u32 * 3)
+                    };
+                    text_request(p, sampling)
+                })
+                .collect()
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn overlap_cancelling_frees_the_blocks_after_the_step_in_flight() {
+    let (h, _) = Setup {
+        step_delay: Duration::from_millis(2),
+        overlap: true,
+        prefix_caching: false,
+        ..Setup::default()
+    }
+    .start();
+    let pending = h.submit(text_request("a long generation", greedy(10_000)));
+    wait_for(&h, "the request to run", |s| {
+        s.running == 1 && s.kv_blocks_used > 0
+    })
+    .await;
+    drop(pending);
+    wait_for(&h, "the blocks to be freed", |s| {
+        s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0
+    })
+    .await;
+    let results = run_all(
+        &h,
+        prompts(5)
+            .iter()
+            .map(|p| text_request(p, greedy(7)))
+            .collect(),
+    )
+    .await;
+    assert!(tokens(&results).iter().all(|t| t.len() == 7));
 }

@@ -43,6 +43,10 @@ pub struct EngineConfig {
     /// `max_num_seqs`), recorded at first use; mixed and prefill steps run eagerly. Ignored on
     /// the CPU.
     pub cuda_graphs: bool,
+    /// Build and submit the next step while the device runs the current one, so the only
+    /// wait per step is the download of the sampled ids (runners that queue steps on a device:
+    /// CUDA llama/qwen3; the CPU computes a step when it is submitted and ignores this).
+    pub overlap: bool,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +67,7 @@ impl Default for EngineConfig {
             dtype: r.dtype,
             kv_cache_dtype: r.kv_cache_dtype,
             cuda_graphs: r.cuda_graphs,
+            overlap: true,
         }
     }
 }

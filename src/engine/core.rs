@@ -31,7 +31,8 @@ use crate::engine::sampler;
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerOutput};
 use crate::engine::sequence::Sequence;
 use crate::error::{EngineError, ModelError};
-use crate::model::step::{ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
+use crate::engine::pipeline::InFlight;
+use crate::model::step::{resolve_feeds, Feed, ForwardBatch, LogitsFor, ModelRunner, SeqSlice};
 use crate::sampling::{SampleError, Sampled};
 use crate::tokenizer::Tokenizer;
 
@@ -112,6 +113,13 @@ struct EngineCore {
     warned_preemption: bool,
     /// Set by a sticky device fault: the serve loop stops and fails what is pending with it.
     device_lost: Option<String>,
+    /// Build the next step while the device runs the current one (`engine.overlap`, on a
+    /// runner that queues steps).
+    overlap: bool,
+    /// The submitted step not yet collected.
+    in_flight: Option<InFlight>,
+    /// Steps submitted so far (the last one's number).
+    next_step: u64,
 }
 
 impl EngineCore {
@@ -196,6 +204,17 @@ impl EngineCore {
             state_checkpoints = checkpoint_slots,
             "Engine started."
         );
+        let overlap = cfg.overlap && runner.queues_steps();
+        tracing::info!(
+            overlap,
+            configured = cfg.overlap,
+            "Step overlap {}.",
+            if overlap {
+                "on: the next step is built while the device runs the current one"
+            } else {
+                "off: each step is collected before the next is built"
+            }
+        );
         Ok(EngineCore {
             vocab_size: runner.vocab_size(),
             block_size: geometry.block_size,
@@ -210,13 +229,16 @@ impl EngineCore {
             info,
             warned_preemption: false,
             device_lost: None,
+            overlap,
+            in_flight: None,
+            next_step: 0,
         })
     }
 
     /// Serve commands until `Shutdown` or until every sender is gone.
     fn run(mut self, mut rx: mpsc::UnboundedReceiver<EngineCommand>) {
         'serve: loop {
-            if self.scheduler.is_empty() {
+            if self.scheduler.is_empty() && self.in_flight.is_none() {
                 match rx.blocking_recv() {
                     Some(cmd) => {
                         if self.handle(cmd) {
@@ -245,6 +267,8 @@ impl EngineCore {
                 break 'serve;
             }
         }
+        // A step still on the device is waited for (its blocks are then free to drop).
+        self.collect_in_flight();
         let pending = self.scheduler.ids();
         let why = match &self.device_lost {
             Some(m) => EngineError::DeviceLost(m.clone()),
@@ -274,6 +298,11 @@ impl EngineCore {
             let _ = reply.send(Err(EngineError::Internal(format!(
                 "engine step panicked: {message}"
             ))));
+        }
+        // The step in flight (if any) is waited for and dropped: its sequences are gone.
+        if let Some(f) = self.in_flight.take() {
+            let runner = &mut self.runner;
+            let _ = catch_unwind(AssertUnwindSafe(|| runner.collect(f.submitted)));
         }
         let kv = self.scheduler.kv();
         let fresh = BlockManager::new(kv.num_blocks(), kv.block_size(), kv.prefix_caching());
@@ -385,13 +414,57 @@ impl EngineCore {
         Ok(ids)
     }
 
-    /// One scheduler step.
+    /// One scheduler step: with a step in flight (overlap), the next one is scheduled, built
+    /// and submitted before the one in flight is collected (see [`crate::engine::pipeline`]).
     fn step(&mut self) {
         let now = Instant::now();
         self.reap(now);
-        if self.scheduler.is_empty() {
-            return;
+        if self.in_flight.is_some() && !self.can_build_ahead() {
+            self.collect_in_flight();
         }
+        let prev = self.in_flight.take();
+        let next = if self.scheduler.is_empty() || self.device_lost.is_some() {
+            None
+        } else {
+            self.submit_next(now, prev.as_ref())
+        };
+        if let Some(prev) = prev {
+            self.collect(prev);
+        }
+        self.in_flight = next;
+        if !self.overlap {
+            self.collect_in_flight();
+        }
+    }
+
+    /// Whether the next step may be built while the one in flight runs: no sequence of it needs
+    /// its token for the next sampling descriptor (penalties), and the free blocks rule out a
+    /// preemption (which must free blocks at once).
+    fn can_build_ahead(&self) -> bool {
+        let Some(f) = &self.in_flight else {
+            return true;
+        };
+        let history = f.out.scheduled.iter().any(|s| {
+            s.sample
+                && self
+                    .scheduler
+                    .get(s.id)
+                    .is_some_and(|q| q.sampling_needs_history())
+        });
+        !history && self.scheduler.fits_without_preemption()
+    }
+
+    /// Collect the step in flight, if any.
+    fn collect_in_flight(&mut self) {
+        if let Some(f) = self.in_flight.take() {
+            self.collect(f);
+        }
+    }
+
+    /// Schedule, build and submit the next step (`prev`: the step in flight, whose sampled
+    /// tokens this one is fed on the device). `None` when nothing was scheduled or the
+    /// submission failed (its requests are failed then).
+    fn submit_next(&mut self, now: Instant, prev: Option<&InFlight>) -> Option<InFlight> {
         let out = self.scheduler.schedule(now);
         if !out.preempted.is_empty() && !self.warned_preemption {
             self.warned_preemption = true;
@@ -401,16 +474,18 @@ impl EngineCore {
             );
         }
         if out.scheduled.is_empty() {
-            // The scheduler invariants rule this out; do not spin if it happens anyway.
-            tracing::warn!(
-                waiting = self.scheduler.num_waiting(),
-                running = self.scheduler.num_running(),
-                "Nothing could be scheduled."
-            );
-            std::thread::sleep(Duration::from_millis(1));
-            return;
+            if prev.is_none() {
+                // The scheduler invariants rule this out; do not spin if it happens anyway.
+                tracing::warn!(
+                    waiting = self.scheduler.num_waiting(),
+                    running = self.scheduler.num_running(),
+                    "Nothing could be scheduled."
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return None;
         }
-        let batch = self.build_batch(&out);
+        let (mut batch, feeds) = self.build_batch(&out, prev);
         let rows = out.scheduled.iter().filter(|s| s.sample).count();
         let t0 = Instant::now();
         // Hybrid prefix hits: the state after the cached prefix comes from its checkpoint.
@@ -420,12 +495,69 @@ impl EngineCore {
             .filter_map(|s| Some((s.restore_state_from?, batch_slot(&batch, &out, s.id)?)))
             .collect();
         let runner = &mut self.runner;
-        let result = match catch_unwind(AssertUnwindSafe(|| {
+        let done_prev = prev.and_then(|p| p.submitted.output());
+        let result = catch_unwind(AssertUnwindSafe(|| {
             for &(src, dst) in &restores {
                 runner.copy_state_slot(src, dst)?;
             }
-            runner.forward(&batch)
-        })) {
+            match done_prev {
+                // The step before was computed at submission: its tokens are known here.
+                Some(o) => {
+                    resolve_feeds(&mut batch, &feeds, o);
+                    runner.submit(&batch, &[])
+                }
+                None => runner.submit(&batch, &feeds),
+            }
+        }))
+        .unwrap_or_else(|panic| {
+            Err(EngineError::Internal(format!(
+                "panic in the forward pass: {}",
+                panic_message(&*panic)
+            )))
+        });
+        let submitted = match result {
+            Ok(s) => s,
+            Err(e) => {
+                self.step_failed(&out, e);
+                return None;
+            }
+        };
+        self.next_step += 1;
+        let number = self.next_step;
+        self.scheduler.step_submitted(number, &out.scheduled);
+        for (src, dst) in self.scheduler.complete_step(&out.scheduled) {
+            // Slot ids come from the scheduler's own pools: a failure is an engine bug.
+            if let Err(e) = self.runner.copy_state_slot(src, dst) {
+                panic!("checkpoint of state slot {src} into {dst} failed: {e}");
+            }
+        }
+        self.count_prompt_tokens(&out);
+        let mut sample_rows = HashMap::with_capacity(rows);
+        for s in out.scheduled.iter().filter(|s| s.sample) {
+            let row = sample_rows.len();
+            sample_rows.insert(s.id, row);
+            if let Some(seq) = self.scheduler.get_mut(s.id) {
+                seq.pending += 1;
+            }
+        }
+        Some(InFlight {
+            number,
+            out,
+            submitted,
+            sample_rows,
+            rows,
+            fed: feeds.len(),
+            t0,
+        })
+    }
+
+    /// Wait for a submitted step's tokens and apply them: append each sampling row's token to
+    /// its sequence (rows of sequences that finished, failed or were cancelled since the step
+    /// was built are discarded), answer the finished requests, free what the step held back.
+    fn collect(&mut self, f: InFlight) {
+        let rows = f.rows;
+        let runner = &mut self.runner;
+        let result = match catch_unwind(AssertUnwindSafe(|| runner.collect(f.submitted))) {
             Ok(Ok(fwd)) if fwd.samples.len() == rows => Ok(fwd.samples),
             Ok(Ok(fwd)) => Err(EngineError::Internal(format!(
                 "the model returned {} sampled tokens for {rows} sampling rows",
@@ -437,60 +569,83 @@ impl EngineCore {
                 panic_message(&*panic)
             ))),
         };
+        self.scheduler.step_collected(f.number);
         let samples = match result {
             Ok(s) => s,
-            Err(e) if e.is_sticky_device_fault() => {
-                tracing::error!(seqs = out.scheduled.len(), error = %e, "Sticky device fault: every later step would fail; stopping the engine.");
-                self.device_lost = Some(e.to_string());
-                for s in &out.scheduled {
-                    self.fail(s.id, EngineError::DeviceLost(e.to_string()));
-                }
-                return;
-            }
             Err(e) => {
-                tracing::error!(seqs = out.scheduled.len(), error = %e, "Forward step failed; its requests fail.");
-                for s in &out.scheduled {
-                    self.fail(s.id, e.clone());
-                }
+                self.step_failed(&f.out, e);
                 return;
             }
         };
-        let forward_time = t0.elapsed();
-        for (src, dst) in self.scheduler.complete_step(&out.scheduled) {
-            // Slot ids come from the scheduler's own pools: a failure is an engine bug.
-            if let Err(e) = self.runner.copy_state_slot(src, dst) {
-                panic!("checkpoint of state slot {src} into {dst} failed: {e}");
-            }
-        }
-        self.count_prompt_tokens(&out);
-        self.append_all(&out, samples);
+        let forward_time = f.t0.elapsed();
+        self.append_all(&f.out, samples);
         self.stats.steps += 1;
         self.stats.step_micros = self
             .stats
             .step_micros
             .saturating_add(u64::try_from(forward_time.as_micros()).unwrap_or(u64::MAX));
         tracing::debug!(
-            seqs = out.scheduled.len(),
-            tokens = out.num_batched_tokens,
-            preempted = out.preempted.len(),
+            step = f.number,
+            seqs = f.out.scheduled.len(),
+            tokens = f.out.num_batched_tokens,
+            preempted = f.out.preempted.len(),
+            fed = f.fed,
             forward_ms = forward_time.as_secs_f64() * 1e3,
             "Step done."
         );
     }
 
-    /// The step's batch; each sequence due for a token gets its sampler's descriptor (drawing
-    /// its uniform for this step).
-    fn build_batch(&mut self, out: &SchedulerOutput) -> ForwardBatch {
+    /// A step failed (at submission or collection): its requests fail with the error; a sticky
+    /// device fault stops the engine.
+    fn step_failed(&mut self, out: &SchedulerOutput, e: EngineError) {
+        if e.is_sticky_device_fault() {
+            tracing::error!(seqs = out.scheduled.len(), error = %e, "Sticky device fault: every later step would fail; stopping the engine.");
+            self.device_lost = Some(e.to_string());
+            for s in &out.scheduled {
+                self.fail(s.id, EngineError::DeviceLost(e.to_string()));
+            }
+        } else {
+            tracing::error!(seqs = out.scheduled.len(), error = %e, "Forward step failed; its requests fail.");
+            for s in &out.scheduled {
+                self.fail(s.id, e.clone());
+            }
+        }
+    }
+
+    /// The step's batch and its fed tokens; each sequence due for a token gets its sampler's
+    /// descriptor (drawing its uniform for this step). A token the step in flight (`prev`) is
+    /// sampling for the sequence is a [`Feed`] of that step's row, with a placeholder id.
+    fn build_batch(
+        &mut self,
+        out: &SchedulerOutput,
+        prev: Option<&InFlight>,
+    ) -> (ForwardBatch, Vec<Feed>) {
         let mut batch = ForwardBatch::default();
+        let mut feeds = Vec::new();
         for s in &out.scheduled {
             let seq = self
                 .scheduler
                 .get_mut(s.id)
                 .expect("scheduled sequences exist");
             let start = batch.token_ids.len();
+            let known = seq.token_ids.len();
+            let end = s.cached_len + s.num_new_tokens;
             batch
                 .token_ids
-                .extend_from_slice(&seq.token_ids[s.cached_len..s.cached_len + s.num_new_tokens]);
+                .extend_from_slice(&seq.token_ids[s.cached_len.min(known)..end.min(known)]);
+            for pos in known.max(s.cached_len)..end {
+                // Only the one token the step in flight samples can be pending here.
+                let row = prev
+                    .filter(|_| pos == known)
+                    .and_then(|p| p.sample_rows.get(&s.id))
+                    .copied()
+                    .expect("a pending token comes from the step in flight");
+                feeds.push(Feed {
+                    token: start + (pos - s.cached_len),
+                    row,
+                });
+                batch.token_ids.push(0);
+            }
             batch.seqs.push(SeqSlice {
                 start,
                 len: s.num_new_tokens,
@@ -504,7 +659,7 @@ impl EngineCore {
                 state_slot: seq.state_slot,
             });
         }
-        batch
+        (batch, feeds)
     }
 
     fn count_prompt_tokens(&mut self, out: &SchedulerOutput) {

@@ -9,6 +9,7 @@ pub mod config;
 mod core;
 pub mod handle;
 pub mod kv_cache;
+mod pipeline;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;

@@ -73,6 +73,12 @@ impl Sampler {
         }
     }
 
+    /// Whether [`Sampler::next_row`] depends on the tokens accepted so far (a penalty is on).
+    pub fn needs_history(&self) -> bool {
+        let p = &self.params;
+        p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
+    }
+
     /// Record the token chosen for the row [`Sampler::next_row`] described.
     pub fn accept(&mut self, token: u32) {
         let rep = self.params.repetition_penalty != 1.0;

@@ -29,6 +29,13 @@
 //! - a hybrid model's prefix hit is used only up to the longest prefix with a state checkpoint
 //!   (the state after the skipped tokens is copied from it); a longer cached prefix gets a
 //!   checkpoint: the prefill chunk stops at its end and the engine copies the state there;
+//! - with overlap (a step built while the previous one runs on the device), a sequence whose
+//!   pending tokens already reach its `max_len` is not scheduled again (that token ends it),
+//!   and a waiting sequence with a pending token is not admitted before the token is known;
+//! - the blocks and state slot of a sequence removed or preempted while a submitted step that
+//!   names them is not yet collected ([`Scheduler::step_submitted`]) are held back, and reused
+//!   only once that step is collected ([`Scheduler::step_collected`]): the device may still
+//!   write them;
 //! - a request that could never fit (prompt + 1 > `max_model_len`, or a prompt larger than the
 //!   whole cache) is refused at admission (`InvalidInput` / `Oom`) and never queued.
 
@@ -36,7 +43,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use crate::engine::handle::RequestId;
-use crate::engine::kv_cache::{BlockManager, StateCheckpoints, StateSlots};
+use crate::engine::kv_cache::{BlockManager, SeqBlocks, StateCheckpoints, StateSlots};
 use crate::engine::sequence::{Sequence, SequenceStatus};
 use crate::error::EngineError;
 
@@ -89,6 +96,11 @@ pub struct Scheduler {
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
     num_preemptions: u64,
+    /// Last collected step (engine numbering).
+    collected: u64,
+    /// Blocks and state slots of sequences gone while a step naming them is in flight: (that
+    /// step, blocks, slot), freed at its collection.
+    deferred: Vec<(u64, SeqBlocks, Option<u32>)>,
 }
 
 impl Scheduler {
@@ -103,6 +115,8 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             num_preemptions: 0,
+            collected: 0,
+            deferred: Vec::new(),
         }
     }
 
@@ -232,9 +246,70 @@ impl Scheduler {
             SequenceStatus::Running => self.running.retain(|&r| r != id),
             SequenceStatus::Waiting => self.waiting.retain(|&w| w != id),
         }
-        self.kv.free(&mut seq.blocks);
-        self.states.give_back(&mut seq.state_slot);
+        self.release(&mut seq);
         Some(seq)
+    }
+
+    /// Free `seq`'s blocks and state slot now, or once the last submitted step naming them is
+    /// collected.
+    fn release(&mut self, seq: &mut Sequence) {
+        if seq.last_step > self.collected {
+            let blocks = std::mem::take(&mut seq.blocks);
+            let slot = seq.state_slot.take();
+            self.deferred.push((seq.last_step, blocks, slot));
+        } else {
+            self.kv.free(&mut seq.blocks);
+            self.states.give_back(&mut seq.state_slot);
+        }
+    }
+
+    /// Record that the engine submitted step `step` (numbered from 1, increasing) with
+    /// `scheduled`: their blocks are held until it is collected.
+    pub fn step_submitted(&mut self, step: u64, scheduled: &[ScheduledSeq]) {
+        for s in scheduled {
+            if let Some(seq) = self.seqs.get_mut(&s.id) {
+                seq.last_step = step;
+            }
+        }
+    }
+
+    /// Record that step `step` (and every earlier one) was collected: blocks and slots held for
+    /// it are free again.
+    pub fn step_collected(&mut self, step: u64) {
+        self.collected = self.collected.max(step);
+        let mut i = 0;
+        while i < self.deferred.len() {
+            if self.deferred[i].0 <= self.collected {
+                let (_, mut blocks, mut slot) = self.deferred.swap_remove(i);
+                self.kv.free(&mut blocks);
+                self.states.give_back(&mut slot);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Blocks held back for steps in flight.
+    pub fn num_deferred_blocks(&self) -> usize {
+        self.deferred.iter().map(|d| d.1.table.len()).sum()
+    }
+
+    /// Whether scheduling the next step now can need no preemption: the free blocks cover
+    /// every running sequence's remaining tokens (a conservative bound; the engine collects the
+    /// step in flight first when this fails, so that preemption frees blocks at once).
+    pub fn fits_without_preemption(&self) -> bool {
+        let need: usize = self
+            .running
+            .iter()
+            .map(|id| {
+                let seq = &self.seqs[id];
+                let n = seq.num_uncomputed().min(self.cfg.max_num_batched_tokens);
+                self.kv
+                    .blocks_for(seq.num_computed_tokens + n)
+                    .saturating_sub(seq.blocks.table.len())
+            })
+            .sum();
+        need <= self.kv.num_free()
     }
 
     /// Plan the next step.
@@ -248,7 +323,8 @@ impl Scheduler {
             let id = self.running[i];
             let seq = &self.seqs[&id];
             let n = seq.num_uncomputed().min(budget);
-            if n == 0 {
+            // A pending token that reaches max_len ends the sequence: nothing more to compute.
+            if n == 0 || (seq.pending > 0 && seq.num_tokens() >= seq.max_len) {
                 i += 1;
                 continue;
             }
@@ -302,6 +378,11 @@ impl Scheduler {
                 } else {
                     None
                 };
+                if self.seqs[&id].pending > 0 {
+                    // Preempted with a token still being sampled: readmitted once it is known.
+                    self.states.give_back(&mut { slot });
+                    break;
+                }
                 let bs = self.kv.block_size();
                 let seq = self.seqs.get_mut(&id).expect("waiting ids are in seqs");
                 // Cap the hit so at least the last token is computed (its logits are needed).
@@ -395,10 +476,10 @@ impl Scheduler {
 
     /// Free a running sequence's blocks and queue it for recomputation, first in line.
     fn preempt(&mut self, id: RequestId) {
-        let seq = self.seqs.get_mut(&id).expect("preempted ids are in seqs");
-        self.kv.free(&mut seq.blocks);
-        self.states.give_back(&mut seq.state_slot);
+        let mut seq = self.seqs.remove(&id).expect("preempted ids are in seqs");
+        self.release(&mut seq);
         seq.reset_for_recompute();
+        self.seqs.insert(id, seq);
         self.waiting.push_front(id);
         self.num_preemptions += 1;
     }

@@ -6,7 +6,11 @@
 //!
 //! Invariants:
 //! - `prompt_len ≤ token_ids.len() ≤ max_len ≤ max_model_len`;
-//! - `num_computed_tokens ≤ token_ids.len()`, and `blocks` covers at least `num_computed_tokens`;
+//! - `num_tokens() = token_ids.len() + pending`: `pending` tokens are being sampled by submitted
+//!   steps the engine has not collected yet (overlap: the next step is built while the device
+//!   runs the current one); they are fed to the next step on the device and appended when their
+//!   step is collected;
+//! - `num_computed_tokens ≤ num_tokens()`, and `blocks` covers at least `num_computed_tokens`;
 //! - `block_hashes` is the hash chain over every full block of `token_ids` (kept current by
 //!   [`Sequence::append_token`]);
 //! - once finished, a sequence is removed from the scheduler and its blocks are freed.
@@ -55,8 +59,14 @@ pub struct Sequence {
     pub token_ids: Vec<u32>,
     /// Number of prompt tokens at the front of `token_ids`.
     pub prompt_len: usize,
-    /// Leading tokens whose K/V are in `blocks`.
+    /// Leading tokens whose K/V are in `blocks` (or queued to be written there by a submitted
+    /// step).
     pub num_computed_tokens: usize,
+    /// Tokens submitted steps are sampling for this sequence, not yet in `token_ids`.
+    pub pending: usize,
+    /// The engine's number of the last submitted step that names this sequence's blocks (0:
+    /// none); its blocks are not reused before that step is collected.
+    pub last_step: u64,
     /// KV blocks held.
     pub blocks: SeqBlocks,
     /// Recurrent-state slot held while running (hybrid models only; see
@@ -111,6 +121,8 @@ impl Sequence {
             status: SequenceStatus::Waiting,
             prompt_len: prompt_ids.len(),
             num_computed_tokens: 0,
+            pending: 0,
+            last_step: 0,
             blocks: SeqBlocks::default(),
             state_slot: None,
             checkpoint_at: None,
@@ -135,9 +147,15 @@ impl Sequence {
         }
     }
 
-    /// Total tokens (prompt + generated).
+    /// Total tokens (prompt + generated, the `pending` ones included).
     pub fn num_tokens(&self) -> usize {
-        self.token_ids.len()
+        self.token_ids.len() + self.pending
+    }
+
+    /// Whether the next sampling descriptor depends on the tokens generated so far (repetition,
+    /// presence or frequency penalties): it cannot be built while a token is pending.
+    pub fn sampling_needs_history(&self) -> bool {
+        self.sampler.needs_history()
     }
 
     /// Generated tokens.
@@ -147,7 +165,7 @@ impl Sequence {
 
     /// Tokens still to be computed before the next token can be sampled.
     pub fn num_uncomputed(&self) -> usize {
-        self.token_ids.len() - self.num_computed_tokens
+        self.num_tokens() - self.num_computed_tokens
     }
 
     /// The sampling descriptor of this sequence's next token (draws its uniform for the step
@@ -179,6 +197,8 @@ impl Sequence {
         block_size: usize,
         now: Instant,
     ) -> Result<Option<FinishReason>, EngineError> {
+        // The token of a submitted step (if it was counted as pending) is known now.
+        self.pending = self.pending.saturating_sub(1);
         self.sampler.accept(sampled.token_id);
         self.times.first_token.get_or_insert(now);
         self.record_logprobs(sampled, tokenizer);

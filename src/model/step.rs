@@ -84,6 +84,184 @@ impl ForwardOutput {
     }
 }
 
+/// A token of a submitted batch that the step submitted just before it samples, so the host
+/// does not know it when it builds the batch (the engine builds step N+1 while the device runs
+/// step N): `token_ids[token]` holds a placeholder (any in-vocabulary id), and the runner puts
+/// there the id sampled for sampling row `row` (the `row`-th `LogitsFor::Sample` sequence, in
+/// batch order) of the previous submitted step before anything reads it. A row whose sampling
+/// failed feeds token 0 (its sequence fails when that step is collected, and the engine
+/// discards what this step computes for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Feed {
+    /// Index into [`ForwardBatch::token_ids`].
+    pub token: usize,
+    /// Sampling row of the previous submitted step.
+    pub row: usize,
+}
+
+/// A step [`ModelRunner::submit`] accepted: either already computed (runners that run a step
+/// synchronously, such as the CPU's) or queued on the device, its answer fetched by
+/// [`ModelRunner::collect`]. Steps are collected in the order they were submitted.
+#[derive(Debug)]
+pub struct Submitted(SubmittedState);
+
+#[derive(Debug)]
+enum SubmittedState {
+    Done(ForwardOutput),
+    Queued(u64),
+}
+
+impl Submitted {
+    /// A step computed at submission.
+    pub fn done(out: ForwardOutput) -> Submitted {
+        Submitted(SubmittedState::Done(out))
+    }
+
+    /// A step queued on the device under the runner's sequence number `seq`.
+    pub fn queued(seq: u64) -> Submitted {
+        Submitted(SubmittedState::Queued(seq))
+    }
+
+    /// The answer, when the step was computed at submission (its feeds for the next step can
+    /// then be resolved on the host).
+    pub fn output(&self) -> Option<&ForwardOutput> {
+        match &self.0 {
+            SubmittedState::Done(o) => Some(o),
+            SubmittedState::Queued(_) => None,
+        }
+    }
+
+    /// The runner's sequence number of a queued step.
+    pub fn queued_seq(&self) -> Option<u64> {
+        match self.0 {
+            SubmittedState::Done(_) => None,
+            SubmittedState::Queued(s) => Some(s),
+        }
+    }
+
+    /// The answer of a step computed at submission; `Err(self)` for a queued one.
+    pub fn into_output(self) -> Result<ForwardOutput, Submitted> {
+        match self.0 {
+            SubmittedState::Done(o) => Ok(o),
+            SubmittedState::Queued(_) => Err(self),
+        }
+    }
+}
+
+/// `batch` with every feed resolved on the host from `prev`, the answer of the step submitted
+/// before it (what a runner that computes steps at submission needs). A feed of a row that failed
+/// to sample, or past `prev`'s rows, gets token 0 (see [`Feed`]).
+pub fn resolve_feeds(batch: &mut ForwardBatch, feeds: &[Feed], prev: &ForwardOutput) {
+    for f in feeds {
+        let id = match prev.samples.get(f.row) {
+            Some(Ok(s)) => s.token_id,
+            _ => 0,
+        };
+        if let Some(t) = batch.token_ids.get_mut(f.token) {
+            *t = id;
+        }
+    }
+}
+
+/// Any runner behind a device-like queue: [`ModelRunner::submit`] only records the step, and
+/// [`ModelRunner::collect`] computes it then (its feeds resolved from the step before it), so the
+/// work happens after the engine has built and submitted the next step, as on a GPU. The
+/// reference semantics of submit / collect, used to test the engine's overlap on the CPU runner
+/// and on test models. Block and state-slot copies run at once, not queued: not for a hybrid
+/// model's prefix checkpoints (which copy the state a queued step leaves).
+pub struct Deferred<R: ModelRunner> {
+    /// The runner that computes the steps.
+    pub inner: R,
+    queue: std::collections::VecDeque<(u64, ForwardBatch, Vec<Feed>)>,
+    next: u64,
+    /// The answer of the last computed step (what its successor's feeds read).
+    last: ForwardOutput,
+}
+
+impl<R: ModelRunner> Deferred<R> {
+    /// `inner` behind a queue.
+    pub fn new(inner: R) -> Deferred<R> {
+        Deferred {
+            inner,
+            queue: Default::default(),
+            next: 0,
+            last: ForwardOutput::default(),
+        }
+    }
+
+    /// Steps submitted and not yet collected, oldest first.
+    pub fn queued(&self) -> impl Iterator<Item = &ForwardBatch> {
+        self.queue.iter().map(|q| &q.1)
+    }
+}
+
+impl<R: ModelRunner> ModelRunner for Deferred<R> {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn max_position_embeddings(&self) -> usize {
+        self.inner.max_position_embeddings()
+    }
+    fn cache_geometry(&self) -> CacheGeometry {
+        self.inner.cache_geometry()
+    }
+    fn device_name(&self) -> String {
+        self.inner.device_name()
+    }
+    fn weight_bytes(&self) -> u64 {
+        self.inner.weight_bytes()
+    }
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
+        let s = self.submit(batch, &[])?;
+        self.collect(s)
+    }
+    fn submit(&mut self, batch: &ForwardBatch, feeds: &[Feed]) -> Result<Submitted, EngineError> {
+        if self.queue.len() >= 2 {
+            return Err(EngineError::Internal(
+                "a third step submitted before the first was collected".into(),
+            ));
+        }
+        self.next += 1;
+        self.queue
+            .push_back((self.next, batch.clone(), feeds.to_vec()));
+        Ok(Submitted::queued(self.next))
+    }
+    fn collect(&mut self, step: Submitted) -> Result<ForwardOutput, EngineError> {
+        let Some((seq, mut batch, feeds)) = self.queue.pop_front() else {
+            return Err(EngineError::Internal("collect with no step queued".into()));
+        };
+        if step.queued_seq() != Some(seq) {
+            return Err(EngineError::Internal(format!(
+                "collected {:?}, but the oldest queued step is {seq}",
+                step.queued_seq()
+            )));
+        }
+        resolve_feeds(&mut batch, &feeds, &self.last);
+        match self.inner.forward(&batch) {
+            Ok(out) => {
+                self.last = out.clone();
+                Ok(out)
+            }
+            Err(e) => {
+                self.last = ForwardOutput::default();
+                Err(e)
+            }
+        }
+    }
+    fn queues_steps(&self) -> bool {
+        true
+    }
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        self.inner.copy_block(src, dst)
+    }
+    fn reset_state_slot(&mut self, slot: u32) -> Result<(), EngineError> {
+        self.inner.reset_state_slot(slot)
+    }
+    fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        self.inner.copy_state_slot(src, dst)
+    }
+}
+
 /// One sequence's part of a forward step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeqSlice {
@@ -142,6 +320,38 @@ pub trait ModelRunner: Send {
     /// the `Sample` ones (see [`ForwardOutput`]). Writes K/V of the new tokens into the blocks
     /// named by each block table.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError>;
+    /// Queue one step whose `feeds` tokens come from the step submitted before it (see
+    /// [`Feed`]); its answer comes from [`ModelRunner::collect`], steps in submission order. At
+    /// most two steps are submitted and not yet collected. Writes K/V of the new tokens as
+    /// [`ModelRunner::forward`] does; what it computes is the same as `forward` on the batch with
+    /// its feeds resolved. The default runs the step at once (`feeds` must be empty: the engine
+    /// resolves them on the host when the previous step was computed at submission).
+    fn submit(&mut self, batch: &ForwardBatch, feeds: &[Feed]) -> Result<Submitted, EngineError> {
+        if !feeds.is_empty() {
+            return Err(EngineError::Internal(format!(
+                "{} fed tokens for a runner that computes steps at submission (resolve them on \
+                 the host)",
+                feeds.len()
+            )));
+        }
+        Ok(Submitted::done(self.forward(batch)?))
+    }
+    /// The answer of the oldest submitted step (waits for the device). Only the sampled ids
+    /// (and requested logprobs) cross to the host here.
+    fn collect(&mut self, step: Submitted) -> Result<ForwardOutput, EngineError> {
+        step.into_output().map_err(|s| {
+            EngineError::Internal(format!(
+                "step {:?} was queued, but this runner queues none",
+                s.queued_seq()
+            ))
+        })
+    }
+    /// Whether [`ModelRunner::submit`] queues steps on a device (and returns before they are
+    /// computed): the engine then builds the next step while the device runs this one
+    /// (`engine.overlap`). Runners that compute at submission gain nothing from it.
+    fn queues_steps(&self) -> bool {
+        false
+    }
     /// Copy the KV contents of block `src` into block `dst` (all layers).
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError>;
     /// Reset recurrent state slot `slot` to zeros (hybrid models); a no-op otherwise.
