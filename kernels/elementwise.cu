@@ -1,6 +1,6 @@
 // elementwise.cu: embedding gather, SiLU-gated product, residual add, dtype casts.
 // Entry points: embedding_{f32,f16,bf16}, embedding_{f16,bf16}_to_f32, silu_mul_*, swiglu_*, add_*,
-// cast_f32_to_{f16,bf16}, cast_{f16,bf16}_to_f32, gpu_sleep (the profiler's gate).
+// cast_f32_to_{f16,bf16}, cast_{f16,bf16}_to_f32, gpu_sleep (the profiler's gate), feed_tokens.
 
 // out[t, :] = table[ids[t], :]; grid (n_tokens), block any; table [vocab, dim].
 // The `_to_f32` variants write an f32 output (the model's f32 residual stream).
@@ -83,4 +83,14 @@ extern "C" __global__ void gpu_sleep(unsigned long long ns) {
     do {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     } while (now - start < ns);
+}
+
+// feed_tokens: a step's input tokens taken from the previous step's sampled ids on the device
+// (overlap: the host built the step before those ids were known). pairs is [n, 2]: (token index
+// into token_ids, index of its id in the sampler's output `src`); a failed row's id (< 0) feeds 0.
+extern "C" __global__ void feed_tokens(int* token_ids, const int* src, const int* pairs, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int id = src[pairs[2 * i + 1]];
+    token_ids[pairs[2 * i]] = id < 0 ? 0 : id;
 }

@@ -225,6 +225,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Step: Send;
     /// f32 logits rows `[rows, vocab]` on the device, from [`Backend::logits`].
     type Logits: Send;
+    /// Sampled tokens queued on the device and not yet read ([`Backend::sample_submit`]).
+    type PendingSamples: Send + Sync;
 
     /// Short description for logs, e.g. `cpu (2 threads)` or `cuda:0 (sm_90)`.
     fn name(&self) -> String;
@@ -531,6 +533,48 @@ pub trait Backend: Send + Sync + Sized + 'static {
         logits: &Self::Logits,
         rows: &[(usize, &SamplingRow)],
     ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError>;
+
+    /// Queue [`Backend::sample`] without waiting for its answer: the ids (and requested
+    /// logprobs) are read back by [`Backend::sample_collect`], and a later step's tokens can be
+    /// taken from them on the device ([`Backend::feed_tokens`]). Backends that compute at once
+    /// (the CPU) hold the finished answer.
+    fn sample_submit(
+        &self,
+        logits: &Self::Logits,
+        rows: &[(usize, &SamplingRow)],
+    ) -> Result<Self::PendingSamples, BackendError>;
+
+    /// Wait for a [`Backend::sample_submit`]'s answer: one result per row, in order. Pending
+    /// samples are collected in the order they were submitted; at most two are pending.
+    fn sample_collect(
+        &self,
+        pending: Self::PendingSamples,
+    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError>;
+
+    /// Whether [`Backend::sample_submit`] returns before the device has computed the step (so
+    /// a runner can queue steps: [`Backend::feed_tokens`] works).
+    fn queues_steps(&self) -> bool {
+        false
+    }
+
+    /// Overwrite, on the device, token `t` of `step` with the id that the pending sampling call
+    /// `from` samples for its row `r`, for each `(t, r)` in `feeds` (a row that failed gives
+    /// token 0), ordered after `from`'s kernels and before the ops that read `step`.
+    fn feed_tokens(
+        &self,
+        step: &mut Self::Step,
+        from: &Self::PendingSamples,
+        feeds: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        let _ = (step, from);
+        if feeds.is_empty() {
+            return Ok(());
+        }
+        Err(BackendError::Unsupported(format!(
+            "tokens fed on the device ({})",
+            self.name()
+        )))
+    }
 
     /// Copy block `src` into block `dst`, K and V, all layers.
     fn copy_block(&self, cache: &mut Self::KvCache, src: u32, dst: u32)

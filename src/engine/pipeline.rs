@@ -55,3 +55,70 @@ pub(crate) struct InFlight {
     /// When it was submitted.
     pub(crate) t0: Instant,
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::CpuBackend;
+    use crate::engine::request::{Completion, FinishReason, GenerateRequest, Prompt, SamplingParams};
+    use crate::engine::{spawn, test_support, EngineConfig};
+    use crate::model::llama::tests::{tiny_config, tiny_weights};
+    use crate::model::llama::Llama;
+    use crate::model::step::{Deferred, ModelRunner};
+    use crate::model::Architecture;
+    use crate::tensor::WeightDType;
+
+    fn runner() -> Llama<CpuBackend> {
+        let c = tiny_config(Architecture::Llama);
+        let w = tiny_weights(&c, 3, WeightDType::F32);
+        Llama::load(CpuBackend::new(1).expect("cpu"), &c, &w, 4, 64).expect("loads")
+    }
+
+    fn requests() -> Vec<GenerateRequest> {
+        (0..7u32)
+            .map(|i| GenerateRequest {
+                prompt: Prompt::TokenIds((0..3 + 2 * i).map(|t| (t * 7 + i) % 40).collect()),
+                sampling: SamplingParams {
+                    max_tokens: Some(4 + 3 * (i % 3)),
+                    temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
+                    seed: Some(u64::from(i)),
+                    // Some requests stop early on a token the model often picks.
+                    stop_token_ids: if i % 3 == 1 { vec![5, 17, 30] } else { vec![] },
+                    ignore_eos: true,
+                    ..SamplingParams::default()
+                },
+                deadline: None,
+            })
+            .collect()
+    }
+
+    async fn run(runner: Box<dyn ModelRunner>) -> Vec<Completion> {
+        let cfg = EngineConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 16,
+            block_size: 4,
+            ..EngineConfig::default()
+        };
+        let h = spawn(runner, test_support::byte_tokenizer(), cfg, "tiny").expect("starts");
+        let pending: Vec<_> = requests().into_iter().map(|r| h.submit(r)).collect();
+        let mut out = Vec::new();
+        for p in pending {
+            out.push(p.await.expect("completion"));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn the_cpu_runner_behind_a_queue_gives_the_same_tokens() {
+        // The CPU runner computes at submission (no overlap); behind `Deferred` it computes each
+        // step only at its collection, after the engine built and submitted the next one.
+        let plain = run(Box::new(runner())).await;
+        let queued = run(Box::new(Deferred::new(runner()))).await;
+        let key = |c: &Completion| (c.token_ids.clone(), c.finish_reason);
+        assert_eq!(
+            plain.iter().map(key).collect::<Vec<_>>(),
+            queued.iter().map(key).collect::<Vec<_>>()
+        );
+        assert!(plain.iter().any(|c| c.finish_reason == FinishReason::Stop));
+        assert!(plain.iter().any(|c| c.finish_reason == FinishReason::Length));
+    }
+}

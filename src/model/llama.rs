@@ -34,7 +34,9 @@ use tracing::info;
 use crate::backend::{Backend, KvCacheSpec, RopeSpec};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
-use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, ModelRunner};
+use crate::model::step::{
+    CacheGeometry, Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, Submitted,
+};
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::WeightSource;
 
@@ -145,6 +147,10 @@ pub struct Llama<B: Backend> {
     graphs: Option<decode_graphs::DecodeGraphs<B>>,
     /// Least (tokens, logits rows) the workspace is made for.
     reserve: (usize, usize),
+    /// Submitted steps not yet collected, oldest first (at most two).
+    queue: std::collections::VecDeque<QueuedStep<B>>,
+    /// Last submitted step's sequence number.
+    next_seq: u64,
 }
 
 /// Looks tensors up by key, checks their shapes and uploads them.
@@ -359,6 +365,8 @@ impl<B: Backend> Llama<B> {
             step: None,
             reserve: (0, 0),
             graphs: None,
+            queue: Default::default(),
+            next_seq: 0,
         })
     }
 
@@ -412,6 +420,120 @@ impl<B: Backend> Llama<B> {
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
+
+    /// Queue one step: its metadata, `feeds` (token, sampling row of the last queued step)
+    /// copied on the device from that step's sampled ids, the layers and the logits, then the
+    /// sampling (queued, not waited for). Raw logits rows (`Last` / `All`) are downloaded here.
+    fn run(&mut self, batch: &ForwardBatch, feeds: &[(u32, u32)]) -> Result<QueuedStep<B>, EngineError> {
+        let input = batch.step_input(
+            self.geometry.block_size,
+            self.geometry.num_blocks,
+            self.config.vocab_size,
+            self.config.max_position_embeddings,
+        )?;
+        let mut q = QueuedStep {
+            seq: 0,
+            logits: Vec::new(),
+            pending: None,
+        };
+        if input.num_tokens() == 0 {
+            return Ok(q);
+        }
+        let Llama {
+            backend,
+            config,
+            weights,
+            kv_cache,
+            workspace,
+            step,
+            reserve,
+            graphs,
+            queue,
+            ..
+        } = self;
+        let from = match (feeds.is_empty(), queue.back().and_then(|p| p.pending.as_ref())) {
+            (true, _) => None,
+            (false, Some(p)) => Some((p, feeds)),
+            (false, None) => {
+                return Err(EngineError::Internal(format!(
+                    "{} fed tokens, but no queued step samples",
+                    feeds.len()
+                )))
+            }
+        };
+        backend.run_step(|| {
+            // A decode-only step that fits a graph bucket runs padded to the bucket.
+            let bucket = graphs.as_ref().and_then(|g| g.bucket_for(&input));
+            let (t, rows) = match bucket {
+                Some(b) => (b.size, b.size),
+                None => (input.num_tokens(), input.logit_rows.len()),
+            };
+            if !workspace
+                .as_ref()
+                .is_some_and(|w| w.tokens >= t && w.rows >= rows)
+            {
+                // First step, or one larger than any before: (re)make it, at least as large
+                // as reserved and as the one it replaces. Graphs recorded its old buffers.
+                let (old_t, old_r) = workspace.as_ref().map_or((0, 0), |w| (w.tokens, w.rows));
+                *workspace = None;
+                if let Some(g) = graphs.as_mut() {
+                    g.clear();
+                }
+                let tokens = t.max(reserve.0).max(old_t);
+                let rows = rows.max(reserve.1).max(old_r).max(1);
+                *workspace = Some(Workspace::new(backend, config, weights, tokens, rows)?);
+            }
+            let ws = workspace.as_mut().expect("made above");
+            match (bucket, graphs.as_mut()) {
+                (Some(bucket), Some(g)) => {
+                    g.run(bucket, backend, config, weights, kv_cache, ws, &input, from)?;
+                }
+                _ => {
+                    match step {
+                        Some(st) => backend.update_step(st, &input)?,
+                        None => *step = Some(backend.prepare_step(&input)?),
+                    }
+                    let st = step.as_mut().expect("made above");
+                    if let Some((p, f)) = from {
+                        backend.feed_tokens(st, p, f)?;
+                    }
+                    weights.queue(backend, config, kv_cache, ws, st, t, rows)?;
+                }
+            }
+            // Raw rows for `Last` / `All`, sampling queued for `Sample` (rows past the batch's
+            // own, e.g. a graph's padding, are never read).
+            let vocab = config.vocab_size;
+            let mut row = 0;
+            let mut picks = Vec::new();
+            for s in &batch.seqs {
+                let n = s.logits.rows(s.len);
+                match &s.logits {
+                    LogitsFor::None => {}
+                    LogitsFor::Sample(desc) => picks.push((row, desc)),
+                    LogitsFor::Last | LogitsFor::All => {
+                        let at = q.logits.len();
+                        q.logits.resize(at + n * vocab, 0.0);
+                        backend.download_logits(&ws.logits, row, &mut q.logits[at..])?;
+                    }
+                }
+                row += n;
+            }
+            if !picks.is_empty() {
+                q.pending = Some(backend.sample_submit(&ws.logits, &picks)?);
+            }
+            Ok::<(), EngineError>(())
+        })?;
+        Ok(q)
+    }
+}
+
+/// A step [`Llama::run`] queued: its raw logits rows (downloaded at once) and its pending
+/// sampling call.
+struct QueuedStep<B: Backend> {
+    /// Sequence number ([`Submitted::queued`]).
+    seq: u64,
+    logits: Vec<f32>,
+    pending: Option<B::PendingSamples>,
 }
 
 impl<B: Backend> Workspace<B> {
@@ -598,64 +720,78 @@ impl<B: Backend> ModelRunner for Llama<B> {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
-        let input = batch.step_input(
-            self.geometry.block_size,
-            self.geometry.num_blocks,
-            self.config.vocab_size,
-            self.config.max_position_embeddings,
-        )?;
-        if input.num_tokens() == 0 {
-            return Ok(ForwardOutput::default());
+        if !self.queue.is_empty() {
+            return Err(EngineError::Internal(
+                "forward while submitted steps are not collected".into(),
+            ));
         }
-        let Llama {
-            backend,
-            config,
-            weights,
-            kv_cache,
-            workspace,
-            step,
-            reserve,
-            graphs,
-            ..
-        } = self;
-        backend.run_step(|| {
-            // A decode-only step that fits a graph bucket runs padded to the bucket.
-            let bucket = graphs.as_ref().and_then(|g| g.bucket_for(&input));
-            let (t, rows) = match bucket {
-                Some(b) => (b.size, b.size),
-                None => (input.num_tokens(), input.logit_rows.len()),
-            };
-            if !workspace
-                .as_ref()
-                .is_some_and(|w| w.tokens >= t && w.rows >= rows)
-            {
-                // First step, or one larger than any before: (re)make it, at least as large
-                // as reserved and as the one it replaces. Graphs recorded its old buffers.
-                let (old_t, old_r) = workspace.as_ref().map_or((0, 0), |w| (w.tokens, w.rows));
-                *workspace = None;
-                if let Some(g) = graphs.as_mut() {
-                    g.clear();
-                }
-                let tokens = t.max(reserve.0).max(old_t);
-                let rows = rows.max(reserve.1).max(old_r).max(1);
-                *workspace = Some(Workspace::new(backend, config, weights, tokens, rows)?);
-            }
-            let ws = workspace.as_mut().expect("made above");
-            match (bucket, graphs.as_mut()) {
-                (Some(bucket), Some(g)) => {
-                    g.run(bucket, backend, config, weights, kv_cache, ws, &input)?;
-                }
-                _ => {
-                    match step {
-                        Some(st) => backend.update_step(st, &input)?,
-                        None => *step = Some(backend.prepare_step(&input)?),
-                    }
-                    let st = step.as_ref().expect("made above");
-                    weights.queue(backend, config, kv_cache, ws, st, t, rows)?;
-                }
-            }
-            ForwardOutput::from_logits(backend, config.vocab_size, &ws.logits, batch)
+        let q = self.run(batch, &[])?;
+        let samples = match q.pending {
+            Some(p) => self.backend.sample_collect(p)?,
+            None => Vec::new(),
+        };
+        Ok(ForwardOutput {
+            logits: q.logits,
+            samples,
         })
+    }
+
+    fn submit(&mut self, batch: &ForwardBatch, feeds: &[Feed]) -> Result<Submitted, EngineError> {
+        if !self.backend.queues_steps() {
+            if !feeds.is_empty() {
+                return Err(EngineError::Internal(format!(
+                    "{} fed tokens for a runner on {}, which computes steps at submission",
+                    feeds.len(),
+                    self.backend.name()
+                )));
+            }
+            return Ok(Submitted::done(self.forward(batch)?));
+        }
+        if self.queue.len() >= 2 {
+            return Err(EngineError::Internal(
+                "a third step submitted before the first was collected".into(),
+            ));
+        }
+        let feeds: Vec<(u32, u32)> = feeds
+            .iter()
+            .map(|f| (f.token as u32, f.row as u32))
+            .collect();
+        let q = self.run(batch, &feeds)?;
+        self.next_seq += 1;
+        self.queue.push_back(QueuedStep {
+            seq: self.next_seq,
+            ..q
+        });
+        Ok(Submitted::queued(self.next_seq))
+    }
+
+    fn collect(&mut self, step: Submitted) -> Result<ForwardOutput, EngineError> {
+        let step = match step.into_output() {
+            Ok(done) => return Ok(done),
+            Err(s) => s,
+        };
+        let Some(q) = self.queue.pop_front() else {
+            return Err(EngineError::Internal("collect with no step queued".into()));
+        };
+        if step.queued_seq() != Some(q.seq) {
+            return Err(EngineError::Internal(format!(
+                "collected step {:?}, but the oldest queued one is {}",
+                step.queued_seq(),
+                q.seq
+            )));
+        }
+        let samples = match q.pending {
+            Some(p) => self.backend.sample_collect(p)?,
+            None => Vec::new(),
+        };
+        Ok(ForwardOutput {
+            logits: q.logits,
+            samples,
+        })
+    }
+
+    fn queues_steps(&self) -> bool {
+        self.backend.queues_steps()
     }
 
     fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {

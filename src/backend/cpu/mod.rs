@@ -177,6 +177,7 @@ impl Backend for CpuBackend {
     type Rope = CpuRope;
     type Step = StepInput;
     type Logits = CpuLogits;
+    type PendingSamples = Vec<Result<Sampled, SampleError>>;
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", self.threads())
@@ -716,6 +717,21 @@ impl Backend for CpuBackend {
         })?;
         dst.copy_from_slice(src);
         Ok(())
+    }
+
+    fn sample_submit(
+        &self,
+        logits: &CpuLogits,
+        rows: &[(usize, &SamplingRow)],
+    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        self.sample(logits, rows)
+    }
+
+    fn sample_collect(
+        &self,
+        pending: Vec<Result<Sampled, SampleError>>,
+    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        Ok(pending)
     }
 
     fn sample(

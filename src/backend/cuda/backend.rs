@@ -43,7 +43,7 @@ mod w4a16;
 
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
-pub use sampling::CudaLogits;
+pub use sampling::{CudaLogits, CudaPendingSamples};
 pub use step::CudaStep;
 pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};
 
@@ -152,6 +152,11 @@ impl std::fmt::Debug for CudaBackend {
 struct Scratch {
     /// The sampler's buffers.
     sample: Option<sampling::SampleArena>,
+    /// The pinned ring the sampler's answers are copied into, and the slot the next one takes.
+    outs: Vec<sampling::OutSlot>,
+    next_out: usize,
+    /// `(token, output index)` pairs of the tokens fed to a step from the previous one's ids.
+    feed: Option<staging::Staging<i32>>,
     /// Free device bytes when the current graph capture began (`graph::begin`).
     free_before_capture: usize,
 }
@@ -330,6 +335,7 @@ impl Backend for CudaBackend {
     type Rope = CudaRope;
     type Step = CudaStep;
     type Logits = CudaLogits;
+    type PendingSamples = CudaPendingSamples;
 
     fn name(&self) -> String {
         self.device_name.clone()
@@ -985,6 +991,36 @@ impl Backend for CudaBackend {
     ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
         let _t = self.prof.op(&self.stream, "sample");
         self.sample_rows(logits, rows)
+    }
+
+    fn sample_submit(
+        &self,
+        logits: &CudaLogits,
+        rows: &[(usize, &SamplingRow)],
+    ) -> Result<CudaPendingSamples, BackendError> {
+        let _t = self.prof.op(&self.stream, "sample");
+        self.queue_sample(logits, rows)
+    }
+
+    fn sample_collect(
+        &self,
+        pending: CudaPendingSamples,
+    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        self.collect_sample(pending)
+    }
+
+    fn queues_steps(&self) -> bool {
+        true
+    }
+
+    fn feed_tokens(
+        &self,
+        step: &mut CudaStep,
+        from: &CudaPendingSamples,
+        feeds: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "feed_tokens");
+        self.feed_step_tokens(step, from, feeds)
     }
 
     fn copy_block(&self, cache: &mut CudaKvCache, src: u32, dst: u32) -> Result<(), BackendError> {

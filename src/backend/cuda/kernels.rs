@@ -152,6 +152,7 @@ impl KernelModule {
         }
         if self == KernelModule::Elementwise {
             names.push("gpu_sleep".into());
+            names.push("feed_tokens".into());
         }
         if self == KernelModule::Sampling {
             names.push("sample_rows".into());

@@ -202,6 +202,7 @@ impl<B: Backend> DecodeGraphs<B> {
         kv_cache: &mut B::KvCache,
         ws: &mut Workspace<B>,
         input: &StepInput,
+        feeds: Option<(&B::PendingSamples, &[(u32, u32)])>,
     ) -> Result<(), EngineError> {
         let padded = self.pad(input, bucket.size);
         let shape = PinnedShape {
@@ -209,12 +210,19 @@ impl<B: Backend> DecodeGraphs<B> {
         };
         if let Some(r) = &mut self.recorded[bucket.index] {
             b.update_step_pinned(&mut r.step, &padded, &shape)?;
+            // Fed tokens (overlap) are written into the metadata before the replay reads it.
+            if let Some((p, f)) = feeds {
+                b.feed_tokens(&mut r.step, p, f)?;
+            }
             r.graph.replay()?;
             self.replays += 1;
             return Ok(());
         }
         let mut step = b.prepare_step(&padded)?;
         b.update_step_pinned(&mut step, &padded, &shape)?;
+        if let Some((p, f)) = feeds {
+            b.feed_tokens(&mut step, p, f)?;
+        }
         // This step's result, and every lazily sized buffer at its size before recording.
         let n = bucket.size;
         weights.queue(b, c, kv_cache, ws, &step, n, n)?;

@@ -63,6 +63,7 @@ pub(crate) struct Kernels {
     pub w4_fma: CudaFunction,
     /// `gpu_sleep`: holds the GPU for a time (the profiler's gate, `KILN_PROFILE_OPS`).
     pub gpu_sleep: CudaFunction,
+    pub feed_tokens: CudaFunction,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
 }
@@ -119,6 +120,7 @@ impl Kernels {
             w4_gemm: opt(format!("w4_gemm_{t}"))?,
             w4_fma: get(format!("w4_fma_{t}"))?,
             gpu_sleep: get("gpu_sleep".into())?,
+            feed_tokens: get("feed_tokens".into())?,
             gdn: super::gdn::GdnKernels::resolve(&get, t)?,
         })
     }

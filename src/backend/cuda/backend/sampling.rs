@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
 };
 
 /// Threads per block of `sample_rows`; must equal `SAMPLE_THREADS` in sampling.cu.
@@ -56,8 +57,60 @@ pub(crate) struct SampleArena {
     /// `iparams | fparams | draws | pens` (or the argmax rows), 8-byte aligned sections.
     params: Staging<u8>,
     out_dev: CudaSlice<i32>,
-    out_host: PinnedHostSlice<i32>,
     scratch: CudaSlice<f32>,
+}
+
+/// Pinned ring slots the sampler's answers are copied into.
+const OUT_SLOTS: usize = 2;
+
+/// One ring slot: pinned host memory for a sampling call's outputs and the event of the copy.
+#[derive(Debug)]
+pub(crate) struct OutSlot {
+    host: PinnedHostSlice<i32>,
+    capacity: usize,
+    copied: CudaEvent,
+}
+
+impl OutSlot {
+    fn new(stream: &Arc<CudaStream>, capacity: usize) -> Result<OutSlot, BackendError> {
+        // SAFETY: the pinned memory is only read after a copy into it has completed (its event),
+        // and only the copied prefix is read.
+        let host = unsafe { stream.context().alloc_pinned_with_flags::<i32>(capacity, 0) }
+            .map_err(dev_err)?;
+        Ok(OutSlot {
+            host,
+            capacity,
+            copied: stream.context().new_event(None).map_err(dev_err)?,
+        })
+    }
+}
+
+impl Drop for OutSlot {
+    fn drop(&mut self) {
+        // A queued copy may still write the pinned memory: wait for it before it is freed.
+        let _ = self.copied.synchronize();
+    }
+}
+
+/// How a sampling call's outputs are laid out.
+#[derive(Debug)]
+pub(crate) enum Layout {
+    /// One id per row (the greedy fast path).
+    Ids,
+    /// `(id, logprob)` pairs per row, as packed.
+    Pairs(PackedRows),
+}
+
+/// A sampling call queued on the device ([`crate::backend::Backend::sample_submit`]).
+#[derive(Debug)]
+pub struct CudaPendingSamples {
+    /// Ring slot its answer is copied into (`None`: no rows).
+    slot: Option<usize>,
+    /// Output ints copied.
+    ints: usize,
+    layout: Layout,
+    /// Index in the sampler's device output of each row's id (what a fed token reads).
+    id_at: Vec<i32>,
 }
 
 impl SampleArena {
@@ -68,14 +121,9 @@ impl SampleArena {
         scratch: usize,
     ) -> Result<SampleArena, BackendError> {
         let out_ints = out_ints.max(1);
-        // SAFETY: the pinned output is only read after a copy into it has completed (a stream
-        // synchronize after the copy), and only the copied prefix is read.
-        let out_host = unsafe { stream.context().alloc_pinned_with_flags::<i32>(out_ints, 0) }
-            .map_err(dev_err)?;
         Ok(SampleArena {
             params: Staging::new(stream, param_bytes)?,
             out_dev: stream.alloc_zeros::<i32>(out_ints).map_err(dev_err)?,
-            out_host,
             // SAFETY: uninitialized f32 scratch; the kernel writes each row's copy before
             // reading it.
             scratch: unsafe { stream.alloc::<f32>(scratch.max(1)) }.map_err(dev_err)?,
@@ -278,14 +326,31 @@ impl CudaBackend {
         self.stream.synchronize().map_err(dev_err)
     }
 
-    /// Sample every `(row, descriptor)` on the device; see the module header.
+    /// Sample every `(row, descriptor)` on the device and wait for the answer; see the module
+    /// header.
     pub(super) fn sample_rows(
         &self,
         logits: &CudaLogits,
         rows: &[(usize, &SamplingRow)],
     ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        let p = self.queue_sample(logits, rows)?;
+        self.collect_sample(p)
+    }
+
+    /// Queue the sampling of every `(row, descriptor)` and the copy of its answer into a pinned
+    /// ring slot, without waiting ([`CudaBackend::collect_sample`] reads it).
+    pub(super) fn queue_sample(
+        &self,
+        logits: &CudaLogits,
+        rows: &[(usize, &SamplingRow)],
+    ) -> Result<CudaPendingSamples, BackendError> {
         if rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(CudaPendingSamples {
+                slot: None,
+                ints: 0,
+                layout: Layout::Ids,
+                id_at: Vec::new(),
+            });
         }
         if rows.iter().all(|(_, d)| is_plain_greedy(d)) {
             return self.argmax_rows(logits, rows);
@@ -338,8 +403,140 @@ impl CudaBackend {
             // are 8-byte aligned inside the uploaded prefix; scratch holds ≥ rows × vocab f32.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
-        let host = self.download_ints(arena, out_ints)?;
-        Ok(unpack(host, &p))
+        let id_at = p.offsets.iter().map(|&o| 2 * o as i32).collect();
+        let slot = self.queue_download(&mut guard, out_ints)?;
+        Ok(CudaPendingSamples {
+            slot: Some(slot),
+            ints: out_ints,
+            layout: Layout::Pairs(p),
+            id_at,
+        })
+    }
+
+    /// Wait for a queued sampling call's answer (see [`CudaBackend::queue_sample`]).
+    pub(super) fn collect_sample(
+        &self,
+        p: CudaPendingSamples,
+    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+        let Some(slot) = p.slot else {
+            return Ok(Vec::new());
+        };
+        let mut guard = self.scratch();
+        let out = guard.outs.get_mut(slot).ok_or_else(|| {
+            BackendError::Device(format!("sampling output slot {slot} is gone"))
+        })?;
+        out.copied.synchronize().map_err(dev_err)?;
+        let host = &out.host.as_slice().map_err(dev_err)?[..p.ints];
+        Ok(match &p.layout {
+            Layout::Pairs(packed) => unpack(host, packed),
+            Layout::Ids => host
+                .iter()
+                .map(|&id| {
+                    if id < 0 {
+                        Err(SampleError::NoFiniteLogit)
+                    } else {
+                        Ok(Sampled {
+                            token_id: id as u32,
+                            logprob: None,
+                            top: Vec::new(),
+                        })
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    /// Queue the copy of the first `ints` sampler outputs into the next pinned ring slot (two,
+    /// used in turn: the answer of one step is read while the next one's is being written) and
+    /// record its event. Returns the slot.
+    fn queue_download(
+        &self,
+        guard: &mut std::sync::MutexGuard<'_, super::Scratch>,
+        ints: usize,
+    ) -> Result<usize, BackendError> {
+        let scratch = &mut **guard;
+        let slot = scratch.next_out;
+        scratch.next_out = (slot + 1) % OUT_SLOTS;
+        while scratch.outs.len() <= slot {
+            scratch.outs.push(OutSlot::new(&self.stream, 1024)?);
+        }
+        // A slot is reused two submissions later: its previous answer was collected by then
+        // (at most two pending), and its copy is waited for before its memory is touched.
+        scratch.outs[slot].copied.synchronize().map_err(dev_err)?;
+        if scratch.outs[slot].capacity < ints {
+            scratch.outs[slot] = OutSlot::new(&self.stream, ints.max(2 * scratch.outs[slot].capacity))?;
+        }
+        let arena = scratch
+            .sample
+            .as_ref()
+            .ok_or_else(|| BackendError::Device("the sampler has no arena".into()))?;
+        let out = &mut scratch.outs[slot];
+        let host = out.host.as_mut_slice().map_err(dev_err)?;
+        let (src, _sync) = arena.out_dev.device_ptr(&self.stream);
+        // SAFETY: `host` is pinned memory of ≥ ints ints owned by the ring slot, which is not
+        // read or written again before its event (recorded right after this copy) completes
+        // (`collect_sample`, and the synchronize above before a reuse or a regrowth); `src`
+        // holds ≥ ints ints (the arena was sized for this call) on this stream.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut host[..ints], src, self.stream.cu_stream())
+        }
+        .map_err(dev_err)?;
+        out.copied.record(&self.stream).map_err(dev_err)?;
+        Ok(slot)
+    }
+
+    /// Overwrite token `t` of `step` with the id the pending call `from` sampled for its row
+    /// `r`, for each `(t, r)` in `feeds`, on the device (see [`crate::backend::Backend::feed_tokens`]).
+    pub(super) fn feed_step_tokens(
+        &self,
+        step: &mut super::step::CudaStep,
+        from: &CudaPendingSamples,
+        feeds: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        if feeds.is_empty() {
+            return Ok(());
+        }
+        let n = feeds.len();
+        let mut guard = self.scratch();
+        let scratch = &mut *guard;
+        if scratch.feed.as_ref().is_none_or(|f| f.capacity() < 2 * n) {
+            scratch.feed = Some(Staging::new(&self.stream, (2 * n).max(256))?);
+        }
+        let staging = scratch.feed.as_mut().expect("made above");
+        let host = staging.host_mut()?;
+        for (i, &(t, r)) in feeds.iter().enumerate() {
+            if t as usize >= step.num_tokens {
+                return Err(BackendError::InvalidArgument(format!(
+                    "fed token {t} of a step of {} tokens",
+                    step.num_tokens
+                )));
+            }
+            let at = *from.id_at.get(r as usize).ok_or_else(|| {
+                BackendError::InvalidArgument(format!(
+                    "feed from sampling row {r} of {}",
+                    from.id_at.len()
+                ))
+            })?;
+            host[2 * i] = t as i32;
+            host[2 * i + 1] = at;
+        }
+        staging.upload(&self.stream, 2 * n)?;
+        let arena = scratch
+            .sample
+            .as_ref()
+            .ok_or_else(|| BackendError::Device("the sampler has no arena".into()))?;
+        let count = n as i32;
+        let mut ids = step.token_ids_mut();
+        let mut b = self.stream.launch_builder(&self.k.feed_tokens);
+        b.arg(&mut ids)
+            .arg(&arena.out_dev)
+            .arg(staging.dev())
+            .arg(&count);
+        // SAFETY: every pair names a token < step.num_tokens (checked) of the step's token ids
+        // and an output index `id_at` of the sampling call that wrote `out_dev` (< its outputs,
+        // which the arena holds); the kernel guards i < n.
+        unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }.map_err(dev_err)?;
+        Ok(())
     }
 
     /// The greedy fast path: `argmax_rows` over rows that [`is_plain_greedy`] accepted.
@@ -347,7 +544,7 @@ impl CudaBackend {
         &self,
         logits: &CudaLogits,
         rows: &[(usize, &SamplingRow)],
-    ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
+    ) -> Result<CudaPendingSamples, BackendError> {
         if let Some(&(r, _)) = rows.iter().find(|(r, _)| *r >= logits.rows) {
             return Err(BackendError::InvalidArgument(format!(
                 "sample row {r} of {} logits rows",
@@ -379,21 +576,13 @@ impl CudaBackend {
             // f32; out_dev holds ≥ n ints.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
-        let ids = self.download_ints(arena, n)?;
-        Ok(ids
-            .iter()
-            .map(|&id| {
-                if id < 0 {
-                    Err(SampleError::NoFiniteLogit)
-                } else {
-                    Ok(Sampled {
-                        token_id: id as u32,
-                        logprob: None,
-                        top: Vec::new(),
-                    })
-                }
-            })
-            .collect())
+        let slot = self.queue_download(&mut guard, n)?;
+        Ok(CudaPendingSamples {
+            slot: Some(slot),
+            ints: n,
+            layout: Layout::Ids,
+            id_at: (0..n as i32).collect(),
+        })
     }
 
     /// The sampler's arena, (re)made to hold `param_bytes` of parameters, `out_ints` outputs and
@@ -420,25 +609,6 @@ impl CudaBackend {
             guard.sample = Some(SampleArena::new(&self.stream, pb, oi, sc)?);
         }
         Ok(guard.sample.as_mut().expect("made above"))
-    }
-
-    /// Copy the first `n` output ints to pinned host memory and wait for them.
-    fn download_ints<'a>(
-        &self,
-        arena: &'a mut SampleArena,
-        n: usize,
-    ) -> Result<&'a [i32], BackendError> {
-        let host = arena.out_host.as_mut_slice().map_err(dev_err)?;
-        let (src, _sync) = arena.out_dev.device_ptr(&self.stream);
-        // SAFETY: `host` is pinned memory of ≥ n ints owned by the arena, which the lock keeps
-        // alive and untouched until the synchronize below has completed the copy; `src` holds
-        // ≥ n ints on this stream.
-        unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(&mut host[..n], src, self.stream.cu_stream())
-        }
-        .map_err(dev_err)?;
-        self.stream.synchronize().map_err(dev_err)?;
-        Ok(&host[..n])
     }
 }
 

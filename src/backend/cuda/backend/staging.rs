@@ -74,6 +74,12 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Staging<T> {
     pub fn dev(&self) -> &CudaSlice<T> {
         &self.dev
     }
+
+    /// The device side, for ops that rewrite part of it after the upload (ordered after it by
+    /// the stream).
+    pub fn dev_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.dev
+    }
 }
 
 impl<T> Drop for Staging<T> {

@@ -218,6 +218,11 @@ impl CudaStep {
     pub(super) fn token_ids(&self) -> CudaView<'_, i32> {
         self.view(Field::TokenIds)
     }
+    /// `[num_tokens]` token ids, to overwrite on the device (fed tokens).
+    pub(super) fn token_ids_mut(&mut self) -> cudarc::driver::CudaViewMut<'_, i32> {
+        let r = self.range(Field::TokenIds);
+        self.meta.dev_mut().slice_mut(r)
+    }
     /// `[num_tokens]` positions.
     pub(super) fn positions(&self) -> CudaView<'_, i32> {
         self.view(Field::Positions)
