@@ -3,7 +3,9 @@
 //! one); a padded batch (a size between buckets) gives the same tokens and logits within the
 //! dtype's tolerance (its GEMMs have more rows than the eager ones, and cuBLAS may pick another
 //! kernel for them: f32 5 → 8 rows differed by 5e-5 on the H200); and the graphs really ran
-//! (counted replays).
+//! (counted replays). Overlap: steps submitted ahead, their decode tokens fed on the device from
+//! the previous step's sampled ids (`ModelRunner::submit` / `collect`), give the same tokens as
+//! the synchronous loop, with graphs and eagerly.
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `KILN_TEST_MODEL=/tmp/k/SmolLM2.gguf cuda_graphs-<hash> --ignored --test-threads=1 --nocapture`
@@ -19,7 +21,7 @@ use std::path::PathBuf;
 
 use kiln::model::files::ModelFiles;
 use kiln::model::llama::Llama;
-use kiln::model::step::{ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
+use kiln::model::step::{Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
 use kiln::sampling::SamplingRow;
 
 const BLOCK: usize = 16;
@@ -170,6 +172,141 @@ fn replayed_decode_steps_equal_the_eager_path_bit_for_bit() {
             let ok = !stats.disabled && stats.replays == (steps - 1) as u64 && same_tokens && close;
             if !ok {
                 failures.push(format!("{dtype} n={n}: {stats:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// `n` sequences decoded `steps` tokens each, every one sampled on the device: greedy, seeded
+/// sampling with fixed draws, and logprobs mixed (both output layouts of the sampler). With
+/// `pipelined`, step k+1 is submitted before step k is collected, its tokens fed from step k's
+/// sampled ids on the device; else each step is collected and its tokens put in the next batch.
+fn decode_tokens(
+    r: &mut dyn ModelRunner,
+    n: usize,
+    steps: usize,
+    pipelined: bool,
+) -> Vec<Vec<u32>> {
+    let vocab = r.vocab_size() as u32;
+    let per_seq = MAX_MODEL_LEN / BLOCK;
+    let table = |i: usize| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect::<Vec<_>>();
+    let row = |i: usize, k: usize| match i % 3 {
+        0 => SamplingRow::greedy(),
+        1 => SamplingRow {
+            temperature: 0.8,
+            top_p: 0.9,
+            draw: Some(((i * 37 + k * 11) % 100) as f64 / 100.0),
+            ..SamplingRow::greedy()
+        },
+        _ => SamplingRow {
+            logprobs: Some(2),
+            ..SamplingRow::greedy()
+        },
+    };
+    let mut lens = Vec::new();
+    let mut batch = ForwardBatch::default();
+    for i in 0..n {
+        let p: Vec<u32> = (0..(5 + 37 * i as u32) % 300 + 2)
+            .map(|t| (t * 31 + i as u32 * 7 + 3) % vocab.min(5000))
+            .collect();
+        batch.seqs.push(SeqSlice {
+            start: batch.token_ids.len(),
+            len: p.len(),
+            cached_len: 0,
+            block_table: table(i),
+            logits: LogitsFor::Sample(row(i, 0)),
+            state_slot: None,
+        });
+        lens.push(p.len());
+        batch.token_ids.extend(p);
+    }
+    let decode = |lens: &[usize], k: usize, ids: &[u32]| {
+        let mut b = ForwardBatch::default();
+        for i in 0..n {
+            b.seqs.push(SeqSlice {
+                start: i,
+                len: 1,
+                cached_len: lens[i],
+                block_table: table(i),
+                logits: LogitsFor::Sample(row(i, k)),
+                state_slot: None,
+            });
+            b.token_ids.push(ids[i]);
+        }
+        b
+    };
+    let ids = |o: &ForwardOutput| -> Vec<u32> {
+        o.samples
+            .iter()
+            .map(|s| s.as_ref().expect("sampled").token_id)
+            .collect()
+    };
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
+    if !pipelined {
+        for k in 0..=steps {
+            let got = ids(&r.forward(&batch).expect("forward"));
+            for (i, &t) in got.iter().enumerate() {
+                out[i].push(t);
+            }
+            if k < steps {
+                batch = decode(&lens, k + 1, &got);
+                for l in &mut lens {
+                    *l += 1;
+                }
+            }
+        }
+        return out;
+    }
+    let feeds: Vec<Feed> = (0..n).map(|i| Feed { token: i, row: i }).collect();
+    let mut in_flight = r.submit(&batch, &[]).expect("submit");
+    for k in 0..=steps {
+        let next = (k < steps).then(|| {
+            let b = decode(&lens, k + 1, &vec![0; n]);
+            for l in &mut lens {
+                *l += 1;
+            }
+            r.submit(&b, &feeds).expect("submit ahead")
+        });
+        let got = ids(&r.collect(in_flight).expect("collect"));
+        for (i, &t) in got.iter().enumerate() {
+            out[i].push(t);
+        }
+        match next {
+            Some(s) => in_flight = s,
+            None => break,
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn steps_submitted_ahead_with_fed_tokens_give_the_same_tokens() {
+    let path = std::env::var("KILN_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
+    let files = ModelFiles::open(&path).expect("model");
+    let steps = 12;
+    let mut failures = Vec::new();
+    for dtype in dtypes() {
+        for graphs in [true, false] {
+            // One runner per case: every run prefills its sequences from position 0 (the cache's
+            // old contents past a context are never read), so runs can share it.
+            let mut a = llama(&files, dtype, graphs);
+            assert!(a.queues_steps(), "the CUDA runner queues steps");
+            for n in [1usize, 3, 8] {
+                let sync = decode_tokens(&mut a, n, steps, false);
+                let piped = decode_tokens(&mut a, n, steps, true);
+                let same = sync == piped;
+                println!(
+                    "RESULT overlap dtype={dtype} graphs={graphs} seqs={n} steps={steps} tokens_equal={same}"
+                );
+                if !same {
+                    failures.push(format!(
+                        "{dtype} graphs={graphs} n={n}: {sync:?} vs {piped:?}"
+                    ));
+                }
             }
         }
     }

@@ -254,7 +254,9 @@ impl ModelRunner for InFlightCheck {
             }
         }
         if self.inner.queued().next().is_some() {
-            self.probe.fed_ahead.fetch_add(feeds.len(), Ordering::Relaxed);
+            self.probe
+                .fed_ahead
+                .fetch_add(feeds.len(), Ordering::Relaxed);
         }
         self.inner.submit(batch, feeds)
     }
@@ -952,7 +954,8 @@ async fn overlap_gives_the_same_tokens_with_stop_strings_and_logprobs() {
 }
 
 #[tokio::test]
-async fn overlap_with_penalties_and_preemption_gives_the_same_tokens_and_never_reuses_a_busy_block() {
+async fn overlap_with_penalties_and_preemption_gives_the_same_tokens_and_never_reuses_a_busy_block()
+{
     // A tiny cache (preemption), one-token prefill chunks, prefix caching off (so the queued
     // runner can check block ownership), and penalties on some requests (those steps are
     // collected before the next is built).

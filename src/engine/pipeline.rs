@@ -59,7 +59,9 @@ pub(crate) struct InFlight {
 #[cfg(test)]
 mod tests {
     use crate::backend::CpuBackend;
-    use crate::engine::request::{Completion, FinishReason, GenerateRequest, Prompt, SamplingParams};
+    use crate::engine::request::{
+        Completion, FinishReason, GenerateRequest, Prompt, SamplingParams,
+    };
     use crate::engine::{spawn, test_support, EngineConfig};
     use crate::model::llama::tests::{tiny_config, tiny_weights};
     use crate::model::llama::Llama;
@@ -119,6 +121,8 @@ mod tests {
             queued.iter().map(key).collect::<Vec<_>>()
         );
         assert!(plain.iter().any(|c| c.finish_reason == FinishReason::Stop));
-        assert!(plain.iter().any(|c| c.finish_reason == FinishReason::Length));
+        assert!(plain
+            .iter()
+            .any(|c| c.finish_reason == FinishReason::Length));
     }
 }

@@ -424,7 +424,11 @@ impl<B: Backend> Llama<B> {
     /// Queue one step: its metadata, `feeds` (token, sampling row of the last queued step)
     /// copied on the device from that step's sampled ids, the layers and the logits, then the
     /// sampling (queued, not waited for). Raw logits rows (`Last` / `All`) are downloaded here.
-    fn run(&mut self, batch: &ForwardBatch, feeds: &[(u32, u32)]) -> Result<QueuedStep<B>, EngineError> {
+    fn run(
+        &mut self,
+        batch: &ForwardBatch,
+        feeds: &[(u32, u32)],
+    ) -> Result<QueuedStep<B>, EngineError> {
         let input = batch.step_input(
             self.geometry.block_size,
             self.geometry.num_blocks,
@@ -451,7 +455,10 @@ impl<B: Backend> Llama<B> {
             queue,
             ..
         } = self;
-        let from = match (feeds.is_empty(), queue.back().and_then(|p| p.pending.as_ref())) {
+        let from = match (
+            feeds.is_empty(),
+            queue.back().and_then(|p| p.pending.as_ref()),
+        ) {
             (true, _) => None,
             (false, Some(p)) => Some((p, feeds)),
             (false, None) => {

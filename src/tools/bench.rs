@@ -79,6 +79,10 @@ pub struct BenchArgs {
     /// Replay decode steps from CUDA graphs (`engine.cuda_graphs`; ignored on the CPU).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub cuda_graphs: bool,
+    /// Build the next step while the device runs the current one (`engine.overlap`; the CPU
+    /// computes at submission and ignores it).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub overlap: bool,
     /// Print one JSON object per result line instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -221,6 +225,7 @@ fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchEr
         max_num_batched_tokens: (max_c * args.prompt_tokens).clamp(2048, 16384),
         enable_prefix_caching: false,
         cuda_graphs: args.cuda_graphs,
+        overlap: args.overlap,
         ..EngineConfig::default()
     };
     let engine = spawn_from_path(&model, cfg)?;
@@ -233,11 +238,12 @@ fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchEr
     let peak = args.peak_gbps.or_else(|| device_peak_gbps(device));
     if !args.json {
         println!(
-            "# kiln engine: {}, model {}, matmul {} (CPU), cuda_graphs {}, prompt {} tokens, {} generated, load average {load}",
+            "# kiln engine: {}, model {}, matmul {} (CPU), cuda_graphs {}, overlap {}, prompt {} tokens, {} generated, load average {load}",
             engine.info().device,
             model.display(),
             mode_name(mode),
             args.cuda_graphs,
+            args.overlap,
             args.prompt_tokens,
             args.gen_tokens
         );
@@ -269,7 +275,7 @@ fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchEr
         if args.json {
             let v = serde_json::json!({
                 "bench": "engine", "device": engine.info().device, "model": model.display().to_string(),
-                "matmul": mode_name(mode), "cuda_graphs": args.cuda_graphs, "load": load, "concurrency": r.concurrency,
+                "matmul": mode_name(mode), "cuda_graphs": args.cuda_graphs, "overlap": args.overlap, "load": load, "concurrency": r.concurrency,
                 "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
                 "prefill_tokens_per_s": r.prefill_tokens_per_s,
                 "decode_tokens_per_s": r.decode_tokens_per_s,

@@ -30,6 +30,7 @@ use cudarc::driver::{
 use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
+mod dense;
 mod dtype;
 mod gdn;
 mod graph;
@@ -115,6 +116,9 @@ pub struct CudaBackend {
     k: Kernels,
     /// Reused scratch of the ops (see [`Scratch`]).
     scratch: Mutex<Scratch>,
+    /// Dense 16-bit matmuls through the batch-invariant `dense_xwt` kernel instead of cuBLAS
+    /// (`KILN_DENSE_MATMUL=1`; see `dense.rs`).
+    dense: bool,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -260,7 +264,12 @@ impl CudaBackend {
             } else {
                 String::new()
             }
-            + &format!(", {})", dtype.suffix());
+            + &format!(", {})", dtype.suffix())
+            + if dense::wanted_from_env() {
+                " [dense matmul]"
+            } else {
+                ""
+            };
         Ok(CudaBackend {
             ctx,
             stream,
@@ -269,6 +278,7 @@ impl CudaBackend {
             prof: profile::Profiler::from_env(),
             k,
             scratch: Mutex::new(Scratch::default()),
+            dense: dense::wanted_from_env(),
             arch,
             dtype,
             kv,
@@ -1077,6 +1087,11 @@ impl CudaBackend {
             let kernel = self.w4_kernel_for(rows);
             // SAFETY: as this function's contract.
             return unsafe { self.packed_matmul(w, parts, rows, xp, op, out_f32, kernel) };
+        }
+        if self.dense_takes(w) {
+            let out_f32 = out_type == cublas_sys::cudaDataType::CUDA_R_32F;
+            // SAFETY: as this function's contract.
+            return unsafe { self.dense_matmul(w, rows, xp, op, out_f32) };
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let ty = self.dtype.cuda_type();

@@ -28,11 +28,13 @@ pub enum KernelModule {
     W4a16,
     /// Gated DeltaNet (conv, fused delta-rule scan, gated norm) and gated-attention helpers.
     Gdn,
+    /// Batch-invariant dense 16-bit matmul (`KILN_DENSE_MATMUL=1`).
+    Dense,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 9] = [
+    pub const ALL: [KernelModule; 10] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -42,6 +44,7 @@ impl KernelModule {
         KernelModule::Sampling,
         KernelModule::W4a16,
         KernelModule::Gdn,
+        KernelModule::Dense,
     ];
 
     /// File name under `kernels/`.
@@ -56,6 +59,7 @@ impl KernelModule {
             KernelModule::Sampling => "sampling.cu",
             KernelModule::W4a16 => "w4a16.cu",
             KernelModule::Gdn => "gdn.cu",
+            KernelModule::Dense => "dense.cu",
         }
     }
 
@@ -71,6 +75,7 @@ impl KernelModule {
             KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
             KernelModule::W4a16 => include_str!("../../../kernels/w4a16.cu"),
             KernelModule::Gdn => include_str!("../../../kernels/gdn.cu"),
+            KernelModule::Dense => include_str!("../../../kernels/dense.cu"),
         }
     }
 
@@ -142,6 +147,12 @@ impl KernelModule {
                 }
                 KernelModule::Gdn => {
                     names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")))
+                }
+                KernelModule::Dense => {
+                    if t != "f32" {
+                        names.push(format!("dense_xwt_{t}"));
+                        names.push(format!("dense_xwt_{t}_f32"));
+                    }
                 }
             }
         }

@@ -64,6 +64,8 @@ pub(crate) struct Kernels {
     /// `gpu_sleep`: holds the GPU for a time (the profiler's gate, `KILN_PROFILE_OPS`).
     pub gpu_sleep: CudaFunction,
     pub feed_tokens: CudaFunction,
+    /// `dense_xwt_{t}` and its f32-output twin (16-bit compute dtypes only).
+    pub dense_xwt: Option<(CudaFunction, CudaFunction)>,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
 }
@@ -121,6 +123,13 @@ impl Kernels {
             w4_fma: get(format!("w4_fma_{t}"))?,
             gpu_sleep: get("gpu_sleep".into())?,
             feed_tokens: get("feed_tokens".into())?,
+            dense_xwt: match (
+                opt(format!("dense_xwt_{t}"))?,
+                opt(format!("dense_xwt_{t}_f32"))?,
+            ) {
+                (Some(a), Some(b)) => Some((a, b)),
+                _ => None,
+            },
             gdn: super::gdn::GdnKernels::resolve(&get, t)?,
         })
     }

@@ -422,9 +422,10 @@ impl CudaBackend {
             return Ok(Vec::new());
         };
         let mut guard = self.scratch();
-        let out = guard.outs.get_mut(slot).ok_or_else(|| {
-            BackendError::Device(format!("sampling output slot {slot} is gone"))
-        })?;
+        let out = guard
+            .outs
+            .get_mut(slot)
+            .ok_or_else(|| BackendError::Device(format!("sampling output slot {slot} is gone")))?;
         out.copied.synchronize().map_err(dev_err)?;
         let host = &out.host.as_slice().map_err(dev_err)?[..p.ints];
         Ok(match &p.layout {
@@ -464,7 +465,8 @@ impl CudaBackend {
         // (at most two pending), and its copy is waited for before its memory is touched.
         scratch.outs[slot].copied.synchronize().map_err(dev_err)?;
         if scratch.outs[slot].capacity < ints {
-            scratch.outs[slot] = OutSlot::new(&self.stream, ints.max(2 * scratch.outs[slot].capacity))?;
+            scratch.outs[slot] =
+                OutSlot::new(&self.stream, ints.max(2 * scratch.outs[slot].capacity))?;
         }
         let arena = scratch
             .sample
@@ -478,7 +480,11 @@ impl CudaBackend {
         // (`collect_sample`, and the synchronize above before a reuse or a regrowth); `src`
         // holds ≥ ints ints (the arena was sized for this call) on this stream.
         unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(&mut host[..ints], src, self.stream.cu_stream())
+            cudarc::driver::result::memcpy_dtoh_async(
+                &mut host[..ints],
+                src,
+                self.stream.cu_stream(),
+            )
         }
         .map_err(dev_err)?;
         out.copied.record(&self.stream).map_err(dev_err)?;
