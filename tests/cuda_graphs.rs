@@ -245,6 +245,7 @@ fn decode_tokens(
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
     if !pipelined {
         for k in 0..=steps {
+            eprintln!("PROGRESS sync n={n} step {k}");
             let got = ids(&r.forward(&batch).expect("forward"));
             for (i, &t) in got.iter().enumerate() {
                 out[i].push(t);
@@ -261,6 +262,7 @@ fn decode_tokens(
     let feeds: Vec<Feed> = (0..n).map(|i| Feed { token: i, row: i }).collect();
     let mut in_flight = r.submit(&batch, &[]).expect("submit");
     for k in 0..=steps {
+        eprintln!("PROGRESS pipelined n={n} step {k}");
         let next = (k < steps).then(|| {
             let b = decode(&lens, k + 1, &vec![0; n]);
             for l in &mut lens {
@@ -293,6 +295,7 @@ fn steps_submitted_ahead_with_fed_tokens_give_the_same_tokens() {
         for graphs in [true, false] {
             // One runner per case: every run prefills its sequences from position 0 (the cache's
             // old contents past a context are never read), so runs can share it.
+            eprintln!("PROGRESS load {dtype} graphs={graphs}");
             let mut a = llama(&files, dtype, graphs);
             assert!(a.queues_steps(), "the CUDA runner queues steps");
             for n in [1usize, 3, 8] {

@@ -320,6 +320,7 @@ impl Setup {
             max_num_batched_tokens: self.max_num_batched_tokens,
             block_size: self.block_size,
             enable_prefix_caching: self.prefix_caching,
+            overlap: self.overlap,
             ..EngineConfig::default()
         };
         let runner: Box<dyn ModelRunner> = if self.overlap {

@@ -95,6 +95,7 @@ mod tests {
 
     async fn run(runner: Box<dyn ModelRunner>) -> Vec<Completion> {
         let cfg = EngineConfig {
+            overlap: true,
             max_num_seqs: 4,
             max_num_batched_tokens: 16,
             block_size: 4,
