@@ -130,6 +130,8 @@ pub struct CpuBackend {
     /// `qkv_rope_write`'s split q, k, v (and normed k) rows, kept between calls so a layer
     /// allocates nothing once the largest step has run.
     qkv_scratch: std::sync::Mutex<[Vec<f32>; 4]>,
+    /// Report [`Backend::queues_steps`] (tests of a runner's queued path without a GPU).
+    queued: bool,
 }
 
 impl CpuBackend {
@@ -144,7 +146,16 @@ impl CpuBackend {
             pool,
             kv_storage: KvCacheDType::Same,
             qkv_scratch: Default::default(),
+            queued: false,
         })
+    }
+
+    /// Report [`Backend::queues_steps`], so a runner takes its queued path (submit / collect,
+    /// fed tokens patched into the step by [`Backend::feed_tokens`] from the previous answer).
+    /// Each op still computes at once: this exists to test that path without a GPU.
+    pub fn with_queued_steps(mut self, on: bool) -> CpuBackend {
+        self.queued = on;
+        self
     }
 
     /// Round every value written to the KV caches this backend creates through `storage`
@@ -732,6 +743,36 @@ impl Backend for CpuBackend {
         pending: Vec<Result<Sampled, SampleError>>,
     ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
         Ok(pending)
+    }
+
+    fn queues_steps(&self) -> bool {
+        self.queued
+    }
+
+    fn feed_tokens(
+        &self,
+        step: &mut StepInput,
+        from: &Vec<Result<Sampled, SampleError>>,
+        feeds: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        for &(t, r) in feeds {
+            let id = match from.get(r as usize) {
+                Some(Ok(s)) => s.token_id,
+                Some(Err(_)) => 0,
+                None => {
+                    return Err(BackendError::InvalidArgument(format!(
+                        "feed from sampling row {r} of {}",
+                        from.len()
+                    )))
+                }
+            };
+            let len = step.token_ids.len();
+            let slot = step.token_ids.get_mut(t as usize).ok_or_else(|| {
+                BackendError::InvalidArgument(format!("fed token {t} of a step of {len} tokens"))
+            })?;
+            *slot = id;
+        }
+        Ok(())
     }
 
     fn sample(

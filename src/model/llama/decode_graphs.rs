@@ -29,6 +29,9 @@ use crate::backend::{Backend, PinnedShape, StepGraph, StepInput, StepSeq};
 use crate::error::EngineError;
 use crate::model::ModelConfig;
 
+/// Tokens fed from the previous step's pending samples: `(token, sampling row)` pairs.
+pub(super) type Fed<'a, B> = (&'a <B as Backend>::PendingSamples, &'a [(u32, u32)]);
+
 /// A bucket a step fits: its index in [`DecodeGraphs::buckets`] and its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Bucket {
@@ -202,7 +205,7 @@ impl<B: Backend> DecodeGraphs<B> {
         kv_cache: &mut B::KvCache,
         ws: &mut Workspace<B>,
         input: &StepInput,
-        feeds: Option<(&B::PendingSamples, &[(u32, u32)])>,
+        feeds: Option<Fed<'_, B>>,
     ) -> Result<(), EngineError> {
         let padded = self.pad(input, bucket.size);
         let shape = PinnedShape {

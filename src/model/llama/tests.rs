@@ -604,3 +604,107 @@ fn sampling_rows_are_sampled_from_the_same_logits_as_raw_rows() {
     let want = sample_row(&raw, &desc).unwrap();
     assert_eq!(out.samples[0].as_ref().unwrap(), &want);
 }
+
+/// `n` sequences of the tiny model decoded `steps` tokens on `r`, every token sampled (greedy,
+/// or seeded with fixed draws); `pipelined`: each step is submitted before the previous one is
+/// collected, its tokens fed from that step's samples (what the engine does with overlap).
+fn decode_all(r: &mut dyn ModelRunner, n: usize, steps: usize, pipelined: bool) -> Vec<Vec<u32>> {
+    use crate::model::step::Feed;
+    use crate::sampling::SamplingRow;
+    let row = |i: usize, k: usize| {
+        if i.is_multiple_of(2) {
+            SamplingRow::greedy()
+        } else {
+            SamplingRow {
+                temperature: 0.9,
+                draw: Some(((i * 37 + k * 11) % 100) as f64 / 100.0),
+                ..SamplingRow::greedy()
+            }
+        }
+    };
+    let table = |i: usize| ((i * 8) as u32..(i * 8 + 8) as u32).collect::<Vec<_>>();
+    let mut batch = ForwardBatch::default();
+    let mut lens = Vec::new();
+    for i in 0..n {
+        let p: Vec<u32> = (0..3 + i as u32).map(|t| (t * 7 + i as u32) % 40).collect();
+        batch.seqs.push(slice(
+            batch.token_ids.len(),
+            p.len(),
+            0,
+            &table(i),
+            LogitsFor::Sample(row(i, 0)),
+        ));
+        lens.push(p.len());
+        batch.token_ids.extend(p);
+    }
+    let decode = |lens: &[usize], k: usize, ids: &[u32]| ForwardBatch {
+        token_ids: ids.to_vec(),
+        seqs: (0..n)
+            .map(|i| slice(i, 1, lens[i], &table(i), LogitsFor::Sample(row(i, k))))
+            .collect(),
+    };
+    let ids = |o: &ForwardOutput| -> Vec<u32> {
+        o.samples
+            .iter()
+            .map(|s| s.as_ref().expect("sampled").token_id)
+            .collect()
+    };
+    let mut out = vec![Vec::new(); n];
+    let feeds: Vec<Feed> = (0..n).map(|i| Feed { token: i, row: i }).collect();
+    let mut in_flight = if pipelined {
+        Some(r.submit(&batch, &[]).expect("submit"))
+    } else {
+        None
+    };
+    for k in 0..=steps {
+        let got = match in_flight.take() {
+            None => {
+                let got = ids(&r.forward(&batch).expect("forward"));
+                batch = decode(&lens, k + 1, &got);
+                got
+            }
+            Some(s) => {
+                if k < steps {
+                    let next = r
+                        .submit(&decode(&lens, k + 1, &vec![0; n]), &feeds)
+                        .expect("ahead");
+                    in_flight = Some(next);
+                }
+                ids(&r.collect(s).expect("collect"))
+            }
+        };
+        for l in &mut lens {
+            *l += 1;
+        }
+        for (i, &t) in got.iter().enumerate() {
+            out[i].push(t);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_queued_path_with_fed_tokens_gives_the_forward_tokens() {
+    // The CPU backend in queued mode takes the runner's submit / collect path (the one the GPU
+    // takes), with fed tokens patched from the previous step's samples.
+    let c = tiny_config(Architecture::Llama);
+    let w = tiny_weights(&c, 2, WeightDType::F32);
+    let queued = || {
+        Llama::load(
+            CpuBackend::new(2).unwrap().with_queued_steps(true),
+            &c,
+            &w,
+            4,
+            64,
+        )
+        .unwrap()
+    };
+    let mut q = queued();
+    assert!(q.queues_steps());
+    let plain = decode_all(&mut load(&c, &w, 64), 5, 9, false);
+    assert_eq!(decode_all(&mut q, 5, 9, false), plain);
+    // The same runner again, pipelined (runs share a runner: each prefills from position 0).
+    assert_eq!(decode_all(&mut q, 5, 9, true), plain);
+    assert_eq!(decode_all(&mut queued(), 5, 9, true), plain);
+    assert!(plain.iter().all(|t| t.len() == 10));
+}

@@ -49,7 +49,7 @@ impl CudaBackend {
                 "the dense matmul kernel for f32 compute".into(),
             ));
         };
-        if xp % 16 != 0 || op % 4 != 0 {
+        if !xp.is_multiple_of(16) || !op.is_multiple_of(4) {
             return Err(BackendError::InvalidArgument(format!(
                 "dense matmul operands at {xp:#x} / {op:#x} are not aligned"
             )));
