@@ -10,6 +10,7 @@
 //! handed out by [`WeightSource::linear`] and uploaded whole by the backend.
 
 pub mod packed;
+pub mod gguf_tiles;
 pub mod packed_tiles;
 
 use crate::error::ModelError;
