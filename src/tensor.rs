@@ -9,8 +9,8 @@
 //! points, `g_idx`: compressed-tensors, AutoAWQ, GPTQ, NVFP4) is one [`packed::LinearView`],
 //! handed out by [`WeightSource::linear`] and uploaded whole by the backend.
 
-pub mod packed;
 pub mod gguf_tiles;
+pub mod packed;
 pub mod packed_tiles;
 
 use crate::error::ModelError;

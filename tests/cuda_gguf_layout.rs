@@ -16,7 +16,11 @@ fn check(label: &str, o: &OwnedGguf) {
     let row_bytes = o.dtype.row_bytes(o.k).unwrap();
     let mut row = vec![0f32; o.k];
     for n in 0..o.n {
-        dequantize_row(o.dtype, &o.data[n * row_bytes..(n + 1) * row_bytes], &mut row);
+        dequantize_row(
+            o.dtype,
+            &o.data[n * row_bytes..(n + 1) * row_bytes],
+            &mut row,
+        );
         for (j, &want) in row.iter().enumerate() {
             let got = t.weight(n, j);
             assert_eq!(
@@ -29,7 +33,11 @@ fn check(label: &str, o: &OwnedGguf) {
         }
         // Padded columns contribute nothing.
         for j in o.k..t.k_pad {
-            assert_eq!(t.weight(n, j), 0.0, "{label}: padding column {j} of row {n}");
+            assert_eq!(
+                t.weight(n, j),
+                0.0,
+                "{label}: padding column {j} of row {n}"
+            );
         }
     }
     for n in o.n..t.n_pad {

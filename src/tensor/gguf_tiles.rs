@@ -36,6 +36,25 @@ pub const PAD_N: usize = 64;
 /// Most K slices (`kernels/gguf_mm.cu` `GG_MAX_KS`).
 pub const MAX_K_SLICES: usize = 8;
 
+/// The environment switch that forces the old path for GGUF weights on the GPU: dequantized to
+/// the compute dtype at load and multiplied with cuBLAS (`KILN_GGUF_DEQUANT=1`; unset or `0`:
+/// kept quantized). Read at each upload and by the memory planner.
+pub const DEQUANT_ENV: &str = "KILN_GGUF_DEQUANT";
+
+/// Whether [`DEQUANT_ENV`] asks for dequantize-at-load.
+pub fn dequantize_forced() -> bool {
+    std::env::var(DEQUANT_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Device bytes of an `[n, k]` weight of `format` in the tile layout (values, scales, mins), as
+/// [`GgufTiles::bytes`] without building it: what the memory planner counts.
+pub fn device_bytes(format: GgufFormat, n: usize, k: usize) -> usize {
+    let (np, kb) = (n.div_ceil(PAD_N) * PAD_N, k.div_ceil(TILE_K));
+    let values = np / TILE_N * kb * format.words() * 32 * 16;
+    let params = np * kb * 4 * 2;
+    values + params * if format.has_mins() { 2 } else { 1 }
+}
+
 /// The GGUF block formats kept quantized on the GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GgufFormat {
@@ -148,10 +167,7 @@ impl GgufTiles {
     /// is not whole blocks or a byte count that does not match the shape is `Err`.
     pub fn from_view(view: &TensorView<'_>) -> Result<GgufTiles, GgufTileError> {
         let format = GgufFormat::of(view.dtype).ok_or_else(|| {
-            GgufTileError(format!(
-                "{:?} is not kept quantized on the GPU",
-                view.dtype
-            ))
+            GgufTileError(format!("{:?} is not kept quantized on the GPU", view.dtype))
         })?;
         let &[n, k] = view.shape else {
             return Err(GgufTileError(format!(
@@ -253,7 +269,9 @@ impl GgufTiles {
 
     /// Device bytes of the layout (values, scales, mins).
     pub fn bytes(&self) -> usize {
-        4 * self.qweight.len() + 2 * self.scales.len() + self.mins.as_ref().map_or(0, |m| 2 * m.len())
+        4 * self.qweight.len()
+            + 2 * self.scales.len()
+            + self.mins.as_ref().map_or(0, |m| 2 * m.len())
     }
 
     /// The weight at (row, col) of the padded `Np × Kp` matrix, as the kernels decode it (f32,
@@ -271,13 +289,17 @@ impl GgufTiles {
             (c, 8 * q)
         };
         let (h, w) = (word / 4, word % 4);
-        let bits = self.qweight[((((nt * self.k_blocks()) + b) * v + h) * 32 + lane) * 4 + w] >> shift;
+        let bits =
+            self.qweight[((((nt * self.k_blocks()) + b) * v + h) * 32 + lane) * 4 + w] >> shift;
         let i = ((nt * self.k_blocks() + b) * 8 + g) * 4 + c / 2;
         let d = f16::from_bits(self.scales[i]).to_f32();
         match self.format {
             GgufFormat::Q4_0 => ((bits & 15) as i32 - 8) as f32 * d,
             GgufFormat::Q4_1 => {
-                let m = self.mins.as_ref().map_or(0.0, |ms| f16::from_bits(ms[i]).to_f32());
+                let m = self
+                    .mins
+                    .as_ref()
+                    .map_or(0.0, |ms| f16::from_bits(ms[i]).to_f32());
                 (bits & 15) as f32 * d + m
             }
             GgufFormat::Q8_0 => f32::from((bits & 0xFF) as u8 as i8) * d,
@@ -304,6 +326,27 @@ mod tests {
             assert_eq!(t.k_slices, ks, "K = {k}");
             assert_eq!(t.n_pad, 64);
             assert_eq!(t.qweight.len(), 8 * t.k_blocks() * 2 * 32 * 4);
+        }
+    }
+
+    #[test]
+    fn device_bytes_match_the_built_layout() {
+        for (dtype, bb) in [
+            (WeightDType::Q4_0, 18usize),
+            (WeightDType::Q4_1, 20),
+            (WeightDType::Q8_0, 34),
+        ] {
+            for (n, k) in [(200usize, 576usize), (64, 1024), (9, 32)] {
+                let data = vec![0u8; n * k / 32 * bb];
+                let view = TensorView {
+                    dtype,
+                    shape: &[n, k],
+                    data: &data,
+                };
+                let t = GgufTiles::from_view(&view).unwrap();
+                let f = GgufFormat::of(dtype).unwrap();
+                assert_eq!(device_bytes(f, n, k), t.bytes(), "{dtype:?} {n}x{k}");
+            }
         }
     }
 

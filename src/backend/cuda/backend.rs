@@ -44,7 +44,7 @@ mod w4a16;
 
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
-pub use gguf::{GgufKernel, DEQUANT_ENV as GGUF_DEQUANT_ENV, GEMV_MAX_ROWS as GGUF_GEMV_MAX_ROWS};
+pub use gguf::{GgufKernel, GEMV_MAX_ROWS as GGUF_GEMV_MAX_ROWS};
 pub use sampling::CudaLogits;
 pub use step::CudaStep;
 pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};
@@ -397,7 +397,8 @@ impl Backend for CudaBackend {
     }
 
     fn weight_bytes(&self, w: &CudaWeight) -> usize {
-        w.data.len() + w.packed.as_ref().map_or(0, |p| p.bytes())
+        w.data.len()
+            + w.packed.as_ref().map_or(0, |p| p.bytes())
             + w.gguf.as_ref().map_or(0, |p| p.bytes())
     }
 
@@ -557,7 +558,14 @@ impl Backend for CudaBackend {
             // SAFETY: token ids were range-checked by ForwardBatch::step_input against the
             // vocabulary (the table's rows); `out` holds num_tokens rows of k (checked above).
             return unsafe {
-                self.gguf_gather(table, parts, &ids, step.num_tokens, &mut out.data, out.dtype)
+                self.gguf_gather(
+                    table,
+                    parts,
+                    &ids,
+                    step.num_tokens,
+                    &mut out.data,
+                    out.dtype,
+                )
             };
         }
         let f = match (out.dtype, &self.k.embedding_to_f32) {

@@ -24,9 +24,6 @@ use crate::tensor::TensorView;
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
 pub const GEMV_MAX_ROWS: usize = 16;
 
-/// The environment switch that forces dequantize-at-load for GGUF weights.
-pub const DEQUANT_ENV: &str = "KILN_GGUF_DEQUANT";
-
 /// Which GGUF matmul kernel runs (tests force one; the backend picks by rows and arch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgufKernel {
@@ -116,8 +113,9 @@ impl CudaGgufParts {
 
 /// Whether GGUF blocks of `view` stay quantized on the device (`KILN_GGUF_DEQUANT` unset or 0).
 pub fn keeps_quantized(view: &TensorView<'_>) -> bool {
-    let off = std::env::var(DEQUANT_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-    !off && GgufFormat::of(view.dtype).is_some() && view.shape.len() == 2
+    !crate::tensor::gguf_tiles::dequantize_forced()
+        && GgufFormat::of(view.dtype).is_some()
+        && view.shape.len() == 2
 }
 
 impl CudaBackend {
