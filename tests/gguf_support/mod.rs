@@ -46,7 +46,7 @@ impl OwnedGguf {
     /// Random blocks of `dtype` (seeded): scales |d| in [0.002, 0.03) with a random sign, Q4_1
     /// mins in [-0.15, 0.15), values uniform over their range.
     pub fn random(dtype: WeightDType, n: usize, k: usize, seed: u64) -> OwnedGguf {
-        assert!(k % 32 == 0, "K must be whole blocks");
+        assert!(k.is_multiple_of(32), "K must be whole blocks");
         let mut rng = Rng(seed);
         let blocks = n * k / 32;
         let mut data = Vec::with_capacity(blocks * dtype.block_bytes());
