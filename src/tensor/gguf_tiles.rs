@@ -24,9 +24,10 @@
 use half::f16;
 use rayon::prelude::*;
 
-use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 use crate::tensor::{TensorView, WeightDType};
 
+/// Elements per ggml block (`quant::QK`; `quant` is a higher layer).
+const QK: usize = 32;
 /// Columns per tile block (eight 16-column mma chunks, four ggml blocks).
 pub const TILE_K: usize = 128;
 /// Outputs per tile (one mma n8).
@@ -149,14 +150,6 @@ fn element(format: GgufFormat, block: &[u8], j: usize) -> (u32, u16, u16) {
     }
 }
 
-fn block_bytes(format: GgufFormat) -> usize {
-    match format {
-        GgufFormat::Q4_0 => std::mem::size_of::<BlockQ4_0>(),
-        GgufFormat::Q4_1 => std::mem::size_of::<BlockQ4_1>(),
-        GgufFormat::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
-    }
-}
-
 /// Column of value `q` (0..4) of chunk `c` for lane quad position `t` in a tile block.
 fn column(c: usize, t: usize, q: usize) -> usize {
     16 * c + 2 * t + (q & 1) + if q >= 2 { 8 } else { 0 }
@@ -186,7 +179,7 @@ impl GgufTiles {
                 n * row_bytes
             )));
         }
-        let bb = block_bytes(format);
+        let bb = view.dtype.block_bytes();
         let k_pad = k.div_ceil(TILE_K) * TILE_K;
         let n_pad = n.div_ceil(PAD_N) * PAD_N;
         let kb = k_pad / TILE_K;
