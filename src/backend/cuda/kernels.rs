@@ -30,11 +30,13 @@ pub enum KernelModule {
     Gdn,
     /// Batch-invariant dense 16-bit matmul (`KILN_DENSE_MATMUL=1`).
     Dense,
+    /// Matmuls and the embedding gather on GGUF Q4_0 / Q4_1 / Q8_0 kept quantized (gguf tiles).
+    GgufMm,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 10] = [
+    pub const ALL: [KernelModule; 11] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -45,6 +47,7 @@ impl KernelModule {
         KernelModule::W4a16,
         KernelModule::Gdn,
         KernelModule::Dense,
+        KernelModule::GgufMm,
     ];
 
     /// File name under `kernels/`.
@@ -60,6 +63,7 @@ impl KernelModule {
             KernelModule::W4a16 => "w4a16.cu",
             KernelModule::Gdn => "gdn.cu",
             KernelModule::Dense => "dense.cu",
+            KernelModule::GgufMm => "gguf_mm.cu",
         }
     }
 
@@ -76,6 +80,7 @@ impl KernelModule {
             KernelModule::W4a16 => include_str!("../../../kernels/w4a16.cu"),
             KernelModule::Gdn => include_str!("../../../kernels/gdn.cu"),
             KernelModule::Dense => include_str!("../../../kernels/dense.cu"),
+            KernelModule::GgufMm => include_str!("../../../kernels/gguf_mm.cu"),
         }
     }
 
@@ -152,6 +157,17 @@ impl KernelModule {
                     if t != "f32" {
                         names.push(format!("dense_xwt_{t}"));
                         names.push(format!("dense_xwt_{t}_f32"));
+                    }
+                }
+                KernelModule::GgufMm => {
+                    for q in ["q4_0", "q4_1", "q8_0"] {
+                        if t != "f32" {
+                            names.push(format!("gguf_gemv_{q}_{t}"));
+                            names.push(format!("gguf_gemm_{q}_{t}"));
+                            names.push(format!("gguf_gather_{q}_{t}_to_f32"));
+                        }
+                        names.push(format!("gguf_fma_{q}_{t}"));
+                        names.push(format!("gguf_gather_{q}_{t}"));
                     }
                 }
             }

@@ -68,6 +68,8 @@ pub(crate) struct Kernels {
     pub dense_xwt: Option<(CudaFunction, CudaFunction)>,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
+    /// The GGUF kept-quantized entry points (`gguf_mm.cu`).
+    pub gguf: super::gguf::GgufKernels,
 }
 
 impl Kernels {
@@ -131,6 +133,7 @@ impl Kernels {
                 _ => None,
             },
             gdn: super::gdn::GdnKernels::resolve(&get, t)?,
+            gguf: super::gguf::GgufKernels::resolve(&get, t)?,
         })
     }
 
