@@ -42,7 +42,7 @@ fn every_kernel_compiles_for_every_target() {
     for t in TARGETS {
         let arch: Arch = t.parse().expect("known target");
         for m in KernelModule::ALL {
-            match nvrtc::compile_module(m, arch, &include, None) {
+            match nvrtc::compile_module(m, arch, &include) {
                 Ok(ptx) => {
                     for f in m.entry_points() {
                         if !ptx.contains(&format!(".entry {f}(")) {

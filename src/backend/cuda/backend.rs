@@ -51,6 +51,7 @@ use handles::Kernels;
 
 use super::device::{self, CudaError};
 use super::kernels::KernelModule;
+use super::kernel_cache::KernelCache;
 use super::nvrtc::{self, Arch};
 use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{
@@ -183,7 +184,7 @@ impl CudaBackend {
         let dtype = ComputeDType::resolve(dtype, arch)?;
         let kv = resolve_kv(kv_cache_dtype)?;
         let include = nvrtc::find_include_dir(None)?;
-        let cache = nvrtc::default_cache_dir();
+        let cache = KernelCache::from_env();
         // All work of a backend is queued on this one stream (cuBLAS included), so cudarc's
         // cross-stream event tracking (two events created and destroyed per allocation) only
         // costs driver calls.
@@ -193,9 +194,39 @@ impl CudaBackend {
         // A created stream, not the legacy default one: only those can be captured into graphs.
         let stream = ctx.new_stream()?;
         let mut functions = HashMap::new();
-        for m in KernelModule::ALL {
-            let ptx = nvrtc::compile_module(m, arch, &include, cache.as_deref())?;
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+        let t0 = std::time::Instant::now();
+        // The modules compile in parallel (NVRTC programs are independent); each comes from the
+        // kernel cache when a valid entry exists.
+        let images: Vec<_> = std::thread::scope(|s| {
+            let jobs: Vec<_> = KernelModule::ALL
+                .iter()
+                .map(|&m| {
+                    let (include, cache) = (&include, cache.as_ref());
+                    s.spawn(move || nvrtc::load_or_compile(m, arch, include, cache, false))
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| j.join().expect("an NVRTC thread panicked"))
+                .collect()
+        });
+        let mut sources = Vec::new();
+        for (m, image) in KernelModule::ALL.into_iter().zip(images) {
+            let (image, mut source) = image?;
+            let module = match ctx.load_module(nvrtc::to_cudarc(image)) {
+                Ok(module) => module,
+                // A cached image the driver refuses (a driver change, a bad entry that passed the
+                // checks): compile it afresh and replace the entry.
+                Err(e) if source == nvrtc::Source::Cache => {
+                    tracing::warn!(module = m.file_name(), error = ?e,
+                        "Cached kernel image failed to load; recompiling it.");
+                    let (image, s) =
+                        nvrtc::load_or_compile(m, arch, &include, cache.as_ref(), true)?;
+                    source = s;
+                    ctx.load_module(nvrtc::to_cudarc(image))?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            sources.push(source);
             for name in m.entry_points() {
                 let f = module
                     .load_function(&name)
@@ -206,6 +237,18 @@ impl CudaBackend {
                 functions.insert(name, f);
             }
         }
+        let cached = sources
+            .iter()
+            .filter(|s| **s == nvrtc::Source::Cache)
+            .count();
+        tracing::info!(
+            arch = %arch,
+            modules = sources.len(),
+            from_cache = cached,
+            cache = %cache.as_ref().map(|c| c.dir().display().to_string()).unwrap_or_else(|| "off".into()),
+            seconds = t0.elapsed().as_secs_f64(),
+            "Kernels ready."
+        );
         // The largest prefill variant needs more than the default 48 KB of dynamic shared memory.
         for v in PrefillVariant::ALL {
             let bytes = v.shared_bytes(v.max_head_dim);

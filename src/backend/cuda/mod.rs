@@ -8,6 +8,7 @@ pub mod attention_plan;
 pub mod backend;
 pub mod device;
 pub mod kernels;
+pub mod kernel_cache;
 pub mod nvrtc;
 
 pub use backend::{ComputeDType, CudaBackend, CudaLogits, KvStorage, W4Kernel};
