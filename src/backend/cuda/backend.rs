@@ -50,8 +50,8 @@ pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};
 use handles::Kernels;
 
 use super::device::{self, CudaError};
-use super::kernels::KernelModule;
 use super::kernel_cache::KernelCache;
+use super::kernels::KernelModule;
 use super::nvrtc::{self, Arch};
 use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{

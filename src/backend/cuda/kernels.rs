@@ -20,6 +20,8 @@ pub enum KernelModule {
     KvCache,
     /// Paged causal GQA attention: split-K (decode) and tiled flash-style prefill.
     Attention,
+    /// Decode attention at memory speed: one pass over each KV tile for a whole GQA group.
+    AttentionDecode,
     /// ggml block formats to the compute dtype.
     Dequant,
     /// f32 logits rows to sampled token ids and logprobs.
@@ -32,12 +34,13 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 9] = [
+    pub const ALL: [KernelModule; 10] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
         KernelModule::KvCache,
         KernelModule::Attention,
+        KernelModule::AttentionDecode,
         KernelModule::Dequant,
         KernelModule::Sampling,
         KernelModule::W4a16,
@@ -52,6 +55,7 @@ impl KernelModule {
             KernelModule::Rope => "rope.cu",
             KernelModule::KvCache => "kv_cache.cu",
             KernelModule::Attention => "attention.cu",
+            KernelModule::AttentionDecode => "attention_decode.cu",
             KernelModule::Dequant => "dequant.cu",
             KernelModule::Sampling => "sampling.cu",
             KernelModule::W4a16 => "w4a16.cu",
@@ -67,6 +71,9 @@ impl KernelModule {
             KernelModule::Rope => include_str!("../../../kernels/rope.cu"),
             KernelModule::KvCache => include_str!("../../../kernels/kv_cache.cu"),
             KernelModule::Attention => include_str!("../../../kernels/attention.cu"),
+            KernelModule::AttentionDecode => {
+                include_str!("../../../kernels/attention_decode.cu")
+            }
             KernelModule::Dequant => include_str!("../../../kernels/dequant.cu"),
             KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
             KernelModule::W4a16 => include_str!("../../../kernels/w4a16.cu"),
@@ -124,6 +131,15 @@ impl KernelModule {
                         }
                     }
                     names.push(format!("attention_combine_{t}"));
+                }
+                KernelModule::AttentionDecode => {
+                    for c in ["same", "e5m2", "e4m3"] {
+                        names.extend(
+                            super::attention_plan::DecodeVariant::all()
+                                .map(|v| v.kernel_name(t, c)),
+                        );
+                    }
+                    names.push(format!("attention_decode_combine_{t}"));
                 }
                 KernelModule::Dequant => {
                     for q in ["q8_0", "q4_0", "q4_1"] {

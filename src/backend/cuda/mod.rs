@@ -7,8 +7,8 @@
 pub mod attention_plan;
 pub mod backend;
 pub mod device;
-pub mod kernels;
 pub mod kernel_cache;
+pub mod kernels;
 pub mod nvrtc;
 
 pub use backend::{ComputeDType, CudaBackend, CudaLogits, KvStorage, W4Kernel};

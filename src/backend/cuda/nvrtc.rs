@@ -233,7 +233,10 @@ pub fn load_or_compile(
 ) -> Result<(KernelImage, Source), CudaError> {
     let kind = image_kind(arch);
     let Some(cache) = cache else {
-        return Ok((compile_image(module, arch, include_dir, kind)?, Source::Compiled));
+        return Ok((
+            compile_image(module, arch, include_dir, kind)?,
+            Source::Compiled,
+        ));
     };
     let (key, path) = cache_entry(cache, module, arch)?;
     let mut source = Source::Compiled;
