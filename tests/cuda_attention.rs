@@ -422,3 +422,22 @@ fn decode_attention_matches_the_cpu_backend() {
     }
     assert!(failures.is_empty(), "{failures:?}");
 }
+
+/// Seconds to create a backend (every kernel file compiled by NVRTC, or read from the kernel
+/// cache, and loaded): run it twice with the same empty `KILN_KERNEL_CACHE` folder for the cold
+/// and the warm start (docs/benchmarks.md).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn backend_start_seconds() {
+    let cache = std::env::var("KILN_KERNEL_CACHE").unwrap_or_else(|_| "(default)".into());
+    let entries = |dir: &str| std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
+    let before = entries(&cache);
+    let t0 = std::time::Instant::now();
+    let g = gpu(dtypes()[dtypes().len() - 1], "auto");
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "RESULT backend_start seconds={secs:.2} cache={cache} entries_before={before} entries_after={} device={}",
+        entries(&cache),
+        g.name()
+    );
+}

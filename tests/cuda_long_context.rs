@@ -52,6 +52,7 @@ fn attention_seconds(
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    legacy: bool,
 ) -> f64 {
     let block = 16;
     let per_seq = ctx.div_ceil(block);
@@ -95,8 +96,12 @@ fn attention_seconds(
     let reps = 20;
     let mut run = || {
         for _ in 0..reps {
-            b.paged_attention(&q, &cache, 0, &step, &params, &mut out)
-                .expect("attention");
+            if legacy {
+                b.paged_attention_legacy_decode(&q, &cache, 0, &step, &params, &mut out)
+            } else {
+                b.paged_attention(&q, &cache, 0, &step, &params, &mut out)
+            }
+            .expect("attention");
         }
         b.synchronize().expect("sync");
     };
@@ -132,24 +137,34 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
     for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
         let b = gpu(wide, kv);
         let elem = if kv == "auto" { 2 } else { 1 };
-        // Short context, one decode row (SmolLM2's ~150 keys): launch and latency bound.
+        // Short context, one decode row (SmolLM2's ~150 keys): launch and latency bound. "before"
+        // is the older split-K kernel (attention.cu) on the same data, same run.
         for ctx in [150usize, 1000] {
-            let secs = attention_seconds(&b, 1, ctx, 9, 3, 64);
+            let new = attention_seconds(&b, 1, ctx, 9, 3, 64, false);
+            let old = attention_seconds(&b, 1, ctx, 9, 3, 64, true);
             println!(
-                "RESULT short_context heads=9/3x64 ctx={ctx} seqs=1 dtype={wide} kv={kv} us_per_layer={:.1}",
-                secs * 1e6
+                "RESULT short_context heads=9/3x64 ctx={ctx} seqs=1 dtype={wide} kv={kv} us_per_layer={:.1} before_us={:.1}",
+                new * 1e6,
+                old * 1e6
             );
         }
         // SmolLM2, a Qwen3-like 32/8 × 128 and the Qwen3.5-27B gated-attention layers 24/4 × 256.
         for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (24, 4, 256)] {
             for ctx in [8192usize, 32768] {
                 for seqs in [1usize, 16, 64] {
-                    let secs = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd);
+                    let secs = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, false);
                     let bytes = (2 * seqs * ctx * kv_heads * hd * elem) as f64;
                     let gbps = bytes / secs / 1e9;
+                    // The older kernel once per shape and context (it is slow: 16 rows only).
+                    let before = if seqs == 16 && kv != "fp8_e4m3" {
+                        let old = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, true);
+                        format!(" before_gbps={:.0}", bytes / old / 1e9)
+                    } else {
+                        String::new()
+                    };
                     println!(
                         "RESULT long_context heads={heads}/{kv_heads}x{hd} ctx={ctx} seqs={seqs} \
-                         dtype={wide} kv={kv} us={:.1} kv_mb={:.1} gbps={gbps:.0} of_copy={:.0}%",
+                         dtype={wide} kv={kv} us={:.1} kv_mb={:.1} gbps={gbps:.0} of_copy={:.0}%{before}",
                         secs * 1e6,
                         bytes / 1e6,
                         100.0 * gbps / copy

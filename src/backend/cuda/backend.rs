@@ -808,12 +808,12 @@ impl Backend for CudaBackend {
         let variant = PrefillVariant::for_head_dim(params.head_dim);
         let Some(variant) = variant.filter(|_| step.prefill_tiles > 0) else {
             // Decode only, or a head_dim the tiled kernel lacks: split-K over every token.
-            return self.launch_split_k(q, cache, layer, step, params, out, None);
+            return self.launch_split_k(q, cache, layer, step, params, out, None, false);
         };
         self.launch_prefill(variant, q, cache, layer, step, params, out)?;
         if step.split_tokens > 0 {
             let index = step.split_index();
-            self.launch_split_k(q, cache, layer, step, params, out, Some(&index))?;
+            self.launch_split_k(q, cache, layer, step, params, out, Some(&index), false)?;
         }
         Ok(())
     }

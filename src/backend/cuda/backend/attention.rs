@@ -1,7 +1,9 @@
 //! The CUDA backend's attention launches: the tiled flash-style prefill kernel over a step's
-//! prefill tiles and the split-K kernel over its decode tokens (or over every token, for
-//! [`CudaBackend::paged_attention_split_k`]); see `kernels/attention.cu` and
-//! `attention_plan.rs` for how a step's tokens are divided between them.
+//! prefill tiles, and decode attention over its one-token sequences (or over every token, for
+//! [`CudaBackend::paged_attention_split_k`]): the memory-speed kernel of
+//! `kernels/attention_decode.cu` for the shapes [`DecodeVariant`] takes (head_dim a multiple of 8
+//! up to 256, at most 8 query heads per KV head), the older split-K kernels of
+//! `kernels/attention.cu` otherwise. See `attention_plan.rs` for how a step's tokens are divided.
 
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
@@ -35,7 +37,26 @@ impl CudaBackend {
         if step.num_tokens == 0 {
             return Ok(());
         }
-        self.launch_split_k(q, cache, layer, step, params, out, None)
+        self.launch_split_k(q, cache, layer, step, params, out, None, false)
+    }
+
+    /// [`Backend::paged_attention`] for a decode-only step with the older split-K kernels of
+    /// attention.cu even where the decode kernel takes the shapes: the "before" of the speed
+    /// comparisons (`tests/cuda_long_context.rs`).
+    pub fn paged_attention_legacy_decode(
+        &self,
+        q: &CudaBuffer,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.check_attention(q, cache, layer, step, params, out)?;
+        if step.num_tokens == 0 {
+            return Ok(());
+        }
+        self.launch_split_k(q, cache, layer, step, params, out, None, true)
     }
 
     pub(super) fn check_attention(
@@ -124,6 +145,7 @@ impl CudaBackend {
         params: &AttentionParams,
         out: &mut CudaBuffer,
         index: Option<&CudaView<'_, i32>>,
+        legacy: bool,
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
         let (n_rows, max_context) = match index {
@@ -131,7 +153,8 @@ impl CudaBackend {
             None => (step.num_tokens, step.max_context),
         };
         let group = params.num_heads / params.num_kv_heads;
-        if let Some(variant) = DecodeVariant::for_shape(params.head_dim, group) {
+        let variant = DecodeVariant::for_shape(params.head_dim, group).filter(|_| !legacy);
+        if let Some(variant) = variant {
             return self.launch_decode(
                 variant,
                 q,
