@@ -332,13 +332,49 @@ __device__ void attention_decode_combine(const float* part_m, const float* part_
     ATTENTION_DECODE_DIMS(SUF, T, CSUF, C, 64)                                                      \
     ATTENTION_DECODE_DIMS(SUF, T, CSUF, C, 128)                                                     \
     ATTENTION_DECODE_DIMS(SUF, T, CSUF, C, 256)
-#define ATTENTION_DECODE(SUF, T)                                                                    \
-    ATTENTION_DECODE_STORAGE(SUF, T, same, T)                                                       \
-    ATTENTION_DECODE_STORAGE(SUF, T, e5m2, E5M2)                                                    \
-    ATTENTION_DECODE_STORAGE(SUF, T, e4m3, E4M3)                                                    \
+#define ATTENTION_DECODE_COMBINE(SUF, T)                                                            \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_combine_##SUF(       \
         const float* pm, const float* pl, const float* pacc, const int* q_pos,                      \
         const int* q_index, T* out, int n_heads, int head_dim, int n_slots) {                       \
         attention_decode_combine<T>(pm, pl, pacc, q_pos, q_index, out, n_heads, head_dim, n_slots); \
     }
-KILN_FOR_FLOAT_TYPES(ATTENTION_DECODE)
+
+// Instantiations. By default all of them (what `kiln doctor` and the compile test check); a backend
+// compiles only its own (compute dtype, KV storage) pair with -DKILN_DECODE_ONLY
+// -DKILN_DECODE_T_<dtype> -DKILN_DECODE_C_<storage> (54 kernels → 6: most of the cold start).
+#if !defined(KILN_DECODE_ONLY) || (defined(KILN_DECODE_T_f32) && defined(KILN_DECODE_C_same))
+ATTENTION_DECODE_STORAGE(f32, float, same, float)
+#endif
+#if !defined(KILN_DECODE_ONLY) || (defined(KILN_DECODE_T_f32) && defined(KILN_DECODE_C_e5m2))
+ATTENTION_DECODE_STORAGE(f32, float, e5m2, E5M2)
+#endif
+#if !defined(KILN_DECODE_ONLY) || (defined(KILN_DECODE_T_f32) && defined(KILN_DECODE_C_e4m3))
+ATTENTION_DECODE_STORAGE(f32, float, e4m3, E4M3)
+#endif
+#if !defined(KILN_DECODE_ONLY) || (defined(KILN_DECODE_T_f16) && defined(KILN_DECODE_C_same))
+ATTENTION_DECODE_STORAGE(f16, __half, same, __half)
+#endif
+#if !defined(KILN_DECODE_ONLY) || (defined(KILN_DECODE_T_f16) && defined(KILN_DECODE_C_e5m2))
+ATTENTION_DECODE_STORAGE(f16, __half, e5m2, E5M2)
+#endif
+#if !defined(KILN_DECODE_ONLY) || (defined(KILN_DECODE_T_f16) && defined(KILN_DECODE_C_e4m3))
+ATTENTION_DECODE_STORAGE(f16, __half, e4m3, E4M3)
+#endif
+#if !defined(KILN_DECODE_ONLY) || (defined(KILN_DECODE_T_bf16) && defined(KILN_DECODE_C_same))
+ATTENTION_DECODE_STORAGE(bf16, bf16_t, same, bf16_t)
+#endif
+#if !defined(KILN_DECODE_ONLY) || (defined(KILN_DECODE_T_bf16) && defined(KILN_DECODE_C_e5m2))
+ATTENTION_DECODE_STORAGE(bf16, bf16_t, e5m2, E5M2)
+#endif
+#if !defined(KILN_DECODE_ONLY) || (defined(KILN_DECODE_T_bf16) && defined(KILN_DECODE_C_e4m3))
+ATTENTION_DECODE_STORAGE(bf16, bf16_t, e4m3, E4M3)
+#endif
+#if !defined(KILN_DECODE_ONLY) || defined(KILN_DECODE_T_f32)
+ATTENTION_DECODE_COMBINE(f32, float)
+#endif
+#if !defined(KILN_DECODE_ONLY) || defined(KILN_DECODE_T_f16)
+ATTENTION_DECODE_COMBINE(f16, __half)
+#endif
+#if !defined(KILN_DECODE_ONLY) || defined(KILN_DECODE_T_bf16)
+ATTENTION_DECODE_COMBINE(bf16, bf16_t)
+#endif

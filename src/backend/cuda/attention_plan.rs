@@ -353,7 +353,7 @@ mod tests {
             let len = decode_part_len(ctx);
             let parts = decode_parts(ctx);
             assert!(len >= DECODE_MIN_PART && len.is_multiple_of(DECODE_PART_ALIGN));
-            assert!(parts >= 1 && parts <= DECODE_MAX_PARTS, "ctx {ctx}");
+            assert!((1..=DECODE_MAX_PARTS).contains(&parts), "ctx {ctx}");
             // Every key in exactly one part: the last part is non-empty, none past it.
             assert!((parts - 1) * len < ctx && parts * len >= ctx, "ctx {ctx}");
             // Slots for a bound cover every row up to it (the part count itself is not monotonic).

@@ -202,7 +202,10 @@ impl CudaBackend {
                 .iter()
                 .map(|&m| {
                     let (include, cache) = (&include, cache.as_ref());
-                    s.spawn(move || nvrtc::load_or_compile(m, arch, include, cache, false))
+                    let defines = m.defines(dtype.suffix(), kv.suffix());
+                    s.spawn(move || {
+                        nvrtc::load_or_compile(m, arch, include, cache, false, &defines)
+                    })
                 })
                 .collect();
             jobs.into_iter()
@@ -219,15 +222,16 @@ impl CudaBackend {
                 Err(e) if source == nvrtc::Source::Cache => {
                     tracing::warn!(module = m.file_name(), error = ?e,
                         "Cached kernel image failed to load; recompiling it.");
+                    let defines = m.defines(dtype.suffix(), kv.suffix());
                     let (image, s) =
-                        nvrtc::load_or_compile(m, arch, &include, cache.as_ref(), true)?;
+                        nvrtc::load_or_compile(m, arch, &include, cache.as_ref(), true, &defines)?;
                     source = s;
                     ctx.load_module(nvrtc::to_cudarc(image))?
                 }
                 Err(e) => return Err(e.into()),
             };
             sources.push(source);
-            for name in m.entry_points() {
+            for name in m.entry_points_for(dtype.suffix(), kv.suffix()) {
                 let f = module
                     .load_function(&name)
                     .map_err(|_| CudaError::MissingKernel {

@@ -92,6 +92,36 @@ impl KernelModule {
         )
     }
 
+    /// Extra NVRTC options a backend of compute dtype suffix `t` and KV storage suffix `c` compiles
+    /// this module with: `attention_decode.cu` is then built for that one pair only (its 54
+    /// kernels were most of a cold start); every other module is built whole.
+    pub fn defines(self, t: &str, c: &str) -> Vec<String> {
+        match self {
+            KernelModule::AttentionDecode => vec![
+                "-DKILN_DECODE_ONLY".into(),
+                format!("-DKILN_DECODE_T_{t}"),
+                format!("-DKILN_DECODE_C_{c}"),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The entry points of the module as compiled with [`KernelModule::defines`]`(t, c)`: a subset
+    /// of [`KernelModule::entry_points`].
+    pub fn entry_points_for(self, t: &str, c: &str) -> Vec<String> {
+        let all = self.entry_points();
+        match self {
+            KernelModule::AttentionDecode => {
+                let pair = format!("attention_decode_{t}_{c}_");
+                let combine = format!("attention_decode_combine_{t}");
+                all.into_iter()
+                    .filter(|n| n.starts_with(&pair) || *n == combine)
+                    .collect()
+            }
+            _ => all,
+        }
+    }
+
     /// Entry points this module must export (checked after loading, and by `kiln doctor`).
     pub fn entry_points(self) -> Vec<String> {
         let floats = ["f32", "f16", "bf16"];
@@ -180,6 +210,29 @@ impl KernelModule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_builds_one_decode_pair_and_every_other_module_whole() {
+        let m = KernelModule::AttentionDecode;
+        assert_eq!(m.entry_points().len(), 3 * 3 * 6 + 3);
+        let one = m.entry_points_for("bf16", "e5m2");
+        assert_eq!(one.len(), 7, "{one:?}");
+        assert!(one.contains(&"attention_decode_bf16_e5m2_d256_g8".to_string()));
+        assert!(one.contains(&"attention_decode_combine_bf16".to_string()));
+        assert!(one.iter().all(|n| m.entry_points().contains(n)));
+        assert_eq!(
+            m.defines("bf16", "e5m2"),
+            [
+                "-DKILN_DECODE_ONLY",
+                "-DKILN_DECODE_T_bf16",
+                "-DKILN_DECODE_C_e5m2"
+            ]
+        );
+        for other in KernelModule::ALL.into_iter().filter(|&o| o != m) {
+            assert!(other.defines("f16", "same").is_empty());
+            assert_eq!(other.entry_points_for("f16", "same"), other.entry_points());
+        }
+    }
 
     #[test]
     fn every_entry_point_appears_in_its_source() {

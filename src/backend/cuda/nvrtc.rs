@@ -176,7 +176,7 @@ pub fn compile_module(
     arch: Arch,
     include_dir: &Path,
 ) -> Result<String, CudaError> {
-    let image = compile_image(module, arch, include_dir, ImageKind::Ptx)?;
+    let image = compile_image(module, arch, include_dir, ImageKind::Ptx, &[])?;
     Ok(String::from_utf8_lossy(&image.bytes).into_owned())
 }
 
@@ -201,18 +201,22 @@ pub fn image_kind(arch: Arch) -> ImageKind {
     }
 }
 
-/// The cache key and entry path of `module` for `arch` in `cache`.
+/// The cache key and entry path of `module` for `arch`, compiled with the extra options
+/// `defines`, in `cache`.
 pub fn cache_entry(
     cache: &KernelCache,
     module: KernelModule,
     arch: Arch,
+    defines: &[String],
 ) -> Result<(String, PathBuf), CudaError> {
     let arch_name = arch
         .name()
         .ok_or_else(|| CudaError::UnsupportedArch(arch.to_string()))?;
+    let mut options = base_options();
+    options.extend_from_slice(defines);
     let key = KernelCache::key(
         &module.full_source(),
-        &base_options(),
+        &options,
         arch_name,
         nvrtc_version()?,
         image_kind(arch),
@@ -221,24 +225,24 @@ pub fn cache_entry(
     Ok((key, path))
 }
 
-/// One module for `arch` through the cache: a valid entry is returned as is; otherwise NVRTC
-/// compiles it and the entry is (re)written (a failed write is logged, not fatal). With
-/// `force_compile` an existing entry is ignored and replaced (the caller could not load it).
+/// One module for `arch` (with the extra options `defines`, see [`KernelModule::defines`])
+/// through the cache: a valid entry is returned as is; otherwise NVRTC compiles it and the entry
+/// is (re)written (a failed write is logged, not fatal). With `force_compile` an existing entry is
+/// ignored and replaced (the caller could not load it).
 pub fn load_or_compile(
     module: KernelModule,
     arch: Arch,
     include_dir: &Path,
     cache: Option<&KernelCache>,
     force_compile: bool,
+    defines: &[String],
 ) -> Result<(KernelImage, Source), CudaError> {
     let kind = image_kind(arch);
     let Some(cache) = cache else {
-        return Ok((
-            compile_image(module, arch, include_dir, kind)?,
-            Source::Compiled,
-        ));
+        let image = compile_image(module, arch, include_dir, kind, defines)?;
+        return Ok((image, Source::Compiled));
     };
-    let (key, path) = cache_entry(cache, module, arch)?;
+    let (key, path) = cache_entry(cache, module, arch, defines)?;
     let mut source = Source::Compiled;
     if force_compile {
         source = Source::Recompiled;
@@ -253,19 +257,21 @@ pub fn load_or_compile(
             }
         }
     }
-    let image = compile_image(module, arch, include_dir, kind)?;
+    let image = compile_image(module, arch, include_dir, kind, defines)?;
     if let Err(e) = cache.store(&path, &key, &image) {
         tracing::warn!(path = %path.display(), error = %e, "Could not write the kernel cache.");
     }
     Ok((image, source))
 }
 
-/// NVRTC: `module` for `arch`, as `kind` (a cubin needs a real architecture).
-fn compile_image(
+/// NVRTC: `module` for `arch` with the extra options `defines`, as `kind` (a cubin needs a real
+/// architecture).
+pub fn compile_image(
     module: KernelModule,
     arch: Arch,
     include_dir: &Path,
     kind: ImageKind,
+    defines: &[String],
 ) -> Result<KernelImage, CudaError> {
     use cudarc::nvrtc::{result, sys};
     use std::ffi::{CStr, CString};
@@ -289,6 +295,7 @@ fn compile_image(
         format!("--gpu-architecture={arch_name}"),
     ];
     options.extend(base_options());
+    options.extend_from_slice(defines);
     let prog = result::create_program(&src, Some(&name)).map_err(|e| nv("create", e))?;
     // The program is destroyed on every path below (`finish`).
     // SAFETY: `prog` was created above and is destroyed only at the end of this block; `src` and
