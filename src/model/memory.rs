@@ -157,11 +157,51 @@ pub fn workspace_bytes(
     // rotated q, attention output, fused gate|up, activation in the compute dtype; the residual
     // stream in f32 (`Backend::alloc_f32`).
     let per_token = 2 * c.hidden_size + 3 * q_dim + 2 * kv_dim + 3 * c.intermediate_size;
-    let parts = max_model_len.div_ceil(512).max(1);
-    let attention_partials = tokens * c.num_attention_heads * parts * (c.head_dim + 2) * 4;
+    let attention_partials =
+        decode_partial_rows(c, tokens, logit_rows, max_model_len) * (c.head_dim + 2) * 4;
     // f32 logits plus the sampler's f32 penalized copy of each sampled row.
     let logits = logit_rows * c.vocab_size * 8;
     tokens * (per_token * elem + c.hidden_size * 4) + attention_partials + logits
+}
+
+/// Split-K attention partial rows (one `(max, sum)` pair and `head_dim` f32 accumulators each) of
+/// a step of `tokens` tokens with at most `seqs` sequences over contexts of up to
+/// `max_model_len` keys. The decode kernel (`kernels/attention_decode.cu`, shapes with head_dim a
+/// multiple of 8 up to 256 and at most 8 query heads per KV head) runs only for the one-token
+/// sequences and splits a row into at most [`decode_attention_slots`] parts; other shapes take
+/// the older split-K kernel over every token, in parts of 512 keys.
+pub fn decode_partial_rows(
+    c: &ModelConfig,
+    tokens: usize,
+    seqs: usize,
+    max_model_len: usize,
+) -> usize {
+    let kv = c.num_key_value_heads.max(1);
+    let group = c.num_attention_heads / kv;
+    let decode_kernel = c.head_dim > 0
+        && c.head_dim <= 256
+        && c.head_dim.is_multiple_of(8)
+        && (1..=8).contains(&group);
+    let (rows, parts) = if decode_kernel {
+        (tokens.min(seqs), decode_attention_slots(max_model_len))
+    } else {
+        (tokens, max_model_len.div_ceil(512).max(1))
+    };
+    if parts > 1 {
+        rows * c.num_attention_heads * parts
+    } else {
+        0
+    }
+}
+
+/// Parts the decode kernel splits a row of `max_ctx` keys into: the host copy of
+/// `attention_plan::decode_slots` (CUDA backend; equal by a test there), repeated here because
+/// the planner is built without the `cuda` feature too.
+pub fn decode_attention_slots(max_ctx: usize) -> usize {
+    // The decode kernel's fewest keys per part and most parts per row.
+    const MIN_PART: usize = 128;
+    const MAX_PARTS: usize = 128;
+    max_ctx.div_ceil(MIN_PART).clamp(1, MAX_PARTS)
 }
 
 /// Device bytes allowed per instantiated decode graph (the driver's copy of ~300 kernel nodes
@@ -179,18 +219,13 @@ pub fn decode_graph_bytes(
     block_size: usize,
     bytes_per_block: usize,
 ) -> usize {
-    let parts = max_model_len.div_ceil(512).max(1);
     let width = max_model_len.div_ceil(block_size.max(1)).max(1);
     let mut buckets: Vec<usize> = std::iter::successors(Some(1usize), |&b| Some(b * 2))
         .take_while(|&b| b < max_num_seqs)
         .collect();
     buckets.push(max_num_seqs.max(1));
     let per_bucket = |b: usize| {
-        let partials = if parts > 1 {
-            b * c.num_attention_heads * parts * (c.head_dim + 2) * 4
-        } else {
-            0
-        };
+        let partials = decode_partial_rows(c, b, b, max_model_len) * (c.head_dim + 2) * 4;
         // i32 metadata: 9 per token (ids, positions, slots, sequence, logits row, split-K
         // list and tile slack) and the block tables.
         let meta = (9 * b + b * width) * 4;
@@ -374,23 +409,33 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn decode_partials_use_the_cuda_kernels_split() {
+        use crate::backend::cuda::attention_plan::decode_slots;
+        for ctx in (1..5000).step_by(7).chain([8192, 32768, 131_072]) {
+            assert_eq!(decode_attention_slots(ctx), decode_slots(ctx), "ctx {ctx}");
+        }
+    }
+
     #[test]
     fn decode_graphs_count_partials_per_bucket_and_one_scratch_block() {
         use crate::model::llama::tests::tiny_config;
         let c = tiny_config(crate::model::Architecture::Llama);
-        // max_model_len 512: one split-K part, no partials; buckets 1, 2, 4 (max_num_seqs 4).
-        let width = 512 / 16;
+        // max_model_len 128: one decode part, no partials; buckets 1, 2, 4 (max_num_seqs 4).
+        let width = 128 / 16;
         let meta = |b: usize| (9 * b + b * width) * 4;
-        let short = decode_graph_bytes(&c, 4, 512, 16, 1000);
+        let short = decode_graph_bytes(&c, 4, 128, 16, 1000);
         assert_eq!(
             short,
             1000 + 3 * GRAPH_ALLOWANCE_BYTES + meta(1) + meta(2) + meta(4)
         );
-        // 2048 keys: 4 parts, partials for 1 + 2 + 4 rows.
+        // 2048 keys: 16 decode parts of 128 keys, partials for 1 + 2 + 4 rows.
+        assert_eq!(decode_attention_slots(2048), 16);
         let long = decode_graph_bytes(&c, 4, 2048, 16, 1000);
         let w2 = 2048 / 16;
         let meta2 = |b: usize| (9 * b + b * w2) * 4;
-        let partials = 7 * c.num_attention_heads * 4 * (c.head_dim + 2) * 4;
+        let partials = 7 * c.num_attention_heads * 16 * (c.head_dim + 2) * 4;
         assert_eq!(
             long,
             1000 + 3 * GRAPH_ALLOWANCE_BYTES + meta2(1) + meta2(2) + meta2(4) + partials

@@ -7,6 +7,7 @@
 pub mod attention_plan;
 pub mod backend;
 pub mod device;
+pub mod kernel_cache;
 pub mod kernels;
 pub mod nvrtc;
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::CudaFunction;
 
-use crate::backend::cuda::attention_plan::PrefillVariant;
+use crate::backend::cuda::attention_plan::{DecodeVariant, PrefillVariant};
 use crate::backend::cuda::device::CudaError;
 
 /// The launched entry points for one (compute dtype `t`, KV storage `c`) pair.
@@ -45,6 +45,10 @@ pub(crate) struct Kernels {
     pub attention_combine: CudaFunction,
     /// `attention_prefill_{t}_{c}_{d}`, in the order of [`PrefillVariant::ALL`].
     pub attention_prefill: Vec<CudaFunction>,
+    /// `attention_decode_{t}_{c}_d{dim}_g{group}`, in the order of [`DecodeVariant::all`].
+    pub attention_decode: Vec<CudaFunction>,
+    /// `attention_decode_combine_{t}`.
+    pub attention_decode_combine: CudaFunction,
     /// `dequant_{q8_0,q4_0,q4_1}_{t}`.
     pub dequant_q8_0: CudaFunction,
     /// See `dequant_q8_0`.
@@ -112,6 +116,10 @@ impl Kernels {
                 .iter()
                 .map(|v| get(v.kernel_name(t, c)))
                 .collect::<Result<_, _>>()?,
+            attention_decode: DecodeVariant::all()
+                .map(|v| get(v.kernel_name(t, c)))
+                .collect::<Result<_, _>>()?,
+            attention_decode_combine: get(format!("attention_decode_combine_{t}"))?,
             dequant_q8_0: get(format!("dequant_q8_0_{t}"))?,
             dequant_q4_0: get(format!("dequant_q4_0_{t}"))?,
             dequant_q4_1: get(format!("dequant_q4_1_{t}"))?,
@@ -124,6 +132,11 @@ impl Kernels {
             gdn: super::gdn::GdnKernels::resolve(&get, t)?,
             gguf: super::gguf::GgufKernels::resolve(&get, t)?,
         })
+    }
+
+    /// The decode kernel of `variant`.
+    pub fn decode(&self, variant: DecodeVariant) -> &CudaFunction {
+        &self.attention_decode[variant.index()]
     }
 
     /// The prefill kernel of `variant`.
