@@ -36,7 +36,7 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 10] = [
+    pub const ALL: [KernelModule; 11] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
