@@ -31,7 +31,9 @@ use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dtype;
+mod gated_attention;
 mod gdn;
+mod gdn_chunk;
 mod graph;
 mod handles;
 mod load;
@@ -43,6 +45,7 @@ mod w4a16;
 
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
+pub use gdn_chunk::{DEFAULT_CHUNKED_MIN_LEN, GDN_CHUNK_OPS};
 pub use sampling::CudaLogits;
 pub use step::CudaStep;
 pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};

@@ -28,11 +28,15 @@ pub enum KernelModule {
     W4a16,
     /// Gated DeltaNet (conv, fused delta-rule scan, gated norm) and gated-attention helpers.
     Gdn,
+    /// The chunked (C = 64, tensor-core) gated delta rule for prefills.
+    GdnChunk,
+    /// Qwen3.5's gated attention before the attention: split, (1 + w) norms, RoPE, KV write.
+    GatedAttention,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 9] = [
+    pub const ALL: [KernelModule; 11] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -42,6 +46,8 @@ impl KernelModule {
         KernelModule::Sampling,
         KernelModule::W4a16,
         KernelModule::Gdn,
+        KernelModule::GdnChunk,
+        KernelModule::GatedAttention,
     ];
 
     /// File name under `kernels/`.
@@ -56,6 +62,8 @@ impl KernelModule {
             KernelModule::Sampling => "sampling.cu",
             KernelModule::W4a16 => "w4a16.cu",
             KernelModule::Gdn => "gdn.cu",
+            KernelModule::GdnChunk => "gdn_chunk.cu",
+            KernelModule::GatedAttention => "gated_attention.cu",
         }
     }
 
@@ -71,6 +79,8 @@ impl KernelModule {
             KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
             KernelModule::W4a16 => include_str!("../../../kernels/w4a16.cu"),
             KernelModule::Gdn => include_str!("../../../kernels/gdn.cu"),
+            KernelModule::GdnChunk => include_str!("../../../kernels/gdn_chunk.cu"),
+            KernelModule::GatedAttention => include_str!("../../../kernels/gated_attention.cu"),
         }
     }
 
@@ -141,7 +151,26 @@ impl KernelModule {
                     names.push(format!("w4_fma_{t}"));
                 }
                 KernelModule::Gdn => {
-                    names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")))
+                    names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")));
+                    if t != "f32" {
+                        names.push(format!("rms_norm_1p_{t}_rf32"));
+                        names.push(format!("rms_norm_1p_{t}_xf32"));
+                    }
+                }
+                KernelModule::GatedAttention => {
+                    for c in ["same", "e5m2", "e4m3"] {
+                        names.push(format!("gated_qkv_rope_write_{t}_{c}"));
+                    }
+                }
+                // The 16-bit dtypes only (f32 compute keeps the scan).
+                KernelModule::GdnChunk => {
+                    if t != "f32" {
+                        names.extend(
+                            super::backend::GDN_CHUNK_OPS
+                                .iter()
+                                .map(|op| format!("{op}_{t}")),
+                        )
+                    }
                 }
             }
         }
