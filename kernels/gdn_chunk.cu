@@ -14,13 +14,13 @@
 //
 // Two kernels (T = f16 | bf16, the 16-bit compute dtypes; f32 compute keeps the scan):
 //   gdn_chunk_prep_{T}  grid (seqs, value heads, chunks): everything that does not depend on the
-//                       state, all chunks in parallel; writes W, Qg, Kd, U, P (T) and eL (f32) of
+//                       state, all chunks in parallel; writes W, Qg, Kd^T, U, P (T) and eL (f32) of
 //                       each (chunk, head) to the workspace, rows >= L zero.
-//   gdn_chunk_scan_{T}  grid (seqs, value heads, ceil(dv / 32)): the state pass, one chunk after
-//                       another; each block owns 32 value columns of S (f32 in registers as mma
+//   gdn_chunk_scan_{T}  grid (seqs, value heads, ceil(dv / 16)): the state pass, one chunk after
+//                       another; each block owns 16 value columns of S (f32 in registers as mma
 //                       accumulators, a T copy in shared memory as the B operand) and writes O.
-// Matrix products are 16x8x16 tiles (`gc_tile`): mma.sync.m16n8k16 with f32 accumulation on sm_80+
-// (operands rounded to T), the same tile with f32 FMAs elsewhere (sm_70 / sm_75: no cp.async,
+// Matrix products are 16x8x16 tiles (`gc_tile_nt`, operands in T in shared memory, k contiguous on
+// both sides): mma.sync.m16n8k16 with f32 accumulation on sm_80+, the same tile with f32 FMAs elsewhere (sm_70 / sm_75: no cp.async,
 // dynamic shared memory <= 96 KB). Workspace chunk id of chunk c of sequence s: token_start / 64 + s
 // + c (distinct for every (s, c); at most tokens / 64 + seqs + 1). Sequences shorter than
 // `min_len`, without tokens or without a slot are left to the scan (it skips the others).
@@ -28,8 +28,11 @@
 
 #define GC_C 64
 #define GC_THREADS 128
-#define GC_DVS 32
+#define GC_DVS 16
 #define GC_MAX_DK 128
+// Shared rows of mma operands are padded by 8 elements (16 bytes): a row stride of 2 (n + 8) bytes
+// puts the 8 rows a fragment load touches in distinct banks.
+#define GC_PAD 8
 
 template <typename T> struct GcPack;
 template <> struct GcPack<__half> {
@@ -67,26 +70,31 @@ __device__ __forceinline__ void gc_mma<bf16_t>(float* d, const unsigned* a, unsi
 #endif
 }
 
-// c += A B for one tile, A 16 x 16 read as a(r, k), B 16 x 8 read as b(k, n) (f32 values). The
-// warp's lanes hold c as the m16n8 accumulator fragment: lane = 4 grp + t holds rows grp (c[0],
-// c[1]) and grp + 8 (c[2], c[3]), columns 2t and 2t + 1.
-template <typename T, typename FA, typename FB>
-__device__ __forceinline__ void gc_tile(float* c, const FA& a, const FB& b) {
+__device__ __forceinline__ unsigned gc_ld32(const void* p) { return *reinterpret_cast<const unsigned*>(p); }
+
+// c += A B^T-stored for one tile from 16-bit shared rows where k is contiguous on both sides:
+// A(r, k) = a[r * lda + k] (16 x 16), B(k, n) = b[n * ldb + k] (16 x 8); lda, ldb and the base
+// offsets even (fragments are read as 32-bit pairs). The warp's lanes hold c as the m16n8
+// accumulator fragment: lane = 4 grp + t holds rows grp (c[0], c[1]) and grp + 8 (c[2], c[3]),
+// columns 2t and 2t + 1.
+template <typename T>
+__device__ __forceinline__ void gc_tile_nt(float* c, const T* a, int lda, const T* b, int ldb) {
     const int lane = threadIdx.x & 31, grp = lane >> 2, t = lane & 3;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const T* a0 = a + grp * lda + 2 * t;
+    const T* a1 = a0 + 8 * lda;
     unsigned ra[4];
-    ra[0] = GcPack<T>::pack(a(grp, 2 * t), a(grp, 2 * t + 1));
-    ra[1] = GcPack<T>::pack(a(grp + 8, 2 * t), a(grp + 8, 2 * t + 1));
-    ra[2] = GcPack<T>::pack(a(grp, 2 * t + 8), a(grp, 2 * t + 9));
-    ra[3] = GcPack<T>::pack(a(grp + 8, 2 * t + 8), a(grp + 8, 2 * t + 9));
-    const unsigned b0 = GcPack<T>::pack(b(2 * t, grp), b(2 * t + 1, grp));
-    const unsigned b1 = GcPack<T>::pack(b(2 * t + 8, grp), b(2 * t + 9, grp));
-    gc_mma<T>(c, ra, b0, b1);
+    ra[0] = gc_ld32(a0);
+    ra[1] = gc_ld32(a1);
+    ra[2] = gc_ld32(a0 + 8);
+    ra[3] = gc_ld32(a1 + 8);
+    const T* b0 = b + grp * ldb + 2 * t;
+    gc_mma<T>(c, ra, gc_ld32(b0), gc_ld32(b0 + 8));
 #else
 #pragma unroll 4
     for (int k = 0; k < 16; k++) {
-        const float x0 = a(grp, k), x1 = a(grp + 8, k);
-        const float y0 = b(k, 2 * t), y1 = b(k, 2 * t + 1);
+        const float x0 = Io<T>::load(a, (long)grp * lda + k), x1 = Io<T>::load(a, (long)(grp + 8) * lda + k);
+        const float y0 = Io<T>::load(b, (long)(2 * t) * ldb + k), y1 = Io<T>::load(b, (long)(2 * t + 1) * ldb + k);
         c[0] += x0 * y0;
         c[1] += x0 * y1;
         c[2] += x1 * y0;
@@ -95,13 +103,26 @@ __device__ __forceinline__ void gc_tile(float* c, const FA& a, const FB& b) {
 #endif
 }
 
+// Copy `rows` rows of `cols` 16-bit elements (cols a multiple of 8) from global (row stride cols)
+// to shared (row stride ld), 16 bytes at a time; both 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void gc_copy_rows(T* dst, int ld, const T* src, int src_ld, int rows, int cols) {
+    const int per = cols / 8;
+    for (int e = threadIdx.x; e < rows * per; e += GC_THREADS) {
+        const int r = e / per, q = e % per;
+        reinterpret_cast<uint4*>(dst + (long)r * ld)[q] =
+            reinterpret_cast<const uint4*>(src + (long)r * src_ld)[q];
+    }
+}
+
 // Row and column (within a 16 x 8 tile) of accumulator element e (0..3) of this lane.
 __device__ __forceinline__ int gc_row(int e) { return ((threadIdx.x & 31) >> 2) + (e >= 2 ? 8 : 0); }
 __device__ __forceinline__ int gc_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
 
 __device__ __forceinline__ float gc_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// T elements of one (chunk, head) record of the workspace: W, Qg, Kd [64][dk], U [64][dv], P [64][64].
+// T elements of one (chunk, head) record of the workspace: W, Qg [64][dk], Kd^T [dk][64], U [64][dv],
+// P [64][64].
 __device__ __forceinline__ long gc_record(int dk, int dv) {
     return 3L * GC_C * dk + (long)GC_C * dv + GC_C * GC_C;
 }
@@ -119,10 +140,13 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
     const int L = min(GC_C, len - c0);
     const long cid = (long)(start / GC_C) + s + c;
 
-    T* qs = reinterpret_cast<T*>(gc_smem);  // [64][dk] q^ (scaled)
-    T* ks = qs + GC_C * dk;                 // [64][dk] k^
-    T* vs = ks + GC_C * dk;                 // [64][dv] v
-    float* af = reinterpret_cast<float*>(vs + GC_C * dv);  // [64][64] A
+    const int ldk = dk + GC_PAD, ldc = GC_C + GC_PAD;
+    T* qs = reinterpret_cast<T*>(gc_smem);  // [64][ldk] q^ (scaled), later K^T [dk][ldc]
+    T* kt = qs;
+    T* ks = qs + max(GC_C * ldk, dk * ldc);  // [64][ldk] k^
+    T* vt = ks + GC_C * ldk;                // [dv][ldc] v^T
+    float* af = reinterpret_cast<float*>(vt + dv * ldc);  // [64][64] A, later Ti diag(.) [64][ldc] in T
+    T* ta = reinterpret_cast<T*>(af);
     float* ti = af + GC_C * GC_C;                          // [64][65] (I + A)^-1
     float* gcs = ti + GC_C * (GC_C + 1);                   // [64] gc
     float* bet = gcs + GC_C;                               // [64] beta
@@ -158,12 +182,12 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
             for (int r = 0; r < GC_MAX_DK / WARP_SIZE; r++) {
                 const int d = lane + WARP_SIZE * r;
                 if (d < dk) {
-                    Io<T>::store(qs, (long)i * dk + d, qv[r] * iq);
-                    Io<T>::store(ks, (long)i * dk + d, kv[r] * ik);
+                    Io<T>::store(qs, (long)i * ldk + d, qv[r] * iq);
+                    Io<T>::store(ks, (long)i * ldk + d, kv[r] * ik);
                 }
             }
             for (int d = lane; d < dv; d += WARP_SIZE)
-                vs[i * dv + d] = qkv[row + 2 * key_dim + (long)h * dv + d];
+                vt[d * ldc + i] = qkv[row + 2 * key_dim + (long)h * dv + d];
             if (lane == 0) {
                 const long tok = (long)(start + c0 + i) * num_value_heads + h;
                 gcs[i] = decay_rate * gc_softplus(Io<T>::load(a_in, tok) + dtb);
@@ -171,10 +195,10 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
             }
         } else {
             for (int d = lane; d < dk; d += WARP_SIZE) {
-                Io<T>::store(qs, (long)i * dk + d, 0.0f);
-                Io<T>::store(ks, (long)i * dk + d, 0.0f);
+                Io<T>::store(qs, (long)i * ldk + d, 0.0f);
+                Io<T>::store(ks, (long)i * ldk + d, 0.0f);
             }
-            for (int d = lane; d < dv; d += WARP_SIZE) Io<T>::store(vs, (long)i * dv + d, 0.0f);
+            for (int d = lane; d < dv; d += WARP_SIZE) Io<T>::store(vt, (long)d * ldc + i, 0.0f);
             if (lane == 0) {
                 gcs[i] = 0.0f;
                 bet[i] = 0.0f;
@@ -211,9 +235,8 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
         float ak[4] = {0.0f, 0.0f, 0.0f, 0.0f}, aq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (n0 < m0 + 16) {  // tiles wholly above the diagonal are zero
             for (int k0 = 0; k0 < dk; k0 += 16) {
-                auto bk = [&](int kk, int n) { return Io<T>::load(ks, (long)(n0 + n) * dk + k0 + kk); };
-                gc_tile<T>(ak, [&](int r, int kk) { return Io<T>::load(ks, (long)(m0 + r) * dk + k0 + kk); }, bk);
-                gc_tile<T>(aq, [&](int r, int kk) { return Io<T>::load(qs, (long)(m0 + r) * dk + k0 + kk); }, bk);
+                gc_tile_nt<T>(ak, ks + m0 * ldk + k0, ldk, ks + n0 * ldk + k0, ldk);
+                gc_tile_nt<T>(aq, qs + m0 * ldk + k0, ldk, ks + n0 * ldk + k0, ldk);
             }
         }
 #pragma unroll
@@ -224,12 +247,13 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
             Io<T>::store(p_out, (long)i * GC_C + j, aq[e] * decay);
         }
     }
-    // Qg and Kd (rows >= L are zero because q^ and k^ are).
+    // Qg [64][dk] and Kd^T [dk][64] (rows >= L are zero because q^ and k^ are).
     __syncthreads();  // egc / egl visible
     for (int e = tid; e < GC_C * dk; e += GC_THREADS) {
-        const int i = e / dk;
-        Io<T>::store(qg_out, e, Io<T>::load(qs, e) * egc[i]);
-        Io<T>::store(kd_out, e, Io<T>::load(ks, e) * egl[i]);
+        const int i = e / dk, d = e % dk;
+        Io<T>::store(qg_out, e, Io<T>::load(qs, (long)i * ldk + d) * egc[i]);
+        const int i2 = e % GC_C, d2 = e / GC_C;
+        Io<T>::store(kd_out, e, Io<T>::load(ks, (long)i2 * ldk + d2) * egl[i2]);
     }
     // Ti = (I + A)^-1, unit lower triangular, one row after another: Ti[i][j] = -sum_{k=j}^{i-1}
     // A[i][k] Ti[k][j] for j < i.
@@ -237,46 +261,60 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
         if (tid < GC_C) {
             const int j = tid;
             float v = j == i ? 1.0f : 0.0f;
-            if (j < i)
-                for (int k = j; k < i; k++) v -= af[i * GC_C + k] * ti[k * (GC_C + 1) + j];
+            if (j < i) {
+                // Four partial sums: a shorter dependent chain than one running sum.
+                float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+                const float* ar = af + i * GC_C;
+                int k = j;
+                for (; k + 3 < i; k += 4) {
+                    p0 += ar[k] * ti[k * (GC_C + 1) + j];
+                    p1 += ar[k + 1] * ti[(k + 1) * (GC_C + 1) + j];
+                    p2 += ar[k + 2] * ti[(k + 2) * (GC_C + 1) + j];
+                    p3 += ar[k + 3] * ti[(k + 3) * (GC_C + 1) + j];
+                }
+                for (; k < i; k++) p0 += ar[k] * ti[k * (GC_C + 1) + j];
+                v = -((p0 + p1) + (p2 + p3));
+            }
             ti[i * (GC_C + 1) + j] = v;
         }
         __syncthreads();
     }
-    // U = Ti (beta V), W = Ti (beta exp(gc) K): warp w rows 16w..; Ti's k-tiles past the
+    // U = (Ti diag(beta)) V and W = (Ti diag(beta exp(gc))) K: the scaled Ti in T as the A operand
+    // (in A's place), V^T and K^T (in q's place) as B; warp w rows 16w..; Ti's k-tiles past the
     // diagonal block are zero.
+    for (int e = tid; e < GC_C * GC_C; e += GC_THREADS) {
+        const int i = e / GC_C, c = e % GC_C;
+        Io<T>::store(ta, (long)i * ldc + c, ti[i * (GC_C + 1) + c] * bet[c]);
+    }
+    for (int e = tid; e < dk * GC_C; e += GC_THREADS) {
+        const int d = e / GC_C, c = e % GC_C;
+        kt[d * ldc + c] = ks[c * ldk + d];
+    }
+    __syncthreads();
     for (int nt = 0; nt < dv / 8; nt++) {
         const int n0 = 8 * nt;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int k0 = 0; k0 <= m0; k0 += 16)
-            gc_tile<T>(acc, [&](int r, int kk) { return ti[(m0 + r) * (GC_C + 1) + k0 + kk]; },
-                       [&](int kk, int n) {
-                           return bet[k0 + kk] * Io<T>::load(vs, (long)(k0 + kk) * dv + n0 + n);
-                       });
+            gc_tile_nt<T>(acc, ta + m0 * ldc + k0, ldc, vt + n0 * ldc + k0, ldc);
 #pragma unroll
         for (int e = 0; e < 4; e++)
             Io<T>::store(u_out, (long)(m0 + gc_row(e)) * dv + n0 + gc_col(e), acc[e]);
     }
+    __syncthreads();  // every read of ta is done
+    for (int e = tid; e < GC_C * GC_C; e += GC_THREADS) {
+        const int i = e / GC_C, c = e % GC_C;
+        Io<T>::store(ta, (long)i * ldc + c, ti[i * (GC_C + 1) + c] * bet[c] * egc[c]);
+    }
+    __syncthreads();
     for (int nt = 0; nt < dk / 8; nt++) {
         const int n0 = 8 * nt;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int k0 = 0; k0 <= m0; k0 += 16)
-            gc_tile<T>(acc, [&](int r, int kk) { return ti[(m0 + r) * (GC_C + 1) + k0 + kk]; },
-                       [&](int kk, int n) {
-                           return bet[k0 + kk] * egc[k0 + kk] *
-                                  Io<T>::load(ks, (long)(k0 + kk) * dk + n0 + n);
-                       });
+            gc_tile_nt<T>(acc, ta + m0 * ldc + k0, ldc, kt + n0 * ldc + k0, ldc);
 #pragma unroll
         for (int e = 0; e < 4; e++)
             Io<T>::store(w_out, (long)(m0 + gc_row(e)) * dk + n0 + gc_col(e), acc[e]);
     }
-}
-
-// Copy n16 16-byte words from global to shared (both 16-byte aligned).
-__device__ __forceinline__ void gc_copy16(void* dst, const void* src, int n16) {
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    for (int i = threadIdx.x; i < n16; i += GC_THREADS) d[i] = s[i];
 }
 
 template <typename T>
@@ -291,13 +329,16 @@ __device__ void gdn_chunk_scan(const T* ws, const float* ws_f, float* rec_state,
     const int width = min(GC_DVS, dv - nb);
     const int ntiles = width / 8;
 
-    T* w_s = reinterpret_cast<T*>(gc_smem);  // [64][dk] W, then Qg, Kd (contiguous, as in ws)
-    T* qg_s = w_s + GC_C * dk;
-    T* kd_s = qg_s + GC_C * dk;
-    T* p_s = kd_s + GC_C * dk;     // [64][64]
-    T* u_s = p_s + GC_C * GC_C;    // [64][32] this block's columns of U
-    T* vn_s = u_s + GC_C * GC_DVS; // [64][32] Vn
-    T* sb = vn_s + GC_C * GC_DVS;  // [32][dk] S^T as T (the B operand)
+    // Shared (16-bit, rows padded by GC_PAD): W, Qg [64][ldk]; Kd^T [dk][ldc]; P [64][ldc];
+    // this block's U columns [64][GC_DVS]; Vn^T [GC_DVS][ldc]; S^T [GC_DVS][ldk] (the B operand).
+    const int ldk = dk + GC_PAD, ldc = GC_C + GC_PAD;
+    T* w_s = reinterpret_cast<T*>(gc_smem);
+    T* qg_s = w_s + GC_C * ldk;
+    T* kd_s = qg_s + GC_C * ldk;
+    T* p_s = kd_s + dk * ldc;
+    T* u_s = p_s + GC_C * ldc;
+    T* vn_s = u_s + GC_C * GC_DVS;
+    T* sb = vn_s + GC_DVS * ldc;
 
     const int tid = threadIdx.x, warp = tid >> 5;
     const int m0 = 16 * warp;
@@ -316,7 +357,7 @@ __device__ void gdn_chunk_scan(const T* ws, const float* ws_f, float* rec_state,
                 float v = 0.0f;
                 if (cached != 0 && 16 * mt < dk && nt < ntiles) v = st[(long)(nb + j) * dk + i];
                 S[a][nt][e] = v;
-                if (16 * mt < dk && nt < ntiles) Io<T>::store(sb, (long)j * dk + i, v);
+                if (16 * mt < dk && nt < ntiles) Io<T>::store(sb, (long)j * ldk + i, v);
             }
 
     const long rec_len = gc_record(dk, dv);
@@ -326,30 +367,23 @@ __device__ void gdn_chunk_scan(const T* ws, const float* ws_f, float* rec_state,
         const int L = min(GC_C, len - c * GC_C);
         const T* rec = ws + ((cid0 + c) * num_value_heads + h) * rec_len;
         __syncthreads();  // the previous chunk's readers are done; sb written
-        gc_copy16(w_s, rec, (int)(3 * GC_C * dk * sizeof(T) / 16));
-        gc_copy16(p_s, rec + 3 * GC_C * dk + GC_C * dv, (int)(GC_C * GC_C * sizeof(T) / 16));
-        {
-            const int per_row = width * (int)sizeof(T) / 16;
-            const T* u = rec + 3 * GC_C * dk + nb;
-            for (int e = tid; e < GC_C * per_row; e += GC_THREADS) {
-                const int i = e / per_row, q = e % per_row;
-                reinterpret_cast<uint4*>(u_s + i * GC_DVS)[q] =
-                    reinterpret_cast<const uint4*>(u + (long)i * dv)[q];
-            }
-        }
+        gc_copy_rows(w_s, ldk, rec, dk, GC_C, dk);
+        gc_copy_rows(qg_s, ldk, rec + GC_C * dk, dk, GC_C, dk);
+        gc_copy_rows(kd_s, ldc, rec + 2 * GC_C * dk, GC_C, dk, GC_C);
+        gc_copy_rows(p_s, ldc, rec + 3 * GC_C * dk + GC_C * dv, GC_C, GC_C, GC_C);
+        gc_copy_rows(u_s, GC_DVS, rec + 3 * GC_C * dk + nb, dv, GC_C, width);
         const float el = ws_f[(cid0 + c) * num_value_heads + h];
         __syncthreads();
-        // Vn = U - W S: warp w rows 16w..
+        // Vn = U - W S: warp w rows 16w..; stored transposed (Vn^T [col][row]).
         for (int nt = 0; nt < ntiles; nt++) {
             const int n0 = 8 * nt;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             for (int k0 = 0; k0 < dk; k0 += 16)
-                gc_tile<T>(acc, [&](int r, int kk) { return Io<T>::load(w_s, (long)(m0 + r) * dk + k0 + kk); },
-                           [&](int kk, int n) { return Io<T>::load(sb, (long)(n0 + n) * dk + k0 + kk); });
+                gc_tile_nt<T>(acc, w_s + m0 * ldk + k0, ldk, sb + n0 * ldk + k0, ldk);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = m0 + gc_row(e), j = n0 + gc_col(e);
-                Io<T>::store(vn_s, i * GC_DVS + j, Io<T>::load(u_s, i * GC_DVS + j) - acc[e]);
+                Io<T>::store(vn_s, j * ldc + i, Io<T>::load(u_s, i * GC_DVS + j) - acc[e]);
             }
         }
         __syncthreads();
@@ -358,11 +392,9 @@ __device__ void gdn_chunk_scan(const T* ws, const float* ws_f, float* rec_state,
             const int n0 = 8 * nt;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             for (int k0 = 0; k0 < dk; k0 += 16)
-                gc_tile<T>(acc, [&](int r, int kk) { return Io<T>::load(qg_s, (long)(m0 + r) * dk + k0 + kk); },
-                           [&](int kk, int n) { return Io<T>::load(sb, (long)(n0 + n) * dk + k0 + kk); });
+                gc_tile_nt<T>(acc, qg_s + m0 * ldk + k0, ldk, sb + n0 * ldk + k0, ldk);
             for (int k0 = 0; k0 <= m0; k0 += 16)
-                gc_tile<T>(acc, [&](int r, int kk) { return Io<T>::load(p_s, (m0 + r) * GC_C + k0 + kk); },
-                           [&](int kk, int n) { return Io<T>::load(vn_s, (k0 + kk) * GC_DVS + n0 + n); });
+                gc_tile_nt<T>(acc, p_s + m0 * ldc + k0, ldc, vn_s + n0 * ldc + k0, ldc);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = m0 + gc_row(e), j = n0 + gc_col(e);
@@ -383,9 +415,7 @@ __device__ void gdn_chunk_scan(const T* ws, const float* ws_f, float* rec_state,
 #pragma unroll
                 for (int e = 0; e < 4; e++) S[a][nt][e] *= el;
                 for (int k0 = 0; k0 < GC_C; k0 += 16)
-                    gc_tile<T>(S[a][nt],
-                               [&](int r, int kk) { return Io<T>::load(kd_s, (long)(k0 + kk) * dk + 16 * mt + r); },
-                               [&](int kk, int n) { return Io<T>::load(vn_s, (k0 + kk) * GC_DVS + n0 + n); });
+                    gc_tile_nt<T>(S[a][nt], kd_s + 16 * mt * ldc + k0, ldc, vn_s + n0 * ldc + k0, ldc);
             }
         }
         __syncthreads();  // every read of sb and vn_s is done
@@ -397,7 +427,7 @@ __device__ void gdn_chunk_scan(const T* ws, const float* ws_f, float* rec_state,
                 for (int e = 0; e < 4; e++) {
                     const int mt = warp + 4 * a;
                     if (16 * mt < dk && nt < ntiles)
-                        Io<T>::store(sb, (long)(8 * nt + gc_col(e)) * dk + 16 * mt + gc_row(e),
+                        Io<T>::store(sb, (long)(8 * nt + gc_col(e)) * ldk + 16 * mt + gc_row(e),
                                      S[a][nt][e]);
                 }
     }

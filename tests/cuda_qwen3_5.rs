@@ -55,13 +55,14 @@ fn state_tol(dtype: &str) -> f32 {
 const MODEL_TOL_F32: f32 = 1e-3;
 /// Whole models, fp16 compute: least cosine of a logits row against the CPU's f32 row.
 const MODEL_MIN_COSINE_F16: f64 = 0.999;
-/// Whole models, bf16 compute, against the CPU in f32 on the same weights rounded to bf16: only a
-/// floor, the figures are recorded. These tiny random models amplify rounding: the weights'
-/// bf16 rounding alone moves the CPU's own logits to cosine 0.990 (tiny-qwen3_5-vl, measured by
-/// `bf16_weight_rounding_cost_on_the_cpu`), and bf16 activations (8 mantissa bits) move them
-/// further (0.95 on the H200, 2026-12-01), while fp16 compute through the same kernels meets
-/// 0.999 on all three models; the op checks above hold every bf16 kernel to its tolerance.
-const MODEL_MIN_COSINE_BF16_FLOOR: f64 = 0.9;
+/// Whole models, bf16 compute, against the CPU in f32 on the same weights rounded to bf16: least
+/// cosine of a logits row. These tiny random models amplify rounding (the weights' bf16 rounding
+/// alone moves the CPU's own logits to cosine 0.990 on tiny-qwen3_5-vl,
+/// `bf16_weight_rounding_cost_on_the_cpu`). Until 2026-12-01 the GPU stored the `(1 + w)` norms
+/// as `1 + w` in bf16 and reached only 0.9507 on that model; with `w` stored and `1 + w` formed in
+/// f32 (`rms_norm_1p`) all three models gave ≥ 0.9963 on the H200 (docs/gpu-validation.md), so
+/// 0.995 is asserted (greedy continuations of these random models still part after a few tokens).
+const MODEL_MIN_COSINE_BF16: f64 = 0.995;
 
 /// `v` rounded to the compute dtype `dtype` (what the GPU stores), as f32.
 fn rounded(dtype: &str, v: &[f32]) -> Vec<f32> {
@@ -665,7 +666,7 @@ fn tiny_qwen3_5_models_match_the_cpu_backend() {
             let ok = match dtype {
                 "f32" => worst <= MODEL_TOL_F32 && agree_all,
                 "fp16" => worst_cos >= MODEL_MIN_COSINE_F16,
-                _ => worst_cos >= MODEL_MIN_COSINE_BF16_FLOOR,
+                _ => worst_cos >= MODEL_MIN_COSINE_BF16,
             };
             println!(
                 "RESULT model {path} dtype={dtype} vs {} prompts 1/63/64/65/200: logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_all_16={agree_all} {}",

@@ -8,8 +8,8 @@
 //! fewer → the sequential scan (`gdn.cu`), which is also the oracle the chunked form is checked
 //! against. Both read and leave the same f32 state.
 //!
-//! The chunked path needs a workspace (per chunk of 64 tokens and value head: `W`, `Qg`, `Kd`
-//! `[64, dk]`, `U` `[64, dv]`, `P` `[64, 64]` in the compute dtype, and one f32), grown on the
+//! The chunked path needs a workspace (per chunk of 64 tokens and value head: `W`, `Qg` `[64,
+//! dk]`, `Kdᵀ` `[dk, 64]`, `U` `[64, dv]`, `P` `[64, 64]` in the compute dtype, and one f32), grown on the
 //! first step that needs more: for the 27B's GDN shapes 3.5 MiB per chunk of a step's tokens, so
 //! ~450 MiB at 8,192 prefill tokens in a step. It is not counted by the memory planner yet.
 
@@ -28,7 +28,9 @@ const CHUNK: usize = 64;
 /// Threads per block of both kernels (`GC_THREADS`).
 const THREADS: u32 = 128;
 /// Value columns per block of the state pass (`GC_DVS`).
-const COLS: usize = 32;
+const COLS: usize = 16;
+/// Padding of the shared rows of mma operands, elements (`GC_PAD`).
+const PAD: usize = 8;
 /// Largest key / value head the kernels' shared memory is laid out for.
 const MAX_DK: usize = 128;
 const MAX_DV: usize = 128;
@@ -37,16 +39,20 @@ const MAX_DV: usize = 128;
 /// scan is cheaper (about 2 µs per token against a fixed cost of a few chunk passes).
 pub const DEFAULT_CHUNKED_MIN_LEN: usize = 16;
 
-/// Dynamic shared bytes of `gdn_chunk_prep` (q, k, v rows in 16 bits; A, (I + A)⁻¹ and four
-/// per-row vectors in f32).
+/// Dynamic shared bytes of `gdn_chunk_prep`: in 16 bits, rows padded, q `[64][dk]` (later Kᵀ
+/// `[dk][64]`, whichever is larger), k `[64][dk]`, vᵀ `[dv][64]`; in f32 A `[64][64]` (later
+/// the scaled (I + A)⁻¹ in 16 bits), (I + A)⁻¹ `[64][65]` and four per-row vectors.
 fn prep_shared(dk: usize, dv: usize) -> usize {
-    (2 * CHUNK * dk + CHUNK * dv) * 2 + (CHUNK * CHUNK + CHUNK * (CHUNK + 1) + 4 * CHUNK) * 4
+    let (ldk, ldc) = (dk + PAD, CHUNK + PAD);
+    ((CHUNK * ldk).max(dk * ldc) + CHUNK * ldk + dv * ldc) * 2
+        + (CHUNK * CHUNK + CHUNK * (CHUNK + 1) + 4 * CHUNK) * 4
 }
 
-/// Dynamic shared bytes of `gdn_chunk_scan` (W, Qg, Kd, P, this block's U and Vn columns and S,
-/// all 16-bit).
+/// Dynamic shared bytes of `gdn_chunk_scan`, all 16-bit, rows padded: W and Qg `[64][dk]`, Kdᵀ
+/// `[dk][64]`, P `[64][64]`, this block's U columns `[64][16]`, Vnᵀ `[16][64]`, Sᵀ `[16][dk]`.
 fn scan_shared(dk: usize) -> usize {
-    (3 * CHUNK * dk + CHUNK * CHUNK + 2 * CHUNK * COLS + COLS * dk) * 2
+    let (ldk, ldc) = (dk + PAD, CHUNK + PAD);
+    (2 * CHUNK * ldk + dk * ldc + CHUNK * ldc + CHUNK * COLS + COLS * ldc + COLS * ldk) * 2
 }
 
 /// 16-bit elements of one (chunk, value head) workspace record.
