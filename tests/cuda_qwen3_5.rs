@@ -2,8 +2,10 @@
 //! against transformers by `tests/qwen3_5.rs`), on a GPU: every hybrid op on random data (the
 //! conv with its state, the delta rule for decode tokens and prefills of 1, 63, 64, 65 and 200
 //! tokens, the state carried across steps, the gated norm, the query/gate split, the sigmoid
-//! gate, slot copy and reset), the three tiny `qwen3_5` models (logits at every position of
-//! 1/63/64/65/200-token prompts, greedy continuations) and batched vs alone.
+//! gate, slot copy and reset), the chunked delta rule (C = 64, tensor cores) against the
+//! sequential scan at 1/63/64/65/200/1000 tokens and across continued prefills, the three tiny
+//! `qwen3_5` models (logits at every position of 1/63/64/65/200-token prompts, greedy
+//! continuations) and batched vs alone.
 //!
 //! Run on the GPU machine (binaries built here with `cargo test --release --features cuda --no-run`),
 //! from the repository root:

@@ -27,7 +27,7 @@ use crate::backend::{Backend, BackendError};
 
 /// The inputs of [`HybridBackend::gated_qkv_rope_write`]: one gated-attention layer's projections
 /// of the step's `tokens` tokens and its `(1 + w)` head norms.
-pub struct GatedQkv<'a, B: Backend + ?Sized> {
+pub struct GatedQkv<'a, B: Backend> {
     /// q_proj's output `[tokens, num_heads, 2 × head_dim]`, each head `[query | gate]`.
     pub qg: &'a B::Buffer,
     /// k_proj's and v_proj's outputs `[tokens, num_kv_heads, head_dim]`.
@@ -45,7 +45,7 @@ pub struct GatedQkv<'a, B: Backend + ?Sized> {
 }
 
 /// The outputs (and scratch) of [`HybridBackend::gated_qkv_rope_write`].
-pub struct GatedQkvOut<'a, B: Backend + ?Sized> {
+pub struct GatedQkvOut<'a, B: Backend> {
     /// The normed, rotated queries `[tokens, num_heads, head_dim]` (the attention's input).
     pub q: &'a mut B::Buffer,
     /// The gates `[tokens, num_heads × head_dim]` (head-major, as the attention output).
@@ -59,7 +59,7 @@ pub struct GatedQkvOut<'a, B: Backend + ?Sized> {
 /// [`HybridBackend::gated_qkv_rope_write`] as its parts (the default, and what the CPU runs):
 /// split the query and gate, `(1 + w)`-norm q and k per head, RoPE both, store k and v in the
 /// tokens' KV slots of `layer`.
-pub fn gated_qkv_rope_write_unfused<B: HybridBackend + ?Sized>(
+pub fn gated_qkv_rope_write_unfused<B: HybridBackend>(
     b: &B,
     x: &GatedQkv<'_, B>,
     rope: &B::Rope,

@@ -37,6 +37,7 @@ mod gdn_chunk;
 mod graph;
 mod handles;
 mod load;
+mod norm_1p;
 mod profile;
 mod sampling;
 mod staging;

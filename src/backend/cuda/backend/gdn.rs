@@ -18,10 +18,7 @@ use std::collections::HashSet;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::gdn_chunk::{self, ChunkKernels, ChunkWorkspace, DEFAULT_CHUNKED_MIN_LEN};
-use super::{
-    check_len, dev_err, mixed, ComputeDType, CudaBackend, CudaBuffer, CudaKvCache, CudaRope,
-    CudaStep,
-};
+use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaKvCache, CudaRope, CudaStep};
 use crate::backend::cuda::device::CudaError;
 use crate::backend::hybrid::{GatedQkv, GatedQkvOut, GdnParams, HybridBackend, StateSpec};
 use crate::backend::BackendError;
@@ -64,9 +61,9 @@ pub(crate) struct GdnKernels {
     sigmoid_mul: CudaFunction,
     /// The `(1 + w)` RMSNorm: all in the compute dtype, and (16-bit dtypes) with an f32
     /// residual / an f32 input.
-    rms_norm_1p: CudaFunction,
-    rms_norm_1p_rf32: Option<CudaFunction>,
-    rms_norm_1p_xf32: Option<CudaFunction>,
+    pub(super) rms_norm_1p: CudaFunction,
+    pub(super) rms_norm_1p_rf32: Option<CudaFunction>,
+    pub(super) rms_norm_1p_xf32: Option<CudaFunction>,
 }
 
 impl GdnKernels {
@@ -558,27 +555,7 @@ impl HybridBackend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        check_len("rms_norm_1p input", x.len, rows * dim)?;
-        check_len("rms_norm_1p output", out.len, rows * dim)?;
-        check_len("rms_norm_1p weight", weight.len, dim)?;
-        self.expect_compute("rms_norm_1p output", out)?;
-        self.expect_compute("rms_norm_1p weight", weight)?;
-        let g = &self.k.gdn;
-        let kernel = match (x.dtype, &g.rms_norm_1p_xf32) {
-            (d, _) if d == self.dtype => &g.rms_norm_1p,
-            (ComputeDType::F32, Some(f)) => f,
-            (d, _) => return Err(mixed("rms_norm_1p input", d, self.dtype)),
-        };
-        self.launch_rms_norm(
-            kernel,
-            &x.data,
-            None,
-            &weight.data,
-            &mut out.data,
-            rows,
-            dim,
-            eps,
-        )
+        self.norm_1p(x, None, weight, out, rows, dim, eps)
     }
 
     fn add_rms_norm_1p(
@@ -591,29 +568,7 @@ impl HybridBackend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        check_len("add_rms_norm_1p residual", residual.len, rows * dim)?;
-        check_len("add_rms_norm_1p delta", delta.len, rows * dim)?;
-        check_len("add_rms_norm_1p output", out.len, rows * dim)?;
-        check_len("add_rms_norm_1p weight", weight.len, dim)?;
-        self.expect_compute("add_rms_norm_1p delta", delta)?;
-        self.expect_compute("add_rms_norm_1p output", out)?;
-        self.expect_compute("add_rms_norm_1p weight", weight)?;
-        let g = &self.k.gdn;
-        let kernel = match (residual.dtype, &g.rms_norm_1p_rf32) {
-            (d, _) if d == self.dtype => &g.rms_norm_1p,
-            (ComputeDType::F32, Some(f)) => f,
-            (d, _) => return Err(mixed("add_rms_norm_1p residual", d, self.dtype)),
-        };
-        self.launch_rms_norm(
-            kernel,
-            &delta.data,
-            Some(&mut residual.data),
-            &weight.data,
-            &mut out.data,
-            rows,
-            dim,
-            eps,
-        )
+        self.norm_1p(delta, Some(residual), weight, out, rows, dim, eps)
     }
 
     fn gated_rms_norm(
