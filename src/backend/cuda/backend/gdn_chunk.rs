@@ -86,9 +86,20 @@ impl ChunkKernels {
         let scan = get(format!("gdn_chunk_scan_{t}"))?;
         let attr =
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        // Both stay within the V100's 96 KB (checked by the unit test below).
-        prep.set_attribute(attr, prep_shared(MAX_DK, MAX_DV) as i32)?;
-        scan.set_attribute(attr, scan_shared(MAX_DK) as i32)?;
+        // Both stay within the V100's 96 KB (checked by the unit test below); a device that
+        // allows less (sm_75: 64 KB) keeps the sequential scan for every prefill.
+        let (p_bytes, s_bytes) = (prep_shared(MAX_DK, MAX_DV), scan_shared(MAX_DK));
+        if let Err(e) = prep
+            .set_attribute(attr, p_bytes as i32)
+            .and_then(|()| scan.set_attribute(attr, s_bytes as i32))
+        {
+            tracing::warn!(
+                shared_bytes = p_bytes.max(s_bytes),
+                error = %e,
+                "The chunked GDN prefill needs more shared memory than this device allows per block: prefills use the sequential scan."
+            );
+            return Ok(None);
+        }
         Ok(Some(ChunkKernels { prep, scan }))
     }
 }
