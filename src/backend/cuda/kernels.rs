@@ -32,11 +32,13 @@ pub enum KernelModule {
     GdnChunk,
     /// Qwen3.5's gated attention before the attention: split, (1 + w) norms, RoPE, KV write.
     GatedAttention,
+    /// Matmuls and the embedding gather on GGUF Q4_0 / Q4_1 / Q8_0 kept quantized (gguf tiles).
+    GgufMm,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 11] = [
+    pub const ALL: [KernelModule; 12] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -48,6 +50,7 @@ impl KernelModule {
         KernelModule::Gdn,
         KernelModule::GdnChunk,
         KernelModule::GatedAttention,
+        KernelModule::GgufMm,
     ];
 
     /// File name under `kernels/`.
@@ -64,6 +67,7 @@ impl KernelModule {
             KernelModule::Gdn => "gdn.cu",
             KernelModule::GdnChunk => "gdn_chunk.cu",
             KernelModule::GatedAttention => "gated_attention.cu",
+            KernelModule::GgufMm => "gguf_mm.cu",
         }
     }
 
@@ -81,6 +85,7 @@ impl KernelModule {
             KernelModule::Gdn => include_str!("../../../kernels/gdn.cu"),
             KernelModule::GdnChunk => include_str!("../../../kernels/gdn_chunk.cu"),
             KernelModule::GatedAttention => include_str!("../../../kernels/gated_attention.cu"),
+            KernelModule::GgufMm => include_str!("../../../kernels/gguf_mm.cu"),
         }
     }
 
@@ -170,6 +175,17 @@ impl KernelModule {
                                 .iter()
                                 .map(|op| format!("{op}_{t}")),
                         )
+                    }
+                }
+                KernelModule::GgufMm => {
+                    for q in ["q4_0", "q4_1", "q8_0"] {
+                        if t != "f32" {
+                            names.push(format!("gguf_gemv_{q}_{t}"));
+                            names.push(format!("gguf_gemm_{q}_{t}"));
+                            names.push(format!("gguf_gather_{q}_{t}_to_f32"));
+                        }
+                        names.push(format!("gguf_fma_{q}_{t}"));
+                        names.push(format!("gguf_gather_{q}_{t}"));
                     }
                 }
             }

@@ -104,6 +104,7 @@ impl CudaBackend {
                 group_shift: t.group_shift(),
                 groups: t.groups,
             })),
+            gguf: None,
         })
     }
 
