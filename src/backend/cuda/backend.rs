@@ -31,11 +31,14 @@ use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dtype;
+mod gated_attention;
 mod gdn;
+mod gdn_chunk;
 mod gguf;
 mod graph;
 mod handles;
 mod load;
+mod norm_1p;
 mod profile;
 mod sampling;
 mod staging;
@@ -44,6 +47,7 @@ mod w4a16;
 
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
+pub use gdn_chunk::{DEFAULT_CHUNKED_MIN_LEN, GDN_CHUNK_OPS};
 pub use gguf::{GgufKernel, GEMV_MAX_ROWS as GGUF_GEMV_MAX_ROWS};
 pub use sampling::CudaLogits;
 pub use step::CudaStep;

@@ -30,13 +30,17 @@ pub enum KernelModule {
     W4a16,
     /// Gated DeltaNet (conv, fused delta-rule scan, gated norm) and gated-attention helpers.
     Gdn,
+    /// The chunked (C = 64, tensor-core) gated delta rule for prefills.
+    GdnChunk,
+    /// Qwen3.5's gated attention before the attention: split, (1 + w) norms, RoPE, KV write.
+    GatedAttention,
     /// Matmuls and the embedding gather on GGUF Q4_0 / Q4_1 / Q8_0 kept quantized (gguf tiles).
     GgufMm,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 11] = [
+    pub const ALL: [KernelModule; 13] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -47,6 +51,8 @@ impl KernelModule {
         KernelModule::Sampling,
         KernelModule::W4a16,
         KernelModule::Gdn,
+        KernelModule::GdnChunk,
+        KernelModule::GatedAttention,
         KernelModule::GgufMm,
     ];
 
@@ -63,6 +69,8 @@ impl KernelModule {
             KernelModule::Sampling => "sampling.cu",
             KernelModule::W4a16 => "w4a16.cu",
             KernelModule::Gdn => "gdn.cu",
+            KernelModule::GdnChunk => "gdn_chunk.cu",
+            KernelModule::GatedAttention => "gated_attention.cu",
             KernelModule::GgufMm => "gguf_mm.cu",
         }
     }
@@ -82,6 +90,8 @@ impl KernelModule {
             KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
             KernelModule::W4a16 => include_str!("../../../kernels/w4a16.cu"),
             KernelModule::Gdn => include_str!("../../../kernels/gdn.cu"),
+            KernelModule::GdnChunk => include_str!("../../../kernels/gdn_chunk.cu"),
+            KernelModule::GatedAttention => include_str!("../../../kernels/gated_attention.cu"),
             KernelModule::GgufMm => include_str!("../../../kernels/gguf_mm.cu"),
         }
     }
@@ -192,7 +202,26 @@ impl KernelModule {
                     names.push(format!("w4_fma_{t}"));
                 }
                 KernelModule::Gdn => {
-                    names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")))
+                    names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")));
+                    if t != "f32" {
+                        names.push(format!("rms_norm_1p_{t}_rf32"));
+                        names.push(format!("rms_norm_1p_{t}_xf32"));
+                    }
+                }
+                KernelModule::GatedAttention => {
+                    for c in ["same", "e5m2", "e4m3"] {
+                        names.push(format!("gated_qkv_rope_write_{t}_{c}"));
+                    }
+                }
+                // The 16-bit dtypes only (f32 compute keeps the scan).
+                KernelModule::GdnChunk => {
+                    if t != "f32" {
+                        names.extend(
+                            super::backend::GDN_CHUNK_OPS
+                                .iter()
+                                .map(|op| format!("{op}_{t}")),
+                        )
+                    }
                 }
                 KernelModule::GgufMm => {
                     for q in ["q4_0", "q4_1", "q8_0"] {

@@ -69,6 +69,8 @@ pub(crate) struct Kernels {
     pub gpu_sleep: CudaFunction,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
+    /// `gated_qkv_rope_write_{t}_{c}`: Qwen3.5's fused pre-attention (`gated_attention.cu`).
+    pub gated_qkv: CudaFunction,
     /// The GGUF kept-quantized entry points (`gguf_mm.cu`).
     pub gguf: super::gguf::GgufKernels,
 }
@@ -130,6 +132,7 @@ impl Kernels {
             w4_fma: get(format!("w4_fma_{t}"))?,
             gpu_sleep: get("gpu_sleep".into())?,
             gdn: super::gdn::GdnKernels::resolve(&get, t)?,
+            gated_qkv: get(format!("gated_qkv_rope_write_{t}_{c}"))?,
             gguf: super::gguf::GgufKernels::resolve(&get, t)?,
         })
     }
