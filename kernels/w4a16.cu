@@ -4,11 +4,12 @@
 // The device layout ("w4 tiles", built on the host by src/tensor/packed_tiles.rs from every int4
 // format: compressed-tensors pack-quantized sym/asym, AutoAWQ GEMM, GPTQ incl. desc_act):
 //   qw      uint4 [Np/8][KB][32]   KB = Kp/128; n8 tile nt, k block kb, lane l = 4g + t holds the
-//                                  nibbles of output n = 8nt + g for the k's the m16n8k16 B fragment
-//                                  gives lane l: chunk c (16 k's, 0..7) sits in bits 16(c&1).. of
-//                                  word c/2, nibbles k = 16c+2t, 16c+2t+1, 16c+8+2t, 16c+9+2t.
-//   scales  T     [Np/8][GS][8]    scale of (n, group), the compute dtype; group of chunk
-//                                  kb*8+c is (kb*8+c) >> gshift (a group is 2^gshift chunks).
+//                                  32 nibbles of output n = 8nt + g for the 32 contiguous columns
+//                                  kb*128 + 32t + [0, 32): word q (x, y, z, w) holds columns
+//                                  32t + 8q + o, o = 0..7, at bit 16(o & 1) + 4(o >> 1) (even
+//                                  columns in the low half, odd ones in the high half).
+//   scales  T     [Np/8][GS][8]    scale of (n, group), the compute dtype; the group of column j
+//                                  is (j >> 4) >> gshift (a group is 2^gshift 16-column chunks).
 //   zeros   u8    [Np/8][GS][8]    zero point, or nullptr (symmetric: 8).
 //   perm    i32   [Kp]             act-order: permuted column j holds input column perm[j]
 //                                  (groups made contiguous at load), or nullptr.
@@ -16,13 +17,20 @@
 // Np is N rounded up to 64, Kp is K rounded up to 128 (padding has scale 0); x is read only
 // below column k and row m, out written only below n and m.
 //
+// MMA K ORDER. Chunk c (0..7) of a k block is one mma.m16n8k16; its k index 2t, 2t+1 is column
+// 32t + 4c, +1 of the block and its k index 8+2t, 9+2t is column 32t + 4c + 2, +3. The sum over
+// the block is the same set of products as in natural order; what matters is that A (x) and B
+// (W) use the same assignment, and that every kernel uses the same one. With it a lane reads its
+// 32 columns of x as four 128-bit words and its weights as one 128-bit word; word q decodes into
+// the B fragments of chunks 2q and 2q+1 with two masks and a shift (no table).
+//
 // ONE NUMERIC PATH FOR EVERY ROW COUNT. On sm_80+ (f16 / bf16) both kernels use
 // mma.sync.m16n8k16 with f32 accumulation over the same fragments: K is cut into `ks` slices
 // (a function of K alone, chosen by the host); slice s accumulates its k blocks in ascending
-// order from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in f32. `w4_gemv` (rows
-// 1..16: one m16 tile, one warp per slice, P_s summed through shared memory) and `w4_gemm`
-// (larger steps: 64 x 32 tiles per warp, the slices run one after another) perform exactly these
-// operations per output element, so a row's result does not depend on its batch and the two
+// order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
+// f32. `w4_gemv` (rows 1..16: one m16 tile, one warp per slice, P_s summed through shared memory
+// after the main loop) and `w4_gemm` (larger steps: the slices one after another) perform exactly
+// these operations per output element, so a row's result does not depend on its batch and the two
 // kernels agree bit for bit (tests/cuda_w4a16.rs checks it). `w4_fma` is the path for sm_70 /
 // sm_75 and the f32 compute dtype: f32 FMAs in a fixed k order per lane, a fixed quad shuffle,
 // the same slice sum; one kernel for every row count (rows in chunks of 16 by grid.y).
@@ -32,22 +40,9 @@
 #define W4_KB 128       // k per tile block
 #define W4_MAX_KS 8     // K slices at most
 #define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs)
+#define W4_GEMV_DEPTH 4 // k blocks of weights in flight per GEMV warp (register ring)
 #define W4_GEMM_MT 4    // m16 tiles per warp in the GEMM (64 rows)
-#define W4_GEMM_NT 4    // n8 tiles per warp in the GEMM (32 outputs); 2 x 2 warps: 128 x 64
-
-// Two values rounded to the 16-bit compute dtype T, packed low | high << 16.
-template <typename T> struct W4Pack;
-template <> struct W4Pack<__half> {
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        return (unsigned)__half_as_ushort(__float2half_rn(lo)) |
-               ((unsigned)__half_as_ushort(__float2half_rn(hi)) << 16);
-    }
-};
-template <> struct W4Pack<bf16_t> {
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16);
-    }
-};
+#define W4_GEMM_NT 4    // n8 tiles per warp in the GEMM (32 outputs); 2 x 4 warps: 128 x 128
 
 // D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
 template <typename T>
@@ -77,33 +72,31 @@ __device__ __forceinline__ void w4_mma<bf16_t>(float* d, const unsigned* a, unsi
 #endif
 }
 
-// x[row, col] and x[row, col + 1] (16-bit each) as one word; 0 outside the m x k input. `col` is a
-// position in the (permuted) tile order; with `perm` the input column is perm[col].
-__device__ __forceinline__ unsigned w4_pair(const unsigned short* __restrict__ x, int row, int m,
-                                            int col, int k, const int* __restrict__ perm) {
-    if (row >= m || col >= k) return 0u;
+// x[row, col .. col + 8) (16-bit each) as one 128-bit word; 0 outside the m x k input. `col` is a
+// position in the (permuted) tile order; with `perm` the input column is perm[col]. One 128-bit
+// load when the 8 columns are in range, contiguous and aligned (k % 8 == 0, no perm).
+__device__ __forceinline__ uint4 w4_x8(const unsigned short* __restrict__ x, int row, int m,
+                                       int col, int k, const int* __restrict__ perm) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row >= m || col >= k) return v;
     const unsigned short* xr = x + (size_t)row * k;
-    if (perm) {
-        return (unsigned)__ldg(xr + __ldg(perm + col)) |
-               ((unsigned)__ldg(xr + __ldg(perm + col + 1)) << 16);
+    if (!perm && (k & 7) == 0) return __ldg(reinterpret_cast<const uint4*>(xr + col));
+    unsigned h[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int c = col + e;
+        h[e] = c < k ? (unsigned)__ldg(xr + (perm ? __ldg(perm + c) : c)) : 0u;
     }
-    return __ldg(reinterpret_cast<const unsigned*>(xr + col));
+    v.x = h[0] | (h[1] << 16);
+    v.y = h[2] | (h[3] << 16);
+    v.z = h[4] | (h[5] << 16);
+    v.w = h[6] | (h[7] << 16);
+    return v;
 }
 
-// The 16 bits of chunk c (0..7) of a lane's tile word.
-__device__ __forceinline__ unsigned w4_chunk_bits(const uint4& w, int c) {
-    const unsigned word = (c >> 1) == 0 ? w.x : (c >> 1) == 1 ? w.y : (c >> 1) == 2 ? w.z : w.w;
-    return (word >> (16 * (c & 1))) & 0xffffu;
-}
-
-// Scale and zero point of output 8*nt + g in stored group gi (the FMA path: f32 and int).
-template <typename T>
-__device__ __forceinline__ void w4_scale_zero(const T* __restrict__ scales,
-                                              const unsigned char* __restrict__ zeros, int nt,
-                                              int gi, int gstore, int g, float& s, int& z) {
-    const size_t i = ((size_t)nt * gstore + gi) * 8 + g;
-    s = Io<T>::load(scales, (long)i);
-    z = zeros ? (int)__ldg(zeros + i) : 8;
+// Word q of a lane's 128-bit tile word.
+__device__ __forceinline__ unsigned w4_word(const uint4& w, int q) {
+    return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
 }
 
 // The tensor-core decode works in the 16-bit type itself: a nibble u OR-ed into the mantissa of
@@ -113,10 +106,8 @@ __device__ __forceinline__ void w4_scale_zero(const T* __restrict__ scales,
 template <typename T> struct W4Dec;
 template <> struct W4Dec<__half> {
     static constexpr unsigned MAGIC = 0x64006400u;
-    static __device__ __forceinline__ unsigned bias(int z) {
-        const unsigned h = __half_as_ushort(__float2half_rn(1024.0f + (float)z));
-        return h | (h << 16);
-    }
+    // f16 bits of 1024 + z (exact for z <= 1024), in both halves.
+    static __device__ __forceinline__ unsigned bias(int z) { return (0x6400u + (unsigned)z) * 0x10001u; }
     static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
         const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&q),
                                   *reinterpret_cast<const __half2*>(&zb));
@@ -126,10 +117,8 @@ template <> struct W4Dec<__half> {
 };
 template <> struct W4Dec<bf16_t> {
     static constexpr unsigned MAGIC = 0x43004300u;
-    static __device__ __forceinline__ unsigned bias(int z) {
-        const unsigned h = f32_to_bf16(128.0f + (float)z);
-        return h | (h << 16);
-    }
+    // bf16 bits of 128 + z (exact for z < 128), in both halves.
+    static __device__ __forceinline__ unsigned bias(int z) { return (0x4300u + (unsigned)z) * 0x10001u; }
     static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         unsigned d, w;
@@ -144,26 +133,49 @@ template <> struct W4Dec<bf16_t> {
     }
 };
 
-// Scale (as a 16-bit pair) and zero bias of output 8*nt + g in stored group gi.
-template <typename T>
-__device__ __forceinline__ void w4_scale_bias(const T* __restrict__ scales,
-                                              const unsigned char* __restrict__ zeros, int nt,
-                                              int gi, int gstore, int g, unsigned& s2,
-                                              unsigned& zb) {
-    const size_t i = ((size_t)nt * gstore + gi) * 8 + g;
-    const unsigned sv = __ldg(reinterpret_cast<const unsigned short*>(scales) + i);
-    s2 = sv | (sv << 16);
-    zb = W4Dec<T>::bias(zeros ? (int)__ldg(zeros + i) : 8);
+// The stored group of a lane's chunk c in k block kb (lane column 32t + 4c of the block).
+__device__ __forceinline__ int w4_group(int kb, int t, int c, int gshift) {
+    return ((kb * W4_KB + 32 * t + 4 * c) >> 4) >> gshift;
 }
 
-// B fragment (two words) of one chunk: the four weights of the chunk's 16 bits.
+// Scale and zero point of output 8*nt + g in stored group gi, packed as one word: the scale's
+// 16 bits | zero << 16 (what the GEMV keeps in its register ring; unpacked per k block).
 template <typename T>
-__device__ __forceinline__ void w4_decode(unsigned bits, unsigned s2, unsigned zb, unsigned& b0,
-                                          unsigned& b1) {
-    const unsigned q0 = (bits & 0xfu) | ((bits & 0xf0u) << 12) | W4Dec<T>::MAGIC;
-    const unsigned q1 = ((bits >> 8) & 0xfu) | ((bits & 0xf000u) << 4) | W4Dec<T>::MAGIC;
-    b0 = W4Dec<T>::apply(q0, zb, s2);
-    b1 = W4Dec<T>::apply(q1, zb, s2);
+__device__ __forceinline__ unsigned w4_sz(const T* __restrict__ scales,
+                                          const unsigned char* __restrict__ zeros, int nt, int gi,
+                                          int gstore, int g) {
+    const size_t i = ((size_t)nt * gstore + gi) * 8 + g;
+    const unsigned sv = __ldg(reinterpret_cast<const unsigned short*>(scales) + i);
+    return sv | ((zeros ? (unsigned)__ldg(zeros + i) : 8u) << 16);
+}
+
+// Packed (scale, zero) of a lane's chunks 0..3 (lo) and 4..7 (hi) of k block kb; they differ only
+// for groups of 16 columns (gshift 0).
+template <typename T>
+__device__ __forceinline__ void w4_sz2(const T* __restrict__ scales,
+                                       const unsigned char* __restrict__ zeros, int nt, int kb,
+                                       int t, int gshift, int gstore, int g, unsigned& lo,
+                                       unsigned& hi) {
+    lo = w4_sz<T>(scales, zeros, nt, w4_group(kb, t, 0, gshift), gstore, g);
+    hi = gshift == 0 ? w4_sz<T>(scales, zeros, nt, w4_group(kb, t, 4, gshift), gstore, g) : lo;
+}
+
+// A packed (scale, zero) word as the decode's scale pair and zero bias.
+template <typename T>
+__device__ __forceinline__ void w4_unpack_sz(unsigned sz, unsigned& s2, unsigned& zb) {
+    s2 = __byte_perm(sz, 0u, 0x1010);
+    zb = W4Dec<T>::bias((int)(sz >> 16));
+}
+
+// B fragments of chunks 2q (b[0], b[1]) and 2q + 1 (b[2], b[3]) from word q: nibbles at bits
+// 0 / 16 are the pair (4c, 4c + 1), at bits 4 / 20 the pair (4c + 2, 4c + 3); >> 8 for chunk 2q+1.
+template <typename T>
+__device__ __forceinline__ void w4_decode2(unsigned w, unsigned s2, unsigned zb, unsigned* b) {
+    const unsigned M = 0x000f000fu;
+    b[0] = W4Dec<T>::apply((w & M) | W4Dec<T>::MAGIC, zb, s2);
+    b[1] = W4Dec<T>::apply(((w >> 4) & M) | W4Dec<T>::MAGIC, zb, s2);
+    b[2] = W4Dec<T>::apply(((w >> 8) & M) | W4Dec<T>::MAGIC, zb, s2);
+    b[3] = W4Dec<T>::apply(((w >> 12) & M) | W4Dec<T>::MAGIC, zb, s2);
 }
 
 // Store one output element (compute dtype, or f32 logits).
@@ -177,77 +189,112 @@ __device__ __forceinline__ void w4_store(void* out, int out_f32, int row, int n,
     }
 }
 
-// GEMV: grid (Np / 16, ceil(m / 16)), block 32 * ks threads (warp s = K slice s).
-template <typename T>
+// One k block of mma for NT n8 tiles and one m16 tile: w[j] the tiles' lane words, xa / xb the
+// lane's 32 columns of rows g and g + 8 (four 128-bit words each), (s, z) per tile for chunks
+// 0..3 and 4..7. Chunks 0..7 in order into acc[j] (the order both kernels use).
+template <typename T, int NT>
+__device__ __forceinline__ void w4_block(float (*acc)[4], const uint4* w, const uint4* xa,
+                                         const uint4* xb, const unsigned* sz_lo,
+                                         const unsigned* sz_hi) {
+    unsigned s_lo[NT], z_lo[NT], s_hi[NT], z_hi[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        w4_unpack_sz<T>(sz_lo[j], s_lo[j], z_lo[j]);
+        w4_unpack_sz<T>(sz_hi[j], s_hi[j], z_hi[j]);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        unsigned a0[4], a1[4];
+        const uint4 ra = xa[q], rb = xb[q];
+        a0[0] = ra.x; a0[1] = rb.x; a0[2] = ra.y; a0[3] = rb.y;  // chunk 2q
+        a1[0] = ra.z; a1[1] = rb.z; a1[2] = ra.w; a1[3] = rb.w;  // chunk 2q + 1
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            unsigned b[4];
+            w4_decode2<T>(w4_word(w[j], q), q < 2 ? s_lo[j] : s_hi[j], q < 2 ? z_lo[j] : z_hi[j], b);
+            w4_mma<T>(acc[j], a0, b[0], b[1]);
+            w4_mma<T>(acc[j], a1, b[2], b[3]);
+        }
+    }
+}
+
+// GEMV: grid (Np / 16, ceil(m / 16)), block 32 * ks threads (warp s = K slice s). Each warp keeps
+// W4_GEMV_DEPTH k blocks of its tiles' weights (and their scales) in flight in a register ring;
+// x is read through the L1 (every warp of the grid reads the same rows). ROWS16: rows 8..15 of
+// the m16 tile exist (m > 8 in this tile row); otherwise their A fragments are constant zeros.
+template <typename T, bool ROWS16>
 __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
                                         const int* perm, int kblocks, int ks, int gshift,
                                         int gstore, int n, void* out, int out_f32) {
-    __shared__ float part[W4_MAX_KS][W4_GEMV_NT][4][32];
+    constexpr int NT = W4_GEMV_NT, D = ROWS16 ? W4_GEMV_DEPTH - 1 : W4_GEMV_DEPTH;
+    __shared__ float part[W4_MAX_KS][NT][4][32];
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int nt0 = blockIdx.x * W4_GEMV_NT;
+    const int nt0 = blockIdx.x * NT;
     const int r0 = blockIdx.y * 16;
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
-    const int per = kblocks / ks, kb0 = s * per;
-    float acc[W4_GEMV_NT][4];
+    const int per = kblocks / ks, kb0 = s * per, kend = kb0 + per;
+    float acc[NT][4];
 #pragma unroll
-    for (int j = 0; j < W4_GEMV_NT; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    // Groups of >= 128 columns (gshift >= 3): one scale / zero per tile per k block, loaded one
-    // block ahead with the weights (hides their latency; the arithmetic is the same).
-    const bool one_group = gshift >= 3;
-    uint4 next[W4_GEMV_NT];
-    unsigned s2n[W4_GEMV_NT] = {}, zbn[W4_GEMV_NT] = {};
+    uint4 wr[D][NT];
+    unsigned szl[D][NT], szh[D][NT];
+    const uint4* qbase = qw + (size_t)nt0 * kblocks * 32 + lane;
 #pragma unroll
-    for (int j = 0; j < W4_GEMV_NT; ++j) {
-        next[j] = __ldg(qw + ((size_t)(nt0 + j) * kblocks + kb0) * 32 + lane);
-        if (one_group && per > 0)
-            w4_scale_bias<T>(scales, zeros, nt0 + j, (kb0 * 8) >> gshift, gstore, g, s2n[j], zbn[j]);
-    }
-    for (int kb = kb0; kb < kb0 + per; ++kb) {
-        uint4 w[W4_GEMV_NT];
-        unsigned s2c[W4_GEMV_NT], zbc[W4_GEMV_NT];
+    for (int d = 0; d < D; ++d) {
+        const int kb = kb0 + d;
+        if (kb < kend) {
 #pragma unroll
-        for (int j = 0; j < W4_GEMV_NT; ++j) {
-            w[j] = next[j];
-            s2c[j] = s2n[j];
-            zbc[j] = zbn[j];
-            if (kb + 1 < kb0 + per) {
-                next[j] = __ldg(qw + ((size_t)(nt0 + j) * kblocks + kb + 1) * 32 + lane);
-                if (one_group)
-                    w4_scale_bias<T>(scales, zeros, nt0 + j, ((kb + 1) * 8) >> gshift, gstore, g,
-                                     s2n[j], zbn[j]);
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-            const int col = kb * W4_KB + 16 * c + 2 * t;
-            unsigned a[4];
-            a[0] = w4_pair(xs, r0 + g, m, col, k, perm);
-            a[1] = w4_pair(xs, r0 + g + 8, m, col, k, perm);
-            a[2] = w4_pair(xs, r0 + g, m, col + 8, k, perm);
-            a[3] = w4_pair(xs, r0 + g + 8, m, col + 8, k, perm);
-            const int gi = (kb * 8 + c) >> gshift;
-#pragma unroll
-            for (int j = 0; j < W4_GEMV_NT; ++j) {
-                unsigned s2 = s2c[j], zb = zbc[j];
-                if (!one_group) w4_scale_bias<T>(scales, zeros, nt0 + j, gi, gstore, g, s2, zb);
-                unsigned b0, b1;
-                w4_decode<T>(w4_chunk_bits(w[j], c), s2, zb, b0, b1);
-                w4_mma<T>(acc[j], a, b0, b1);
+            for (int j = 0; j < NT; ++j) {
+                wr[d][j] = __ldg(qbase + ((size_t)j * kblocks + kb) * 32);
+                w4_sz2<T>(scales, zeros, nt0 + j, kb, t, gshift, gstore, g, szl[d][j], szh[d][j]);
             }
         }
     }
+    for (int kb = kb0; kb < kend; kb += D) {
 #pragma unroll
-    for (int j = 0; j < W4_GEMV_NT; ++j)
+        for (int d = 0; d < D; ++d) {
+            const int kc = kb + d;
+            if (kc < kend) {
+                uint4 xa[4], xb[4];
+                const int col = kc * W4_KB + 32 * t;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    xa[q] = w4_x8(xs, r0 + g, m, col + 8 * q, k, perm);
+                    xb[q] = ROWS16 ? w4_x8(xs, r0 + g + 8, m, col + 8 * q, k, perm) : make_uint4(0u, 0u, 0u, 0u);
+                }
+                uint4 w[NT];
+                unsigned sl[NT], sh[NT];
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    w[j] = wr[d][j];
+                    sl[j] = szl[d][j];
+                    sh[j] = szh[d][j];
+                }
+                const int kn = kc + D;
+                if (kn < kend) {
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        wr[d][j] = __ldg(qbase + ((size_t)j * kblocks + kn) * 32);
+                        w4_sz2<T>(scales, zeros, nt0 + j, kn, t, gshift, gstore, g, szl[d][j],
+                                  szh[d][j]);
+                    }
+                }
+                w4_block<T, NT>(acc, w, xa, xb, sl, sh);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) part[s][j][e][lane] = acc[j][e];
     __syncthreads();
     if (s != 0) return;
 #pragma unroll
-    for (int j = 0; j < W4_GEMV_NT; ++j) {
+    for (int j = 0; j < NT; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float total = 0.0f;
@@ -259,85 +306,182 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
     }
 }
 
-// GEMM: grid (Np / 64, ceil(m / 128)), block 128 threads = 2 (rows) x 2 (outputs) warps, each
-// 64 rows x 32 outputs; the ks slices in order, each from zero, summed into `total`.
+// GEMM: grid (ceil(Np / 128), ceil(m / 128)), block 256 threads = 2 (rows) x 4 (outputs) warps,
+// each 64 rows x 32 outputs; dynamic shared memory `stages` x W4_GEMM_STAGE_BYTES. Each k block
+// (128 columns) of the CTA's x rows (128 x 128, 32 KB) and weight tiles (16 n8 tiles, 8 KB) is
+// staged by cp.async `stages` - 1 blocks ahead (2 or 3 stages, the host picks by the arch's
+// shared memory); a warp decodes its 4 tiles once per k block straight from shared memory into
+// B fragments and reads A with one 128-bit load per row per chunk pair. x rows sit 256 bytes
+// apart, 16-byte unit u of row r at u ^ ((u >> 3) << 1) ^ (r & 1) (no bank conflicts for the
+// A reads). The ks slices accumulate from zero into acc and are added into `total` in order at
+// each slice's end: the GEMV's arithmetic exactly.
+#define W4_GEMM_A_BYTES (128 * 256)
+#define W4_GEMM_B_BYTES (16 * 512)
+#define W4_GEMM_STAGE_BYTES (W4_GEMM_A_BYTES + W4_GEMM_B_BYTES)
+
+__device__ __forceinline__ int w4_a_unit(int u, int row) { return u ^ ((u >> 3) << 1) ^ (row & 1); }
+
+__device__ __forceinline__ void w4_cp16(unsigned dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void w4_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Wait until at most `pending` (0 or 1) committed groups are still in flight.
+__device__ __forceinline__ void w4_cp_wait(int pending) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (pending == 0) {
+        asm volatile("cp.async.wait_group 0;\n" ::);
+    } else {
+        asm volatile("cp.async.wait_group 1;\n" ::);
+    }
+#endif
+}
+
+// Stage k block kb of the CTA (rows r0.., tiles nt0..) into `st` (shared). fast: x rows are 16-byte
+// aligned and unpermuted (k % 8 == 0, no perm): cp.async with zero fill past m; otherwise the
+// generic 8-column read stored synchronously.
+__device__ __forceinline__ void w4_gemm_stage(unsigned char* st, const unsigned short* xs, int m,
+                                              int k, const int* perm, bool fast,
+                                              const uint4* qw, int kblocks, int tiles, int r0,
+                                              int nt0, int kb) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int id = tid + 256 * i, row = id >> 4, u = id & 15;
+        unsigned char* dst = st + row * 256 + w4_a_unit(u, row) * 16;
+        const int col = kb * W4_KB + 8 * u, r = r0 + row;
+        if (fast) {
+            const bool in = r < m && col < k;
+            const unsigned short* src = in ? xs + (size_t)r * k + col : xs;
+            w4_cp16((unsigned)__cvta_generic_to_shared(dst), src, in ? 16 : 0);
+        } else {
+            *reinterpret_cast<uint4*>(dst) = w4_x8(xs, r, m, col, k, perm);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int id = tid + 256 * i, tile = id >> 5, l = id & 31;
+        if (nt0 + tile < tiles) {
+            unsigned char* dst = st + W4_GEMM_A_BYTES + tile * 512 + l * 16;
+            w4_cp16((unsigned)__cvta_generic_to_shared(dst),
+                    qw + ((size_t)(nt0 + tile) * kblocks + kb) * 32 + l, 16);
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void w4_gemm(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
                                         const int* perm, int kblocks, int ks, int gshift,
-                                        int gstore, int n, void* out, int out_f32) {
+                                        int gstore, int n, void* out, int out_f32, int stages,
+                                        int tiles) {
+    constexpr int MT = W4_GEMM_MT, NT = W4_GEMM_NT;
+    extern __shared__ __align__(16) unsigned char w4_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.y * 128 + (warp >> 1) * 64;
-    const int nt0 = blockIdx.x * 8 + (warp & 1) * W4_GEMM_NT;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int r0 = blockIdx.y * 128;
+    const int ntc = blockIdx.x * 16;            // the CTA's first n8 tile
+    const int nt0 = ntc + wn * NT;              // the warp's first n8 tile
+    const bool active = nt0 < tiles;            // tiles is a multiple of 8: all 4 or none
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const bool fast = perm == nullptr && (k & 7) == 0;
     const int per = kblocks / ks;
-    float total[W4_GEMM_MT][W4_GEMM_NT][4];
+    float total[MT][NT][4], acc[MT][NT][4];
 #pragma unroll
-    for (int i = 0; i < W4_GEMM_MT; ++i)
+    for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int j = 0; j < W4_GEMM_NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) total[i][j][e] = 0.0f;
-    for (int s = 0; s < ks; ++s) {
-        float acc[W4_GEMM_MT][W4_GEMM_NT][4];
-#pragma unroll
-        for (int i = 0; i < W4_GEMM_MT; ++i)
-#pragma unroll
-            for (int j = 0; j < W4_GEMM_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-        for (int kb = s * per; kb < (s + 1) * per; ++kb) {
-            uint4 w[W4_GEMM_NT];
-#pragma unroll
-            for (int j = 0; j < W4_GEMM_NT; ++j)
-                w[j] = __ldg(qw + ((size_t)(nt0 + j) * kblocks + kb) * 32 + lane);
-#pragma unroll
-            for (int c = 0; c < 8; ++c) {
-                const int col = kb * W4_KB + 16 * c + 2 * t;
-                const int gi = (kb * 8 + c) >> gshift;
-                unsigned b[W4_GEMM_NT][2];
-#pragma unroll
-                for (int j = 0; j < W4_GEMM_NT; ++j) {
-                    unsigned s2, zb;
-                    w4_scale_bias<T>(scales, zeros, nt0 + j, gi, gstore, g, s2, zb);
-                    w4_decode<T>(w4_chunk_bits(w[j], c), s2, zb, b[j][0], b[j][1]);
-                }
-#pragma unroll
-                for (int i = 0; i < W4_GEMM_MT; ++i) {
-                    const int row = r0 + 16 * i + g;
-                    unsigned a[4];
-                    a[0] = w4_pair(xs, row, m, col, k, perm);
-                    a[1] = w4_pair(xs, row + 8, m, col, k, perm);
-                    a[2] = w4_pair(xs, row, m, col + 8, k, perm);
-                    a[3] = w4_pair(xs, row + 8, m, col + 8, k, perm);
-#pragma unroll
-                    for (int j = 0; j < W4_GEMM_NT; ++j) w4_mma<T>(acc[i][j], a, b[j][0], b[j][1]);
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < W4_GEMM_MT; ++i)
-#pragma unroll
-            for (int j = 0; j < W4_GEMM_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) total[i][j][e] += acc[i][j][e];
-    }
-#pragma unroll
-    for (int i = 0; i < W4_GEMM_MT; ++i)
-#pragma unroll
-        for (int j = 0; j < W4_GEMM_NT; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int row = r0 + 16 * i + g + (e >= 2 ? 8 : 0);
+                total[i][j][e] = 0.0f;
+                acc[i][j][e] = 0.0f;
+            }
+    for (int p = 0; p < stages - 1; ++p) {
+        if (p < kblocks)
+            w4_gemm_stage(w4_smem + p * W4_GEMM_STAGE_BYTES, xs, m, k, perm, fast, qw, kblocks,
+                          tiles, r0, ntc, p);
+        w4_cp_commit();
+    }
+    for (int kb = 0; kb < kblocks; ++kb) {
+        w4_cp_wait(stages - 2);
+        __syncthreads();
+        {
+            const int kn = kb + stages - 1;
+            if (kn < kblocks)
+                w4_gemm_stage(w4_smem + (kn % stages) * W4_GEMM_STAGE_BYTES, xs, m, k, perm, fast,
+                              qw, kblocks, tiles, r0, ntc, kn);
+            w4_cp_commit();
+        }
+        if (active) {
+            const unsigned char* st = w4_smem + (kb % stages) * W4_GEMM_STAGE_BYTES;
+            uint4 w[NT];
+            unsigned sl[NT], zl[NT], sh[NT], zh[NT];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                w[j] = *reinterpret_cast<const uint4*>(st + W4_GEMM_A_BYTES + (wn * NT + j) * 512 + lane * 16);
+                unsigned lo, hi;
+                w4_sz2<T>(scales, zeros, nt0 + j, kb, t, gshift, gstore, g, lo, hi);
+                w4_unpack_sz<T>(lo, sl[j], zl[j]);
+                w4_unpack_sz<T>(hi, sh[j], zh[j]);
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                unsigned b[NT][4];
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+                    w4_decode2<T>(w4_word(w[j], q), q < 2 ? sl[j] : sh[j], q < 2 ? zl[j] : zh[j], b[j]);
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    const int ra_row = wm * 64 + 16 * i + g, rb_row = ra_row + 8;
+                    const uint4 ra = *reinterpret_cast<const uint4*>(st + ra_row * 256 + w4_a_unit(4 * t + q, ra_row) * 16);
+                    const uint4 rb = *reinterpret_cast<const uint4*>(st + rb_row * 256 + w4_a_unit(4 * t + q, rb_row) * 16);
+                    const unsigned a0[4] = {ra.x, rb.x, ra.y, rb.y};
+                    const unsigned a1[4] = {ra.z, rb.z, ra.w, rb.w};
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        w4_mma<T>(acc[i][j], a0, b[j][0], b[j][1]);
+                        w4_mma<T>(acc[i][j], a1, b[j][2], b[j][3]);
+                    }
+                }
+            }
+            if ((kb + 1) % per == 0) {
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            total[i][j][e] += acc[i][j][e];
+                            acc[i][j][e] = 0.0f;
+                        }
+            }
+        }
+    }
+    w4_cp_wait(0);
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = r0 + wm * 64 + 16 * i + g + (e >= 2 ? 8 : 0);
                 const int col = (nt0 + j) * 8 + 2 * t + (e & 1);
                 if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total[i][j][e]);
             }
 }
 
 // FMA path (sm_70 / sm_75, f32): grid (Np / 8, ceil(m / 16)), block 32 * ks threads. Lane (g, t) of
-// warp s sums output 8*blockIdx.x + g over its 32 k's of each k block of slice s, in order, for
-// up to 16 rows; the quad's four sums meet by a fixed xor shuffle, the slices in order.
+// warp s sums output 8*blockIdx.x + g over its 32 columns (ascending) of each k block of slice s,
+// for up to 16 rows; the quad's four sums meet by a fixed xor shuffle, the slices in order.
 template <typename T>
 __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __restrict__ qw,
                                        const T* scales, const unsigned char* zeros,
@@ -357,16 +501,17 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         float wf[32];
         int cols[32];
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-            float sc;
-            int z;
-            w4_scale_zero<T>(scales, zeros, nt, (kb * 8 + c) >> gshift, gstore, g, sc, z);
-            const unsigned bits = w4_chunk_bits(w, c);
+        for (int q = 0; q < 4; ++q) {
+            const unsigned word = w4_word(w, q);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                wf[4 * c + q] = round_to<T>((float)((int)((bits >> (4 * q)) & 15u) - z) * sc);
-                const int col = kb * W4_KB + 16 * c + 2 * t + (q & 1) + (q >= 2 ? 8 : 0);
-                cols[4 * c + q] = col < k ? (perm ? __ldg(perm + col) : col) : -1;
+            for (int o = 0; o < 8; ++o) {
+                const int col = kb * W4_KB + 32 * t + 8 * q + o;
+                const size_t i = ((size_t)nt * gstore + ((col >> 4) >> gshift)) * 8 + g;
+                const float sc = Io<T>::load(scales, (long)i);
+                const int z = zeros ? (int)__ldg(zeros + i) : 8;
+                const int u = (int)((word >> (16 * (o & 1) + 4 * (o >> 1))) & 15u);
+                wf[8 * q + o] = round_to<T>((float)(u - z) * sc);
+                cols[8 * q + o] = col < k ? (perm ? __ldg(perm + col) : col) : -1;
             }
         }
 #pragma unroll
@@ -403,12 +548,19 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         int out_f32
 #define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
 
+// The GEMV picks its row variant per block row (uniform across the block): rows 8..15 of a
+// tile exist only when m > 16 * blockIdx.y + 8.
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemv_##SUF(W4_ARGS(T)) {           \
-        w4_gemv<T>(W4_PASS);                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv_##SUF(W4_ARGS(T)) {              \
+        if (m > (int)blockIdx.y * 16 + 8) {                                                      \
+            w4_gemv<T, true>(W4_PASS);                                                           \
+        } else {                                                                                 \
+            w4_gemv<T, false>(W4_PASS);                                                          \
+        }                                                                                        \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) w4_gemm_##SUF(W4_ARGS(T)) {               \
-        w4_gemm<T>(W4_PASS);                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 1) w4_gemm_##SUF(W4_ARGS(T), int stages,  \
+                                                                       int tiles) {             \
+        w4_gemm<T>(W4_PASS, stages, tiles);                                                      \
     }
 W4_TC_ENTRIES(f16, __half)
 W4_TC_ENTRIES(bf16, bf16_t)

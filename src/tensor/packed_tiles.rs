@@ -7,11 +7,12 @@
 //! zero point (0..16; 8 when symmetric) and `s` the scale of `(n, group of j)`. Shapes:
 //! - `Np` = N rounded up to [`PAD_N`], `Kp` = K rounded up to [`TILE_K`], `KB = Kp / 128`;
 //! - `qweight` u32 `[Np/8][KB][32 lanes][4 words]`: lane `l = 4g + t` of n8 tile `nt` holds output
-//!   `n = 8nt + g`; chunk `c` (16 columns, `0..8`) is the 16 bits at `16·(c % 2)` of word `c / 2`,
-//!   its nibbles (low first) columns `16c + 2t`, `16c + 2t + 1`, `16c + 8 + 2t`, `16c + 9 + 2t` of
-//!   the block;
+//!   `n = 8nt + g` at the 32 contiguous columns `32t .. 32t + 32` of the block; word `q` holds
+//!   columns `32t + 8q + o` (`o = 0..8`) at bit `16·(o % 2) + 4·(o / 2)` (even columns in the low
+//!   half, odd ones in the high half: two masks and a shift give the mma B fragments; the kernels
+//!   give mma chunk `c`'s k indices `2t, 2t+1, 8+2t, 9+2t` the columns `32t + 4c + 0..4`);
 //! - `scales` f32 `[Np/8][GS][8]` and `zeros` u8 `[Np/8][GS][8]` (absent: z = 8), `GS` stored
-//!   groups; the group of chunk `q = j / 16` is `q >> group_shift` (groups of 16 · 2^s columns);
+//!   groups; the group of column `j` is `(j / 16) >> group_shift` (groups of 16 · 2^s columns);
 //! - `perm` i32 `[K]` (act-order only): tile column `j` holds input column `perm[j]`; the columns
 //!   are stably sorted by `g_idx`, so each group is contiguous. Every group must then hold exactly
 //!   `G` columns (the last one the rest), as GPTQ and compressed-tensors write them; other
@@ -65,6 +66,12 @@ pub struct W4Tiles {
     pub zeros: Option<Vec<u8>>,
     /// Tile column → input column, `None` without act-order.
     pub perm: Option<Vec<i32>>,
+}
+
+/// Bit of column `8q + o` (`o < 8`) in a lane's word `q`: even columns in the low 16 bits, odd
+/// ones in the high 16, each half in column order.
+const fn nibble_bit(o: usize) -> usize {
+    16 * (o % 2) + 4 * (o / 2)
 }
 
 fn i32_at(v: &TensorView<'_>, i: usize) -> i32 {
@@ -210,20 +217,15 @@ impl W4Tiles {
                     for lane in 0..32 {
                         let (gl, t) = (lane / 4, lane % 4);
                         let row = nt * 8 + gl;
-                        for c in 0..8 {
-                            for q in 0..4 {
-                                let j = b * TILE_K
-                                    + 16 * c
-                                    + 2 * t
-                                    + (q & 1)
-                                    + if q >= 2 { 8 } else { 0 };
+                        for q in 0..4 {
+                            for o in 0..8 {
+                                let j = b * TILE_K + 32 * t + 8 * q + o;
                                 let u = if row < n && j < k {
                                     q_of(row, col_of(j))
                                 } else {
                                     8
                                 };
-                                tile[(b * 32 + lane) * 4 + c / 2] |=
-                                    u32::from(u) << (16 * (c % 2) + 4 * q);
+                                tile[(b * 32 + lane) * 4 + q] |= u32::from(u) << nibble_bit(o);
                             }
                         }
                     }
@@ -259,16 +261,11 @@ impl W4Tiles {
     pub fn weight(&self, n: usize, j: usize) -> f32 {
         let kb = self.k_blocks();
         let (b, r) = (j / TILE_K, j % TILE_K);
-        let (c, q16) = (r / 16, r % 16);
-        let (t, q) = if q16 < 8 {
-            (q16 / 2, q16 % 2)
-        } else {
-            ((q16 - 8) / 2, 2 + q16 % 2)
-        };
+        let (t, q, o) = (r / 32, (r % 32) / 8, r % 8);
         let (nt, gl) = (n / 8, n % 8);
         let lane = 4 * gl + t;
-        let word = self.qweight[((nt * kb + b) * 32 + lane) * 4 + c / 2];
-        let u = (word >> (16 * (c % 2) + 4 * q)) & 0xF;
+        let word = self.qweight[((nt * kb + b) * 32 + lane) * 4 + q];
+        let u = (word >> nibble_bit(o)) & 0xF;
         let gi = (j / 16) >> self.group_shift();
         let i = (nt * self.groups + gi) * 8 + gl;
         let z = self.zeros.as_ref().map_or(8, |z| z[i]);

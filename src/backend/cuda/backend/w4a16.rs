@@ -17,12 +17,16 @@ use crate::tensor::PackedLinear;
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
 pub const GEMV_MAX_ROWS: usize = 16;
 
+/// Shared memory of one GEMM pipeline stage: 128 x rows of one 128-column k block (32 KB) and
+/// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
+const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
+
 /// Which packed-matmul kernel runs (tests force one; the backend picks by rows and arch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum W4Kernel {
     /// Tensor-core GEMV: one m16 tile per block row (any row count; picked for 1–16).
     Gemv,
-    /// Tensor-core GEMM, 128 × 64 block tiles (picked above 16 rows).
+    /// Tensor-core GEMM, 128 × 128 block tiles staged by cp.async (picked above 16 rows).
     Gemm,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
@@ -127,6 +131,16 @@ impl CudaBackend {
         }
     }
 
+    /// cp.async stages of the GEMM: 3 where a block may use ≥ 120 KB of shared memory (sm_80,
+    /// sm_90, sm_100: 163 / 227 / 227 KB), else 2 (80 KB: sm_86 / sm_89 / sm_120 have 99 KB).
+    fn w4_gemm_stages(&self) -> usize {
+        if matches!((self.arch.major, self.arch.minor), (8, 0) | (9, 0) | (10, 0)) {
+            3
+        } else {
+            2
+        }
+    }
+
     /// Whether the tensor-core kernels run here (sm_80+, 16-bit compute dtype).
     pub fn w4_tensor_cores(&self) -> bool {
         self.arch.major >= 8 && self.dtype != ComputeDType::F32
@@ -198,7 +212,7 @@ impl CudaBackend {
                 32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(16)),
             ),
-            W4Kernel::Gemm => (128, (parts.n_pad / 64, rows.div_ceil(128))),
+            W4Kernel::Gemm => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
             W4Kernel::Fma => (
                 32 * parts.k_slices,
                 (parts.n_pad / TILE_N, rows.div_ceil(16)),
@@ -218,6 +232,21 @@ impl CudaBackend {
             parts.groups as i32,
         );
         let of32 = i32::from(out_f32);
+        let (stages, tiles) = (self.w4_gemm_stages() as i32, (parts.n_pad / TILE_N) as i32);
+        let shared = match kernel {
+            W4Kernel::Gemm => {
+                let bytes = stages as usize * GEMM_STAGE_BYTES;
+                // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
+                // attribute, no stream work, so graph capture is unaffected).
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+                .map_err(dev_err)?;
+                bytes as u32
+            }
+            _ => 0,
+        };
         let mut b = self.stream.launch_builder(f);
         b.arg(&xp)
             .arg(&m)
@@ -233,10 +262,13 @@ impl CudaBackend {
             .arg(&n)
             .arg(&op)
             .arg(&of32);
+        if kernel == W4Kernel::Gemm {
+            b.arg(&stages).arg(&tiles);
+        }
         let cfg = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
             block_dim: (block as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shared,
         };
         // SAFETY: the parts were built by W4Tiles for this weight (n_pad / 8 tiles of k_blocks
         // blocks, groups stored groups, perm of k entries); the grid covers n_pad outputs and
