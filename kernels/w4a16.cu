@@ -17,19 +17,23 @@
 // Np is N rounded up to 64, Kp is K rounded up to 128 (padding has scale 0); x is read only
 // below column k and row m, out written only below n and m.
 //
-// MMA K ORDER. Chunk c (0..7) of a k block is one mma.m16n8k16; its k index 2t, 2t+1 is column
-// 32t + 4c, +1 of the block and its k index 8+2t, 9+2t is column 32t + 4c + 2, +3. The sum over
-// the block is the same set of products as in natural order; what matters is that A (x) and B
-// (W) use the same assignment, and that every kernel uses the same one. With it a lane reads its
-// 32 columns of x as four 128-bit words and its weights as one 128-bit word; word q decodes into
-// the B fragments of chunks 2q and 2q+1 with two masks and a shift (no table).
+// MMA OPERANDS AND K ORDER. The tensor-core kernels compute out^T: the weights are the A operand
+// of mma.m16n8k16 (16 outputs = n8 tiles 2u and 2u + 1, x 16 k) and x the B operand (16 k x 8
+// rows), so a 1..8-row step wastes nothing and x's 128-bit words are B fragments as loaded. Chunk
+// c (0..7) of a k block is one mma; its k index 2t, 2t+1 is column 32t + 4c, +1 of the block and
+// its k index 8+2t, 9+2t is column 32t + 4c + 2, +3. The sum over the block is the same set of
+// products as in natural order; what matters is that every kernel uses the same assignment.
+// With it a lane reads its 32 columns of x as four 128-bit words and its weights as one 128-bit
+// word; word q decodes into the A fragments of chunks 2q and 2q+1 with one mask and a shift per
+// pair (no table).
 //
 // ONE NUMERIC PATH FOR EVERY ROW COUNT. On sm_80+ (f16 / bf16) both kernels use
 // mma.sync.m16n8k16 with f32 accumulation over the same fragments: K is cut into `ks` slices
 // (a function of K alone, chosen by the host); slice s accumulates its k blocks in ascending
 // order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
-// f32. `w4_gemv` (rows 1..16: one m16 tile, one warp per slice, P_s summed through shared memory
-// after the main loop) and `w4_gemm` (larger steps: the slices one after another) perform exactly
+// f32. `w4_gemv` (rows 1..16: one or two n8 row groups, one warp per slice, P_s summed through
+// shared memory after the main loop) and `w4_gemm` (larger steps: the slices one after another,
+// each added into the total at its end) perform exactly
 // these operations per output element, so a row's result does not depend on its batch and the two
 // kernels agree bit for bit (tests/cuda_w4a16.rs checks it). `w4_fma` is the path for sm_70 /
 // sm_75 and the f32 compute dtype: f32 FMAs in a fixed k order per lane, a fixed quad shuffle,
@@ -39,10 +43,9 @@
 
 #define W4_KB 128       // k per tile block
 #define W4_MAX_KS 8     // K slices at most
-#define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs)
+#define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs: one m16 A tile; must be 2)
 #define W4_GEMV_DEPTH 4 // k blocks of weights in flight per GEMV warp (register ring)
-#define W4_GEMM_MT 4    // m16 tiles per warp in the GEMM (64 rows)
-#define W4_GEMM_NT 4    // n8 tiles per warp in the GEMM (32 outputs); 2 x 4 warps: 128 x 128
+// The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
 // D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
 template <typename T>
@@ -169,13 +172,81 @@ __device__ __forceinline__ void w4_unpack_sz(unsigned sz, unsigned& s2, unsigned
 
 // B fragments of chunks 2q (b[0], b[1]) and 2q + 1 (b[2], b[3]) from word q: nibbles at bits
 // 0 / 16 are the pair (4c, 4c + 1), at bits 4 / 20 the pair (4c + 2, 4c + 3); >> 8 for chunk 2q+1.
+// (a & b) | c in one LOP3 (the compiler splits it in two when b and c are immediates).
+__device__ __forceinline__ unsigned w4_and_or(unsigned a, unsigned b, unsigned c) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
 template <typename T>
 __device__ __forceinline__ void w4_decode2(unsigned w, unsigned s2, unsigned zb, unsigned* b) {
-    const unsigned M = 0x000f000fu;
-    b[0] = W4Dec<T>::apply((w & M) | W4Dec<T>::MAGIC, zb, s2);
-    b[1] = W4Dec<T>::apply(((w >> 4) & M) | W4Dec<T>::MAGIC, zb, s2);
-    b[2] = W4Dec<T>::apply(((w >> 8) & M) | W4Dec<T>::MAGIC, zb, s2);
-    b[3] = W4Dec<T>::apply(((w >> 12) & M) | W4Dec<T>::MAGIC, zb, s2);
+    const unsigned M = 0x000f000fu, X = W4Dec<T>::MAGIC;
+    b[0] = W4Dec<T>::apply(w4_and_or(w, M, X), zb, s2);
+    b[1] = W4Dec<T>::apply(w4_and_or(w >> 4, M, X), zb, s2);
+    b[2] = W4Dec<T>::apply(w4_and_or(w >> 8, M, X), zb, s2);
+    b[3] = W4Dec<T>::apply(w4_and_or(w >> 12, M, X), zb, s2);
+}
+
+// NVFP4 (e2m1 nibbles: sign bit 3, magnitude 0, .5, 1, 1.5, 2, 3, 4, 6): the exact 16-bit value
+// of a nibble pair from two byte lookups (prmt; high and low bytes of T's encoding, the sign
+// OR-ed in), then times the scale (one rounding, like the int4 path; no zero point).
+template <typename T> struct W4Fp4;
+template <> struct W4Fp4<__half> {
+    static constexpr unsigned HI_LO = 0x3E3C3800u, HI_HI = 0x46444240u, LO_LO = 0u, LO_HI = 0u;
+};
+template <> struct W4Fp4<bf16_t> {
+    static constexpr unsigned HI_LO = 0x3F3F3F00u, HI_HI = 0x40404040u, LO_LO = 0xC0800000u,
+                              LO_HI = 0xC0804000u;
+};
+// e2m1 codes at bits 0..3 and 16..19 of `w` as a T pair.
+template <typename T>
+__device__ __forceinline__ unsigned w4_e2m1_pair(unsigned w) {
+    const unsigned em = w & 0x00070007u;
+    const unsigned sel = __byte_perm(em * 0x11u, 0u, 0x4420);  // em0 em0 em1 em1 selectors
+    const unsigned hi = __byte_perm(W4Fp4<T>::HI_LO, W4Fp4<T>::HI_HI, sel);
+    const unsigned lo = __byte_perm(W4Fp4<T>::LO_LO, W4Fp4<T>::LO_HI, sel);
+    return (hi & 0xff00ff00u) | (lo & 0x00ff00ffu) | ((w & 0x00080008u) << 12);
+}
+template <typename T>
+__device__ __forceinline__ unsigned w4_scale_pair(unsigned v, unsigned s2);
+template <>
+__device__ __forceinline__ unsigned w4_scale_pair<__half>(unsigned v, unsigned s2) {
+    const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&v), *reinterpret_cast<const __half2*>(&s2));
+    return *reinterpret_cast<const unsigned*>(&r);
+}
+template <>
+__device__ __forceinline__ unsigned w4_scale_pair<bf16_t>(unsigned v, unsigned s2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(s2), "r"(0x80008000u));
+    return r;
+#else
+    __trap();
+    return 0u;
+#endif
+}
+
+// The four B fragments of word w (chunks 2q, 2q+1), int4 (FP4 false) or e2m1 (FP4 true).
+template <typename T, bool FP4>
+__device__ __forceinline__ void w4_decode_any(unsigned w, unsigned s2, unsigned zb, unsigned* b) {
+    if (FP4) {
+        b[0] = w4_scale_pair<T>(w4_e2m1_pair<T>(w), s2);
+        b[1] = w4_scale_pair<T>(w4_e2m1_pair<T>(w >> 4), s2);
+        b[2] = w4_scale_pair<T>(w4_e2m1_pair<T>(w >> 8), s2);
+        b[3] = w4_scale_pair<T>(w4_e2m1_pair<T>(w >> 12), s2);
+    } else {
+        w4_decode2<T>(w, s2, zb, b);
+    }
+}
+
+// The f32 value of a 4-bit code: (u - z) for int4, e2m1 for FP4 (the FMA path): exponent
+// field e = (u >> 1) & 3, mantissa bit u & 1; e = 0 is the subnormal 0 / 0.5.
+__device__ __forceinline__ float w4_code_value(int u, int z, int fp4) {
+    if (!fp4) return (float)(u - z);
+    const int e = (u >> 1) & 3, mb = u & 1;
+    const float v = e == 0 ? 0.5f * (float)mb : ldexpf(1.0f + 0.5f * (float)mb, e - 1);
+    return (u & 8) ? -v : v;
 }
 
 // Store one output element (compute dtype, or f32 logits).
@@ -189,118 +260,149 @@ __device__ __forceinline__ void w4_store(void* out, int out_f32, int row, int n,
     }
 }
 
-// One k block of mma for NT n8 tiles and one m16 tile: w[j] the tiles' lane words, xa / xb the
-// lane's 32 columns of rows g and g + 8 (four 128-bit words each), (s, z) per tile for chunks
-// 0..3 and 4..7. Chunks 0..7 in order into acc[j] (the order both kernels use).
-template <typename T, int NT>
-__device__ __forceinline__ void w4_block(float (*acc)[4], const uint4* w, const uint4* xa,
-                                         const uint4* xb, const unsigned* sz_lo,
-                                         const unsigned* sz_hi) {
-    unsigned s_lo[NT], z_lo[NT], s_hi[NT], z_hi[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        w4_unpack_sz<T>(sz_lo[j], s_lo[j], z_lo[j]);
-        w4_unpack_sz<T>(sz_hi[j], s_hi[j], z_hi[j]);
-    }
+// One k block of the GEMV for one m16 output tile (n8 tiles 2u and 2u + 1 of the warp) and
+// 8 (16 with ROWS16) rows: W is the mma's A operand (16 outputs x 16 k), x its B operand
+// (16 k x 8 rows), so one mma covers 16 outputs x 8 rows and x's 128-bit words are B fragments
+// as loaded. w0 / w1 the two tiles' lane words, (sz) their packed (scale, zero) for chunks 0..3
+// and 4..7, xa / xb the lane's 32 columns of rows g and g + 8. Chunks 0..7 in order.
+template <typename T, bool ROWS16, bool FP4>
+__device__ __forceinline__ void w4_block(float* acc_a, float* acc_b, uint4 w0, uint4 w1,
+                                         unsigned sz0l, unsigned sz0h, unsigned sz1l,
+                                         unsigned sz1h, const uint4* xa, const uint4* xb) {
+    unsigned s0l, z0l, s0h, z0h, s1l, z1l, s1h, z1h;
+    w4_unpack_sz<T>(sz0l, s0l, z0l);
+    w4_unpack_sz<T>(sz0h, s0h, z0h);
+    w4_unpack_sz<T>(sz1l, s1l, z1l);
+    w4_unpack_sz<T>(sz1h, s1h, z1h);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-        unsigned a0[4], a1[4];
-        const uint4 ra = xa[q], rb = xb[q];
-        a0[0] = ra.x; a0[1] = rb.x; a0[2] = ra.y; a0[3] = rb.y;  // chunk 2q
-        a1[0] = ra.z; a1[1] = rb.z; a1[2] = ra.w; a1[3] = rb.w;  // chunk 2q + 1
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            unsigned b[4];
-            w4_decode2<T>(w4_word(w[j], q), q < 2 ? s_lo[j] : s_hi[j], q < 2 ? z_lo[j] : z_hi[j], b);
-            w4_mma<T>(acc[j], a0, b[0], b[1]);
-            w4_mma<T>(acc[j], a1, b[2], b[3]);
+        unsigned d0[4], d1[4];
+        w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, q < 2 ? z0l : z0h, d0);
+        w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, q < 2 ? z1l : z1h, d1);
+        const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+        const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+        const uint4 ra = xa[q];
+        w4_mma<T>(acc_a, a0, ra.x, ra.y);
+        w4_mma<T>(acc_a, a1, ra.z, ra.w);
+        if (ROWS16) {
+            const uint4 rb = xb[q];
+            w4_mma<T>(acc_b, a0, rb.x, rb.y);
+            w4_mma<T>(acc_b, a1, rb.z, rb.w);
         }
     }
 }
 
-// GEMV: grid (Np / 16, ceil(m / 16)), block 32 * ks threads (warp s = K slice s). Each warp keeps
-// W4_GEMV_DEPTH k blocks of its tiles' weights (and their scales) in flight in a register ring;
-// x is read through the L1 (every warp of the grid reads the same rows). ROWS16: rows 8..15 of
-// the m16 tile exist (m > 8 in this tile row); otherwise their A fragments are constant zeros.
-template <typename T, bool ROWS16>
+// Symmetric formats have no zero tensor: their lanes read this 8 (stride 0) instead, so the
+// (scale, zero) loads need no branch.
+__device__ const unsigned char w4_eight[1] = {8};
+
+// The (scale, zero) word of a GEMV/GEMM lane in group gi: `sp` points at scales[nt][0][g]
+// (16-bit), `zp` at zeros[nt][0][g] (or w4_eight), `zg` the zeros' group stride (8, or 0).
+__device__ __forceinline__ unsigned w4_sz_at(const unsigned short* __restrict__ sp,
+                                             const unsigned char* __restrict__ zp, int zg, int gi) {
+    return (unsigned)__ldg(sp + gi * 8) | ((unsigned)__ldg(zp + gi * zg) << 16);
+}
+
+// GEMV: grid (Np / 16, ceil(m / 16)), block 32 * ks threads (warp s = K slice s), one m16 output
+// tile (n8 tiles 2 * blockIdx.x, + 1) and 16 rows (r0 = 16 * blockIdx.y) per block. Each warp keeps
+// W4_GEMV_DEPTH k blocks of its tiles' weights and (scale, zero) words in flight in a register
+// ring; x is read through the L1 (every warp of the grid reads the same rows). ROWS16: rows
+// 8..15 of the m16 tile exist (m > 16 * blockIdx.y + 8); otherwise their A fragments are constant
+// zeros. FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads
+// (predicated on the row only); otherwise the generic `w4_x8`. `part` is the block's shared
+// [W4_MAX_KS][NT][4][32] f32 slice sums.
+template <typename T, bool ROWS16, bool FP4, bool FASTX>
 __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
                                         const int* perm, int kblocks, int ks, int gshift,
-                                        int gstore, int n, void* out, int out_f32) {
+                                        int gstore, int n, void* out, int out_f32, float* part) {
     constexpr int NT = W4_GEMV_NT, D = ROWS16 ? W4_GEMV_DEPTH - 1 : W4_GEMV_DEPTH;
-    __shared__ float part[W4_MAX_KS][NT][4][32];
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nt0 = blockIdx.x * NT;
     const int r0 = blockIdx.y * 16;
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
     const int per = kblocks / ks, kb0 = s * per, kend = kb0 + per;
-    float acc[NT][4];
+    // Lane pointers: its x columns of rows g and g + 8 (rows past m read row m - 1 instead: a row
+    // of x only reaches its own output column, which is not stored).
+    const int ra_row = min(r0 + g, m - 1), rb_row = min(r0 + g + 8, m - 1);
+    const uint4* xpa = reinterpret_cast<const uint4*>(xs + (size_t)ra_row * k + 32 * t);
+    const uint4* xpb = reinterpret_cast<const uint4*>(xs + (size_t)rb_row * k + 32 * t);
+    // Tile j's words at wp + j * wstride, its (scale, zero) columns at sp / zp + j * sstride.
+    const uint4* wp = qw + (size_t)nt0 * kblocks * 32 + lane;
+    const int wstride = kblocks * 32, sstride = gstore * 8;
+    const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + (size_t)nt0 * sstride + g;
+    const unsigned char* zp = zeros ? zeros + (size_t)nt0 * sstride + g : w4_eight;
+    const int zg = zeros ? 8 : 0, zt = zeros ? sstride : 0;
+    float acc[2][4];  // rows 0..7 and 8..15 of the tile row; D layout: (out g | g + 8, row 2t | 2t + 1)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
     uint4 wr[D][NT];
     unsigned szl[D][NT], szh[D][NT];
-    const uint4* qbase = qw + (size_t)nt0 * kblocks * 32 + lane;
 #pragma unroll
     for (int d = 0; d < D; ++d) {
         const int kb = kb0 + d;
         if (kb < kend) {
+            const int glo = (kb * 8 + 2 * t) >> gshift, ghi = (kb * 8 + 2 * t + 1) >> gshift;
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                wr[d][j] = __ldg(qbase + ((size_t)j * kblocks + kb) * 32);
-                w4_sz2<T>(scales, zeros, nt0 + j, kb, t, gshift, gstore, g, szl[d][j], szh[d][j]);
+                wr[d][j] = __ldg(wp + j * wstride + kb * 32);
+                szl[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo);
+                szh[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi);
             }
         }
     }
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     for (int kb = kb0; kb < kend; kb += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
             const int kc = kb + d;
             if (kc < kend) {
                 uint4 xa[4], xb[4];
-                const int col = kc * W4_KB + 32 * t;
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
-                    xa[q] = w4_x8(xs, r0 + g, m, col + 8 * q, k, perm);
-                    xb[q] = ROWS16 ? w4_x8(xs, r0 + g + 8, m, col + 8 * q, k, perm) : make_uint4(0u, 0u, 0u, 0u);
-                }
-                uint4 w[NT];
-                unsigned sl[NT], sh[NT];
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    w[j] = wr[d][j];
-                    sl[j] = szl[d][j];
-                    sh[j] = szh[d][j];
-                }
-                const int kn = kc + D;
-                if (kn < kend) {
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        wr[d][j] = __ldg(qbase + ((size_t)j * kblocks + kn) * 32);
-                        w4_sz2<T>(scales, zeros, nt0 + j, kn, t, gshift, gstore, g, szl[d][j],
-                                  szh[d][j]);
+                    if (FASTX) {
+                        xa[q] = __ldg(xpa + kc * 16 + q);
+                        xb[q] = ROWS16 ? __ldg(xpb + kc * 16 + q) : zero4;
+                    } else {
+                        const int col = kc * W4_KB + 32 * t + 8 * q;
+                        xa[q] = w4_x8(xs, r0 + g, m, col, k, perm);
+                        xb[q] = ROWS16 ? w4_x8(xs, r0 + g + 8, m, col, k, perm) : zero4;
                     }
                 }
-                w4_block<T, NT>(acc, w, xa, xb, sl, sh);
+                // Consume slot d, then refill it with block kc + D.
+                w4_block<T, ROWS16, FP4>(acc[0], acc[1], wr[d][0], wr[d][1], szl[d][0], szh[d][0],
+                                         szl[d][1], szh[d][1], xa, xb);
+                const int kn = kc + D;
+                if (kn < kend) {
+                    const int glo = (kn * 8 + 2 * t) >> gshift, ghi = (kn * 8 + 2 * t + 1) >> gshift;
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        wr[d][j] = __ldg(wp + j * wstride + kn * 32);
+                        szl[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo);
+                        szh[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi);
+                    }
+                }
             }
         }
     }
+    float(*pp)[2][4][32] = reinterpret_cast<float(*)[2][4][32]>(part);
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) part[s][j][e][lane] = acc[j][e];
+        for (int e = 0; e < 4; ++e) pp[s][h][e][lane] = acc[h][e];
     __syncthreads();
     if (s != 0) return;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
+    for (int h = 0; h < (ROWS16 ? 2 : 1); ++h) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float total = 0.0f;
-            for (int q = 0; q < ks; ++q) total += part[q][j][e][lane];
-            const int row = r0 + g + (e >= 2 ? 8 : 0);
-            const int col = (nt0 + j) * 8 + 2 * t + (e & 1);
+            for (int q = 0; q < ks; ++q) total += pp[q][h][e][lane];
+            const int row = r0 + 8 * h + 2 * t + (e & 1);
+            const int col = nt0 * 8 + g + (e >= 2 ? 8 : 0);
             if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
         }
     }
@@ -311,7 +413,8 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
 // (128 columns) of the CTA's x rows (128 x 128, 32 KB) and weight tiles (16 n8 tiles, 8 KB) is
 // staged by cp.async `stages` - 1 blocks ahead (2 or 3 stages, the host picks by the arch's
 // shared memory); a warp decodes its 4 tiles once per k block straight from shared memory into
-// B fragments and reads A with one 128-bit load per row per chunk pair. x rows sit 256 bytes
+// A fragments (two m16 output tiles) and reads each 8-row group's B fragments with one 128-bit
+// load per chunk pair; the (scale, zero) words are loaded one k block ahead. x rows sit 256 bytes
 // apart, 16-byte unit u of row r at u ^ ((u >> 3) << 1) ^ (r & 1) (no bank conflicts for the
 // A reads). The ks slices accumulate from zero into acc and are added into `total` in order at
 // each slice's end: the GEMV's arithmetic exactly.
@@ -376,34 +479,46 @@ __device__ __forceinline__ void w4_gemm_stage(unsigned char* st, const unsigned 
     }
 }
 
-template <typename T>
+template <typename T, bool FP4>
 __device__ __forceinline__ void w4_gemm(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
                                         const int* perm, int kblocks, int ks, int gshift,
                                         int gstore, int n, void* out, int out_f32, int stages,
                                         int tiles) {
-    constexpr int MT = W4_GEMM_MT, NT = W4_GEMM_NT;
     extern __shared__ __align__(16) unsigned char w4_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp >> 2, wn = warp & 3;
     const int r0 = blockIdx.y * 128;
     const int ntc = blockIdx.x * 16;            // the CTA's first n8 tile
-    const int nt0 = ntc + wn * NT;              // the warp's first n8 tile
+    const int nt0 = ntc + wn * 4;               // the warp's first n8 tile (4: two m16 A tiles)
     const bool active = nt0 < tiles;            // tiles is a multiple of 8: all 4 or none
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
     const bool fast = perm == nullptr && (k & 7) == 0;
     const int per = kblocks / ks;
-    float total[MT][NT][4], acc[MT][NT][4];
+    const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + (size_t)nt0 * gstore * 8 + g;
+    const int sstride = gstore * 8;
+    const unsigned char* zp = zeros ? zeros + (size_t)nt0 * sstride + g : w4_eight;
+    const int zg = zeros ? 8 : 0, zt = zeros ? sstride : 0;
+    // total / acc [u][rg][e]: m16 output tile u (n8 tiles nt0 + 2u, + 1), row group rg (8 rows).
+    float total[2][8][4], acc[2][8][4];
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
+    for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+        for (int rg = 0; rg < 8; ++rg)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                total[i][j][e] = 0.0f;
-                acc[i][j][e] = 0.0f;
+                total[u][rg][e] = 0.0f;
+                acc[u][rg][e] = 0.0f;
             }
+    // (scale, zero) words of k block 0, then one block ahead.
+    unsigned szl[4], szh[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int glo = (2 * t) >> gshift, ghi = (2 * t + 1) >> gshift;
+        szl[j] = active ? w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo) : 0u;
+        szh[j] = active ? w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi) : 0u;
+    }
     for (int p = 0; p < stages - 1; ++p) {
         if (p < kblocks)
             w4_gemm_stage(w4_smem + p * W4_GEMM_STAGE_BYTES, xs, m, k, perm, fast, qw, kblocks,
@@ -422,45 +537,56 @@ __device__ __forceinline__ void w4_gemm(const T* x, int m, int k, const uint4* _
         }
         if (active) {
             const unsigned char* st = w4_smem + (kb % stages) * W4_GEMM_STAGE_BYTES;
-            uint4 w[NT];
-            unsigned sl[NT], zl[NT], sh[NT], zh[NT];
+            uint4 w[4];
+            unsigned sl[4], zl[4], sh[4], zh[4];
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                w[j] = *reinterpret_cast<const uint4*>(st + W4_GEMM_A_BYTES + (wn * NT + j) * 512 + lane * 16);
-                unsigned lo, hi;
-                w4_sz2<T>(scales, zeros, nt0 + j, kb, t, gshift, gstore, g, lo, hi);
-                w4_unpack_sz<T>(lo, sl[j], zl[j]);
-                w4_unpack_sz<T>(hi, sh[j], zh[j]);
+            for (int j = 0; j < 4; ++j) {
+                w[j] = *reinterpret_cast<const uint4*>(st + W4_GEMM_A_BYTES + (wn * 4 + j) * 512 + lane * 16);
+                w4_unpack_sz<T>(szl[j], sl[j], zl[j]);
+                w4_unpack_sz<T>(szh[j], sh[j], zh[j]);
+            }
+            if (kb + 1 < kblocks) {
+                const int glo = ((kb + 1) * 8 + 2 * t) >> gshift, ghi = ((kb + 1) * 8 + 2 * t + 1) >> gshift;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    szl[j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo);
+                    szh[j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi);
+                }
             }
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                unsigned b[NT][4];
+                unsigned d[4][4];
 #pragma unroll
-                for (int j = 0; j < NT; ++j)
-                    w4_decode2<T>(w4_word(w[j], q), q < 2 ? sl[j] : sh[j], q < 2 ? zl[j] : zh[j], b[j]);
+                for (int j = 0; j < 4; ++j)
+                    w4_decode_any<T, FP4>(w4_word(w[j], q), q < 2 ? sl[j] : sh[j], q < 2 ? zl[j] : zh[j], d[j]);
+                unsigned a0[2][4], a1[2][4];
 #pragma unroll
-                for (int i = 0; i < MT; ++i) {
-                    const int ra_row = wm * 64 + 16 * i + g, rb_row = ra_row + 8;
-                    const uint4 ra = *reinterpret_cast<const uint4*>(st + ra_row * 256 + w4_a_unit(4 * t + q, ra_row) * 16);
-                    const uint4 rb = *reinterpret_cast<const uint4*>(st + rb_row * 256 + w4_a_unit(4 * t + q, rb_row) * 16);
-                    const unsigned a0[4] = {ra.x, rb.x, ra.y, rb.y};
-                    const unsigned a1[4] = {ra.z, rb.z, ra.w, rb.w};
+                for (int u = 0; u < 2; ++u) {
+                    a0[u][0] = d[2 * u][0]; a0[u][1] = d[2 * u + 1][0];
+                    a0[u][2] = d[2 * u][1]; a0[u][3] = d[2 * u + 1][1];
+                    a1[u][0] = d[2 * u][2]; a1[u][1] = d[2 * u + 1][2];
+                    a1[u][2] = d[2 * u][3]; a1[u][3] = d[2 * u + 1][3];
+                }
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        w4_mma<T>(acc[i][j], a0, b[j][0], b[j][1]);
-                        w4_mma<T>(acc[i][j], a1, b[j][2], b[j][3]);
+                for (int rg = 0; rg < 8; ++rg) {
+                    const int row = wm * 64 + rg * 8 + g;
+                    const uint4 xr = *reinterpret_cast<const uint4*>(st + row * 256 + w4_a_unit(4 * t + q, row) * 16);
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        w4_mma<T>(acc[u][rg], a0[u], xr.x, xr.y);
+                        w4_mma<T>(acc[u][rg], a1[u], xr.z, xr.w);
                     }
                 }
             }
             if ((kb + 1) % per == 0) {
 #pragma unroll
-                for (int i = 0; i < MT; ++i)
+                for (int u = 0; u < 2; ++u)
 #pragma unroll
-                    for (int j = 0; j < NT; ++j)
+                    for (int rg = 0; rg < 8; ++rg)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
-                            total[i][j][e] += acc[i][j][e];
-                            acc[i][j][e] = 0.0f;
+                            total[u][rg][e] += acc[u][rg][e];
+                            acc[u][rg][e] = 0.0f;
                         }
             }
         }
@@ -468,14 +594,14 @@ __device__ __forceinline__ void w4_gemm(const T* x, int m, int k, const uint4* _
     w4_cp_wait(0);
     if (!active) return;
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
+    for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+        for (int rg = 0; rg < 8; ++rg)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int row = r0 + wm * 64 + 16 * i + g + (e >= 2 ? 8 : 0);
-                const int col = (nt0 + j) * 8 + 2 * t + (e & 1);
-                if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total[i][j][e]);
+                const int row = r0 + wm * 64 + rg * 8 + 2 * t + (e & 1);
+                const int col = (nt0 + 2 * u) * 8 + g + (e >= 2 ? 8 : 0);
+                if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total[u][rg][e]);
             }
 }
 
@@ -486,7 +612,7 @@ template <typename T>
 __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __restrict__ qw,
                                        const T* scales, const unsigned char* zeros,
                                        const int* perm, int kblocks, int ks, int gshift,
-                                       int gstore, int n, void* out, int out_f32) {
+                                       int gstore, int n, void* out, int out_f32, int fp4) {
     __shared__ float part[W4_MAX_KS][16][8];
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -510,7 +636,7 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
                 const float sc = Io<T>::load(scales, (long)i);
                 const int z = zeros ? (int)__ldg(zeros + i) : 8;
                 const int u = (int)((word >> (16 * (o & 1) + 4 * (o >> 1))) & 15u);
-                wf[8 * q + o] = round_to<T>((float)(u - z) * sc);
+                wf[8 * q + o] = round_to<T>(w4_code_value(u, z, fp4) * sc);
                 cols[8 * q + o] = col < k ? (perm ? __ldg(perm + col) : col) : -1;
             }
         }
@@ -545,26 +671,42 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 #define W4_ARGS(T)                                                                              \
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         const int *perm, int kblocks, int ks, int gshift, int gstore, int n, void *out,        \
-        int out_f32
+        int out_f32, int fp4
 #define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
 
 // The GEMV picks its row variant per block row (uniform across the block): rows 8..15 of a
 // tile exist only when m > 16 * blockIdx.y + 8.
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
     extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv_##SUF(W4_ARGS(T)) {              \
-        if (m > (int)blockIdx.y * 16 + 8) {                                                      \
-            w4_gemv<T, true>(W4_PASS);                                                           \
+        __shared__ float part[W4_MAX_KS * 2 * 4 * 32];                                           \
+        const bool r16 = m > (int)blockIdx.y * 16 + 8;                                           \
+        const bool fx = perm == nullptr && (k & 127) == 0;                                       \
+        if (fp4) {                                                                               \
+            if (fx) {                                                                            \
+                if (r16) w4_gemv<T, true, true, true>(W4_PASS, part);                            \
+                else w4_gemv<T, false, true, true>(W4_PASS, part);                               \
+            } else {                                                                             \
+                if (r16) w4_gemv<T, true, true, false>(W4_PASS, part);                           \
+                else w4_gemv<T, false, true, false>(W4_PASS, part);                              \
+            }                                                                                    \
         } else {                                                                                 \
-            w4_gemv<T, false>(W4_PASS);                                                          \
+            if (fx) {                                                                            \
+                if (r16) w4_gemv<T, true, false, true>(W4_PASS, part);                           \
+                else w4_gemv<T, false, false, true>(W4_PASS, part);                              \
+            } else {                                                                             \
+                if (r16) w4_gemv<T, true, false, false>(W4_PASS, part);                          \
+                else w4_gemv<T, false, false, false>(W4_PASS, part);                             \
+            }                                                                                    \
         }                                                                                        \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 1) w4_gemm_##SUF(W4_ARGS(T), int stages,  \
                                                                        int tiles) {             \
-        w4_gemm<T>(W4_PASS, stages, tiles);                                                      \
+        if (fp4) w4_gemm<T, true>(W4_PASS, stages, tiles);                                       \
+        else w4_gemm<T, false>(W4_PASS, stages, tiles);                                          \
     }
 W4_TC_ENTRIES(f16, __half)
 W4_TC_ENTRIES(bf16, bf16_t)
 
 #define W4_FMA_ENTRY(SUF, T)                                                                    \
-    extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS); }
+    extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }
 KILN_FOR_FLOAT_TYPES(W4_FMA_ENTRY)

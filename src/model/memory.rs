@@ -115,14 +115,18 @@ pub fn weight_device_bytes(info: &TensorInfo, compute_elem: usize) -> usize {
     }
 }
 
-/// Device bytes of the stored tensor `name`: [`weight_device_bytes`], except that the 4-bit zero
-/// points of packed linears (compressed-tensors `<m>.weight_zero_point`, AutoAWQ / GPTQ
-/// `<m>.qzeros`: eight nibbles per I32) take one byte per zero on the device (the w4 tiles of
-/// `crate::tensor::packed_tiles` store them as u8), twice their stored bytes.
+/// Device bytes of the stored tensor `name`: [`weight_device_bytes`], except for two parts of
+/// packed linears that the w4 tiles (`crate::tensor::packed_tiles`) widen: 4-bit zero points
+/// (compressed-tensors `<m>.weight_zero_point`, AutoAWQ / GPTQ `<m>.qzeros`: eight nibbles per
+/// I32) take one byte per zero, and NVFP4's fp8 `<m>.weight_scale` is stored in the compute
+/// dtype (`compute_elem` bytes per scale).
 pub fn named_weight_device_bytes(name: &str, info: &TensorInfo, compute_elem: usize) -> usize {
+    use crate::tensor::WeightDType;
     let zero_points = name.ends_with(".weight_zero_point") || name.ends_with(".qzeros");
-    if zero_points && info.dtype == crate::tensor::WeightDType::I32 {
+    if zero_points && info.dtype == WeightDType::I32 {
         info.numel() * 8
+    } else if name.ends_with(".weight_scale") && info.dtype == WeightDType::F8E4M3 {
+        info.numel() * compute_elem
     } else {
         weight_device_bytes(info, compute_elem)
     }
@@ -345,7 +349,20 @@ mod tests {
             named_weight_device_bytes("l.mlp.up_proj.weight_zero_point", &z, 2),
             zeros
         );
-        assert_eq!(named_weight_device_bytes("l.mlp.up_proj.qzeros", &z, 2), zeros);
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.qzeros", &z, 2),
+            zeros
+        );
+        // NVFP4's fp8 scales are stored in the compute dtype.
+        let s = TensorInfo {
+            dtype: WeightDType::F8E4M3,
+            shape: vec![5120, 320],
+            bytes: 5120 * 320,
+        };
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.weight_scale", &s, 2),
+            5120 * 320 * 2
+        );
         // Other I32 parts (packed words, g_idx) stay as stored.
         assert_eq!(
             named_weight_device_bytes("l.mlp.up_proj.weight_packed", &z, 2),

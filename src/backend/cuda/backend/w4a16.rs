@@ -11,7 +11,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::{dev_err, mixed, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
-use crate::tensor::packed_tiles::{W4Tiles, PAD_N, TILE_N};
+use crate::tensor::packed_tiles::{W4Tiles, W4Values, PAD_N, TILE_N};
 use crate::tensor::PackedLinear;
 
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
@@ -46,6 +46,8 @@ pub struct CudaPackedParts {
     k_slices: usize,
     group_shift: u32,
     groups: usize,
+    /// Integer or e2m1 (NVFP4) nibbles.
+    values: W4Values,
 }
 
 impl CudaPackedParts {
@@ -58,8 +60,8 @@ impl CudaPackedParts {
 }
 
 impl CudaBackend {
-    /// Repack an int4 linear into the tile layout and upload it; NVFP4 and `g_idx` layouts the
-    /// tiles cannot hold are `Unsupported`, naming the module.
+    /// Repack a 4-bit linear (int4 or NVFP4) into the tile layout and upload it; `g_idx` layouts
+    /// the tiles cannot hold are `Unsupported`, naming the module.
     pub(super) fn upload_packed(
         &self,
         name: &str,
@@ -92,6 +94,7 @@ impl CudaBackend {
             k = t.k,
             k_slices = t.k_slices,
             act_order = t.perm.is_some(),
+            values = ?t.values,
             "Packed linear uploaded in the w4 tile layout."
         );
         Ok(CudaWeight {
@@ -107,6 +110,7 @@ impl CudaBackend {
                 k_slices: t.k_slices,
                 group_shift: t.group_shift(),
                 groups: t.groups,
+                values: t.values,
             })),
         })
     }
@@ -134,7 +138,10 @@ impl CudaBackend {
     /// cp.async stages of the GEMM: 3 where a block may use ≥ 120 KB of shared memory (sm_80,
     /// sm_90, sm_100: 163 / 227 / 227 KB), else 2 (80 KB: sm_86 / sm_89 / sm_120 have 99 KB).
     fn w4_gemm_stages(&self) -> usize {
-        if matches!((self.arch.major, self.arch.minor), (8, 0) | (9, 0) | (10, 0)) {
+        if matches!(
+            (self.arch.major, self.arch.minor),
+            (8, 0) | (9, 0) | (10, 0)
+        ) {
             3
         } else {
             2
@@ -232,6 +239,7 @@ impl CudaBackend {
             parts.groups as i32,
         );
         let of32 = i32::from(out_f32);
+        let fp4 = i32::from(parts.values == W4Values::E2m1);
         let (stages, tiles) = (self.w4_gemm_stages() as i32, (parts.n_pad / TILE_N) as i32);
         let shared = match kernel {
             W4Kernel::Gemm => {
@@ -261,7 +269,8 @@ impl CudaBackend {
             .arg(&gs)
             .arg(&n)
             .arg(&op)
-            .arg(&of32);
+            .arg(&of32)
+            .arg(&fp4);
         if kernel == W4Kernel::Gemm {
             b.arg(&stages).arg(&tiles);
         }
