@@ -674,8 +674,10 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         int out_f32, int fp4
 #define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
 
-// The GEMV picks its row variant per block row (uniform across the block): rows 8..15 of a
-// tile exist only when m > 16 * blockIdx.y + 8.
+// The GEMV picks its variant per block row (uniform across the block): rows 8..15 of a tile
+// exist only when m > 16 * blockIdx.y + 8 (the generic-x variant always runs all 16: its x
+// reads are zero past m, so the rows below m get the same operations; one fewer instantiation
+// to compile).
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
     extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv_##SUF(W4_ARGS(T)) {              \
         __shared__ float part[W4_MAX_KS * 2 * 4 * 32];                                           \
@@ -686,16 +688,14 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
                 if (r16) w4_gemv<T, true, true, true>(W4_PASS, part);                            \
                 else w4_gemv<T, false, true, true>(W4_PASS, part);                               \
             } else {                                                                             \
-                if (r16) w4_gemv<T, true, true, false>(W4_PASS, part);                           \
-                else w4_gemv<T, false, true, false>(W4_PASS, part);                              \
+                w4_gemv<T, true, true, false>(W4_PASS, part);                                    \
             }                                                                                    \
         } else {                                                                                 \
             if (fx) {                                                                            \
                 if (r16) w4_gemv<T, true, false, true>(W4_PASS, part);                           \
                 else w4_gemv<T, false, false, true>(W4_PASS, part);                              \
             } else {                                                                             \
-                if (r16) w4_gemv<T, true, false, false>(W4_PASS, part);                          \
-                else w4_gemv<T, false, false, false>(W4_PASS, part);                             \
+                w4_gemv<T, true, false, false>(W4_PASS, part);                                   \
             }                                                                                    \
         }                                                                                        \
     }                                                                                            \

@@ -1,10 +1,12 @@
-//! 4-bit integer linears kept packed on the device: upload in the w4 tile layout
-//! ([`crate::tensor::packed_tiles`]) and the matmul through `kernels/w4a16.cu`.
+//! 4-bit linears (int4 formats and NVFP4) kept packed on the device: upload in the w4 tile
+//! layout ([`crate::tensor::packed_tiles`]) and the matmul through `kernels/w4a16.cu` (the
+//! kernels' `fp4` flag selects the e2m1 decode).
 //!
 //! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, `w4_gemv` for steps of
 //! 1–16 rows and `w4_gemm` for larger ones, both `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; elsewhere (sm_70 / sm_75, f32) `w4_fma`, one kernel for every row count.
+//! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
 //! Nothing here allocates per call, and every launch takes fixed pointers (graph-capturable).
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
