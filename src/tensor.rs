@@ -9,6 +9,7 @@
 //! points, `g_idx`: compressed-tensors, AutoAWQ, GPTQ, NVFP4) is one [`packed::LinearView`],
 //! handed out by [`WeightSource::linear`] and uploaded whole by the backend.
 
+pub mod gguf_tiles;
 pub mod packed;
 pub mod packed_tiles;
 

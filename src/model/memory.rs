@@ -6,7 +6,7 @@
 //! largest length that fits (the message users know from vLLM, said before anything runs).
 
 use crate::model::ModelConfig;
-use crate::tensor::{TensorInfo, WeightSource};
+use crate::tensor::{gguf_tiles, TensorInfo, WeightSource};
 
 /// Slack for the CUDA context, cuBLAS workspaces and allocator rounding, in bytes.
 pub const FIXED_OVERHEAD_BYTES: usize = 256 << 20;
@@ -103,11 +103,22 @@ pub fn plan(p: &PlanInput) -> Result<MemoryPlan, String> {
 }
 
 /// Device bytes of one stored tensor on a GPU whose compute dtype has `compute_elem` bytes:
-/// floats are converted to the compute dtype (`numel × compute_elem`); ggml blocks too (the
-/// CUDA backend still expands them at load, issue 10); the parts of packed 4-bit linears
-/// (I32 / I64 / U8 / I8 / F8 words, zero points, fp8 scales, `g_idx`) stay as stored. Their
-/// 16-bit scales are floats and count at `compute_elem`, which is what they are stored as.
+/// floats are converted to the compute dtype (`numel × compute_elem`); 2-D GGUF Q4_0 / Q4_1 /
+/// Q8_0 weights stay quantized in the gguf tile layout ([`gguf_tiles::device_bytes`]: the stored
+/// size plus the padding of N to 64 and K to 128), unless `KILN_GGUF_DEQUANT` forces the old
+/// path; the other ggml blocks (Q4_K, Q6_K) are expanded at load (`numel × compute_elem`); the
+/// parts of packed 4-bit linears (I32 / I64 / U8 / I8 / F8 words, zero points, fp8 scales,
+/// `g_idx`) stay as stored. Their 16-bit scales are floats and count at `compute_elem`, which is
+/// what they are stored as.
 pub fn weight_device_bytes(info: &TensorInfo, compute_elem: usize) -> usize {
+    if let (Some(f), &[n, k]) = (
+        gguf_tiles::GgufFormat::of(info.dtype),
+        info.shape.as_slice(),
+    ) {
+        if !gguf_tiles::dequantize_forced() {
+            return gguf_tiles::device_bytes(f, n, k);
+        }
+    }
     if info.dtype.is_weight() {
         info.numel() * compute_elem
     } else {
@@ -386,6 +397,22 @@ mod tests {
         assert_eq!(
             weight_device_bytes(&info(WeightDType::BF16, &[4, 8], 64), 2),
             64
+        );
+        // GGUF Q4_1 stays quantized: 20 bytes per 32 weights when N and K need no padding; K =
+        // 576 pads to 640 (the layout's 128-column blocks); Q4_K is still expanded.
+        if !gguf_tiles::dequantize_forced() {
+            assert_eq!(
+                weight_device_bytes(&info(WeightDType::Q4_1, &[128, 1024], 128 * 32 * 20), 2),
+                128 * 32 * 20
+            );
+            assert_eq!(
+                weight_device_bytes(&info(WeightDType::Q8_0, &[64, 576], 64 * 18 * 34), 2),
+                64 * 20 * 34
+            );
+        }
+        assert_eq!(
+            weight_device_bytes(&info(WeightDType::Q4K, &[4, 256], 4 * 144), 2),
+            4 * 256 * 2
         );
         // Packed words, zero points and fp8 scales stay as stored.
         assert_eq!(

@@ -32,6 +32,7 @@ use super::attention_plan::{self, PrefillVariant};
 mod attention;
 mod dtype;
 mod gdn;
+mod gguf;
 mod graph;
 mod handles;
 mod load;
@@ -43,6 +44,7 @@ mod w4a16;
 
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
+pub use gguf::{GgufKernel, GEMV_MAX_ROWS as GGUF_GEMV_MAX_ROWS};
 pub use sampling::CudaLogits;
 pub use step::CudaStep;
 pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};
@@ -85,6 +87,8 @@ pub struct CudaWeight {
     k: usize,
     /// The other parts of a packed 4-bit weight (`w4a16`); `None` for a dense one.
     packed: Option<Box<w4a16::CudaPackedParts>>,
+    /// The other parts of a GGUF weight kept quantized (`gguf`); `None` for any other.
+    gguf: Option<Box<gguf::CudaGgufParts>>,
 }
 
 /// K and V of every layer, `[num_blocks, block_size, num_kv_heads, head_dim]` each.
@@ -393,7 +397,9 @@ impl Backend for CudaBackend {
     }
 
     fn weight_bytes(&self, w: &CudaWeight) -> usize {
-        w.data.len() + w.packed.as_ref().map_or(0, |p| p.bytes())
+        w.data.len()
+            + w.packed.as_ref().map_or(0, |p| p.bytes())
+            + w.gguf.as_ref().map_or(0, |p| p.bytes())
     }
 
     fn upload_linear(
@@ -414,11 +420,15 @@ impl Backend for CudaBackend {
                 view.shape
             )));
         };
+        if let Some(w) = self.upload_gguf(name, view)? {
+            return Ok(w);
+        }
         Ok(CudaWeight {
             data: self.dequantize_to_device(name, view)?,
             n,
             k,
             packed: None,
+            gguf: None,
         })
     }
 
@@ -542,6 +552,21 @@ impl Backend for CudaBackend {
         }
         if step.num_tokens == 0 {
             return Ok(());
+        }
+        if let Some(parts) = &table.gguf {
+            let ids = step.token_ids();
+            // SAFETY: token ids were range-checked by ForwardBatch::step_input against the
+            // vocabulary (the table's rows); `out` holds num_tokens rows of k (checked above).
+            return unsafe {
+                self.gguf_gather(
+                    table,
+                    parts,
+                    &ids,
+                    step.num_tokens,
+                    &mut out.data,
+                    out.dtype,
+                )
+            };
         }
         let f = match (out.dtype, &self.k.embedding_to_f32) {
             (d, _) if d == self.dtype => &self.k.embedding,
@@ -1041,6 +1066,12 @@ impl CudaBackend {
             let kernel = self.w4_kernel_for(rows);
             // SAFETY: as this function's contract.
             return unsafe { self.packed_matmul(w, parts, rows, xp, op, out_f32, kernel) };
+        }
+        if let Some(parts) = &w.gguf {
+            let out_f32 = out_type == cublas_sys::cudaDataType::CUDA_R_32F;
+            let kernel = self.gguf_kernel_for(rows);
+            // SAFETY: as this function's contract.
+            return unsafe { self.gguf_matmul(w, parts, rows, xp, op, out_f32, kernel) };
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let ty = self.dtype.cuda_type();

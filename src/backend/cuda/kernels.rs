@@ -28,11 +28,13 @@ pub enum KernelModule {
     W4a16,
     /// Gated DeltaNet (conv, fused delta-rule scan, gated norm) and gated-attention helpers.
     Gdn,
+    /// Matmuls and the embedding gather on GGUF Q4_0 / Q4_1 / Q8_0 kept quantized (gguf tiles).
+    GgufMm,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 9] = [
+    pub const ALL: [KernelModule; 10] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -42,6 +44,7 @@ impl KernelModule {
         KernelModule::Sampling,
         KernelModule::W4a16,
         KernelModule::Gdn,
+        KernelModule::GgufMm,
     ];
 
     /// File name under `kernels/`.
@@ -56,6 +59,7 @@ impl KernelModule {
             KernelModule::Sampling => "sampling.cu",
             KernelModule::W4a16 => "w4a16.cu",
             KernelModule::Gdn => "gdn.cu",
+            KernelModule::GgufMm => "gguf_mm.cu",
         }
     }
 
@@ -71,6 +75,7 @@ impl KernelModule {
             KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
             KernelModule::W4a16 => include_str!("../../../kernels/w4a16.cu"),
             KernelModule::Gdn => include_str!("../../../kernels/gdn.cu"),
+            KernelModule::GgufMm => include_str!("../../../kernels/gguf_mm.cu"),
         }
     }
 
@@ -142,6 +147,17 @@ impl KernelModule {
                 }
                 KernelModule::Gdn => {
                     names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")))
+                }
+                KernelModule::GgufMm => {
+                    for q in ["q4_0", "q4_1", "q8_0"] {
+                        if t != "f32" {
+                            names.push(format!("gguf_gemv_{q}_{t}"));
+                            names.push(format!("gguf_gemm_{q}_{t}"));
+                            names.push(format!("gguf_gather_{q}_{t}_to_f32"));
+                        }
+                        names.push(format!("gguf_fma_{q}_{t}"));
+                        names.push(format!("gguf_gather_{q}_{t}"));
+                    }
                 }
             }
         }

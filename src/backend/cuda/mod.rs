@@ -10,7 +10,7 @@ pub mod device;
 pub mod kernels;
 pub mod nvrtc;
 
-pub use backend::{ComputeDType, CudaBackend, CudaLogits, KvStorage, W4Kernel};
+pub use backend::{ComputeDType, CudaBackend, CudaLogits, GgufKernel, KvStorage, W4Kernel};
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;
 pub use nvrtc::Arch;

@@ -65,6 +65,8 @@ pub(crate) struct Kernels {
     pub gpu_sleep: CudaFunction,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
+    /// The GGUF kept-quantized entry points (`gguf_mm.cu`).
+    pub gguf: super::gguf::GgufKernels,
 }
 
 impl Kernels {
@@ -120,6 +122,7 @@ impl Kernels {
             w4_fma: get(format!("w4_fma_{t}"))?,
             gpu_sleep: get("gpu_sleep".into())?,
             gdn: super::gdn::GdnKernels::resolve(&get, t)?,
+            gguf: super::gguf::GgufKernels::resolve(&get, t)?,
         })
     }
 

@@ -114,6 +114,7 @@ impl CudaBackend {
                 groups: t.groups,
                 values: t.values,
             })),
+            gguf: None,
         })
     }
 

@@ -1,0 +1,362 @@
+//! The device layout of GGUF Q4_0 / Q4_1 / Q8_0 weights kept quantized on the GPU ("gguf
+//! tiles", `kernels/gguf_mm.cu`): the ggml blocks of a `[N, K]` weight repacked at load so that a
+//! GPU kernel reads whole 128-bit words per lane and decodes them straight into
+//! `mma.sync.m16n8k16` B fragments, with the fp16 block scales (and Q4_1 mins) apart from the
+//! values.
+//!
+//! Shapes: `Np` = N rounded up to [`PAD_N`], `Kp` = K rounded up to [`TILE_K`], `KB = Kp / 128`,
+//! `V` = [`GgufFormat::words`] (1 for the 4-bit formats, 2 for Q8_0):
+//! - `qweight` u32 `[Np/8][KB][V][32 lanes][4 words]`: lane `l = 4g + t` of n8 tile `nt` holds
+//!   output `n = 8nt + g`; its values of chunk `c` (16 columns, `0..8`) are, low first, columns
+//!   `16c + 2t`, `16c + 2t + 1`, `16c + 8 + 2t`, `16c + 9 + 2t` of the block: 4-bit — the 16 bits
+//!   at `16·(c % 2)` of word `c / 2` (the order of [`crate::tensor::packed_tiles`]); 8-bit — the
+//!   4 bytes of word `c % 4` of the lane's uint4 `c / 4`.
+//! - `scales` u16 (f16 bits) `[Np/8][KB][8][4]`: the `d` of ggml block `4·kb + i` of output
+//!   `8nt + g` at `[nt][kb][g][i]` (a lane reads its four in one 64-bit load);
+//! - `mins` u16 (f16 bits), same layout: Q4_1's `m`; absent for the other formats.
+//!
+//! The values are the stored integers unchanged (Q4_0 / Q4_1 nibbles `u`, Q8_0 bytes `q`), the
+//! scales the stored f16 bits: nothing is rounded, so [`GgufTiles::weight`] (the weight the
+//! kernels decode, in f32, before their one rounding to the compute dtype) equals
+//! `quant::dequantize_row` bit for bit (tests/cuda_gguf_layout.rs checks it). Padding (rows ≥ N,
+//! columns ≥ K) has value 0 (Q4: 8) and `d = m = 0`, so it decodes to 0.
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::tensor::{TensorView, WeightDType};
+
+/// Elements per ggml block (`quant::QK`; `quant` is a higher layer).
+const QK: usize = 32;
+/// Columns per tile block (eight 16-column mma chunks, four ggml blocks).
+pub const TILE_K: usize = 128;
+/// Outputs per tile (one mma n8).
+pub const TILE_N: usize = 8;
+/// N is padded to this (the GEMM's 64-output block tile).
+pub const PAD_N: usize = 64;
+/// Most K slices (`kernels/gguf_mm.cu` `GG_MAX_KS`).
+pub const MAX_K_SLICES: usize = 8;
+
+/// The environment switch that forces the old path for GGUF weights on the GPU: dequantized to
+/// the compute dtype at load and multiplied with cuBLAS (`KILN_GGUF_DEQUANT=1`; unset or `0`:
+/// kept quantized). Read at each upload and by the memory planner.
+pub const DEQUANT_ENV: &str = "KILN_GGUF_DEQUANT";
+
+/// Whether [`DEQUANT_ENV`] asks for dequantize-at-load.
+pub fn dequantize_forced() -> bool {
+    std::env::var(DEQUANT_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Device bytes of an `[n, k]` weight of `format` in the tile layout (values, scales, mins), as
+/// [`GgufTiles::bytes`] without building it: what the memory planner counts.
+pub fn device_bytes(format: GgufFormat, n: usize, k: usize) -> usize {
+    let (np, kb) = (n.div_ceil(PAD_N) * PAD_N, k.div_ceil(TILE_K));
+    let values = np / TILE_N * kb * format.words() * 32 * 16;
+    let params = np * kb * 4 * 2;
+    values + params * if format.has_mins() { 2 } else { 1 }
+}
+
+/// The GGUF block formats kept quantized on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgufFormat {
+    /// `d · (u − 8)`, 4-bit `u`.
+    Q4_0,
+    /// `u · d + m`, 4-bit `u`.
+    Q4_1,
+    /// `q · d`, signed 8-bit `q`.
+    Q8_0,
+}
+
+impl GgufFormat {
+    /// The format of a stored dtype, `None` for one not kept quantized on the GPU (floats, and
+    /// the K-quants, which are still dequantized at load).
+    pub fn of(dtype: WeightDType) -> Option<GgufFormat> {
+        match dtype {
+            WeightDType::Q4_0 => Some(GgufFormat::Q4_0),
+            WeightDType::Q4_1 => Some(GgufFormat::Q4_1),
+            WeightDType::Q8_0 => Some(GgufFormat::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// The kernels' name part (`gguf_gemv_{suffix}_{dtype}`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            GgufFormat::Q4_0 => "q4_0",
+            GgufFormat::Q4_1 => "q4_1",
+            GgufFormat::Q8_0 => "q8_0",
+        }
+    }
+
+    /// uint4 words per lane per k block (`V`).
+    pub fn words(self) -> usize {
+        match self {
+            GgufFormat::Q4_0 | GgufFormat::Q4_1 => 1,
+            GgufFormat::Q8_0 => 2,
+        }
+    }
+
+    /// Whether the format has per-block mins.
+    pub fn has_mins(self) -> bool {
+        self == GgufFormat::Q4_1
+    }
+
+    /// Bits of one stored value.
+    fn value_bits(self) -> usize {
+        32 * self.words() / 8
+    }
+}
+
+/// Why a weight cannot be repacked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("gguf tiles: {0}")]
+pub struct GgufTileError(pub String);
+
+/// A GGUF weight in the tile layout (host copy, before upload).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgufTiles {
+    /// The block format.
+    pub format: GgufFormat,
+    /// N (rows: out_features).
+    pub n: usize,
+    /// K (columns: in_features), a multiple of 32.
+    pub k: usize,
+    /// N padded to [`PAD_N`].
+    pub n_pad: usize,
+    /// K padded to [`TILE_K`].
+    pub k_pad: usize,
+    /// K slices the kernels cut K into (from K alone: the largest of 8, 4, 2, 1 dividing `KB`).
+    pub k_slices: usize,
+    /// The values, see the module docs.
+    pub qweight: Vec<u32>,
+    /// Block scales (f16 bits) `[Np/8][KB][8][4]`.
+    pub scales: Vec<u16>,
+    /// Block mins (f16 bits), Q4_1 only.
+    pub mins: Option<Vec<u16>>,
+}
+
+/// The integer value (nibble or byte as stored), `d` and `m` bits of element `j` of one ggml
+/// block, read from the block's bytes.
+fn element(format: GgufFormat, block: &[u8], j: usize) -> (u32, u16, u16) {
+    let f16_at = |o: usize| u16::from_le_bytes([block[o], block[o + 1]]);
+    let nib = |qs: &[u8]| -> u32 {
+        let b = qs[j % (QK / 2)];
+        u32::from(if j < QK / 2 { b & 0xF } else { b >> 4 })
+    };
+    match format {
+        GgufFormat::Q4_0 => (nib(&block[2..]), f16_at(0), 0),
+        GgufFormat::Q4_1 => (nib(&block[4..]), f16_at(0), f16_at(2)),
+        GgufFormat::Q8_0 => (u32::from(block[2 + j]), f16_at(0), 0),
+    }
+}
+
+/// Column of value `q` (0..4) of chunk `c` for lane quad position `t` in a tile block.
+fn column(c: usize, t: usize, q: usize) -> usize {
+    16 * c + 2 * t + (q & 1) + if q >= 2 { 8 } else { 0 }
+}
+
+impl GgufTiles {
+    /// Repack a 2-D Q4_0 / Q4_1 / Q8_0 tensor. Another dtype, a shape that is not 2-D, a K that
+    /// is not whole blocks or a byte count that does not match the shape is `Err`.
+    pub fn from_view(view: &TensorView<'_>) -> Result<GgufTiles, GgufTileError> {
+        let format = GgufFormat::of(view.dtype).ok_or_else(|| {
+            GgufTileError(format!("{:?} is not kept quantized on the GPU", view.dtype))
+        })?;
+        let &[n, k] = view.shape else {
+            return Err(GgufTileError(format!(
+                "expected a 2-D weight, found shape {:?}",
+                view.shape
+            )));
+        };
+        let row_bytes = view.dtype.row_bytes(k).ok_or_else(|| {
+            GgufTileError(format!("{k} columns are not whole {:?} blocks", view.dtype))
+        })?;
+        if view.data.len() != n * row_bytes {
+            return Err(GgufTileError(format!(
+                "{} bytes for a {n} x {k} {:?} weight ({} expected)",
+                view.data.len(),
+                view.dtype,
+                n * row_bytes
+            )));
+        }
+        let bb = view.dtype.block_bytes();
+        let k_pad = k.div_ceil(TILE_K) * TILE_K;
+        let n_pad = n.div_ceil(PAD_N) * PAD_N;
+        let kb = k_pad / TILE_K;
+        let k_slices = [8usize, 4, 2, 1]
+            .into_iter()
+            .find(|s| kb.is_multiple_of(*s))
+            .unwrap_or(1);
+        let tiles = n_pad / TILE_N;
+        let v = format.words();
+        let bits = format.value_bits();
+        let pad_value: u32 = match format {
+            GgufFormat::Q8_0 => 0,
+            _ => 8,
+        };
+        let data = view.data;
+        // (value, d, m) of (row, col); padding outside N × K.
+        let at = |row: usize, col: usize| -> (u32, u16, u16) {
+            if row >= n || col >= k {
+                return (pad_value, 0, 0);
+            }
+            let off = row * row_bytes + (col / QK) * bb;
+            element(format, &data[off..off + bb], col % QK)
+        };
+        // One n8 tile per task (a large model has billions of values to move at load).
+        let words_per_tile = kb * v * 32 * 4;
+        let mut qweight = vec![0u32; tiles * words_per_tile];
+        qweight
+            .par_chunks_mut(words_per_tile)
+            .enumerate()
+            .for_each(|(nt, tile)| {
+                for b in 0..kb {
+                    for lane in 0..32 {
+                        let (gl, t) = (lane / 4, lane % 4);
+                        let row = nt * 8 + gl;
+                        for c in 0..8 {
+                            for q in 0..4 {
+                                let (u, _, _) = at(row, b * TILE_K + column(c, t, q));
+                                // Word index within the lane's V uint4s, and bit offset.
+                                let (word, shift) = if bits == 4 {
+                                    (c / 2, 16 * (c % 2) + 4 * q)
+                                } else {
+                                    (c, 8 * q)
+                                };
+                                let (h, w) = (word / 4, word % 4);
+                                tile[((b * v + h) * 32 + lane) * 4 + w] |= u << shift;
+                            }
+                        }
+                    }
+                }
+            });
+        let mut scales = vec![0u16; tiles * kb * 8 * 4];
+        let mut mins = format.has_mins().then(|| vec![0u16; scales.len()]);
+        for row in 0..n {
+            for blk in 0..k / QK {
+                let (_, d, m) = at(row, blk * QK);
+                let i = (((row / 8) * kb + blk / 4) * 8 + row % 8) * 4 + blk % 4;
+                scales[i] = d;
+                if let Some(ms) = mins.as_mut() {
+                    ms[i] = m;
+                }
+            }
+        }
+        Ok(GgufTiles {
+            format,
+            n,
+            k,
+            n_pad,
+            k_pad,
+            k_slices,
+            qweight,
+            scales,
+            mins,
+        })
+    }
+
+    /// k blocks (`KB`).
+    pub fn k_blocks(&self) -> usize {
+        self.k_pad / TILE_K
+    }
+
+    /// Device bytes of the layout (values, scales, mins).
+    pub fn bytes(&self) -> usize {
+        4 * self.qweight.len()
+            + 2 * self.scales.len()
+            + self.mins.as_ref().map_or(0, |m| 2 * m.len())
+    }
+
+    /// The weight at (row, col) of the padded `Np × Kp` matrix, as the kernels decode it (f32,
+    /// before their rounding to the compute dtype): read back from the tiles alone.
+    pub fn weight(&self, row: usize, col: usize) -> f32 {
+        let (nt, g) = (row / TILE_N, row % TILE_N);
+        let (b, jj) = (col / TILE_K, col % TILE_K);
+        let (c, r) = (jj / 16, jj % 16);
+        let (t, q) = ((r % 8) / 2, (r & 1) + 2 * (r / 8));
+        let lane = 4 * g + t;
+        let v = self.format.words();
+        let (word, shift) = if self.format.value_bits() == 4 {
+            (c / 2, 16 * (c % 2) + 4 * q)
+        } else {
+            (c, 8 * q)
+        };
+        let (h, w) = (word / 4, word % 4);
+        let bits =
+            self.qweight[((((nt * self.k_blocks()) + b) * v + h) * 32 + lane) * 4 + w] >> shift;
+        let i = ((nt * self.k_blocks() + b) * 8 + g) * 4 + c / 2;
+        let d = f16::from_bits(self.scales[i]).to_f32();
+        match self.format {
+            GgufFormat::Q4_0 => ((bits & 15) as i32 - 8) as f32 * d,
+            GgufFormat::Q4_1 => {
+                let m = self
+                    .mins
+                    .as_ref()
+                    .map_or(0.0, |ms| f16::from_bits(ms[i]).to_f32());
+                (bits & 15) as f32 * d + m
+            }
+            GgufFormat::Q8_0 => f32::from((bits & 0xFF) as u8 as i8) * d,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_slices_come_from_k_alone() {
+        // 576 = 4.5 tile blocks → 5 blocks, one slice; 1536 = 12 blocks → 4 slices.
+        for (k, ks) in [(576usize, 1usize), (1536, 4), (4096, 8), (64, 1)] {
+            let n = 8;
+            let data = vec![0u8; n * k / 32 * 34];
+            let view = TensorView {
+                dtype: WeightDType::Q8_0,
+                shape: &[n, k],
+                data: &data,
+            };
+            let t = GgufTiles::from_view(&view).unwrap();
+            assert_eq!(t.k_slices, ks, "K = {k}");
+            assert_eq!(t.n_pad, 64);
+            assert_eq!(t.qweight.len(), 8 * t.k_blocks() * 2 * 32 * 4);
+        }
+    }
+
+    #[test]
+    fn device_bytes_match_the_built_layout() {
+        for (dtype, bb) in [
+            (WeightDType::Q4_0, 18usize),
+            (WeightDType::Q4_1, 20),
+            (WeightDType::Q8_0, 34),
+        ] {
+            for (n, k) in [(200usize, 576usize), (64, 1024), (9, 32)] {
+                let data = vec![0u8; n * k / 32 * bb];
+                let view = TensorView {
+                    dtype,
+                    shape: &[n, k],
+                    data: &data,
+                };
+                let t = GgufTiles::from_view(&view).unwrap();
+                let f = GgufFormat::of(dtype).unwrap();
+                assert_eq!(device_bytes(f, n, k), t.bytes(), "{dtype:?} {n}x{k}");
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_hold() {
+        let data = vec![0u8; 144];
+        let kq = TensorView {
+            dtype: WeightDType::Q4K,
+            shape: &[1, 256],
+            data: &data,
+        };
+        assert!(GgufTiles::from_view(&kq).is_err());
+        let short = TensorView {
+            dtype: WeightDType::Q4_0,
+            shape: &[2, 32],
+            data: &data[..18],
+        };
+        assert!(GgufTiles::from_view(&short).is_err());
+    }
+}

@@ -1,0 +1,417 @@
+//! GGUF Q4_0 / Q4_1 / Q8_0 kept quantized on the GPU (`kernels/gguf_mm.cu`) against the CPU
+//! dequantizing reference (`kiln::quant::dequantize_row`): every kernel on random blocks, batch
+//! invariance and GEMV = GEMM bit for bit; the whole SmolLM2 Q4_1 GGUF on CUDA against the CPU
+//! backend, at 4 bits and with the old dequantize-at-load path; and the speed figures of
+//! docs/benchmarks.md (the GEMV at one row as a fraction of the copy bandwidth measured in the
+//! same run, and the quantized kernels beside cuBLAS on the same weights dequantized).
+//!
+//! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`), from
+//! the repository root:
+//! `LD_LIBRARY_PATH=/usr/local/cuda/lib64 KILN_TEST_GGUF=/tmp/k/SmolLM2.gguf cuda_gguf_quant-<hash> --ignored --test-threads=1 --nocapture`
+//! and for the V100 (sm_70) path, compute_70 PTX through the driver's JIT with NVRTC 12.9:
+//! `source .gpu/shared/env70.sh && cuda_gguf_quant-<hash> --ignored --test-threads=1 --nocapture`.
+//! Each test prints `RESULT` lines that go into docs/gpu-validation.md / docs/benchmarks.md.
+//!
+//! The reference: every weight dequantized exactly in f32 (`dequantize_row`), the input as the GPU
+//! holds it (rounded to the compute dtype), dot products in f64. Relative error = max |Δ| / max
+//! |reference| over the checked outputs, ≤ 1e-2 (16-bit weights and inputs). For N × K > 8M the
+//! reference checks a seeded random subset of 256 output columns (all rows); every other shape is
+//! checked in full.
+#![cfg(feature = "cuda")]
+
+mod common;
+mod gguf_support;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use common::*;
+use gguf_support::{OwnedGguf, Rng, FORMATS};
+use half::{bf16, f16};
+use kiln::backend::cuda::{CudaBackend, GgufKernel};
+use kiln::backend::Backend;
+use kiln::engine::Device;
+use kiln::model::files::ModelFiles;
+use kiln::quant::dequantize_row;
+use kiln::tensor::WeightDType;
+use kiln::tools::probe::{probe, Positions};
+use rayon::prelude::*;
+
+/// N × K of every SmolLM2-135M linear (q/o, k/v, gate/up, down, the tied lm_head) and a large one
+/// (Qwen3.5-27B's down_proj).
+const SHAPES: [(usize, usize); 6] = [
+    (576, 576),
+    (192, 576),
+    (1536, 576),
+    (576, 1536),
+    (49152, 576),
+    (5120, 17408),
+];
+const ROWS: [usize; 6] = [1, 2, 7, 16, 64, 257];
+const REL_TOL: f64 = 1e-2;
+/// Whole model, f32 compute against the CPU f32 reference: max |Δlogit| (both dequantize the same
+/// blocks exactly in f32; only the summation order differs), and all 16 greedy tokens equal (the
+/// criteria of tests/cuda_parity.rs).
+const MODEL_F32_MAX_ABS: f32 = 1e-3;
+/// Whole model, 16-bit compute: min cosine of the logits per position (as tests/cuda_parity.rs).
+const MODEL_HALF_MIN_COS: f64 = 0.999;
+
+/// `v` as the GPU holds it in `dtype`.
+fn round(dtype: &str, v: f32) -> f32 {
+    match dtype {
+        "bf16" => bf16::from_f32(v).to_f32(),
+        "fp16" => f16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
+
+/// The reference outputs `[rows][cols.len()]` for columns `cols` of `o` on input `x`.
+fn reference(o: &OwnedGguf, x: &[f32], rows: usize, cols: &[usize]) -> Vec<Vec<f64>> {
+    let k = o.k;
+    let rb = o.dtype.row_bytes(k).expect("whole blocks");
+    let per_col: Vec<Vec<f64>> = cols
+        .par_iter()
+        .map(|&n| {
+            let mut w = vec![0f32; k];
+            dequantize_row(o.dtype, &o.data[n * rb..(n + 1) * rb], &mut w);
+            (0..rows)
+                .map(|r| {
+                    x[r * k..(r + 1) * k]
+                        .iter()
+                        .zip(&w)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum()
+                })
+                .collect()
+        })
+        .collect();
+    (0..rows)
+        .map(|r| per_col.iter().map(|c| c[r]).collect())
+        .collect()
+}
+
+/// Max |Δ| / max |reference| of `got` (`[rows, N]`) on the checked columns.
+fn rel_err(got: &[f32], n: usize, cols: &[usize], want: &[Vec<f64>]) -> f64 {
+    let (mut d, mut m) = (0f64, 0f64);
+    for (r, row) in want.iter().enumerate() {
+        for (i, &c) in cols.iter().enumerate() {
+            let g = f64::from(got[r * n + c]);
+            if !g.is_finite() {
+                return f64::INFINITY;
+            }
+            d = d.max((g - row[i]).abs());
+            m = m.max(row[i].abs());
+        }
+    }
+    d / m.max(1e-30)
+}
+
+fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// `w` on the first `rows` rows of `x` with `kernel` (None: the backend's choice), the output
+/// poisoned with NaN first.
+fn run(
+    b: &CudaBackend,
+    w: &<CudaBackend as Backend>::Weight,
+    x: &[f32],
+    rows: usize,
+    n: usize,
+    k: usize,
+    kernel: Option<GgufKernel>,
+) -> Vec<f32> {
+    let xb = b.upload(&x[..rows * k]).expect("upload x");
+    let mut out = b.alloc(rows * n).expect("alloc out");
+    let nan = b.upload(&vec![f32::NAN; rows * n]).expect("poison");
+    b.add(&mut out, &nan, rows * n).expect("poison add");
+    match kernel {
+        Some(kk) => b
+            .matmul_gguf_with(&xb, rows, w, &mut out, kk)
+            .expect("matmul_gguf_with"),
+        None => b.matmul(&xb, rows, w, &mut out).expect("matmul"),
+    }
+    down(b, &out, rows * n)
+}
+
+/// One weight on one backend: every row count against the reference; every prefix of rows equal
+/// bit for bit to the same rows of the 257-row step; GEMV and GEMM equal on 64 rows.
+fn check_weight(b: &CudaBackend, dtype: &str, label: &str, o: &OwnedGguf) -> Vec<String> {
+    let (n, k) = (o.n, o.k);
+    let mut failures = Vec::new();
+    let t0 = Instant::now();
+    let w = b.upload_weight(label, &o.view()).expect("upload_weight");
+    let upload_s = t0.elapsed().as_secs_f64();
+    assert!(
+        b.gguf_format(&w).is_some(),
+        "{label}: not kept quantized (is {} set?)",
+        kiln::tensor::gguf_tiles::DEQUANT_ENV
+    );
+    let max_rows = *ROWS.last().unwrap_or(&1);
+    let x: Vec<f32> = data(max_rows * k, 17 + n as u64)
+        .into_iter()
+        .map(|v| round(dtype, v))
+        .collect();
+    let subset = n * k > 8 << 20;
+    let cols: Vec<usize> = if subset {
+        let mut rng = Rng(n as u64 * 31 + k as u64);
+        let mut c: Vec<usize> = (0..256).map(|_| rng.below(n)).collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    } else {
+        (0..n).collect()
+    };
+    let want = reference(o, &x, max_rows, &cols);
+    let full = run(b, &w, &x, max_rows, n, k, None);
+    let mut worst = 0f64;
+    let mut invariant = true;
+    for rows in ROWS {
+        let got = if rows == max_rows {
+            full.clone()
+        } else {
+            run(b, &w, &x, rows, n, k, None)
+        };
+        let e = rel_err(&got, n, &cols, &want[..rows]);
+        worst = worst.max(e);
+        if e > REL_TOL {
+            failures.push(format!(
+                "{dtype} {label} {n}x{k} rows {rows}: rel err {e:.3e}"
+            ));
+        }
+        if !bits_equal(&got, &full[..rows * n]) {
+            invariant = false;
+            failures.push(format!(
+                "{dtype} {label} {n}x{k}: rows {rows} differ from the same rows of a {max_rows}-row step"
+            ));
+        }
+    }
+    let mut gemv_gemm = "n/a (FMA path)".to_string();
+    if b.gguf_tensor_cores() {
+        let gv = run(b, &w, &x, 64, n, k, Some(GgufKernel::Gemv));
+        let gm = run(b, &w, &x, 64, n, k, Some(GgufKernel::Gemm));
+        let same = bits_equal(&gv, &gm);
+        gemv_gemm = if same { "equal" } else { "DIFFER" }.into();
+        if !same {
+            failures.push(format!(
+                "{dtype} {label} {n}x{k}: GEMV and GEMM differ on 64 rows"
+            ));
+        }
+    }
+    println!(
+        "RESULT gguf {dtype} {label} N={n} K={k} rows={ROWS:?} checked_cols={} rel_err_max={worst:.3e} batch_invariant={invariant} gemv_vs_gemm_64={gemv_gemm} upload_s={upload_s:.2} {}",
+        if subset { format!("{} (seeded subset)", cols.len()) } else { format!("{n} (all)") },
+        if failures.is_empty() { "ok" } else { "FAIL" }
+    );
+    failures
+}
+
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn every_gguf_kernel_matches_the_cpu_reference() {
+    let mut failures = Vec::new();
+    for dtype in dtypes() {
+        let b = gpu(dtype, "auto");
+        println!("device: {}", b.name());
+        for (i, (label, fmt)) in FORMATS.into_iter().enumerate() {
+            for (j, &(n, k)) in SHAPES.iter().enumerate() {
+                // f32 (the FMA path, exercised at every shape on sm_70) skips the largest shape.
+                if dtype == "f32" && n * k > 8 << 20 {
+                    continue;
+                }
+                let o = OwnedGguf::random(fmt, n, k, 100 * i as u64 + j as u64);
+                failures.extend(check_weight(&b, dtype, label, &o));
+            }
+            // N not a multiple of 64 (padding rows), K = 32 (one block).
+            for (n, k) in [(200usize, 1152usize), (40, 32)] {
+                let o = OwnedGguf::random(fmt, n, k, 900 + i as u64);
+                failures.extend(check_weight(&b, dtype, label, &o));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The SmolLM2 GGUF (`KILN_TEST_GGUF`, default `/tmp/k/SmolLM2.gguf`), or `None` when absent.
+fn smollm2() -> Option<PathBuf> {
+    let p = std::env::var("KILN_TEST_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/tmp/k/SmolLM2.gguf"));
+    p.is_file().then_some(p)
+}
+
+/// Whole models on CUDA against the CPU backend (f32): the tiny GGUF fixtures (Q4_0, Q4_1, Q8_0)
+/// and SmolLM2 Q4_1 (its embedding / tied lm_head is Q8_0), with the weights kept quantized,
+/// and SmolLM2 with the old dequantize-at-load path beside it (the same tolerances).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn whole_gguf_models_match_the_cpu_backend() {
+    let mut paths: Vec<PathBuf> = [
+        "tiny-llama-q4_0.gguf",
+        "tiny-llama-q4_1.gguf",
+        "tiny-llama-q8_0.gguf",
+    ]
+    .iter()
+    .map(|f| root().join("tests/fixtures").join(f))
+    .collect();
+    match smollm2() {
+        Some(p) => paths.push(p),
+        None => {
+            println!("RESULT gguf model SmolLM2 SKIPPED (no KILN_TEST_GGUF / /tmp/k/SmolLM2.gguf)")
+        }
+    }
+    let mut failures = Vec::new();
+    for path in paths {
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        let files = ModelFiles::open(&path).expect("model");
+        let vocab = files.config.vocab_size as u32;
+        let prompt: Vec<u32> = (0..40u32)
+            .map(|i| (i * 37 + 11) % vocab.min(5000))
+            .collect();
+        let cpu = probe(
+            runner(&files, Device::Cpu, "f32", "auto").as_mut(),
+            &prompt,
+            &Positions::All,
+            16,
+        )
+        .expect("cpu");
+        let modes: &[&str] = if name.contains("SmolLM2") {
+            &["4bit", "dequant"]
+        } else {
+            &["4bit"]
+        };
+        for &mode in modes {
+            // SAFETY of the environment change: the tests run with --test-threads=1 and nothing
+            // else reads the variable concurrently; it is read once per weight upload.
+            if mode == "dequant" {
+                std::env::set_var(kiln::tensor::gguf_tiles::DEQUANT_ENV, "1");
+            } else {
+                std::env::remove_var(kiln::tensor::gguf_tiles::DEQUANT_ENV);
+            }
+            for dtype in dtypes() {
+                let got = probe(
+                    runner(&files, Device::Cuda(0), dtype, "auto").as_mut(),
+                    &prompt,
+                    &Positions::All,
+                    16,
+                )
+                .expect("gpu");
+                let (worst, worst_cos, agree) = compare(&cpu, &got);
+                let ok = match dtype {
+                    "f32" => worst <= MODEL_F32_MAX_ABS && agree == 16,
+                    _ => worst_cos >= MODEL_HALF_MIN_COS,
+                };
+                println!(
+                    "RESULT gguf model {name} weights={mode} dtype={dtype} logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_agree={agree}/16 {}",
+                    if ok { "ok" } else { "FAIL" }
+                );
+                if !ok {
+                    failures.push(format!("{name} {mode} {dtype}"));
+                }
+            }
+        }
+        std::env::remove_var(kiln::tensor::gguf_tiles::DEQUANT_ENV);
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+const ITERS: usize = 20;
+const REPS: usize = 7;
+
+/// Median seconds per call of `f` (after one warm-up batch): host wall clock around `ITERS`
+/// back-to-back launches on the backend's stream and a synchronize.
+fn time(b: &CudaBackend, mut f: impl FnMut()) -> f64 {
+    for _ in 0..ITERS {
+        f();
+    }
+    b.synchronize().expect("sync");
+    let mut t: Vec<f64> = (0..REPS)
+        .map(|_| {
+            let s = Instant::now();
+            for _ in 0..ITERS {
+                f();
+            }
+            b.synchronize().expect("sync");
+            s.elapsed().as_secs_f64() / ITERS as f64
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[REPS / 2]
+}
+
+/// Device-to-device copy bandwidth (read + write bytes per second) of 1 GiB.
+fn copy_bandwidth() -> f64 {
+    let ctx = cudarc::driver::CudaContext::new(0).expect("context");
+    let s = ctx.default_stream();
+    let bytes = 1usize << 30;
+    let src = s.alloc_zeros::<u8>(bytes).expect("alloc");
+    let mut dst = s.alloc_zeros::<u8>(bytes).expect("alloc");
+    s.memcpy_dtod(&src, &mut dst).expect("copy");
+    s.synchronize().expect("sync");
+    let mut t: Vec<f64> = (0..REPS)
+        .map(|_| {
+            let st = Instant::now();
+            for _ in 0..5 {
+                s.memcpy_dtod(&src, &mut dst).expect("copy");
+            }
+            s.synchronize().expect("sync");
+            st.elapsed().as_secs_f64() / 5.0
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    2.0 * bytes as f64 / t[REPS / 2]
+}
+
+/// Speed (figures, not pass/fail): per format and shape, the GEMV at 1 row (bytes = values +
+/// scales + mins as stored on the device) as a fraction of the copy bandwidth, the 16-row time
+/// over the 1-row time, and the 1-row / 512-row times of cuBLAS on the same weight dequantized to
+/// bf16 (`KILN_GGUF_DEQUANT=1`) beside the quantized kernels'.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn gguf_gemv_and_gemm_speed() {
+    let b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    let copy = copy_bandwidth();
+    println!("RESULT bench copy_bandwidth_GBps={:.0}", copy / 1e9);
+    let shapes = [
+        ("q4_1", WeightDType::Q4_1, 576usize, 576usize),
+        ("q4_1", WeightDType::Q4_1, 1536, 576),
+        ("q4_1", WeightDType::Q4_1, 576, 1536),
+        ("q8_0", WeightDType::Q8_0, 49152, 576),
+        ("q4_0", WeightDType::Q4_0, 17408, 5120),
+        ("q4_1", WeightDType::Q4_1, 17408, 5120),
+        ("q8_0", WeightDType::Q8_0, 17408, 5120),
+        ("q4_1", WeightDType::Q4_1, 5120, 17408),
+    ];
+    for (i, (label, dt, n, k)) in shapes.into_iter().enumerate() {
+        let o = OwnedGguf::random(dt, n, k, 77 + i as u64);
+        std::env::remove_var(kiln::tensor::gguf_tiles::DEQUANT_ENV);
+        let wq = b.upload_weight(label, &o.view()).expect("upload");
+        std::env::set_var(kiln::tensor::gguf_tiles::DEQUANT_ENV, "1");
+        let wd = b.upload_weight(label, &o.view()).expect("upload dense");
+        std::env::remove_var(kiln::tensor::gguf_tiles::DEQUANT_ENV);
+        let bytes = b.weight_bytes(&wq) as f64;
+        let dense_bytes = b.weight_bytes(&wd) as f64;
+        let x = b.upload(&data(512 * k, 3)).expect("x");
+        let mut out = b.alloc(512 * n).expect("out");
+        let t1 = time(&b, || b.matmul(&x, 1, &wq, &mut out).expect("matmul"));
+        let t16 = time(&b, || b.matmul(&x, 16, &wq, &mut out).expect("matmul"));
+        let t512 = time(&b, || b.matmul(&x, 512, &wq, &mut out).expect("matmul"));
+        let d1 = time(&b, || b.matmul(&x, 1, &wd, &mut out).expect("matmul"));
+        let d512 = time(&b, || b.matmul(&x, 512, &wd, &mut out).expect("matmul"));
+        println!(
+            "RESULT bench gguf {label} N={n} K={k} rows=1 time_us={:.2} bytes={bytes:.0} GBps={:.0} fraction_of_copy={:.3} rows16_vs_1={:.2} rows512_us={:.1} | cublas bf16 dequantized: bytes={dense_bytes:.0} rows1_us={:.2} rows512_us={:.1}",
+            t1 * 1e6,
+            bytes / t1 / 1e9,
+            bytes / t1 / copy,
+            t16 / t1,
+            t512 * 1e6,
+            d1 * 1e6,
+            d512 * 1e6
+        );
+    }
+}
