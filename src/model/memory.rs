@@ -131,14 +131,35 @@ fn weight_device_bytes_with(info: &TensorInfo, compute_elem: usize, keep_gguf: b
     }
 }
 
-/// [`weight_device_bytes`] summed over every tensor of `weights` (read without touching their
-/// bytes, [`WeightSource::tensor_info`]); tensors that cannot be described are skipped.
+/// Device bytes of the stored tensor `name`: [`weight_device_bytes`], except for two parts of
+/// packed linears that the w4 tiles (`crate::tensor::packed_tiles`) widen: 4-bit zero points
+/// (compressed-tensors `<m>.weight_zero_point`, AutoAWQ / GPTQ `<m>.qzeros`: eight nibbles per
+/// I32) take one byte per zero, and NVFP4's fp8 `<m>.weight_scale` is stored in the compute
+/// dtype (`compute_elem` bytes per scale).
+pub fn named_weight_device_bytes(name: &str, info: &TensorInfo, compute_elem: usize) -> usize {
+    use crate::tensor::WeightDType;
+    let zero_points = name.ends_with(".weight_zero_point") || name.ends_with(".qzeros");
+    if zero_points && info.dtype == WeightDType::I32 {
+        info.numel() * 8
+    } else if name.ends_with(".weight_scale") && info.dtype == WeightDType::F8E4M3 {
+        info.numel() * compute_elem
+    } else {
+        weight_device_bytes(info, compute_elem)
+    }
+}
+
+/// [`named_weight_device_bytes`] summed over every tensor of `weights` (read without touching
+/// their bytes, [`WeightSource::tensor_info`]); tensors that cannot be described are skipped.
 pub fn weights_device_bytes(weights: &dyn WeightSource, compute_elem: usize) -> usize {
     weights
         .names()
         .iter()
-        .filter_map(|n| weights.tensor_info(n).ok())
-        .map(|t| weight_device_bytes(&t, compute_elem))
+        .filter_map(|n| {
+            weights
+                .tensor_info(n)
+                .ok()
+                .map(|t| named_weight_device_bytes(n, &t, compute_elem))
+        })
         .sum()
 }
 
@@ -363,6 +384,41 @@ mod tests {
         .expect("fits");
         // min(30.4, 25) − 21.25 = 3.75 GiB.
         assert_eq!(crowded.num_blocks, (3.75 * 1024.0) as usize);
+    }
+
+    #[test]
+    fn packed_zero_points_count_one_byte_per_zero() {
+        use crate::tensor::WeightDType;
+        // compressed-tensors asym: [N / 8, groups] I32 = N × groups nibbles → N × groups bytes.
+        let z = TensorInfo {
+            dtype: WeightDType::I32,
+            shape: vec![640, 40],
+            bytes: 640 * 40 * 4,
+        };
+        let zeros = 5120 * 40;
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.weight_zero_point", &z, 2),
+            zeros
+        );
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.qzeros", &z, 2),
+            zeros
+        );
+        // NVFP4's fp8 scales are stored in the compute dtype.
+        let s = TensorInfo {
+            dtype: WeightDType::F8E4M3,
+            shape: vec![5120, 320],
+            bytes: 5120 * 320,
+        };
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.weight_scale", &s, 2),
+            5120 * 320 * 2
+        );
+        // Other I32 parts (packed words, g_idx) stay as stored.
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.weight_packed", &z, 2),
+            640 * 40 * 4
+        );
     }
 
     #[test]
