@@ -3,6 +3,9 @@
 // attention_serial_{f32,f16,bf16}_{same,e5m2,e4m3} (the first split-K kernel; head_dim > 64),
 // attention_combine_{f32,f16,bf16}, and
 // attention_prefill_{f32,f16,bf16}_{same,e5m2,e4m3}_d{64,128,256} (tiled, flash-style; below).
+// Decode normally runs the memory-speed kernel of attention_decode.cu; the split-K kernels here
+// serve the shapes it does not take (head_dim not a multiple of 8, more than 8 query heads per KV
+// head).
 //
 // Every query token t belongs to sequence q_seq[t] and sits at position q_pos[t]; it attends to that
 // sequence's keys 0..=q_pos[t], which are already in the cache (the caller writes the new tokens'

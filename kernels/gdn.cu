@@ -2,14 +2,17 @@
 // Math: shared/docs/qwen3_5.md §3.2-§3.7; the CPU twin is src/backend/cpu/gdn/.
 // Entry points (T = f32 | f16 | bf16, the compute dtype):
 //   gdn_conv1d_{T}       causal depthwise conv + SiLU over the step's tokens, reading the conv state
-//   gdn_conv_state_{T}   the conv state after the step (launched after gdn_conv1d)
-//   gdn_scan_{T}         the gated delta rule (l2norm, g, beta, state update, output), fused,
-//                        for decode tokens and prefill chunks alike (a sequential scan, state on chip);
-//                        8 lanes per value column (key head dims that are multiples of 8)
-//   gdn_scan_w_{T}       the same with a warp per value column (key head dims that are multiples of 32)
+//                        (and, for sequences with one new token, updating it)
+//   gdn_conv_state_{T}   the conv state after the step of the other sequences (after gdn_conv1d)
+//   gdn_scan_{T}         the gated delta rule (l2norm, g, beta, state update, output), fused, as
+//                        a sequential scan with the state on chip: decode tokens, short prefills,
+//                        and every prefill of the f32 compute dtype; 8 lanes per value column (key
+//                        head dims that are multiples of 8). Sequences of at least `chunk_min` new
+//                        tokens are skipped: gdn_chunk.cu's chunked form runs them.
 //   gated_rms_norm_{T}   out = x / rms(x) * w * silu(z) per row
 //   split_query_gate_{T} [q | gate] per head -> q, gate
 //   sigmoid_mul_{T}      x *= sigmoid(gate)
+//   rms_norm_1p_{T}[_rf32|_xf32]  the (1 + w) RMSNorm with w as stored (f32 residual variants)
 //
 // Step metadata (from CudaStep): token_seq [T] (the sequence of each token) and seq_meta [S, 4]
 // (token_start, len, cached_len, state slot). A sequence with cached_len == 0 starts from a zero
@@ -29,28 +32,43 @@ __device__ __forceinline__ float gdn_softplus(float x) { return x > 20.0f ? x : 
 
 // grid (ceil(conv_dim / blockDim.x), num_tokens). out[t, c] = silu(sum_j w[c, j] x[t - (K-1) + j, c]),
 // rows before the sequence's first new token from its conv state (zeros when cached_len == 0).
+// A sequence with one new token (decode) has one thread per channel here, which also shifts its
+// conv state in place (it read every old row first); gdn_conv_state skips those sequences.
 template <typename T>
-__device__ void gdn_conv1d(const T* mixed, const T* weight, const float* conv_state,
+__device__ void gdn_conv1d(const T* mixed, const T* weight, float* conv_state,
                            const int* token_seq, const int* seq_meta, T* out, int conv_dim, int kern,
                            int num_layers, int layer) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     long t = blockIdx.y;
     if (c >= conv_dim) return;
     int s = token_seq[t];
-    int start = seq_meta[4 * s], cached = seq_meta[4 * s + 2], slot = seq_meta[4 * s + 3];
+    int start = seq_meta[4 * s], len = seq_meta[4 * s + 1], cached = seq_meta[4 * s + 2],
+        slot = seq_meta[4 * s + 3];
     int off = (int)t - start;
     int hist = kern - 1;
-    const float* st = conv_state + ((long)slot * num_layers + layer) * hist * conv_dim;
+    float* st = conv_state + ((long)slot * num_layers + layer) * hist * conv_dim;
+    float old[GDN_MAX_KERNEL];
     float acc = 0.0f;
-    for (int j = 0; j < kern; j++) {
+#pragma unroll
+    for (int j = 0; j < GDN_MAX_KERNEL; j++) {
+        if (j >= kern) break;
         int r = off - hist + j;  // row relative to the sequence's first new token
         float x;
         if (r >= 0) x = Io<T>::load(mixed, (long)(start + r) * conv_dim + c);
         else if (cached == 0) x = 0.0f;
         else x = st[(long)(hist + r) * conv_dim + c];
+        old[j] = x;
         acc += Io<T>::load(weight, (long)c * kern + j) * x;
     }
     Io<T>::store(out, t * conv_dim + c, gdn_silu(acc));
+    if (len == 1 && slot >= 0) {
+        // The window was [old rows (hist); the new row]: the new state is its last hist rows.
+#pragma unroll
+        for (int r = 0; r < GDN_MAX_KERNEL - 1; r++) {
+            if (r >= hist) break;
+            st[(long)r * conv_dim + c] = old[r + 1];
+        }
+    }
 }
 
 // grid (ceil(conv_dim / blockDim.x), num_seqs). The new conv state: the last K-1 rows of
@@ -64,7 +82,7 @@ __device__ void gdn_conv_state(const T* mixed, float* conv_state, const int* seq
     if (c >= conv_dim) return;
     int start = seq_meta[4 * s], len = seq_meta[4 * s + 1], cached = seq_meta[4 * s + 2],
         slot = seq_meta[4 * s + 3];
-    if (len == 0 || slot < 0) return;
+    if (len <= 1 || slot < 0) return;  // one new token: gdn_conv1d updated it
     int hist = kern - 1;
     float* st = conv_state + ((long)slot * num_layers + layer) * hist * conv_dim;
     float old[GDN_MAX_KERNEL];
@@ -90,22 +108,26 @@ __device__ void gdn_conv_state(const T* mixed, float* conv_state, const int* seq
 
 // The gated delta rule, one block of GDN_THREADS threads per (sequence, value head, slice of
 // GDN_THREADS / R value columns). Lanes: R consecutive threads share a value column j, each holding
-// dk / R rows of the state column S[:, j] in registers (rows s, s + R, s + 2R, ...); R = 32 (a warp
-// per column, dk a multiple of 32) or R = 8 (dk a multiple of 8). Per token (all f32):
+// dk / R rows of the state column S[:, j] in registers (rows s, s + R, s + 2R, ...); R = 8 (dk a
+// multiple of 8; a warp per column measured slower at decode batch 1 and 64). Per token (all f32):
 //   q^ = l2norm(q) dk^-1/2, k^ = l2norm(k), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
 //   kv = e^g S^T k^;  sq = e^g S^T q^ (both of the old S, reduced over the R lanes)
 //   delta = beta (v - kv);  S <- e^g S + k^ delta^T;  o = S^T q^ = sq + delta (k^ . q^)
 // Tokens are staged GDN_TILE at a time in shared memory: every thread first issues independent
 // loads of the tile's raw q, k, v slice, a, b; then a warp per token normalises q and k there and
 // computes e^g, beta and k^ . q^; the scan itself runs with no barrier and no global load.
+// GDN_TILE is 8 (9 KB of shared memory per block at dk = 128, so 16 blocks fit an SM): the scan
+// now mostly sees decode tokens and short prefills (longer 16-bit prefills take gdn_chunk.cu),
+// and a 32-token tile (33 KB) capped decode at 7 blocks per SM.
 #define GDN_THREADS 128
-#define GDN_TILE 32
+#define GDN_TILE 8
 #define GDN_MAX_DK 128
 
 template <typename T, int R>
 __device__ void gdn_scan(const T* qkv, const T* a_in, const T* b_in, const T* a_log, const T* dt_bias,
                          float* rec_state, const int* seq_meta, T* out, int num_key_heads,
-                         int num_value_heads, int dk, int dv, int num_layers, int layer) {
+                         int num_value_heads, int dk, int dv, int num_layers, int layer,
+                         int chunk_min) {
     constexpr int COLS = GDN_THREADS / R;
     constexpr int MAX_ROWS = GDN_MAX_DK / R;
     __shared__ float qs[GDN_TILE][GDN_MAX_DK];
@@ -116,7 +138,7 @@ __device__ void gdn_scan(const T* qkv, const T* a_in, const T* b_in, const T* a_
     int seq = blockIdx.x, h = blockIdx.y;
     int start = seq_meta[4 * seq], len = seq_meta[4 * seq + 1], cached = seq_meta[4 * seq + 2],
         slot = seq_meta[4 * seq + 3];
-    if (len == 0 || slot < 0) return;
+    if (len == 0 || slot < 0 || len >= chunk_min) return;
     int tid = threadIdx.x, s = tid % R, jj = tid / R;
     int col = blockIdx.z * COLS + jj;
     bool active = col < dv;
@@ -238,6 +260,32 @@ __device__ void gated_rms_norm(const T* x, const T* z, const T* w, T* out, int d
     }
 }
 
+// Zero-centred RMSNorm (Qwen3.5's (1 + w) norms), one block per row of `dim`, as rms_norm.cu's
+// rms_norm (same residual handling) but with the weight w stored as is and 1 + w formed in f32:
+// stored as 1 + w in bf16 the factor is rounded to 2^-8 relative, a perturbation of every norm.
+//   h = x + residual (when residual != nullptr; written back);  out = (1 + w) * (h / rms(h))
+template <typename T, typename X, typename R>
+__device__ void rms_norm_1p(const X* x, R* residual, const T* weight, T* out, int dim, float eps) {
+    long row = blockIdx.x;
+    const X* xr = x + row * dim;
+    R* rr = residual ? residual + row * dim : nullptr;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float h = Io<X>::load(xr, i);
+        if (rr) {
+            h += Io<R>::load(rr, i);
+            Io<R>::store(rr, i, h);
+        }
+        ss += h * h;
+    }
+    ss = block_sum(ss);
+    float inv = rsqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float h = rr ? Io<R>::load(rr, i) : Io<X>::load(xr, i);
+        Io<T>::store(out + row * dim, i, (1.0f + Io<T>::load(weight, i)) * (h * inv));
+    }
+}
+
 // qg [n / hd, 2 hd] (per head [query | gate]) -> q [n], gate [n]; one thread per element of q.
 template <typename T>
 __device__ void split_query_gate(const T* qg, T* q, T* gate, long n, int hd) {
@@ -257,7 +305,7 @@ __device__ void sigmoid_mul(T* x, const T* gate, long n) {
 
 #define GDN(SUF, T)                                                                                  \
     extern "C" __global__ void gdn_conv1d_##SUF(const T* mixed, const T* weight,                      \
-                                                const float* conv_state, const int* token_seq,        \
+                                                float* conv_state, const int* token_seq,              \
                                                 const int* seq_meta, T* out, int conv_dim, int kern,  \
                                                 int num_layers, int layer) {                          \
         gdn_conv1d<T>(mixed, weight, conv_state, token_seq, seq_meta, out, conv_dim, kern,            \
@@ -271,16 +319,9 @@ __device__ void sigmoid_mul(T* x, const T* gate, long n) {
     extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_##SUF(                         \
         const T* qkv, const T* a, const T* b, const T* a_log, const T* dt_bias, float* rec_state,    \
         const int* seq_meta, T* out, int num_key_heads, int num_value_heads, int dk, int dv,         \
-        int num_layers, int layer) {                                                                 \
+        int num_layers, int layer, int chunk_min) {                                                  \
         gdn_scan<T, 8>(qkv, a, b, a_log, dt_bias, rec_state, seq_meta, out, num_key_heads,           \
-                       num_value_heads, dk, dv, num_layers, layer);                                  \
-    }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_w_##SUF(                       \
-        const T* qkv, const T* a, const T* b, const T* a_log, const T* dt_bias, float* rec_state,    \
-        const int* seq_meta, T* out, int num_key_heads, int num_value_heads, int dk, int dv,         \
-        int num_layers, int layer) {                                                                 \
-        gdn_scan<T, 32>(qkv, a, b, a_log, dt_bias, rec_state, seq_meta, out, num_key_heads,          \
-                        num_value_heads, dk, dv, num_layers, layer);                                 \
+                       num_value_heads, dk, dv, num_layers, layer, chunk_min);                       \
     }                                                                                                \
     extern "C" __global__ void gated_rms_norm_##SUF(const T* x, const T* z, const T* w, T* out,      \
                                                     int dim, float eps) {                             \
@@ -291,5 +332,23 @@ __device__ void sigmoid_mul(T* x, const T* gate, long n) {
     }                                                                                                \
     extern "C" __global__ void sigmoid_mul_##SUF(T* x, const T* gate, long n) {                      \
         sigmoid_mul<T>(x, gate, n);                                                                   \
+    }                                                                                                \
+    extern "C" __global__ void rms_norm_1p_##SUF(const T* x, T* residual, const T* weight, T* out,  \
+                                                 int dim, float eps) {                                \
+        rms_norm_1p<T, T, T>(x, residual, weight, out, dim, eps);                                     \
     }
 KILN_FOR_FLOAT_TYPES(GDN)
+
+// The f32 residual stream variants (16-bit compute): _rf32 residual in f32 (x is the delta),
+// _xf32 x in f32 without a residual.
+#define GDN_NORM_F32_STREAM(SUF, T)                                                                  \
+    extern "C" __global__ void rms_norm_1p_##SUF##_rf32(const T* x, float* residual,                 \
+                                                        const T* weight, T* out, int dim, float eps) {\
+        rms_norm_1p<T, T, float>(x, residual, weight, out, dim, eps);                                 \
+    }                                                                                                \
+    extern "C" __global__ void rms_norm_1p_##SUF##_xf32(const float* x, float* residual,             \
+                                                        const T* weight, T* out, int dim, float eps) {\
+        rms_norm_1p<T, float, float>(x, residual, weight, out, dim, eps);                             \
+    }
+GDN_NORM_F32_STREAM(f16, __half)
+GDN_NORM_F32_STREAM(bf16, bf16_t)

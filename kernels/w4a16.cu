@@ -4,11 +4,12 @@
 // The device layout ("w4 tiles", built on the host by src/tensor/packed_tiles.rs from every int4
 // format: compressed-tensors pack-quantized sym/asym, AutoAWQ GEMM, GPTQ incl. desc_act):
 //   qw      uint4 [Np/8][KB][32]   KB = Kp/128; n8 tile nt, k block kb, lane l = 4g + t holds the
-//                                  nibbles of output n = 8nt + g for the k's the m16n8k16 B fragment
-//                                  gives lane l: chunk c (16 k's, 0..7) sits in bits 16(c&1).. of
-//                                  word c/2, nibbles k = 16c+2t, 16c+2t+1, 16c+8+2t, 16c+9+2t.
-//   scales  T     [Np/8][GS][8]    scale of (n, group), the compute dtype; group of chunk
-//                                  kb*8+c is (kb*8+c) >> gshift (a group is 2^gshift chunks).
+//                                  32 nibbles of output n = 8nt + g for the 32 contiguous columns
+//                                  kb*128 + 32t + [0, 32): word q (x, y, z, w) holds columns
+//                                  32t + 8q + o, o = 0..7, at bit 16(o & 1) + 4(o >> 1) (even
+//                                  columns in the low half, odd ones in the high half).
+//   scales  T     [Np/8][GS][8]    scale of (n, group), the compute dtype; the group of column j
+//                                  is (j >> 4) >> gshift (a group is 2^gshift 16-column chunks).
 //   zeros   u8    [Np/8][GS][8]    zero point, or nullptr (symmetric: 8).
 //   perm    i32   [Kp]             act-order: permuted column j holds input column perm[j]
 //                                  (groups made contiguous at load), or nullptr.
@@ -16,13 +17,24 @@
 // Np is N rounded up to 64, Kp is K rounded up to 128 (padding has scale 0); x is read only
 // below column k and row m, out written only below n and m.
 //
+// MMA OPERANDS AND K ORDER. The tensor-core kernels compute out^T: the weights are the A operand
+// of mma.m16n8k16 (16 outputs = n8 tiles 2u and 2u + 1, x 16 k) and x the B operand (16 k x 8
+// rows), so a 1..8-row step wastes nothing and x's 128-bit words are B fragments as loaded. Chunk
+// c (0..7) of a k block is one mma; its k index 2t, 2t+1 is column 32t + 4c, +1 of the block and
+// its k index 8+2t, 9+2t is column 32t + 4c + 2, +3. The sum over the block is the same set of
+// products as in natural order; what matters is that every kernel uses the same assignment.
+// With it a lane reads its 32 columns of x as four 128-bit words and its weights as one 128-bit
+// word; word q decodes into the A fragments of chunks 2q and 2q+1 with one mask and a shift per
+// pair (no table).
+//
 // ONE NUMERIC PATH FOR EVERY ROW COUNT. On sm_80+ (f16 / bf16) both kernels use
 // mma.sync.m16n8k16 with f32 accumulation over the same fragments: K is cut into `ks` slices
 // (a function of K alone, chosen by the host); slice s accumulates its k blocks in ascending
-// order from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in f32. `w4_gemv` (rows
-// 1..16: one m16 tile, one warp per slice, P_s summed through shared memory) and `w4_gemm`
-// (larger steps: 64 x 32 tiles per warp, the slices run one after another) perform exactly these
-// operations per output element, so a row's result does not depend on its batch and the two
+// order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
+// f32. `w4_gemv` (rows 1..16: one or two n8 row groups, one warp per slice, P_s summed through
+// shared memory after the main loop) and `w4_gemm` (larger steps: the slices one after another,
+// each added into the total at its end) perform exactly
+// these operations per output element, so a row's result does not depend on its batch and the two
 // kernels agree bit for bit (tests/cuda_w4a16.rs checks it). `w4_fma` is the path for sm_70 /
 // sm_75 and the f32 compute dtype: f32 FMAs in a fixed k order per lane, a fixed quad shuffle,
 // the same slice sum; one kernel for every row count (rows in chunks of 16 by grid.y).
@@ -31,23 +43,9 @@
 
 #define W4_KB 128       // k per tile block
 #define W4_MAX_KS 8     // K slices at most
-#define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs)
-#define W4_GEMM_MT 4    // m16 tiles per warp in the GEMM (64 rows)
-#define W4_GEMM_NT 4    // n8 tiles per warp in the GEMM (32 outputs); 2 x 2 warps: 128 x 64
-
-// Two values rounded to the 16-bit compute dtype T, packed low | high << 16.
-template <typename T> struct W4Pack;
-template <> struct W4Pack<__half> {
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        return (unsigned)__half_as_ushort(__float2half_rn(lo)) |
-               ((unsigned)__half_as_ushort(__float2half_rn(hi)) << 16);
-    }
-};
-template <> struct W4Pack<bf16_t> {
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16);
-    }
-};
+#define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs: one m16 A tile; must be 2)
+#define W4_GEMV_DEPTH 4 // k blocks of weights in flight per GEMV warp (register ring)
+// The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
 // D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
 template <typename T>
@@ -77,33 +75,31 @@ __device__ __forceinline__ void w4_mma<bf16_t>(float* d, const unsigned* a, unsi
 #endif
 }
 
-// x[row, col] and x[row, col + 1] (16-bit each) as one word; 0 outside the m x k input. `col` is a
-// position in the (permuted) tile order; with `perm` the input column is perm[col].
-__device__ __forceinline__ unsigned w4_pair(const unsigned short* __restrict__ x, int row, int m,
-                                            int col, int k, const int* __restrict__ perm) {
-    if (row >= m || col >= k) return 0u;
+// x[row, col .. col + 8) (16-bit each) as one 128-bit word; 0 outside the m x k input. `col` is a
+// position in the (permuted) tile order; with `perm` the input column is perm[col]. One 128-bit
+// load when the 8 columns are in range, contiguous and aligned (k % 8 == 0, no perm).
+__device__ __forceinline__ uint4 w4_x8(const unsigned short* __restrict__ x, int row, int m,
+                                       int col, int k, const int* __restrict__ perm) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row >= m || col >= k) return v;
     const unsigned short* xr = x + (size_t)row * k;
-    if (perm) {
-        return (unsigned)__ldg(xr + __ldg(perm + col)) |
-               ((unsigned)__ldg(xr + __ldg(perm + col + 1)) << 16);
+    if (!perm && (k & 7) == 0) return __ldg(reinterpret_cast<const uint4*>(xr + col));
+    unsigned h[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int c = col + e;
+        h[e] = c < k ? (unsigned)__ldg(xr + (perm ? __ldg(perm + c) : c)) : 0u;
     }
-    return __ldg(reinterpret_cast<const unsigned*>(xr + col));
+    v.x = h[0] | (h[1] << 16);
+    v.y = h[2] | (h[3] << 16);
+    v.z = h[4] | (h[5] << 16);
+    v.w = h[6] | (h[7] << 16);
+    return v;
 }
 
-// The 16 bits of chunk c (0..7) of a lane's tile word.
-__device__ __forceinline__ unsigned w4_chunk_bits(const uint4& w, int c) {
-    const unsigned word = (c >> 1) == 0 ? w.x : (c >> 1) == 1 ? w.y : (c >> 1) == 2 ? w.z : w.w;
-    return (word >> (16 * (c & 1))) & 0xffffu;
-}
-
-// Scale and zero point of output 8*nt + g in stored group gi (the FMA path: f32 and int).
-template <typename T>
-__device__ __forceinline__ void w4_scale_zero(const T* __restrict__ scales,
-                                              const unsigned char* __restrict__ zeros, int nt,
-                                              int gi, int gstore, int g, float& s, int& z) {
-    const size_t i = ((size_t)nt * gstore + gi) * 8 + g;
-    s = Io<T>::load(scales, (long)i);
-    z = zeros ? (int)__ldg(zeros + i) : 8;
+// Word q of a lane's 128-bit tile word.
+__device__ __forceinline__ unsigned w4_word(const uint4& w, int q) {
+    return q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
 }
 
 // The tensor-core decode works in the 16-bit type itself: a nibble u OR-ed into the mantissa of
@@ -113,10 +109,8 @@ __device__ __forceinline__ void w4_scale_zero(const T* __restrict__ scales,
 template <typename T> struct W4Dec;
 template <> struct W4Dec<__half> {
     static constexpr unsigned MAGIC = 0x64006400u;
-    static __device__ __forceinline__ unsigned bias(int z) {
-        const unsigned h = __half_as_ushort(__float2half_rn(1024.0f + (float)z));
-        return h | (h << 16);
-    }
+    // f16 bits of 1024 + z (exact for z <= 1024), in both halves.
+    static __device__ __forceinline__ unsigned bias(int z) { return (0x6400u + (unsigned)z) * 0x10001u; }
     static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
         const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&q),
                                   *reinterpret_cast<const __half2*>(&zb));
@@ -126,10 +120,8 @@ template <> struct W4Dec<__half> {
 };
 template <> struct W4Dec<bf16_t> {
     static constexpr unsigned MAGIC = 0x43004300u;
-    static __device__ __forceinline__ unsigned bias(int z) {
-        const unsigned h = f32_to_bf16(128.0f + (float)z);
-        return h | (h << 16);
-    }
+    // bf16 bits of 128 + z (exact for z < 128), in both halves.
+    static __device__ __forceinline__ unsigned bias(int z) { return (0x4300u + (unsigned)z) * 0x10001u; }
     static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         unsigned d, w;
@@ -144,26 +136,117 @@ template <> struct W4Dec<bf16_t> {
     }
 };
 
-// Scale (as a 16-bit pair) and zero bias of output 8*nt + g in stored group gi.
-template <typename T>
-__device__ __forceinline__ void w4_scale_bias(const T* __restrict__ scales,
-                                              const unsigned char* __restrict__ zeros, int nt,
-                                              int gi, int gstore, int g, unsigned& s2,
-                                              unsigned& zb) {
-    const size_t i = ((size_t)nt * gstore + gi) * 8 + g;
-    const unsigned sv = __ldg(reinterpret_cast<const unsigned short*>(scales) + i);
-    s2 = sv | (sv << 16);
-    zb = W4Dec<T>::bias(zeros ? (int)__ldg(zeros + i) : 8);
+// The stored group of a lane's chunk c in k block kb (lane column 32t + 4c of the block).
+__device__ __forceinline__ int w4_group(int kb, int t, int c, int gshift) {
+    return ((kb * W4_KB + 32 * t + 4 * c) >> 4) >> gshift;
 }
 
-// B fragment (two words) of one chunk: the four weights of the chunk's 16 bits.
+// Scale and zero point of output 8*nt + g in stored group gi, packed as one word: the scale's
+// 16 bits | zero << 16 (what the GEMV keeps in its register ring; unpacked per k block).
 template <typename T>
-__device__ __forceinline__ void w4_decode(unsigned bits, unsigned s2, unsigned zb, unsigned& b0,
-                                          unsigned& b1) {
-    const unsigned q0 = (bits & 0xfu) | ((bits & 0xf0u) << 12) | W4Dec<T>::MAGIC;
-    const unsigned q1 = ((bits >> 8) & 0xfu) | ((bits & 0xf000u) << 4) | W4Dec<T>::MAGIC;
-    b0 = W4Dec<T>::apply(q0, zb, s2);
-    b1 = W4Dec<T>::apply(q1, zb, s2);
+__device__ __forceinline__ unsigned w4_sz(const T* __restrict__ scales,
+                                          const unsigned char* __restrict__ zeros, int nt, int gi,
+                                          int gstore, int g) {
+    const size_t i = ((size_t)nt * gstore + gi) * 8 + g;
+    const unsigned sv = __ldg(reinterpret_cast<const unsigned short*>(scales) + i);
+    return sv | ((zeros ? (unsigned)__ldg(zeros + i) : 8u) << 16);
+}
+
+// Packed (scale, zero) of a lane's chunks 0..3 (lo) and 4..7 (hi) of k block kb; they differ only
+// for groups of 16 columns (gshift 0).
+template <typename T>
+__device__ __forceinline__ void w4_sz2(const T* __restrict__ scales,
+                                       const unsigned char* __restrict__ zeros, int nt, int kb,
+                                       int t, int gshift, int gstore, int g, unsigned& lo,
+                                       unsigned& hi) {
+    lo = w4_sz<T>(scales, zeros, nt, w4_group(kb, t, 0, gshift), gstore, g);
+    hi = gshift == 0 ? w4_sz<T>(scales, zeros, nt, w4_group(kb, t, 4, gshift), gstore, g) : lo;
+}
+
+// A packed (scale, zero) word as the decode's scale pair and zero bias.
+template <typename T>
+__device__ __forceinline__ void w4_unpack_sz(unsigned sz, unsigned& s2, unsigned& zb) {
+    s2 = __byte_perm(sz, 0u, 0x1010);
+    zb = W4Dec<T>::bias((int)(sz >> 16));
+}
+
+// B fragments of chunks 2q (b[0], b[1]) and 2q + 1 (b[2], b[3]) from word q: nibbles at bits
+// 0 / 16 are the pair (4c, 4c + 1), at bits 4 / 20 the pair (4c + 2, 4c + 3); >> 8 for chunk 2q+1.
+// (a & b) | c in one LOP3 (the compiler splits it in two when b and c are immediates).
+__device__ __forceinline__ unsigned w4_and_or(unsigned a, unsigned b, unsigned c) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void w4_decode2(unsigned w, unsigned s2, unsigned zb, unsigned* b) {
+    const unsigned M = 0x000f000fu, X = W4Dec<T>::MAGIC;
+    b[0] = W4Dec<T>::apply(w4_and_or(w, M, X), zb, s2);
+    b[1] = W4Dec<T>::apply(w4_and_or(w >> 4, M, X), zb, s2);
+    b[2] = W4Dec<T>::apply(w4_and_or(w >> 8, M, X), zb, s2);
+    b[3] = W4Dec<T>::apply(w4_and_or(w >> 12, M, X), zb, s2);
+}
+
+// NVFP4 (e2m1 nibbles: sign bit 3, magnitude 0, .5, 1, 1.5, 2, 3, 4, 6): the exact 16-bit value
+// of a nibble pair from two byte lookups (prmt; high and low bytes of T's encoding, the sign
+// OR-ed in), then times the scale (one rounding, like the int4 path; no zero point).
+template <typename T> struct W4Fp4;
+template <> struct W4Fp4<__half> {
+    static constexpr unsigned HI_LO = 0x3E3C3800u, HI_HI = 0x46444240u, LO_LO = 0u, LO_HI = 0u;
+};
+template <> struct W4Fp4<bf16_t> {
+    static constexpr unsigned HI_LO = 0x3F3F3F00u, HI_HI = 0x40404040u, LO_LO = 0xC0800000u,
+                              LO_HI = 0xC0804000u;
+};
+// e2m1 codes at bits 0..3 and 16..19 of `w` as a T pair.
+template <typename T>
+__device__ __forceinline__ unsigned w4_e2m1_pair(unsigned w) {
+    const unsigned em = w & 0x00070007u;
+    const unsigned sel = __byte_perm(em * 0x11u, 0u, 0x4420);  // em0 em0 em1 em1 selectors
+    const unsigned hi = __byte_perm(W4Fp4<T>::HI_LO, W4Fp4<T>::HI_HI, sel);
+    const unsigned lo = __byte_perm(W4Fp4<T>::LO_LO, W4Fp4<T>::LO_HI, sel);
+    return (hi & 0xff00ff00u) | (lo & 0x00ff00ffu) | ((w & 0x00080008u) << 12);
+}
+template <typename T>
+__device__ __forceinline__ unsigned w4_scale_pair(unsigned v, unsigned s2);
+template <>
+__device__ __forceinline__ unsigned w4_scale_pair<__half>(unsigned v, unsigned s2) {
+    const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&v), *reinterpret_cast<const __half2*>(&s2));
+    return *reinterpret_cast<const unsigned*>(&r);
+}
+template <>
+__device__ __forceinline__ unsigned w4_scale_pair<bf16_t>(unsigned v, unsigned s2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(s2), "r"(0x80008000u));
+    return r;
+#else
+    __trap();
+    return 0u;
+#endif
+}
+
+// The four B fragments of word w (chunks 2q, 2q+1), int4 (FP4 false) or e2m1 (FP4 true).
+template <typename T, bool FP4>
+__device__ __forceinline__ void w4_decode_any(unsigned w, unsigned s2, unsigned zb, unsigned* b) {
+    if (FP4) {
+        b[0] = w4_scale_pair<T>(w4_e2m1_pair<T>(w), s2);
+        b[1] = w4_scale_pair<T>(w4_e2m1_pair<T>(w >> 4), s2);
+        b[2] = w4_scale_pair<T>(w4_e2m1_pair<T>(w >> 8), s2);
+        b[3] = w4_scale_pair<T>(w4_e2m1_pair<T>(w >> 12), s2);
+    } else {
+        w4_decode2<T>(w, s2, zb, b);
+    }
+}
+
+// The f32 value of a 4-bit code: (u - z) for int4, e2m1 for FP4 (the FMA path): exponent
+// field e = (u >> 1) & 3, mantissa bit u & 1; e = 0 is the subnormal 0 / 0.5.
+__device__ __forceinline__ float w4_code_value(int u, int z, int fp4) {
+    if (!fp4) return (float)(u - z);
+    const int e = (u >> 1) & 3, mb = u & 1;
+    const float v = e == 0 ? 0.5f * (float)mb : ldexpf(1.0f + 0.5f * (float)mb, e - 1);
+    return (u & 8) ? -v : v;
 }
 
 // Store one output element (compute dtype, or f32 logits).
@@ -177,172 +260,359 @@ __device__ __forceinline__ void w4_store(void* out, int out_f32, int row, int n,
     }
 }
 
-// GEMV: grid (Np / 16, ceil(m / 16)), block 32 * ks threads (warp s = K slice s).
-template <typename T>
+// One k block of the GEMV for one m16 output tile (n8 tiles 2u and 2u + 1 of the warp) and
+// 8 (16 with ROWS16) rows: W is the mma's A operand (16 outputs x 16 k), x its B operand
+// (16 k x 8 rows), so one mma covers 16 outputs x 8 rows and x's 128-bit words are B fragments
+// as loaded. w0 / w1 the two tiles' lane words, (sz) their packed (scale, zero) for chunks 0..3
+// and 4..7, xa / xb the lane's 32 columns of rows g and g + 8. Chunks 0..7 in order.
+template <typename T, bool ROWS16, bool FP4>
+__device__ __forceinline__ void w4_block(float* acc_a, float* acc_b, uint4 w0, uint4 w1,
+                                         unsigned sz0l, unsigned sz0h, unsigned sz1l,
+                                         unsigned sz1h, const uint4* xa, const uint4* xb) {
+    unsigned s0l, z0l, s0h, z0h, s1l, z1l, s1h, z1h;
+    w4_unpack_sz<T>(sz0l, s0l, z0l);
+    w4_unpack_sz<T>(sz0h, s0h, z0h);
+    w4_unpack_sz<T>(sz1l, s1l, z1l);
+    w4_unpack_sz<T>(sz1h, s1h, z1h);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        unsigned d0[4], d1[4];
+        w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, q < 2 ? z0l : z0h, d0);
+        w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, q < 2 ? z1l : z1h, d1);
+        const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+        const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+        const uint4 ra = xa[q];
+        w4_mma<T>(acc_a, a0, ra.x, ra.y);
+        w4_mma<T>(acc_a, a1, ra.z, ra.w);
+        if (ROWS16) {
+            const uint4 rb = xb[q];
+            w4_mma<T>(acc_b, a0, rb.x, rb.y);
+            w4_mma<T>(acc_b, a1, rb.z, rb.w);
+        }
+    }
+}
+
+// Symmetric formats have no zero tensor: their lanes read this 8 (stride 0) instead, so the
+// (scale, zero) loads need no branch.
+__device__ const unsigned char w4_eight[1] = {8};
+
+// The (scale, zero) word of a GEMV/GEMM lane in group gi: `sp` points at scales[nt][0][g]
+// (16-bit), `zp` at zeros[nt][0][g] (or w4_eight), `zg` the zeros' group stride (8, or 0).
+__device__ __forceinline__ unsigned w4_sz_at(const unsigned short* __restrict__ sp,
+                                             const unsigned char* __restrict__ zp, int zg, int gi) {
+    return (unsigned)__ldg(sp + gi * 8) | ((unsigned)__ldg(zp + gi * zg) << 16);
+}
+
+// GEMV: grid (Np / 16, ceil(m / 16)), block 32 * ks threads (warp s = K slice s), one m16 output
+// tile (n8 tiles 2 * blockIdx.x, + 1) and 16 rows (r0 = 16 * blockIdx.y) per block. Each warp keeps
+// W4_GEMV_DEPTH k blocks of its tiles' weights and (scale, zero) words in flight in a register
+// ring; x is read through the L1 (every warp of the grid reads the same rows). ROWS16: rows
+// 8..15 of the m16 tile exist (m > 16 * blockIdx.y + 8); otherwise their A fragments are constant
+// zeros. FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads
+// (predicated on the row only); otherwise the generic `w4_x8`. `part` is the block's shared
+// [W4_MAX_KS][NT][4][32] f32 slice sums.
+template <typename T, bool ROWS16, bool FP4, bool FASTX>
 __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
                                         const int* perm, int kblocks, int ks, int gshift,
-                                        int gstore, int n, void* out, int out_f32) {
-    __shared__ float part[W4_MAX_KS][W4_GEMV_NT][4][32];
+                                        int gstore, int n, void* out, int out_f32, float* part) {
+    constexpr int NT = W4_GEMV_NT, D = ROWS16 ? W4_GEMV_DEPTH - 1 : W4_GEMV_DEPTH;
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int nt0 = blockIdx.x * W4_GEMV_NT;
+    const int nt0 = blockIdx.x * NT;
     const int r0 = blockIdx.y * 16;
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
-    const int per = kblocks / ks, kb0 = s * per;
-    float acc[W4_GEMV_NT][4];
+    const int per = kblocks / ks, kb0 = s * per, kend = kb0 + per;
+    // Lane pointers: its x columns of rows g and g + 8 (rows past m read row m - 1 instead: a row
+    // of x only reaches its own output column, which is not stored).
+    const int ra_row = min(r0 + g, m - 1), rb_row = min(r0 + g + 8, m - 1);
+    const uint4* xpa = reinterpret_cast<const uint4*>(xs + (size_t)ra_row * k + 32 * t);
+    const uint4* xpb = reinterpret_cast<const uint4*>(xs + (size_t)rb_row * k + 32 * t);
+    // Tile j's words at wp + j * wstride, its (scale, zero) columns at sp / zp + j * sstride.
+    const uint4* wp = qw + (size_t)nt0 * kblocks * 32 + lane;
+    const int wstride = kblocks * 32, sstride = gstore * 8;
+    const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + (size_t)nt0 * sstride + g;
+    const unsigned char* zp = zeros ? zeros + (size_t)nt0 * sstride + g : w4_eight;
+    const int zg = zeros ? 8 : 0, zt = zeros ? sstride : 0;
+    float acc[2][4];  // rows 0..7 and 8..15 of the tile row; D layout: (out g | g + 8, row 2t | 2t + 1)
 #pragma unroll
-    for (int j = 0; j < W4_GEMV_NT; ++j)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    // Groups of >= 128 columns (gshift >= 3): one scale / zero per tile per k block, loaded one
-    // block ahead with the weights (hides their latency; the arithmetic is the same).
-    const bool one_group = gshift >= 3;
-    uint4 next[W4_GEMV_NT];
-    unsigned s2n[W4_GEMV_NT] = {}, zbn[W4_GEMV_NT] = {};
+        for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+    uint4 wr[D][NT];
+    unsigned szl[D][NT], szh[D][NT];
 #pragma unroll
-    for (int j = 0; j < W4_GEMV_NT; ++j) {
-        next[j] = __ldg(qw + ((size_t)(nt0 + j) * kblocks + kb0) * 32 + lane);
-        if (one_group && per > 0)
-            w4_scale_bias<T>(scales, zeros, nt0 + j, (kb0 * 8) >> gshift, gstore, g, s2n[j], zbn[j]);
-    }
-    for (int kb = kb0; kb < kb0 + per; ++kb) {
-        uint4 w[W4_GEMV_NT];
-        unsigned s2c[W4_GEMV_NT], zbc[W4_GEMV_NT];
+    for (int d = 0; d < D; ++d) {
+        const int kb = kb0 + d;
+        if (kb < kend) {
+            const int glo = (kb * 8 + 2 * t) >> gshift, ghi = (kb * 8 + 2 * t + 1) >> gshift;
 #pragma unroll
-        for (int j = 0; j < W4_GEMV_NT; ++j) {
-            w[j] = next[j];
-            s2c[j] = s2n[j];
-            zbc[j] = zbn[j];
-            if (kb + 1 < kb0 + per) {
-                next[j] = __ldg(qw + ((size_t)(nt0 + j) * kblocks + kb + 1) * 32 + lane);
-                if (one_group)
-                    w4_scale_bias<T>(scales, zeros, nt0 + j, ((kb + 1) * 8) >> gshift, gstore, g,
-                                     s2n[j], zbn[j]);
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-            const int col = kb * W4_KB + 16 * c + 2 * t;
-            unsigned a[4];
-            a[0] = w4_pair(xs, r0 + g, m, col, k, perm);
-            a[1] = w4_pair(xs, r0 + g + 8, m, col, k, perm);
-            a[2] = w4_pair(xs, r0 + g, m, col + 8, k, perm);
-            a[3] = w4_pair(xs, r0 + g + 8, m, col + 8, k, perm);
-            const int gi = (kb * 8 + c) >> gshift;
-#pragma unroll
-            for (int j = 0; j < W4_GEMV_NT; ++j) {
-                unsigned s2 = s2c[j], zb = zbc[j];
-                if (!one_group) w4_scale_bias<T>(scales, zeros, nt0 + j, gi, gstore, g, s2, zb);
-                unsigned b0, b1;
-                w4_decode<T>(w4_chunk_bits(w[j], c), s2, zb, b0, b1);
-                w4_mma<T>(acc[j], a, b0, b1);
+            for (int j = 0; j < NT; ++j) {
+                wr[d][j] = __ldg(wp + j * wstride + kb * 32);
+                szl[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo);
+                szh[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi);
             }
         }
     }
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    for (int kb = kb0; kb < kend; kb += D) {
 #pragma unroll
-    for (int j = 0; j < W4_GEMV_NT; ++j)
+        for (int d = 0; d < D; ++d) {
+            const int kc = kb + d;
+            if (kc < kend) {
+                uint4 xa[4], xb[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) part[s][j][e][lane] = acc[j][e];
+                for (int q = 0; q < 4; ++q) {
+                    if (FASTX) {
+                        xa[q] = __ldg(xpa + kc * 16 + q);
+                        xb[q] = ROWS16 ? __ldg(xpb + kc * 16 + q) : zero4;
+                    } else {
+                        const int col = kc * W4_KB + 32 * t + 8 * q;
+                        xa[q] = w4_x8(xs, r0 + g, m, col, k, perm);
+                        xb[q] = ROWS16 ? w4_x8(xs, r0 + g + 8, m, col, k, perm) : zero4;
+                    }
+                }
+                // Consume slot d, then refill it with block kc + D.
+                w4_block<T, ROWS16, FP4>(acc[0], acc[1], wr[d][0], wr[d][1], szl[d][0], szh[d][0],
+                                         szl[d][1], szh[d][1], xa, xb);
+                const int kn = kc + D;
+                if (kn < kend) {
+                    const int glo = (kn * 8 + 2 * t) >> gshift, ghi = (kn * 8 + 2 * t + 1) >> gshift;
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        wr[d][j] = __ldg(wp + j * wstride + kn * 32);
+                        szl[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo);
+                        szh[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi);
+                    }
+                }
+            }
+        }
+    }
+    float(*pp)[2][4][32] = reinterpret_cast<float(*)[2][4][32]>(part);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pp[s][h][e][lane] = acc[h][e];
     __syncthreads();
     if (s != 0) return;
 #pragma unroll
-    for (int j = 0; j < W4_GEMV_NT; ++j) {
+    for (int h = 0; h < (ROWS16 ? 2 : 1); ++h) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float total = 0.0f;
-            for (int q = 0; q < ks; ++q) total += part[q][j][e][lane];
-            const int row = r0 + g + (e >= 2 ? 8 : 0);
-            const int col = (nt0 + j) * 8 + 2 * t + (e & 1);
+            for (int q = 0; q < ks; ++q) total += pp[q][h][e][lane];
+            const int row = r0 + 8 * h + 2 * t + (e & 1);
+            const int col = nt0 * 8 + g + (e >= 2 ? 8 : 0);
             if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
         }
     }
 }
 
-// GEMM: grid (Np / 64, ceil(m / 128)), block 128 threads = 2 (rows) x 2 (outputs) warps, each
-// 64 rows x 32 outputs; the ks slices in order, each from zero, summed into `total`.
-template <typename T>
+// GEMM: grid (ceil(Np / 128), ceil(m / 128)), block 256 threads = 2 (rows) x 4 (outputs) warps,
+// each 64 rows x 32 outputs; dynamic shared memory `stages` x W4_GEMM_STAGE_BYTES. Each k block
+// (128 columns) of the CTA's x rows (128 x 128, 32 KB) and weight tiles (16 n8 tiles, 8 KB) is
+// staged by cp.async `stages` - 1 blocks ahead (2 or 3 stages, the host picks by the arch's
+// shared memory); a warp decodes its 4 tiles once per k block straight from shared memory into
+// A fragments (two m16 output tiles) and reads each 8-row group's B fragments with one 128-bit
+// load per chunk pair; the (scale, zero) words are loaded one k block ahead. x rows sit 256 bytes
+// apart, 16-byte unit u of row r at u ^ ((u >> 3) << 1) ^ (r & 1) (no bank conflicts for the
+// A reads). The ks slices accumulate from zero into acc and are added into `total` in order at
+// each slice's end: the GEMV's arithmetic exactly.
+#define W4_GEMM_A_BYTES (128 * 256)
+#define W4_GEMM_B_BYTES (16 * 512)
+#define W4_GEMM_STAGE_BYTES (W4_GEMM_A_BYTES + W4_GEMM_B_BYTES)
+
+__device__ __forceinline__ int w4_a_unit(int u, int row) { return u ^ ((u >> 3) << 1) ^ (row & 1); }
+
+__device__ __forceinline__ void w4_cp16(unsigned dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void w4_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Wait until at most `pending` (0 or 1) committed groups are still in flight.
+__device__ __forceinline__ void w4_cp_wait(int pending) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (pending == 0) {
+        asm volatile("cp.async.wait_group 0;\n" ::);
+    } else {
+        asm volatile("cp.async.wait_group 1;\n" ::);
+    }
+#endif
+}
+
+// Stage k block kb of the CTA (rows r0.., tiles nt0..) into `st` (shared). fast: x rows are 16-byte
+// aligned and unpermuted (k % 8 == 0, no perm): cp.async with zero fill past m; otherwise the
+// generic 8-column read stored synchronously.
+__device__ __forceinline__ void w4_gemm_stage(unsigned char* st, const unsigned short* xs, int m,
+                                              int k, const int* perm, bool fast,
+                                              const uint4* qw, int kblocks, int tiles, int r0,
+                                              int nt0, int kb) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int id = tid + 256 * i, row = id >> 4, u = id & 15;
+        unsigned char* dst = st + row * 256 + w4_a_unit(u, row) * 16;
+        const int col = kb * W4_KB + 8 * u, r = r0 + row;
+        if (fast) {
+            const bool in = r < m && col < k;
+            const unsigned short* src = in ? xs + (size_t)r * k + col : xs;
+            w4_cp16((unsigned)__cvta_generic_to_shared(dst), src, in ? 16 : 0);
+        } else {
+            *reinterpret_cast<uint4*>(dst) = w4_x8(xs, r, m, col, k, perm);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int id = tid + 256 * i, tile = id >> 5, l = id & 31;
+        if (nt0 + tile < tiles) {
+            unsigned char* dst = st + W4_GEMM_A_BYTES + tile * 512 + l * 16;
+            w4_cp16((unsigned)__cvta_generic_to_shared(dst),
+                    qw + ((size_t)(nt0 + tile) * kblocks + kb) * 32 + l, 16);
+        }
+    }
+}
+
+template <typename T, bool FP4>
 __device__ __forceinline__ void w4_gemm(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
                                         const int* perm, int kblocks, int ks, int gshift,
-                                        int gstore, int n, void* out, int out_f32) {
+                                        int gstore, int n, void* out, int out_f32, int stages,
+                                        int tiles) {
+    extern __shared__ __align__(16) unsigned char w4_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.y * 128 + (warp >> 1) * 64;
-    const int nt0 = blockIdx.x * 8 + (warp & 1) * W4_GEMM_NT;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int r0 = blockIdx.y * 128;
+    const int ntc = blockIdx.x * 16;            // the CTA's first n8 tile
+    const int nt0 = ntc + wn * 4;               // the warp's first n8 tile (4: two m16 A tiles)
+    const bool active = nt0 < tiles;            // tiles is a multiple of 8: all 4 or none
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const bool fast = perm == nullptr && (k & 7) == 0;
     const int per = kblocks / ks;
-    float total[W4_GEMM_MT][W4_GEMM_NT][4];
+    const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + (size_t)nt0 * gstore * 8 + g;
+    const int sstride = gstore * 8;
+    const unsigned char* zp = zeros ? zeros + (size_t)nt0 * sstride + g : w4_eight;
+    const int zg = zeros ? 8 : 0, zt = zeros ? sstride : 0;
+    // total / acc [u][rg][e]: m16 output tile u (n8 tiles nt0 + 2u, + 1), row group rg (8 rows).
+    float total[2][8][4], acc[2][8][4];
 #pragma unroll
-    for (int i = 0; i < W4_GEMM_MT; ++i)
+    for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int j = 0; j < W4_GEMM_NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) total[i][j][e] = 0.0f;
-    for (int s = 0; s < ks; ++s) {
-        float acc[W4_GEMM_MT][W4_GEMM_NT][4];
-#pragma unroll
-        for (int i = 0; i < W4_GEMM_MT; ++i)
-#pragma unroll
-            for (int j = 0; j < W4_GEMM_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-        for (int kb = s * per; kb < (s + 1) * per; ++kb) {
-            uint4 w[W4_GEMM_NT];
-#pragma unroll
-            for (int j = 0; j < W4_GEMM_NT; ++j)
-                w[j] = __ldg(qw + ((size_t)(nt0 + j) * kblocks + kb) * 32 + lane);
-#pragma unroll
-            for (int c = 0; c < 8; ++c) {
-                const int col = kb * W4_KB + 16 * c + 2 * t;
-                const int gi = (kb * 8 + c) >> gshift;
-                unsigned b[W4_GEMM_NT][2];
-#pragma unroll
-                for (int j = 0; j < W4_GEMM_NT; ++j) {
-                    unsigned s2, zb;
-                    w4_scale_bias<T>(scales, zeros, nt0 + j, gi, gstore, g, s2, zb);
-                    w4_decode<T>(w4_chunk_bits(w[j], c), s2, zb, b[j][0], b[j][1]);
-                }
-#pragma unroll
-                for (int i = 0; i < W4_GEMM_MT; ++i) {
-                    const int row = r0 + 16 * i + g;
-                    unsigned a[4];
-                    a[0] = w4_pair(xs, row, m, col, k, perm);
-                    a[1] = w4_pair(xs, row + 8, m, col, k, perm);
-                    a[2] = w4_pair(xs, row, m, col + 8, k, perm);
-                    a[3] = w4_pair(xs, row + 8, m, col + 8, k, perm);
-#pragma unroll
-                    for (int j = 0; j < W4_GEMM_NT; ++j) w4_mma<T>(acc[i][j], a, b[j][0], b[j][1]);
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < W4_GEMM_MT; ++i)
-#pragma unroll
-            for (int j = 0; j < W4_GEMM_NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) total[i][j][e] += acc[i][j][e];
-    }
-#pragma unroll
-    for (int i = 0; i < W4_GEMM_MT; ++i)
-#pragma unroll
-        for (int j = 0; j < W4_GEMM_NT; ++j)
+        for (int rg = 0; rg < 8; ++rg)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int row = r0 + 16 * i + g + (e >= 2 ? 8 : 0);
-                const int col = (nt0 + j) * 8 + 2 * t + (e & 1);
-                if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total[i][j][e]);
+                total[u][rg][e] = 0.0f;
+                acc[u][rg][e] = 0.0f;
+            }
+    // (scale, zero) words of k block 0, then one block ahead.
+    unsigned szl[4], szh[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int glo = (2 * t) >> gshift, ghi = (2 * t + 1) >> gshift;
+        szl[j] = active ? w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo) : 0u;
+        szh[j] = active ? w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi) : 0u;
+    }
+    for (int p = 0; p < stages - 1; ++p) {
+        if (p < kblocks)
+            w4_gemm_stage(w4_smem + p * W4_GEMM_STAGE_BYTES, xs, m, k, perm, fast, qw, kblocks,
+                          tiles, r0, ntc, p);
+        w4_cp_commit();
+    }
+    for (int kb = 0; kb < kblocks; ++kb) {
+        w4_cp_wait(stages - 2);
+        __syncthreads();
+        {
+            const int kn = kb + stages - 1;
+            if (kn < kblocks)
+                w4_gemm_stage(w4_smem + (kn % stages) * W4_GEMM_STAGE_BYTES, xs, m, k, perm, fast,
+                              qw, kblocks, tiles, r0, ntc, kn);
+            w4_cp_commit();
+        }
+        if (active) {
+            const unsigned char* st = w4_smem + (kb % stages) * W4_GEMM_STAGE_BYTES;
+            uint4 w[4];
+            unsigned sl[4], zl[4], sh[4], zh[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                w[j] = *reinterpret_cast<const uint4*>(st + W4_GEMM_A_BYTES + (wn * 4 + j) * 512 + lane * 16);
+                w4_unpack_sz<T>(szl[j], sl[j], zl[j]);
+                w4_unpack_sz<T>(szh[j], sh[j], zh[j]);
+            }
+            if (kb + 1 < kblocks) {
+                const int glo = ((kb + 1) * 8 + 2 * t) >> gshift, ghi = ((kb + 1) * 8 + 2 * t + 1) >> gshift;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    szl[j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo);
+                    szh[j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi);
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                unsigned d[4][4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    w4_decode_any<T, FP4>(w4_word(w[j], q), q < 2 ? sl[j] : sh[j], q < 2 ? zl[j] : zh[j], d[j]);
+                unsigned a0[2][4], a1[2][4];
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    a0[u][0] = d[2 * u][0]; a0[u][1] = d[2 * u + 1][0];
+                    a0[u][2] = d[2 * u][1]; a0[u][3] = d[2 * u + 1][1];
+                    a1[u][0] = d[2 * u][2]; a1[u][1] = d[2 * u + 1][2];
+                    a1[u][2] = d[2 * u][3]; a1[u][3] = d[2 * u + 1][3];
+                }
+#pragma unroll
+                for (int rg = 0; rg < 8; ++rg) {
+                    const int row = wm * 64 + rg * 8 + g;
+                    const uint4 xr = *reinterpret_cast<const uint4*>(st + row * 256 + w4_a_unit(4 * t + q, row) * 16);
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        w4_mma<T>(acc[u][rg], a0[u], xr.x, xr.y);
+                        w4_mma<T>(acc[u][rg], a1[u], xr.z, xr.w);
+                    }
+                }
+            }
+            if ((kb + 1) % per == 0) {
+#pragma unroll
+                for (int u = 0; u < 2; ++u)
+#pragma unroll
+                    for (int rg = 0; rg < 8; ++rg)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            total[u][rg][e] += acc[u][rg][e];
+                            acc[u][rg][e] = 0.0f;
+                        }
+            }
+        }
+    }
+    w4_cp_wait(0);
+    if (!active) return;
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int rg = 0; rg < 8; ++rg)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = r0 + wm * 64 + rg * 8 + 2 * t + (e & 1);
+                const int col = (nt0 + 2 * u) * 8 + g + (e >= 2 ? 8 : 0);
+                if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total[u][rg][e]);
             }
 }
 
 // FMA path (sm_70 / sm_75, f32): grid (Np / 8, ceil(m / 16)), block 32 * ks threads. Lane (g, t) of
-// warp s sums output 8*blockIdx.x + g over its 32 k's of each k block of slice s, in order, for
-// up to 16 rows; the quad's four sums meet by a fixed xor shuffle, the slices in order.
+// warp s sums output 8*blockIdx.x + g over its 32 columns (ascending) of each k block of slice s,
+// for up to 16 rows; the quad's four sums meet by a fixed xor shuffle, the slices in order.
 template <typename T>
 __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __restrict__ qw,
                                        const T* scales, const unsigned char* zeros,
                                        const int* perm, int kblocks, int ks, int gshift,
-                                       int gstore, int n, void* out, int out_f32) {
+                                       int gstore, int n, void* out, int out_f32, int fp4) {
     __shared__ float part[W4_MAX_KS][16][8];
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -357,16 +627,17 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         float wf[32];
         int cols[32];
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-            float sc;
-            int z;
-            w4_scale_zero<T>(scales, zeros, nt, (kb * 8 + c) >> gshift, gstore, g, sc, z);
-            const unsigned bits = w4_chunk_bits(w, c);
+        for (int q = 0; q < 4; ++q) {
+            const unsigned word = w4_word(w, q);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                wf[4 * c + q] = round_to<T>((float)((int)((bits >> (4 * q)) & 15u) - z) * sc);
-                const int col = kb * W4_KB + 16 * c + 2 * t + (q & 1) + (q >= 2 ? 8 : 0);
-                cols[4 * c + q] = col < k ? (perm ? __ldg(perm + col) : col) : -1;
+            for (int o = 0; o < 8; ++o) {
+                const int col = kb * W4_KB + 32 * t + 8 * q + o;
+                const size_t i = ((size_t)nt * gstore + ((col >> 4) >> gshift)) * 8 + g;
+                const float sc = Io<T>::load(scales, (long)i);
+                const int z = zeros ? (int)__ldg(zeros + i) : 8;
+                const int u = (int)((word >> (16 * (o & 1) + 4 * (o >> 1))) & 15u);
+                wf[8 * q + o] = round_to<T>(w4_code_value(u, z, fp4) * sc);
+                cols[8 * q + o] = col < k ? (perm ? __ldg(perm + col) : col) : -1;
             }
         }
 #pragma unroll
@@ -400,19 +671,42 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 #define W4_ARGS(T)                                                                              \
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         const int *perm, int kblocks, int ks, int gshift, int gstore, int n, void *out,        \
-        int out_f32
+        int out_f32, int fp4
 #define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
 
+// The GEMV picks its variant per block row (uniform across the block): rows 8..15 of a tile
+// exist only when m > 16 * blockIdx.y + 8 (the generic-x variant always runs all 16: its x
+// reads are zero past m, so the rows below m get the same operations; one fewer instantiation
+// to compile).
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemv_##SUF(W4_ARGS(T)) {           \
-        w4_gemv<T>(W4_PASS);                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv_##SUF(W4_ARGS(T)) {              \
+        __shared__ float part[W4_MAX_KS * 2 * 4 * 32];                                           \
+        const bool r16 = m > (int)blockIdx.y * 16 + 8;                                           \
+        const bool fx = perm == nullptr && (k & 127) == 0;                                       \
+        if (fp4) {                                                                               \
+            if (fx) {                                                                            \
+                if (r16) w4_gemv<T, true, true, true>(W4_PASS, part);                            \
+                else w4_gemv<T, false, true, true>(W4_PASS, part);                               \
+            } else {                                                                             \
+                w4_gemv<T, true, true, false>(W4_PASS, part);                                    \
+            }                                                                                    \
+        } else {                                                                                 \
+            if (fx) {                                                                            \
+                if (r16) w4_gemv<T, true, false, true>(W4_PASS, part);                           \
+                else w4_gemv<T, false, false, true>(W4_PASS, part);                              \
+            } else {                                                                             \
+                w4_gemv<T, true, false, false>(W4_PASS, part);                                   \
+            }                                                                                    \
+        }                                                                                        \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) w4_gemm_##SUF(W4_ARGS(T)) {               \
-        w4_gemm<T>(W4_PASS);                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 1) w4_gemm_##SUF(W4_ARGS(T), int stages,  \
+                                                                       int tiles) {             \
+        if (fp4) w4_gemm<T, true>(W4_PASS, stages, tiles);                                       \
+        else w4_gemm<T, false>(W4_PASS, stages, tiles);                                          \
     }
 W4_TC_ENTRIES(f16, __half)
 W4_TC_ENTRIES(bf16, bf16_t)
 
 #define W4_FMA_ENTRY(SUF, T)                                                                    \
-    extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS); }
+    extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }
 KILN_FOR_FLOAT_TYPES(W4_FMA_ENTRY)

@@ -289,3 +289,155 @@ fn prefill_attention_timing() {
         assert!(d <= tol(dtype), "tiled and split-K disagree by {d}");
     }
 }
+
+/// Contexts every decode case covers, one decode row each in one step: a single key, block-size
+/// edges, a part edge (128 keys per part below 16K), 1 000 keys (8 parts) and 8K (64 parts).
+const DECODE_CONTEXTS: [usize; 8] = [1, 15, 16, 17, 129, 255, 1000, 8192];
+
+/// The decode kernel (kernels/attention_decode.cu) against the CPU backend: head dims 64, 128,
+/// 256 (and 80, narrower than its class), GQA ratios 1, 3 and 6 (and 8), every context of
+/// [`DECODE_CONTEXTS`] as a decode row of one step, block size 16 (the engine's default) and 32,
+/// every compute dtype and KV storage. Also a step of prefill chunks sent through
+/// `paged_attention_split_k` (every token a decode row: several query tokens per sequence, causal
+/// among them, the speculative-decoding shape), and the 8K row alone against the same row in the
+/// batch (the split depends on the context only: bit-identical).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn decode_attention_matches_the_cpu_backend() {
+    let cpu = CpuBackend::new(0).expect("cpu");
+    let decode: Vec<(usize, usize)> = DECODE_CONTEXTS.iter().map(|&c| (c - 1, 1)).collect();
+    let mut cases = Vec::new();
+    for (hd, bs) in [(64, 16), (128, 16), (256, 16), (80, 32)] {
+        for (heads, kv_heads) in [(4, 4), (9, 3), (24, 4), (16, 2)] {
+            cases.push(AttnCase::new(&decode, heads, kv_heads, hd, bs));
+        }
+    }
+    // q_len > 1 per sequence through the decode kernel (paged_attention_split_k below).
+    let verify = AttnCase::new(&[(40, 5), (0, 16), (1000, 3), (7, 1)], 24, 4, 256, 16);
+    let kvs = ["auto", "fp8_e5m2", "fp8_e4m3"];
+    let reference = |c: &AttnCase, kv: &str| {
+        let s = attn_setup(&cpu, c, kv);
+        let n = c.num_tokens() * c.heads * c.head_dim;
+        let mut out = cpu.alloc(n).unwrap();
+        cpu.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, &mut out)
+            .unwrap();
+        down(&cpu, &out, n)
+    };
+    let mut failures = Vec::new();
+    for kv in kvs {
+        let want: Vec<Vec<f32>> = cases.iter().map(|c| reference(c, kv)).collect();
+        let want_verify = reference(&verify, kv);
+        for dtype in dtypes() {
+            let g = gpu(dtype, kv);
+            let limit = tol(dtype);
+            for (c, want) in cases.iter().zip(&want) {
+                let s = attn_setup(&g, c, kv);
+                let n = c.num_tokens() * c.heads * c.head_dim;
+                let mut got = g.upload(&vec![f32::NAN; n]).unwrap();
+                g.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, &mut got)
+                    .unwrap();
+                let got = down(&g, &got, n);
+                // Worst row by context, so a failing context is named.
+                let row = c.heads * c.head_dim;
+                let per_ctx: Vec<String> = DECODE_CONTEXTS
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ctx)| {
+                        let r = i * row..(i + 1) * row;
+                        format!("{ctx}:{:.1e}", max_diff(&want[r.clone()], &got[r]))
+                    })
+                    .collect();
+                let d = max_diff(want, &got);
+                let ok = d <= limit && got.iter().all(|v| v.is_finite());
+                println!(
+                    "RESULT attention_decode {} dtype={dtype} kv={kv} max_abs_diff={d:.3e} tol={limit:.0e} per_ctx=[{}] {}",
+                    c.label(),
+                    per_ctx.join(" "),
+                    if ok { "ok" } else { "FAIL" }
+                );
+                if !ok {
+                    failures.push(format!("{} {dtype} {kv}: {d}", c.label()));
+                }
+            }
+            // Several query tokens per sequence, every one a decode-kernel row.
+            let s = attn_setup(&g, &verify, kv);
+            let n = verify.num_tokens() * verify.heads * verify.head_dim;
+            let mut got = g.upload(&vec![f32::NAN; n]).unwrap();
+            g.paged_attention_split_k(&s.q, &s.cache, 0, &s.step, &s.params, &mut got)
+                .unwrap();
+            let got = down(&g, &got, n);
+            let d = max_diff(&want_verify, &got);
+            let ok = d <= limit && got.iter().all(|v| v.is_finite());
+            println!(
+                "RESULT attention_decode_multi_token {} dtype={dtype} kv={kv} max_abs_diff={d:.3e} tol={limit:.0e} {}",
+                verify.label(),
+                if ok { "ok" } else { "FAIL" }
+            );
+            if !ok {
+                failures.push(format!("multi-token {dtype} {kv}: {d}"));
+            }
+            // The 8K row alone equals the same row inside the batch, bit for bit.
+            let batch = &cases[1];
+            let alone = AttnCase::new(
+                &[(8191, 1)],
+                batch.heads,
+                batch.kv_heads,
+                batch.head_dim,
+                batch.block_size,
+            );
+            let run = |c: &AttnCase| {
+                let s = attn_setup(&g, c, kv);
+                let n = c.num_tokens() * c.heads * c.head_dim;
+                let mut out = g.upload(&vec![f32::NAN; n]).unwrap();
+                g.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, &mut out)
+                    .unwrap();
+                down(&g, &out, n)
+            };
+            // The data differ between the two setups (seeded by position in the buffers), so
+            // compare against a batch whose first rows are the alone case's: run it as the batch
+            // [(8191, 1), rest...].
+            let mut seqs = vec![(8191usize, 1usize)];
+            seqs.extend(decode.iter().copied().filter(|&(c, _)| c != 8191));
+            let with = AttnCase::new(
+                &seqs,
+                batch.heads,
+                batch.kv_heads,
+                batch.head_dim,
+                batch.block_size,
+            );
+            let (a, w) = (run(&alone), run(&with));
+            let row = batch.heads * batch.head_dim;
+            let same = a[..row]
+                .iter()
+                .zip(&w[..row])
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            println!(
+                "RESULT attention_decode_batch_invariance {} dtype={dtype} kv={kv} bit_identical={same}",
+                alone.label()
+            );
+            if !same {
+                failures.push(format!("batch invariance {dtype} {kv}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// Seconds to create a backend (every kernel file compiled by NVRTC, or read from the kernel
+/// cache, and loaded): run it twice with the same empty `KILN_KERNEL_CACHE` folder for the cold
+/// and the warm start (docs/benchmarks.md).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn backend_start_seconds() {
+    let cache = std::env::var("KILN_KERNEL_CACHE").unwrap_or_else(|_| "(default)".into());
+    let entries = |dir: &str| std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
+    let before = entries(&cache);
+    let t0 = std::time::Instant::now();
+    let g = gpu(dtypes()[dtypes().len() - 1], "auto");
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "RESULT backend_start seconds={secs:.2} cache={cache} entries_before={before} entries_after={} device={}",
+        entries(&cache),
+        g.name()
+    );
+}

@@ -145,7 +145,7 @@ fn check_weight(b: &CudaBackend, dtype: &str, label: &str, o: &OwnedGguf) -> Vec
     assert!(
         b.gguf_format(&w).is_some(),
         "{label}: not kept quantized (is {} set?)",
-        kiln::tensor::gguf_tiles::DEQUANT_ENV
+        kiln::tensor::gguf_tiles::WEIGHTS_ENV
     );
     let max_rows = *ROWS.last().unwrap_or(&1);
     let x: Vec<f32> = data(max_rows * k, 17 + n as u64)
@@ -209,6 +209,9 @@ fn check_weight(b: &CudaBackend, dtype: &str, label: &str, o: &OwnedGguf) -> Vec
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn every_gguf_kernel_matches_the_cpu_reference() {
+    // The quantized path is opt-in (the default dequantizes at load); the tests run with
+    // --test-threads=1 and nothing else reads the variable concurrently.
+    std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "quantized");
     let mut failures = Vec::new();
     for dtype in dtypes() {
         let b = gpu(dtype, "auto");
@@ -288,9 +291,9 @@ fn whole_gguf_models_match_the_cpu_backend() {
             // SAFETY of the environment change: the tests run with --test-threads=1 and nothing
             // else reads the variable concurrently; it is read once per weight upload.
             if mode == "dequant" {
-                std::env::set_var(kiln::tensor::gguf_tiles::DEQUANT_ENV, "1");
+                std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "dequantized");
             } else {
-                std::env::remove_var(kiln::tensor::gguf_tiles::DEQUANT_ENV);
+                std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "quantized");
             }
             for dtype in dtypes() {
                 let got = probe(
@@ -314,7 +317,7 @@ fn whole_gguf_models_match_the_cpu_backend() {
                 }
             }
         }
-        std::env::remove_var(kiln::tensor::gguf_tiles::DEQUANT_ENV);
+        std::env::remove_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV);
     }
     assert!(failures.is_empty(), "{failures:?}");
 }
@@ -369,7 +372,7 @@ fn copy_bandwidth() -> f64 {
 /// Speed (figures, not pass/fail): per format and shape, the GEMV at 1 row (bytes = values +
 /// scales + mins as stored on the device) as a fraction of the copy bandwidth, the 16-row time
 /// over the 1-row time, and the 1-row / 512-row times of cuBLAS on the same weight dequantized to
-/// bf16 (`KILN_GGUF_DEQUANT=1`) beside the quantized kernels'.
+/// bf16 (`KILN_GGUF_GPU_WEIGHTS=dequantized`) beside the quantized kernels'.
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn gguf_gemv_and_gemm_speed() {
@@ -389,11 +392,11 @@ fn gguf_gemv_and_gemm_speed() {
     ];
     for (i, (label, dt, n, k)) in shapes.into_iter().enumerate() {
         let o = OwnedGguf::random(dt, n, k, 77 + i as u64);
-        std::env::remove_var(kiln::tensor::gguf_tiles::DEQUANT_ENV);
+        std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "quantized");
         let wq = b.upload_weight(label, &o.view()).expect("upload");
-        std::env::set_var(kiln::tensor::gguf_tiles::DEQUANT_ENV, "1");
+        std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "dequantized");
         let wd = b.upload_weight(label, &o.view()).expect("upload dense");
-        std::env::remove_var(kiln::tensor::gguf_tiles::DEQUANT_ENV);
+        std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "quantized");
         let bytes = b.weight_bytes(&wq) as f64;
         let dense_bytes = b.weight_bytes(&wd) as f64;
         let x = b.upload(&data(512 * k, 3)).expect("x");

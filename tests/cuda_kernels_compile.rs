@@ -42,7 +42,7 @@ fn every_kernel_compiles_for_every_target() {
     for t in TARGETS {
         let arch: Arch = t.parse().expect("known target");
         for m in KernelModule::ALL {
-            match nvrtc::compile_module(m, arch, &include, None) {
+            match nvrtc::compile_module(m, arch, &include) {
                 Ok(ptx) => {
                     for f in m.entry_points() {
                         if !ptx.contains(&format!(".entry {f}(")) {
@@ -52,6 +52,56 @@ fn every_kernel_compiles_for_every_target() {
                     }
                 }
                 Err(e) => failures.push(format!("{t}: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A backend compiles `attention_decode.cu` for its own (compute dtype, KV storage) pair only
+/// (`KernelModule::defines`): for every pair, and for sm_70 and sm_90, the PTX holds exactly the
+/// entry points `entry_points_for` promises (the backend checks each after loading) and no other
+/// pair's.
+#[test]
+fn the_decode_module_compiles_per_dtype_and_storage() {
+    let Some(include) = nvrtc_include_or_skip() else {
+        return;
+    };
+    let m = KernelModule::AttentionDecode;
+    let mut failures = Vec::new();
+    for t in ["sm_70", "sm_90"] {
+        let arch: Arch = t.parse().expect("known target");
+        for dtype in ["f32", "f16", "bf16"] {
+            for kv in ["same", "e5m2", "e4m3"] {
+                let want = m.entry_points_for(dtype, kv);
+                if want.len() != 7 {
+                    failures.push(format!("{dtype}/{kv}: {} entry points", want.len()));
+                }
+                let image = nvrtc::compile_image(
+                    m,
+                    arch,
+                    &include,
+                    kiln::backend::cuda::kernel_cache::ImageKind::Ptx,
+                    &m.defines(dtype, kv),
+                );
+                let ptx = match image {
+                    Ok(i) => String::from_utf8_lossy(&i.bytes).into_owned(),
+                    Err(e) => {
+                        failures.push(format!("{t} {dtype}/{kv}: {e}"));
+                        continue;
+                    }
+                };
+                let entries = ptx.matches(".entry ").count();
+                if entries != want.len() {
+                    failures.push(format!(
+                        "{t} {dtype}/{kv}: {entries} entries, want {want:?}"
+                    ));
+                }
+                for f in &want {
+                    if !ptx.contains(&format!(".entry {f}(")) {
+                        failures.push(format!("{t} {dtype}/{kv}: {f} missing"));
+                    }
+                }
             }
         }
     }

@@ -2,8 +2,10 @@
 //! against transformers by `tests/qwen3_5.rs`), on a GPU: every hybrid op on random data (the
 //! conv with its state, the delta rule for decode tokens and prefills of 1, 63, 64, 65 and 200
 //! tokens, the state carried across steps, the gated norm, the query/gate split, the sigmoid
-//! gate, slot copy and reset), the three tiny `qwen3_5` models (logits at every position of
-//! 1/63/64/65/200-token prompts, greedy continuations) and batched vs alone.
+//! gate, slot copy and reset), the chunked delta rule (C = 64, tensor cores) against the
+//! sequential scan at 1/63/64/65/200/1000 tokens and across continued prefills, the three tiny
+//! `qwen3_5` models (logits at every position of 1/63/64/65/200-token prompts, greedy
+//! continuations) and batched vs alone.
 //!
 //! Run on the GPU machine (binaries built here with `cargo test --release --features cuda --no-run`),
 //! from the repository root:
@@ -20,7 +22,7 @@ use std::collections::HashMap;
 
 use kiln::backend::cuda::CudaBackend;
 use kiln::backend::hybrid::{GdnParams, HybridBackend, StateSpec};
-use kiln::backend::{CpuBackend, StepInput, StepSeq};
+use kiln::backend::{Backend, CpuBackend, StepInput, StepSeq};
 use kiln::engine::Device;
 use kiln::engine::EngineConfig;
 use kiln::error::ModelError;
@@ -33,20 +35,36 @@ use kiln::tensor::{TensorView, WeightDType, WeightSource};
 use kiln::tools::probe::{probe, Positions};
 
 /// The recurrent and conv states are f32 on both backends and the ops get the same (dtype-rounded)
-/// inputs, so the states must agree to f32 rounding (the CPU's chunked form vs the GPU's scan)
-/// whatever the compute dtype.
+/// inputs, so with the sequential scan (f32 compute, decode, short prefills) the states must agree
+/// to f32 rounding (the CPU's chunked form vs the GPU's scan).
 const STATE_TOL: f32 = 1e-4;
+/// The chunked delta rule (prefills of ≥ 16 tokens at fp16 / bf16) feeds its matrix products
+/// operands rounded to the compute dtype (q̂, k̂, the state S, Vn; f32 accumulation, f32 state), so
+/// its states differ from the f32 recurrence by about that rounding (2⁻¹¹ / 2⁻⁸ relative, on
+/// entries of magnitude ≤ ~1 here): fp16, bf16.
+const STATE_TOL_CHUNKED_F16: f32 = 5e-3;
+const STATE_TOL_CHUNKED_BF16: f32 = 4e-2;
+
+/// The state tolerance of `dtype` (see the constants).
+fn state_tol(dtype: &str) -> f32 {
+    match dtype {
+        "fp16" => STATE_TOL_CHUNKED_F16,
+        "bf16" => STATE_TOL_CHUNKED_BF16,
+        _ => STATE_TOL,
+    }
+}
 /// Whole models, f32 compute: as the CPU matches transformers.
 const MODEL_TOL_F32: f32 = 1e-3;
 /// Whole models, fp16 compute: least cosine of a logits row against the CPU's f32 row.
 const MODEL_MIN_COSINE_F16: f64 = 0.999;
-/// Whole models, bf16 compute, against the CPU in f32 on the same weights rounded to bf16: only a
-/// floor, the figures are recorded. These tiny random models amplify rounding: the weights'
-/// bf16 rounding alone moves the CPU's own logits to cosine 0.990 (tiny-qwen3_5-vl, measured by
-/// `bf16_weight_rounding_cost_on_the_cpu`), and bf16 activations (8 mantissa bits) move them
-/// further (0.95 on the H200, 2026-12-01), while fp16 compute through the same kernels meets
-/// 0.999 on all three models; the op checks above hold every bf16 kernel to its tolerance.
-const MODEL_MIN_COSINE_BF16_FLOOR: f64 = 0.9;
+/// Whole models, bf16 compute, against the CPU in f32 on the same weights rounded to bf16: least
+/// cosine of a logits row. These tiny random models amplify rounding (the weights' bf16 rounding
+/// alone moves the CPU's own logits to cosine 0.990 on tiny-qwen3_5-vl,
+/// `bf16_weight_rounding_cost_on_the_cpu`). Until 2026-12-01 the GPU stored the `(1 + w)` norms
+/// as `1 + w` in bf16 and reached only 0.9507 on that model; with `w` stored and `1 + w` formed in
+/// f32 (`rms_norm_1p`) all three models gave ≥ 0.9963 on the H200 (docs/gpu-validation.md), so
+/// 0.995 is asserted (greedy continuations of these random models still part after a few tokens).
+const MODEL_MIN_COSINE_BF16: f64 = 0.995;
 
 /// `v` rounded to the compute dtype `dtype` (what the GPU stores), as f32.
 fn rounded(dtype: &str, v: &[f32]) -> Vec<f32> {
@@ -281,7 +299,11 @@ fn gdn_ops_match_the_cpu_backend() {
             for ((name, w), (_, g)) in want.outputs.iter().zip(&got.outputs) {
                 let d = max_diff(w, g);
                 let is_state = name.contains("state") || name.contains("slot");
-                let limit = if is_state { STATE_TOL } else { tol(dtype) };
+                let limit = if is_state {
+                    state_tol(dtype)
+                } else {
+                    tol(dtype)
+                };
                 let ok = d <= limit && g.iter().all(|v| v.is_finite());
                 if is_state {
                     worst.1 = worst.1.max(d);
@@ -294,7 +316,7 @@ fn gdn_ops_match_the_cpu_backend() {
                 }
             }
             println!(
-                "RESULT op gdn conv1d+delta_rule dtype={dtype} heads={}/{} dk={} dv={} steps={} outputs_max_abs_diff={:.3e} (tol {:.0e}) states_max_abs_diff={:.3e} (tol {STATE_TOL:.0e}) {}",
+                "RESULT op gdn conv1d+delta_rule dtype={dtype} heads={}/{} dk={} dv={} steps={} outputs_max_abs_diff={:.3e} (tol {:.0e}) states_max_abs_diff={:.3e} (tol {:.0e}) {}",
                 p.num_key_heads,
                 p.num_value_heads,
                 p.key_head_dim,
@@ -303,6 +325,7 @@ fn gdn_ops_match_the_cpu_backend() {
                 worst.0,
                 tol(dtype),
                 worst.1,
+                state_tol(dtype),
                 if failures.is_empty() { "ok" } else { "FAIL" }
             );
         }
@@ -319,6 +342,140 @@ fn gdn_ops_match_the_cpu_backend() {
             if !ok {
                 failures.push(format!("{name} {dtype}: {d}"));
             }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// One sequence's delta rule on the GPU in slot 0 of a fresh cache, its tokens split over steps of
+/// `splits` new tokens (each continuing from the state the last left), with the chunked path from
+/// `min_len` tokens (`None`: the sequential scan only). Returns the outputs of all its tokens and
+/// the final recurrent state (CPU layout).
+#[allow(clippy::too_many_arguments)]
+fn rule_on_gpu(
+    g: &CudaBackend,
+    p: &GdnParams,
+    min_len: Option<usize>,
+    qkv: &[f32],
+    a: &[f32],
+    b: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    splits: &[usize],
+) -> (Vec<f32>, Vec<f32>) {
+    let spec = StateSpec {
+        num_slots: 1,
+        num_layers: 1,
+        conv_dim: p.conv_dim(),
+        conv_kernel: 4,
+        num_value_heads: p.num_value_heads,
+        key_head_dim: p.key_head_dim,
+        value_head_dim: p.value_head_dim,
+    };
+    let mut cache = g.create_state_cache(&spec).expect("state cache");
+    cache.set_chunked_min_len(min_len);
+    let (cd, nv, vd) = (p.conv_dim(), p.num_value_heads, p.value_dim());
+    let al = g.upload(a_log).unwrap();
+    let dt = g.upload(dt_bias).unwrap();
+    let mut outs = Vec::new();
+    let mut done = 0;
+    for &n in splits {
+        let st = g.prepare_step(&step_of(&[(n, done, 0)])).expect("step");
+        let x = g.upload(&qkv[done * cd..(done + n) * cd]).unwrap();
+        let ga = g.upload(&a[done * nv..(done + n) * nv]).unwrap();
+        let gb = g.upload(&b[done * nv..(done + n) * nv]).unwrap();
+        let mut o = g.upload(&vec![f32::NAN; n * vd]).unwrap(); // poisoned
+        g.gdn_recurrence(&mut cache, 0, &x, &ga, &gb, &al, &dt, &st, p, &mut o)
+            .expect("recurrence");
+        outs.extend(down(g, &o, n * vd));
+        done += n;
+    }
+    let (_, rec) = g.download_state(&cache, 0, 0).expect("state");
+    (outs, rec)
+}
+
+/// The chunked delta rule (C = 64; tensor cores on sm_80+, the same tiles in FMAs on the sm_70
+/// path) against the sequential scan on the same GPU and inputs, at prompt lengths 1, 63, 64, 65,
+/// 200, 1000 from a zero state, and split over two or three steps (a prefill continued from its
+/// state): outputs within the op tolerance of the dtype, final states within `state_tol`. Slow
+/// decays (g ≈ −0.03 per token on most heads) so the state carries across many chunks.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn chunked_delta_rule_matches_the_sequential_scan() {
+    let shapes = [
+        GdnParams {
+            num_key_heads: 2,
+            num_value_heads: 4,
+            key_head_dim: 32,
+            value_head_dim: 32,
+        },
+        GdnParams {
+            num_key_heads: 2,
+            num_value_heads: 2,
+            key_head_dim: 16,
+            value_head_dim: 40,
+        },
+        GdnParams {
+            num_key_heads: 2,
+            num_value_heads: 6,
+            key_head_dim: 128,
+            value_head_dim: 128,
+        },
+    ];
+    let cases: [&[usize]; 10] = [
+        &[1],
+        &[63],
+        &[64],
+        &[65],
+        &[200],
+        &[1000],
+        &[64, 136],
+        &[1, 64],
+        &[333, 667],
+        &[100, 37, 500],
+    ];
+    let mut failures = Vec::new();
+    for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
+        let g = gpu(dtype, "auto");
+        for p in &shapes {
+            let nv = p.num_value_heads;
+            // Head 0 decays fast (g ≈ −0.7 per token), the others slowly (≈ −0.03).
+            let a_log: Vec<f32> = (0..nv)
+                .map(|h| if h == 0 { 0.0 } else { -3.0 + 0.1 * h as f32 })
+                .collect();
+            let dt_bias = rounded(dtype, &data(nv, 33));
+            let a_log = rounded(dtype, &a_log);
+            let (mut worst_o, mut worst_s) = (0f32, 0f32);
+            for splits in cases {
+                let n: usize = splits.iter().sum();
+                let qkv = rounded(dtype, &data(n * p.conv_dim(), 31 + n as u64));
+                let a = rounded(dtype, &data(n * nv, 32 + n as u64));
+                let b = rounded(dtype, &data(n * nv, 34 + n as u64));
+                let (wo, ws) = rule_on_gpu(&g, p, None, &qkv, &a, &b, &a_log, &dt_bias, &[n]);
+                let (go, gs) = rule_on_gpu(&g, p, Some(1), &qkv, &a, &b, &a_log, &dt_bias, splits);
+                let (dout, dst) = (max_diff(&wo, &go), max_diff(&ws, &gs));
+                let smax = ws.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let finite = go.iter().chain(&gs).all(|v| v.is_finite());
+                let ok = dout <= tol(dtype) && dst <= state_tol(dtype) && finite;
+                worst_o = worst_o.max(dout);
+                worst_s = worst_s.max(dst);
+                println!(
+                    "RESULT chunked_vs_scan dtype={dtype} heads={}/{nv} dk={} dv={} splits={splits:?} out_max_abs_diff={dout:.3e} (tol {:.0e}) state_max_abs_diff={dst:.3e} (tol {:.0e}, max |S| {smax:.3}) {}",
+                    p.num_key_heads,
+                    p.key_head_dim,
+                    p.value_head_dim,
+                    tol(dtype),
+                    state_tol(dtype),
+                    if ok { "ok" } else { "FAIL" }
+                );
+                if !ok {
+                    failures.push(format!("{dtype} {p:?} {splits:?}: out {dout} state {dst}"));
+                }
+            }
+            println!(
+                "RESULT chunked_vs_scan summary dtype={dtype} heads={}/{nv} dk={} dv={} worst out {worst_o:.3e} state {worst_s:.3e}",
+                p.num_key_heads, p.key_head_dim, p.value_head_dim
+            );
         }
     }
     assert!(failures.is_empty(), "{failures:?}");
@@ -344,12 +501,35 @@ struct Bf16Weights {
     tensors: HashMap<String, (Vec<usize>, Vec<u8>, WeightDType)>,
 }
 
+/// Whether `name` is a zero-centred `(1 + w)` norm weight of Qwen3.5 (every norm but the GDN's
+/// gated `linear_attn.norm`).
+fn is_norm_1p(name: &str) -> bool {
+    name.ends_with("norm.weight") && !name.contains("linear_attn.norm") && !name.contains("visual")
+}
+
 impl Bf16Weights {
     fn new(inner: &dyn WeightSource) -> Bf16Weights {
+        Bf16Weights::with_norms(inner, false)
+    }
+
+    /// As `new`; with `round_1p`, each `(1 + w)` norm weight becomes the f32 value `v` with
+    /// `1 + v = bf16(1 + bf16(w))`: what a GPU that stores `1 + w` in bf16 multiplies by.
+    fn with_norms(inner: &dyn WeightSource, round_1p: bool) -> Bf16Weights {
         let mut tensors = HashMap::new();
         for name in inner.names() {
             let t = inner.tensor(&name).expect("tensor");
-            let entry = if t.dtype == WeightDType::F32 {
+            let entry = if round_1p && t.dtype == WeightDType::F32 && is_norm_1p(&name) {
+                let bytes: Vec<u8> = t
+                    .data
+                    .chunks_exact(4)
+                    .flat_map(|b| {
+                        let w = half::bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                        let one_plus = half::bf16::from_f32(1.0 + w.to_f32()).to_f32();
+                        (one_plus - 1.0).to_le_bytes()
+                    })
+                    .collect();
+                (t.shape.to_vec(), bytes, WeightDType::F32)
+            } else if t.dtype == WeightDType::F32 {
                 let bytes: Vec<u8> = t
                     .data
                     .chunks_exact(4)
@@ -447,6 +627,26 @@ fn bf16_weight_rounding_cost_on_the_cpu() {
     }
 }
 
+/// What storing the `(1 + w)` norms as `1 + w` in bf16 costs by itself (both runs on the CPU in
+/// f32, on bf16-rounded weights; one with every `(1 + w)` norm rounded as such a GPU would):
+/// `cargo test --features cuda --test cuda_qwen3_5 bf16_norm -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, printed: see the doc comment"]
+fn bf16_norm_1p_storage_cost_on_the_cpu() {
+    for path in MODELS {
+        let files = ModelFiles::open(&root().join(path)).expect("model");
+        let vocab = files.config.vocab_size;
+        let plain = Bf16Weights::new(files.weights.as_ref());
+        let one_plus = Bf16Weights::with_norms(files.weights.as_ref(), true);
+        let mut a = runner_on(&files, &plain, Device::Cpu, "f32");
+        let mut b = runner_on(&files, &one_plus, Device::Cpu, "f32");
+        let (d, c, g) = compare_runners(a.as_mut(), b.as_mut(), vocab);
+        println!(
+            "RESULT bf16_norm_1p_cost model {path} (cpu f32, bf16 weights, 1 + w rounded to bf16 vs not) logits_max_abs_diff={d:.3e} min_cosine={c:.6} greedy_all_16={g}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn tiny_qwen3_5_models_match_the_cpu_backend() {
@@ -468,7 +668,7 @@ fn tiny_qwen3_5_models_match_the_cpu_backend() {
             let ok = match dtype {
                 "f32" => worst <= MODEL_TOL_F32 && agree_all,
                 "fp16" => worst_cos >= MODEL_MIN_COSINE_F16,
-                _ => worst_cos >= MODEL_MIN_COSINE_BF16_FLOOR,
+                _ => worst_cos >= MODEL_MIN_COSINE_BF16,
             };
             println!(
                 "RESULT model {path} dtype={dtype} vs {} prompts 1/63/64/65/200: logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_all_16={agree_all} {}",

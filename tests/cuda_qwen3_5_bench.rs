@@ -1,6 +1,7 @@
 //! Speed of the CUDA Gated DeltaNet kernels at the Qwen3.5-27B shapes (16 key heads, 48 value
 //! heads, head dims 128, conv kernel 4; one layer): prefills of 8K and 32K tokens in one
-//! sequence, and decode steps of 1 and 64 sequences, in bf16 compute (fp16 on an sm_70 target)
+//! sequence (the chunked delta rule, and the sequential scan beside it), and decode steps of 1
+//! and 64 sequences, in bf16 compute (fp16 on an sm_70 target)
 //! with the f32 state. Inputs are seeded pseudo-random values of the real shapes (a random block
 //! of rows repeated), not model weights: the kernels' cost does not depend on the values.
 //!
@@ -18,7 +19,7 @@ use std::time::Instant;
 
 use common::*;
 
-use kiln::backend::cuda::CudaBackend;
+use kiln::backend::cuda::{CudaBackend, DEFAULT_CHUNKED_MIN_LEN};
 use kiln::backend::hybrid::{GdnParams, HybridBackend, StateSpec};
 use kiln::backend::{Backend, StepInput, StepSeq};
 
@@ -194,10 +195,26 @@ fn gdn_kernels_at_the_27b_shapes() {
         let mut l = layer(&g, t);
         // A prefill that continues from a state (cached_len > 0), as a chunked prefill does.
         let input = step_of(&[(t, 1, 0)]);
+        // The default path (chunked, C = 64), then the sequential scan for comparison.
         let (c, r, n) = time_ops(&g, &mut cache, &mut l, &input, 5, 1);
+        cache.set_chunked_min_len(None);
+        let (_, r_scan, _) = time_ops(&g, &mut cache, &mut l, &input, 3, 1);
+        cache.set_chunked_min_len(Some(DEFAULT_CHUNKED_MIN_LEN));
         let total = c + r + n;
+        // The chunked form's matrix products, counted: per chunk of 64 and value head, K Kᵀ and
+        // Q Kᵀ (2·64²·dk), U and W (64²·(dv + dk), half of it past the diagonal skipped: not
+        // subtracted), W S, Qg S (2·64·dk·dv), P Vn (64²·dv), Kdᵀ Vn (64·dk·dv); 2 flops each.
+        let (dk, dv) = (p.key_head_dim as f64, p.value_head_dim as f64);
+        let per_chunk = 2.0
+            * (2.0 * 64.0 * 64.0 * dk
+                + 64.0 * 64.0 * (dv + dk)
+                + 3.0 * 64.0 * dk * dv
+                + 64.0 * 64.0 * dv);
+        let flops = per_chunk * (t as f64 / 64.0) * p.num_value_heads as f64;
         println!(
-            "RESULT bench gdn prefill tokens={t} dtype={dtype} conv1d_ms={c:.3} delta_rule_ms={r:.3} gated_norm_ms={n:.3} total_ms={total:.3} tokens_per_s={:.0}{}",
+            "RESULT bench gdn prefill tokens={t} dtype={dtype} conv1d_ms={c:.3} delta_rule_ms={r:.3} (chunked; {:.1} TFLOP/s of {:.1} GFLOP) scan_delta_rule_ms={r_scan:.3} gated_norm_ms={n:.3} total_ms={total:.3} tokens_per_s={:.0}{}",
+            flops / (r / 1e3) / 1e12,
+            flops / 1e9,
             t as f64 / (total / 1e3),
             if t == 32768 {
                 format!(

@@ -117,6 +117,19 @@ fn w4a16_gemv_and_gemm_speed() {
             line += &format!(" {rows}:{:.2}", t / t1);
         }
         println!("RESULT bench gemv N={n} K={k} time_vs_1row (target <= 1.3):{line}");
+        // NVFP4 (e2m1 decoded in the kernel, fp8 scales per 16 stored in bf16) at 1 row.
+        let o = Owned::random(Fmt::Nvfp4, n, k, 17 + i as u64);
+        let w = b
+            .upload_linear("bench", &LinearView::Packed(o.linear()))
+            .expect("upload nvfp4");
+        let bytes = b.weight_bytes(&w) as f64;
+        let t = time(&b, || b.matmul(&x, 1, &w, &mut out).expect("matmul"));
+        println!(
+            "RESULT bench gemv nvfp4 N={n} K={k} rows=1 time_us={:.2} bytes={bytes:.0} GBps={:.0} fraction_of_copy={:.3}",
+            t * 1e6,
+            bytes / t / 1e9,
+            bytes / t / copy
+        );
     }
     // GEMM at M = 4096 against dense bf16 cuBLAS on the same shape.
     let (m, n, k) = (4096usize, 17408usize, 5120usize);
@@ -170,21 +183,38 @@ fn w4a16_gemv_and_gemm_speed() {
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn synthetic_27b_w4a16_loads_and_runs_its_linears() {
+    synthetic_27b("w4a16", SyntheticQuant::W4A16);
+}
+
+/// The same for the NVFP4 synthetic model.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn synthetic_27b_nvfp4_loads_and_runs_its_linears() {
+    synthetic_27b("nvfp4", SyntheticQuant::Nvfp4);
+}
+
+fn synthetic_27b(label: &str, quant: SyntheticQuant) {
     let b = gpu("bf16", "auto");
     let (free0, total) = b.memory_info().expect("meminfo");
-    let src = qwen3_5_27b_weights(SyntheticQuant::W4A16, 1);
+    let src = qwen3_5_27b_weights(quant, 1);
     let t0 = Instant::now();
     let mut linears = Vec::new();
     let mut dense = Vec::new();
     let mut vectors = Vec::new();
     for name in src.names() {
         if let Some(module) = name.strip_suffix(".weight_packed") {
+            // Both formats name their packed words `weight_packed`.
             let view = src.linear(module).expect("linear");
             let w = b.upload_linear(module, &view).expect("upload");
             linears.push((module.to_owned(), w));
-        } else if [".weight_scale", ".weight_zero_point", ".weight_shape"]
-            .iter()
-            .any(|s| name.ends_with(s))
+        } else if [
+            ".weight_scale",
+            ".weight_zero_point",
+            ".weight_shape",
+            ".weight_global_scale",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
         {
             // Parts of the packed linears above.
         } else {
@@ -217,7 +247,7 @@ fn synthetic_27b_w4a16_loads_and_runs_its_linears() {
     let packed: usize = linears.iter().map(|(_, w)| b.weight_bytes(w)).sum();
     let dense_b: usize = dense.iter().map(|(_, w)| b.weight_bytes(w)).sum();
     println!(
-        "RESULT bench synthetic-27b w4a16 linears={} packed_GiB={:.2} dense_2d_GiB={:.2} device_used_GiB={:.2} of {:.1} (target <= 19) load_s={load_s:.1}",
+        "RESULT bench synthetic-27b {label} linears={} packed_GiB={:.2} dense_2d_GiB={:.2} device_used_GiB={:.2} of {:.1} (target <= 19) load_s={load_s:.1}",
         linears.len(),
         packed as f64 / (1u64 << 30) as f64,
         dense_b as f64 / (1u64 << 30) as f64,
@@ -235,7 +265,7 @@ fn synthetic_27b_w4a16_loads_and_runs_its_linears() {
         }
     });
     println!(
-        "RESULT bench synthetic-27b w4a16 all_packed_linears_1row_ms={:.3} GBps={:.0} fraction_of_copy={:.3}",
+        "RESULT bench synthetic-27b {label} all_packed_linears_1row_ms={:.3} GBps={:.0} fraction_of_copy={:.3}",
         t * 1e3,
         packed as f64 / t / 1e9,
         packed as f64 / t / copy

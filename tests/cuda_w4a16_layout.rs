@@ -1,6 +1,7 @@
 //! The w4 tile layout (`kiln::tensor::packed_tiles`, what the CUDA kernels read) holds exactly
 //! the CPU reference's weights for every int4 format: compressed-tensors sym / asym, groups 32 /
-//! 64 / 128, act-order `g_idx`; AutoAWQ GEMM; GPTQ with and without desc_act. No GPU needed: every
+//! 64 / 128, act-order `g_idx`; AutoAWQ GEMM; GPTQ with and without desc_act; NVFP4 (e2m1 codes,
+//! fp8 scales / global scale). No GPU needed: every
 //! weight dequantized from the tiles (`W4Tiles::weight`, the kernels' index math) equals
 //! `dequantize_packed_row` at the permuted input column, bit for bit, and padding is zero.
 //!

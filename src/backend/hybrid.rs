@@ -25,6 +25,57 @@
 
 use crate::backend::{Backend, BackendError};
 
+/// The inputs of [`HybridBackend::gated_qkv_rope_write`]: one gated-attention layer's projections
+/// of the step's `tokens` tokens and its `(1 + w)` head norms.
+pub struct GatedQkv<'a, B: Backend> {
+    /// q_proj's output `[tokens, num_heads, 2 × head_dim]`, each head `[query | gate]`.
+    pub qg: &'a B::Buffer,
+    /// k_proj's and v_proj's outputs `[tokens, num_kv_heads, head_dim]`.
+    pub k: &'a B::Buffer,
+    pub v: &'a B::Buffer,
+    /// The `(1 + w)` head norms as stored (`w`, `[head_dim]`), and their epsilon.
+    pub q_norm: &'a B::Buffer,
+    pub k_norm: &'a B::Buffer,
+    pub eps: f32,
+    /// Tokens of the step and the head shapes.
+    pub tokens: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The outputs (and scratch) of [`HybridBackend::gated_qkv_rope_write`].
+pub struct GatedQkvOut<'a, B: Backend> {
+    /// The normed, rotated queries `[tokens, num_heads, head_dim]` (the attention's input).
+    pub q: &'a mut B::Buffer,
+    /// The gates `[tokens, num_heads × head_dim]` (head-major, as the attention output).
+    pub gate: &'a mut B::Buffer,
+    /// Scratch of the unfused form: `[tokens, num_heads, head_dim]` and `[tokens, num_kv_heads,
+    /// head_dim]` (a fused backend leaves them untouched).
+    pub q_scratch: &'a mut B::Buffer,
+    pub k_scratch: &'a mut B::Buffer,
+}
+
+/// [`HybridBackend::gated_qkv_rope_write`] as its parts (the default, and what the CPU runs):
+/// split the query and gate, `(1 + w)`-norm q and k per head, RoPE both, store k and v in the
+/// tokens' KV slots of `layer`.
+pub fn gated_qkv_rope_write_unfused<B: HybridBackend>(
+    b: &B,
+    x: &GatedQkv<'_, B>,
+    rope: &B::Rope,
+    cache: &mut B::KvCache,
+    layer: usize,
+    step: &B::Step,
+    out: GatedQkvOut<'_, B>,
+) -> Result<(), BackendError> {
+    let (t, nh, nkv, hd) = (x.tokens, x.num_heads, x.num_kv_heads, x.head_dim);
+    b.split_query_gate(x.qg, out.q_scratch, out.gate, t, nh, hd)?;
+    b.rms_norm_1p(out.q_scratch, x.q_norm, out.q, t * nh, hd, x.eps)?;
+    b.rms_norm_1p(x.k, x.k_norm, out.k_scratch, t * nkv, hd, x.eps)?;
+    b.rope(out.q, out.k_scratch, rope, step, nh, nkv, hd)?;
+    b.write_kv(cache, layer, out.k_scratch, x.v, step)
+}
+
 /// Geometry of a state cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateSpec {
@@ -142,6 +193,22 @@ pub trait HybridBackend: Backend {
         head_dim: usize,
     ) -> Result<(), BackendError>;
 
+    /// The pre-attention part of a gated-attention layer (Qwen3.5): per-head [query | gate]
+    /// split, `(1 + w)` q/k norms, partial NeoX RoPE at the tokens' positions, k and v written to
+    /// their KV slots of `layer`; `out.q` gets the queries, `out.gate` the gates. The default is
+    /// [`gated_qkv_rope_write_unfused`]; CUDA runs it as one kernel with the same roundings.
+    fn gated_qkv_rope_write(
+        &self,
+        x: &GatedQkv<'_, Self>,
+        rope: &Self::Rope,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        step: &Self::Step,
+        out: GatedQkvOut<'_, Self>,
+    ) -> Result<(), BackendError> {
+        gated_qkv_rope_write_unfused(self, x, rope, cache, layer, step, out)
+    }
+
     /// `x *= sigmoid(gate)` elementwise over `len` elements.
     fn sigmoid_mul(
         &self,
@@ -184,6 +251,35 @@ pub trait HybridBackend: Backend {
         step: &Self::Step,
         params: &GdnParams,
         out: &mut Self::Buffer,
+    ) -> Result<(), BackendError>;
+
+    /// Zero-centred RMSNorm (Qwen3.5's `(1 + w)` norms): per row of `dim`, `out = x / sqrt(mean(x²)
+    /// + eps) · (1 + weight)`, with `weight` the checkpoint's `w` as stored and `1 + w` formed in
+    /// f32 (as transformers does; `1 + w` stored in bf16 would be rounded to 2⁻⁸). As
+    /// [`Backend::rms_norm`]: `x` may be an f32 buffer, `out` is in the compute dtype.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_1p(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Buffer,
+        out: &mut Self::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError>;
+
+    /// `residual += delta`, then [`HybridBackend::rms_norm_1p`] of `residual` into `out`, as
+    /// [`Backend::add_rms_norm`] (`residual` may be an f32 buffer).
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm_1p(
+        &self,
+        residual: &mut Self::Buffer,
+        delta: &Self::Buffer,
+        weight: &Self::Buffer,
+        out: &mut Self::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
     ) -> Result<(), BackendError>;
 
     /// Gated RMSNorm: per row of `dim`, `out = x / sqrt(mean(x²) + eps) · weight · silu(z)`

@@ -105,19 +105,24 @@ pub fn plan(p: &PlanInput) -> Result<MemoryPlan, String> {
 /// Device bytes of one stored tensor on a GPU whose compute dtype has `compute_elem` bytes:
 /// floats are converted to the compute dtype (`numel × compute_elem`); 2-D GGUF Q4_0 / Q4_1 /
 /// Q8_0 weights stay quantized in the gguf tile layout ([`gguf_tiles::device_bytes`]: the stored
-/// size plus the padding of N to 64 and K to 128), unless `KILN_GGUF_DEQUANT` forces the old
-/// path; the other ggml blocks (Q4_K, Q6_K) are expanded at load (`numel × compute_elem`); the
+/// size plus the padding of N to 64 and K to 128) when `KILN_GGUF_GPU_WEIGHTS=quantized` asks for
+/// it, else they are expanded like the rest; the other ggml blocks (Q4_K, Q6_K) are expanded at load (`numel × compute_elem`); the
 /// parts of packed 4-bit linears (I32 / I64 / U8 / I8 / F8 words, zero points, fp8 scales,
 /// `g_idx`) stay as stored. Their 16-bit scales are floats and count at `compute_elem`, which is
 /// what they are stored as.
 pub fn weight_device_bytes(info: &TensorInfo, compute_elem: usize) -> usize {
-    if let (Some(f), &[n, k]) = (
+    weight_device_bytes_with(info, compute_elem, gguf_tiles::keep_quantized_requested())
+}
+
+/// [`weight_device_bytes`] with the GGUF choice given: `keep_gguf` counts 2-D Q4_0 / Q4_1 /
+/// Q8_0 weights in the gguf tile layout, else at the compute dtype.
+fn weight_device_bytes_with(info: &TensorInfo, compute_elem: usize, keep_gguf: bool) -> usize {
+    if let (Some(f), &[n, k], true) = (
         gguf_tiles::GgufFormat::of(info.dtype),
         info.shape.as_slice(),
+        keep_gguf,
     ) {
-        if !gguf_tiles::dequantize_forced() {
-            return gguf_tiles::device_bytes(f, n, k);
-        }
+        return gguf_tiles::device_bytes(f, n, k);
     }
     if info.dtype.is_weight() {
         info.numel() * compute_elem
@@ -126,14 +131,35 @@ pub fn weight_device_bytes(info: &TensorInfo, compute_elem: usize) -> usize {
     }
 }
 
-/// [`weight_device_bytes`] summed over every tensor of `weights` (read without touching their
-/// bytes, [`WeightSource::tensor_info`]); tensors that cannot be described are skipped.
+/// Device bytes of the stored tensor `name`: [`weight_device_bytes`], except for two parts of
+/// packed linears that the w4 tiles (`crate::tensor::packed_tiles`) widen: 4-bit zero points
+/// (compressed-tensors `<m>.weight_zero_point`, AutoAWQ / GPTQ `<m>.qzeros`: eight nibbles per
+/// I32) take one byte per zero, and NVFP4's fp8 `<m>.weight_scale` is stored in the compute
+/// dtype (`compute_elem` bytes per scale).
+pub fn named_weight_device_bytes(name: &str, info: &TensorInfo, compute_elem: usize) -> usize {
+    use crate::tensor::WeightDType;
+    let zero_points = name.ends_with(".weight_zero_point") || name.ends_with(".qzeros");
+    if zero_points && info.dtype == WeightDType::I32 {
+        info.numel() * 8
+    } else if name.ends_with(".weight_scale") && info.dtype == WeightDType::F8E4M3 {
+        info.numel() * compute_elem
+    } else {
+        weight_device_bytes(info, compute_elem)
+    }
+}
+
+/// [`named_weight_device_bytes`] summed over every tensor of `weights` (read without touching
+/// their bytes, [`WeightSource::tensor_info`]); tensors that cannot be described are skipped.
 pub fn weights_device_bytes(weights: &dyn WeightSource, compute_elem: usize) -> usize {
     weights
         .names()
         .iter()
-        .filter_map(|n| weights.tensor_info(n).ok())
-        .map(|t| weight_device_bytes(&t, compute_elem))
+        .filter_map(|n| {
+            weights
+                .tensor_info(n)
+                .ok()
+                .map(|t| named_weight_device_bytes(n, &t, compute_elem))
+        })
         .sum()
 }
 
@@ -152,11 +178,51 @@ pub fn workspace_bytes(
     // rotated q, attention output, fused gate|up, activation in the compute dtype; the residual
     // stream in f32 (`Backend::alloc_f32`).
     let per_token = 2 * c.hidden_size + 3 * q_dim + 2 * kv_dim + 3 * c.intermediate_size;
-    let parts = max_model_len.div_ceil(512).max(1);
-    let attention_partials = tokens * c.num_attention_heads * parts * (c.head_dim + 2) * 4;
+    let attention_partials =
+        decode_partial_rows(c, tokens, logit_rows, max_model_len) * (c.head_dim + 2) * 4;
     // f32 logits plus the sampler's f32 penalized copy of each sampled row.
     let logits = logit_rows * c.vocab_size * 8;
     tokens * (per_token * elem + c.hidden_size * 4) + attention_partials + logits
+}
+
+/// Split-K attention partial rows (one `(max, sum)` pair and `head_dim` f32 accumulators each) of
+/// a step of `tokens` tokens with at most `seqs` sequences over contexts of up to
+/// `max_model_len` keys. The decode kernel (`kernels/attention_decode.cu`, shapes with head_dim a
+/// multiple of 8 up to 256 and at most 8 query heads per KV head) runs only for the one-token
+/// sequences and splits a row into at most [`decode_attention_slots`] parts; other shapes take
+/// the older split-K kernel over every token, in parts of 512 keys.
+pub fn decode_partial_rows(
+    c: &ModelConfig,
+    tokens: usize,
+    seqs: usize,
+    max_model_len: usize,
+) -> usize {
+    let kv = c.num_key_value_heads.max(1);
+    let group = c.num_attention_heads / kv;
+    let decode_kernel = c.head_dim > 0
+        && c.head_dim <= 256
+        && c.head_dim.is_multiple_of(8)
+        && (1..=8).contains(&group);
+    let (rows, parts) = if decode_kernel {
+        (tokens.min(seqs), decode_attention_slots(max_model_len))
+    } else {
+        (tokens, max_model_len.div_ceil(512).max(1))
+    };
+    if parts > 1 {
+        rows * c.num_attention_heads * parts
+    } else {
+        0
+    }
+}
+
+/// Parts the decode kernel splits a row of `max_ctx` keys into: the host copy of
+/// `attention_plan::decode_slots` (CUDA backend; equal by a test there), repeated here because
+/// the planner is built without the `cuda` feature too.
+pub fn decode_attention_slots(max_ctx: usize) -> usize {
+    // The decode kernel's fewest keys per part and most parts per row.
+    const MIN_PART: usize = 128;
+    const MAX_PARTS: usize = 128;
+    max_ctx.div_ceil(MIN_PART).clamp(1, MAX_PARTS)
 }
 
 /// Device bytes allowed per instantiated decode graph (the driver's copy of ~300 kernel nodes
@@ -174,18 +240,13 @@ pub fn decode_graph_bytes(
     block_size: usize,
     bytes_per_block: usize,
 ) -> usize {
-    let parts = max_model_len.div_ceil(512).max(1);
     let width = max_model_len.div_ceil(block_size.max(1)).max(1);
     let mut buckets: Vec<usize> = std::iter::successors(Some(1usize), |&b| Some(b * 2))
         .take_while(|&b| b < max_num_seqs)
         .collect();
     buckets.push(max_num_seqs.max(1));
     let per_bucket = |b: usize| {
-        let partials = if parts > 1 {
-            b * c.num_attention_heads * parts * (c.head_dim + 2) * 4
-        } else {
-            0
-        };
+        let partials = decode_partial_rows(c, b, b, max_model_len) * (c.head_dim + 2) * 4;
         // i32 metadata: 9 per token (ids, positions, slots, sequence, logits row, split-K
         // list and tile slack) and the block tables.
         let meta = (9 * b + b * width) * 4;
@@ -326,6 +387,41 @@ mod tests {
     }
 
     #[test]
+    fn packed_zero_points_count_one_byte_per_zero() {
+        use crate::tensor::WeightDType;
+        // compressed-tensors asym: [N / 8, groups] I32 = N × groups nibbles → N × groups bytes.
+        let z = TensorInfo {
+            dtype: WeightDType::I32,
+            shape: vec![640, 40],
+            bytes: 640 * 40 * 4,
+        };
+        let zeros = 5120 * 40;
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.weight_zero_point", &z, 2),
+            zeros
+        );
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.qzeros", &z, 2),
+            zeros
+        );
+        // NVFP4's fp8 scales are stored in the compute dtype.
+        let s = TensorInfo {
+            dtype: WeightDType::F8E4M3,
+            shape: vec![5120, 320],
+            bytes: 5120 * 320,
+        };
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.weight_scale", &s, 2),
+            5120 * 320 * 2
+        );
+        // Other I32 parts (packed words, g_idx) stay as stored.
+        assert_eq!(
+            named_weight_device_bytes("l.mlp.up_proj.weight_packed", &z, 2),
+            640 * 40 * 4
+        );
+    }
+
+    #[test]
     fn device_bytes_keep_packed_parts_as_stored() {
         use crate::tensor::WeightDType;
         let info = |dtype, shape: &[usize], bytes| TensorInfo {
@@ -342,18 +438,14 @@ mod tests {
             weight_device_bytes(&info(WeightDType::BF16, &[4, 8], 64), 2),
             64
         );
-        // GGUF Q4_1 stays quantized: 20 bytes per 32 weights when N and K need no padding; K =
-        // 576 pads to 640 (the layout's 128-column blocks); Q4_K is still expanded.
-        if !gguf_tiles::dequantize_forced() {
-            assert_eq!(
-                weight_device_bytes(&info(WeightDType::Q4_1, &[128, 1024], 128 * 32 * 20), 2),
-                128 * 32 * 20
-            );
-            assert_eq!(
-                weight_device_bytes(&info(WeightDType::Q8_0, &[64, 576], 64 * 18 * 34), 2),
-                64 * 20 * 34
-            );
-        }
+        // GGUF Q4_1 kept quantized: 20 bytes per 32 weights when N and K need no padding; K =
+        // 576 pads to 640 (the layout's 128-column blocks); Q4_K is still expanded. Dequantized
+        // (the default), they count at the compute dtype.
+        let q4_1 = info(WeightDType::Q4_1, &[128, 1024], 128 * 32 * 20);
+        assert_eq!(weight_device_bytes_with(&q4_1, 2, true), 128 * 32 * 20);
+        assert_eq!(weight_device_bytes_with(&q4_1, 2, false), 128 * 1024 * 2);
+        let q8_0 = info(WeightDType::Q8_0, &[64, 576], 64 * 18 * 34);
+        assert_eq!(weight_device_bytes_with(&q8_0, 2, true), 64 * 20 * 34);
         assert_eq!(
             weight_device_bytes(&info(WeightDType::Q4K, &[4, 256], 4 * 144), 2),
             4 * 256 * 2
@@ -373,23 +465,33 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn decode_partials_use_the_cuda_kernels_split() {
+        use crate::backend::cuda::attention_plan::decode_slots;
+        for ctx in (1..5000).step_by(7).chain([8192, 32768, 131_072]) {
+            assert_eq!(decode_attention_slots(ctx), decode_slots(ctx), "ctx {ctx}");
+        }
+    }
+
     #[test]
     fn decode_graphs_count_partials_per_bucket_and_one_scratch_block() {
         use crate::model::llama::tests::tiny_config;
         let c = tiny_config(crate::model::Architecture::Llama);
-        // max_model_len 512: one split-K part, no partials; buckets 1, 2, 4 (max_num_seqs 4).
-        let width = 512 / 16;
+        // max_model_len 128: one decode part, no partials; buckets 1, 2, 4 (max_num_seqs 4).
+        let width = 128 / 16;
         let meta = |b: usize| (9 * b + b * width) * 4;
-        let short = decode_graph_bytes(&c, 4, 512, 16, 1000);
+        let short = decode_graph_bytes(&c, 4, 128, 16, 1000);
         assert_eq!(
             short,
             1000 + 3 * GRAPH_ALLOWANCE_BYTES + meta(1) + meta(2) + meta(4)
         );
-        // 2048 keys: 4 parts, partials for 1 + 2 + 4 rows.
+        // 2048 keys: 16 decode parts of 128 keys, partials for 1 + 2 + 4 rows.
+        assert_eq!(decode_attention_slots(2048), 16);
         let long = decode_graph_bytes(&c, 4, 2048, 16, 1000);
         let w2 = 2048 / 16;
         let meta2 = |b: usize| (9 * b + b * w2) * 4;
-        let partials = 7 * c.num_attention_heads * 4 * (c.head_dim + 2) * 4;
+        let partials = 7 * c.num_attention_heads * 16 * (c.head_dim + 2) * 4;
         assert_eq!(
             long,
             1000 + 3 * GRAPH_ALLOWANCE_BYTES + meta2(1) + meta2(2) + meta2(4) + partials

@@ -37,14 +37,17 @@ pub const PAD_N: usize = 64;
 /// Most K slices (`kernels/gguf_mm.cu` `GG_MAX_KS`).
 pub const MAX_K_SLICES: usize = 8;
 
-/// The environment switch that forces the old path for GGUF weights on the GPU: dequantized to
-/// the compute dtype at load and multiplied with cuBLAS (`KILN_GGUF_DEQUANT=1`; unset or `0`:
-/// kept quantized). Read at each upload and by the memory planner.
-pub const DEQUANT_ENV: &str = "KILN_GGUF_DEQUANT";
+/// The environment switch for GGUF Q4_0 / Q4_1 / Q8_0 weights on the GPU:
+/// `KILN_GGUF_GPU_WEIGHTS=quantized` keeps them in the gguf tile layout (about 0.4× the device
+/// memory of 16 bits); unset or `dequantized` (the default) converts them to the compute dtype at
+/// load and multiplies with cuBLAS, which is faster today (SmolLM2 on the H200: 436 against 288
+/// decode tokens/s at one sequence, `docs/benchmarks.md`). Any other value is treated as the
+/// default. Read at each upload and by the memory planner.
+pub const WEIGHTS_ENV: &str = "KILN_GGUF_GPU_WEIGHTS";
 
-/// Whether [`DEQUANT_ENV`] asks for dequantize-at-load.
-pub fn dequantize_forced() -> bool {
-    std::env::var(DEQUANT_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+/// Whether [`WEIGHTS_ENV`] asks for the weights to stay quantized on the device.
+pub fn keep_quantized_requested() -> bool {
+    std::env::var(WEIGHTS_ENV).is_ok_and(|v| v.trim() == "quantized")
 }
 
 /// Device bytes of an `[n, k]` weight of `format` in the tile layout (values, scales, mins), as

@@ -7,11 +7,12 @@
 //! zero point (0..16; 8 when symmetric) and `s` the scale of `(n, group of j)`. Shapes:
 //! - `Np` = N rounded up to [`PAD_N`], `Kp` = K rounded up to [`TILE_K`], `KB = Kp / 128`;
 //! - `qweight` u32 `[Np/8][KB][32 lanes][4 words]`: lane `l = 4g + t` of n8 tile `nt` holds output
-//!   `n = 8nt + g`; chunk `c` (16 columns, `0..8`) is the 16 bits at `16·(c % 2)` of word `c / 2`,
-//!   its nibbles (low first) columns `16c + 2t`, `16c + 2t + 1`, `16c + 8 + 2t`, `16c + 9 + 2t` of
-//!   the block;
+//!   `n = 8nt + g` at the 32 contiguous columns `32t .. 32t + 32` of the block; word `q` holds
+//!   columns `32t + 8q + o` (`o = 0..8`) at bit `16·(o % 2) + 4·(o / 2)` (even columns in the low
+//!   half, odd ones in the high half: two masks and a shift give the mma B fragments; the kernels
+//!   give mma chunk `c`'s k indices `2t, 2t+1, 8+2t, 9+2t` the columns `32t + 4c + 0..4`);
 //! - `scales` f32 `[Np/8][GS][8]` and `zeros` u8 `[Np/8][GS][8]` (absent: z = 8), `GS` stored
-//!   groups; the group of chunk `q = j / 16` is `q >> group_shift` (groups of 16 · 2^s columns);
+//!   groups; the group of column `j` is `(j / 16) >> group_shift` (groups of 16 · 2^s columns);
 //! - `perm` i32 `[K]` (act-order only): tile column `j` holds input column `perm[j]`; the columns
 //!   are stably sorted by `g_idx`, so each group is contiguous. Every group must then hold exactly
 //!   `G` columns (the last one the rest), as GPTQ and compressed-tensors write them; other
@@ -20,7 +21,11 @@
 //! Padding (rows ≥ N, columns ≥ K, stored groups ≥ ⌈K/G⌉) has `u = 8`, `z = 8`, `s = 0`.
 //! Dequantizing from the tiles ([`W4Tiles::weight`]) is exact and equals the CPU reference
 //! (`quant::packed::dequantize_packed_row`) at input column `perm[j]` (tests/cuda_w4a16_layout.rs).
-//! NVFP4 is a different value set and is not repacked here.
+//!
+//! NVFP4 (compressed-tensors `nvfp4-pack-quantized`) uses the same layout with [`W4Values::E2m1`]:
+//! each nibble is an e2m1 code (sign bit 3), groups of 16 columns (`group_shift` 0), no zeros,
+//! and the stored scale is `fp8(scale) / global_scale` in f32 (the CPU reference's one rounding),
+//! so `W[n, j] = e2m1(code) · s`.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -40,9 +45,47 @@ pub const MAX_K_SLICES: usize = 8;
 /// AutoAWQ: output column `n` sits in nibble `AWQ_REVERSE_ORDER[n % 8]` of its word.
 const AWQ_REVERSE_ORDER: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
+/// What a tile nibble means (closed set; the kernels' `fp4` flag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum W4Values {
+    /// An unsigned 4-bit integer `u`: `W = (u − z) · s`.
+    Int4,
+    /// An FP4 e2m1 code (NVFP4): `W = e2m1(code) · s`.
+    E2m1,
+}
+
+/// The e2m1 magnitudes of codes 0..8 (bit 3 is the sign).
+const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// The value of an e2m1 code (as `quant::packed::fp4_e2m1`, which the layout test compares to).
+fn e2m1(code: u32) -> f32 {
+    let v = E2M1[(code & 7) as usize];
+    if code & 8 != 0 {
+        -v
+    } else {
+        v
+    }
+}
+
+/// OCP fp8 E4M3 (`float8_e4m3fn`: bias 7, no infinities, `0x7F` / `0xFF` NaN) as f32, exactly
+/// (as `quant::packed::fp8_e4m3_to_f32`; the layout test compares the results).
+fn fp8_e4m3(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
+    let (e, m) = (i32::from((b >> 3) & 0xF), f32::from(b & 7));
+    if e == 15 && m == 7.0 {
+        f32::NAN
+    } else if e == 0 {
+        sign * m * (-9f32).exp2()
+    } else {
+        sign * (1.0 + m / 8.0) * ((e - 7) as f32).exp2()
+    }
+}
+
 /// A 4-bit linear in the tile layout (host copy, before upload).
 #[derive(Debug, Clone, PartialEq)]
 pub struct W4Tiles {
+    /// Integer or e2m1 nibbles.
+    pub values: W4Values,
     /// N (out_features).
     pub n: usize,
     /// K (in_features).
@@ -67,6 +110,12 @@ pub struct W4Tiles {
     pub perm: Option<Vec<i32>>,
 }
 
+/// Bit of column `8q + o` (`o < 8`) in a lane's word `q`: even columns in the low 16 bits, odd
+/// ones in the high 16, each half in column order.
+const fn nibble_bit(o: usize) -> usize {
+    16 * (o % 2) + 4 * (o / 2)
+}
+
 fn i32_at(v: &TensorView<'_>, i: usize) -> i32 {
     let b = &v.data[4 * i..4 * i + 4];
     i32::from_le_bytes([b[0], b[1], b[2], b[3]])
@@ -84,15 +133,16 @@ fn float_at(v: &TensorView<'_>, i: usize) -> f32 {
         }
         WeightDType::F16 => f16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32(),
         WeightDType::BF16 => bf16::from_le_bytes([d[2 * i], d[2 * i + 1]]).to_f32(),
-        // validate() admits only float scales for the int4 schemes.
+        WeightDType::F8E4M3 => fp8_e4m3(d[i]),
+        // validate() admits only float scales for the int4 schemes, fp8 for NVFP4.
         _ => f32::NAN,
     }
 }
 
 impl W4Tiles {
-    /// Repack a validated-or-not int4 linear (it is validated here). NVFP4, a group size that
-    /// is not a multiple of 16 (with more than one group) and a `g_idx` whose groups are not
-    /// `G` columns each are `Err` naming the reason.
+    /// Repack a validated-or-not 4-bit linear (it is validated here). A group size that is not
+    /// a multiple of 16 (with more than one group) and a `g_idx` whose groups are not `G`
+    /// columns each are `Err` naming the reason.
     pub fn from_packed(p: &PackedLinear<'_>) -> Result<W4Tiles, PackedLayoutError> {
         p.validate()?;
         let (n, k) = (p.out_features, p.in_features);
@@ -102,11 +152,11 @@ impl W4Tiles {
             k,
             message,
         };
-        if p.scheme == PackedScheme::CtNvfp4 {
-            return Err(err(
-                "NVFP4 is not an int4 format: no device layout for it yet".into(),
-            ));
-        }
+        let fp4 = p.scheme == PackedScheme::CtNvfp4;
+        let global = match (&p.global_scale, fp4) {
+            (Some(gs), true) => float_at(gs, 0),
+            _ => 1.0,
+        };
         let g = p.scheme.group_size();
         let groups = p.num_groups();
         let k_pad = k.div_ceil(TILE_K) * TILE_K;
@@ -149,13 +199,14 @@ impl W4Tiles {
         let col_of = |j: usize| perm.as_ref().map_or(j, |pm| pm[j] as usize);
 
         // (u, z, s) accessors per scheme, in input-column space.
-        let symmetric = matches!(
-            p.scheme,
-            PackedScheme::CtInt4 {
-                symmetric: true,
-                ..
-            }
-        );
+        let symmetric = fp4
+            || matches!(
+                p.scheme,
+                PackedScheme::CtInt4 {
+                    symmetric: true,
+                    ..
+                }
+            );
         let q_of = |row: usize, col: usize| -> u8 {
             match p.scheme {
                 PackedScheme::CtInt4 { .. } => nib(&p.qweight, row * (k / 8) + col / 8, col % 8),
@@ -165,7 +216,9 @@ impl W4Tiles {
                     AWQ_REVERSE_ORDER[row % 8],
                 ),
                 PackedScheme::Gptq { .. } => nib(&p.qweight, (col / 8) * n + row, col % 8),
-                PackedScheme::CtNvfp4 => 0,
+                PackedScheme::CtNvfp4 => {
+                    (p.qweight.data[row * (k / 2) + col / 2] >> (4 * (col % 2))) & 0xF
+                }
             }
         };
         let z_of = |row: usize, gr: usize| -> u8 {
@@ -184,6 +237,7 @@ impl W4Tiles {
         let s_of = |row: usize, gr: usize| -> f32 {
             match p.scheme {
                 PackedScheme::CtInt4 { .. } => float_at(&p.scales, row * groups + gr),
+                PackedScheme::CtNvfp4 => float_at(&p.scales, row * groups + gr) / global,
                 _ => float_at(&p.scales, gr * n + row),
             }
         };
@@ -210,26 +264,22 @@ impl W4Tiles {
                     for lane in 0..32 {
                         let (gl, t) = (lane / 4, lane % 4);
                         let row = nt * 8 + gl;
-                        for c in 0..8 {
-                            for q in 0..4 {
-                                let j = b * TILE_K
-                                    + 16 * c
-                                    + 2 * t
-                                    + (q & 1)
-                                    + if q >= 2 { 8 } else { 0 };
+                        for q in 0..4 {
+                            for o in 0..8 {
+                                let j = b * TILE_K + 32 * t + 8 * q + o;
                                 let u = if row < n && j < k {
                                     q_of(row, col_of(j))
                                 } else {
                                     8
                                 };
-                                tile[(b * 32 + lane) * 4 + c / 2] |=
-                                    u32::from(u) << (16 * (c % 2) + 4 * q);
+                                tile[(b * 32 + lane) * 4 + q] |= u32::from(u) << nibble_bit(o);
                             }
                         }
                     }
                 }
             });
         Ok(W4Tiles {
+            values: if fp4 { W4Values::E2m1 } else { W4Values::Int4 },
             n,
             k,
             n_pad,
@@ -259,20 +309,20 @@ impl W4Tiles {
     pub fn weight(&self, n: usize, j: usize) -> f32 {
         let kb = self.k_blocks();
         let (b, r) = (j / TILE_K, j % TILE_K);
-        let (c, q16) = (r / 16, r % 16);
-        let (t, q) = if q16 < 8 {
-            (q16 / 2, q16 % 2)
-        } else {
-            ((q16 - 8) / 2, 2 + q16 % 2)
-        };
+        let (t, q, o) = (r / 32, (r % 32) / 8, r % 8);
         let (nt, gl) = (n / 8, n % 8);
         let lane = 4 * gl + t;
-        let word = self.qweight[((nt * kb + b) * 32 + lane) * 4 + c / 2];
-        let u = (word >> (16 * (c % 2) + 4 * q)) & 0xF;
+        let word = self.qweight[((nt * kb + b) * 32 + lane) * 4 + q];
+        let u = (word >> nibble_bit(o)) & 0xF;
         let gi = (j / 16) >> self.group_shift();
         let i = (nt * self.groups + gi) * 8 + gl;
-        let z = self.zeros.as_ref().map_or(8, |z| z[i]);
-        (u as i32 - i32::from(z)) as f32 * self.scales[i]
+        match self.values {
+            W4Values::E2m1 => e2m1(u) * self.scales[i],
+            W4Values::Int4 => {
+                let z = self.zeros.as_ref().map_or(8, |z| z[i]);
+                (u as i32 - i32::from(z)) as f32 * self.scales[i]
+            }
+        }
     }
 
     /// The input column of tile column `j`.

@@ -66,7 +66,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     for arch in &targets {
         for m in KernelModule::ALL {
             let t0 = std::time::Instant::now();
-            match nvrtc::compile_module(m, *arch, &include, None) {
+            match nvrtc::compile_module(m, *arch, &include) {
                 Ok(ptx) => {
                     let missing: Vec<String> = m
                         .entry_points()

@@ -1,4 +1,4 @@
-//! Seeded random 4-bit linears of every int4 format (owned parts, borrowed as a
+//! Seeded random 4-bit linears of every int4 format and NVFP4 (owned parts, borrowed as a
 //! [`PackedLinear`]), shared by `tests/cuda_w4a16_layout.rs` (CPU) and `tests/cuda_w4a16.rs` (GPU).
 #![allow(dead_code)]
 
@@ -38,6 +38,9 @@ pub enum Fmt {
     Awq { group: usize },
     /// GPTQ v1 (zeros minus one); `desc_act` adds a permuting `g_idx`.
     Gptq { group: usize, desc_act: bool },
+    /// compressed-tensors `nvfp4-pack-quantized`: e2m1 pairs, fp8 E4M3 scales per 16, a global
+    /// scale.
+    Nvfp4,
 }
 
 /// The owned parts of one packed linear.
@@ -49,6 +52,8 @@ pub struct Owned {
     pub s: (Vec<usize>, Vec<u8>),
     pub z: Option<(Vec<usize>, Vec<u8>)>,
     pub g: Option<(Vec<usize>, Vec<u8>)>,
+    /// NVFP4's global scale (one f32).
+    pub gs: Option<(Vec<usize>, Vec<u8>)>,
 }
 
 fn words(rng: &mut Rng, count: usize) -> Vec<u8> {
@@ -100,6 +105,7 @@ impl Owned {
                     z: (!symmetric)
                         .then(|| (vec![n.div_ceil(8), gr], words(&mut rng, n.div_ceil(8) * gr))),
                     g: ao.then(|| (vec![k], act_order(&mut rng, k, group))),
+                    gs: None,
                 }
             }
             Fmt::Awq { group } => {
@@ -112,6 +118,7 @@ impl Owned {
                     s: (vec![gr, n], scales(&mut rng, gr * n)),
                     z: Some((vec![gr, n / 8], words(&mut rng, gr * n / 8))),
                     g: None,
+                    gs: None,
                 }
             }
             Fmt::Gptq { group, desc_act } => {
@@ -127,6 +134,25 @@ impl Owned {
                     s: (vec![gr, n], scales(&mut rng, gr * n)),
                     z: Some((vec![gr, n / 8], words(&mut rng, gr * n / 8))),
                     g: desc_act.then(|| (vec![k], act_order(&mut rng, k, group))),
+                    gs: None,
+                }
+            }
+            Fmt::Nvfp4 => {
+                // Every e2m1 code (±0 included); fp8 scales 0x30..0x3F (0.5 .. 1.875) over a
+                // global scale of 64, so weights are up to 6 × 1.875 / 64 like the int4 ones.
+                let q: Vec<u8> = (0..n * k / 2).map(|_| rng.next_u64() as u8).collect();
+                let sc: Vec<u8> = (0..n * k / 16)
+                    .map(|_| 0x30 + (rng.next_u64() % 16) as u8)
+                    .collect();
+                Owned {
+                    scheme: PackedScheme::CtNvfp4,
+                    n,
+                    k,
+                    q: (vec![n, k / 2], q),
+                    s: (vec![n, k / 16], sc),
+                    z: None,
+                    g: None,
+                    gs: Some((vec![1], 64f32.to_le_bytes().to_vec())),
                 }
             }
         }
@@ -141,20 +167,35 @@ impl Owned {
                 data: &p.1,
             }
         }
+        let fp4 = self.scheme == PackedScheme::CtNvfp4;
         PackedLinear {
             scheme: self.scheme,
             out_features: self.n,
             in_features: self.k,
-            qweight: v(WeightDType::I32, &self.q),
-            scales: v(WeightDType::BF16, &self.s),
+            qweight: v(
+                if fp4 {
+                    WeightDType::U8
+                } else {
+                    WeightDType::I32
+                },
+                &self.q,
+            ),
+            scales: v(
+                if fp4 {
+                    WeightDType::F8E4M3
+                } else {
+                    WeightDType::BF16
+                },
+                &self.s,
+            ),
             zeros: self.z.as_ref().map(|z| v(WeightDType::I32, z)),
             g_idx: self.g.as_ref().map(|g| v(WeightDType::I32, g)),
-            global_scale: None,
+            global_scale: self.gs.as_ref().map(|g| v(WeightDType::F32, g)),
         }
     }
 }
 
-/// Every int4 format the tiles hold, as (label, format).
+/// Every 4-bit format the tiles hold (the int4 ones and NVFP4), as (label, format).
 pub fn all_formats() -> Vec<(&'static str, Fmt)> {
     let ct = |group, symmetric, act_order| Fmt::Ct {
         group,
@@ -185,5 +226,6 @@ pub fn all_formats() -> Vec<(&'static str, Fmt)> {
                 desc_act: true,
             },
         ),
+        ("nvfp4", Fmt::Nvfp4),
     ]
 }

@@ -182,6 +182,52 @@ impl HybridBackend for CpuBackend {
         Ok(())
     }
 
+    fn rms_norm_1p(
+        &self,
+        x: &Vec<f32>,
+        weight: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        let n = rows * dim;
+        check_len("rms_norm_1p input", x.len(), n)?;
+        check_len("rms_norm_1p output", out.len(), n)?;
+        check_len("rms_norm_1p weight", weight.len(), dim)?;
+        self.pool
+            .install(|| gdn::rms_norm_1p(&x[..n], weight, &mut out[..n], dim, eps));
+        Ok(())
+    }
+
+    fn add_rms_norm_1p(
+        &self,
+        residual: &mut Vec<f32>,
+        delta: &Vec<f32>,
+        weight: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        let n = rows * dim;
+        check_len("add_rms_norm_1p residual", residual.len(), n)?;
+        check_len("add_rms_norm_1p delta", delta.len(), n)?;
+        check_len("add_rms_norm_1p output", out.len(), n)?;
+        check_len("add_rms_norm_1p weight", weight.len(), dim)?;
+        self.pool.install(|| {
+            gdn::add_rms_norm_1p(
+                &mut residual[..n],
+                &delta[..n],
+                weight,
+                &mut out[..n],
+                dim,
+                eps,
+            )
+        });
+        Ok(())
+    }
+
     fn gated_rms_norm(
         &self,
         x: &Vec<f32>,

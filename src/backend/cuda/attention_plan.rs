@@ -7,6 +7,11 @@
 //! kernel `attention_*`, which parallelizes over the keys instead. The two launches cover disjoint
 //! token sets, so a mixed step runs both.
 //!
+//! One-token sequences (and, for [`crate::backend::cuda::CudaBackend::paged_attention_split_k`],
+//! every token) go to the decode kernel of `kernels/attention_decode.cu` when the shapes fit
+//! [`DecodeVariant`], else to the older split-K kernels; its split of the keys is
+//! [`decode_part_len`].
+//!
 //! Everything here is host-side and built once per step in `prepare_step`: the tile table and the
 //! split-K token list are uploaded together as one `i32` buffer (tiles first).
 
@@ -139,6 +144,105 @@ impl PrefillVariant {
     }
 }
 
+/// Threads per block of the decode kernel (`DEC_WARPS * 32` in attention_decode.cu).
+pub const DECODE_THREADS: u32 = 4 * 32;
+/// Fewest keys per part of the decode kernel (`DEC_MIN_PART`).
+pub const DECODE_MIN_PART: usize = 128;
+/// Most parts a row's keys are split into (`DEC_MAX_PARTS`).
+pub const DECODE_MAX_PARTS: usize = 128;
+/// Part lengths are multiples of this (`DEC_PART_ALIGN`).
+pub const DECODE_PART_ALIGN: usize = 64;
+/// Blocks the decode launch aims for (about four per SM of an H200); the split of the keys does
+/// not depend on it, only how many blocks share a row's parts.
+pub const DECODE_TARGET_BLOCKS: usize = 1024;
+
+/// Keys per part for a row of `ctx` keys (`decode_part_len` in attention_decode.cu): a function
+/// of the context alone, so a row's bits never depend on its batch, grid or graph padding.
+pub fn decode_part_len(ctx: usize) -> usize {
+    ctx.div_ceil(DECODE_MAX_PARTS)
+        .div_ceil(DECODE_PART_ALIGN)
+        .saturating_mul(DECODE_PART_ALIGN)
+        .max(DECODE_MIN_PART)
+}
+
+/// Parts a row of `ctx` keys is split into (at most [`DECODE_MAX_PARTS`]).
+pub fn decode_parts(ctx: usize) -> usize {
+    ctx.div_ceil(decode_part_len(ctx)).max(1)
+}
+
+/// Partial slots per (row, head) for rows of at most `max_ctx` keys: a bound on the parts any of
+/// them can have (1 = no partials, the kernel writes the output directly). Not
+/// `decode_parts(max_ctx)`: the part count is not monotonic in the context (16 384 keys make 128
+/// parts of 128, 16 385 keys 86 parts of 192), so the bound is `ceil(max_ctx / DECODE_MIN_PART)`
+/// capped at [`DECODE_MAX_PARTS`].
+pub fn decode_slots(max_ctx: usize) -> usize {
+    max_ctx.div_ceil(DECODE_MIN_PART).clamp(1, DECODE_MAX_PARTS)
+}
+
+/// The grid's z extent: blocks per (row, KV head), each taking every z-th part; enough blocks to
+/// fill the GPU, never more than the parts there can be.
+pub fn decode_grid_z(rows: usize, kv_heads: usize, max_ctx: usize) -> usize {
+    DECODE_TARGET_BLOCKS
+        .div_ceil((rows * kv_heads).max(1))
+        .clamp(1, decode_slots(max_ctx))
+}
+
+/// A compiled size class of the decode kernel (templates `DV`, `GB` in attention_decode.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeVariant {
+    /// Widest head it holds (`d64 | d128 | d256`).
+    pub max_head_dim: usize,
+    /// Largest GQA group (query heads per KV head) it holds (`g4 | g8`).
+    pub max_group: usize,
+}
+
+impl DecodeVariant {
+    /// Head-width classes, smallest first.
+    pub const DIMS: [usize; 3] = [64, 128, 256];
+    /// Group classes, smallest first.
+    pub const GROUPS: [usize; 2] = [4, 8];
+
+    /// The variant for these shapes, or `None` when the decode kernel does not take them (head_dim
+    /// must be a positive multiple of 8 up to 256, the group at most 8): the older split-K kernels
+    /// then run.
+    pub fn for_shape(head_dim: usize, group: usize) -> Option<DecodeVariant> {
+        if head_dim == 0 || !head_dim.is_multiple_of(8) || group == 0 {
+            return None;
+        }
+        let max_head_dim = *Self::DIMS.iter().find(|&&d| head_dim <= d)?;
+        let max_group = *Self::GROUPS.iter().find(|&&g| group <= g)?;
+        Some(DecodeVariant {
+            max_head_dim,
+            max_group,
+        })
+    }
+
+    /// Every variant, in the order of the handles (`Kernels::attention_decode`).
+    pub fn all() -> impl Iterator<Item = DecodeVariant> {
+        Self::DIMS.into_iter().flat_map(|d| {
+            Self::GROUPS.into_iter().map(move |g| DecodeVariant {
+                max_head_dim: d,
+                max_group: g,
+            })
+        })
+    }
+
+    /// Position in [`DecodeVariant::all`].
+    pub fn index(&self) -> usize {
+        let d = Self::DIMS.iter().position(|&d| d == self.max_head_dim);
+        let g = Self::GROUPS.iter().position(|&g| g == self.max_group);
+        d.unwrap_or(0) * Self::GROUPS.len() + g.unwrap_or(0)
+    }
+
+    /// Entry point name for compute dtype `t` and KV storage `kv`.
+    pub fn kernel_name(&self, t: &str, kv: &str) -> String {
+        format!(
+            "attention_decode_{t}_{kv}_d{}_g{}",
+            self.max_head_dim, self.max_group
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,6 +344,66 @@ mod tests {
         assert_eq!(
             d256.kernel_name("bf16", "e5m2"),
             "attention_prefill_bf16_e5m2_d256"
+        );
+    }
+
+    #[test]
+    fn decode_parts_cover_the_context_within_the_bounds() {
+        for ctx in (1..3000).chain([8191, 8192, 8193, 32768, 100_000, 262_144]) {
+            let len = decode_part_len(ctx);
+            let parts = decode_parts(ctx);
+            assert!(len >= DECODE_MIN_PART && len.is_multiple_of(DECODE_PART_ALIGN));
+            assert!((1..=DECODE_MAX_PARTS).contains(&parts), "ctx {ctx}");
+            // Every key in exactly one part: the last part is non-empty, none past it.
+            assert!((parts - 1) * len < ctx && parts * len >= ctx, "ctx {ctx}");
+            // Slots for a bound cover every row up to it (the part count itself is not monotonic).
+            assert!(decode_slots(ctx) >= parts && decode_slots(ctx + 1) >= decode_slots(ctx));
+        }
+        assert_eq!(decode_parts(1), 1);
+        assert_eq!(decode_parts(128), 1);
+        assert_eq!(decode_parts(129), 2);
+        assert_eq!(decode_part_len(8192), 128);
+        assert_eq!(decode_parts(8192), 64);
+        assert_eq!(decode_part_len(32768), 256);
+        assert_eq!(decode_parts(32768), 128);
+        assert_eq!(decode_parts(100_000), 121);
+        assert_eq!((decode_parts(16384), decode_parts(16385)), (128, 86));
+        assert_eq!(decode_slots(16385), 128);
+    }
+
+    #[test]
+    fn decode_grid_fills_the_gpu_without_exceeding_the_parts() {
+        // SmolLM2 (3 KV heads): one row at 8K keys → 64 parts, all in their own block.
+        assert_eq!(decode_grid_z(1, 3, 8192), 64);
+        // 64 rows: 192 (row, head) pairs, 6 blocks each take every 6th part.
+        assert_eq!(decode_grid_z(64, 3, 8192), 6);
+        // Short contexts: never more blocks than parts.
+        assert_eq!(decode_grid_z(1, 3, 100), 1);
+        assert_eq!(decode_grid_z(1000, 8, 32768), 1);
+    }
+
+    #[test]
+    fn decode_variants_take_head_dims_multiple_of_8_and_groups_up_to_8() {
+        let v = |d, g| DecodeVariant::for_shape(d, g).map(|v| (v.max_head_dim, v.max_group));
+        assert_eq!(v(64, 3), Some((64, 4)));
+        assert_eq!(v(128, 4), Some((128, 4)));
+        assert_eq!(v(256, 6), Some((256, 8)));
+        assert_eq!(v(80, 1), Some((128, 4)));
+        assert_eq!(v(32, 8), Some((64, 8)));
+        assert_eq!(v(66, 2), None);
+        assert_eq!(v(264, 2), None);
+        assert_eq!(v(64, 9), None);
+        assert_eq!(v(0, 1), None);
+        let all: Vec<DecodeVariant> = DecodeVariant::all().collect();
+        assert_eq!(all.len(), 6);
+        for (i, x) in all.iter().enumerate() {
+            assert_eq!(x.index(), i);
+        }
+        assert_eq!(
+            DecodeVariant::for_shape(256, 6)
+                .unwrap()
+                .kernel_name("bf16", "e4m3"),
+            "attention_decode_bf16_e4m3_d256_g8"
         );
     }
 }

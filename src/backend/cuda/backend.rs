@@ -32,11 +32,14 @@ use super::attention_plan::{self, PrefillVariant};
 mod attention;
 mod dense;
 mod dtype;
+mod gated_attention;
 mod gdn;
+mod gdn_chunk;
 mod gguf;
 mod graph;
 mod handles;
 mod load;
+mod norm_1p;
 mod profile;
 mod sampling;
 mod staging;
@@ -45,6 +48,7 @@ mod w4a16;
 
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
+pub use gdn_chunk::{DEFAULT_CHUNKED_MIN_LEN, GDN_CHUNK_OPS};
 pub use gguf::{GgufKernel, GEMV_MAX_ROWS as GGUF_GEMV_MAX_ROWS};
 pub use sampling::{CudaLogits, CudaPendingSamples};
 pub use step::CudaStep;
@@ -53,6 +57,7 @@ pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};
 use handles::Kernels;
 
 use super::device::{self, CudaError};
+use super::kernel_cache::KernelCache;
 use super::kernels::KernelModule;
 use super::nvrtc::{self, Arch};
 use crate::backend::rope::{cos_sin_table, RopeSpec};
@@ -196,7 +201,7 @@ impl CudaBackend {
         let dtype = ComputeDType::resolve(dtype, arch)?;
         let kv = resolve_kv(kv_cache_dtype)?;
         let include = nvrtc::find_include_dir(None)?;
-        let cache = nvrtc::default_cache_dir();
+        let cache = KernelCache::from_env();
         // All work of a backend is queued on this one stream (cuBLAS included), so cudarc's
         // cross-stream event tracking (two events created and destroyed per allocation) only
         // costs driver calls.
@@ -206,10 +211,44 @@ impl CudaBackend {
         // A created stream, not the legacy default one: only those can be captured into graphs.
         let stream = ctx.new_stream()?;
         let mut functions = HashMap::new();
-        for m in KernelModule::ALL {
-            let ptx = nvrtc::compile_module(m, arch, &include, cache.as_deref())?;
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
-            for name in m.entry_points() {
+        let t0 = std::time::Instant::now();
+        // The modules compile in parallel (NVRTC programs are independent); each comes from the
+        // kernel cache when a valid entry exists.
+        let images: Vec<_> = std::thread::scope(|s| {
+            let jobs: Vec<_> = KernelModule::ALL
+                .iter()
+                .map(|&m| {
+                    let (include, cache) = (&include, cache.as_ref());
+                    let defines = m.defines(dtype.suffix(), kv.suffix());
+                    s.spawn(move || {
+                        nvrtc::load_or_compile(m, arch, include, cache, false, &defines)
+                    })
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| j.join().expect("an NVRTC thread panicked"))
+                .collect()
+        });
+        let mut sources = Vec::new();
+        for (m, image) in KernelModule::ALL.into_iter().zip(images) {
+            let (image, mut source) = image?;
+            let module = match ctx.load_module(nvrtc::to_cudarc(image)) {
+                Ok(module) => module,
+                // A cached image the driver refuses (a driver change, a bad entry that passed the
+                // checks): compile it afresh and replace the entry.
+                Err(e) if source == nvrtc::Source::Cache => {
+                    tracing::warn!(module = m.file_name(), error = ?e,
+                        "Cached kernel image failed to load; recompiling it.");
+                    let defines = m.defines(dtype.suffix(), kv.suffix());
+                    let (image, s) =
+                        nvrtc::load_or_compile(m, arch, &include, cache.as_ref(), true, &defines)?;
+                    source = s;
+                    ctx.load_module(nvrtc::to_cudarc(image))?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            sources.push(source);
+            for name in m.entry_points_for(dtype.suffix(), kv.suffix()) {
                 let f = module
                     .load_function(&name)
                     .map_err(|_| CudaError::MissingKernel {
@@ -219,6 +258,18 @@ impl CudaBackend {
                 functions.insert(name, f);
             }
         }
+        let cached = sources
+            .iter()
+            .filter(|s| **s == nvrtc::Source::Cache)
+            .count();
+        tracing::info!(
+            arch = %arch,
+            modules = sources.len(),
+            from_cache = cached,
+            cache = %cache.as_ref().map(|c| c.dir().display().to_string()).unwrap_or_else(|| "off".into()),
+            seconds = t0.elapsed().as_secs_f64(),
+            "Kernels ready."
+        );
         // The largest prefill variant needs more than the default 48 KB of dynamic shared memory.
         for v in PrefillVariant::ALL {
             let bytes = v.shared_bytes(v.max_head_dim);
@@ -806,12 +857,12 @@ impl Backend for CudaBackend {
         let variant = PrefillVariant::for_head_dim(params.head_dim);
         let Some(variant) = variant.filter(|_| step.prefill_tiles > 0) else {
             // Decode only, or a head_dim the tiled kernel lacks: split-K over every token.
-            return self.launch_split_k(q, cache, layer, step, params, out, None);
+            return self.launch_split_k(q, cache, layer, step, params, out, None, false);
         };
         self.launch_prefill(variant, q, cache, layer, step, params, out)?;
         if step.split_tokens > 0 {
             let index = step.split_index();
-            self.launch_split_k(q, cache, layer, step, params, out, Some(&index))?;
+            self.launch_split_k(q, cache, layer, step, params, out, Some(&index), false)?;
         }
         Ok(())
     }

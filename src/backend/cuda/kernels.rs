@@ -20,6 +20,8 @@ pub enum KernelModule {
     KvCache,
     /// Paged causal GQA attention: split-K (decode) and tiled flash-style prefill.
     Attention,
+    /// Decode attention at memory speed: one pass over each KV tile for a whole GQA group.
+    AttentionDecode,
     /// ggml block formats to the compute dtype.
     Dequant,
     /// f32 logits rows to sampled token ids and logprobs.
@@ -30,23 +32,30 @@ pub enum KernelModule {
     Gdn,
     /// Batch-invariant dense 16-bit matmul (`KILN_DENSE_MATMUL=1`).
     Dense,
+    /// The chunked (C = 64, tensor-core) gated delta rule for prefills.
+    GdnChunk,
+    /// Qwen3.5's gated attention before the attention: split, (1 + w) norms, RoPE, KV write.
+    GatedAttention,
     /// Matmuls and the embedding gather on GGUF Q4_0 / Q4_1 / Q8_0 kept quantized (gguf tiles).
     GgufMm,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 11] = [
+    pub const ALL: [KernelModule; 14] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
         KernelModule::KvCache,
         KernelModule::Attention,
+        KernelModule::AttentionDecode,
         KernelModule::Dequant,
         KernelModule::Sampling,
         KernelModule::W4a16,
         KernelModule::Gdn,
         KernelModule::Dense,
+        KernelModule::GdnChunk,
+        KernelModule::GatedAttention,
         KernelModule::GgufMm,
     ];
 
@@ -58,11 +67,14 @@ impl KernelModule {
             KernelModule::Rope => "rope.cu",
             KernelModule::KvCache => "kv_cache.cu",
             KernelModule::Attention => "attention.cu",
+            KernelModule::AttentionDecode => "attention_decode.cu",
             KernelModule::Dequant => "dequant.cu",
             KernelModule::Sampling => "sampling.cu",
             KernelModule::W4a16 => "w4a16.cu",
             KernelModule::Gdn => "gdn.cu",
             KernelModule::Dense => "dense.cu",
+            KernelModule::GdnChunk => "gdn_chunk.cu",
+            KernelModule::GatedAttention => "gated_attention.cu",
             KernelModule::GgufMm => "gguf_mm.cu",
         }
     }
@@ -75,11 +87,16 @@ impl KernelModule {
             KernelModule::Rope => include_str!("../../../kernels/rope.cu"),
             KernelModule::KvCache => include_str!("../../../kernels/kv_cache.cu"),
             KernelModule::Attention => include_str!("../../../kernels/attention.cu"),
+            KernelModule::AttentionDecode => {
+                include_str!("../../../kernels/attention_decode.cu")
+            }
             KernelModule::Dequant => include_str!("../../../kernels/dequant.cu"),
             KernelModule::Sampling => include_str!("../../../kernels/sampling.cu"),
             KernelModule::W4a16 => include_str!("../../../kernels/w4a16.cu"),
             KernelModule::Gdn => include_str!("../../../kernels/gdn.cu"),
             KernelModule::Dense => include_str!("../../../kernels/dense.cu"),
+            KernelModule::GdnChunk => include_str!("../../../kernels/gdn_chunk.cu"),
+            KernelModule::GatedAttention => include_str!("../../../kernels/gated_attention.cu"),
             KernelModule::GgufMm => include_str!("../../../kernels/gguf_mm.cu"),
         }
     }
@@ -93,6 +110,36 @@ impl KernelModule {
             self.file_name(),
             self.source()
         )
+    }
+
+    /// Extra NVRTC options a backend of compute dtype suffix `t` and KV storage suffix `c` compiles
+    /// this module with: `attention_decode.cu` is then built for that one pair only (its 54
+    /// kernels were most of a cold start); every other module is built whole.
+    pub fn defines(self, t: &str, c: &str) -> Vec<String> {
+        match self {
+            KernelModule::AttentionDecode => vec![
+                "-DKILN_DECODE_ONLY".into(),
+                format!("-DKILN_DECODE_T_{t}"),
+                format!("-DKILN_DECODE_C_{c}"),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The entry points of the module as compiled with [`KernelModule::defines`]`(t, c)`: a subset
+    /// of [`KernelModule::entry_points`].
+    pub fn entry_points_for(self, t: &str, c: &str) -> Vec<String> {
+        let all = self.entry_points();
+        match self {
+            KernelModule::AttentionDecode => {
+                let pair = format!("attention_decode_{t}_{c}_");
+                let combine = format!("attention_decode_combine_{t}");
+                all.into_iter()
+                    .filter(|n| n.starts_with(&pair) || *n == combine)
+                    .collect()
+            }
+            _ => all,
+        }
     }
 
     /// Entry points this module must export (checked after loading, and by `kiln doctor`).
@@ -135,6 +182,15 @@ impl KernelModule {
                     }
                     names.push(format!("attention_combine_{t}"));
                 }
+                KernelModule::AttentionDecode => {
+                    for c in ["same", "e5m2", "e4m3"] {
+                        names.extend(
+                            super::attention_plan::DecodeVariant::all()
+                                .map(|v| v.kernel_name(t, c)),
+                        );
+                    }
+                    names.push(format!("attention_decode_combine_{t}"));
+                }
                 KernelModule::Dequant => {
                     for q in ["q8_0", "q4_0", "q4_1"] {
                         names.push(format!("dequant_{q}_{t}"));
@@ -151,7 +207,26 @@ impl KernelModule {
                     names.push(format!("w4_fma_{t}"));
                 }
                 KernelModule::Gdn => {
-                    names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")))
+                    names.extend(super::backend::GDN_OPS.iter().map(|op| format!("{op}_{t}")));
+                    if t != "f32" {
+                        names.push(format!("rms_norm_1p_{t}_rf32"));
+                        names.push(format!("rms_norm_1p_{t}_xf32"));
+                    }
+                }
+                KernelModule::GatedAttention => {
+                    for c in ["same", "e5m2", "e4m3"] {
+                        names.push(format!("gated_qkv_rope_write_{t}_{c}"));
+                    }
+                }
+                // The 16-bit dtypes only (f32 compute keeps the scan).
+                KernelModule::GdnChunk => {
+                    if t != "f32" {
+                        names.extend(
+                            super::backend::GDN_CHUNK_OPS
+                                .iter()
+                                .map(|op| format!("{op}_{t}")),
+                        )
+                    }
                 }
                 KernelModule::Dense => {
                     if t != "f32" {
@@ -192,6 +267,29 @@ impl KernelModule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_builds_one_decode_pair_and_every_other_module_whole() {
+        let m = KernelModule::AttentionDecode;
+        assert_eq!(m.entry_points().len(), 3 * 3 * 6 + 3);
+        let one = m.entry_points_for("bf16", "e5m2");
+        assert_eq!(one.len(), 7, "{one:?}");
+        assert!(one.contains(&"attention_decode_bf16_e5m2_d256_g8".to_string()));
+        assert!(one.contains(&"attention_decode_combine_bf16".to_string()));
+        assert!(one.iter().all(|n| m.entry_points().contains(n)));
+        assert_eq!(
+            m.defines("bf16", "e5m2"),
+            [
+                "-DKILN_DECODE_ONLY",
+                "-DKILN_DECODE_T_bf16",
+                "-DKILN_DECODE_C_e5m2"
+            ]
+        );
+        for other in KernelModule::ALL.into_iter().filter(|&o| o != m) {
+            assert!(other.defines("f16", "same").is_empty());
+            assert_eq!(other.entry_points_for("f16", "same"), other.entry_points());
+        }
+    }
 
     #[test]
     fn every_entry_point_appears_in_its_source() {

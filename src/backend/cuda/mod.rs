@@ -7,10 +7,13 @@
 pub mod attention_plan;
 pub mod backend;
 pub mod device;
+pub mod kernel_cache;
 pub mod kernels;
 pub mod nvrtc;
 
-pub use backend::{ComputeDType, CudaBackend, CudaLogits, GgufKernel, KvStorage, W4Kernel};
+pub use backend::{
+    ComputeDType, CudaBackend, CudaLogits, GgufKernel, KvStorage, W4Kernel, DEFAULT_CHUNKED_MIN_LEN,
+};
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;
 pub use nvrtc::Arch;

@@ -3,15 +3,15 @@
 //! NVRTC needs an include path for `cuda_fp16.h`. It is searched in this order: the
 //! `KILN_CUDA_INCLUDE` environment variable (or the caller's override), `$CUDA_HOME/include`,
 //! `$CUDA_PATH/include`, `/usr/local/cuda/include`, then the PyPI layout
-//! `…/site-packages/nvidia/cuda_runtime/include` under the usual Python prefixes. PTX is cached under
-//! `$XDG_CACHE_HOME/kiln/ptx` (or `~/.cache/kiln/ptx`), keyed by a hash of (source, options,
-//! arch, NVRTC version), so a restart does not recompile.
+//! `…/site-packages/nvidia/cuda_runtime/include` under the usual Python prefixes. Compiled modules (a
+//! cubin for a real `sm_XY`, PTX for `compute_XY`) go through the on-disk cache of
+//! `kernel_cache.rs` (`$KILN_KERNEL_CACHE`, else `$XDG_CACHE_HOME/kiln/kernels`), so a restart
+//! neither recompiles nor JITs.
 
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 use super::device::CudaError;
+use super::kernel_cache::{ImageKind, KernelCache, KernelImage, Lookup};
 use super::kernels::KernelModule;
 
 /// A GPU target: `sm_XY` (real architecture) or `compute_XY` (PTX for the driver to JIT).
@@ -169,79 +169,187 @@ fn base_options() -> Vec<String> {
     ]
 }
 
-/// Compile one module to PTX for `arch`, using the on-disk cache when `cache_dir` is given.
+/// Compile one module to PTX for `arch` (no cache): what `kiln doctor` and the compile test check
+/// entry points against.
 pub fn compile_module(
     module: KernelModule,
     arch: Arch,
     include_dir: &Path,
-    cache_dir: Option<&Path>,
 ) -> Result<String, CudaError> {
+    let image = compile_image(module, arch, include_dir, ImageKind::Ptx, &[])?;
+    Ok(String::from_utf8_lossy(&image.bytes).into_owned())
+}
+
+/// Where a module's image came from (for the log and the start-up measurement).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A valid cache entry.
+    Cache,
+    /// NVRTC, no entry before.
+    Compiled,
+    /// NVRTC, replacing an entry that failed its checks (or failed to load).
+    Recompiled,
+}
+
+/// The image kind a target gets: a cubin for a real `sm_XY` (nothing to JIT at load), PTX for a
+/// virtual `compute_XY`.
+pub fn image_kind(arch: Arch) -> ImageKind {
+    if arch.virtual_only {
+        ImageKind::Ptx
+    } else {
+        ImageKind::Cubin
+    }
+}
+
+/// The cache key and entry path of `module` for `arch`, compiled with the extra options
+/// `defines`, in `cache`.
+pub fn cache_entry(
+    cache: &KernelCache,
+    module: KernelModule,
+    arch: Arch,
+    defines: &[String],
+) -> Result<(String, PathBuf), CudaError> {
     let arch_name = arch
         .name()
         .ok_or_else(|| CudaError::UnsupportedArch(arch.to_string()))?;
-    let source = module.full_source();
-    let options = base_options();
-    let version = nvrtc_version()?;
-    let key = {
-        let mut h = Sha256::new();
-        h.update(source.as_bytes());
-        h.update(options.join(" ").as_bytes());
-        h.update(arch_name.as_bytes());
-        h.update(format!("nvrtc {}.{}", version.0, version.1).as_bytes());
-        hex::encode(h.finalize())
-    };
-    let cached = cache_dir.map(|d| {
-        d.join(format!(
-            "{}-{arch_name}-{}.ptx",
-            module.file_name(),
-            &key[..16]
-        ))
-    });
-    if let Some(path) = &cached {
-        if let Ok(ptx) = std::fs::read_to_string(path) {
-            return Ok(ptx);
-        }
-    }
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(arch_name),
-        include_paths: vec![include_dir.display().to_string()],
-        options,
-        name: Some(module.file_name().to_string()),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source, opts).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => CudaError::Compile {
-            file: module.file_name(),
-            arch: arch_name.to_string(),
-            log: log.to_string_lossy().into_owned(),
-        },
-        other => CudaError::Nvrtc(format!("{}: {other:?}", module.file_name())),
-    })?;
-    let text = ptx.to_src();
-    if let Some(path) = &cached {
-        // The cache is an optimisation: failing to write it is logged, not fatal.
-        if let Err(e) = write_atomically(path, text.as_bytes()) {
-            tracing::debug!(path = %path.display(), error = %e, "Could not write the PTX cache.");
-        }
-    }
-    Ok(text)
+    let mut options = base_options();
+    options.extend_from_slice(defines);
+    let key = KernelCache::key(
+        &module.full_source(),
+        &options,
+        arch_name,
+        nvrtc_version()?,
+        image_kind(arch),
+    );
+    let path = cache.path(module.file_name(), arch_name, &key);
+    Ok((key, path))
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+/// One module for `arch` (with the extra options `defines`, see [`KernelModule::defines`])
+/// through the cache: a valid entry is returned as is; otherwise NVRTC compiles it and the entry
+/// is (re)written (a failed write is logged, not fatal). With `force_compile` an existing entry is
+/// ignored and replaced (the caller could not load it).
+pub fn load_or_compile(
+    module: KernelModule,
+    arch: Arch,
+    include_dir: &Path,
+    cache: Option<&KernelCache>,
+    force_compile: bool,
+    defines: &[String],
+) -> Result<(KernelImage, Source), CudaError> {
+    let kind = image_kind(arch);
+    let Some(cache) = cache else {
+        let image = compile_image(module, arch, include_dir, kind, defines)?;
+        return Ok((image, Source::Compiled));
+    };
+    let (key, path) = cache_entry(cache, module, arch, defines)?;
+    let mut source = Source::Compiled;
+    if force_compile {
+        source = Source::Recompiled;
+    } else {
+        match cache.lookup(&path, &key) {
+            Lookup::Hit(image) => return Ok((image, Source::Cache)),
+            Lookup::Miss => {}
+            Lookup::Corrupt(why) => {
+                tracing::warn!(path = %path.display(), reason = %why,
+                    "Kernel cache entry is corrupt; recompiling it.");
+                source = Source::Recompiled;
+            }
+        }
     }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(tmp, path)
+    let image = compile_image(module, arch, include_dir, kind, defines)?;
+    if let Err(e) = cache.store(&path, &key, &image) {
+        tracing::warn!(path = %path.display(), error = %e, "Could not write the kernel cache.");
+    }
+    Ok((image, source))
 }
 
-/// Default PTX cache folder: `$XDG_CACHE_HOME/kiln/ptx` or `~/.cache/kiln/ptx`.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .map(|d| d.join("kiln/ptx"))
+/// NVRTC: `module` for `arch` with the extra options `defines`, as `kind` (a cubin needs a real
+/// architecture).
+pub fn compile_image(
+    module: KernelModule,
+    arch: Arch,
+    include_dir: &Path,
+    kind: ImageKind,
+    defines: &[String],
+) -> Result<KernelImage, CudaError> {
+    use cudarc::nvrtc::{result, sys};
+    use std::ffi::{CStr, CString};
+
+    let arch_name = arch
+        .name()
+        .ok_or_else(|| CudaError::UnsupportedArch(arch.to_string()))?;
+    if kind == ImageKind::Cubin && arch.virtual_only {
+        return Err(CudaError::Nvrtc(format!(
+            "a cubin needs a real architecture, not {arch_name}"
+        )));
+    }
+    super::device::require_nvrtc()?;
+    let file = module.file_name();
+    let nv = |what: &str, e: result::NvrtcError| CudaError::Nvrtc(format!("{file}: {what}: {e:?}"));
+    let src = CString::new(module.full_source())
+        .map_err(|_| CudaError::Nvrtc(format!("{file}: source holds a NUL byte")))?;
+    let name = CString::new(file).expect("file names have no NUL");
+    let mut options = vec![
+        format!("--include-path={}", include_dir.display()),
+        format!("--gpu-architecture={arch_name}"),
+    ];
+    options.extend(base_options());
+    options.extend_from_slice(defines);
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| nv("create", e))?;
+    // The program is destroyed on every path below (`finish`).
+    // SAFETY: `prog` was created above and is destroyed only at the end of this block; `src` and
+    // `name` outlive it; the output buffers are sized by the matching *Size calls.
+    let out = unsafe {
+        let finish = |r: Result<KernelImage, CudaError>| {
+            let _ = result::destroy_program(prog);
+            r
+        };
+        if let Err(e) = result::compile_program(prog, &options) {
+            let log = result::get_program_log(prog)
+                .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+                .unwrap_or_else(|_| format!("{e:?} (no log)"));
+            return finish(Err(CudaError::Compile {
+                file,
+                arch: arch_name.to_string(),
+                log,
+            }));
+        }
+        let bytes = match kind {
+            ImageKind::Ptx => result::get_ptx(prog).map(|p| {
+                let mut b: Vec<u8> = p.into_iter().map(|c| c as u8).collect();
+                while b.last() == Some(&0) {
+                    b.pop();
+                }
+                b
+            }),
+            ImageKind::Cubin => {
+                let mut size = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        let mut buf = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| buf)
+                    })
+            }
+        };
+        finish(
+            bytes
+                .map(|bytes| KernelImage { kind, bytes })
+                .map_err(|e| nv("get image", e)),
+        )
+    };
+    out
+}
+
+/// What cudarc's loader takes.
+pub fn to_cudarc(image: KernelImage) -> cudarc::nvrtc::Ptx {
+    match image.kind {
+        ImageKind::Ptx => cudarc::nvrtc::Ptx::from_src(String::from_utf8_lossy(&image.bytes)),
+        ImageKind::Cubin => cudarc::nvrtc::Ptx::from_binary(image.bytes),
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! at the first step for at least the reserved limits, remade only for a larger step), so a
 //! step allocates nothing on the device.
 
-use crate::backend::hybrid::{GdnParams, HybridBackend};
+use crate::backend::hybrid::{GatedQkv, GatedQkvOut, GdnParams, HybridBackend};
 use crate::backend::StepInput;
 use crate::error::EngineError;
 use crate::model::step::{ForwardBatch, ForwardOutput};
@@ -154,7 +154,7 @@ pub(super) fn run<B: HybridBackend>(
     let step = &*step;
 
     b.embedding(&w.embed_tokens, step, x)?;
-    b.rms_norm(&*x, &w.layers[0].input_layernorm, h, t, hidden, eps)?;
+    b.rms_norm_1p(&*x, &w.layers[0].input_layernorm, h, t, hidden, eps)?;
     for (i, layer) in w.layers.iter().enumerate() {
         match &layer.mixer {
             Mixer::Linear(g) => {
@@ -180,19 +180,34 @@ pub(super) fn run<B: HybridBackend>(
             }
             Mixer::Full(a) => {
                 b.matmul(&*h, t, &a.q_proj, qg)?;
-                b.split_query_gate(&*qg, q, gate, t, nh, hd)?;
                 b.matmul(&*h, t, &a.k_proj, k)?;
                 b.matmul(&*h, t, &a.v_proj, v)?;
-                b.rms_norm(&*q, &a.q_norm, qn, t * nh, hd, eps)?;
-                b.rms_norm(&*k, &a.k_norm, kn, t * nkv, hd, eps)?;
-                b.rope(qn, kn, &w.rope, step, nh, nkv, hd)?;
-                b.write_kv(kv_cache, a.kv_layer, &*kn, &*v, step)?;
+                // Split, (1 + w) norms, partial RoPE and the KV write: one kernel on CUDA.
+                let x = GatedQkv {
+                    qg: &*qg,
+                    k: &*k,
+                    v: &*v,
+                    q_norm: &a.q_norm,
+                    k_norm: &a.k_norm,
+                    eps,
+                    tokens: t,
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: hd,
+                };
+                let out = GatedQkvOut {
+                    q: &mut *qn,
+                    gate: &mut *gate,
+                    q_scratch: &mut *q,
+                    k_scratch: &mut *kn,
+                };
+                b.gated_qkv_rope_write(&x, &w.rope, kv_cache, a.kv_layer, step, out)?;
                 b.paged_attention(&*qn, kv_cache, a.kv_layer, step, &attn, att)?;
                 b.sigmoid_mul(att, &*gate, t * nh * hd)?;
                 b.matmul(&*att, t, &a.o_proj, delta)?;
             }
         }
-        b.add_rms_norm(
+        b.add_rms_norm_1p(
             x,
             &*delta,
             &layer.post_attention_layernorm,
@@ -206,7 +221,7 @@ pub(super) fn run<B: HybridBackend>(
         b.silu_mul(&*g_mlp, &*up, act, t * inter)?;
         b.matmul(&*act, t, &layer.down_proj, delta)?;
         let next_norm = w.layers.get(i + 1).map_or(&w.norm, |l| &l.input_layernorm);
-        b.add_rms_norm(x, &*delta, next_norm, h, t, hidden, eps)?;
+        b.add_rms_norm_1p(x, &*delta, next_norm, h, t, hidden, eps)?;
     }
 
     let rows = input.logit_rows.len();

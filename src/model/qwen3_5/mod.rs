@@ -15,8 +15,8 @@
 //! x = x + (silu(h·W_gateᵀ) ⊙ h·W_upᵀ)·W_downᵀ
 //! ```
 //! then `logits = rms_norm(x) · (1 + norm) · lm_headᵀ`. The `(1 + w)` norms are uploaded as
-//! `1 + w` (the same f32 values transformers multiplies by), so they run on the plain
-//! [`Backend::rms_norm`]; the GDN output norm uses its weight as stored.
+//! the stored `w` and run on [`HybridBackend::rms_norm_1p`] (`1 + w` formed in f32 in the
+//! kernel, as transformers does); the GDN output norm uses its weight as stored.
 //!
 //! Caches: the KV cache holds the full-attention layers only; each sequence's GDN conv and
 //! recurrent state live in its state slot ([`HybridBackend::StateCache`], slot from
@@ -178,10 +178,12 @@ impl<B: Backend> Loader<'_, B> {
         Ok(out)
     }
 
-    /// A zero-centred norm weight uploaded as `1 + w` (computed in f32, as transformers does).
+    /// A zero-centred norm weight `w`, uploaded as stored: the `(1 + w)` ops
+    /// ([`HybridBackend::rms_norm_1p`]) form `1 + w` in f32, as transformers does (`1 + w` stored
+    /// in bf16 would be rounded to 2⁻⁸ relative: that cost the bf16 GPU path most of its
+    /// whole-model agreement, docs/gpu-validation.md).
     pub(crate) fn norm_1p(&self, key: &str, len: usize) -> Result<B::Buffer, ModelError> {
-        let mut w = self.host_f32(key, &[len])?;
-        w.iter_mut().for_each(|v| *v += 1.0);
+        let w = self.host_f32(key, &[len])?;
         self.backend.upload(&w).map_err(backend_err)
     }
 

@@ -3,7 +3,7 @@
 //!
 //! Tensors (shared/docs/qwen3_5.md §2.2, §3.10), prefix `mtp.`: `fc.weight [hidden, 2·hidden]`
 //! (input `[embedding | hidden]`), `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `norm`
-//! (`[hidden]`, `1 + w`), and `layers.{i}.*`: one gated full-attention decoder layer each.
+//! (`[hidden]`, `(1 + w)` norms kept as the stored `w`, for [`HybridBackend::rms_norm_1p`](crate::backend::hybrid::HybridBackend::rms_norm_1p)), and `layers.{i}.*`: one gated full-attention decoder layer each.
 //! Checkpoints keep them in the main safetensors or in a separate `model-mtp.safetensors`
 //! ([`attach_mtp_file`] adds that file to the weight source).
 

@@ -195,6 +195,41 @@ pub fn conv1d(
 }
 
 /// Gated RMSNorm rows of `dim`: `out = x/rms(x) · weight · silu(z)`.
+/// One row of the zero-centred RMSNorm: `out = (1 + w) · x / sqrt(mean(x²) + eps)`, `1 + w` in f32.
+fn rms_norm_1p_row(x: &[f32], w: &[f32], out: &mut [f32], eps: f32) {
+    let sum_sq: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let inv = 1.0 / ((sum_sq / x.len() as f64) as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(w) {
+        *o = (1.0 + w) * (v * inv);
+    }
+}
+
+/// The zero-centred RMSNorm over rows of `dim` (`weight` = the stored `w`).
+pub fn rms_norm_1p(x: &[f32], weight: &[f32], out: &mut [f32], dim: usize, eps: f32) {
+    out.par_chunks_mut(dim)
+        .zip(x.par_chunks(dim))
+        .for_each(|(o, x)| rms_norm_1p_row(x, weight, o, eps));
+}
+
+/// `residual += delta`, then [`rms_norm_1p`] of it into `out`.
+pub fn add_rms_norm_1p(
+    residual: &mut [f32],
+    delta: &[f32],
+    weight: &[f32],
+    out: &mut [f32],
+    dim: usize,
+    eps: f32,
+) {
+    residual
+        .par_chunks_mut(dim)
+        .zip(delta.par_chunks(dim))
+        .zip(out.par_chunks_mut(dim))
+        .for_each(|((r, d), o)| {
+            r.iter_mut().zip(d).for_each(|(r, &d)| *r += d);
+            rms_norm_1p_row(r, weight, o, eps);
+        });
+}
+
 pub fn gated_rms_norm(x: &[f32], z: &[f32], weight: &[f32], out: &mut [f32], dim: usize, eps: f32) {
     out.par_chunks_mut(dim)
         .zip(x.par_chunks(dim))

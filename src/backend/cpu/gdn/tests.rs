@@ -281,3 +281,23 @@ fn chunked_equals_recurrent_at_27b_shapes() {
     println!("256 tokens x 48 heads: recurrent {t_rec:?}, chunked {t_chunk:?}; max |Δ| out {d:.2e}, state {ds:.2e}");
     assert!(d < 1e-4 && ds < 1e-4, "{d} {ds}");
 }
+
+#[test]
+fn zero_centred_norm_is_the_plain_norm_with_one_plus_w() {
+    let (rows, dim) = (5, 24);
+    let x = noise(rows * dim, 7);
+    let w: Vec<f32> = noise(dim, 8).iter().map(|v| 0.2 * v).collect();
+    let w1: Vec<f32> = w.iter().map(|v| 1.0 + v).collect();
+    let (mut a, mut b) = (vec![0.0; rows * dim], vec![0.0; rows * dim]);
+    rms_norm_1p(&x, &w, &mut a, dim, 1e-6);
+    crate::backend::cpu::ops::rms_norm(&x, &w1, &mut b, dim, 1e-6);
+    assert!(max_diff(&a, &b) <= 1e-6, "{}", max_diff(&a, &b));
+    // Fused with the residual add: the residual becomes x + delta and out its norm.
+    let delta = noise(rows * dim, 9);
+    let mut r = x.clone();
+    add_rms_norm_1p(&mut r, &delta, &w, &mut a, dim, 1e-6);
+    let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| a + b).collect();
+    assert_eq!(r, sum);
+    crate::backend::cpu::ops::rms_norm(&sum, &w1, &mut b, dim, 1e-6);
+    assert!(max_diff(&a, &b) <= 1e-6, "{}", max_diff(&a, &b));
+}

@@ -1,12 +1,14 @@
 //! The CUDA backend's attention launches: the tiled flash-style prefill kernel over a step's
-//! prefill tiles and the split-K kernel over its decode tokens (or over every token, for
-//! [`CudaBackend::paged_attention_split_k`]); see `kernels/attention.cu` and
-//! `attention_plan.rs` for how a step's tokens are divided between them.
+//! prefill tiles, and decode attention over its one-token sequences (or over every token, for
+//! [`CudaBackend::paged_attention_split_k`]): the memory-speed kernel of
+//! `kernels/attention_decode.cu` for the shapes [`DecodeVariant`] takes (head_dim a multiple of 8
+//! up to 256, at most 8 query heads per KV head), the older split-K kernels of
+//! `kernels/attention.cu` otherwise. See `attention_plan.rs` for how a step's tokens are divided.
 
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
 use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaKvCache, CudaStep};
-use crate::backend::cuda::attention_plan::{self, PrefillVariant};
+use crate::backend::cuda::attention_plan::{self, DecodeVariant, PrefillVariant};
 use crate::backend::{AttentionParams, BackendError};
 
 /// Threads per block of the split-K attention kernel; must equal `ATTN_WARPS * 32` in attention.cu.
@@ -35,7 +37,26 @@ impl CudaBackend {
         if step.num_tokens == 0 {
             return Ok(());
         }
-        self.launch_split_k(q, cache, layer, step, params, out, None)
+        self.launch_split_k(q, cache, layer, step, params, out, None, false)
+    }
+
+    /// [`Backend::paged_attention`] for a decode-only step with the older split-K kernels of
+    /// attention.cu even where the decode kernel takes the shapes: the "before" of the speed
+    /// comparisons (`tests/cuda_long_context.rs`).
+    pub fn paged_attention_legacy_decode(
+        &self,
+        q: &CudaBuffer,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.check_attention(q, cache, layer, step, params, out)?;
+        if step.num_tokens == 0 {
+            return Ok(());
+        }
+        self.launch_split_k(q, cache, layer, step, params, out, None, true)
     }
 
     pub(super) fn check_attention(
@@ -110,8 +131,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The split-K kernel over `index` (token indices, one block row each) or, with `None`, over
-    /// every token of the step; merges the partitions with attention_combine when it splits.
+    /// Decode attention over `index` (token indices, one block row each) or, with `None`, over
+    /// every token of the step: the memory-speed kernel of attention_decode.cu when the shapes fit
+    /// [`DecodeVariant`], else the older split-K kernels (merged by attention_combine when they
+    /// split).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_split_k(
         &self,
@@ -122,12 +145,28 @@ impl CudaBackend {
         params: &AttentionParams,
         out: &mut CudaBuffer,
         index: Option<&CudaView<'_, i32>>,
+        legacy: bool,
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
         let (n_rows, max_context) = match index {
             Some(_) => (step.split_tokens, step.split_max_context),
             None => (step.num_tokens, step.max_context),
         };
+        let group = params.num_heads / params.num_kv_heads;
+        let variant = DecodeVariant::for_shape(params.head_dim, group).filter(|_| !legacy);
+        if let Some(variant) = variant {
+            return self.launch_decode(
+                variant,
+                q,
+                cache,
+                layer,
+                step,
+                params,
+                out,
+                index,
+                (n_rows, max_context),
+            );
+        }
         // A pinned step (a replayed graph) sizes the split for its pinned context, so its grid
         // never follows the data; the extra parts cover no keys, write an empty partial
         // (max = -inf) and are skipped by the merge, which leaves the result bit for bit as with
@@ -218,6 +257,107 @@ impl CudaBackend {
             };
             // SAFETY: reads the partials written above, writes `out` rows of head_dim at the
             // same token indices.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
+        Ok(())
+    }
+
+    /// The decode kernel (attention_decode.cu) over `rows.0` block rows whose contexts are at most
+    /// `rows.1` keys (or the step's pinned context, when larger), then its combine pass when a row
+    /// can have more than one part.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_decode(
+        &self,
+        variant: DecodeVariant,
+        q: &CudaBuffer,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &mut CudaBuffer,
+        index: Option<&CudaView<'_, i32>>,
+        (n_rows, max_context): (usize, usize),
+    ) -> Result<(), BackendError> {
+        let spec = cache.spec;
+        // Sized for the pinned context in a graph (shapes fixed per bucket); the split of each
+        // row's keys depends on its own context only, so the bits are those of an eager step.
+        let bound = max_context.max(step.pinned_context).max(1);
+        let slots = attention_plan::decode_slots(bound);
+        let grid_z = attention_plan::decode_grid_z(n_rows, params.num_kv_heads, bound);
+        let mut guard = if slots > 1 {
+            Some(step.partials(
+                &self.stream,
+                n_rows * params.num_heads * slots,
+                params.head_dim,
+            )?)
+        } else {
+            None
+        };
+        let mut partials = guard.as_mut().and_then(|g| g.as_mut());
+        let null: u64 = 0;
+        let tables = step.block_tables();
+        let token_seq = step.token_seq();
+        let positions = step.positions();
+        let (nh, nkv, hd, bs, mb, ns) = (
+            params.num_heads as i32,
+            params.num_kv_heads as i32,
+            params.head_dim as i32,
+            spec.block_size as i32,
+            step.max_blocks as i32,
+            slots as i32,
+        );
+        let scale = params.scale;
+        let mut b = self.stream.launch_builder(self.k.decode(variant));
+        b.arg(&q.data)
+            .arg(&cache.k[layer])
+            .arg(&cache.v[layer])
+            .arg(&tables);
+        b.arg(&token_seq).arg(&positions);
+        match index {
+            Some(ix) => b.arg(ix),
+            None => b.arg(&null),
+        };
+        b.arg(&mut out.data);
+        match partials.as_mut() {
+            Some((pm, pl, pacc)) => b.arg(pm).arg(pl).arg(pacc),
+            None => b.arg(&null).arg(&null).arg(&null),
+        };
+        b.arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&bs)
+            .arg(&mb)
+            .arg(&ns)
+            .arg(&scale);
+        let cfg = LaunchConfig {
+            grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
+            block_dim: (attention_plan::DECODE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: block tables are [n_seqs, max_blocks] with ids checked against num_blocks;
+        // every row's position is < its sequence's context, covered by its table; `index` holds
+        // n_rows token indices < num_tokens (or is null: rows are the tokens); head_dim is a
+        // multiple of 8 ≤ the variant's width and the group ≤ its group bound (for_shape), so the
+        // 8-element loads are aligned and in the row; partials hold n_rows × num_heads × slots
+        // (× head_dim) floats and slots ≥ every row's part count (decode_slots of the bound), and
+        // are null and unread when slots == 1 (every row then has one part).
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        if let Some((pm, pl, pacc)) = &partials {
+            let mut b = self.stream.launch_builder(&self.k.attention_decode_combine);
+            b.arg(pm).arg(pl).arg(pacc).arg(&positions);
+            match index {
+                Some(ix) => b.arg(ix),
+                None => b.arg(&null),
+            };
+            b.arg(&mut out.data).arg(&nh).arg(&hd).arg(&ns);
+            let cfg = LaunchConfig {
+                grid_dim: (params.num_heads as u32, n_rows as u32, 1),
+                block_dim: (attention_plan::DECODE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads the partials of the rows with more than one part, written above
+            // (rows with one part return at once); writes `out` rows of head_dim at the same
+            // token indices.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
         Ok(())

@@ -7,18 +7,20 @@
 //! for the device, so a decode step can be captured in a CUDA graph. Argument checks use the
 //! host copy the step keeps of each sequence's `(len, slot)`.
 //!
-//! The delta rule runs as one kernel for decode tokens and prefill chunks alike: a sequential
-//! scan over each sequence's new tokens with the state in registers (see `gdn.cu`), which is
-//! the same math as the CPU's chunked form up to float rounding. A tensor-core chunked form
-//! (C = 64) is not written yet.
+//! The delta rule: sequences with at least [`CudaStateCache::chunked_min_len`] new tokens take
+//! the chunked form (C = 64, tensor cores on sm_80+; `gdn_chunk.rs`, 16-bit compute dtypes),
+//! the others (decode tokens, short prefills, and everything at f32) a sequential scan over the
+//! sequence's new tokens with the state in registers (`gdn.cu`). Both are the CPU's math up to
+//! float rounding.
 
 use std::collections::HashSet;
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaStep};
+use super::gdn_chunk::{self, ChunkKernels, ChunkWorkspace, DEFAULT_CHUNKED_MIN_LEN};
+use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaKvCache, CudaRope, CudaStep};
 use crate::backend::cuda::device::CudaError;
-use crate::backend::hybrid::{GdnParams, HybridBackend, StateSpec};
+use crate::backend::hybrid::{GatedQkv, GatedQkvOut, GdnParams, HybridBackend, StateSpec};
 use crate::backend::BackendError;
 
 /// The op stems of `gdn.cu`; each exists as `{op}_{f32,f16,bf16}`.
@@ -26,18 +28,16 @@ pub const GDN_OPS: [&str; 7] = [
     "gdn_conv1d",
     "gdn_conv_state",
     "gdn_scan",
-    "gdn_scan_w",
     "gated_rms_norm",
     "split_query_gate",
     "sigmoid_mul",
+    "rms_norm_1p",
 ];
 
 /// Threads per block of `gdn_scan` (`GDN_THREADS`).
 const SCAN_THREADS: usize = 128;
-/// Lanes sharing one value column: `gdn_scan_w` (a warp; key head dims that are multiples of
-/// 32) and `gdn_scan` (8; multiples of 8). Fewer state rows per lane shorten each token's
-/// dependent chain, which is what a sequential scan's time is made of.
-const SCAN_LANES_WIDE: usize = 32;
+/// Lanes sharing one value column in `gdn_scan` (8: key head dims that are multiples of 8; a
+/// warp per column measured slower at decode batch 1 and 64, docs/benchmarks.md).
 const SCAN_LANES: usize = 8;
 /// Largest key head the scan keeps in registers (`GDN_MAX_DK`).
 const SCAN_MAX_DK: usize = 128;
@@ -54,10 +54,16 @@ pub(crate) struct GdnKernels {
     conv1d: CudaFunction,
     conv_state: CudaFunction,
     scan: CudaFunction,
-    scan_wide: CudaFunction,
+    /// The chunked prefill (16-bit compute dtypes only).
+    chunk: Option<ChunkKernels>,
     gated_rms_norm: CudaFunction,
     split_query_gate: CudaFunction,
     sigmoid_mul: CudaFunction,
+    /// The `(1 + w)` RMSNorm: all in the compute dtype, and (16-bit dtypes) with an f32
+    /// residual / an f32 input.
+    pub(super) rms_norm_1p: CudaFunction,
+    pub(super) rms_norm_1p_rf32: Option<CudaFunction>,
+    pub(super) rms_norm_1p_xf32: Option<CudaFunction>,
 }
 
 impl GdnKernels {
@@ -71,10 +77,17 @@ impl GdnKernels {
             conv1d: f("gdn_conv1d")?,
             conv_state: f("gdn_conv_state")?,
             scan: f("gdn_scan")?,
-            scan_wide: f("gdn_scan_w")?,
+            chunk: ChunkKernels::resolve(get, t)?,
             gated_rms_norm: f("gated_rms_norm")?,
             split_query_gate: f("split_query_gate")?,
             sigmoid_mul: f("sigmoid_mul")?,
+            rms_norm_1p: f("rms_norm_1p")?,
+            rms_norm_1p_rf32: (t != "f32")
+                .then(|| get(format!("rms_norm_1p_{t}_rf32")))
+                .transpose()?,
+            rms_norm_1p_xf32: (t != "f32")
+                .then(|| get(format!("rms_norm_1p_{t}_xf32")))
+                .transpose()?,
         })
     }
 }
@@ -87,12 +100,27 @@ pub struct CudaStateCache {
     spec: StateSpec,
     conv: CudaSlice<f32>,
     rec: CudaSlice<f32>,
+    /// New tokens from which a sequence takes the chunked delta rule; `None`: always the scan.
+    chunked_min_len: Option<usize>,
+    chunk_ws: ChunkWorkspace,
 }
 
 impl CudaStateCache {
     /// The geometry.
     pub fn spec(&self) -> &StateSpec {
         &self.spec
+    }
+
+    /// New tokens from which a sequence takes the chunked delta rule (16-bit compute dtypes and
+    /// head shapes it takes); `None`: the sequential scan for every sequence.
+    pub fn chunked_min_len(&self) -> Option<usize> {
+        self.chunked_min_len
+    }
+
+    /// Choose the delta-rule path (tests and benches compare the two; the default is
+    /// `Some(DEFAULT_CHUNKED_MIN_LEN)`). `Some(0)` is taken as `Some(1)`.
+    pub fn set_chunked_min_len(&mut self, min_len: Option<usize>) {
+        self.chunked_min_len = min_len.map(|n| n.max(1));
     }
 }
 
@@ -232,6 +260,8 @@ impl HybridBackend for CudaBackend {
                 .stream
                 .alloc_zeros::<f32>((spec.num_slots * rn).max(1))
                 .map_err(dev_err)?,
+            chunked_min_len: Some(DEFAULT_CHUNKED_MIN_LEN),
+            chunk_ws: ChunkWorkspace::default(),
         })
     }
 
@@ -260,6 +290,18 @@ impl HybridBackend for CudaBackend {
         let (s, d) = (src as usize, dst as usize);
         copy_within(&self.stream, &mut cache.conv, s * cn, d * cn, cn)?;
         copy_within(&self.stream, &mut cache.rec, s * rn, d * rn, rn)
+    }
+
+    fn gated_qkv_rope_write(
+        &self,
+        x: &GatedQkv<'_, CudaBackend>,
+        rope: &CudaRope,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        out: GatedQkvOut<'_, CudaBackend>,
+    ) -> Result<(), BackendError> {
+        self.gated_qkv_fused(x, rope, cache, layer, step, out)
     }
 
     fn split_query_gate(
@@ -353,7 +395,7 @@ impl HybridBackend for CudaBackend {
         let mut b = self.stream.launch_builder(&self.k.gdn.conv1d);
         b.arg(&mixed.data)
             .arg(&weight.data)
-            .arg(&cache.conv)
+            .arg(&mut cache.conv)
             .arg(&token_seq)
             .arg(&meta)
             .arg(&mut out.data);
@@ -365,9 +407,14 @@ impl HybridBackend for CudaBackend {
         };
         // SAFETY: mixed/out hold t rows of conv_dim and weight conv_dim × kernel (checked);
         // token_seq/seq_meta come from the checked StepInput (every token's sequence has a slot
-        // < num_slots, checked above), so every state row read lies in the slot's layer block.
+        // < num_slots, checked above), so every state row read lies in the slot's layer block;
+        // a sequence with one token has one thread per channel, the only one touching that
+        // channel of its (distinct) slot, which rewrites it after reading it.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        // The new conv state, after every token of the step has read the old one.
+        if step.seq_slots.iter().all(|&(len, _)| len <= 1) {
+            return Ok(()); // decode only: gdn_conv1d updated every state
+        }
+        // The new conv state of the longer sequences, after every token has read the old one.
         let mut b = self.stream.launch_builder(&self.k.gdn.conv_state);
         b.arg(&mixed.data).arg(&mut cache.conv).arg(&meta);
         b.arg(&d).arg(&k).arg(&nl).arg(&l);
@@ -377,7 +424,7 @@ impl HybridBackend for CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: as above; each thread writes one channel of its sequence's slot (distinct
-        // slots, checked), and a sequence without tokens or slot returns.
+        // slots, checked), and a sequence with at most one token or without a slot returns.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
@@ -427,6 +474,38 @@ impl HybridBackend for CudaBackend {
         if t == 0 {
             return Ok(());
         }
+        // Sequences of at least `min_len` new tokens: the chunked form; the rest: the scan.
+        let min_len = match (&self.k.gdn.chunk, cache.chunked_min_len) {
+            (Some(_), Some(n)) if gdn_chunk::shapes_fit(params) => n,
+            _ => usize::MAX,
+        };
+        if let Some(k) = &self.k.gdn.chunk {
+            if min_len != usize::MAX {
+                self.gdn_chunked(
+                    k,
+                    &mut cache.chunk_ws,
+                    &mut cache.rec,
+                    cache.spec.num_layers,
+                    layer,
+                    qkv,
+                    a,
+                    b,
+                    a_log,
+                    dt_bias,
+                    step,
+                    params,
+                    min_len,
+                    out,
+                )?;
+            }
+        }
+        if !step
+            .seq_slots
+            .iter()
+            .any(|&(len, slot)| len > 0 && len < min_len && slot.is_some())
+        {
+            return Ok(());
+        }
         let meta = step.seq_meta();
         let (nk, nvi, dki, dvi, nl, l) = (
             params.num_key_heads as i32,
@@ -436,13 +515,9 @@ impl HybridBackend for CudaBackend {
             cache.spec.num_layers as i32,
             layer as i32,
         );
-        let (f, lanes) = if dk.is_multiple_of(SCAN_LANES_WIDE) {
-            (&self.k.gdn.scan_wide, SCAN_LANES_WIDE)
-        } else {
-            (&self.k.gdn.scan, SCAN_LANES)
-        };
-        let cols = SCAN_THREADS / lanes;
-        let mut lb = self.stream.launch_builder(f);
+        let chunk_min = min_len.min(i32::MAX as usize) as i32;
+        let cols = SCAN_THREADS / SCAN_LANES;
+        let mut lb = self.stream.launch_builder(&self.k.gdn.scan);
         lb.arg(&qkv.data)
             .arg(&a.data)
             .arg(&b.data)
@@ -452,6 +527,7 @@ impl HybridBackend for CudaBackend {
             .arg(&meta)
             .arg(&mut out.data);
         lb.arg(&nk).arg(&nvi).arg(&dki).arg(&dvi).arg(&nl).arg(&l);
+        lb.arg(&chunk_min);
         let cfg = LaunchConfig {
             grid_dim: (
                 step.num_seqs.max(1) as u32,
@@ -464,9 +540,35 @@ impl HybridBackend for CudaBackend {
         // SAFETY: qkv holds t rows of conv_dim, a/b t rows of value_heads, out t rows of
         // value_dim, A_log/dt_bias value_heads (all checked); dk is a multiple of the kernel's R and at
         // most GDN_MAX_DK (the kernel's register and shared arrays); each block reads and
-        // writes the state of its own (slot, head) only, and slots are distinct (checked).
+        // writes the state of its own (slot, head) only, and slots are distinct (checked); it
+        // skips the sequences the chunked kernels ran (len >= chunk_min).
         unsafe { lb.launch(cfg) }.map_err(dev_err)?;
         Ok(())
+    }
+
+    fn rms_norm_1p(
+        &self,
+        x: &CudaBuffer,
+        weight: &CudaBuffer,
+        out: &mut CudaBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        self.norm_1p(x, None, weight, out, rows, dim, eps)
+    }
+
+    fn add_rms_norm_1p(
+        &self,
+        residual: &mut CudaBuffer,
+        delta: &CudaBuffer,
+        weight: &CudaBuffer,
+        out: &mut CudaBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        self.norm_1p(delta, Some(residual), weight, out, rows, dim, eps)
     }
 
     fn gated_rms_norm(

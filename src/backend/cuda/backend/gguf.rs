@@ -9,9 +9,10 @@
 //! count. Nothing here allocates per call, and every launch takes fixed pointers
 //! (graph-capturable).
 //!
-//! `KILN_GGUF_DEQUANT=1` (read at each upload) restores the old path: GGUF blocks dequantized to
-//! the compute dtype at load and multiplied with cuBLAS (for comparisons). The K-quants (Q4_K,
-//! Q6_K) always take that path for now.
+//! Opt-in: `KILN_GGUF_GPU_WEIGHTS=quantized` (read at each upload). The default is still the old
+//! path, GGUF blocks dequantized to the compute dtype at load and multiplied with cuBLAS, because
+//! these kernels are slower than cuBLAS on the dequantized weights today (`docs/benchmarks.md`).
+//! The K-quants (Q4_K, Q6_K) always take the old path for now.
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
 
@@ -111,9 +112,9 @@ impl CudaGgufParts {
     }
 }
 
-/// Whether GGUF blocks of `view` stay quantized on the device (`KILN_GGUF_DEQUANT` unset or 0).
+/// Whether GGUF blocks of `view` stay quantized on the device (`KILN_GGUF_GPU_WEIGHTS=quantized`).
 pub fn keeps_quantized(view: &TensorView<'_>) -> bool {
-    !crate::tensor::gguf_tiles::dequantize_forced()
+    crate::tensor::gguf_tiles::keep_quantized_requested()
         && GgufFormat::of(view.dtype).is_some()
         && view.shape.len() == 2
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::CudaFunction;
 
-use crate::backend::cuda::attention_plan::PrefillVariant;
+use crate::backend::cuda::attention_plan::{DecodeVariant, PrefillVariant};
 use crate::backend::cuda::device::CudaError;
 
 /// The launched entry points for one (compute dtype `t`, KV storage `c`) pair.
@@ -45,6 +45,10 @@ pub(crate) struct Kernels {
     pub attention_combine: CudaFunction,
     /// `attention_prefill_{t}_{c}_{d}`, in the order of [`PrefillVariant::ALL`].
     pub attention_prefill: Vec<CudaFunction>,
+    /// `attention_decode_{t}_{c}_d{dim}_g{group}`, in the order of [`DecodeVariant::all`].
+    pub attention_decode: Vec<CudaFunction>,
+    /// `attention_decode_combine_{t}`.
+    pub attention_decode_combine: CudaFunction,
     /// `dequant_{q8_0,q4_0,q4_1}_{t}`.
     pub dequant_q8_0: CudaFunction,
     /// See `dequant_q8_0`.
@@ -68,6 +72,8 @@ pub(crate) struct Kernels {
     pub dense_xwt: Option<(CudaFunction, CudaFunction)>,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
+    /// `gated_qkv_rope_write_{t}_{c}`: Qwen3.5's fused pre-attention (`gated_attention.cu`).
+    pub gated_qkv: CudaFunction,
     /// The GGUF kept-quantized entry points (`gguf_mm.cu`).
     pub gguf: super::gguf::GgufKernels,
 }
@@ -115,6 +121,10 @@ impl Kernels {
                 .iter()
                 .map(|v| get(v.kernel_name(t, c)))
                 .collect::<Result<_, _>>()?,
+            attention_decode: DecodeVariant::all()
+                .map(|v| get(v.kernel_name(t, c)))
+                .collect::<Result<_, _>>()?,
+            attention_decode_combine: get(format!("attention_decode_combine_{t}"))?,
             dequant_q8_0: get(format!("dequant_q8_0_{t}"))?,
             dequant_q4_0: get(format!("dequant_q4_0_{t}"))?,
             dequant_q4_1: get(format!("dequant_q4_1_{t}"))?,
@@ -133,8 +143,14 @@ impl Kernels {
                 _ => None,
             },
             gdn: super::gdn::GdnKernels::resolve(&get, t)?,
+            gated_qkv: get(format!("gated_qkv_rope_write_{t}_{c}"))?,
             gguf: super::gguf::GgufKernels::resolve(&get, t)?,
         })
+    }
+
+    /// The decode kernel of `variant`.
+    pub fn decode(&self, variant: DecodeVariant) -> &CudaFunction {
+        &self.attention_decode[variant.index()]
     }
 
     /// The prefill kernel of `variant`.

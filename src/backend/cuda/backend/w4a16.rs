@@ -1,28 +1,34 @@
-//! 4-bit integer linears kept packed on the device: upload in the w4 tile layout
-//! ([`crate::tensor::packed_tiles`]) and the matmul through `kernels/w4a16.cu`.
+//! 4-bit linears (int4 formats and NVFP4) kept packed on the device: upload in the w4 tile
+//! layout ([`crate::tensor::packed_tiles`]) and the matmul through `kernels/w4a16.cu` (the
+//! kernels' `fp4` flag selects the e2m1 decode).
 //!
 //! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, `w4_gemv` for steps of
 //! 1–16 rows and `w4_gemm` for larger ones, both `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; elsewhere (sm_70 / sm_75, f32) `w4_fma`, one kernel for every row count.
+//! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
 //! Nothing here allocates per call, and every launch takes fixed pointers (graph-capturable).
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::{dev_err, mixed, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
-use crate::tensor::packed_tiles::{W4Tiles, PAD_N, TILE_N};
+use crate::tensor::packed_tiles::{W4Tiles, W4Values, PAD_N, TILE_N};
 use crate::tensor::PackedLinear;
 
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
 pub const GEMV_MAX_ROWS: usize = 16;
+
+/// Shared memory of one GEMM pipeline stage: 128 x rows of one 128-column k block (32 KB) and
+/// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
+const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
 
 /// Which packed-matmul kernel runs (tests force one; the backend picks by rows and arch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum W4Kernel {
     /// Tensor-core GEMV: one m16 tile per block row (any row count; picked for 1–16).
     Gemv,
-    /// Tensor-core GEMM, 128 × 64 block tiles (picked above 16 rows).
+    /// Tensor-core GEMM, 128 × 128 block tiles staged by cp.async (picked above 16 rows).
     Gemm,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
@@ -42,6 +48,8 @@ pub struct CudaPackedParts {
     k_slices: usize,
     group_shift: u32,
     groups: usize,
+    /// Integer or e2m1 (NVFP4) nibbles.
+    values: W4Values,
 }
 
 impl CudaPackedParts {
@@ -54,8 +62,8 @@ impl CudaPackedParts {
 }
 
 impl CudaBackend {
-    /// Repack an int4 linear into the tile layout and upload it; NVFP4 and `g_idx` layouts the
-    /// tiles cannot hold are `Unsupported`, naming the module.
+    /// Repack a 4-bit linear (int4 or NVFP4) into the tile layout and upload it; `g_idx` layouts
+    /// the tiles cannot hold are `Unsupported`, naming the module.
     pub(super) fn upload_packed(
         &self,
         name: &str,
@@ -88,6 +96,7 @@ impl CudaBackend {
             k = t.k,
             k_slices = t.k_slices,
             act_order = t.perm.is_some(),
+            values = ?t.values,
             "Packed linear uploaded in the w4 tile layout."
         );
         Ok(CudaWeight {
@@ -103,6 +112,7 @@ impl CudaBackend {
                 k_slices: t.k_slices,
                 group_shift: t.group_shift(),
                 groups: t.groups,
+                values: t.values,
             })),
             gguf: None,
         })
@@ -125,6 +135,19 @@ impl CudaBackend {
             W4Kernel::Gemv
         } else {
             W4Kernel::Gemm
+        }
+    }
+
+    /// cp.async stages of the GEMM: 3 where a block may use ≥ 120 KB of shared memory (sm_80,
+    /// sm_90, sm_100: 163 / 227 / 227 KB), else 2 (80 KB: sm_86 / sm_89 / sm_120 have 99 KB).
+    fn w4_gemm_stages(&self) -> usize {
+        if matches!(
+            (self.arch.major, self.arch.minor),
+            (8, 0) | (9, 0) | (10, 0)
+        ) {
+            3
+        } else {
+            2
         }
     }
 
@@ -199,7 +222,7 @@ impl CudaBackend {
                 32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(16)),
             ),
-            W4Kernel::Gemm => (128, (parts.n_pad / 64, rows.div_ceil(128))),
+            W4Kernel::Gemm => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
             W4Kernel::Fma => (
                 32 * parts.k_slices,
                 (parts.n_pad / TILE_N, rows.div_ceil(16)),
@@ -219,6 +242,22 @@ impl CudaBackend {
             parts.groups as i32,
         );
         let of32 = i32::from(out_f32);
+        let fp4 = i32::from(parts.values == W4Values::E2m1);
+        let (stages, tiles) = (self.w4_gemm_stages() as i32, (parts.n_pad / TILE_N) as i32);
+        let shared = match kernel {
+            W4Kernel::Gemm => {
+                let bytes = stages as usize * GEMM_STAGE_BYTES;
+                // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
+                // attribute, no stream work, so graph capture is unaffected).
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+                .map_err(dev_err)?;
+                bytes as u32
+            }
+            _ => 0,
+        };
         let mut b = self.stream.launch_builder(f);
         b.arg(&xp)
             .arg(&m)
@@ -233,11 +272,15 @@ impl CudaBackend {
             .arg(&gs)
             .arg(&n)
             .arg(&op)
-            .arg(&of32);
+            .arg(&of32)
+            .arg(&fp4);
+        if kernel == W4Kernel::Gemm {
+            b.arg(&stages).arg(&tiles);
+        }
         let cfg = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
             block_dim: (block as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shared,
         };
         // SAFETY: the parts were built by W4Tiles for this weight (n_pad / 8 tiles of k_blocks
         // blocks, groups stored groups, perm of k entries); the grid covers n_pad outputs and

@@ -1,0 +1,74 @@
+//! The zero-centred `(1 + w)` RMSNorm of Qwen3.5 on CUDA (`rms_norm_1p_*` in `kernels/gdn.cu`):
+//! the weight is the checkpoint's `w` as stored and `1 + w` is formed in f32 in the kernel, as
+//! transformers does. (Uploading `1 + w` in bf16 rounded every such norm to 2⁻⁸ relative: the
+//! main cause of the bf16 whole-model gap recorded in docs/gpu-validation.md.) The bodies of
+//! [`HybridBackend::rms_norm_1p`] and [`HybridBackend::add_rms_norm_1p`].
+//!
+//! [`HybridBackend::rms_norm_1p`]: crate::backend::hybrid::HybridBackend::rms_norm_1p
+//! [`HybridBackend::add_rms_norm_1p`]: crate::backend::hybrid::HybridBackend::add_rms_norm_1p
+
+use super::{check_len, mixed, ComputeDType, CudaBackend, CudaBuffer};
+use crate::backend::BackendError;
+
+impl CudaBackend {
+    /// `out = (1 + weight) · h / rms(h)` per row, `h = x` or (with `residual`) `residual += x`
+    /// first. `x` (without a residual) or `residual` may be f32 buffers; the rest are in the
+    /// compute dtype.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn norm_1p(
+        &self,
+        x: &CudaBuffer,
+        residual: Option<&mut CudaBuffer>,
+        weight: &CudaBuffer,
+        out: &mut CudaBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "rms_norm_1p");
+        check_len("rms_norm_1p input", x.len, rows * dim)?;
+        check_len("rms_norm_1p output", out.len, rows * dim)?;
+        check_len("rms_norm_1p weight", weight.len, dim)?;
+        self.expect_compute("rms_norm_1p output", out)?;
+        self.expect_compute("rms_norm_1p weight", weight)?;
+        let g = &self.k.gdn;
+        match residual {
+            None => {
+                let kernel = match (x.dtype, &g.rms_norm_1p_xf32) {
+                    (d, _) if d == self.dtype => &g.rms_norm_1p,
+                    (ComputeDType::F32, Some(f)) => f,
+                    (d, _) => return Err(mixed("rms_norm_1p input", d, self.dtype)),
+                };
+                self.launch_rms_norm(
+                    kernel,
+                    &x.data,
+                    None,
+                    &weight.data,
+                    &mut out.data,
+                    rows,
+                    dim,
+                    eps,
+                )
+            }
+            Some(r) => {
+                check_len("add_rms_norm_1p residual", r.len, rows * dim)?;
+                self.expect_compute("add_rms_norm_1p delta", x)?;
+                let kernel = match (r.dtype, &g.rms_norm_1p_rf32) {
+                    (d, _) if d == self.dtype => &g.rms_norm_1p,
+                    (ComputeDType::F32, Some(f)) => f,
+                    (d, _) => return Err(mixed("add_rms_norm_1p residual", d, self.dtype)),
+                };
+                self.launch_rms_norm(
+                    kernel,
+                    &x.data,
+                    Some(&mut r.data),
+                    &weight.data,
+                    &mut out.data,
+                    rows,
+                    dim,
+                    eps,
+                )
+            }
+        }
+    }
+}
