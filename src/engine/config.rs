@@ -45,8 +45,8 @@ pub struct EngineConfig {
     pub cuda_graphs: bool,
     /// Build and submit the next step while the device runs the current one, so the only
     /// wait per step is the download of the sampled ids (runners that queue steps on a device:
-    /// CUDA llama/qwen3; the CPU computes a step when it is submitted and ignores this). Off by
-    /// default until its GPU parity test passes (docs/gpu-validation.md, 2026-12-01).
+    /// CUDA llama/qwen3; the CPU computes a step when it is submitted and ignores this). On by
+    /// default (its GPU token-parity test passes on merged main: docs/gpu-validation.md).
     pub overlap: bool,
 }
 
@@ -68,7 +68,7 @@ impl Default for EngineConfig {
             dtype: r.dtype,
             kv_cache_dtype: r.kv_cache_dtype,
             cuda_graphs: r.cuda_graphs,
-            overlap: false,
+            overlap: true,
         }
     }
 }

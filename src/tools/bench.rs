@@ -81,7 +81,7 @@ pub struct BenchArgs {
     pub cuda_graphs: bool,
     /// Build the next step while the device runs the current one (`engine.overlap`; the CPU
     /// computes at submission and ignores it).
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub overlap: bool,
     /// Print one JSON object per result line instead of tables.
     #[arg(long)]
