@@ -322,53 +322,6 @@ fn whole_gguf_models_match_the_cpu_backend() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-const ITERS: usize = 20;
-const REPS: usize = 7;
-
-/// Median seconds per call of `f` (after one warm-up batch): host wall clock around `ITERS`
-/// back-to-back launches on the backend's stream and a synchronize.
-fn time(b: &CudaBackend, mut f: impl FnMut()) -> f64 {
-    for _ in 0..ITERS {
-        f();
-    }
-    b.synchronize().expect("sync");
-    let mut t: Vec<f64> = (0..REPS)
-        .map(|_| {
-            let s = Instant::now();
-            for _ in 0..ITERS {
-                f();
-            }
-            b.synchronize().expect("sync");
-            s.elapsed().as_secs_f64() / ITERS as f64
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[REPS / 2]
-}
-
-/// Device-to-device copy bandwidth (read + write bytes per second) of 1 GiB.
-fn copy_bandwidth() -> f64 {
-    let ctx = cudarc::driver::CudaContext::new(0).expect("context");
-    let s = ctx.default_stream();
-    let bytes = 1usize << 30;
-    let src = s.alloc_zeros::<u8>(bytes).expect("alloc");
-    let mut dst = s.alloc_zeros::<u8>(bytes).expect("alloc");
-    s.memcpy_dtod(&src, &mut dst).expect("copy");
-    s.synchronize().expect("sync");
-    let mut t: Vec<f64> = (0..REPS)
-        .map(|_| {
-            let st = Instant::now();
-            for _ in 0..5 {
-                s.memcpy_dtod(&src, &mut dst).expect("copy");
-            }
-            s.synchronize().expect("sync");
-            st.elapsed().as_secs_f64() / 5.0
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    2.0 * bytes as f64 / t[REPS / 2]
-}
-
 /// Speed (figures, not pass/fail): per format and shape, the GEMV at 1 row (bytes = values +
 /// scales + mins as stored on the device) as a fraction of the copy bandwidth, the 16-row time
 /// over the 1-row time, and the 1-row / 512-row times of cuBLAS on the same weight dequantized to

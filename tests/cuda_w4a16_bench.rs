@@ -18,57 +18,11 @@ use std::time::Instant;
 
 use common::*;
 use half::bf16;
-use kiln::backend::cuda::{CudaBackend, W4Kernel};
+use kiln::backend::cuda::W4Kernel;
 use kiln::backend::Backend;
 use kiln::model::synthetic::{qwen3_5_27b_weights, SyntheticQuant};
 use kiln::tensor::{LinearView, TensorView, WeightDType};
 use w4_support::{Fmt, Owned, Rng};
-
-const ITERS: usize = 20;
-const REPS: usize = 7;
-
-/// Median seconds per call of `f` (after one warm-up batch).
-fn time(b: &CudaBackend, mut f: impl FnMut()) -> f64 {
-    for _ in 0..ITERS {
-        f();
-    }
-    b.synchronize().expect("sync");
-    let mut t: Vec<f64> = (0..REPS)
-        .map(|_| {
-            let s = Instant::now();
-            for _ in 0..ITERS {
-                f();
-            }
-            b.synchronize().expect("sync");
-            s.elapsed().as_secs_f64() / ITERS as f64
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[REPS / 2]
-}
-
-/// Device-to-device copy bandwidth (read + write bytes per second) of 1 GiB.
-fn copy_bandwidth() -> f64 {
-    let ctx = cudarc::driver::CudaContext::new(0).expect("context");
-    let s = ctx.default_stream();
-    let bytes = 1usize << 30;
-    let src = s.alloc_zeros::<u8>(bytes).expect("alloc");
-    let mut dst = s.alloc_zeros::<u8>(bytes).expect("alloc");
-    s.memcpy_dtod(&src, &mut dst).expect("copy");
-    s.synchronize().expect("sync");
-    let mut t: Vec<f64> = (0..REPS)
-        .map(|_| {
-            let st = Instant::now();
-            for _ in 0..5 {
-                s.memcpy_dtod(&src, &mut dst).expect("copy");
-            }
-            s.synchronize().expect("sync");
-            st.elapsed().as_secs_f64() / 5.0
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    2.0 * bytes as f64 / t[REPS / 2]
-}
 
 fn ct_g128(n: usize, k: usize, seed: u64) -> Owned {
     Owned::random(

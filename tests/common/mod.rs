@@ -165,3 +165,50 @@ pub fn compare(want: &ProbeOutput, got: &ProbeOutput) -> (f32, f64, usize) {
         .count();
     (worst, worst_cos, agree)
 }
+
+pub const ITERS: usize = 20;
+pub const REPS: usize = 7;
+
+/// Median seconds per call of `f` (after one warm-up batch): host wall clock around `ITERS`
+/// back-to-back launches on the backend's stream and a synchronize, median of `REPS`.
+pub fn time(b: &CudaBackend, mut f: impl FnMut()) -> f64 {
+    for _ in 0..ITERS {
+        f();
+    }
+    b.synchronize().expect("sync");
+    let mut t: Vec<f64> = (0..REPS)
+        .map(|_| {
+            let s = std::time::Instant::now();
+            for _ in 0..ITERS {
+                f();
+            }
+            b.synchronize().expect("sync");
+            s.elapsed().as_secs_f64() / ITERS as f64
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[REPS / 2]
+}
+
+/// Device-to-device copy bandwidth (read + write bytes per second) of 1 GiB.
+pub fn copy_bandwidth() -> f64 {
+    let ctx = cudarc::driver::CudaContext::new(0).expect("context");
+    let s = ctx.default_stream();
+    let bytes = 1usize << 30;
+    let src = s.alloc_zeros::<u8>(bytes).expect("alloc");
+    let mut dst = s.alloc_zeros::<u8>(bytes).expect("alloc");
+    s.memcpy_dtod(&src, &mut dst).expect("copy");
+    s.synchronize().expect("sync");
+    let mut t: Vec<f64> = (0..REPS)
+        .map(|_| {
+            let st = std::time::Instant::now();
+            for _ in 0..5 {
+                s.memcpy_dtod(&src, &mut dst).expect("copy");
+            }
+            s.synchronize().expect("sync");
+            st.elapsed().as_secs_f64() / 5.0
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    2.0 * bytes as f64 / t[REPS / 2]
+}
