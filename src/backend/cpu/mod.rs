@@ -17,89 +17,17 @@ mod hybrid;
 pub mod matmul;
 pub mod ops;
 pub mod reference;
+mod weight;
 
 use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{
     AttentionParams, Backend, BackendError, KvCacheDType, KvCacheSpec, StepInput,
 };
 use crate::sampling::{sample_row, SampleError, Sampled, SamplingRow};
-use crate::tensor::{LinearView, PackedLinear, TensorView, WeightDType};
+use crate::tensor::{LinearView, TensorView};
 
 pub use attention::CpuKvCache;
-
-/// A stored weight in host memory: the checkpoint's bytes, copied into a 64-byte aligned
-/// buffer backed by huge pages ([`matmul::HugePageBytes`]: batch-1 decoding streams every
-/// weight per token, and 4 KiB pages cost it ~3× on VMs); quantized blocks stay quantized,
-/// nothing is expanded to f32.
-/// A packed 4-bit linear keeps its parts instead ([`matmul::packed::PackedWeight`]; then
-/// `dtype` is its packed words' type and `bytes` is empty).
-#[derive(Debug, Clone)]
-pub struct CpuWeight {
-    /// Element encoding.
-    pub dtype: WeightDType,
-    /// `[rows, cols]` (Hugging Face order; the last axis is contiguous).
-    pub shape: Vec<usize>,
-    bytes: matmul::HugePageBytes,
-    /// The parts of a packed linear.
-    packed: Option<std::sync::Arc<matmul::packed::PackedWeight>>,
-}
-
-impl CpuWeight {
-    /// Take `bytes` (`rows × row_bytes(cols)`) of a `dtype` tensor of `shape`.
-    pub fn new(dtype: WeightDType, shape: Vec<usize>, bytes: Vec<u8>) -> CpuWeight {
-        CpuWeight {
-            dtype,
-            shape,
-            bytes: matmul::HugePageBytes::copy_from(&bytes),
-            packed: None,
-        }
-    }
-
-    /// A packed linear, its parts copied as stored.
-    pub fn packed(p: &PackedLinear<'_>) -> CpuWeight {
-        CpuWeight {
-            dtype: p.qweight.dtype,
-            shape: vec![p.out_features, p.in_features],
-            bytes: matmul::HugePageBytes::copy_from(&[]),
-            packed: Some(std::sync::Arc::new(
-                matmul::packed::PackedWeight::copy_from(p),
-            )),
-        }
-    }
-
-    /// The parts, when this is a packed linear.
-    pub fn packed_parts(&self) -> Option<&matmul::packed::PackedWeight> {
-        self.packed.as_deref()
-    }
-
-    /// An F32 weight from values (tests and small synthetic models).
-    pub fn from_f32(shape: &[usize], values: &[f32]) -> CpuWeight {
-        CpuWeight::new(
-            WeightDType::F32,
-            shape.to_vec(),
-            bytemuck::cast_slice(values).to_vec(),
-        )
-    }
-
-    /// The stored bytes.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    /// Bytes of one row.
-    pub fn row_bytes(&self) -> usize {
-        self.bytes.len() / self.shape[0].max(1)
-    }
-
-    /// A borrowed view, as the fast matmul kernels take it.
-    pub fn view(&self) -> TensorView<'_> {
-        TensorView {
-            dtype: self.dtype,
-            shape: &self.shape,
-            data: self.bytes(),
-        }
-    }
-}
+pub use weight::CpuWeight;
 
 /// The RoPE table on the host.
 #[derive(Debug, Clone)]
@@ -811,115 +739,4 @@ impl Backend for CpuBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn upload_weight_checks_shape_and_size() {
-        let b = CpuBackend::new(1).unwrap();
-        let data = [0u8; 20];
-        let ok = TensorView {
-            dtype: WeightDType::Q4_1,
-            shape: &[1, 32],
-            data: &data,
-        };
-        assert_eq!(b.upload_weight("w", &ok).unwrap().bytes(), &data[..]);
-        let short = TensorView {
-            dtype: WeightDType::Q4_1,
-            shape: &[2, 32],
-            data: &data,
-        };
-        assert!(matches!(
-            b.upload_weight("w", &short),
-            Err(BackendError::InvalidArgument(_))
-        ));
-        let ragged = TensorView {
-            dtype: WeightDType::Q4_1,
-            shape: &[1, 16],
-            data: &data,
-        };
-        assert!(b.upload_weight("w", &ragged).is_err());
-        let kq = TensorView {
-            dtype: WeightDType::Q4K,
-            shape: &[1, 256],
-            data: &[0u8; 144],
-        };
-        assert_eq!(b.upload_weight("w", &kq).unwrap().row_bytes(), 144);
-    }
-
-    #[test]
-    fn ops_reject_short_buffers() {
-        let b = CpuBackend::new(1).unwrap();
-        let mut out = vec![0.0; 3];
-        let err = b
-            .rms_norm(&vec![1.0; 4], &vec![1.0; 2], &mut out, 2, 2, 1e-5)
-            .unwrap_err();
-        assert!(matches!(err, BackendError::InvalidArgument(_)));
-    }
-
-    #[test]
-    fn copy_block_checks_range() {
-        let b = CpuBackend::new(1).unwrap();
-        let spec = KvCacheSpec {
-            num_layers: 1,
-            num_blocks: 2,
-            block_size: 1,
-            num_kv_heads: 1,
-            head_dim: 1,
-        };
-        let mut c = b.create_kv_cache(&spec).unwrap();
-        assert!(b.copy_block(&mut c, 0, 1).is_ok());
-        assert!(b.copy_block(&mut c, 0, 2).is_err());
-        assert_eq!(b.kv_bytes_per_block(&spec), 8);
-    }
-
-    #[test]
-    fn swiglu_equals_silu_mul_on_the_halves() {
-        let b = CpuBackend::new(1).unwrap();
-        let (rows, inter) = (3, 5);
-        let gu: Vec<f32> = (0..rows * 2 * inter)
-            .map(|i| (i as f32 * 0.37).sin())
-            .collect();
-        let mut fused = vec![f32::NAN; rows * inter];
-        b.swiglu(&gu, &mut fused, rows, inter).unwrap();
-        let (mut g, mut u) = (Vec::new(), Vec::new());
-        for r in gu.chunks(2 * inter) {
-            g.extend_from_slice(&r[..inter]);
-            u.extend_from_slice(&r[inter..]);
-        }
-        let mut split = vec![f32::NAN; rows * inter];
-        b.silu_mul(&g, &u, &mut split, rows * inter).unwrap();
-        assert_eq!(fused, split);
-        assert!(b.swiglu(&gu, &mut fused, rows + 1, inter).is_err());
-    }
-
-    #[test]
-    fn stacked_weights_concatenate_rows_and_refuse_mismatches() {
-        let b = CpuBackend::new(1).unwrap();
-        let (a, c) = ([1.0f32, 2.0, 3.0, 4.0], [5.0f32, 6.0]);
-        let (sa, sc) = ([2usize, 2], [1usize, 2]);
-        let va = TensorView {
-            dtype: WeightDType::F32,
-            shape: &sa,
-            data: bytemuck::cast_slice(&a),
-        };
-        let vc = TensorView {
-            dtype: WeightDType::F32,
-            shape: &sc,
-            data: bytemuck::cast_slice(&c),
-        };
-        let w = b.upload_weight_rows("ac", &[va, vc]).unwrap();
-        assert_eq!(w.shape, vec![3, 2]);
-        assert_eq!(
-            bytemuck::cast_slice::<u8, f32>(w.bytes()),
-            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-        );
-        let narrow = [2usize, 1];
-        let vn = TensorView {
-            dtype: WeightDType::F32,
-            shape: &narrow,
-            data: bytemuck::cast_slice(&c),
-        };
-        assert!(b.upload_weight_rows("an", &[va, vn]).is_err());
-    }
-}
+mod tests;
