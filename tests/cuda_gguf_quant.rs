@@ -27,7 +27,6 @@ use std::time::Instant;
 
 use common::*;
 use gguf_support::{OwnedGguf, Rng, FORMATS};
-use half::{bf16, f16};
 use kiln::backend::cuda::{CudaBackend, GgufKernel};
 use kiln::backend::Backend;
 use kiln::engine::Device;
@@ -56,15 +55,6 @@ const MODEL_F32_MAX_ABS: f32 = 1e-3;
 /// Whole model, 16-bit compute: min cosine of the logits per position (as tests/cuda_parity.rs).
 const MODEL_HALF_MIN_COS: f64 = 0.999;
 
-/// `v` as the GPU holds it in `dtype`.
-fn round(dtype: &str, v: f32) -> f32 {
-    match dtype {
-        "bf16" => bf16::from_f32(v).to_f32(),
-        "fp16" => f16::from_f32(v).to_f32(),
-        _ => v,
-    }
-}
-
 /// The reference outputs `[rows][cols.len()]` for columns `cols` of `o` on input `x`.
 fn reference(o: &OwnedGguf, x: &[f32], rows: usize, cols: &[usize]) -> Vec<Vec<f64>> {
     let k = o.k;
@@ -88,26 +78,6 @@ fn reference(o: &OwnedGguf, x: &[f32], rows: usize, cols: &[usize]) -> Vec<Vec<f
     (0..rows)
         .map(|r| per_col.iter().map(|c| c[r]).collect())
         .collect()
-}
-
-/// Max |Δ| / max |reference| of `got` (`[rows, N]`) on the checked columns.
-fn rel_err(got: &[f32], n: usize, cols: &[usize], want: &[Vec<f64>]) -> f64 {
-    let (mut d, mut m) = (0f64, 0f64);
-    for (r, row) in want.iter().enumerate() {
-        for (i, &c) in cols.iter().enumerate() {
-            let g = f64::from(got[r * n + c]);
-            if !g.is_finite() {
-                return f64::INFINITY;
-            }
-            d = d.max((g - row[i]).abs());
-            m = m.max(row[i].abs());
-        }
-    }
-    d / m.max(1e-30)
-}
-
-fn bits_equal(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// `w` on the first `rows` rows of `x` with `kernel` (None: the backend's choice), the output

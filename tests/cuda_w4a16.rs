@@ -22,7 +22,6 @@ mod w4_support;
 use std::time::Instant;
 
 use common::*;
-use half::{bf16, f16};
 use kiln::backend::cuda::{CudaBackend, W4Kernel};
 use kiln::backend::Backend;
 use kiln::engine::Device;
@@ -48,15 +47,6 @@ const SHAPES_27B: [(usize, usize); 9] = [
 const ROWS: [usize; 6] = [1, 2, 7, 16, 64, 257];
 const REL_TOL: f64 = 1e-2;
 
-/// `v` as the GPU holds it in `dtype`.
-fn round(dtype: &str, v: f32) -> f32 {
-    match dtype {
-        "bf16" => bf16::from_f32(v).to_f32(),
-        "fp16" => f16::from_f32(v).to_f32(),
-        _ => v,
-    }
-}
-
 /// The reference outputs `[rows][cols.len()]` for columns `cols` of `o` on input `x` (`[rows, K]`).
 fn reference(o: &Owned, x: &[f32], rows: usize, cols: &[usize]) -> Vec<Vec<f64>> {
     let p = o.linear();
@@ -80,26 +70,6 @@ fn reference(o: &Owned, x: &[f32], rows: usize, cols: &[usize]) -> Vec<Vec<f64>>
     (0..rows)
         .map(|r| per_col.iter().map(|c| c[r]).collect())
         .collect()
-}
-
-/// Max |Δ| / max |reference| of `got` (`[rows, N]`) on the checked columns.
-fn rel_err(got: &[f32], n: usize, cols: &[usize], want: &[Vec<f64>]) -> f64 {
-    let (mut d, mut m) = (0f64, 0f64);
-    for (r, row) in want.iter().enumerate() {
-        for (i, &c) in cols.iter().enumerate() {
-            let g = f64::from(got[r * n + c]);
-            if !g.is_finite() {
-                return f64::INFINITY;
-            }
-            d = d.max((g - row[i]).abs());
-            m = m.max(row[i].abs());
-        }
-    }
-    d / m.max(1e-30)
-}
-
-fn bits_equal(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// Run `o` on the first `rows` rows of `x` with `kernel` (None: the backend's choice).

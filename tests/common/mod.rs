@@ -212,3 +212,33 @@ pub fn copy_bandwidth() -> f64 {
     t.sort_by(f64::total_cmp);
     2.0 * bytes as f64 / t[REPS / 2]
 }
+
+/// `v` as the GPU holds it in `dtype`.
+pub fn round(dtype: &str, v: f32) -> f32 {
+    match dtype {
+        "bf16" => half::bf16::from_f32(v).to_f32(),
+        "fp16" => half::f16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
+
+/// Max |Δ| / max |reference| of `got` (`[rows, N]`) on the checked columns.
+pub fn rel_err(got: &[f32], n: usize, cols: &[usize], want: &[Vec<f64>]) -> f64 {
+    let (mut d, mut m) = (0f64, 0f64);
+    for (r, row) in want.iter().enumerate() {
+        for (i, &c) in cols.iter().enumerate() {
+            let g = f64::from(got[r * n + c]);
+            if !g.is_finite() {
+                return f64::INFINITY;
+            }
+            d = d.max((g - row[i]).abs());
+            m = m.max(row[i].abs());
+        }
+    }
+    d / m.max(1e-30)
+}
+
+/// Whether `a` and `b` hold the same f32 bit patterns.
+pub fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
