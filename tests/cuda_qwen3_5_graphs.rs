@@ -172,10 +172,8 @@ fn replayed_hybrid_decode_steps_equal_the_eager_path() {
                 } else {
                     worst <= tol(dtype)
                 };
-                let ok = !stats.disabled
-                    && stats.replays == (STEPS - 1) as u64
-                    && same_tokens
-                    && close;
+                let ok =
+                    !stats.disabled && stats.replays == (STEPS - 1) as u64 && same_tokens && close;
                 println!(
                     "RESULT hybrid_graphs model={path} dtype={dtype} seqs={n} bucket={bucket} \
                      replays={} recorded={} graph_bytes={} tokens_equal={same_tokens} \
@@ -192,4 +190,97 @@ fn replayed_hybrid_decode_steps_equal_the_eager_path() {
         }
     }
     assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// Decode speed of the tiny hybrid through the runner, graphs on and off: `n` sequences (each a
+/// 32-token prompt, prefilled together), then `steps` decode steps, every sequence sampled
+/// greedily on the device (the sampled ids read back each step, as the engine does). Prints
+/// tokens/s of the decode steps (wall time, after 8 warm-up steps that also record the graph);
+/// asserts only that both runs made the same tokens.
+fn decode_speed(
+    files: &ModelFiles,
+    dtype: &str,
+    graphs: bool,
+    n: usize,
+    steps: usize,
+) -> (f64, Vec<u32>) {
+    let per_seq = MAX_MODEL_LEN / BLOCK;
+    let mut m = Qwen3_5::load(
+        gpu(dtype, "auto"),
+        &files.config,
+        files.weights.as_ref(),
+        BLOCK,
+        n * per_seq + 1,
+        n,
+    )
+    .expect("load")
+    .reserve_workspace(512, n);
+    if graphs {
+        m = m.with_decode_graphs(n, MAX_MODEL_LEN);
+    }
+    let vocab = m.vocab_size() as u32;
+    let table = |i: usize| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect::<Vec<_>>();
+    let mut batch = ForwardBatch::default();
+    for i in 0..n {
+        batch.seqs.push(SeqSlice {
+            start: batch.token_ids.len(),
+            len: 32,
+            cached_len: 0,
+            block_table: table(i),
+            logits: LogitsFor::Sample(SamplingRow::greedy()),
+            state_slot: Some(i as u32),
+        });
+        batch
+            .token_ids
+            .extend((0..32u32).map(|t| (t * 13 + i as u32 * 5 + 1) % vocab));
+    }
+    let warm = 8;
+    let mut tokens = Vec::new();
+    let mut start = std::time::Instant::now();
+    for k in 0..=warm + steps {
+        if k == warm + 1 {
+            start = std::time::Instant::now();
+        }
+        let out = m.forward(&batch).expect("forward");
+        let mut next = ForwardBatch::default();
+        for (i, s) in out.samples.iter().enumerate() {
+            let id = s.as_ref().expect("sampled").token_id;
+            tokens.push(id);
+            next.seqs.push(SeqSlice {
+                start: i,
+                len: 1,
+                cached_len: 32 + k,
+                block_table: table(i),
+                logits: LogitsFor::Sample(SamplingRow::greedy()),
+                state_slot: Some(i as u32),
+            });
+            next.token_ids.push(id);
+        }
+        batch = next;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    (n as f64 * steps as f64 / secs, tokens)
+}
+
+/// `cuda_qwen3_5_graphs-<hash> --ignored --nocapture hybrid_decode_speed` (see the header).
+#[test]
+#[ignore = "needs a GPU: a measurement, printed"]
+fn hybrid_decode_speed_with_and_without_graphs() {
+    let files = ModelFiles::open(&root().join(MODELS[0])).expect("model");
+    let steps = 200;
+    let mut same = true;
+    for dtype in ["bf16", "fp16"] {
+        for n in [1usize, 16] {
+            let (eager, te) = decode_speed(&files, dtype, false, n, steps);
+            let (graphs, tg) = decode_speed(&files, dtype, true, n, steps);
+            same &= te == tg;
+            println!(
+                "RESULT hybrid_decode_speed model=tiny-qwen3_5 dtype={dtype} seqs={n} steps={steps} \
+                 eager_tok_s={eager:.0} graphs_tok_s={graphs:.0} speedup={:.2} tokens_equal={}",
+                graphs / eager,
+                te == tg
+            );
+        }
+    }
+    assert!(same, "graphs changed the tokens");
 }

@@ -214,7 +214,12 @@ pub trait HybridBackend: Backend {
     /// Device bytes [`HybridBackend::reserve_prefill_workspace`] takes for steps of up to
     /// `max_tokens` tokens over `max_seqs` sequences of layers shaped `p` (what the memory
     /// planner counts); 0 for a backend without such a workspace (the CPU).
-    fn prefill_workspace_bytes(&self, _p: &GdnParams, _max_tokens: usize, _max_seqs: usize) -> usize {
+    fn prefill_workspace_bytes(
+        &self,
+        _p: &GdnParams,
+        _max_tokens: usize,
+        _max_seqs: usize,
+    ) -> usize {
         0
     }
 
