@@ -71,7 +71,9 @@ fn w4a16_gemv_and_gemm_speed() {
             }
             line += &format!(" {rows}:{:.2}", t / t1);
         }
-        println!("RESULT bench gemv N={n} K={k} time_vs_1row (target <= 1.3 through 16 rows):{line}");
+        println!(
+            "RESULT bench gemv N={n} K={k} time_vs_1row (target <= 1.3 through 16 rows):{line}"
+        );
         // NVFP4 (e2m1 decoded in the kernel, fp8 scales per 16 stored in bf16) at 1 row.
         let o = Owned::random(Fmt::Nvfp4, n, k, 17 + i as u64);
         let w = b
