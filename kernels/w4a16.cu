@@ -31,10 +31,11 @@
 // mma.sync.m16n8k16 with f32 accumulation over the same fragments: K is cut into `ks` slices
 // (a function of K alone, chosen by the host); slice s accumulates its k blocks in ascending
 // order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
-// f32. `w4_gemv` (rows 1..16: one or two n8 row groups, one warp per slice, P_s summed through
-// shared memory after the main loop) and `w4_gemm` (larger steps: the slices one after another,
-// each added into the total at its end) perform exactly
-// these operations per output element, so a row's result does not depend on its batch and the two
+// f32. The GEMV (rows 1..32: `w4_gemv`, blocks of one n8 row group, for 1..8 rows; `w4_gemv32`,
+// blocks of four row groups sharing one weight decode, for 9..32 rows and the generic layouts;
+// one warp per slice, P_s summed through shared memory after the main loop) and `w4_gemm`
+// (larger steps: the slices one after another, each added into the total at its end) perform
+// exactly these operations per output element, so a row's result does not depend on its batch and the two
 // kernels agree bit for bit (tests/cuda_w4a16.rs checks it). `w4_fma` is the path for sm_70 /
 // sm_75 and the f32 compute dtype: f32 FMAs in a fixed k order per lane, a fixed quad shuffle,
 // the same slice sum; one kernel for every row count (rows in chunks of 16 by grid.y).

@@ -37,7 +37,7 @@ pub enum W4Kernel {
     /// Tensor-core GEMV: one m16 output tile per block, 8- or 32-row blocks (any row count;
     /// picked for 1–32).
     Gemv,
-    /// Tensor-core GEMM, 128 × 128 block tiles staged by cp.async (picked above 16 rows).
+    /// Tensor-core GEMM, 128 × 128 block tiles staged by cp.async (picked above 32 rows).
     Gemm,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
