@@ -48,7 +48,9 @@
 //
 // The fp8 NaN byte 0x7f of e4m3 (which the KV writer never produces — it saturates to 448) would
 // read as 480. No bf16 intrinsics, cp.async or tensor cores: sm_70 runs the same code. Static
-// shared memory ≤ 46 KB per block (see DecShape).
+// shared memory ≤ 47.2 KB per block (see DecShape). ptxas (NVRTC 12.9, sm_90, bf16 compute) gives
+// 144–254 registers per thread (most for g8 and 16-bit KV: 64 accumulators + the prefetched tile),
+// so 2–3 blocks of 4 warps per SM: the occupancy limit behind docs/benchmarks.md's figures.
 #define DEC_WARPS 4
 #define DEC_THREADS (DEC_WARPS * WARP_SIZE)
 #define DEC_MIN_PART 128
