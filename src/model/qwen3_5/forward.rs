@@ -3,7 +3,7 @@
 //! step for at least the reserved limits, remade only for a larger step), so a step allocates
 //! nothing on the device. [`queue`] only queues work (no host synchronization, no allocation,
 //! every per-step value read from the step metadata on the device): it is what a decode graph
-//! records (`super::graphs`).
+//! records (`super::run`).
 
 use crate::backend::hybrid::{GatedQkv, GatedQkvOut, GdnParams, HybridBackend};
 use crate::error::EngineError;
@@ -198,8 +198,8 @@ pub(super) fn queue<B: HybridBackend>(
                     k_scratch: &mut *kn,
                 };
                 b.gated_qkv_rope_write(&x, &w.rope, kv_cache, a.kv_layer, step, out)?;
-                b.paged_attention(&*qn, kv_cache, a.kv_layer, step, &attn, att)?;
-                b.sigmoid_mul(att, &*gate, t * nh * hd)?;
+                // Attention with the sigmoid output gate fused (two ops on the CPU).
+                b.gated_paged_attention(&*qn, &*gate, t, kv_cache, a.kv_layer, step, &attn, att)?;
                 b.matmul(&*att, t, &a.o_proj, delta)?;
             }
         }
