@@ -6,7 +6,7 @@
 // Per (sequence, value head h) and chunk of L <= 64 tokens (rows = positions, f32 unless said):
 //   q^, k^ = l2norm rows (q scaled by dk^-1/2), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias),
 //   gc = cumsum(g) over the chunk, G[i,j] = exp(gc_i - gc_j) (j <= i)
-//   A   = strictly_lower(beta_i (k^_i . k^_j) G[i,j])          Ti = (I + A)^-1 (forward substitution)
+//   A   = strictly_lower(beta_i (k^_i . k^_j) G[i,j])          Ti = (I + A)^-1 (blocked substitution)
 //   U   = Ti (beta V)        W = Ti (beta K exp(gc))           P = lower_incl_diag((Q K^T) o G)
 //   Qg  = Q exp(gc)          Kd = K exp(gc_{L-1} - gc)         eL = exp(gc_{L-1})
 //   Vn  = U - W S            O = Qg S + P Vn                   S <- eL S + Kd^T Vn
@@ -255,30 +255,61 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
         const int i2 = e % GC_C, d2 = e / GC_C;
         Io<T>::store(kd_out, e, Io<T>::load(ks, (long)i2 * ldk + d2) * egl[i2]);
     }
-    // Ti = (I + A)^-1, unit lower triangular, one row after another: Ti[i][j] = -sum_{k=j}^{i-1}
-    // A[i][k] Ti[k][j] for j < i.
-    for (int i = 0; i < GC_C; i++) {
-        if (tid < GC_C) {
-            const int j = tid;
-            float v = j == i ? 1.0f : 0.0f;
-            if (j < i) {
-                // Four partial sums: a shorter dependent chain than one running sum.
-                float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
-                const float* ar = af + i * GC_C;
-                int k = j;
-                for (; k + 3 < i; k += 4) {
-                    p0 += ar[k] * ti[k * (GC_C + 1) + j];
-                    p1 += ar[k + 1] * ti[(k + 1) * (GC_C + 1) + j];
-                    p2 += ar[k + 2] * ti[(k + 2) * (GC_C + 1) + j];
-                    p3 += ar[k + 3] * ti[(k + 3) * (GC_C + 1) + j];
-                }
-                for (; k < i; k++) p0 += ar[k] * ti[k * (GC_C + 1) + j];
-                v = -((p0 + p1) + (p2 + p3));
+    // Ti = (I + A)^-1, unit lower triangular, in 16 x 16 blocks (8 barriers instead of one per row):
+    // 1. the four diagonal blocks Ti_bb = (I + A_bb)^-1, a warp each; lane q < 16 owns column q of its
+    //    block and walks its 16 rows in registers (a column of a triangular inverse depends only on
+    //    itself: Ti[i][j] = -sum_{k=j}^{i-1} A[i][k] Ti[k][j]);
+    // 2. block rows b = 1, 2, 3 in turn: X_bc = sum_{k=c}^{b-1} A_bk Ti_kc for every c < b, then
+    //    Ti_bc = -Ti_bb X_bc. X_bc is staged in the upper block (c, b) of ti (zero in Ti, never read
+    //    while staged), and the upper blocks are zeroed at the end.
+    if (lane < 16) {
+        const int r0 = 16 * warp, j = r0 + lane;
+        float col[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            const float* ar = af + (r0 + r) * GC_C + r0;
+            // col[k] = 0 for k < lane (above the diagonal), so the sum may start at 0.
+            float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+            for (int k = 0; k + 1 < r; k += 2) {
+                p0 += ar[k] * col[k];
+                p1 += ar[k + 1] * col[k + 1];
             }
-            ti[i * (GC_C + 1) + j] = v;
+            if (r & 1) p0 += ar[r - 1] * col[r - 1];
+            const float v = r == lane ? 1.0f : (r > lane ? -(p0 + p1) : 0.0f);
+            col[r] = v;
+            ti[(r0 + r) * (GC_C + 1) + j] = v;
         }
-        __syncthreads();
     }
+    for (int b = 1; b < GC_C / 16; b++) {
+        __syncthreads();  // block rows < b of Ti complete
+        for (int e = tid; e < 256 * b; e += GC_THREADS) {
+            const int c = e >> 8, r = (e >> 4) & 15, q = e & 15;
+            const float* ar = af + (16 * b + r) * GC_C;
+            const float* tc = ti + 16 * c + q;
+            float p0 = 0.0f, p1 = 0.0f;
+            for (int k = 16 * c; k < 16 * b; k += 2) {
+                p0 += ar[k] * tc[k * (GC_C + 1)];
+                p1 += ar[k + 1] * tc[(k + 1) * (GC_C + 1)];
+            }
+            ti[(16 * c + r) * (GC_C + 1) + 16 * b + q] = p0 + p1;  // X_bc (r, q) in block (c, b)
+        }
+        __syncthreads();  // X_b* staged
+        for (int e = tid; e < 256 * b; e += GC_THREADS) {
+            const int c = e >> 8, r = (e >> 4) & 15, q = e & 15;
+            const float* tb = ti + (16 * b + r) * (GC_C + 1) + 16 * b;  // row r of Ti_bb
+            const float* xc = ti + 16 * c * (GC_C + 1) + 16 * b + q;      // column q of X_bc
+            float p = 0.0f;
+            for (int m = 0; m <= r; m++) p += tb[m] * xc[m * (GC_C + 1)];
+            ti[(16 * b + r) * (GC_C + 1) + 16 * c + q] = -p;
+        }
+    }
+    __syncthreads();  // every X read
+    for (int e = tid; e < GC_C * GC_C; e += GC_THREADS) {
+        const int i = e / GC_C, j = e % GC_C;
+        if ((j >> 4) > (i >> 4)) ti[i * (GC_C + 1) + j] = 0.0f;
+    }
+    __syncthreads();
     // U = (Ti diag(beta)) V and W = (Ti diag(beta exp(gc))) K: the scaled Ti in T as the A operand
     // (in A's place), V^T and K^T (in q's place) as B; warp w rows 16w..; Ti's k-tiles past the
     // diagonal block are zero.

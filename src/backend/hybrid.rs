@@ -141,6 +141,24 @@ impl GdnParams {
         2 * self.key_dim() + self.value_dim()
     }
 
+    /// 16-bit elements of one (chunk, value head) record of the chunked prefill's workspace.
+    pub fn chunk_record_elems(&self) -> usize {
+        let (dk, dv) = (self.key_head_dim, self.value_head_dim);
+        3 * GDN_CHUNK * dk + GDN_CHUNK * dv + GDN_CHUNK * GDN_CHUNK
+    }
+
+    /// The chunked prefill's workspace for a step of `tokens` tokens over `seqs` sequences
+    /// (see [`ChunkWorkspaceSize`]); also the bound for every smaller step.
+    pub fn chunk_workspace(&self, tokens: usize, seqs: usize) -> ChunkWorkspaceSize {
+        let chunks = tokens / GDN_CHUNK + seqs + 1;
+        let per = chunks * self.num_value_heads;
+        ChunkWorkspaceSize {
+            chunks,
+            records: per * self.chunk_record_elems(),
+            decay: per,
+        }
+    }
+
     /// `Err(InvalidArgument)` unless these shapes are those of `spec`'s layers.
     pub fn check_fits(&self, spec: &StateSpec, layer: usize) -> Result<(), BackendError> {
         if layer >= spec.num_layers
@@ -159,6 +177,31 @@ impl GdnParams {
     }
 }
 
+/// Tokens per chunk of the chunked delta rule (`GC_C` of `kernels/gdn_chunk.cu`).
+pub const GDN_CHUNK: usize = 64;
+
+/// The chunked GDN prefill's device workspace (CUDA, 16-bit compute; `gdn_chunk.rs`) for every
+/// step of up to some tokens and sequences: per (chunk, value head) a record of 16-bit elements
+/// (`W`, `Qg` `[64, dk]`, `Kdᵀ` `[dk, 64]`, `U` `[64, dv]`, `P` `[64, 64]`) and one f32 decay.
+/// Chunk ids are `token_start / 64 + seq + c` (a partial chunk per sequence), so a step of `T`
+/// tokens over `S` sequences uses ids below `T / 64 + S + 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkWorkspaceSize {
+    /// Chunk ids covered.
+    pub chunks: usize,
+    /// 16-bit elements of the records.
+    pub records: usize,
+    /// f32 elements of the decays.
+    pub decay: usize,
+}
+
+impl ChunkWorkspaceSize {
+    /// Device bytes.
+    pub fn bytes(&self) -> usize {
+        self.records * 2 + self.decay * 4
+    }
+}
+
 /// A backend that runs hybrid (Gated DeltaNet) models. Shapes are row-major `[tokens, …]` over
 /// the step's tokens, as in [`Backend`].
 pub trait HybridBackend: Backend {
@@ -167,6 +210,31 @@ pub trait HybridBackend: Backend {
 
     /// A zeroed state cache for `spec`.
     fn create_state_cache(&self, spec: &StateSpec) -> Result<Self::StateCache, BackendError>;
+
+    /// Device bytes [`HybridBackend::reserve_prefill_workspace`] takes for steps of up to
+    /// `max_tokens` tokens over `max_seqs` sequences of layers shaped `p` (what the memory
+    /// planner counts); 0 for a backend without such a workspace (the CPU).
+    fn prefill_workspace_bytes(
+        &self,
+        _p: &GdnParams,
+        _max_tokens: usize,
+        _max_seqs: usize,
+    ) -> usize {
+        0
+    }
+
+    /// Make the prefill workspace for every step of up to `max_tokens` tokens over `max_seqs`
+    /// sequences once, so steps within those limits never allocate it (a larger step still
+    /// grows it, with a warning). A no-op for a backend without one.
+    fn reserve_prefill_workspace(
+        &self,
+        _cache: &mut Self::StateCache,
+        _p: &GdnParams,
+        _max_tokens: usize,
+        _max_seqs: usize,
+    ) -> Result<(), BackendError> {
+        Ok(())
+    }
 
     /// Zero slot `slot` (all layers).
     fn reset_state_slot(&self, cache: &mut Self::StateCache, slot: u32)
@@ -315,4 +383,39 @@ pub trait HybridBackend: Backend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chunk_workspace_covers_every_chunk_id_of_a_step() {
+        // The 27B's GDN shapes: 48 value heads of 128 over 16 key heads of 128.
+        let p = GdnParams {
+            num_key_heads: 16,
+            num_value_heads: 48,
+            key_head_dim: 128,
+            value_head_dim: 128,
+        };
+        // One record: W, Qg, Kdᵀ (3 × 64 × 128), U (64 × 128), P (64 × 64).
+        assert_eq!(p.chunk_record_elems(), 3 * 8192 + 8192 + 4096);
+        // 8,192 tokens in one sequence: ids 0..128 of the tokens, plus one partial chunk of the
+        // sequence and one of slack.
+        let w = p.chunk_workspace(8192, 1);
+        assert_eq!(w.chunks, 128 + 1 + 1);
+        assert_eq!(w.records, 130 * 48 * 36_864);
+        assert_eq!(w.decay, 130 * 48);
+        // ~3.4 MiB per chunk of 64 tokens (the figure of docs/benchmarks.md).
+        let per_chunk = w.bytes() as f64 / w.chunks as f64 / (1 << 20) as f64;
+        assert!((per_chunk - 3.375).abs() < 0.01, "{per_chunk}");
+        // The largest chunk id of a step: the last sequence starting at the last token,
+        // `(T - 1) / 64 + (S - 1) + c` with its c = 0 chunk, below the count.
+        let (t, s) = (512usize, 8usize);
+        let w = p.chunk_workspace(t, s);
+        assert!((t - 1) / GDN_CHUNK + (s - 1) < w.chunks);
+        // More tokens or sequences never need less.
+        assert!(p.chunk_workspace(t + 64, s).bytes() > w.bytes());
+        assert!(p.chunk_workspace(t, s + 1).bytes() > w.bytes());
+    }
 }

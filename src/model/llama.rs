@@ -590,7 +590,7 @@ impl<B: Backend> ModelRunner for Llama<B> {
     }
 }
 
-mod decode_graphs;
+pub(crate) mod decode_graphs;
 mod load;
 pub use decode_graphs::GraphStats;
 #[cfg(test)]

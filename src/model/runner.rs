@@ -134,9 +134,9 @@ fn load_cuda(
     } else {
         Llama::<CudaBackend>::kv_spec(config, opts.block_size, 1)
     });
-    // Decode graphs (llama / qwen3; the hybrid's decode is eager for now): their partials and
-    // metadata per bucket, and one scratch KV block, counted with the workspace.
-    let cuda_graphs = opts.cuda_graphs && !hybrid;
+    // Decode graphs (every architecture): their partials and metadata per bucket, and one
+    // scratch KV block, counted with the workspace.
+    let cuda_graphs = opts.cuda_graphs;
     let graph_bytes = if cuda_graphs {
         decode_graph_bytes(
             config,
@@ -144,6 +144,17 @@ fn load_cuda(
             max_model_len,
             opts.block_size,
             bytes_per_block,
+        )
+    } else {
+        0
+    };
+    // The hybrid's chunked-prefill workspace, made once at load for `max_num_batched_tokens`.
+    let prefill_bytes = if hybrid {
+        use crate::backend::hybrid::HybridBackend;
+        backend.prefill_workspace_bytes(
+            &crate::model::qwen3_5::gdn_params(config)?,
+            opts.max_num_batched_tokens,
+            opts.max_num_seqs,
         )
     } else {
         0
@@ -164,7 +175,8 @@ fn load_cuda(
                 config,
                 opts.max_num_batched_tokens,
                 elem,
-            ),
+            )
+            + prefill_bytes,
         bytes_per_block,
         block_size: opts.block_size,
         max_model_len,
@@ -175,10 +187,12 @@ fn load_cuda(
         plan = %memory,
         cuda_graphs,
         graphs_mib = graph_bytes as f64 / (1 << 20) as f64,
-        "GPU memory planned (the workspace includes the decode graphs)."
+        gdn_prefill_mib = prefill_bytes as f64 / (1 << 20) as f64,
+        "GPU memory planned (the workspace includes the decode graphs and the GDN chunked-prefill workspace)."
     );
     if hybrid {
-        // The KV budget is shared between state slots and KV blocks (logged there).
+        // The KV budget is shared between state slots and KV blocks (logged there); with
+        // graphs the runner adds their scratch block (counted in `graph_bytes`).
         return crate::model::qwen3_5::load_gpu(
             backend,
             config,

@@ -14,7 +14,9 @@
 //!
 //! Padding rows are harmless: token 0 at position 0 of a scratch KV block that no sequence owns
 //! (the cache's last block, hidden from the engine), so they write only there and read only it;
-//! their logits rows come after the batch's and are never sampled or downloaded.
+//! their logits rows come after the batch's and are never sampled or downloaded. A hybrid
+//! model's padding rows have no state slot: the GDN kernels give them a zero state and write no
+//! state ([`DecodeGraphs::run_with`] is how `qwen3_5` uses these graphs).
 //!
 //! At a bucket's first use the step runs eagerly with the pinned shapes (its real result, and
 //! every lazily sized buffer at its size), then the same ops are recorded into the bucket's
@@ -30,11 +32,11 @@ use crate::error::EngineError;
 use crate::model::ModelConfig;
 
 /// Tokens fed from the previous step's pending samples: `(token, sampling row)` pairs.
-pub(super) type Fed<'a, B> = (&'a <B as Backend>::PendingSamples, &'a [(u32, u32)]);
+pub(crate) type Fed<'a, B> = (&'a <B as Backend>::PendingSamples, &'a [(u32, u32)]);
 
 /// A bucket a step fits: its index in [`DecodeGraphs::buckets`] and its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Bucket {
+pub(crate) struct Bucket {
     pub index: usize,
     pub size: usize,
 }
@@ -46,7 +48,7 @@ struct Recorded<B: Backend> {
 }
 
 /// The decode graphs of one runner (see the module header).
-pub(super) struct DecodeGraphs<B: Backend> {
+pub(crate) struct DecodeGraphs<B: Backend> {
     /// Bucket sizes, ascending.
     buckets: Vec<usize>,
     /// Block-table width of every row of a graph step.
@@ -90,7 +92,7 @@ pub(super) fn bucket_sizes(max_num_seqs: usize) -> Vec<usize> {
 }
 
 impl<B: Backend> DecodeGraphs<B> {
-    pub(super) fn new(
+    pub(crate) fn new(
         max_num_seqs: usize,
         max_model_len: usize,
         block_size: usize,
@@ -117,7 +119,7 @@ impl<B: Backend> DecodeGraphs<B> {
         }
     }
 
-    pub(super) fn stats(&self) -> GraphStats {
+    pub(crate) fn stats(&self) -> GraphStats {
         let live = self.recorded.iter().flatten();
         GraphStats {
             recorded: live.clone().count(),
@@ -129,7 +131,7 @@ impl<B: Backend> DecodeGraphs<B> {
     }
 
     /// Forget every graph (the workspace they recorded was remade).
-    pub(super) fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         for r in &mut self.recorded {
             *r = None;
         }
@@ -138,7 +140,7 @@ impl<B: Backend> DecodeGraphs<B> {
     /// The bucket of a decode-only step that fits the graphs' shapes, or `None` (eager): every
     /// sequence adds one token and wants one logits row (in order), no more sequences than the
     /// largest bucket, tables no wider and contexts no longer than the graphs are shaped for.
-    pub(super) fn bucket_for(&self, input: &StepInput) -> Option<Bucket> {
+    pub(crate) fn bucket_for(&self, input: &StepInput) -> Option<Bucket> {
         if self.disabled {
             return None;
         }
@@ -207,6 +209,24 @@ impl<B: Backend> DecodeGraphs<B> {
         input: &StepInput,
         feeds: Option<Fed<'_, B>>,
     ) -> Result<(), EngineError> {
+        let n = bucket.size;
+        self.run_with(bucket, b, input, feeds, |step| {
+            weights.queue(b, c, kv_cache, ws, step, n, n)
+        })
+    }
+
+    /// [`DecodeGraphs::run`] for any model: `queue(step)` queues the model's whole step (`bucket
+    /// .size` tokens and logits rows) over `step`'s metadata, allocating nothing and never
+    /// waiting for the device; it is called once eagerly and once under capture at the bucket's
+    /// first use, and not at all when the bucket's graph is replayed.
+    pub(crate) fn run_with(
+        &mut self,
+        bucket: Bucket,
+        b: &B,
+        input: &StepInput,
+        feeds: Option<Fed<'_, B>>,
+        mut queue: impl FnMut(&B::Step) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
         let padded = self.pad(input, bucket.size);
         let shape = PinnedShape {
             max_context: self.max_context,
@@ -228,9 +248,9 @@ impl<B: Backend> DecodeGraphs<B> {
         }
         // This step's result, and every lazily sized buffer at its size before recording.
         let n = bucket.size;
-        weights.queue(b, c, kv_cache, ws, &step, n, n)?;
+        queue(&step)?;
         b.begin_capture()?;
-        let queued = weights.queue(b, c, kv_cache, ws, &step, n, n);
+        let queued = queue(&step);
         let ended = b.end_capture();
         match (queued, ended) {
             (Ok(()), Ok(graph)) => {

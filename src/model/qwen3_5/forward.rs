@@ -1,12 +1,12 @@
 //! One step of the Qwen3.5 forward pass (the math is in the parent module's docs), over a
-//! [`Workspace`] of activations, step metadata and logits the runner keeps for its life (made
-//! at the first step for at least the reserved limits, remade only for a larger step), so a
-//! step allocates nothing on the device.
+//! [`Workspace`] of activations and logits the runner keeps for its life (made at the first
+//! step for at least the reserved limits, remade only for a larger step), so a step allocates
+//! nothing on the device. [`queue`] only queues work (no host synchronization, no allocation,
+//! every per-step value read from the step metadata on the device): it is what a decode graph
+//! records (`super::run`).
 
 use crate::backend::hybrid::{GatedQkv, GatedQkvOut, GdnParams, HybridBackend};
-use crate::backend::StepInput;
 use crate::error::EngineError;
-use crate::model::step::{ForwardBatch, ForwardOutput};
 use crate::model::ModelConfig;
 
 use super::{Mixer, Weights};
@@ -16,7 +16,6 @@ use super::{Mixer, Weights};
 pub(super) struct Workspace<B: HybridBackend> {
     pub(super) tokens: usize,
     pub(super) rows: usize,
-    pub(super) step: B::Step,
     /// Residual stream `[tokens, hidden]`, f32.
     x: B::Buffer,
     /// Normed input of the next sub-block, and the mixer / MLP output `[tokens, hidden]`.
@@ -47,11 +46,11 @@ pub(super) struct Workspace<B: HybridBackend> {
     act: B::Buffer,
     /// Gathered logits rows of h `[rows, hidden]` and their f32 logits `[rows, vocab]`.
     last: B::Buffer,
-    logits: B::Logits,
+    pub(super) logits: B::Logits,
 }
 
 impl<B: HybridBackend> Workspace<B> {
-    /// Buffers for `tokens` tokens and `rows` logits rows, with `input` as the first step.
+    /// Buffers for `tokens` tokens and `rows` logits rows.
     pub(super) fn new(
         b: &B,
         c: &ModelConfig,
@@ -59,7 +58,6 @@ impl<B: HybridBackend> Workspace<B> {
         w: &Weights<B>,
         tokens: usize,
         rows: usize,
-        input: &StepInput,
     ) -> Result<Workspace<B>, EngineError> {
         let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
@@ -73,7 +71,6 @@ impl<B: HybridBackend> Workspace<B> {
         Ok(Workspace {
             tokens,
             rows,
-            step: b.prepare_step(input)?,
             x: b.alloc_f32(tokens * hidden)?,
             h: b.alloc(tokens * hidden)?,
             delta: b.alloc(tokens * hidden)?,
@@ -101,10 +98,11 @@ impl<B: HybridBackend> Workspace<B> {
     }
 }
 
-/// Run every layer over the step's tokens; logits rows as `Llama` returns them (raw rows for
-/// `Last` / `All`, device-sampled tokens for `Sample`).
+/// Queue every layer over the `t` tokens of `step`, then the logits of its first `rows` logits
+/// rows into `ws.logits` (nothing when `rows` is 0). A decode graph's step is padded: `t` and
+/// `rows` are its bucket size.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn run<B: HybridBackend>(
+pub(super) fn queue<B: HybridBackend>(
     w: &Weights<B>,
     b: &B,
     c: &ModelConfig,
@@ -112,10 +110,10 @@ pub(super) fn run<B: HybridBackend>(
     kv_cache: &mut B::KvCache,
     states: &mut B::StateCache,
     ws: &mut Workspace<B>,
-    input: &StepInput,
-    batch: &ForwardBatch,
-) -> Result<ForwardOutput, EngineError> {
-    let t = input.num_tokens();
+    step: &B::Step,
+    t: usize,
+    rows: usize,
+) -> Result<(), EngineError> {
     let (hidden, hd, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps);
     let (nh, nkv, inter) = (
         c.num_attention_heads,
@@ -125,7 +123,6 @@ pub(super) fn run<B: HybridBackend>(
     let attn = c.attention_params();
     let (nv, dv) = (gdn.num_value_heads, gdn.value_head_dim);
     let Workspace {
-        step,
         x,
         h,
         delta,
@@ -151,7 +148,6 @@ pub(super) fn run<B: HybridBackend>(
         logits,
         ..
     } = ws;
-    let step = &*step;
 
     b.embedding(&w.embed_tokens, step, x)?;
     b.rms_norm_1p(&*x, &w.layers[0].input_layernorm, h, t, hidden, eps)?;
@@ -224,12 +220,11 @@ pub(super) fn run<B: HybridBackend>(
         b.add_rms_norm_1p(x, &*delta, next_norm, h, t, hidden, eps)?;
     }
 
-    let rows = input.logit_rows.len();
     if rows == 0 {
-        return Ok(ForwardOutput::default());
+        return Ok(());
     }
     b.gather_rows(&*h, step, hidden, last)?;
     let lm_head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
     b.logits_into(&*last, rows, lm_head, logits)?;
-    ForwardOutput::from_logits(b, c.vocab_size, &*logits, batch)
+    Ok(())
 }

@@ -26,6 +26,7 @@
 
 mod forward;
 pub mod mtp;
+mod run;
 
 use tracing::info;
 
@@ -33,8 +34,10 @@ use crate::backend::hybrid::{GdnParams, HybridBackend, StateSpec};
 use crate::backend::{Backend, KvCacheSpec, RopeSpec};
 use crate::error::{EngineError, ModelError};
 use crate::model::config::{HybridConfig, LayerType};
+use crate::model::llama::decode_graphs::DecodeGraphs;
+use crate::model::llama::GraphStats;
 use crate::model::prefix::Prefix;
-use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, ModelRunner};
+use crate::model::step::{CacheGeometry, ModelRunner};
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::{TensorView, WeightSource};
 
@@ -117,8 +120,12 @@ pub struct Qwen3_5<B: HybridBackend> {
     kv_cache: B::KvCache,
     states: B::StateCache,
     geometry: CacheGeometry,
-    /// Activations, step metadata and logits kept across steps (made at the first step).
+    /// Activations and logits kept across steps (made at the first step).
     workspace: Option<forward::Workspace<B>>,
+    /// The eager steps' metadata on the device, made at the first eager step and refilled.
+    step: Option<B::Step>,
+    /// Decode graphs ([`Qwen3_5::with_decode_graphs`]); `None`: every step runs eagerly.
+    graphs: Option<DecodeGraphs<B>>,
     /// Least (tokens, logits rows) the workspace is made for.
     reserve: (usize, usize),
 }
@@ -203,6 +210,17 @@ fn hybrid(config: &ModelConfig) -> Result<&HybridConfig, ModelError> {
             config.architecture
         ))),
     }
+}
+
+/// The GDN layer shapes of `config`, or `Unsupported` for a config without the hybrid fields.
+pub fn gdn_params(config: &ModelConfig) -> Result<GdnParams, ModelError> {
+    let h = hybrid(config)?;
+    Ok(GdnParams {
+        num_key_heads: h.linear_num_key_heads,
+        num_value_heads: h.linear_num_value_heads,
+        key_head_dim: h.linear_key_head_dim,
+        value_head_dim: h.linear_value_head_dim,
+    })
 }
 
 /// The state-cache geometry of `config` for `num_slots` slots.
@@ -392,6 +410,8 @@ impl<B: HybridBackend> Qwen3_5<B> {
                 num_state_slots,
             },
             workspace: None,
+            step: None,
+            graphs: None,
             reserve: (0, 0),
         })
     }
@@ -401,6 +421,34 @@ impl<B: HybridBackend> Qwen3_5<B> {
     pub fn reserve_workspace(mut self, tokens: usize, rows: usize) -> Self {
         self.reserve = (tokens, rows);
         self
+    }
+
+    /// Replay decode-only steps from CUDA graphs, one per batch bucket (1, 2, 4, … up to
+    /// `max_num_seqs`), each recorded at its first use, as [`crate::model::llama::Llama::
+    /// with_decode_graphs`] does (`crate::model::llama::decode_graphs`; the padding rows have no
+    /// state slot). The last KV block becomes the padding rows' scratch block: the runner
+    /// reports one block fewer. A backend without graphs, or a cache of one block, stays eager.
+    pub fn with_decode_graphs(mut self, max_num_seqs: usize, max_model_len: usize) -> Self {
+        if !self.backend.supports_graphs() || self.geometry.num_blocks < 2 || max_num_seqs == 0 {
+            return self;
+        }
+        let max_model_len = match max_model_len {
+            0 => self.config.max_position_embeddings,
+            n => n.min(self.config.max_position_embeddings),
+        };
+        self.geometry.num_blocks -= 1;
+        self.graphs = Some(DecodeGraphs::new(
+            max_num_seqs,
+            max_model_len,
+            self.geometry.block_size,
+            self.geometry.num_blocks as u32,
+        ));
+        self
+    }
+
+    /// What the decode graphs have done; `None` when this runner has none.
+    pub fn graph_stats(&self) -> Option<GraphStats> {
+        self.graphs.as_ref().map(|g| g.stats())
     }
 
     /// The model's hyper-parameters.
@@ -420,132 +468,27 @@ impl<B: HybridBackend> Qwen3_5<B> {
 
     /// GDN shapes of this model.
     fn gdn_params(&self) -> GdnParams {
-        let h = self.config.hybrid.as_ref().expect("checked at load");
-        GdnParams {
-            num_key_heads: h.linear_num_key_heads,
-            num_value_heads: h.linear_num_value_heads,
-            key_head_dim: h.linear_key_head_dim,
-            value_head_dim: h.linear_value_head_dim,
-        }
+        gdn_params(&self.config).expect("checked at load")
+    }
+
+    /// Make the backend's chunked-prefill workspace once for every step of up to `max_tokens`
+    /// tokens over `max_seqs` sequences (`engine.max_num_batched_tokens`, `max_num_seqs`: what
+    /// the GPU planner counted, [`HybridBackend::prefill_workspace_bytes`]), so prefill steps
+    /// never allocate it. A no-op on the CPU.
+    pub fn reserve_prefill_workspace(
+        mut self,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<Self, ModelError> {
+        let p = self.gdn_params();
+        self.backend
+            .reserve_prefill_workspace(&mut self.states, &p, max_tokens, max_seqs)
+            .map_err(backend_err)?;
+        Ok(self)
     }
 
     /// Copy state slot `src` into `dst` (prefix checkpoints).
     pub fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
-        Ok(self.backend.copy_state_slot(&mut self.states, src, dst)?)
-    }
-}
-
-impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn max_position_embeddings(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn cache_geometry(&self) -> CacheGeometry {
-        self.geometry
-    }
-
-    fn device_name(&self) -> String {
-        self.backend.name()
-    }
-
-    fn weight_bytes(&self) -> u64 {
-        let b = &self.backend;
-        let w = &self.weights;
-        let mut total = 0usize;
-        for l in &w.layers {
-            total += [&l.gate_proj, &l.up_proj, &l.down_proj]
-                .iter()
-                .map(|m| b.weight_bytes(m))
-                .sum::<usize>();
-            total += match &l.mixer {
-                Mixer::Linear(g) => [
-                    &g.in_proj_qkv,
-                    &g.in_proj_z,
-                    &g.in_proj_a,
-                    &g.in_proj_b,
-                    &g.out_proj,
-                ]
-                .iter()
-                .map(|m| b.weight_bytes(m))
-                .sum::<usize>(),
-                Mixer::Full(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
-                    .iter()
-                    .map(|m| b.weight_bytes(m))
-                    .sum::<usize>(),
-            };
-        }
-        let head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
-        (total + b.weight_bytes(head)) as u64
-    }
-
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
-        let input = batch.step_input(
-            self.geometry.block_size,
-            self.geometry.num_blocks,
-            self.config.vocab_size,
-            self.config.max_position_embeddings,
-        )?;
-        if input.num_tokens() == 0 {
-            return Ok(ForwardOutput::default());
-        }
-        if let Some(i) = input
-            .seqs
-            .iter()
-            .position(|s| s.len > 0 && s.state_slot.is_none())
-        {
-            return Err(EngineError::Internal(format!(
-                "malformed forward batch: sequence {i} of a hybrid model has no state slot"
-            )));
-        }
-        let gdn = self.gdn_params();
-        let Qwen3_5 {
-            backend,
-            config,
-            weights,
-            kv_cache,
-            states,
-            workspace,
-            reserve,
-            ..
-        } = self;
-        backend.run_step(|| {
-            let (t, rows) = (input.num_tokens(), input.logit_rows.len());
-            match workspace {
-                Some(ws) if ws.tokens >= t && ws.rows >= rows => {
-                    backend.update_step(&mut ws.step, &input)?;
-                }
-                _ => {
-                    // First step, or one larger than any before: (re)make it, at least as large
-                    // as reserved and as the one it replaces.
-                    let (old_t, old_r) = workspace.as_ref().map_or((0, 0), |w| (w.tokens, w.rows));
-                    *workspace = None;
-                    let tokens = t.max(reserve.0).max(old_t);
-                    let rows = rows.max(reserve.1).max(old_r).max(1);
-                    *workspace = Some(forward::Workspace::new(
-                        backend, config, &gdn, weights, tokens, rows, &input,
-                    )?);
-                }
-            }
-            let ws = workspace.as_mut().expect("made above");
-            forward::run(
-                weights, backend, config, &gdn, kv_cache, states, ws, &input, batch,
-            )
-        })
-    }
-
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
-        Ok(self.backend.copy_block(&mut self.kv_cache, src, dst)?)
-    }
-
-    fn reset_state_slot(&mut self, slot: u32) -> Result<(), EngineError> {
-        Ok(self.backend.reset_state_slot(&mut self.states, slot)?)
-    }
-
-    fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
         Ok(self.backend.copy_state_slot(&mut self.states, src, dst)?)
     }
 }
@@ -569,13 +512,17 @@ pub fn load_cpu(
         budget,
         opts.block_size,
         (0, 0),
+        None,
     )
 }
 
 /// Qwen3.5 on a GPU: `budget_bytes` (what the memory planner left after the weights and the
 /// workspace) is shared between the state slots and the KV blocks by
 /// [`crate::model::memory::split_hybrid`], keeping room for one sequence of `max_model_len`
-/// KV tokens; the split is logged ("N state slots, X GiB; KV cache …").
+/// KV tokens; the split is logged ("N state slots, X GiB; KV cache …"). With
+/// `engine.cuda_graphs` the decode steps replay graphs ([`Qwen3_5::with_decode_graphs`]): one
+/// KV block more than the split is made for their padding rows (the planner counted it with
+/// the graphs, [`crate::model::memory::decode_graph_bytes`]).
 pub fn load_gpu<B: HybridBackend>(
     backend: B,
     config: &ModelConfig,
@@ -585,6 +532,9 @@ pub fn load_gpu<B: HybridBackend>(
     max_model_len: usize,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
     let reserve = (opts.max_num_batched_tokens, opts.max_num_seqs);
+    let graphs = opts
+        .cuda_graphs
+        .then_some((opts.max_num_seqs, max_model_len));
     load_split(
         backend,
         config,
@@ -593,11 +543,15 @@ pub fn load_gpu<B: HybridBackend>(
         budget_bytes,
         max_model_len,
         reserve,
+        graphs,
     )
 }
 
 /// Share `budget_bytes` between state slots and KV blocks (at least `min_kv_tokens` KV tokens),
-/// then load, the workspace reserved for `reserve` = (tokens, logits rows) per step.
+/// then load, the workspace reserved for `reserve` = (tokens, logits rows) per step, with
+/// decode graphs for `graphs = Some((max_num_seqs, max_model_len))` (one more KV block, their
+/// scratch block, than the split gives).
+#[allow(clippy::too_many_arguments)]
 fn load_split<B: HybridBackend>(
     backend: B,
     config: &ModelConfig,
@@ -606,6 +560,7 @@ fn load_split<B: HybridBackend>(
     budget_bytes: usize,
     min_kv_tokens: usize,
     reserve: (usize, usize),
+    graphs: Option<(usize, usize)>,
 ) -> Result<Box<dyn ModelRunner>, ModelError> {
     use crate::model::memory::{split_hybrid, HybridSplitInput};
     if opts.block_size == 0 {
@@ -651,15 +606,19 @@ fn load_split<B: HybridBackend>(
     } else {
         split.num_blocks
     };
-    Ok(Box::new(
-        Qwen3_5::load(
-            backend,
-            config,
-            weights,
-            opts.block_size,
-            num_blocks,
-            split.num_state_slots,
-        )?
-        .reserve_workspace(reserve.0, reserve.1),
-    ))
+    let num_blocks = num_blocks + usize::from(graphs.is_some());
+    let model = Qwen3_5::load(
+        backend,
+        config,
+        weights,
+        opts.block_size,
+        num_blocks,
+        split.num_state_slots,
+    )?
+    .reserve_workspace(reserve.0, reserve.1)
+    .reserve_prefill_workspace(reserve.0, reserve.1)?;
+    Ok(Box::new(match graphs {
+        Some((seqs, len)) => model.with_decode_graphs(seqs, len),
+        None => model,
+    }))
 }

@@ -55,7 +55,7 @@ pub(crate) struct GdnKernels {
     conv_state: CudaFunction,
     scan: CudaFunction,
     /// The chunked prefill (16-bit compute dtypes only).
-    chunk: Option<ChunkKernels>,
+    pub(super) chunk: Option<ChunkKernels>,
     gated_rms_norm: CudaFunction,
     split_query_gate: CudaFunction,
     sigmoid_mul: CudaFunction,
@@ -125,18 +125,23 @@ impl CudaStateCache {
 }
 
 /// `Err(InvalidArgument)` unless every sequence of `step` with tokens names a distinct slot of
-/// `spec`.
+/// `spec`, or has no slot and no cached tokens (a decode graph's padding row: the kernels give
+/// it a zero state and write none; the model checks that its real sequences have slots).
 fn check_slots(step: &CudaStep, spec: &StateSpec) -> Result<(), BackendError> {
     let mut seen = HashSet::new();
-    for (i, &(len, slot)) in step.seq_slots.iter().enumerate() {
-        if len == 0 {
+    for (i, s) in step.seq_slots.iter().enumerate() {
+        if s.len == 0 {
             continue;
         }
-        let slot = slot.ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "sequence {i} of a hybrid-model step has no state slot"
-            ))
-        })?;
+        let Some(slot) = s.slot else {
+            if s.cached_len == 0 {
+                continue;
+            }
+            return Err(BackendError::InvalidArgument(format!(
+                "sequence {i} of a hybrid-model step has {} cached tokens and no state slot",
+                s.cached_len
+            )));
+        };
         check_slot(spec, slot)?;
         if !seen.insert(slot) {
             return Err(BackendError::InvalidArgument(format!(
@@ -263,6 +268,30 @@ impl HybridBackend for CudaBackend {
             chunked_min_len: Some(DEFAULT_CHUNKED_MIN_LEN),
             chunk_ws: ChunkWorkspace::default(),
         })
+    }
+
+    fn prefill_workspace_bytes(&self, p: &GdnParams, max_tokens: usize, max_seqs: usize) -> usize {
+        if !self.has_chunked_prefill(p) || max_tokens == 0 {
+            return 0;
+        }
+        p.chunk_workspace(max_tokens, max_seqs.max(1)).bytes()
+    }
+
+    fn reserve_prefill_workspace(
+        &self,
+        cache: &mut CudaStateCache,
+        p: &GdnParams,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<(), BackendError> {
+        let bytes = self.reserve_chunk_workspace(&mut cache.chunk_ws, p, max_tokens, max_seqs)?;
+        tracing::info!(
+            max_num_batched_tokens = max_tokens,
+            max_num_seqs = max_seqs,
+            workspace_mib = bytes as f64 / (1 << 20) as f64,
+            "GDN chunked-prefill workspace reserved."
+        );
+        Ok(())
     }
 
     fn reset_state_slot(&self, cache: &mut CudaStateCache, slot: u32) -> Result<(), BackendError> {
@@ -432,7 +461,7 @@ impl HybridBackend for CudaBackend {
         // a sequence with one token has one thread per channel, the only one touching that
         // channel of its (distinct) slot, which rewrites it after reading it.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        if step.seq_slots.iter().all(|&(len, _)| len <= 1) {
+        if step.seq_slots.iter().all(|s| s.len <= 1) {
             return Ok(()); // decode only: gdn_conv1d updated every state
         }
         // The new conv state of the longer sequences, after every token has read the old one.
@@ -523,7 +552,7 @@ impl HybridBackend for CudaBackend {
         if !step
             .seq_slots
             .iter()
-            .any(|&(len, slot)| len > 0 && len < min_len && slot.is_some())
+            .any(|s| s.len > 0 && s.len < min_len && s.slot.is_some())
         {
             return Ok(());
         }

@@ -9,22 +9,26 @@
 //! against. Both read and leave the same f32 state.
 //!
 //! The chunked path needs a workspace (per chunk of 64 tokens and value head: `W`, `Qg` `[64,
-//! dk]`, `Kdᵀ` `[dk, 64]`, `U` `[64, dv]`, `P` `[64, 64]` in the compute dtype, and one f32), grown on the
-//! first step that needs more: for the 27B's GDN shapes 3.5 MiB per chunk of a step's tokens, so
-//! ~450 MiB at 8,192 prefill tokens in a step. It is not counted by the memory planner yet.
+//! dk]`, `Kdᵀ` `[dk, 64]`, `U` `[64, dv]`, `P` `[64, 64]` in the compute dtype, and one f32; sized
+//! by [`GdnParams::chunk_workspace`]): for the 27B's GDN shapes 3.4 MiB per chunk id, ids for
+//! `max_num_batched_tokens / 64 + max_num_seqs + 1` chunks. The GPU runner makes it once at load
+//! ([`HybridBackend::reserve_prefill_workspace`]) from `engine.max_num_batched_tokens` and
+//! `max_num_seqs`, and the memory planner counts it
+//! ([`HybridBackend::prefill_workspace_bytes`]); a step past those limits (tests, benches) grows
+//! it, with a warning when it had been reserved.
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{dev_err, CudaBackend, CudaBuffer, CudaStep};
 use crate::backend::cuda::device::CudaError;
-use crate::backend::hybrid::GdnParams;
+use crate::backend::hybrid::{GdnParams, GDN_CHUNK};
 use crate::backend::BackendError;
 
 /// The op stems of `gdn_chunk.cu`; each exists as `{op}_{f16,bf16}`.
 pub const GDN_CHUNK_OPS: [&str; 2] = ["gdn_chunk_prep", "gdn_chunk_scan"];
 
 /// Tokens per chunk (`GC_C`).
-const CHUNK: usize = 64;
+const CHUNK: usize = GDN_CHUNK;
 /// Threads per block of both kernels (`GC_THREADS`).
 const THREADS: u32 = 128;
 /// Value columns per block of the state pass (`GC_DVS`).
@@ -53,11 +57,6 @@ fn prep_shared(dk: usize, dv: usize) -> usize {
 fn scan_shared(dk: usize) -> usize {
     let (ldk, ldc) = (dk + PAD, CHUNK + PAD);
     (2 * CHUNK * ldk + dk * ldc + CHUNK * ldc + CHUNK * COLS + COLS * ldc + COLS * ldk) * 2
-}
-
-/// 16-bit elements of one (chunk, value head) workspace record.
-fn record_elems(dk: usize, dv: usize) -> usize {
-    3 * CHUNK * dk + CHUNK * dv + CHUNK * CHUNK
 }
 
 /// Whether the chunked kernels take these head shapes.
@@ -104,16 +103,72 @@ impl ChunkKernels {
     }
 }
 
-/// The chunked path's device workspace (see the module docs), grown on demand.
+/// The chunked path's device workspace (see the module docs): reserved once, or grown on demand.
 #[derive(Debug, Default)]
 pub(crate) struct ChunkWorkspace {
     /// Records of 16-bit elements.
     records: Option<CudaSlice<u16>>,
     /// `exp(gc_last)` per (chunk, value head).
     decay: Option<CudaSlice<f32>>,
+    /// Made by [`CudaBackend::reserve_chunk_workspace`]: growing it is then worth a warning.
+    reserved: bool,
 }
 
 impl CudaBackend {
+    /// Make `ws` hold at least `records` 16-bit and `decay` f32 elements (an allocation only
+    /// when it holds fewer; the old buffer is freed first).
+    fn grow_chunk_workspace(
+        &self,
+        ws: &mut ChunkWorkspace,
+        records: usize,
+        decay: usize,
+    ) -> Result<(), BackendError> {
+        let short_r = ws.records.as_ref().is_none_or(|r| r.len() < records);
+        let short_d = ws.decay.as_ref().is_none_or(|r| r.len() < decay);
+        if (short_r || short_d) && ws.reserved {
+            tracing::warn!(
+                records,
+                decay,
+                "A step needs more chunked-prefill workspace than was reserved for \
+                 `engine.max_num_batched_tokens`: growing it (device memory the planner did not count)."
+            );
+        }
+        if short_r {
+            ws.records = None; // free the old one first
+            ws.records = Some(self.stream.alloc_zeros::<u16>(records).map_err(dev_err)?);
+        }
+        if short_d {
+            ws.decay = None;
+            ws.decay = Some(self.stream.alloc_zeros::<f32>(decay).map_err(dev_err)?);
+        }
+        Ok(())
+    }
+
+    /// Whether this backend runs the chunked prefill for layers shaped `p` (16-bit compute,
+    /// kernels resolved, shapes the kernels take).
+    pub(super) fn has_chunked_prefill(&self, p: &GdnParams) -> bool {
+        self.k.gdn.chunk.is_some() && shapes_fit(p)
+    }
+
+    /// Reserve the chunked prefill's workspace of `cache` for steps of up to `max_tokens`
+    /// tokens over `max_seqs` sequences (nothing when the chunked path is off for `p`).
+    /// Returns the bytes it holds.
+    pub(super) fn reserve_chunk_workspace(
+        &self,
+        ws: &mut ChunkWorkspace,
+        p: &GdnParams,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<usize, BackendError> {
+        if !self.has_chunked_prefill(p) || max_tokens == 0 {
+            return Ok(0);
+        }
+        let size = p.chunk_workspace(max_tokens, max_seqs.max(1));
+        self.grow_chunk_workspace(ws, size.records, size.decay)?;
+        ws.reserved = true;
+        Ok(size.bytes())
+    }
+
     /// The chunked gated delta rule for the sequences of `step` with at least `min_len` new
     /// tokens (the caller checked buffers, slots and shapes; `shapes_fit(p)` holds).
     #[allow(clippy::too_many_arguments)]
@@ -137,8 +192,8 @@ impl CudaBackend {
         let max_len = step
             .seq_slots
             .iter()
-            .filter(|(len, slot)| *len >= min_len && slot.is_some())
-            .map(|(len, _)| *len)
+            .filter(|s| s.len >= min_len && s.slot.is_some())
+            .map(|s| s.len)
             .max()
             .unwrap_or(0);
         if max_len == 0 {
@@ -146,19 +201,8 @@ impl CudaBackend {
         }
         let (nv, dk, dv) = (p.num_value_heads, p.key_head_dim, p.value_head_dim);
         // Chunk ids are token_start / 64 + seq + c (see gdn_chunk.cu).
-        let chunks = step.num_tokens / CHUNK + step.num_seqs + 1;
-        let need = chunks * nv * record_elems(dk, dv);
-        if ws.records.as_ref().is_none_or(|r| r.len() < need) {
-            ws.records = None; // free the old one first
-            ws.records = Some(self.stream.alloc_zeros::<u16>(need).map_err(dev_err)?);
-        }
-        if ws.decay.as_ref().is_none_or(|r| r.len() < chunks * nv) {
-            ws.decay = Some(
-                self.stream
-                    .alloc_zeros::<f32>(chunks * nv)
-                    .map_err(dev_err)?,
-            );
-        }
+        let size = p.chunk_workspace(step.num_tokens, step.num_seqs);
+        self.grow_chunk_workspace(ws, size.records, size.decay)?;
         let (Some(records), Some(decay)) = (ws.records.as_mut(), ws.decay.as_mut()) else {
             unreachable!("allocated above")
         };
@@ -230,7 +274,13 @@ mod tests {
     fn records_stay_16_byte_aligned() {
         // The state pass copies records with 16-byte loads.
         for (dk, dv) in [(16, 8), (32, 40), (128, 128), (64, 24)] {
-            assert_eq!(record_elems(dk, dv) % 8, 0, "{dk} {dv}");
+            let p = GdnParams {
+                num_key_heads: 1,
+                num_value_heads: 1,
+                key_head_dim: dk,
+                value_head_dim: dv,
+            };
+            assert_eq!(p.chunk_record_elems() % 8, 0, "{dk} {dv}");
         }
     }
 }

@@ -30,6 +30,18 @@ enum Field {
     SeqMeta,
 }
 
+/// A sequence of a step as the GDN ops check it (host copy of its `seq_meta` row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SeqSlot {
+    /// New tokens.
+    pub len: usize,
+    /// Tokens before them (0: the sequence starts from a zero state).
+    pub cached_len: usize,
+    /// Its state slot; `None` only for a decode graph's padding rows (fresh, `cached_len` 0),
+    /// which the GDN kernels compute from a zero state without writing any state.
+    pub slot: Option<u32>,
+}
+
 /// Split-K partial buffers `(max, sum, acc)`.
 pub(super) type Partials = (CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>);
 
@@ -57,8 +69,9 @@ pub struct CudaStep {
     partials: Mutex<Option<Partials>>,
     /// Sequences of the step (rows of `block_tables` and `seq_meta`).
     pub(super) num_seqs: usize,
-    /// Each sequence's `(len, state slot)` on the host, for the GDN ops' argument checks.
-    pub(super) seq_slots: Vec<(usize, Option<u32>)>,
+    /// Each sequence's length, cached length and state slot on the host, for the GDN ops'
+    /// argument checks.
+    pub(super) seq_slots: Vec<SeqSlot>,
     /// Start of each [`Field`] in the buffer, and the end of the last.
     offsets: [usize; 9],
     meta: Staging<i32>,
@@ -160,8 +173,11 @@ impl CudaStep {
         self.meta.upload(stream, offsets[8])?;
         self.num_seqs = input.seqs.len();
         self.seq_slots.clear();
-        self.seq_slots
-            .extend(input.seqs.iter().map(|s| (s.len, s.state_slot)));
+        self.seq_slots.extend(input.seqs.iter().map(|s| SeqSlot {
+            len: s.len,
+            cached_len: s.cached_len,
+            slot: s.state_slot,
+        }));
         self.offsets = offsets;
         self.num_tokens = n;
         self.num_logit_rows = input.logit_rows.len();
