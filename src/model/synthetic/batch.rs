@@ -94,3 +94,42 @@ impl SyntheticBatch {
         batch
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(blocks: usize, slots: usize) -> CacheGeometry {
+        CacheGeometry {
+            block_size: 16,
+            num_blocks: blocks,
+            num_state_slots: slots,
+        }
+    }
+
+    #[test]
+    fn sequences_get_their_own_blocks_and_slots_and_advance() {
+        let mut b = SyntheticBatch::new(3, 40, geometry(9, 3), 50, 1).unwrap();
+        let p = b.step(20, LogitsFor::Last, None);
+        assert_eq!(p.token_ids.len(), 60);
+        assert!(p.token_ids.iter().all(|&t| t < 50));
+        for (i, s) in p.seqs.iter().enumerate() {
+            assert_eq!((s.start, s.len, s.cached_len), (20 * i, 20, 0));
+            let first = 3 * i as u32;
+            assert_eq!(s.block_table, vec![first, first + 1]);
+            assert_eq!(s.state_slot, Some(i as u32));
+        }
+        let d = b.step(1, LogitsFor::Last, Some(&[7, 8, 60]));
+        assert_eq!(d.token_ids, vec![7, 8, 10]);
+        assert_eq!(d.seqs[2].cached_len, 20);
+        assert_eq!(d.seqs[2].block_table, vec![6, 7]);
+    }
+
+    #[test]
+    fn a_batch_larger_than_the_cache_is_refused() {
+        assert!(SyntheticBatch::new(3, 40, geometry(8, 3), 50, 1).is_err());
+        assert!(SyntheticBatch::new(3, 40, geometry(9, 2), 50, 1).is_err());
+        // Attention-only models have no state slots.
+        assert!(SyntheticBatch::new(3, 40, geometry(9, 0), 50, 1).is_ok());
+    }
+}

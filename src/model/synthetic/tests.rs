@@ -219,3 +219,27 @@ fn activations_stay_finite_over_64_layers() {
         assert!((0.05..20.0).contains(&s), "{quant:?}: logits rms {s}");
     }
 }
+
+#[test]
+fn greedy_samples_feed_back_as_the_bench_does() {
+    use crate::model::step::LogitsFor;
+    use crate::sampling::SamplingRow;
+    let d = SyntheticDims::TINY;
+    let mut r = cpu_runner(&d, SyntheticQuant::W4A16, 1);
+    let mut b = SyntheticBatch::new(2, 16, r.cache_geometry(), d.vocab, 3).unwrap();
+    let out = r.forward(&b.step(8, LogitsFor::Last, None)).unwrap();
+    // The greedy token of each prefill row is its argmax.
+    let argmax = |row: &[f32]| {
+        (0..row.len())
+            .max_by(|&i, &j| row[i].total_cmp(&row[j]))
+            .unwrap() as u32
+    };
+    let want: Vec<u32> = out.logits.chunks(d.vocab).map(argmax).collect();
+    let mut c = SyntheticBatch::new(2, 16, r.cache_geometry(), d.vocab, 3).unwrap();
+    let greedy = LogitsFor::Sample(SamplingRow::greedy());
+    let out = r.forward(&c.step(8, greedy.clone(), None)).unwrap();
+    let got: Vec<u32> = out.samples.iter().map(|s| s.as_ref().unwrap().token_id).collect();
+    assert_eq!(got, want);
+    let next = r.forward(&c.step(1, greedy, Some(&got))).unwrap();
+    assert_eq!(next.samples.len(), 2);
+}
