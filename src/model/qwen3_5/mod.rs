@@ -167,8 +167,13 @@ impl<B: Backend> Loader<'_, B> {
     ) -> Result<B::Weight, ModelError> {
         let view = self.weights.linear(module)?;
         if view.shape() != [rows, cols] {
+            // Named by the stored tensor when there is one (as `matrix` does), else the module.
+            let name = match &view {
+                crate::tensor::LinearView::Dense(_) => format!("{module}.weight"),
+                crate::tensor::LinearView::Packed(_) => module.to_owned(),
+            };
             return Err(ModelError::Shape {
-                name: module.to_owned(),
+                name,
                 expected: vec![rows, cols],
                 found: view.shape(),
             });

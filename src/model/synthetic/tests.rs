@@ -238,7 +238,11 @@ fn greedy_samples_feed_back_as_the_bench_does() {
     let mut c = SyntheticBatch::new(2, 16, r.cache_geometry(), d.vocab, 3).unwrap();
     let greedy = LogitsFor::Sample(SamplingRow::greedy());
     let out = r.forward(&c.step(8, greedy.clone(), None)).unwrap();
-    let got: Vec<u32> = out.samples.iter().map(|s| s.as_ref().unwrap().token_id).collect();
+    let got: Vec<u32> = out
+        .samples
+        .iter()
+        .map(|s| s.as_ref().unwrap().token_id)
+        .collect();
     assert_eq!(got, want);
     let next = r.forward(&c.step(1, greedy, Some(&got))).unwrap();
     assert_eq!(next.samples.len(), 2);
