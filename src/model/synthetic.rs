@@ -1,7 +1,10 @@
-//! Seeded random weights of the real Qwen3.5-27B text model, made in-process (no files): the
-//! tensor inventory of `shared/docs/qwen3_5.md` §2.2 (851 tensors, prefix
-//! `model.language_model.`, top-level `lm_head.weight`; MTP and vision left out), dense BF16 or
-//! with every linear packed the way published checkpoints pack it:
+//! Seeded random weights of the Qwen3.5 hybrid text model, made in-process (no files): the
+//! tensor inventory of `shared/docs/qwen3_5.md` §2.2 (851 tensors at the 27B's dimensions,
+//! prefix `model.language_model.`, top-level `lm_head.weight`; MTP and vision left out), at the
+//! real Qwen3.5-27B dimensions ([`SyntheticDims::QWEN3_5_27B`]) or a tiny set for CPU tests
+//! ([`SyntheticDims::TINY`]), with the matching [`ModelConfig`] ([`SyntheticDims::config`],
+//! parsed from a `config.json` by the real parser), dense BF16 or with every linear packed the
+//! way published checkpoints pack it:
 //! - [`SyntheticQuant::W4A16`]: compressed-tensors `pack-quantized` int4, asymmetric, group 128,
 //!   `ignore: ["lm_head", "re:.*linear_attn.in_proj_b$", "re:.*linear_attn.in_proj_a$"]` (the
 //!   llm-compressor W4A16_ASYM recipe seen for Qwen3.5, §2.4);
@@ -9,23 +12,38 @@
 //!   ignore list;
 //! - [`SyntheticQuant::Bf16`]: every weight dense.
 //!
+//! [`qwen3_5_weights`] wraps the source in the same [`QuantizedWeights`] a real checkpoint's
+//! `quantization_config` gives, so the model loads through the real loader and runner
+//! (`model::runner::build_runner_for`): planner, KV cache, GDN state slots.
+//!
 //! Embeddings, norms, `conv1d`, `A_log`, `dt_bias` and ignored linears are BF16. Tensors are
-//! generated on first access (a splitmix64 stream seeded by the seed and the tensor name, so a
-//! tensor's bytes do not depend on access order) and kept; [`WeightSource::tensor_info`] never
-//! generates, so sizing the whole 27B costs nothing. Values: packed words and zero points are
-//! uniform random nibbles, scales uniform in [0.001, 0.05), dense weights uniform in ±0.02, fp8
-//! scales finite in [2⁻⁴, 4): numerically meaningless, shaped and sized like the real model.
+//! generated on first access ([`fill`]: seeded by the seed and the tensor name, so a tensor's
+//! bytes do not depend on access order; made on all cores) and kept until the source is
+//! dropped; [`WeightSource::tensor_info`] never generates, so sizing the whole 27B costs
+//! nothing. Values are random but scaled like a trained model's so activations stay O(1)
+//! through every layer (no NaN / inf in 64 layers): linears have rms 1/√k (dense uniform
+//! ±√(3/k); W4A16 random nibbles and zero points with scales ∝ 1/√k; NVFP4 random e2m1 codes,
+//! fp8 scales in [2⁻⁴, 4), global scale ∝ √k), `(1 + w)` norm weights ±0.02, the GDN output
+//! norm (a plain weight) in [0.9, 1.1), `conv1d` ±√(3/4), `A_log` in [0, 1), `dt_bias` ±0.5,
+//! embeddings ±0.5.
+
+mod batch;
+mod fill;
+
+pub use batch::{BatchTooLarge, SyntheticBatch};
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::OnceLock;
 
-use half::bf16;
 use serde_json::json;
 
 use crate::error::ModelError;
+use crate::model::config::ModelConfig;
 use crate::model::quant_config::QuantConfig;
 use crate::model::quantized::QuantizedWeights;
 use crate::tensor::{TensorInfo, TensorView, WeightDType, WeightSource};
+use fill::Fill;
 
 /// Which packing the synthetic linears get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,19 +80,135 @@ pub mod qwen3_5_27b {
     pub const GDN_HEADS: usize = 48;
 }
 
-/// What a tensor is and how to fill it.
-#[derive(Debug, Clone, PartialEq)]
-enum Fill {
-    /// Uniform bytes (packed nibbles, zero points).
-    Bytes,
-    /// BF16 uniform in ±0.02 (dense weights, norms).
-    Weight,
-    /// BF16 uniform in [0.001, 0.05).
-    Scale,
-    /// Finite fp8 E4M3 in [2⁻⁴, 4).
-    Fp8Scale,
-    /// This exact little-endian payload.
-    Exact(Vec<u8>),
+/// The dimensions of a synthetic Qwen3.5 text model (every 4th layer full attention, as
+/// `full_attention_interval: 4`). Packed formats need every linear's input width to be a
+/// multiple of 128 (W4A16 groups) and 16 (NVFP4 blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyntheticDims {
+    /// Residual width.
+    pub hidden: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// MLP width.
+    pub intermediate: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Full-attention query heads.
+    pub heads: usize,
+    /// Full-attention KV heads.
+    pub kv_heads: usize,
+    /// Full-attention head dim.
+    pub head_dim: usize,
+    /// GDN key heads.
+    pub linear_key_heads: usize,
+    /// GDN value heads.
+    pub linear_value_heads: usize,
+    /// GDN key head dim.
+    pub linear_key_dim: usize,
+    /// GDN value head dim.
+    pub linear_value_dim: usize,
+    /// Position limit of the config.
+    pub max_positions: usize,
+}
+
+impl SyntheticDims {
+    /// Qwen3.5-27B (qwen3_5.md §2.1).
+    pub const QWEN3_5_27B: SyntheticDims = SyntheticDims {
+        hidden: qwen3_5_27b::HIDDEN,
+        layers: qwen3_5_27b::LAYERS,
+        intermediate: qwen3_5_27b::INTERMEDIATE,
+        vocab: qwen3_5_27b::VOCAB,
+        heads: 24,
+        kv_heads: 4,
+        head_dim: 256,
+        linear_key_heads: 16,
+        linear_value_heads: qwen3_5_27b::GDN_HEADS,
+        linear_key_dim: 128,
+        linear_value_dim: 128,
+        max_positions: 262_144,
+    };
+
+    /// A tiny model of the same structure (3 GDN layers then 1 attention layer, twice) for
+    /// CPU tests: every linear's input width is a multiple of 128.
+    pub const TINY: SyntheticDims = SyntheticDims {
+        hidden: 128,
+        layers: 8,
+        intermediate: 256,
+        vocab: 96,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 64,
+        linear_key_heads: 2,
+        linear_value_heads: 4,
+        linear_key_dim: 32,
+        linear_value_dim: 32,
+        max_positions: 1024,
+    };
+
+    /// GDN conv / in_proj_qkv width: `[q | k | v]`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.linear_key_heads * self.linear_key_dim + self.linear_value_dim()
+    }
+
+    /// GDN value width.
+    pub fn linear_value_dim(&self) -> usize {
+        self.linear_value_heads * self.linear_value_dim
+    }
+
+    /// Whether layer `i` is full attention.
+    pub fn is_full_attention(i: usize) -> bool {
+        i % 4 == 3
+    }
+
+    /// The nested `config.json` (`Qwen3_5ForConditionalGeneration` text part, no vision tower,
+    /// no MTP) of these dimensions.
+    pub fn config_json(&self) -> serde_json::Value {
+        let layer_types: Vec<&str> = (0..self.layers)
+            .map(|i| {
+                if Self::is_full_attention(i) {
+                    "full_attention"
+                } else {
+                    "linear_attention"
+                }
+            })
+            .collect();
+        json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5",
+            "tie_word_embeddings": false,
+            "text_config": {
+                "model_type": "qwen3_5_text",
+                "hidden_size": self.hidden,
+                "num_hidden_layers": self.layers,
+                "layer_types": layer_types,
+                "num_attention_heads": self.heads,
+                "num_key_value_heads": self.kv_heads,
+                "head_dim": self.head_dim,
+                "attn_output_gate": true,
+                "intermediate_size": self.intermediate,
+                "max_position_embeddings": self.max_positions,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": self.vocab,
+                "linear_num_key_heads": self.linear_key_heads,
+                "linear_num_value_heads": self.linear_value_heads,
+                "linear_key_head_dim": self.linear_key_dim,
+                "linear_value_head_dim": self.linear_value_dim,
+                "linear_conv_kernel_dim": 4,
+                "mtp_num_hidden_layers": 0,
+                "hidden_act": "silu",
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                    "partial_rotary_factor": 0.25}
+            }
+        })
+    }
+
+    /// The [`ModelConfig`] of these dimensions, read by the real `config.json` parser.
+    pub fn config(&self) -> Result<ModelConfig, ModelError> {
+        crate::model::hf_config::config_from_json(
+            &self.config_json().to_string(),
+            Path::new("<synthetic config.json>"),
+        )
+    }
 }
 
 #[derive(Debug)]
@@ -85,27 +219,11 @@ struct Entry {
     data: OnceLock<Vec<u8>>,
 }
 
-/// The synthetic checkpoint (dense view; see [`qwen3_5_27b_weights`] for the quantized one).
+/// The synthetic checkpoint (dense view; see [`qwen3_5_weights`] for the quantized one).
 #[derive(Debug)]
 pub struct SyntheticWeights {
     seed: u64,
     entries: BTreeMap<String, Entry>,
-}
-
-/// splitmix64.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// FNV-1a of the name, mixed with the seed.
-fn stream_seed(seed: u64, name: &str) -> u64 {
-    name.bytes().fold(0xCBF2_9CE4_8422_2325 ^ seed, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
-    })
 }
 
 impl SyntheticWeights {
@@ -128,7 +246,7 @@ impl SyntheticWeights {
                 format!("{module}.weight"),
                 WeightDType::BF16,
                 vec![n, k],
-                Fill::Weight,
+                Fill::linear(k),
             ),
             (SyntheticQuant::W4A16, false) => {
                 let groups = k / 128;
@@ -142,7 +260,7 @@ impl SyntheticWeights {
                     format!("{module}.weight_scale"),
                     WeightDType::BF16,
                     vec![n, groups],
-                    Fill::Scale,
+                    Fill::w4_scale(k),
                 );
                 self.add(
                     format!("{module}.weight_zero_point"),
@@ -178,7 +296,7 @@ impl SyntheticWeights {
                     format!("{module}.weight_global_scale"),
                     WeightDType::F32,
                     vec![1],
-                    Fill::Exact(100.0f32.to_le_bytes().to_vec()),
+                    Fill::nvfp4_global(k),
                 );
             }
         }
@@ -186,125 +304,98 @@ impl SyntheticWeights {
 
     /// The Qwen3.5-27B text inventory with linears packed by `quant`.
     pub fn qwen3_5_27b(quant: SyntheticQuant, seed: u64) -> SyntheticWeights {
-        use qwen3_5_27b::*;
+        Self::qwen3_5(&SyntheticDims::QWEN3_5_27B, quant, seed)
+    }
+
+    /// The Qwen3.5 text inventory of dimensions `d` with linears packed by `quant`.
+    pub fn qwen3_5(d: &SyntheticDims, quant: SyntheticQuant, seed: u64) -> SyntheticWeights {
         let mut w = SyntheticWeights {
             seed,
             entries: BTreeMap::new(),
         };
         let root = "model.language_model";
         let bf16 = WeightDType::BF16;
+        let hidden = d.hidden;
+        let norm = || Fill::Uniform {
+            lo: -0.02,
+            hi: 0.02,
+        };
         w.add(
             format!("{root}.embed_tokens.weight"),
             bf16,
-            vec![VOCAB, HIDDEN],
-            Fill::Weight,
+            vec![d.vocab, hidden],
+            Fill::Uniform { lo: -0.5, hi: 0.5 },
         );
-        w.add(
-            format!("{root}.norm.weight"),
-            bf16,
-            vec![HIDDEN],
-            Fill::Weight,
-        );
-        w.add_linear("lm_head", VOCAB, HIDDEN, quant, true);
-        for i in 0..LAYERS {
+        w.add(format!("{root}.norm.weight"), bf16, vec![hidden], norm());
+        w.add_linear("lm_head", d.vocab, hidden, quant, true);
+        let (q_dim, kv_dim) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+        let (conv_dim, value_dim, nv) = (d.conv_dim(), d.linear_value_dim(), d.linear_value_heads);
+        for i in 0..d.layers {
             let p = format!("{root}.layers.{i}");
             w.add(
                 format!("{p}.input_layernorm.weight"),
                 bf16,
-                vec![HIDDEN],
-                Fill::Weight,
+                vec![hidden],
+                norm(),
             );
             w.add(
                 format!("{p}.post_attention_layernorm.weight"),
                 bf16,
-                vec![HIDDEN],
-                Fill::Weight,
+                vec![hidden],
+                norm(),
             );
-            w.add_linear(
-                &format!("{p}.mlp.gate_proj"),
-                INTERMEDIATE,
-                HIDDEN,
-                quant,
-                false,
-            );
-            w.add_linear(
-                &format!("{p}.mlp.up_proj"),
-                INTERMEDIATE,
-                HIDDEN,
-                quant,
-                false,
-            );
-            w.add_linear(
-                &format!("{p}.mlp.down_proj"),
-                HIDDEN,
-                INTERMEDIATE,
-                quant,
-                false,
-            );
-            if i % 4 == 3 {
+            let inter = d.intermediate;
+            w.add_linear(&format!("{p}.mlp.gate_proj"), inter, hidden, quant, false);
+            w.add_linear(&format!("{p}.mlp.up_proj"), inter, hidden, quant, false);
+            w.add_linear(&format!("{p}.mlp.down_proj"), hidden, inter, quant, false);
+            if SyntheticDims::is_full_attention(i) {
                 let a = format!("{p}.self_attn");
-                w.add_linear(&format!("{a}.q_proj"), Q_PROJ, HIDDEN, quant, false);
-                w.add_linear(&format!("{a}.k_proj"), KV_PROJ, HIDDEN, quant, false);
-                w.add_linear(&format!("{a}.v_proj"), KV_PROJ, HIDDEN, quant, false);
-                w.add_linear(&format!("{a}.o_proj"), HIDDEN, ATTN_OUT, quant, false);
-                w.add(format!("{a}.q_norm.weight"), bf16, vec![256], Fill::Weight);
-                w.add(format!("{a}.k_norm.weight"), bf16, vec![256], Fill::Weight);
+                w.add_linear(&format!("{a}.q_proj"), 2 * q_dim, hidden, quant, false);
+                w.add_linear(&format!("{a}.k_proj"), kv_dim, hidden, quant, false);
+                w.add_linear(&format!("{a}.v_proj"), kv_dim, hidden, quant, false);
+                w.add_linear(&format!("{a}.o_proj"), hidden, q_dim, quant, false);
+                w.add(format!("{a}.q_norm.weight"), bf16, vec![d.head_dim], norm());
+                w.add(format!("{a}.k_norm.weight"), bf16, vec![d.head_dim], norm());
             } else {
                 let g = format!("{p}.linear_attn");
-                w.add_linear(&format!("{g}.in_proj_qkv"), GDN_QKV, HIDDEN, quant, false);
-                w.add_linear(&format!("{g}.in_proj_z"), GDN_V, HIDDEN, quant, false);
-                w.add_linear(&format!("{g}.in_proj_b"), GDN_HEADS, HIDDEN, quant, true);
-                w.add_linear(&format!("{g}.in_proj_a"), GDN_HEADS, HIDDEN, quant, true);
-                w.add_linear(&format!("{g}.out_proj"), HIDDEN, GDN_V, quant, false);
+                w.add_linear(&format!("{g}.in_proj_qkv"), conv_dim, hidden, quant, false);
+                w.add_linear(&format!("{g}.in_proj_z"), value_dim, hidden, quant, false);
+                w.add_linear(&format!("{g}.in_proj_b"), nv, hidden, quant, true);
+                w.add_linear(&format!("{g}.in_proj_a"), nv, hidden, quant, true);
+                w.add_linear(&format!("{g}.out_proj"), hidden, value_dim, quant, false);
                 w.add(
                     format!("{g}.conv1d.weight"),
                     bf16,
-                    vec![GDN_QKV, 1, 4],
-                    Fill::Weight,
+                    vec![conv_dim, 1, 4],
+                    Fill::linear(4),
                 );
-                w.add(format!("{g}.dt_bias"), bf16, vec![GDN_HEADS], Fill::Weight);
-                w.add(format!("{g}.A_log"), bf16, vec![GDN_HEADS], Fill::Weight);
-                w.add(format!("{g}.norm.weight"), bf16, vec![128], Fill::Weight);
+                w.add(
+                    format!("{g}.dt_bias"),
+                    bf16,
+                    vec![nv],
+                    Fill::Uniform { lo: -0.5, hi: 0.5 },
+                );
+                w.add(
+                    format!("{g}.A_log"),
+                    bf16,
+                    vec![nv],
+                    Fill::Uniform { lo: 0.0, hi: 1.0 },
+                );
+                w.add(
+                    format!("{g}.norm.weight"),
+                    bf16,
+                    vec![d.linear_value_dim],
+                    Fill::Uniform { lo: 0.9, hi: 1.1 },
+                );
             }
         }
         w
     }
 
-    fn generate(&self, name: &str, e: &Entry) -> Vec<u8> {
-        let bytes = e
-            .dtype
+    fn bytes_of(e: &Entry) -> usize {
+        e.dtype
             .row_bytes(e.shape.iter().product())
-            .expect("whole elements");
-        let mut s = stream_seed(self.seed, name);
-        let mut out = Vec::with_capacity(bytes);
-        let unit = |s: &mut u64| (splitmix(s) >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
-        match &e.fill {
-            Fill::Exact(v) => out.extend_from_slice(v),
-            Fill::Bytes => {
-                while out.len() < bytes {
-                    out.extend_from_slice(&splitmix(&mut s).to_le_bytes());
-                }
-                out.truncate(bytes);
-            }
-            Fill::Weight | Fill::Scale => {
-                for _ in 0..bytes / 2 {
-                    let u = unit(&mut s);
-                    let v = match e.fill {
-                        Fill::Weight => (u * 2.0 - 1.0) * 0.02,
-                        _ => 0.001 + u * 0.049,
-                    };
-                    out.extend_from_slice(&bf16::from_f32(v).to_le_bytes());
-                }
-            }
-            Fill::Fp8Scale => {
-                for _ in 0..bytes {
-                    let b = splitmix(&mut s) as u8;
-                    // Exponent field 3..=8 (2^-4 .. 2^1 · 1.875), any mantissa: finite, positive.
-                    out.push(((3 + b % 6) << 3) | (b >> 5));
-                }
-            }
-        }
-        out
+            .expect("whole elements")
     }
 }
 
@@ -314,7 +405,9 @@ impl WeightSource for SyntheticWeights {
             .entries
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_owned()))?;
-        let data = e.data.get_or_init(|| self.generate(name, e));
+        let data = e
+            .data
+            .get_or_init(|| fill::generate(self.seed, name, e.dtype, Self::bytes_of(e), &e.fill));
         Ok(TensorView {
             dtype: e.dtype,
             shape: &e.shape,
@@ -338,18 +431,24 @@ impl WeightSource for SyntheticWeights {
         Ok(TensorInfo {
             dtype: e.dtype,
             shape: e.shape.clone(),
-            bytes: e
-                .dtype
-                .row_bytes(e.shape.iter().product())
-                .expect("whole elements"),
+            bytes: Self::bytes_of(e),
         })
     }
 }
 
-/// The synthetic 27B as a loader sees a real checkpoint: read through the
-/// `quantization_config` its packing implies (none for BF16).
+/// The synthetic 27B as a loader sees a real checkpoint (see [`qwen3_5_weights`]).
 pub fn qwen3_5_27b_weights(quant: SyntheticQuant, seed: u64) -> Box<dyn WeightSource> {
-    let weights = Box::new(SyntheticWeights::qwen3_5_27b(quant, seed));
+    qwen3_5_weights(&SyntheticDims::QWEN3_5_27B, quant, seed)
+}
+
+/// The synthetic model of dimensions `d` as a loader sees a real checkpoint: read through the
+/// `quantization_config` its packing implies (none for BF16).
+pub fn qwen3_5_weights(
+    d: &SyntheticDims,
+    quant: SyntheticQuant,
+    seed: u64,
+) -> Box<dyn WeightSource> {
+    let weights = Box::new(SyntheticWeights::qwen3_5(d, quant, seed));
     let ignore = json!([
         "lm_head",
         "re:.*linear_attn.in_proj_b$",

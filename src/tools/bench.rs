@@ -86,13 +86,25 @@ pub struct BenchArgs {
     /// Print one JSON object per result line instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Seeded random weights of this model instead of a file (`qwen3.5-27b`; GPU only): device
-    /// memory and the linear layers' time (see `bench_synthetic`).
+    /// Seeded random weights of this model instead of a file (`qwen3.5-27b`; GPU only): the
+    /// whole model through the Qwen3.5 runner: load, device memory, decode and prefill
+    /// tokens/s, batch-1 roofline fraction (see `bench_synthetic`).
     #[arg(long)]
     pub synthetic: Option<String>,
     /// Packing of the `--synthetic` weights: w4a16, nvfp4 or bf16.
     #[arg(long, default_value = "w4a16")]
     pub quant: String,
+    /// `--synthetic`: time the linear layers alone (one matmul per weight) instead of the
+    /// whole model.
+    #[arg(long)]
+    pub synthetic_linears: bool,
+    /// `--synthetic`: decode batch sizes (sequences of `--prompt-tokens`, `--gen-tokens`
+    /// decode steps each).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub synthetic_batches: Vec<usize>,
+    /// `--synthetic`: prefill lengths (one sequence in one step each; 0 items: none).
+    #[arg(long, value_delimiter = ',', default_value = "1024,8192")]
+    pub synthetic_prefill: Vec<usize>,
 }
 
 /// How a kernel measurement is timed.
@@ -171,7 +183,18 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         .parse()
         .map_err(|e| BenchError::InvalidArgument(format!("`--device {}`: {e}", args.device)))?;
     if let Some(model) = &args.synthetic {
-        return super::bench_synthetic::run(model, &args.quant, device, &args.dtype, args.json);
+        let synthetic = super::bench_synthetic::SyntheticArgs {
+            model: model.clone(),
+            quant: args.quant.clone(),
+            dtype: args.dtype.clone(),
+            json: args.json,
+            linears_only: args.synthetic_linears,
+            batches: args.synthetic_batches.clone(),
+            prompt_tokens: args.prompt_tokens,
+            gen_tokens: args.gen_tokens,
+            prefill: args.synthetic_prefill.clone(),
+        };
+        return super::bench_synthetic::run(&synthetic, device);
     }
     if args.kernels && device != crate::engine::Device::Cpu {
         return Err(BenchError::InvalidArgument(

@@ -1,13 +1,18 @@
 //! `kiln bench --synthetic qwen3.5-27b --quant w4a16|nvfp4|bf16 --device cuda[:N]`: the seeded
-//! random Qwen3.5-27B text weights ([`crate::model::synthetic`], no files) loaded onto a GPU, the
-//! device memory they take, and the time of the layer stack's linear layers (every linear of the
-//! 64 layers plus `lm_head`, one matmul each) at 1 / 8 / 32 rows (decode batches) and 1,024 rows
-//! (a prefill chunk).
+//! random Qwen3.5-27B text weights ([`crate::model::synthetic`], no files) on a GPU.
 //!
-//! These are the linears alone: attention, the Gated DeltaNet recurrence, norms and sampling are
-//! not run (the full-model Qwen3.5 CUDA path lives elsewhere), so the tokens/s printed are upper
-//! bounds from the linears' time, not model throughput. `weights_GBps` = bytes of the timed
-//! weights / time per step.
+//! Two modes:
+//! - the whole model (default, [`full`]): loaded through the real runner path (planner, KV
+//!   cache, GDN state slots), then load time, device memory, decode tokens/s at 1 / 8 / 32
+//!   sequences, prefill tokens/s at 1K / 8K, and the batch-1 decode against its roofline;
+//! - `--synthetic-linears`: the layer stack's linear layers alone (every linear of the 64
+//!   layers plus `lm_head`, one matmul each) at 1 / 8 / 32 rows (decode batches) and 1,024 rows
+//!   (a prefill chunk). Attention, the Gated DeltaNet recurrence, norms and sampling are not
+//!   run, so its tokens/s are upper bounds from the linears' time. `weights_GBps` = bytes of
+//!   the timed weights / time per step.
+
+#[cfg(feature = "cuda")]
+pub mod full;
 
 use std::time::Instant;
 
@@ -17,15 +22,33 @@ use crate::engine::Device;
 /// The models `--synthetic` knows.
 const MODELS: [&str; 1] = ["qwen3.5-27b"];
 
+/// What `kiln bench --synthetic` was asked for.
+#[derive(Debug, Clone)]
+pub struct SyntheticArgs {
+    /// `qwen3.5-27b`.
+    pub model: String,
+    /// `w4a16`, `nvfp4` or `bf16`.
+    pub quant: String,
+    /// Compute dtype (`engine.dtype`).
+    pub dtype: String,
+    /// JSON lines instead of text.
+    pub json: bool,
+    /// Time the linear layers alone (the former mode) instead of the whole model.
+    pub linears_only: bool,
+    /// Decode batch sizes (sequences).
+    pub batches: Vec<usize>,
+    /// Prompt tokens per decode sequence.
+    pub prompt_tokens: usize,
+    /// Decode steps timed per batch.
+    pub gen_tokens: usize,
+    /// Prefill lengths (one sequence, one step each).
+    pub prefill: Vec<usize>,
+}
+
 /// Run the synthetic benchmark.
-pub fn run(
-    model: &str,
-    quant: &str,
-    device: Device,
-    dtype: &str,
-    json: bool,
-) -> Result<(), BenchError> {
+pub fn run(args: &SyntheticArgs, device: Device) -> Result<(), BenchError> {
     use crate::model::synthetic::SyntheticQuant;
+    let (model, quant) = (args.model.as_str(), args.quant.as_str());
     if !MODELS.contains(&model) {
         return Err(BenchError::InvalidArgument(format!(
             "`--synthetic {model}`: known models are {MODELS:?}"
@@ -52,7 +75,35 @@ pub fn run(
             ))
         }
     };
-    gpu(ordinal, q, quant, dtype, json, Instant::now())
+    if args.linears_only {
+        return gpu(ordinal, q, quant, &args.dtype, args.json, Instant::now());
+    }
+    if args.batches.contains(&0) || args.prompt_tokens == 0 {
+        return Err(BenchError::InvalidArgument(
+            "`--synthetic-batches` and `--prompt-tokens` must be positive".into(),
+        ));
+    }
+    whole(ordinal, q, args)
+}
+
+#[cfg(feature = "cuda")]
+fn whole(
+    ordinal: usize,
+    q: crate::model::synthetic::SyntheticQuant,
+    args: &SyntheticArgs,
+) -> Result<(), BenchError> {
+    full::measure(ordinal, q, &args.quant, args).map(|_| ())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn whole(
+    _ordinal: usize,
+    _q: crate::model::synthetic::SyntheticQuant,
+    _args: &SyntheticArgs,
+) -> Result<(), BenchError> {
+    Err(BenchError::InvalidArgument(
+        "`--synthetic` needs a build with `--features cuda`".into(),
+    ))
 }
 
 #[cfg(not(feature = "cuda"))]

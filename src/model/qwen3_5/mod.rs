@@ -164,6 +164,32 @@ impl<B: Backend> Loader<'_, B> {
         self.backend.upload_weight(key, &view).map_err(backend_err)
     }
 
+    /// The linear layer `module` (`<module>.weight`, or its packed parts when the checkpoint's
+    /// `quantization_config` packs it: [`WeightSource::linear`]), checked to be `[rows, cols]`.
+    pub(crate) fn linear(
+        &self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<B::Weight, ModelError> {
+        let view = self.weights.linear(module)?;
+        if view.shape() != [rows, cols] {
+            // Named by the stored tensor when there is one (as `matrix` does), else the module.
+            let name = match &view {
+                crate::tensor::LinearView::Dense(_) => format!("{module}.weight"),
+                crate::tensor::LinearView::Packed(_) => module.to_owned(),
+            };
+            return Err(ModelError::Shape {
+                name,
+                expected: vec![rows, cols],
+                found: view.shape(),
+            });
+        }
+        self.backend
+            .upload_linear(module, &view)
+            .map_err(backend_err)
+    }
+
     /// A 1-D parameter as stored.
     pub(crate) fn vector(&self, key: &str, len: usize) -> Result<B::Buffer, ModelError> {
         let view = self.view(key, &[len])?;
@@ -302,7 +328,7 @@ impl<B: HybridBackend> Qwen3_5<B> {
         let model = Prefix::new(&h.weight_prefix);
         let embed_tokens = ld.matrix(&model.key("embed_tokens.weight"), c.vocab_size, hidden)?;
         let lm_head = if weights.contains("lm_head.weight") {
-            Some(ld.matrix("lm_head.weight", c.vocab_size, hidden)?)
+            Some(ld.linear("lm_head", c.vocab_size, hidden)?)
         } else if c.tie_word_embeddings {
             None
         } else {
@@ -317,10 +343,10 @@ impl<B: HybridBackend> Qwen3_5<B> {
                     let la = p.pp("linear_attn");
                     n_state += 1;
                     Mixer::Linear(GdnLayer {
-                        in_proj_qkv: ld.matrix(&la.key("in_proj_qkv.weight"), conv_dim, hidden)?,
-                        in_proj_z: ld.matrix(&la.key("in_proj_z.weight"), value_dim, hidden)?,
-                        in_proj_b: ld.matrix(&la.key("in_proj_b.weight"), nv, hidden)?,
-                        in_proj_a: ld.matrix(&la.key("in_proj_a.weight"), nv, hidden)?,
+                        in_proj_qkv: ld.linear(&la.key("in_proj_qkv"), conv_dim, hidden)?,
+                        in_proj_z: ld.linear(&la.key("in_proj_z"), value_dim, hidden)?,
+                        in_proj_b: ld.linear(&la.key("in_proj_b"), nv, hidden)?,
+                        in_proj_a: ld.linear(&la.key("in_proj_a"), nv, hidden)?,
                         conv1d: ld.conv(
                             &la.key("conv1d.weight"),
                             conv_dim,
@@ -329,7 +355,7 @@ impl<B: HybridBackend> Qwen3_5<B> {
                         dt_bias: ld.vector(&la.key("dt_bias"), nv)?,
                         a_log: ld.vector(&la.key("A_log"), nv)?,
                         norm: ld.vector(&la.key("norm.weight"), h.linear_value_head_dim)?,
-                        out_proj: ld.matrix(&la.key("out_proj.weight"), hidden, value_dim)?,
+                        out_proj: ld.linear(&la.key("out_proj"), hidden, value_dim)?,
                         state_layer: n_state - 1,
                     })
                 }
@@ -337,10 +363,10 @@ impl<B: HybridBackend> Qwen3_5<B> {
                     let at = p.pp("self_attn");
                     n_kv += 1;
                     Mixer::Full(AttnLayer {
-                        q_proj: ld.matrix(&at.key("q_proj.weight"), 2 * q_dim, hidden)?,
-                        k_proj: ld.matrix(&at.key("k_proj.weight"), kv_dim, hidden)?,
-                        v_proj: ld.matrix(&at.key("v_proj.weight"), kv_dim, hidden)?,
-                        o_proj: ld.matrix(&at.key("o_proj.weight"), hidden, q_dim)?,
+                        q_proj: ld.linear(&at.key("q_proj"), 2 * q_dim, hidden)?,
+                        k_proj: ld.linear(&at.key("k_proj"), kv_dim, hidden)?,
+                        v_proj: ld.linear(&at.key("v_proj"), kv_dim, hidden)?,
+                        o_proj: ld.linear(&at.key("o_proj"), hidden, q_dim)?,
                         q_norm: ld.norm_1p(&at.key("q_norm.weight"), hd)?,
                         k_norm: ld.norm_1p(&at.key("k_norm.weight"), hd)?,
                         kv_layer: n_kv - 1,
@@ -353,9 +379,9 @@ impl<B: HybridBackend> Qwen3_5<B> {
                 mixer,
                 post_attention_layernorm: ld
                     .norm_1p(&p.key("post_attention_layernorm.weight"), hidden)?,
-                gate_proj: ld.matrix(&mlp.key("gate_proj.weight"), inter, hidden)?,
-                up_proj: ld.matrix(&mlp.key("up_proj.weight"), inter, hidden)?,
-                down_proj: ld.matrix(&mlp.key("down_proj.weight"), hidden, inter)?,
+                gate_proj: ld.linear(&mlp.key("gate_proj"), inter, hidden)?,
+                up_proj: ld.linear(&mlp.key("up_proj"), inter, hidden)?,
+                down_proj: ld.linear(&mlp.key("down_proj"), hidden, inter)?,
             });
         }
         let norm = ld.norm_1p(&model.key("norm.weight"), hidden)?;
