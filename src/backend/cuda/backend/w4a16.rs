@@ -115,6 +115,7 @@ impl CudaBackend {
                 values: t.values,
             })),
             gguf: None,
+            swiglu_rows: false,
         })
     }
 
