@@ -226,12 +226,7 @@ fn mma_small_and_large_agree_bit_for_bit_and_match_a_cpu_reference() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-fn weight_from(
-    b: &CudaBackend,
-    w: &[f32],
-    n: usize,
-    k: usize,
-) -> <CudaBackend as Backend>::Weight {
+fn weight_from(b: &CudaBackend, w: &[f32], n: usize, k: usize) -> <CudaBackend as Backend>::Weight {
     let shape = [n, k];
     let view = TensorView {
         dtype: WeightDType::F32,
@@ -268,7 +263,9 @@ fn the_swiglu_epilogue_equals_the_matmul_then_swiglu_bit_for_bit() {
                     data: bytemuck::cast_slice(&u_host),
                     ..gv.clone()
                 };
-                let stacked = b.upload_weight_rows("gu", &[gv.clone(), uv.clone()]).unwrap();
+                let stacked = b
+                    .upload_weight_rows("gu", &[gv.clone(), uv.clone()])
+                    .unwrap();
                 let fused = b.upload_gate_up("gu", &[gv, uv]).unwrap();
                 let x = b.upload(&data(257 * k, 80 + i as u64)).unwrap();
                 for rows in [1usize, 7, 16, 64, 257] {

@@ -31,8 +31,8 @@ use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dense;
-pub use dense::{DenseMatmul, MmaKernel, MMA_SMALL_MAX_ROWS};
 pub(crate) use dense::MmaKernels;
+pub use dense::{DenseMatmul, MmaKernel, MMA_SMALL_MAX_ROWS};
 mod dtype;
 mod gated_attention;
 mod gdn;
@@ -318,14 +318,15 @@ impl CudaBackend {
                 )));
             }
         }
-        let dense = match dense::DenseMatmul::from_env().map_err(|e| CudaError::Nvrtc(e.to_string()))? {
-            // No tensor-core kernels below sm_80 or for f32: the CUDA-core one keeps the numerics
-            // batch-invariant there.
-            dense::DenseMatmul::Mma if arch.major < 8 || k.dense_mma.is_none() => {
-                dense::DenseMatmul::Fma
-            }
-            d => d,
-        };
+        let dense =
+            match dense::DenseMatmul::from_env().map_err(|e| CudaError::Nvrtc(e.to_string()))? {
+                // No tensor-core kernels below sm_80 or for f32: the CUDA-core one keeps the numerics
+                // batch-invariant there.
+                dense::DenseMatmul::Mma if arch.major < 8 || k.dense_mma.is_none() => {
+                    dense::DenseMatmul::Fma
+                }
+                d => d,
+            };
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")

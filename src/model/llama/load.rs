@@ -58,23 +58,39 @@ impl<B: Backend> Loader<'_, B> {
         parts: &[(&str, usize)],
         cols: usize,
     ) -> Result<Option<B::Weight>, ModelError> {
-        self.stacked_with(parts, cols, |b, name, views| b.upload_weight_rows(name, views))
+        self.stacked_with(parts, cols, |b, name, views| {
+            b.upload_weight_rows(name, views)
+        })
     }
 
     /// The gate and up projections stacked for [`Backend::gate_up_swiglu`]
     /// ([`Backend::upload_gate_up`]), or `None` as [`Loader::stacked`].
-    fn gate_up(&self, gate: &str, up: &str, inter: usize, cols: usize) -> Result<Option<B::Weight>, ModelError> {
-        self.stacked_with(&[(gate, inter), (up, inter)], cols, |b, name, views| match views {
-            [g, u] => b.upload_gate_up(name, &[g.clone(), u.clone()]),
-            _ => unreachable!("two parts"),
-        })
+    fn gate_up(
+        &self,
+        gate: &str,
+        up: &str,
+        inter: usize,
+        cols: usize,
+    ) -> Result<Option<B::Weight>, ModelError> {
+        self.stacked_with(
+            &[(gate, inter), (up, inter)],
+            cols,
+            |b, name, views| match views {
+                [g, u] => b.upload_gate_up(name, &[g.clone(), u.clone()]),
+                _ => unreachable!("two parts"),
+            },
+        )
     }
 
     fn stacked_with(
         &self,
         parts: &[(&str, usize)],
         cols: usize,
-        upload: impl Fn(&B, &str, &[crate::tensor::TensorView<'_>]) -> Result<B::Weight, crate::backend::BackendError>,
+        upload: impl Fn(
+            &B,
+            &str,
+            &[crate::tensor::TensorView<'_>],
+        ) -> Result<B::Weight, crate::backend::BackendError>,
     ) -> Result<Option<B::Weight>, ModelError> {
         let mut views = Vec::with_capacity(parts.len());
         for &(module, rows) in parts {

@@ -183,7 +183,11 @@ impl CudaBackend {
             } else {
                 MmaKernel::Large
             };
-            let out = if out_f32 { Epilogue::F32 } else { Epilogue::Same };
+            let out = if out_f32 {
+                Epilogue::F32
+            } else {
+                Epilogue::Same
+            };
             // SAFETY: as this function's contract.
             return unsafe { self.mma_matmul(w, rows, xp, op, out, kernel) };
         }
@@ -292,7 +296,13 @@ impl CudaBackend {
             w.data.device_ptr(&self.stream).0
         };
         let mut b = self.stream.launch_builder(f);
-        b.arg(&xp).arg(&wp).arg(&op).arg(&m).arg(&n).arg(&k).arg(&sbi);
+        b.arg(&xp)
+            .arg(&wp)
+            .arg(&op)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k)
+            .arg(&sbi);
         // SAFETY: as this function's contract: x holds rows × k and out rows × n elements; w is
         // a live n × k allocation (256-byte aligned, k a multiple of 8: every 128-bit load is
         // aligned and in bounds, the kernels read nothing at or past column k, row m or output
