@@ -261,11 +261,9 @@ fn the_swiglu_epilogue_equals_the_matmul_then_swiglu_bit_for_bit() {
                 };
                 let uv = TensorView {
                     data: bytemuck::cast_slice(&u_host),
-                    ..gv.clone()
+                    ..gv
                 };
-                let stacked = b
-                    .upload_weight_rows("gu", &[gv.clone(), uv.clone()])
-                    .unwrap();
+                let stacked = b.upload_weight_rows("gu", &[gv, uv]).unwrap();
                 let fused = b.upload_gate_up("gu", &[gv, uv]).unwrap();
                 let x = b.upload(&data(257 * k, 80 + i as u64)).unwrap();
                 for rows in [1usize, 7, 16, 64, 257] {

@@ -76,8 +76,11 @@ impl<B: Backend> Loader<'_, B> {
             &[(gate, inter), (up, inter)],
             cols,
             |b, name, views| match views {
-                [g, u] => b.upload_gate_up(name, &[g.clone(), u.clone()]),
-                _ => unreachable!("two parts"),
+                [g, u] => b.upload_gate_up(name, &[*g, *u]),
+                _ => Err(crate::backend::BackendError::InvalidArgument(format!(
+                    "`{name}`: a gate|up weight needs two parts, got {}",
+                    views.len()
+                ))),
             },
         )
     }
@@ -102,7 +105,7 @@ impl<B: Backend> Loader<'_, B> {
             }
         }
         let name = parts.iter().map(|p| p.0).collect::<Vec<_>>().join(" | ");
-        match upload(&self.backend, &name, &views) {
+        match upload(self.backend, &name, &views) {
             Ok(w) => Ok(Some(w)),
             Err(crate::backend::BackendError::Unsupported(_)) => Ok(None),
             Err(e) => Err(ModelError::Backend(e.to_string())),
