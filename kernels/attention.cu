@@ -258,6 +258,10 @@ __device__ void attention_combine(const float* part_m, const float* part_l, cons
 // head_dim (lane l holds dims l, l + 32, ...). Keys past `last` are never read: the partial last
 // tile is zero-filled, and their P is 0.
 //
+// gate (may be null; Qwen3.5's gated attention): element (t, head, d) at gate[t * gate_row + head *
+// gate_head + d], compute type T; the output is then attn · sigmoid(gate), in f32 on the attention
+// value before its rounding to T.
+//
 // DPL (template): head_dim ≤ 32 * DPL (entry suffix d64: 2, d128: 4, d256: 8); head_dim must be a
 // multiple of 4 (float4 shared-memory reads). Rows per warp RW = 8 (4 for d256), ROWS = 4 * RW.
 // Dynamic shared memory, f32: q_s [ROWS][head_dim] | kv_s [FA_KEYS][kstride] | p_s [ROWS][FA_KEYS]
@@ -301,7 +305,7 @@ template <typename T, typename C, int DPL>
 __device__ void attention_prefill(const T* q, const C* k_cache, const C* v_cache,
                                   const int* block_tables, const int* tiles, T* out, int n_heads,
                                   int n_kv_heads, int head_dim, int block_size, int max_blocks,
-                                  float scale) {
+                                  float scale, const T* gate, int gate_row, int gate_head) {
     constexpr int RW = FaShape<DPL>::RW;
     constexpr int ROWS = FaShape<DPL>::ROWS;
     extern __shared__ float4 fa_smem4[];
@@ -429,10 +433,15 @@ __device__ void attention_prefill(const T* q, const C* k_cache, const C* v_cache
             const int head = kv_head * group + fr % group;
             const long base = (t * n_heads + head) * (long)head_dim;
             const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+            const long gbase = t * (long)gate_row + (long)head * gate_head;
 #pragma unroll
             for (int i = 0; i < DPL; ++i) {
                 const int d = lane + WARP_SIZE * i;
-                if (d < head_dim) Io<T>::store(out, base + d, acc[r][i] * inv);
+                if (d >= head_dim) continue;
+                float v = acc[r][i] * inv;
+                // Qwen3.5's output gate: attn · sigmoid(gate), in f32 on the unrounded value.
+                if (gate) v *= 1.0f / (1.0f + expf(-Io<T>::load(gate, gbase + d)));
+                Io<T>::store(out, base + d, v);
             }
         }
     }
@@ -443,9 +452,9 @@ __device__ void attention_prefill(const T* q, const C* k_cache, const C* v_cache
         attention_prefill_##SUF##_##CSUF##_##DSUF(                                                  \
             const T* q, const C* kc, const C* vc, const int* bt, const int* tiles, T* out,          \
             int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,             \
-            float scale) {                                                                          \
+            float scale, const T* gate, int gate_row, int gate_head) {                              \
         attention_prefill<T, C, DPL>(q, kc, vc, bt, tiles, out, n_heads, n_kv_heads, head_dim,      \
-                                     block_size, max_blocks, scale);                               \
+                                     block_size, max_blocks, scale, gate, gate_row, gate_head);    \
     }
 
 #define ATTENTION_ONE(SUF, T, CSUF, C)                                                              \

@@ -31,10 +31,11 @@
 // mma.sync.m16n8k16 with f32 accumulation over the same fragments: K is cut into `ks` slices
 // (a function of K alone, chosen by the host); slice s accumulates its k blocks in ascending
 // order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
-// f32. `w4_gemv` (rows 1..16: one or two n8 row groups, one warp per slice, P_s summed through
-// shared memory after the main loop) and `w4_gemm` (larger steps: the slices one after another,
-// each added into the total at its end) perform exactly
-// these operations per output element, so a row's result does not depend on its batch and the two
+// f32. The GEMV (rows 1..32: `w4_gemv`, blocks of one n8 row group, for 1..8 rows; `w4_gemv32`,
+// blocks of four row groups sharing one weight decode, for 9..32 rows and the generic layouts;
+// one warp per slice, P_s summed through shared memory after the main loop) and `w4_gemm`
+// (larger steps: the slices one after another, each added into the total at its end) perform
+// exactly these operations per output element, so a row's result does not depend on its batch and the two
 // kernels agree bit for bit (tests/cuda_w4a16.rs checks it). `w4_fma` is the path for sm_70 /
 // sm_75 and the f32 compute dtype: f32 FMAs in a fixed k order per lane, a fixed quad shuffle,
 // the same slice sum; one kernel for every row count (rows in chunks of 16 by grid.y).
@@ -44,7 +45,7 @@
 #define W4_KB 128       // k per tile block
 #define W4_MAX_KS 8     // K slices at most
 #define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs: one m16 A tile; must be 2)
-#define W4_GEMV_DEPTH 4 // k blocks of weights in flight per GEMV warp (register ring)
+#define W4_GEMV_DEPTH 3 // k blocks of weights in flight per 8-row GEMV warp (register ring)
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
 // D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
@@ -261,19 +262,25 @@ __device__ __forceinline__ void w4_store(void* out, int out_f32, int row, int n,
 }
 
 // One k block of the GEMV for one m16 output tile (n8 tiles 2u and 2u + 1 of the warp) and
-// 8 (16 with ROWS16) rows: W is the mma's A operand (16 outputs x 16 k), x its B operand
-// (16 k x 8 rows), so one mma covers 16 outputs x 8 rows and x's 128-bit words are B fragments
-// as loaded. w0 / w1 the two tiles' lane words, (sz) their packed (scale, zero) for chunks 0..3
-// and 4..7, xa / xb the lane's 32 columns of rows g and g + 8. Chunks 0..7 in order.
-template <typename T, bool ROWS16, bool FP4>
-__device__ __forceinline__ void w4_block(float* acc_a, float* acc_b, uint4 w0, uint4 w1,
-                                         unsigned sz0l, unsigned sz0h, unsigned sz1l,
-                                         unsigned sz1h, const uint4* xa, const uint4* xb) {
+// RG row groups of 8 rows (only the first `nrg` exist): W is the mma's A operand (16 outputs x
+// 16 k), x its B operand (16 k x 8 rows), so one mma covers 16 outputs x 8 rows and x's 128-bit
+// words are B fragments as loaded. The weights are decoded once per k block for all row groups.
+// w0 / w1 the two tiles' lane words, (sz) their packed (scale, zero) for chunks 0..3 and 4..7
+// (G16 false: groups of >= 32 columns, the hi words are not read), `xq(rg, q)` the lane's x word
+// q of row group rg. Chunks 0..7 in order for every row group (the GEMM's order).
+template <typename T, int RG, bool FP4, bool G16, typename XQ>
+__device__ __forceinline__ void w4_block(float (*acc)[4], uint4 w0, uint4 w1, unsigned sz0l,
+                                         unsigned sz0h, unsigned sz1l, unsigned sz1h, int nrg,
+                                         XQ xq) {
     unsigned s0l, z0l, s0h, z0h, s1l, z1l, s1h, z1h;
     w4_unpack_sz<T>(sz0l, s0l, z0l);
-    w4_unpack_sz<T>(sz0h, s0h, z0h);
     w4_unpack_sz<T>(sz1l, s1l, z1l);
-    w4_unpack_sz<T>(sz1h, s1h, z1h);
+    if (G16) {
+        w4_unpack_sz<T>(sz0h, s0h, z0h);
+        w4_unpack_sz<T>(sz1h, s1h, z1h);
+    } else {
+        s0h = s0l; z0h = z0l; s1h = s1l; z1h = z1l;
+    }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
         unsigned d0[4], d1[4];
@@ -281,13 +288,13 @@ __device__ __forceinline__ void w4_block(float* acc_a, float* acc_b, uint4 w0, u
         w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, q < 2 ? z1l : z1h, d1);
         const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
         const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
-        const uint4 ra = xa[q];
-        w4_mma<T>(acc_a, a0, ra.x, ra.y);
-        w4_mma<T>(acc_a, a1, ra.z, ra.w);
-        if (ROWS16) {
-            const uint4 rb = xb[q];
-            w4_mma<T>(acc_b, a0, rb.x, rb.y);
-            w4_mma<T>(acc_b, a1, rb.z, rb.w);
+#pragma unroll
+        for (int rg = 0; rg < RG; ++rg) {
+            if (rg == 0 || rg < nrg) {
+                const uint4 r = xq(rg, q);
+                w4_mma<T>(acc[rg], a0, r.x, r.y);
+                w4_mma<T>(acc[rg], a1, r.z, r.w);
+            }
         }
     }
 }
@@ -303,100 +310,90 @@ __device__ __forceinline__ unsigned w4_sz_at(const unsigned short* __restrict__ 
     return (unsigned)__ldg(sp + gi * 8) | ((unsigned)__ldg(zp + gi * zg) << 16);
 }
 
-// GEMV: grid (Np / 16, ceil(m / 16)), block 32 * ks threads (warp s = K slice s), one m16 output
-// tile (n8 tiles 2 * blockIdx.x, + 1) and 16 rows (r0 = 16 * blockIdx.y) per block. Each warp keeps
-// W4_GEMV_DEPTH k blocks of its tiles' weights and (scale, zero) words in flight in a register
-// ring; x is read through the L1 (every warp of the grid reads the same rows). ROWS16: rows
-// 8..15 of the m16 tile exist (m > 16 * blockIdx.y + 8); otherwise their A fragments are constant
-// zeros. FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads
-// (predicated on the row only); otherwise the generic `w4_x8`. `part` is the block's shared
-// [W4_MAX_KS][NT][4][32] f32 slice sums.
-template <typename T, bool ROWS16, bool FP4, bool FASTX>
+// GEMV: grid (Np / 16, ceil(m / (8 RG))), block 32 * ks threads (warp s = K slice s), one m16
+// output tile (n8 tiles 2 * blockIdx.x, + 1) and 8 RG rows (r0 = 8 RG blockIdx.y) per block;
+// RG = 1 (steps of 1..8 rows, `w4_gemv_*`) or 4 (9..32 rows, `w4_gemv32_*`: the weights are read
+// and decoded once for 32 rows). Each warp keeps D k blocks of its tiles' weights and (scale,
+// zero) words in flight in a register ring; x is read through the L1 (every warp of the grid
+// reads the same rows). Row groups past m (nrg of RG present, uniform per block) are skipped.
+// FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads
+// (predicated on the row only); otherwise the generic `w4_x8`. G16 (FP4, or the generic
+// variant): groups of 16 columns possible, so chunks 4..7 read their own (scale, zero); the int4
+// fast variants need groups of >= 32 columns (the host routes group 16 to the generic one).
+// `part` is the block's shared [ks][RG][4][32] f32 slice sums; warp h < nrg sums row group h's
+// slices in order 0..ks-1.
+template <typename T, int RG, bool FP4, bool FASTX>
 __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
                                         const int* perm, int kblocks, int ks, int gshift,
                                         int gstore, int n, void* out, int out_f32, float* part) {
-    constexpr int NT = W4_GEMV_NT, D = ROWS16 ? W4_GEMV_DEPTH - 1 : W4_GEMV_DEPTH;
+    constexpr int NT = W4_GEMV_NT, D = RG == 1 ? W4_GEMV_DEPTH : 2;
+    constexpr bool G16 = FP4 || !FASTX;
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nt0 = blockIdx.x * NT;
-    const int r0 = blockIdx.y * 16;
+    const int r0 = blockIdx.y * 8 * RG;
+    const int nrg = min(RG, (m - r0 + 7) >> 3);
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
     const int per = kblocks / ks, kb0 = s * per, kend = kb0 + per;
-    // Lane pointers: its x columns of rows g and g + 8 (rows past m read row m - 1 instead: a row
-    // of x only reaches its own output column, which is not stored).
-    const int ra_row = min(r0 + g, m - 1), rb_row = min(r0 + g + 8, m - 1);
-    const uint4* xpa = reinterpret_cast<const uint4*>(xs + (size_t)ra_row * k + 32 * t);
-    const uint4* xpb = reinterpret_cast<const uint4*>(xs + (size_t)rb_row * k + 32 * t);
+    // Lane x pointer of row group rg: its 32 columns of row r0 + 8 rg + g (rows past m read row
+    // m - 1 instead: a row of x only reaches its own output column, which is not stored).
+    const uint4* xp0 = reinterpret_cast<const uint4*>(xs + (size_t)min(r0 + g, m - 1) * k + 32 * t);
     // Tile j's words at wp + j * wstride, its (scale, zero) columns at sp / zp + j * sstride.
     const uint4* wp = qw + (size_t)nt0 * kblocks * 32 + lane;
     const int wstride = kblocks * 32, sstride = gstore * 8;
     const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + (size_t)nt0 * sstride + g;
     const unsigned char* zp = zeros ? zeros + (size_t)nt0 * sstride + g : w4_eight;
     const int zg = zeros ? 8 : 0, zt = zeros ? sstride : 0;
-    float acc[2][4];  // rows 0..7 and 8..15 of the tile row; D layout: (out g | g + 8, row 2t | 2t + 1)
+    float acc[RG][4];  // D layout: (out g | g + 8, row 2t | 2t + 1) of row group rg
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < RG; ++h)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
     uint4 wr[D][NT];
     unsigned szl[D][NT], szh[D][NT];
+    auto fill = [&](int d, int kb) {
+        const int glo = (kb * 8 + 2 * t) >> gshift, ghi = (kb * 8 + 2 * t + 1) >> gshift;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            wr[d][j] = __ldg(wp + j * wstride + kb * 32);
+            szl[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo);
+            szh[d][j] = G16 ? w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi) : 0u;
+        }
+    };
 #pragma unroll
     for (int d = 0; d < D; ++d) {
-        const int kb = kb0 + d;
-        if (kb < kend) {
-            const int glo = (kb * 8 + 2 * t) >> gshift, ghi = (kb * 8 + 2 * t + 1) >> gshift;
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                wr[d][j] = __ldg(wp + j * wstride + kb * 32);
-                szl[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo);
-                szh[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi);
-            }
-        }
+        if (kb0 + d < kend) fill(d, kb0 + d);
     }
-    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     for (int kb = kb0; kb < kend; kb += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
             const int kc = kb + d;
             if (kc < kend) {
-                uint4 xa[4], xb[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
+                auto xq = [&](int rg, int q) -> uint4 {
                     if (FASTX) {
-                        xa[q] = __ldg(xpa + kc * 16 + q);
-                        xb[q] = ROWS16 ? __ldg(xpb + kc * 16 + q) : zero4;
-                    } else {
-                        const int col = kc * W4_KB + 32 * t + 8 * q;
-                        xa[q] = w4_x8(xs, r0 + g, m, col, k, perm);
-                        xb[q] = ROWS16 ? w4_x8(xs, r0 + g + 8, m, col, k, perm) : zero4;
+                        const uint4* p = rg == 0 ? xp0
+                                                 : reinterpret_cast<const uint4*>(
+                                                       xs + (size_t)min(r0 + 8 * rg + g, m - 1) * k + 32 * t);
+                        return __ldg(p + kc * 16 + q);
                     }
-                }
+                    return w4_x8(xs, r0 + 8 * rg + g, m, kc * W4_KB + 32 * t + 8 * q, k, perm);
+                };
                 // Consume slot d, then refill it with block kc + D.
-                w4_block<T, ROWS16, FP4>(acc[0], acc[1], wr[d][0], wr[d][1], szl[d][0], szh[d][0],
-                                         szl[d][1], szh[d][1], xa, xb);
-                const int kn = kc + D;
-                if (kn < kend) {
-                    const int glo = (kn * 8 + 2 * t) >> gshift, ghi = (kn * 8 + 2 * t + 1) >> gshift;
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        wr[d][j] = __ldg(wp + j * wstride + kn * 32);
-                        szl[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, glo);
-                        szh[d][j] = w4_sz_at(sp + j * sstride, zp + j * zt, zg, ghi);
-                    }
-                }
+                w4_block<T, RG, FP4, G16>(acc, wr[d][0], wr[d][1], szl[d][0], szh[d][0],
+                                          szl[d][1], szh[d][1], nrg, xq);
+                if (kc + D < kend) fill(d, kc + D);
             }
         }
     }
-    float(*pp)[2][4][32] = reinterpret_cast<float(*)[2][4][32]>(part);
+    float(*pp)[RG][4][32] = reinterpret_cast<float(*)[RG][4][32]>(part);
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < RG; ++h)
 #pragma unroll
         for (int e = 0; e < 4; ++e) pp[s][h][e][lane] = acc[h][e];
     __syncthreads();
-    if (s != 0) return;
-#pragma unroll
-    for (int h = 0; h < (ROWS16 ? 2 : 1); ++h) {
+    // Warp h sums row group h (fixed order over the slices); needs ks >= RG warps or loops.
+    for (int h = s; h < nrg; h += ks) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float total = 0.0f;
@@ -674,29 +671,24 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         int out_f32, int fp4
 #define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
 
-// The GEMV picks its variant per block row (uniform across the block): rows 8..15 of a tile
-// exist only when m > 16 * blockIdx.y + 8 (the generic-x variant always runs all 16: its x
-// reads are zero past m, so the rows below m get the same operations; one fewer instantiation
-// to compile).
+// `w4_gemv_*` (RG 1: steps of 1..8 rows, 3 blocks per SM) runs only the fast variants: the host
+// launches it when k % 128 == 0, no perm, and (NVFP4 or groups of >= 32 columns); everything
+// else, and steps of 9+ rows, run `w4_gemv32_*` (RG 4; its generic variant handles any layout).
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv_##SUF(W4_ARGS(T)) {              \
-        __shared__ float part[W4_MAX_KS * 2 * 4 * 32];                                           \
-        const bool r16 = m > (int)blockIdx.y * 16 + 8;                                           \
-        const bool fx = perm == nullptr && (k & 127) == 0;                                       \
+    extern "C" __global__ void __launch_bounds__(256, 3) w4_gemv_##SUF(W4_ARGS(T)) {              \
+        __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
+        if (fp4) w4_gemv<T, 1, true, true>(W4_PASS, part);                                       \
+        else w4_gemv<T, 1, false, true>(W4_PASS, part);                                          \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv32_##SUF(W4_ARGS(T)) {            \
+        __shared__ float part[W4_MAX_KS * 4 * 4 * 32];                                           \
+        const bool fx = perm == nullptr && (k & 127) == 0 && (fp4 || gshift > 0);                \
         if (fp4) {                                                                               \
-            if (fx) {                                                                            \
-                if (r16) w4_gemv<T, true, true, true>(W4_PASS, part);                            \
-                else w4_gemv<T, false, true, true>(W4_PASS, part);                               \
-            } else {                                                                             \
-                w4_gemv<T, true, true, false>(W4_PASS, part);                                    \
-            }                                                                                    \
+            if (fx) w4_gemv<T, 4, true, true>(W4_PASS, part);                                    \
+            else w4_gemv<T, 4, true, false>(W4_PASS, part);                                      \
         } else {                                                                                 \
-            if (fx) {                                                                            \
-                if (r16) w4_gemv<T, true, false, true>(W4_PASS, part);                           \
-                else w4_gemv<T, false, false, true>(W4_PASS, part);                              \
-            } else {                                                                             \
-                w4_gemv<T, true, false, false>(W4_PASS, part);                                   \
-            }                                                                                    \
+            if (fx) w4_gemv<T, 4, false, true>(W4_PASS, part);                                   \
+            else w4_gemv<T, 4, false, false>(W4_PASS, part);                                     \
         }                                                                                        \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 1) w4_gemm_##SUF(W4_ARGS(T), int stages,  \

@@ -1,5 +1,6 @@
 //! CUDA paged attention against the CPU backend, on a GPU: the tiled prefill kernel and the split-K
-//! kernel over prompts, mixed steps, GQA ratios, head dims, block sizes and KV storages; and a timing.
+//! kernel over prompts, mixed steps, GQA ratios, head dims, block sizes and KV storages; Qwen3.5's
+//! sigmoid output gate fused into both kernels against the unfused ops; and a timing.
 //!
 //! Run on the GPU machine (binaries built here with `cargo test --features cuda --no-run`):
 //! `KILN_TEST_MODEL=/tmp/kiln/SmolLM2-135M-Instruct.Q4_1.gguf cuda_attention-<hash> --ignored --test-threads=1 --nocapture`
@@ -12,7 +13,9 @@
 mod common;
 
 use common::*;
+use kiln::backend::cuda::backend::OutputGate;
 use kiln::backend::cuda::CudaBackend;
+use kiln::backend::hybrid::HybridBackend;
 use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec};
 use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
 
@@ -417,6 +420,118 @@ fn decode_attention_matches_the_cpu_backend() {
             );
             if !same {
                 failures.push(format!("batch invariance {dtype} {kv}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// The output gate fused into the attention kernels (`gated_paged_attention`: prefill tiles, the
+/// decode kernel's direct rows and its combine pass) against the CPU backend's unfused pair
+/// (attention, then `sigmoid_mul`) and against the GPU's own unfused pair; also a strided gate
+/// view (each head's gate the first half of a `[tokens, heads, 2 · head_dim]` row, as a q|gate
+/// projection lays it out). Every compute dtype, bf16/fp8 KV; head dims 64/128/256, GQA 3 and 6,
+/// a decode at 1 200 keys (combine pass), at 6 keys (one part) and prefill chunks.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn gated_attention_fused_matches_the_unfused_ops() {
+    let cpu = CpuBackend::new(0).expect("cpu");
+    let mixed = [(700, 300), (5, 1), (1200, 1), (0, 17), (40, 1)];
+    let cases = [
+        AttnCase::new(&mixed, 9, 3, 64, 16),
+        AttnCase::new(&mixed, 24, 4, 256, 16),
+        AttnCase::new(&[(1200, 1), (5, 1), (8191, 1)], 32, 8, 128, 16),
+        AttnCase::new(&[(0, 40), (1200, 1)], 6, 2, 80, 32),
+    ];
+    let mut failures = Vec::new();
+    for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
+        for c in &cases {
+            let n = c.num_tokens() * c.heads * c.head_dim;
+            // Gates in [-4, 4): sigmoid from ~0.02 to ~0.98.
+            let gate: Vec<f32> = data(n, 26).iter().map(|x| 8.0 * x).collect();
+            let s = attn_setup(&cpu, c, kv);
+            let g_cpu = cpu.upload(&gate).unwrap();
+            let mut out = cpu.alloc(n).unwrap();
+            cpu.gated_paged_attention(
+                &s.q,
+                &g_cpu,
+                c.num_tokens(),
+                &s.cache,
+                0,
+                &s.step,
+                &s.params,
+                &mut out,
+            )
+            .unwrap();
+            let want = down(&cpu, &out, n);
+            // The same gate values laid out as the first half of each head of a q|gate row.
+            let hd = c.head_dim;
+            let mut wide = vec![0.0f32; 2 * n];
+            for (i, chunk) in gate.chunks(hd).enumerate() {
+                wide[2 * i * hd..2 * i * hd + hd].copy_from_slice(chunk);
+            }
+            for dtype in dtypes() {
+                let g = gpu(dtype, kv);
+                let s = attn_setup(&g, c, kv);
+                let gbuf = g.upload(&gate).unwrap();
+                let mut fused = g.upload(&vec![f32::NAN; n]).unwrap();
+                g.gated_paged_attention(
+                    &s.q,
+                    &gbuf,
+                    c.num_tokens(),
+                    &s.cache,
+                    0,
+                    &s.step,
+                    &s.params,
+                    &mut fused,
+                )
+                .unwrap();
+                let mut unfused = g.upload(&vec![f32::NAN; n]).unwrap();
+                g.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, &mut unfused)
+                    .unwrap();
+                g.sigmoid_mul(&mut unfused, &gbuf, n).unwrap();
+                let wbuf = g.upload(&wide).unwrap();
+                let strided_gate = OutputGate {
+                    buf: &wbuf,
+                    row: 2 * c.heads * hd,
+                    head: 2 * hd,
+                };
+                let mut strided = g.upload(&vec![f32::NAN; n]).unwrap();
+                g.paged_attention_gated(
+                    &s.q,
+                    strided_gate,
+                    &s.cache,
+                    0,
+                    &s.step,
+                    &s.params,
+                    &mut strided,
+                )
+                .unwrap();
+                let (fused, unfused, strided) = (
+                    down(&g, &fused, n),
+                    down(&g, &unfused, n),
+                    down(&g, &strided, n),
+                );
+                let (d_cpu, d_unf) = (max_diff(&want, &fused), max_diff(&unfused, &fused));
+                let same_strided = fused
+                    .iter()
+                    .zip(&strided)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                // Fused and unfused differ by one rounding of the attention value to the compute
+                // dtype (the fused gate multiplies the f32 value): within the op tolerance.
+                let limit = tol(dtype);
+                let ok = d_cpu <= limit
+                    && d_unf <= limit
+                    && same_strided
+                    && fused.iter().all(|v| v.is_finite());
+                println!(
+                    "RESULT gated_attention {} dtype={dtype} kv={kv} fused_vs_cpu={d_cpu:.3e} fused_vs_gpu_unfused={d_unf:.3e} strided_bit_identical={same_strided} tol={limit:.0e} {}",
+                    c.label(),
+                    if ok { "ok" } else { "FAIL" }
+                );
+                if !ok {
+                    failures.push(format!("{} {dtype} {kv}: {d_cpu} / {d_unf}", c.label()));
+                }
             }
         }
     }

@@ -209,6 +209,26 @@ pub trait HybridBackend: Backend {
         gated_qkv_rope_write_unfused(self, x, rope, cache, layer, step, out)
     }
 
+    /// Gated attention's core (Qwen3.5): [`Backend::paged_attention`] of `q` (`tokens` tokens of
+    /// the step), then `out *= sigmoid(gate)`, `gate` `[tokens, heads × head_dim]` like `out`. The
+    /// default is those two ops (the reference); CUDA fuses the gate into the attention kernels'
+    /// epilogue (sigmoid in f32 on the attention value before its rounding).
+    #[allow(clippy::too_many_arguments)]
+    fn gated_paged_attention(
+        &self,
+        q: &Self::Buffer,
+        gate: &Self::Buffer,
+        tokens: usize,
+        cache: &Self::KvCache,
+        layer: usize,
+        step: &Self::Step,
+        params: &crate::backend::AttentionParams,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError> {
+        self.paged_attention(q, cache, layer, step, params, out)?;
+        self.sigmoid_mul(out, gate, tokens * params.num_heads * params.head_dim)
+    }
+
     /// `x *= sigmoid(gate)` elementwise over `len` elements.
     fn sigmoid_mul(
         &self,

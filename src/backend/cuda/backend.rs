@@ -48,6 +48,7 @@ mod staging;
 mod step;
 mod w4a16;
 
+pub use attention::OutputGate;
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
 pub use gdn_chunk::{DEFAULT_CHUNKED_MIN_LEN, GDN_CHUNK_OPS};
@@ -903,12 +904,22 @@ impl Backend for CudaBackend {
         let variant = PrefillVariant::for_head_dim(params.head_dim);
         let Some(variant) = variant.filter(|_| step.prefill_tiles > 0) else {
             // Decode only, or a head_dim the tiled kernel lacks: split-K over every token.
-            return self.launch_split_k(q, cache, layer, step, params, out, None, false);
+            return self.launch_split_k(q, cache, layer, step, params, out, None, false, None);
         };
-        self.launch_prefill(variant, q, cache, layer, step, params, out)?;
+        self.launch_prefill(variant, q, cache, layer, step, params, out, None)?;
         if step.split_tokens > 0 {
             let index = step.split_index();
-            self.launch_split_k(q, cache, layer, step, params, out, Some(&index), false)?;
+            self.launch_split_k(
+                q,
+                cache,
+                layer,
+                step,
+                params,
+                out,
+                Some(&index),
+                false,
+                None,
+            )?;
         }
         Ok(())
     }

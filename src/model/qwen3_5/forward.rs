@@ -202,8 +202,8 @@ pub(super) fn run<B: HybridBackend>(
                     k_scratch: &mut *kn,
                 };
                 b.gated_qkv_rope_write(&x, &w.rope, kv_cache, a.kv_layer, step, out)?;
-                b.paged_attention(&*qn, kv_cache, a.kv_layer, step, &attn, att)?;
-                b.sigmoid_mul(att, &*gate, t * nh * hd)?;
+                // Attention with the sigmoid output gate fused (two ops on the CPU).
+                b.gated_paged_attention(&*qn, &*gate, t, kv_cache, a.kv_layer, step, &attn, att)?;
                 b.matmul(&*att, t, &a.o_proj, delta)?;
             }
         }

@@ -4,6 +4,11 @@
 //! `kernels/attention_decode.cu` for the shapes [`DecodeVariant`] takes (head_dim a multiple of 8
 //! up to 256, at most 8 query heads per KV head), the older split-K kernels of
 //! `kernels/attention.cu` otherwise. See `attention_plan.rs` for how a step's tokens are divided.
+//!
+//! [`CudaBackend::paged_attention_gated`] is the same with Qwen3.5's output gate fused into the
+//! epilogues (`out = attn · sigmoid(gate)`, sigmoid in f32 on the unrounded attention value) of the
+//! prefill and decode kernels; shapes only the older split-K kernels take fall back to the two
+//! separate ops.
 
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
@@ -17,6 +22,49 @@ const ATTN_THREADS: u32 = 4 * 32;
 const ATTN_MAX_HEAD_DIM: usize = 256;
 /// Widest head the block-wide split-K kernel takes; wider heads go to `attention_serial_*`.
 const SERIAL_ABOVE_HEAD_DIM: usize = 64;
+/// The output gate of gated attention as the kernels read it: element (token t, head h, dim d)
+/// at `t * row + h * head + d` of `buf` (compute dtype). `row`/`head` allow a strided view (e.g.
+/// into a `[tokens, heads, 2 · head_dim]` q|gate projection); [`OutputGate::contiguous`] is the
+/// `[tokens, heads × head_dim]` buffer the Qwen3.5 runner keeps.
+#[derive(Clone, Copy)]
+pub struct OutputGate<'a> {
+    /// The gate values.
+    pub buf: &'a CudaBuffer,
+    /// Elements between consecutive tokens.
+    pub row: usize,
+    /// Elements between consecutive heads of a token.
+    pub head: usize,
+}
+
+impl<'a> OutputGate<'a> {
+    /// A `[tokens, heads, head_dim]` gate.
+    pub fn contiguous(buf: &'a CudaBuffer, params: &AttentionParams) -> OutputGate<'a> {
+        OutputGate {
+            buf,
+            row: params.num_heads * params.head_dim,
+            head: params.head_dim,
+        }
+    }
+
+    /// Elements the kernels may read for `tokens` tokens (the last token's last head, + 1).
+    fn extent(&self, tokens: usize, params: &AttentionParams) -> usize {
+        match tokens {
+            0 => 0,
+            t => (t - 1) * self.row + (params.num_heads - 1) * self.head + params.head_dim,
+        }
+    }
+
+    /// Kernel arguments: (row, head) as i32, checked to fit.
+    fn strides(&self) -> Result<(i32, i32), BackendError> {
+        let conv = |v: usize| {
+            i32::try_from(v).map_err(|_| {
+                BackendError::InvalidArgument(format!("attention gate stride {v} over i32"))
+            })
+        };
+        Ok((conv(self.row)?, conv(self.head)?))
+    }
+}
+
 /// Keys per split-K partition of the split-K attention kernel (at most `ATTN_PART_MAX`, the
 /// kernel's shared score row).
 const ATTN_PART_LEN: usize = 512;
@@ -37,7 +85,7 @@ impl CudaBackend {
         if step.num_tokens == 0 {
             return Ok(());
         }
-        self.launch_split_k(q, cache, layer, step, params, out, None, false)
+        self.launch_split_k(q, cache, layer, step, params, out, None, false, None)
     }
 
     /// [`Backend::paged_attention`] for a decode-only step with the older split-K kernels of
@@ -56,7 +104,94 @@ impl CudaBackend {
         if step.num_tokens == 0 {
             return Ok(());
         }
-        self.launch_split_k(q, cache, layer, step, params, out, None, true)
+        self.launch_split_k(q, cache, layer, step, params, out, None, true, None)
+    }
+
+    /// [`Backend::paged_attention`] with the output gate fused: `out = attn · sigmoid(gate)`
+    /// (see the module docs). The prefill tiles and the decode kernel apply the gate in their
+    /// epilogue (and the decode combine pass for rows split into parts); when the step needs the
+    /// older split-K kernels (head_dim not a multiple of 8, or more than 8 query heads per KV
+    /// head), attention then a separate `x · sigmoid(gate)` pass, which needs a contiguous gate.
+    ///
+    /// [`Backend::paged_attention`]: crate::backend::Backend::paged_attention
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention_gated(
+        &self,
+        q: &CudaBuffer,
+        gate: OutputGate<'_>,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "paged_attention_gated");
+        self.check_attention(q, cache, layer, step, params, out)?;
+        check_len(
+            "attention gate",
+            gate.buf.len,
+            gate.extent(step.num_tokens, params),
+        )?;
+        self.expect_compute("attention gate", gate.buf)?;
+        if gate.head < params.head_dim {
+            return Err(BackendError::InvalidArgument(format!(
+                "attention gate head stride {} below head_dim {}",
+                gate.head, params.head_dim
+            )));
+        }
+        if step.num_tokens == 0 {
+            return Ok(());
+        }
+        let group = params.num_heads / params.num_kv_heads;
+        let prefill =
+            PrefillVariant::for_head_dim(params.head_dim).filter(|_| step.prefill_tiles > 0);
+        let decode_fits = DecodeVariant::for_shape(params.head_dim, group).is_some();
+        let decode_tokens = if prefill.is_some() {
+            step.split_tokens
+        } else {
+            step.num_tokens
+        };
+        if decode_tokens > 0 && !decode_fits {
+            // Only the older split-K kernels take these shapes: the unfused pair.
+            let n = step.num_tokens * params.num_heads * params.head_dim;
+            if gate.row != params.num_heads * params.head_dim || gate.head != params.head_dim {
+                return Err(BackendError::Unsupported(format!(
+                    "a strided attention gate with head_dim {} and {group} query heads per KV head",
+                    params.head_dim
+                )));
+            }
+            self.launch_split_k(q, cache, layer, step, params, out, None, false, None)?;
+            return crate::backend::hybrid::HybridBackend::sigmoid_mul(self, out, gate.buf, n);
+        }
+        let Some(variant) = prefill else {
+            return self.launch_split_k(
+                q,
+                cache,
+                layer,
+                step,
+                params,
+                out,
+                None,
+                false,
+                Some(gate),
+            );
+        };
+        self.launch_prefill(variant, q, cache, layer, step, params, out, Some(gate))?;
+        if step.split_tokens > 0 {
+            let index = step.split_index();
+            self.launch_split_k(
+                q,
+                cache,
+                layer,
+                step,
+                params,
+                out,
+                Some(&index),
+                false,
+                Some(gate),
+            )?;
+        }
+        Ok(())
     }
 
     pub(super) fn check_attention(
@@ -91,9 +226,12 @@ impl CudaBackend {
         step: &CudaStep,
         params: &AttentionParams,
         out: &mut CudaBuffer,
+        gate: Option<OutputGate<'_>>,
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
         let f = self.k.prefill(variant);
+        let (g_row, g_head) = gate.map(|g| g.strides()).transpose()?.unwrap_or((0, 0));
+        let null: u64 = 0;
         let tiles = step.tiles();
         let tables = step.block_tables();
         let (nh, nkv, hd, bs, mb) = (
@@ -112,6 +250,11 @@ impl CudaBackend {
             .arg(&tiles)
             .arg(&mut out.data);
         b.arg(&nh).arg(&nkv).arg(&hd).arg(&bs).arg(&mb).arg(&scale);
+        match &gate {
+            Some(g) => b.arg(&g.buf.data),
+            None => b.arg(&null),
+        };
+        b.arg(&g_row).arg(&g_head);
         let group = params.num_heads / params.num_kv_heads;
         let cfg = LaunchConfig {
             grid_dim: (
@@ -126,7 +269,8 @@ impl CudaBackend {
         // each covers tokens < num_tokens of one sequence whose block table (ids < num_blocks)
         // holds every position up to the tile's last; head_dim ≤ variant.max_head_dim and a
         // multiple of 4 (for_head_dim); shared memory is sized by shared_bytes, and variants above
-        // 48 KB had their limit raised in `new`.
+        // 48 KB had their limit raised in `new`; the gate (or null) holds every (token, head, dim)
+        // the tiles write at its strides (checked by paged_attention_gated).
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
@@ -146,6 +290,7 @@ impl CudaBackend {
         out: &mut CudaBuffer,
         index: Option<&CudaView<'_, i32>>,
         legacy: bool,
+        gate: Option<OutputGate<'_>>,
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
         let (n_rows, max_context) = match index {
@@ -165,7 +310,13 @@ impl CudaBackend {
                 out,
                 index,
                 (n_rows, max_context),
+                gate,
             );
+        }
+        if gate.is_some() {
+            return Err(BackendError::Unsupported(
+                "the output gate is fused into the decode kernel only".into(),
+            ));
         }
         // A pinned step (a replayed graph) sizes the split for its pinned context, so its grid
         // never follows the data; the extra parts cover no keys, write an empty partial
@@ -277,8 +428,10 @@ impl CudaBackend {
         out: &mut CudaBuffer,
         index: Option<&CudaView<'_, i32>>,
         (n_rows, max_context): (usize, usize),
+        gate: Option<OutputGate<'_>>,
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
+        let (g_row, g_head) = gate.map(|g| g.strides()).transpose()?.unwrap_or((0, 0));
         // Sized for the pinned context in a graph (shapes fixed per bucket); the split of each
         // row's keys depends on its own context only, so the bits are those of an eager step.
         let bound = max_context.max(step.pinned_context).max(1);
@@ -329,6 +482,11 @@ impl CudaBackend {
             .arg(&mb)
             .arg(&ns)
             .arg(&scale);
+        match &gate {
+            Some(g) => b.arg(&g.buf.data),
+            None => b.arg(&null),
+        };
+        b.arg(&g_row).arg(&g_head);
         let cfg = LaunchConfig {
             grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
             block_dim: (attention_plan::DECODE_THREADS, 1, 1),
@@ -340,7 +498,8 @@ impl CudaBackend {
         // multiple of 8 ≤ the variant's width and the group ≤ its group bound (for_shape), so the
         // 8-element loads are aligned and in the row; partials hold n_rows × num_heads × slots
         // (× head_dim) floats and slots ≥ every row's part count (decode_slots of the bound), and
-        // are null and unread when slots == 1 (every row then has one part).
+        // are null and unread when slots == 1 (every row then has one part); the gate (or null)
+        // holds every (token, head, dim) of the rows at its strides (paged_attention_gated).
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         if let Some((pm, pl, pacc)) = &partials {
             let mut b = self.stream.launch_builder(&self.k.attention_decode_combine);
@@ -350,6 +509,11 @@ impl CudaBackend {
                 None => b.arg(&null),
             };
             b.arg(&mut out.data).arg(&nh).arg(&hd).arg(&ns);
+            match &gate {
+                Some(g) => b.arg(&g.buf.data),
+                None => b.arg(&null),
+            };
+            b.arg(&g_row).arg(&g_head);
             let cfg = LaunchConfig {
                 grid_dim: (params.num_heads as u32, n_rows as u32, 1),
                 block_dim: (attention_plan::DECODE_THREADS, 1, 1),

@@ -1,8 +1,9 @@
 //! The fused pre-attention kernel of Qwen3.5's gated attention on CUDA
 //! (`kernels/gated_attention.cu`): [`HybridBackend::gated_qkv_rope_write`] in one launch instead
 //! of the five of its unfused form ([`gated_qkv_rope_write_unfused`], the CPU twin), with the same
-//! roundings. The sigmoid output gate stays a separate pass (`sigmoid_mul`): fusing it into the
-//! attention output needs the attention kernels (`kernels/attention.cu`, another helper's).
+//! roundings. The sigmoid output gate is fused into the attention kernels' epilogue instead
+//! (`HybridBackend::gated_paged_attention`; `CudaBackend::paged_attention_gated` in
+//! `attention.rs`).
 //!
 //! [`gated_qkv_rope_write_unfused`]: crate::backend::hybrid::gated_qkv_rope_write_unfused
 //! [`HybridBackend::gated_qkv_rope_write`]: crate::backend::hybrid::HybridBackend::gated_qkv_rope_write

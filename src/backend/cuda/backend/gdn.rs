@@ -21,7 +21,7 @@ use super::gdn_chunk::{self, ChunkKernels, ChunkWorkspace, DEFAULT_CHUNKED_MIN_L
 use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaKvCache, CudaRope, CudaStep};
 use crate::backend::cuda::device::CudaError;
 use crate::backend::hybrid::{GatedQkv, GatedQkvOut, GdnParams, HybridBackend, StateSpec};
-use crate::backend::BackendError;
+use crate::backend::{AttentionParams, BackendError};
 
 /// The op stems of `gdn.cu`; each exists as `{op}_{f32,f16,bf16}`.
 pub const GDN_OPS: [&str; 7] = [
@@ -302,6 +302,27 @@ impl HybridBackend for CudaBackend {
         out: GatedQkvOut<'_, CudaBackend>,
     ) -> Result<(), BackendError> {
         self.gated_qkv_fused(x, rope, cache, layer, step, out)
+    }
+
+    fn gated_paged_attention(
+        &self,
+        q: &CudaBuffer,
+        gate: &CudaBuffer,
+        tokens: usize,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        if tokens != step.num_tokens {
+            return Err(BackendError::InvalidArgument(format!(
+                "gated_paged_attention: {tokens} tokens in a step of {}",
+                step.num_tokens
+            )));
+        }
+        let gate = super::OutputGate::contiguous(gate, params);
+        self.paged_attention_gated(q, gate, cache, layer, step, params, out)
     }
 
     fn split_query_gate(

@@ -2,8 +2,9 @@
 //! layout ([`crate::tensor::packed_tiles`]) and the matmul through `kernels/w4a16.cu` (the
 //! kernels' `fp4` flag selects the e2m1 decode).
 //!
-//! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, `w4_gemv` for steps of
-//! 1–16 rows and `w4_gemm` for larger ones, both `mma.sync.m16n8k16` over the same fragments and
+//! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, the GEMV for steps of
+//! 1–32 rows (`w4_gemv`, 8-row blocks, for 1–8 rows on the common layouts; `w4_gemv32`, 32-row
+//! blocks, otherwise) and `w4_gemm` for larger ones, both `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; elsewhere (sm_70 / sm_75, f32) `w4_fma`, one kernel for every row count.
 //! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
@@ -17,7 +18,14 @@ use crate::tensor::packed_tiles::{W4Tiles, W4Values, PAD_N, TILE_N};
 use crate::tensor::PackedLinear;
 
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
-pub const GEMV_MAX_ROWS: usize = 16;
+pub const GEMV_MAX_ROWS: usize = 32;
+
+/// Rows of one `w4_gemv` block (`kernels/w4a16.cu` RG = 1); steps up to this many rows run it
+/// when the layout allows ([`CudaPackedParts::gemv8_ok`]).
+const GEMV8_ROWS: usize = 8;
+
+/// Rows of one `w4_gemv32` block (RG = 4).
+const GEMV32_ROWS: usize = 32;
 
 /// Shared memory of one GEMM pipeline stage: 128 x rows of one 128-column k block (32 KB) and
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
@@ -26,9 +34,10 @@ const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
 /// Which packed-matmul kernel runs (tests force one; the backend picks by rows and arch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum W4Kernel {
-    /// Tensor-core GEMV: one m16 tile per block row (any row count; picked for 1–16).
+    /// Tensor-core GEMV: one m16 output tile per block, 8- or 32-row blocks (any row count;
+    /// picked for 1–32).
     Gemv,
-    /// Tensor-core GEMM, 128 × 128 block tiles staged by cp.async (picked above 16 rows).
+    /// Tensor-core GEMM, 128 × 128 block tiles staged by cp.async (picked above 32 rows).
     Gemm,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
@@ -53,6 +62,15 @@ pub struct CudaPackedParts {
 }
 
 impl CudaPackedParts {
+    /// Whether the 8-row `w4_gemv` (fast variants only) can run this layout: whole 128-column
+    /// k blocks of x (k % 128 == 0), no act-order permutation, and NVFP4 or groups of ≥ 32
+    /// columns (`kernels/w4a16.cu` `W4_TC_ENTRIES`; the same test the 32-row kernel makes).
+    fn gemv8_ok(&self, k: usize) -> bool {
+        self.perm.is_none()
+            && k.is_multiple_of(128)
+            && (self.values == W4Values::E2m1 || self.group_shift > 0)
+    }
+
     /// Device bytes besides the 4-bit words.
     pub fn bytes(&self) -> usize {
         self.scales.len()
@@ -207,8 +225,10 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
+        let gemv8 = rows <= GEMV8_ROWS && parts.gemv8_ok(w.k);
         let f = match kernel {
-            W4Kernel::Gemv => self.k.w4_gemv.as_ref().filter(|_| self.w4_tensor_cores()),
+            W4Kernel::Gemv if gemv8 => self.k.w4_gemv.as_ref().filter(|_| self.w4_tensor_cores()),
+            W4Kernel::Gemv => self.k.w4_gemv32.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Gemm => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Fma => Some(&self.k.w4_fma),
         }
@@ -221,7 +241,10 @@ impl CudaBackend {
         let (block, grid) = match kernel {
             W4Kernel::Gemv => (
                 32 * parts.k_slices,
-                (parts.n_pad / (2 * TILE_N), rows.div_ceil(16)),
+                (
+                    parts.n_pad / (2 * TILE_N),
+                    rows.div_ceil(if gemv8 { GEMV8_ROWS } else { GEMV32_ROWS }),
+                ),
             ),
             W4Kernel::Gemm => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
             W4Kernel::Fma => (
