@@ -80,3 +80,259 @@ __device__ void dense_xwt(const T* __restrict__ x, const T* __restrict__ w, O* _
     }
 DENSE(f16, __half)
 DENSE(bf16, bf16_t)
+
+// ---------------------------------------------------------------------------------------------
+// THE TENSOR-CORE VARIANTS (sm_80+, f16 / bf16): dense_mma_small_{t}[_f32] and
+// dense_mma_large_{t}[_f32], and their SwiGLU-epilogue twins dense_mma_{small,large}_swiglu_{t}.
+//
+// MMA OPERANDS AND K ORDER. out^T = W x^T: W is the A operand of mma.m16n8k16 (16 outputs x 16 k,
+// row-major as stored), x the B operand (16 k x 8 rows, "col": row r of x is column r of B). K is
+// walked in k blocks of 32 columns; lane l = 4g + t reads the 8 columns kb*32 + 8t .. +8 of weight
+// rows n0 + g and n0 + g + 8 and of x row g of each 8-row group, one 128-bit load each. Chunk c
+// (0, 1) of a block is one mma whose k index 2t, 2t+1 is column 8t + 4c, +1 and whose k index
+// 8 + 2t, 9 + 2t is column 8t + 4c + 2, +3 (the same assignment for A and B: the same products).
+// Columns >= k and outputs >= n read as 0 (k % 8 == 0: a 128-bit word is all in or all out).
+//
+// ONE NUMERIC PATH FOR EVERY ROW COUNT. K is cut into slices of `sb` k blocks (a function of K
+// alone, chosen by the host: dense.rs); slice s accumulates its blocks in ascending order, chunk 0
+// then 1, from +0 into P_s (f32, mma accumulation), and the output is ((+0 + P_0) + P_1) + ... in
+// f32. Both kernels perform exactly these operations per output element; an output element's
+// mma lane depends only on its own weight row and x row, so a row's result does not depend on m,
+// on the other rows, or on the kernel (tests/cuda_dense.rs checks rows 1..257 bit for bit).
+//   small: grid (ceil(n / 16), ceil(m / (8 RG))), block S = ceil(kb / sb) warps, warp s = slice s
+//          of one 16-output x 8RG-row tile; the S partial tiles go through dynamic shared memory
+//          (S x RG x 128 floats) and are summed in slice order. A slice is 4 blocks for
+//          K <= 2048 and its loads are unrolled, so a 1-row step is about one memory round trip.
+//   large: grid (ceil(n / 128), ceil(m / 64)), block 8 warps; warp w owns outputs n0 + 16w .. +16
+//          and all 64 rows (8 row groups); slices one after another, each added into the total.
+// SWIGLU. For the fused gate|up weight interleaved at load (dense.rs: every 16-row tile is gate
+// rows 8i .. 8i+8 then up rows 8i .. 8i+8), the D fragment of a lane holds gate (d0, d1) and up
+// (d2, d3) of the same intermediate column and rows: the epilogue rounds both to T and writes
+// T(silu(g) * u) into out [m, n / 2], exactly what the unfused matmul + swiglu_* computes.
+
+template <typename T>
+__device__ __forceinline__ void dmma(float* d, uint4 a_lo, uint4 a_hi, uint4 b, int c);
+template <>
+__device__ __forceinline__ void dmma<__half>(float* d, uint4 a_lo, uint4 a_hi, uint4 b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned a0 = c ? a_lo.z : a_lo.x, a1 = c ? a_hi.z : a_hi.x;
+    const unsigned a2 = c ? a_lo.w : a_lo.y, a3 = c ? a_hi.w : a_hi.y;
+    const unsigned b0 = c ? b.z : b.x, b1 = c ? b.w : b.y;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    __trap();  // the host launches the tensor-core kernels on sm_80+ only
+#endif
+}
+template <>
+__device__ __forceinline__ void dmma<bf16_t>(float* d, uint4 a_lo, uint4 a_hi, uint4 b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned a0 = c ? a_lo.z : a_lo.x, a1 = c ? a_hi.z : a_hi.x;
+    const unsigned a2 = c ? a_lo.w : a_lo.y, a3 = c ? a_hi.w : a_hi.y;
+    const unsigned b0 = c ? b.z : b.x, b1 = c ? b.w : b.y;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// Row `r` (< rows) of a [rows, k] 16-bit matrix, columns col .. col + 8 as one 128-bit word; 0
+// outside it.
+__device__ __forceinline__ uint4 dmma_ld(const unsigned short* __restrict__ p, int r, int rows,
+                                         int col, int k) {
+    if (r >= rows || col >= k) return make_uint4(0u, 0u, 0u, 0u);
+    return __ldg(reinterpret_cast<const uint4*>(p + (long)r * k + col));
+}
+
+// One k block of a 16-output x 8-row tile: two mmas, chunk 0 then 1.
+template <typename T>
+__device__ __forceinline__ void dmma_block(float* d, uint4 a_lo, uint4 a_hi, uint4 b) {
+    dmma<T>(d, a_lo, a_hi, b, 0);
+    dmma<T>(d, a_lo, a_hi, b, 1);
+}
+
+// Store D-fragment element i (0..3) of a 16-output tile at outputs n0.. and rows row0.. (an 8-row
+// group): output n0 + g + 8 (i >> 1), row row0 + 2t + (i & 1). SWIGLU: called for i = 0, 1 with
+// the gate in v and the up value in u (element i + 2); output column n0 / 2 + g of out [m, n / 2].
+template <typename T, typename O, bool SWIGLU>
+__device__ __forceinline__ void dmma_store(O* __restrict__ out, int m, int n, int n0, int row0,
+                                           int lane, int i, float v, float u) {
+    const int g = lane >> 2, t = lane & 3;
+    const int row = row0 + 2 * t + (i & 1);
+    if (row >= m) return;
+    if (SWIGLU) {
+        const int col = n0 / 2 + g;
+        if (col >= n / 2) return;
+        const float gr = round_to<T>(v), ur = round_to<T>(u);
+        Io<O>::store(out, (long)row * (n / 2) + col, gr / (1.0f + expf(-gr)) * ur);
+    } else {
+        const int col = n0 + g + 8 * (i >> 1);
+        if (col < n) Io<O>::store(out, (long)row * n + col, v);
+    }
+}
+
+template <typename T, typename O, int RG, bool SWIGLU>
+__device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w,
+                                O* __restrict__ out, int m, int n, int k, int sb) {
+    extern __shared__ float dmma_part[];  // [S][RG][4][32]
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const unsigned short* ws = reinterpret_cast<const unsigned short*>(w);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int slices = blockDim.x / WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, row0 = blockIdx.y * 8 * RG;
+    const int kbt = (k + 31) / 32;
+    const int kb0 = warp * sb, kb1 = min(kb0 + sb, kbt);
+    float acc[RG][4];
+#pragma unroll
+    for (int r = 0; r < RG; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+#pragma unroll 4
+    for (int kb = kb0; kb < kb1; ++kb) {
+        const int col = kb * 32 + 8 * t;
+        const uint4 a_lo = dmma_ld(ws, n0 + g, n, col, k);
+        const uint4 a_hi = dmma_ld(ws, n0 + g + 8, n, col, k);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+            const uint4 b = dmma_ld(xs, row0 + 8 * r + g, m, col, k);
+            dmma_block<T>(acc[r], a_lo, a_hi, b);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RG; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dmma_part[((warp * RG + r) * 4 + i) * 32 + lane] = acc[r][i];
+    __syncthreads();
+    // Element e = (r * 4 + i) * 32 + lane of the tile, summed over the slices in order.
+    const int per = SWIGLU ? RG * 64 : RG * 128;
+    for (int q = threadIdx.x; q < per; q += blockDim.x) {
+        int r, i, l;
+        if (SWIGLU) {
+            r = q / 64;
+            i = (q / 32) % 2;
+            l = q % 32;
+        } else {
+            r = q / 128;
+            i = (q / 32) % 4;
+            l = q % 32;
+        }
+        const int e = (r * 4 + i) * 32 + l;
+        float v = 0.0f, u = 0.0f;
+        for (int s = 0; s < slices; ++s) {
+            v += dmma_part[s * RG * 128 + e];
+            if (SWIGLU) u += dmma_part[s * RG * 128 + e + 64];
+        }
+        dmma_store<T, O, SWIGLU>(out, m, n, n0, row0 + 8 * r, l, i, v, u);
+    }
+}
+
+template <typename T, typename O, bool SWIGLU>
+__device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w,
+                                O* __restrict__ out, int m, int n, int k, int sb) {
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const unsigned short* ws = reinterpret_cast<const unsigned short*>(w);
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 128 + warp * 16, row0 = blockIdx.y * 64;
+    const int kbt = (k + 31) / 32;
+    float tot[8][4];
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) tot[r][i] = 0.0f;
+    for (int s0 = 0; s0 < kbt; s0 += sb) {
+        float acc[8][4];
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+        const int s1 = min(s0 + sb, kbt);
+        for (int kb = s0; kb < s1; ++kb) {
+            const int col = kb * 32 + 8 * t;
+            const uint4 a_lo = dmma_ld(ws, n0 + g, n, col, k);
+            const uint4 a_hi = dmma_ld(ws, n0 + g + 8, n, col, k);
+            uint4 b[8];
+#pragma unroll
+            for (int r = 0; r < 8; ++r) b[r] = dmma_ld(xs, row0 + 8 * r + g, m, col, k);
+#pragma unroll
+            for (int r = 0; r < 8; ++r) dmma_block<T>(acc[r], a_lo, a_hi, b[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) tot[r][i] += acc[r][i];
+    }
+    if (n0 >= n) return;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        if (SWIGLU) {
+            dmma_store<T, O, true>(out, m, n, n0, row0 + 8 * r, lane, 0, tot[r][0], tot[r][2]);
+            dmma_store<T, O, true>(out, m, n, n0, row0 + 8 * r, lane, 1, tot[r][1], tot[r][3]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                dmma_store<T, O, false>(out, m, n, n0, row0 + 8 * r, lane, i, tot[r][i], 0.0f);
+        }
+    }
+}
+
+// Row groups of the small kernel: rg1 (1..8 rows per tile), rg2 (16), rg4 (32).
+#define DENSE_MMA(SUF, T)                                                                          \
+    extern "C" __global__ void dense_mma_small_rg1_##SUF(const T* x, const T* w, T* out, int m,     \
+                                                         int n, int k, int sb) {                   \
+        dense_mma_small<T, T, 1, false>(x, w, out, m, n, k, sb);                                   \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg2_##SUF(const T* x, const T* w, T* out, int m,     \
+                                                         int n, int k, int sb) {                   \
+        dense_mma_small<T, T, 2, false>(x, w, out, m, n, k, sb);                                   \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg4_##SUF(const T* x, const T* w, T* out, int m,     \
+                                                         int n, int k, int sb) {                   \
+        dense_mma_small<T, T, 4, false>(x, w, out, m, n, k, sb);                                   \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg1_##SUF##_f32(const T* x, const T* w, float* out,  \
+                                                               int m, int n, int k, int sb) {      \
+        dense_mma_small<T, float, 1, false>(x, w, out, m, n, k, sb);                               \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg2_##SUF##_f32(const T* x, const T* w, float* out,  \
+                                                               int m, int n, int k, int sb) {      \
+        dense_mma_small<T, float, 2, false>(x, w, out, m, n, k, sb);                               \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg4_##SUF##_f32(const T* x, const T* w, float* out,  \
+                                                               int m, int n, int k, int sb) {      \
+        dense_mma_small<T, float, 4, false>(x, w, out, m, n, k, sb);                               \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg1_swiglu_##SUF(const T* x, const T* w, T* out,     \
+                                                                int m, int n, int k, int sb) {     \
+        dense_mma_small<T, T, 1, true>(x, w, out, m, n, k, sb);                                    \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg2_swiglu_##SUF(const T* x, const T* w, T* out,     \
+                                                                int m, int n, int k, int sb) {     \
+        dense_mma_small<T, T, 2, true>(x, w, out, m, n, k, sb);                                    \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg4_swiglu_##SUF(const T* x, const T* w, T* out,     \
+                                                                int m, int n, int k, int sb) {     \
+        dense_mma_small<T, T, 4, true>(x, w, out, m, n, k, sb);                                    \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_large_##SUF(const T* x, const T* w, T* out, int m, int n,  \
+                                                     int k, int sb) {                              \
+        dense_mma_large<T, T, false>(x, w, out, m, n, k, sb);                                      \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_large_##SUF##_f32(const T* x, const T* w, float* out,      \
+                                                           int m, int n, int k, int sb) {          \
+        dense_mma_large<T, float, false>(x, w, out, m, n, k, sb);                                  \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_large_swiglu_##SUF(const T* x, const T* w, T* out, int m,  \
+                                                            int n, int k, int sb) {                \
+        dense_mma_large<T, T, true>(x, w, out, m, n, k, sb);                                       \
+    }
+DENSE_MMA(f16, __half)
+DENSE_MMA(bf16, bf16_t)

@@ -1,7 +1,9 @@
-//! The batch-invariant dense matmul (`KILN_DENSE_MATMUL=1`, `kernels/dense.cu`) on a GPU: a row's
-//! output is bit-identical computed alone, inside a batch of 64 rows and inside one of 257 (the
-//! lm_head's f32-output variant too), close to cuBLAS, and timed against cuBLAS at decode and
-//! prefill row counts (`RESULT` lines for docs/gpu-validation.md and docs/benchmarks.md).
+//! The batch-invariant dense matmuls (`KILN_DENSE_MATMUL=fma|mma`, `kernels/dense.cu`) on a GPU:
+//! a row's output is bit-identical computed alone, inside a batch of 64 rows and inside one of
+//! 257 (the lm_head's f32-output variant too), close to cuBLAS; the tensor-core `mma` kernels
+//! (small and large) agree with each other bit for bit at 1, 2, 7, 16, 17, 64 and 257 rows and
+//! with a CPU reference on the 16-bit inputs; all timed against cuBLAS at decode and prefill row
+//! counts (`RESULT` lines for docs/gpu-validation.md and docs/benchmarks.md).
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `cuda_dense-<hash> --ignored --test-threads=1 --nocapture` (and `source .gpu/shared/env70.sh`
@@ -13,32 +15,31 @@ mod common;
 use std::time::Instant;
 
 use common::*;
-use kiln::backend::cuda::CudaBackend;
+use kiln::backend::cuda::{CudaBackend, DenseMatmul, MmaKernel};
 use kiln::backend::Backend;
 use kiln::tensor::{TensorView, WeightDType};
 
-/// Backends with (`dense`) and without the dense kernel: the switch is read at creation.
-fn backend(dtype: &str, dense: bool) -> CudaBackend {
+/// A backend whose dense matmuls take `kind` (`cublas`, `fma`, `mma`): the switch is read at
+/// creation.
+fn backend(dtype: &str, kind: &str) -> CudaBackend {
     // SAFETY (edition 2021: a safe call): the tests run on one thread (`--test-threads=1`).
-    if dense {
-        std::env::set_var("KILN_DENSE_MATMUL", "1");
-    } else {
-        std::env::remove_var("KILN_DENSE_MATMUL");
-    }
+    std::env::set_var("KILN_DENSE_MATMUL", kind);
     let b = gpu(dtype, "auto");
     std::env::remove_var("KILN_DENSE_MATMUL");
     b
 }
 
+/// The kinds a batch-invariance test runs on this GPU: `mma` only where it is not `fma` (sm_80+).
+fn invariant_kinds(dtype: &str) -> Vec<&'static str> {
+    let mut v = vec!["fma"];
+    if backend(dtype, "mma").dense_matmul_kind() == DenseMatmul::Mma {
+        v.push("mma");
+    }
+    v
+}
+
 fn weight(b: &CudaBackend, n: usize, k: usize, seed: u64) -> <CudaBackend as Backend>::Weight {
-    let w = data(n * k, seed);
-    let shape = [n, k];
-    let view = TensorView {
-        dtype: WeightDType::F32,
-        shape: &shape,
-        data: bytemuck::cast_slice(&w),
-    };
-    b.upload_weight("w", &view).expect("upload")
+    weight_from(b, &data(n * k, seed), n, k)
 }
 
 fn matmul(
@@ -83,9 +84,13 @@ const LM_HEAD: (usize, usize) = (49152, 576);
 #[ignore = "needs a GPU: see the header"]
 fn one_row_is_bit_identical_alone_and_in_batches_of_64_and_257() {
     let mut failures = Vec::new();
-    for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
-        let dense = backend(dtype, true);
-        let blas = backend(dtype, false);
+    for (dtype, kind) in dtypes()
+        .into_iter()
+        .filter(|d| *d != "f32")
+        .flat_map(|d| invariant_kinds(d).into_iter().map(move |k| (d, k)))
+    {
+        let dense = backend(dtype, kind);
+        let blas = backend(dtype, "cublas");
         for (i, &(n, k)) in SHAPES.iter().chain([&LM_HEAD]).enumerate() {
             let lm = (n, k) == LM_HEAD;
             let x_host = data(257 * k, 10 + i as u64);
@@ -113,12 +118,12 @@ fn one_row_is_bit_identical_alone_and_in_batches_of_64_and_257() {
             let rel = rel_diff(&r257, &reference);
             let ok = alone_equal && batch_equal && rel <= 1e-2;
             println!(
-                "RESULT dense dtype={dtype} n={n} k={k} out={} row0_alone_eq_64_eq_257={alone_equal} \
+                "RESULT dense kind={kind} dtype={dtype} n={n} k={k} out={} row0_alone_eq_64_eq_257={alone_equal} \
                  rows64_eq_first64_of_257={batch_equal} rel_diff_vs_cublas={rel:e} ok={ok}",
                 if lm { "f32" } else { dtype }
             );
             if !ok {
-                failures.push(format!("{dtype} {n}x{k}"));
+                failures.push(format!("{kind} {dtype} {n}x{k}"));
             }
         }
     }
@@ -132,8 +137,11 @@ fn dense_against_cublas_timings() {
     // GB/s counts the weight bytes once per call (what a decode step must stream).
     let iters = 200;
     for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
-        for (name, dense) in [("dense", true), ("cublas", false)] {
-            let b = backend(dtype, dense);
+        for name in ["fma", "mma", "cublas"] {
+            let b = backend(dtype, name);
+            if name == "mma" && b.dense_matmul_kind() != DenseMatmul::Mma {
+                continue;
+            }
             for &(n, k) in SHAPES.iter().chain([&LM_HEAD]) {
                 let w = weight(&b, n, k, 7);
                 for rows in [1usize, 4, 16, 64, 512] {
@@ -159,4 +167,125 @@ fn dense_against_cublas_timings() {
             }
         }
     }
+}
+
+/// The small and the large `mma` kernel give the same bits at every row count, a row's bits do
+/// not depend on the call's row count, and both match an f64 CPU reference on the 16-bit inputs
+/// within the output rounding (the SmolLM2 shapes and one with ragged n and k).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn mma_small_and_large_agree_bit_for_bit_and_match_a_cpu_reference() {
+    const ROWS: [usize; 7] = [1, 2, 7, 16, 17, 64, 257];
+    let mut failures = Vec::new();
+    for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
+        let b = backend(dtype, "mma");
+        if b.dense_matmul_kind() != DenseMatmul::Mma {
+            println!("RESULT mma dtype={dtype} skipped: no tensor-core kernels on this target");
+            continue;
+        }
+        // Output rounding to the 16-bit type dominates: 2^-8 (bf16) / 2^-11 (fp16) relative.
+        let limit = if dtype == "bf16" { 8e-3 } else { 1.5e-3 };
+        for (i, &(n, k)) in SHAPES.iter().chain([&(100, 200)]).enumerate() {
+            let x_host = data(257 * k, 40 + i as u64);
+            let w_host = data(n * k, 50 + i as u64);
+            let x = b.upload(&x_host).unwrap();
+            let w = weight_from(&b, &w_host, n, k);
+            let xr: Vec<f64> = x_host.iter().map(|&v| f64::from(round(dtype, v))).collect();
+            let wr: Vec<f64> = w_host.iter().map(|&v| f64::from(round(dtype, v))).collect();
+            let want: Vec<f32> = (0..257 * n)
+                .map(|e| {
+                    let (r, c) = (e / n, e % n);
+                    let s: f64 = (0..k).map(|j| xr[r * k + j] * wr[c * k + j]).sum();
+                    s as f32
+                })
+                .collect();
+            let run = |rows: usize, kernel: MmaKernel| {
+                let mut o = b.alloc(rows * n).unwrap();
+                b.matmul_dense_mma_with(&x, rows, &w, &mut o, kernel)
+                    .unwrap();
+                down(&b, &o, rows * n)
+            };
+            let full = run(257, MmaKernel::Large);
+            for rows in ROWS {
+                let small = run(rows, MmaKernel::Small);
+                let large = run(rows, MmaKernel::Large);
+                let kernels_equal = bits(&small) == bits(&large);
+                let prefix_equal = bits(&small) == bits(&full[..rows * n]);
+                let rel = rel_diff(&small, &want[..rows * n]);
+                let ok = kernels_equal && prefix_equal && rel <= limit;
+                println!(
+                    "RESULT mma dtype={dtype} n={n} k={k} rows={rows} small_eq_large={kernels_equal} \
+                     eq_rows_of_257={prefix_equal} rel_diff_vs_cpu={rel:e} ok={ok}"
+                );
+                if !ok {
+                    failures.push(format!("{dtype} {n}x{k} rows {rows}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+fn weight_from(b: &CudaBackend, w: &[f32], n: usize, k: usize) -> <CudaBackend as Backend>::Weight {
+    let shape = [n, k];
+    let view = TensorView {
+        dtype: WeightDType::F32,
+        shape: &shape,
+        data: bytemuck::cast_slice(w),
+    };
+    b.upload_weight("w", &view).expect("upload")
+}
+
+/// The SwiGLU epilogue (`gate_up_swiglu` on a weight from `upload_gate_up`, rows interleaved at
+/// load) gives exactly the bits of the unfused `mma` matmul on the stacked weight followed by
+/// `swiglu`, at decode and prefill row counts; a cuBLAS backend keeps the unfused form.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn the_swiglu_epilogue_equals_the_matmul_then_swiglu_bit_for_bit() {
+    let mut failures = Vec::new();
+    for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
+        for kind in ["mma", "cublas"] {
+            let b = backend(dtype, kind);
+            if kind == "mma" && b.dense_matmul_kind() != DenseMatmul::Mma {
+                println!("RESULT swiglu dtype={dtype} skipped: no tensor-core kernels here");
+                continue;
+            }
+            for (i, &(inter, k)) in [(1536usize, 576usize), (104, 200)].iter().enumerate() {
+                let g_host = data(inter * k, 60 + i as u64);
+                let u_host = data(inter * k, 70 + i as u64);
+                let shape = [inter, k];
+                let gv = TensorView {
+                    dtype: WeightDType::F32,
+                    shape: &shape,
+                    data: bytemuck::cast_slice(&g_host),
+                };
+                let uv = TensorView {
+                    data: bytemuck::cast_slice(&u_host),
+                    ..gv
+                };
+                let stacked = b.upload_weight_rows("gu", &[gv, uv]).unwrap();
+                let fused = b.upload_gate_up("gu", &[gv, uv]).unwrap();
+                let x = b.upload(&data(257 * k, 80 + i as u64)).unwrap();
+                for rows in [1usize, 7, 16, 64, 257] {
+                    let mut scratch = b.alloc(rows * 2 * inter).unwrap();
+                    let mut want = b.alloc(rows * inter).unwrap();
+                    b.matmul(&x, rows, &stacked, &mut scratch).unwrap();
+                    b.swiglu(&scratch, &mut want, rows, inter).unwrap();
+                    let mut got = b.alloc(rows * inter).unwrap();
+                    b.gate_up_swiglu(&x, rows, &fused, &mut scratch, &mut got, inter)
+                        .unwrap();
+                    let (w, g) = (down(&b, &want, rows * inter), down(&b, &got, rows * inter));
+                    let ok = bits(&w) == bits(&g) && g.iter().all(|v| v.is_finite());
+                    println!(
+                        "RESULT swiglu kind={kind} dtype={dtype} inter={inter} k={k} rows={rows} \
+                         fused_eq_unfused={ok}"
+                    );
+                    if !ok {
+                        failures.push(format!("{kind} {dtype} {inter}x{k} rows {rows}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
 }

@@ -288,6 +288,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
             },
         )
     }
+    /// Upload a layer's gate and up projections (`parts` = [gate, up], `[inter, k]` each) as
+    /// one weight for [`Backend::gate_up_swiglu`] only (a backend may store the rows in its own
+    /// order, so the weight is not for [`Backend::matmul`]). The default is
+    /// [`Backend::upload_weight_rows`] (gate rows, then up rows).
+    fn upload_gate_up(
+        &self,
+        name: &str,
+        parts: &[TensorView<'_>; 2],
+    ) -> Result<Self::Weight, BackendError> {
+        self.upload_weight_rows(name, parts)
+    }
     /// Bytes `w` occupies on the device.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
     /// Upload a 1-D parameter (norm weights), dequantized exactly to the compute dtype.
@@ -516,6 +527,25 @@ pub trait Backend: Send + Sync + Sized + 'static {
         rows: usize,
         inter: usize,
     ) -> Result<(), BackendError>;
+
+    /// `out[r, i] = silu(g) · u` of `x · wᵀ` for a weight from [`Backend::upload_gate_up`]:
+    /// the MLP's gate|up projection and its SwiGLU in one call; `x`: `[rows, k]`, `out`:
+    /// `[rows, inter]`, `scratch`: `[rows, 2·inter]` (used by the unfused form). The default (the
+    /// CPU twin of every fused form) is [`Backend::matmul`] into `scratch`, then
+    /// [`Backend::swiglu`]; a fused form must give the same values (gate and up rounded to the
+    /// compute dtype before the product, as the unfused matmul's output is).
+    fn gate_up_swiglu(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        w: &Self::Weight,
+        scratch: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+        inter: usize,
+    ) -> Result<(), BackendError> {
+        self.matmul(x, rows, w, scratch)?;
+        self.swiglu(scratch, out, rows, inter)
+    }
 
     /// Copy rows `first_row ..` of `logits` into `dst` (a whole number of `[vocab]` rows).
     fn download_logits(

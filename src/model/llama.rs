@@ -21,7 +21,8 @@
 //! stored; shapes are checked against the config at load. q|k|v and gate|up are stacked into
 //! one weight each where the backend can ([`Backend::upload_weight_rows`]), so a layer runs
 //! one GEMM for q, k, v and one for gate, up, then [`Backend::qkv_rope_write`] (per-head norm,
-//! RoPE and KV write in one op) and [`Backend::swiglu`]; weights it cannot stack run the
+//! RoPE and KV write in one op) and [`Backend::gate_up_swiglu`] (one kernel where the backend fuses
+//! the SwiGLU into the matmul, else the matmul and [`Backend::swiglu`]); weights it cannot stack run the
 //! unfused ops, with the same results.
 //!
 //! The activations, the step metadata and the logits live in a [`Workspace`] kept for the
@@ -451,8 +452,7 @@ impl<B: Backend> LlamaWeights<B> {
             )?;
             match &layer.gate_up {
                 GateUpProj::Fused(w) => {
-                    b.matmul(&ws.h, t, w, &mut ws.gate_up)?;
-                    b.swiglu(&ws.gate_up, &mut ws.act, t, inter)?;
+                    b.gate_up_swiglu(&ws.h, t, w, &mut ws.gate_up, &mut ws.act, inter)?;
                 }
                 GateUpProj::Split { gate, up } => {
                     b.matmul(&ws.h, t, gate, &mut ws.gate)?;

@@ -31,6 +31,8 @@ use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dense;
+pub(crate) use dense::MmaKernels;
+pub use dense::{DenseMatmul, MmaKernel, MMA_SMALL_MAX_ROWS};
 mod dtype;
 mod gated_attention;
 mod gdn;
@@ -96,6 +98,9 @@ pub struct CudaWeight {
     packed: Option<Box<w4a16::CudaPackedParts>>,
     /// The other parts of a GGUF weight kept quantized (`gguf`); `None` for any other.
     gguf: Option<Box<gguf::CudaGgufParts>>,
+    /// A gate|up weight with its rows interleaved in 8-row chunks for the SwiGLU epilogue of
+    /// the `mma` kernels (`dense.rs`): only [`Backend::gate_up_swiglu`] takes it.
+    swiglu_rows: bool,
 }
 
 /// K and V of every layer, `[num_blocks, block_size, num_kv_heads, head_dim]` each.
@@ -126,9 +131,9 @@ pub struct CudaBackend {
     k: Kernels,
     /// Reused scratch of the ops (see [`Scratch`]).
     scratch: Mutex<Scratch>,
-    /// Dense 16-bit matmuls through the batch-invariant `dense_xwt` kernel instead of cuBLAS
-    /// (`KILN_DENSE_MATMUL=1`; see `dense.rs`).
-    dense: bool,
+    /// The kernel of the dense 16-bit matmuls: cuBLAS or a batch-invariant one
+    /// (`KILN_DENSE_MATMUL`; see `dense.rs`).
+    dense: dense::DenseMatmul,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -314,6 +319,15 @@ impl CudaBackend {
                 )));
             }
         }
+        let dense =
+            match dense::DenseMatmul::from_env().map_err(|e| CudaError::Nvrtc(e.to_string()))? {
+                // No tensor-core kernels below sm_80 or for f32: the CUDA-core one keeps the numerics
+                // batch-invariant there.
+                dense::DenseMatmul::Mma if arch.major < 8 || k.dense_mma.is_none() => {
+                    dense::DenseMatmul::Fma
+                }
+                d => d,
+            };
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -321,10 +335,10 @@ impl CudaBackend {
                 String::new()
             }
             + &format!(", {})", dtype.suffix())
-            + if dense::wanted_from_env() {
-                " [dense matmul]"
-            } else {
-                ""
+            + match dense {
+                dense::DenseMatmul::Cublas => "",
+                dense::DenseMatmul::Fma => " [dense matmul: fma]",
+                dense::DenseMatmul::Mma => " [dense matmul: mma]",
             };
         Ok(CudaBackend {
             ctx,
@@ -334,7 +348,7 @@ impl CudaBackend {
             prof: profile::Profiler::from_env(),
             k,
             scratch: Mutex::new(Scratch::default()),
-            dense: dense::wanted_from_env(),
+            dense,
             arch,
             dtype,
             kv,
@@ -497,7 +511,34 @@ impl Backend for CudaBackend {
             k,
             packed: None,
             gguf: None,
+            swiglu_rows: false,
         })
+    }
+
+    fn upload_gate_up(
+        &self,
+        name: &str,
+        parts: &[TensorView<'_>; 2],
+    ) -> Result<CudaWeight, BackendError> {
+        let w = self.upload_weight_rows(name, parts)?;
+        self.interleave_gate_up(w)
+    }
+
+    fn gate_up_swiglu(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        scratch: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+        inter: usize,
+    ) -> Result<(), BackendError> {
+        if !w.swiglu_rows {
+            self.matmul(x, rows, w, scratch)?;
+            return self.swiglu(scratch, out, rows, inter);
+        }
+        let _t = self.prof.op(&self.stream, "matmul_swiglu");
+        self.mma_swiglu(x, rows, w, out, inter)
     }
 
     fn upload_vector(&self, name: &str, view: &TensorView<'_>) -> Result<CudaBuffer, BackendError> {
@@ -728,6 +769,11 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
         let _t = self.prof.op(&self.stream, "matmul");
+        if w.swiglu_rows {
+            return Err(BackendError::InvalidArgument(
+                "a gate|up weight from upload_gate_up is for gate_up_swiglu only".into(),
+            ));
+        }
         check_len("matmul input", x.len, rows * w.k)?;
         check_len("matmul output", out.len, rows * w.n)?;
         self.expect_compute("matmul input", x)?;

@@ -30,7 +30,7 @@ pub enum KernelModule {
     W4a16,
     /// Gated DeltaNet (conv, fused delta-rule scan, gated norm) and gated-attention helpers.
     Gdn,
-    /// Batch-invariant dense 16-bit matmul (`KILN_DENSE_MATMUL=1`).
+    /// Batch-invariant dense 16-bit matmuls, CUDA-core and tensor-core (`KILN_DENSE_MATMUL`).
     Dense,
     /// The chunked (C = 64, tensor-core) gated delta rule for prefills.
     GdnChunk,
@@ -233,6 +233,7 @@ impl KernelModule {
                     if t != "f32" {
                         names.push(format!("dense_xwt_{t}"));
                         names.push(format!("dense_xwt_{t}_f32"));
+                        names.extend(super::backend::MmaKernels::names(t));
                     }
                 }
                 KernelModule::GgufMm => {

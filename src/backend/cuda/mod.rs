@@ -12,7 +12,8 @@ pub mod kernels;
 pub mod nvrtc;
 
 pub use backend::{
-    ComputeDType, CudaBackend, CudaLogits, GgufKernel, KvStorage, W4Kernel, DEFAULT_CHUNKED_MIN_LEN,
+    ComputeDType, CudaBackend, CudaLogits, DenseMatmul, GgufKernel, KvStorage, MmaKernel, W4Kernel,
+    DEFAULT_CHUNKED_MIN_LEN,
 };
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;

@@ -58,6 +58,43 @@ impl<B: Backend> Loader<'_, B> {
         parts: &[(&str, usize)],
         cols: usize,
     ) -> Result<Option<B::Weight>, ModelError> {
+        self.stacked_with(parts, cols, |b, name, views| {
+            b.upload_weight_rows(name, views)
+        })
+    }
+
+    /// The gate and up projections stacked for [`Backend::gate_up_swiglu`]
+    /// ([`Backend::upload_gate_up`]), or `None` as [`Loader::stacked`].
+    fn gate_up(
+        &self,
+        gate: &str,
+        up: &str,
+        inter: usize,
+        cols: usize,
+    ) -> Result<Option<B::Weight>, ModelError> {
+        self.stacked_with(
+            &[(gate, inter), (up, inter)],
+            cols,
+            |b, name, views| match views {
+                [g, u] => b.upload_gate_up(name, &[*g, *u]),
+                _ => Err(crate::backend::BackendError::InvalidArgument(format!(
+                    "`{name}`: a gate|up weight needs two parts, got {}",
+                    views.len()
+                ))),
+            },
+        )
+    }
+
+    fn stacked_with(
+        &self,
+        parts: &[(&str, usize)],
+        cols: usize,
+        upload: impl Fn(
+            &B,
+            &str,
+            &[crate::tensor::TensorView<'_>],
+        ) -> Result<B::Weight, crate::backend::BackendError>,
+    ) -> Result<Option<B::Weight>, ModelError> {
         let mut views = Vec::with_capacity(parts.len());
         for &(module, rows) in parts {
             match self.weights.linear(module)? {
@@ -68,7 +105,7 @@ impl<B: Backend> Loader<'_, B> {
             }
         }
         let name = parts.iter().map(|p| p.0).collect::<Vec<_>>().join(" | ");
-        match self.backend.upload_weight_rows(&name, &views) {
+        match upload(self.backend, &name, &views) {
             Ok(w) => Ok(Some(w)),
             Err(crate::backend::BackendError::Unsupported(_)) => Ok(None),
             Err(e) => Err(ModelError::Backend(e.to_string())),
@@ -149,7 +186,7 @@ impl<B: Backend> Llama<B> {
             };
             let (gk, uk) = (mlp.key("gate_proj"), mlp.key("up_proj"));
             let inter = c.intermediate_size;
-            let gate_up = match ld.stacked(&[(&gk, inter), (&uk, inter)], hidden)? {
+            let gate_up = match ld.gate_up(&gk, &uk, inter, hidden)? {
                 Some(w) => GateUpProj::Fused(w),
                 None => GateUpProj::Split {
                     gate: ld.linear(&gk, inter, hidden)?,

@@ -1,37 +1,170 @@
-//! The batch-invariant dense matmul (`kernels/dense.cu`): `out = x · wᵀ` for dense 16-bit weights
-//! with one fixed f32 reduction order per output element, whatever the number of rows, so a
-//! token's logits do not depend on the batch it rides in. Chosen for every dense 16-bit matmul
-//! (the projections and the lm_head) when `KILN_DENSE_MATMUL=1` at backend creation; off by
-//! default: it reads the weights at (close to) memory speed for decode row counts, but it is a
-//! CUDA-core kernel, far slower than cuBLAS's tensor cores for prefill (docs/benchmarks.md).
-//! The choice is per backend, never per step, so every step of a run has the same numerics.
+//! The batch-invariant dense matmuls (`kernels/dense.cu`): `out = x · wᵀ` for dense 16-bit
+//! weights with one fixed f32 reduction order per output element, whatever the number of rows,
+//! so a token's logits do not depend on the batch it rides in. Two kernel families:
+//! - `mma` (sm_80+, f16 / bf16): `dense_mma_small_rg{1,2,4}` (≤ 64 rows: warps over K slices,
+//!   the slice partials summed in slice order through shared memory) and `dense_mma_large`
+//!   (> 64 rows: 128 × 64 tiles), both `mma.sync.m16n8k16` over the same fragments and the same
+//!   K slices (a function of K alone, [`slice_blocks`]), so they agree bit for bit;
+//! - `fma`: `dense_xwt`, CUDA cores (every arch; what `mma` falls back to on sm_70 / sm_75).
 //!
-//! Shape rules: `k` a multiple of 8 and 16-byte aligned operands (one 128-bit load per lane per
-//! step); a weight that breaks them (or f32 compute) takes cuBLAS, a choice that depends on the
-//! weight only.
+//! Chosen per backend at creation by `KILN_DENSE_MATMUL` ([`DenseMatmul::from_env`]), never per
+//! step, so every step of a run has the same numerics. Shape rules: `k` a multiple of 8 and
+//! 16-byte aligned operands (one 128-bit load per lane per step); a weight that breaks them (or
+//! f32 compute) takes cuBLAS, a choice that depends on the weight only.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
-use super::{dev_err, CudaBackend, CudaWeight};
+use super::{dev_err, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
 
-/// Rows per block tile and warps (output columns) per block; must equal `DENSE_ROWS` /
-/// `DENSE_WARPS` in dense.cu.
+/// Rows per block tile and warps (output columns) per block of `dense_xwt`; must equal
+/// `DENSE_ROWS` / `DENSE_WARPS` in dense.cu.
 const DENSE_ROWS: u32 = 8;
 const DENSE_WARPS: u32 = 4;
 
-/// Whether `KILN_DENSE_MATMUL` asks for the dense kernel (`1` / `true`).
-pub(super) fn wanted_from_env() -> bool {
-    std::env::var("KILN_DENSE_MATMUL").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+/// Rows up to which the `mma` path takes the small kernel (a speed choice only: both kernels
+/// give the same bits).
+pub const MMA_SMALL_MAX_ROWS: usize = 64;
+
+/// Which kernel runs the dense 16-bit matmuls of a backend (`KILN_DENSE_MATMUL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenseMatmul {
+    /// cuBLAS (`KILN_DENSE_MATMUL=cublas` / `0` / `false`): fastest at prefill sizes, but its
+    /// kernel and reduction order depend on the row count (not batch-invariant).
+    Cublas,
+    /// `dense_xwt` on CUDA cores (`fma`; also `1` / `true`, the switch's first meaning).
+    Fma,
+    /// The tensor-core kernels (`mma`); `fma` on GPUs below sm_80.
+    Mma,
+}
+
+impl DenseMatmul {
+    /// The choice of `KILN_DENSE_MATMUL`; unset or empty: [`DenseMatmul::DEFAULT`]. An unknown
+    /// value is an error (a typo must not silently change the numerics).
+    pub fn from_env() -> Result<DenseMatmul, BackendError> {
+        match std::env::var("KILN_DENSE_MATMUL") {
+            Err(_) => Ok(Self::DEFAULT),
+            Ok(v) => Self::parse(&v),
+        }
+    }
+
+    /// The default when `KILN_DENSE_MATMUL` is unset.
+    pub const DEFAULT: DenseMatmul = DenseMatmul::Cublas;
+
+    /// Parse a `KILN_DENSE_MATMUL` value (case-insensitive).
+    pub fn parse(v: &str) -> Result<DenseMatmul, BackendError> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(Self::DEFAULT),
+            "cublas" | "0" | "false" | "off" => Ok(DenseMatmul::Cublas),
+            "fma" | "1" | "true" => Ok(DenseMatmul::Fma),
+            "mma" => Ok(DenseMatmul::Mma),
+            other => Err(BackendError::InvalidArgument(format!(
+                "KILN_DENSE_MATMUL={other:?}: expected cublas, fma or mma"
+            ))),
+        }
+    }
+}
+
+/// A kernel of the `mma` family, for tests and benchmarks that compare them
+/// ([`CudaBackend::matmul_dense_mma_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MmaKernel {
+    /// `dense_mma_small_rg{1,2,4}` (the row group by the row count).
+    Small,
+    /// `dense_mma_large`.
+    Large,
+}
+
+/// The `dense_mma_*` entry points of one 16-bit compute dtype.
+#[derive(Debug, Clone)]
+pub(crate) struct MmaKernels {
+    /// Small kernel, compute-dtype output, row groups 1, 2, 4.
+    pub small: [CudaFunction; 3],
+    /// Small kernel, f32 output (the lm_head).
+    pub small_f32: [CudaFunction; 3],
+    /// Large kernel, compute-dtype output.
+    pub large: CudaFunction,
+    /// Large kernel, f32 output.
+    pub large_f32: CudaFunction,
+    /// Small kernel with the SwiGLU epilogue, row groups 1, 2, 4.
+    pub small_swiglu: [CudaFunction; 3],
+    /// Large kernel with the SwiGLU epilogue.
+    pub large_swiglu: CudaFunction,
+}
+
+impl MmaKernels {
+    /// The entry point names for dtype suffix `t` (f16 / bf16), as dense.cu defines them.
+    pub fn names(t: &str) -> Vec<String> {
+        let mut v = Vec::new();
+        for rg in [1, 2, 4] {
+            v.push(format!("dense_mma_small_rg{rg}_{t}"));
+            v.push(format!("dense_mma_small_rg{rg}_{t}_f32"));
+            v.push(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
+        }
+        v.push(format!("dense_mma_large_{t}"));
+        v.push(format!("dense_mma_large_{t}_f32"));
+        v.push(format!("dense_mma_large_swiglu_{t}"));
+        v
+    }
+
+    /// Resolve them through `get` (by name).
+    pub fn resolve<E>(
+        get: &dyn Fn(String) -> Result<CudaFunction, E>,
+        t: &str,
+    ) -> Result<MmaKernels, E> {
+        let s = |rg: u32, f32: bool| {
+            get(format!(
+                "dense_mma_small_rg{rg}_{t}{}",
+                if f32 { "_f32" } else { "" }
+            ))
+        };
+        let sw = |rg: u32| get(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
+        Ok(MmaKernels {
+            small: [s(1, false)?, s(2, false)?, s(4, false)?],
+            small_f32: [s(1, true)?, s(2, true)?, s(4, true)?],
+            large: get(format!("dense_mma_large_{t}"))?,
+            large_f32: get(format!("dense_mma_large_{t}_f32"))?,
+            small_swiglu: [sw(1)?, sw(2)?, sw(4)?],
+            large_swiglu: get(format!("dense_mma_large_swiglu_{t}"))?,
+        })
+    }
+}
+
+/// K blocks (of 32 columns) per K slice of the `mma` kernels: at least 4, and at most 16 slices;
+/// a function of `k` alone (the batch invariance rests on it). k = 576: 4 (5 slices), 1 536: 4
+/// (12 slices), 8 192: 16 (16 slices).
+pub fn slice_blocks(k: usize) -> usize {
+    let kb = k.div_ceil(32);
+    kb.div_ceil(16).max(4)
+}
+
+/// Row groups (of 8 rows) per tile of the small kernel for `rows` rows: 1, 2 or 4.
+fn row_groups(rows: usize) -> usize {
+    match rows {
+        0..=8 => 1,
+        9..=16 => 2,
+        _ => 4,
+    }
 }
 
 impl CudaBackend {
-    /// Whether the dense kernel takes `w` (see the module header).
-    pub(super) fn dense_takes(&self, w: &CudaWeight) -> bool {
-        self.dense && self.k.dense_xwt.is_some() && w.packed.is_none() && w.k.is_multiple_of(8)
+    /// The dense kernel family this backend runs (what `KILN_DENSE_MATMUL` asked for, `mma`
+    /// made `fma` where there are no tensor-core kernels).
+    pub fn dense_matmul_kind(&self) -> DenseMatmul {
+        self.dense
     }
 
-    /// `out = x · wᵀ` for `rows` rows through `dense_xwt_*` (`out_f32`: the f32-output variant).
+    /// Whether a dense kernel (not cuBLAS) takes `w` (see the module header).
+    pub(super) fn dense_takes(&self, w: &CudaWeight) -> bool {
+        self.dense != DenseMatmul::Cublas
+            && self.k.dense_xwt.is_some()
+            && w.packed.is_none()
+            && w.gguf.is_none()
+            && w.k.is_multiple_of(8)
+    }
+
+    /// `out = x · wᵀ` for `rows` rows through the backend's dense kernel (`out_f32`: the
+    /// f32-output variant).
     ///
     /// # Safety
     /// `xp` holds `rows × w.k` compute-dtype elements and `op` `rows × w.n` elements of the
@@ -44,16 +177,26 @@ impl CudaBackend {
         op: u64,
         out_f32: bool,
     ) -> Result<(), BackendError> {
+        if self.dense == DenseMatmul::Mma {
+            let kernel = if rows <= MMA_SMALL_MAX_ROWS {
+                MmaKernel::Small
+            } else {
+                MmaKernel::Large
+            };
+            let out = if out_f32 {
+                Epilogue::F32
+            } else {
+                Epilogue::Same
+            };
+            // SAFETY: as this function's contract.
+            return unsafe { self.mma_matmul(w, rows, xp, op, out, kernel) };
+        }
         let Some((f16_out, f32_out)) = &self.k.dense_xwt else {
             return Err(BackendError::Unsupported(
                 "the dense matmul kernel for f32 compute".into(),
             ));
         };
-        if !xp.is_multiple_of(16) || !op.is_multiple_of(4) {
-            return Err(BackendError::InvalidArgument(format!(
-                "dense matmul operands at {xp:#x} / {op:#x} are not aligned"
-            )));
-        }
+        check_aligned(xp, op)?;
         if rows == 0 || w.n == 0 {
             return Ok(());
         }
@@ -79,5 +222,252 @@ impl CudaBackend {
         // aligned and in bounds); the kernel guards col < n and row < rows.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
+    }
+
+    /// `out = x · wᵀ` through one `mma` kernel (with `Epilogue::Swiglu`: `w` has interleaved
+    /// gate|up rows and `out` holds `rows × w.n / 2` elements).
+    ///
+    /// # Safety
+    /// As [`CudaBackend::dense_matmul`], with the output size of the epilogue.
+    unsafe fn mma_matmul(
+        &self,
+        w: &CudaWeight,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        epilogue: Epilogue,
+        kernel: MmaKernel,
+    ) -> Result<(), BackendError> {
+        let Some(mk) = self.k.dense_mma.as_ref().filter(|_| self.arch.major >= 8) else {
+            return Err(BackendError::Unsupported(format!(
+                "the tensor-core dense matmul needs sm_80+ and a 16-bit dtype ({})",
+                self.device_name
+            )));
+        };
+        if !w.k.is_multiple_of(8) {
+            return Err(BackendError::InvalidArgument(format!(
+                "dense mma matmul: k = {} is not a multiple of 8",
+                w.k
+            )));
+        }
+        check_aligned(xp, op)?;
+        if rows == 0 || w.n == 0 {
+            return Ok(());
+        }
+        let sb = slice_blocks(w.k);
+        let slices = w.k.div_ceil(32).div_ceil(sb);
+        let (f, cfg) = match kernel {
+            MmaKernel::Small => {
+                let rg = row_groups(rows);
+                let i = rg.trailing_zeros() as usize;
+                let f = match epilogue {
+                    Epilogue::Same => &mk.small[i],
+                    Epilogue::F32 => &mk.small_f32[i],
+                    Epilogue::Swiglu => &mk.small_swiglu[i],
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        (w.n as u32).div_ceil(16),
+                        (rows as u32).div_ceil(8 * rg as u32),
+                        1,
+                    ),
+                    block_dim: (32 * slices as u32, 1, 1),
+                    shared_mem_bytes: (slices * rg * 128 * 4) as u32,
+                };
+                (f, cfg)
+            }
+            MmaKernel::Large => {
+                let f = match epilogue {
+                    Epilogue::Same => &mk.large,
+                    Epilogue::F32 => &mk.large_f32,
+                    Epilogue::Swiglu => &mk.large_swiglu,
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: ((w.n as u32).div_ceil(128), (rows as u32).div_ceil(64), 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (f, cfg)
+            }
+        };
+        let (m, n, k, sbi) = (rows as i32, w.n as i32, w.k as i32, sb as i32);
+        let wp = {
+            use cudarc::driver::DevicePtr;
+            w.data.device_ptr(&self.stream).0
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&xp)
+            .arg(&wp)
+            .arg(&op)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k)
+            .arg(&sbi);
+        // SAFETY: as this function's contract: x holds rows × k and out rows × n elements; w is
+        // a live n × k allocation (256-byte aligned, k a multiple of 8: every 128-bit load is
+        // aligned and in bounds, the kernels read nothing at or past column k, row m or output
+        // n); the small kernel's shared memory is exactly slices × rg × 128 floats (≤ 32 KiB:
+        // slices ≤ 16, rg ≤ 4).
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    /// `out = x · wᵀ` for a dense 16-bit `w` through the given `mma` kernel, whatever the
+    /// backend's `KILN_DENSE_MATMUL` choice: for the tests that compare the two kernels
+    /// (`tests/cuda_dense.rs`); output in the compute dtype (the f32-output twins run through
+    /// [`crate::backend::Backend::logits`]).
+    pub fn matmul_dense_mma_with(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        out: &mut CudaBuffer,
+        kernel: MmaKernel,
+    ) -> Result<(), BackendError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        super::check_len("matmul input", x.len, rows * w.k)?;
+        super::check_len("matmul output", out.len, rows * w.n)?;
+        self.expect_compute("matmul input", x)?;
+        if w.packed.is_some() || w.gguf.is_some() {
+            return Err(BackendError::InvalidArgument(
+                "matmul_dense_mma_with takes dense weights only".into(),
+            ));
+        }
+        self.expect_compute("matmul output", out)?;
+        let (xp, _x_sync) = x.data.device_ptr(&self.stream);
+        let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
+        // SAFETY: x holds rows × k compute-dtype elements and out rows × n elements of the
+        // output type (checked above); the sync guards keep both in use for the call.
+        unsafe { self.mma_matmul(w, rows, xp, op, Epilogue::Same, kernel) }
+    }
+
+    /// Whether [`CudaBackend::interleave_gate_up`] reorders a gate|up weight of this backend:
+    /// the `mma` kernels run here, the weight is dense and `inter` (= n / 2) is a multiple of 8.
+    fn swiglu_fusable(&self, w: &CudaWeight) -> bool {
+        self.dense == DenseMatmul::Mma
+            && self.k.dense_mma.is_some()
+            && self.dense_takes(w)
+            && w.n.is_multiple_of(16)
+            && !w.swiglu_rows
+    }
+
+    /// A stacked gate|up weight (gate rows, then up rows) with its rows reordered for the
+    /// SwiGLU epilogue when [`CudaBackend::swiglu_fusable`]: 16-row tile i holds gate rows
+    /// 8i .. 8i + 8 then up rows 8i .. 8i + 8 (one device copy per 8-row chunk, at load).
+    /// Otherwise `w` as it is (the unfused form runs).
+    pub(super) fn interleave_gate_up(&self, w: CudaWeight) -> Result<CudaWeight, BackendError> {
+        if !self.swiglu_fusable(&w) {
+            return Ok(w);
+        }
+        let inter = w.n / 2;
+        let chunk = 8 * w.k * self.dtype.size();
+        let mut data = self.alloc_bytes(w.data.len())?;
+        for i in 0..inter / 8 {
+            for (half, src_row) in [(0, 8 * i), (1, inter + 8 * i)] {
+                let from = w.data.slice(src_row * w.k * self.dtype.size()..);
+                let from = from.slice(..chunk);
+                let dst = (2 * i + half) * chunk;
+                let mut to = data.slice_mut(dst..dst + chunk);
+                self.stream.memcpy_dtod(&from, &mut to).map_err(dev_err)?;
+            }
+        }
+        Ok(CudaWeight {
+            data,
+            swiglu_rows: true,
+            ..w
+        })
+    }
+
+    /// `out = swiglu(x · wᵀ)` for an interleaved gate|up `w` through the `mma` kernel with the
+    /// SwiGLU epilogue (the small one up to [`MMA_SMALL_MAX_ROWS`] rows).
+    pub(super) fn mma_swiglu(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        out: &mut CudaBuffer,
+        inter: usize,
+    ) -> Result<(), BackendError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        if w.n != 2 * inter {
+            return Err(BackendError::InvalidArgument(format!(
+                "gate_up_swiglu: weight of {} rows for inter {inter}",
+                w.n
+            )));
+        }
+        super::check_len("gate_up_swiglu input", x.len, rows * w.k)?;
+        super::check_len("gate_up_swiglu output", out.len, rows * inter)?;
+        self.expect_compute("gate_up_swiglu input", x)?;
+        self.expect_compute("gate_up_swiglu output", out)?;
+        let kernel = if rows <= MMA_SMALL_MAX_ROWS {
+            MmaKernel::Small
+        } else {
+            MmaKernel::Large
+        };
+        let (xp, _x_sync) = x.data.device_ptr(&self.stream);
+        let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
+        // SAFETY: x holds rows × k compute-dtype elements and out rows × inter (checked above);
+        // the sync guards keep both in use for the call.
+        unsafe { self.mma_matmul(w, rows, xp, op, Epilogue::Swiglu, kernel) }
+    }
+}
+
+/// What the `mma` kernel writes: the product in the compute dtype, in f32, or SwiGLU of the
+/// interleaved gate|up product in the compute dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Epilogue {
+    Same,
+    F32,
+    Swiglu,
+}
+
+/// The 128-bit loads need a 16-byte aligned input, the stores a 4-byte aligned output.
+fn check_aligned(xp: u64, op: u64) -> Result<(), BackendError> {
+    if !xp.is_multiple_of(16) || !op.is_multiple_of(4) {
+        return Err(BackendError::InvalidArgument(format!(
+            "dense matmul operands at {xp:#x} / {op:#x} are not aligned"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_k_slices_depend_on_k_alone_and_stay_within_the_kernel_limits() {
+        assert_eq!(slice_blocks(576), 4);
+        assert_eq!(slice_blocks(1536), 4);
+        assert_eq!(slice_blocks(8192), 16);
+        for k in (8..20_000).step_by(8) {
+            let sb = slice_blocks(k);
+            let slices = k.div_ceil(32).div_ceil(sb);
+            assert!(sb >= 4, "k {k}");
+            assert!(slices <= 16, "k {k}: {slices} slices");
+            assert!(slices * sb * 32 >= k, "k {k}: slices do not cover K");
+        }
+    }
+
+    #[test]
+    fn the_switch_parses_its_documented_values_and_refuses_others() {
+        assert_eq!(DenseMatmul::parse("mma").unwrap(), DenseMatmul::Mma);
+        assert_eq!(DenseMatmul::parse("MMA").unwrap(), DenseMatmul::Mma);
+        assert_eq!(DenseMatmul::parse("1").unwrap(), DenseMatmul::Fma);
+        assert_eq!(DenseMatmul::parse("fma").unwrap(), DenseMatmul::Fma);
+        assert_eq!(DenseMatmul::parse("cublas").unwrap(), DenseMatmul::Cublas);
+        assert_eq!(DenseMatmul::parse("0").unwrap(), DenseMatmul::Cublas);
+        assert_eq!(DenseMatmul::parse("").unwrap(), DenseMatmul::DEFAULT);
+        assert!(DenseMatmul::parse("tensor").is_err());
+    }
+
+    #[test]
+    fn row_groups_cover_the_small_kernel_range() {
+        assert_eq!(row_groups(1), 1);
+        assert_eq!(row_groups(8), 1);
+        assert_eq!(row_groups(9), 2);
+        assert_eq!(row_groups(16), 2);
+        assert_eq!(row_groups(17), 4);
+        assert_eq!(row_groups(64), 4);
     }
 }

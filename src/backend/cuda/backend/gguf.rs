@@ -170,6 +170,7 @@ impl CudaBackend {
                 k_blocks: t.k_blocks(),
                 k_slices: t.k_slices,
             })),
+            swiglu_rows: false,
         }))
     }
 

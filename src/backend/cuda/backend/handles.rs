@@ -72,6 +72,8 @@ pub(crate) struct Kernels {
     pub feed_tokens: CudaFunction,
     /// `dense_xwt_{t}` and its f32-output twin (16-bit compute dtypes only).
     pub dense_xwt: Option<(CudaFunction, CudaFunction)>,
+    /// `dense_mma_*_{t}`: the tensor-core dense matmuls (16-bit compute dtypes only).
+    pub dense_mma: Option<super::dense::MmaKernels>,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
     /// `gated_qkv_rope_write_{t}_{c}`: Qwen3.5's fused pre-attention (`gated_attention.cu`).
@@ -144,6 +146,11 @@ impl Kernels {
             ) {
                 (Some(a), Some(b)) => Some((a, b)),
                 _ => None,
+            },
+            dense_mma: if wide {
+                Some(super::dense::MmaKernels::resolve(&get, t)?)
+            } else {
+                None
             },
             gdn: super::gdn::GdnKernels::resolve(&get, t)?,
             gated_qkv: get(format!("gated_qkv_rope_write_{t}_{c}"))?,

@@ -133,6 +133,7 @@ impl CudaBackend {
                 values: t.values,
             })),
             gguf: None,
+            swiglu_rows: false,
         })
     }
 
