@@ -28,6 +28,8 @@ fn synthetic_27b_w4a16_loads_in_19_gib_and_runs_finite() {
         prompt_tokens: 128,
         gen_tokens: 64,
         prefill: vec![1024, 8192],
+        // The engine's default: decode steps replayed from the hybrid runner's graphs.
+        cuda_graphs: true,
     };
     let r = measure(0, SyntheticQuant::W4A16, "w4a16", &args).expect("the synthetic 27B runs");
     println!("RESULT {}", serde_json::to_string(&r).unwrap());

@@ -193,6 +193,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             prompt_tokens: args.prompt_tokens,
             gen_tokens: args.gen_tokens,
             prefill: args.synthetic_prefill.clone(),
+            cuda_graphs: args.cuda_graphs,
         };
         return super::bench_synthetic::run(&synthetic, device);
     }

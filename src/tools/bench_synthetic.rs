@@ -43,6 +43,9 @@ pub struct SyntheticArgs {
     pub gen_tokens: usize,
     /// Prefill lengths (one sequence, one step each).
     pub prefill: Vec<usize>,
+    /// Replay the decode steps from the runner's CUDA graphs (`--cuda-graphs`, the engine's
+    /// `engine.cuda_graphs`); prefill steps run eagerly either way.
+    pub cuda_graphs: bool,
 }
 
 /// Run the synthetic benchmark.

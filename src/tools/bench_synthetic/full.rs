@@ -40,6 +40,8 @@ pub struct FullReport {
     pub quant: String,
     /// The device's name.
     pub device: String,
+    /// Whether decode steps were replayed from CUDA graphs.
+    pub cuda_graphs: bool,
     /// Seconds from the first weight made to the runner ready (generation included).
     pub load_s: f64,
     /// Bytes of every tensor as the planner counts them (linears, embeddings, norms).
@@ -95,7 +97,7 @@ pub fn measure(
         max_model_len: max_prefill.max(seq_len),
         dtype: args.dtype.clone(),
         enable_prefix_caching: false,
-        cuda_graphs: false,
+        cuda_graphs: args.cuda_graphs,
         ..Default::default()
     };
     let elem = if args.dtype == "f32" { 4 } else { 2 };
@@ -116,6 +118,7 @@ pub fn measure(
     let mut report = FullReport {
         quant: quant.to_owned(),
         device: runner.device_name(),
+        cuda_graphs: args.cuda_graphs,
         load_s,
         planned_weight_bytes,
         runner_weight_bytes: runner.weight_bytes(),
@@ -214,7 +217,7 @@ fn print_memory(r: &FullReport, json: bool) {
                 "state_gib": gib(r.state_bytes as f64), "state_slots": r.state_slots})
         );
     } else {
-        println!("device: {}", r.device);
+        println!("device: {}, decode CUDA graphs {}", r.device, r.cuda_graphs);
         println!(
             "qwen3.5-27b {} (whole model through the Qwen3.5 runner): loaded in {:.1} s; device memory {:.2} GiB = weights {:.2} GiB (linears + lm_head {:.2}, embeddings/norms/conv the rest) + KV {:.2} GiB ({} blocks) + {} state slots {:.2} GiB + context/other",
             r.quant,
