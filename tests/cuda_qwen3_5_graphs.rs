@@ -73,13 +73,7 @@ fn run(m: &mut Qwen3_5<CudaBackend>, n: usize) -> Vec<ForwardOutput> {
                 .collect()
         })
         .collect();
-    let want = |i: usize| {
-        if i.is_multiple_of(2) {
-            LogitsFor::Sample(SamplingRow::greedy())
-        } else {
-            LogitsFor::Last
-        }
-    };
+    let want = alternate_logits;
     let table = |i: usize| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect::<Vec<_>>();
     let mut slots: Vec<u32> = (0..n as u32).collect();
     let mut batch = ForwardBatch::default();
@@ -106,24 +100,10 @@ fn run(m: &mut Qwen3_5<CudaBackend>, n: usize) -> Vec<ForwardOutput> {
                 *s = to;
             }
         }
-        let v = vocab as usize;
-        let (mut sample, mut row) = (out.samples.iter(), 0);
+        let ids = next_tokens(&out, n, vocab as usize);
         let mut next = ForwardBatch::default();
         for i in 0..n {
-            let id = if i.is_multiple_of(2) {
-                sample
-                    .next()
-                    .expect("sample")
-                    .as_ref()
-                    .expect("sampled")
-                    .token_id
-            } else {
-                let l = &out.logits[row * v..(row + 1) * v];
-                row += 1;
-                (0..v)
-                    .max_by(|&a, &b| l[a].total_cmp(&l[b]).then(b.cmp(&a)))
-                    .unwrap() as u32
-            };
+            let id = ids[i];
             next.seqs.push(SeqSlice {
                 start: i,
                 len: 1,

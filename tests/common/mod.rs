@@ -9,7 +9,8 @@ use kiln::backend::Backend;
 use kiln::engine::{Device, EngineConfig};
 use kiln::model::files::ModelFiles;
 use kiln::model::runner::build_runner_for;
-use kiln::model::step::ModelRunner;
+use kiln::model::step::{ForwardOutput, LogitsFor, ModelRunner};
+use kiln::sampling::SamplingRow;
 use kiln::tools::probe::ProbeOutput;
 
 /// Max |Δ| per compute dtype for single ops on O(1) data.
@@ -241,4 +242,38 @@ pub fn rel_err(got: &[f32], n: usize, cols: &[usize], want: &[Vec<f64>]) -> f64 
 /// Whether `a` and `b` hold the same f32 bit patterns.
 pub fn bits_equal(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// What the graph tests ask of sequence `i`: even sequences are sampled on the device
+/// (greedy), odd ones return their last row of raw logits.
+pub fn alternate_logits(i: usize) -> LogitsFor {
+    if i.is_multiple_of(2) {
+        LogitsFor::Sample(SamplingRow::greedy())
+    } else {
+        LogitsFor::Last
+    }
+}
+
+/// The next token of each of `n` sequences asked as `alternate_logits`: the device's sample
+/// for even ones, the argmax of the returned logits row (lowest id on ties) for odd ones.
+pub fn next_tokens(out: &ForwardOutput, n: usize, vocab: usize) -> Vec<u32> {
+    let (mut sample, mut row) = (out.samples.iter(), 0);
+    (0..n)
+        .map(|i| {
+            if i.is_multiple_of(2) {
+                sample
+                    .next()
+                    .expect("sample")
+                    .as_ref()
+                    .expect("sampled")
+                    .token_id
+            } else {
+                let l = &out.logits[row * vocab..(row + 1) * vocab];
+                row += 1;
+                (0..vocab)
+                    .max_by(|&a, &b| l[a].total_cmp(&l[b]).then(b.cmp(&a)))
+                    .unwrap() as u32
+            }
+        })
+        .collect()
 }
