@@ -44,8 +44,9 @@ const SHAPES_27B: [(usize, usize); 9] = [
     (5120, 17408),
     (248320, 5120),
 ];
-/// Row counts of a step: the 8-row GEMV (1, 2, 7), the 32-row GEMV (16, 32), the GEMM (64, 257).
-const ROWS: [usize; 7] = [1, 2, 7, 16, 32, 64, 257];
+/// Row counts of a step: the 8-row GEMV (1, 2, 7), the 16-row GEMV (9, 12, 16; the 32-row one
+/// for the generic layouts), the 32-row GEMV (32), the GEMM (64, 257).
+const ROWS: [usize; 9] = [1, 2, 7, 9, 12, 16, 32, 64, 257];
 const REL_TOL: f64 = 1e-2;
 
 /// The reference outputs `[rows][cols.len()]` for columns `cols` of `o` on input `x` (`[rows, K]`).
@@ -98,7 +99,7 @@ fn run(
 }
 
 /// One linear on one backend: every row count against the reference; every prefix of rows equal
-/// bit for bit to the same rows of the 257-row step; GEMV and GEMM equal on 64 and on 7 rows.
+/// bit for bit to the same rows of the 257-row step; GEMV and GEMM equal on 64, 7 and 12 rows.
 fn check_linear(b: &CudaBackend, dtype: &str, label: &str, o: &Owned, subset: bool) -> Vec<String> {
     let (n, k) = (o.n, o.k);
     let mut failures = Vec::new();
@@ -147,10 +148,10 @@ fn check_linear(b: &CudaBackend, dtype: &str, label: &str, o: &Owned, subset: bo
     }
     let mut gemv_gemm = "n/a (FMA path)".to_string();
     if b.w4_tensor_cores() {
-        // 64 rows: the GEMV runs its 32-row blocks; 7 rows: its 8-row blocks where the layout
-        // allows them (else the 32-row ones again).
+        // 64 rows: the GEMV runs its 32-row blocks; 7 and 12 rows: its 8- and 16-row blocks
+        // where the layout allows them (else the 32-row ones again).
         let mut same_all = true;
-        for rows in [64usize, 7] {
+        for rows in [64usize, 7, 12] {
             let gv = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
             let gm = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemm));
             if !bits_equal(&gv, &gm) {
@@ -163,7 +164,7 @@ fn check_linear(b: &CudaBackend, dtype: &str, label: &str, o: &Owned, subset: bo
         gemv_gemm = if same_all { "equal" } else { "DIFFER" }.into();
     }
     println!(
-        "RESULT w4a16 {dtype} {label} N={n} K={k} rows={ROWS:?} checked_cols={} rel_err_max={worst:.3e} batch_invariant={invariant} gemv_vs_gemm_64_and_7={gemv_gemm} upload_s={upload_s:.2} {}",
+        "RESULT w4a16 {dtype} {label} N={n} K={k} rows={ROWS:?} checked_cols={} rel_err_max={worst:.3e} batch_invariant={invariant} gemv_vs_gemm_64_7_12={gemv_gemm} upload_s={upload_s:.2} {}",
         if subset { format!("{} (seeded subset)", cols.len()) } else { format!("{n} (all)") },
         if failures.is_empty() { "ok" } else { "FAIL" }
     );

@@ -202,6 +202,7 @@ impl KernelModule {
                 KernelModule::W4a16 => {
                     if t != "f32" {
                         names.push(format!("w4_gemv_{t}"));
+                        names.push(format!("w4_gemv16_{t}"));
                         names.push(format!("w4_gemv32_{t}"));
                         names.push(format!("w4_gemm_{t}"));
                     }

@@ -61,6 +61,8 @@ pub(crate) struct Kernels {
     pub argmax_rows: CudaFunction,
     /// `w4_gemv_{t}`: packed 4-bit GEMV (tensor cores); `None` when `t` is f32.
     pub w4_gemv: Option<CudaFunction>,
+    /// `w4_gemv16_{t}`: packed 4-bit GEMV over 16-row blocks (9–16 rows, the common layouts); `None` when `t` is f32.
+    pub w4_gemv16: Option<CudaFunction>,
     /// `w4_gemv32_{t}`: packed 4-bit GEMV over 32-row blocks (9–32 rows, any layout); `None` when `t` is f32.
     pub w4_gemv32: Option<CudaFunction>,
     /// `w4_gemm_{t}`: packed 4-bit GEMM (tensor cores); `None` when `t` is f32.
@@ -135,6 +137,7 @@ impl Kernels {
             sample_rows: get("sample_rows".into())?,
             argmax_rows: get("argmax_rows".into())?,
             w4_gemv: opt(format!("w4_gemv_{t}"))?,
+            w4_gemv16: opt(format!("w4_gemv16_{t}"))?,
             w4_gemv32: opt(format!("w4_gemv32_{t}"))?,
             w4_gemm: opt(format!("w4_gemm_{t}"))?,
             w4_fma: get(format!("w4_fma_{t}"))?,
