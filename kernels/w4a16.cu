@@ -46,8 +46,8 @@
 #define W4_KB 128       // k per tile block
 #define W4_MAX_KS 8     // K slices at most
 #define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs: one m16 A tile; must be 2)
-#define W4_GEMV_DEPTH 3 // k blocks of weights in flight per 8- and 16-row GEMV warp (register ring)
-#define W4_GEMV16_BLOCKS 2 // resident blocks per SM of the 16-row GEMV (__launch_bounds__)
+#define W4_GEMV_DEPTH 3 // k blocks of weights in flight per 8-row GEMV warp (register ring; 2 above)
+#define W4_GEMV16_BLOCKS 3 // resident blocks per SM of the 16-row GEMV (__launch_bounds__)
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
 // D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
@@ -313,26 +313,13 @@ __device__ __forceinline__ unsigned w4_sz_at(const unsigned short* __restrict__ 
     return (unsigned)__ldg(sp + gi * 8) | ((zg ? (unsigned)__ldg(zp + gi * zg) : 8u) << 16);
 }
 
-// Ask the L2 for `bytes` bytes at `p` (any alignment): the warp's lanes each name one 128-byte
-// line per pass (`prefetch.global.L2`, no register, no wait). The GEMV warps issue this for the
-// first k blocks of their slice before the register ring's first loads (then one block at a
-// time, `pf` ahead), so far more DRAM reads are in flight than the ring's D k blocks; the
-// ring then loads from the L2. A hint only: the values read are the same with or without it.
-__device__ __forceinline__ void w4_prefetch_l2(const void* p, size_t bytes, int lane) {
-    const size_t a0 = reinterpret_cast<size_t>(p) & ~(size_t)127;
-    const size_t end = reinterpret_cast<size_t>(p) + bytes;
-    for (size_t a = a0 + (size_t)lane * 128; a < end; a += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
-}
-
 // GEMV: grid (Np / 16, ceil(m / (8 RG))), block 32 * ks threads (warp s = K slice s), one m16
 // output tile (n8 tiles 2 * blockIdx.x, + 1) and 8 RG rows (r0 = 8 RG blockIdx.y) per block;
 // RG = 1 (steps of 1..8 rows, `w4_gemv_*`), 2 (9..16 rows, `w4_gemv16_*`) or 4 (17..32 rows
 // and the generic layouts, `w4_gemv32_*`): the weights are read and decoded once for 8 RG rows.
 // Each warp keeps D k blocks of its tiles' weights and (scale, zero) words in flight in a
-// register ring (D = 3 for RG <= 2, 2 for RG = 4), and asks the L2 for its slice's weights,
-// scales and zeros `pf` k blocks ahead (`prefetch.global.L2`, a hint; the host picks pf). x is read through the L1 (every warp of
-// the grid reads the same rows). Row groups past m (nrg of RG present, uniform per block) are
+// register ring (D = 3 for RG = 1, 2 otherwise); x is read through the L1 (every warp of the
+// grid reads the same rows). Row groups past m (nrg of RG present, uniform per block) are
 // skipped.
 // FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads
 // (predicated on the row only); otherwise the generic `w4_x8`. G16 (FP4, or the generic
@@ -344,9 +331,8 @@ template <typename T, int RG, bool FP4, bool FASTX>
 __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* __restrict__ qw,
                                         const T* scales, const unsigned char* zeros,
                                         const int* perm, int kblocks, int ks, int gshift,
-                                        int gstore, int n, void* out, int out_f32, int pf,
-                                        float* part) {
-    constexpr int NT = W4_GEMV_NT, D = RG <= 2 ? W4_GEMV_DEPTH : 2;
+                                        int gstore, int n, void* out, int out_f32, float* part) {
+    constexpr int NT = W4_GEMV_NT, D = RG == 1 ? W4_GEMV_DEPTH : 2;
     constexpr bool G16 = FP4 || !FASTX;
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -364,23 +350,6 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
     const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + (size_t)nt0 * sstride + g;
     const unsigned char* zp = zeros ? zeros + (size_t)nt0 * sstride + g : w4_eight;
     const int zg = zeros ? 8 : 0, zt = zeros ? sstride : 0;
-    // L2 prefetch, `pf` k blocks ahead (0: none). At the start: the first pf k blocks of each
-    // tile's slice (512 B each, contiguous) and the slice's whole (scale, zero) range (the
-    // stored groups of chunks kb0*8 .. kend*8 - 1: 16 B of scales, 8 B of zeros each; small).
-    // Then block kc + pf of both tiles while block kc is consumed: lanes 0..7, one 128-byte line
-    // each (`pfw`: the lane's line of block 0).
-    if (pf > 0 && kb0 < kend) {
-        const int g0 = (kb0 * 8) >> gshift, g1 = (kend * 8 - 1) >> gshift;
-        const unsigned short* sb = reinterpret_cast<const unsigned short*>(scales) + ((size_t)nt0 * gstore + g0) * 8;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            w4_prefetch_l2(qw + ((size_t)(nt0 + j) * kblocks + kb0) * 32, (size_t)min(pf, per) * 512, lane);
-            w4_prefetch_l2(sb + (size_t)j * sstride, (size_t)(g1 - g0 + 1) * 16, lane);
-            if (zeros)
-                w4_prefetch_l2(zeros + ((size_t)(nt0 + j) * gstore + g0) * 8, (size_t)(g1 - g0 + 1) * 8, lane);
-        }
-    }
-    const uint4* pfw = qw + (size_t)(nt0 + ((lane >> 2) & 1)) * kblocks * 32 + (lane & 3) * 8;
     float acc[RG][4];  // D layout: (out g | g + 8, row 2t | 2t + 1) of row group rg
 #pragma unroll
     for (int h = 0; h < RG; ++h)
@@ -419,8 +388,6 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
                 w4_block<T, RG, FP4, G16>(acc, wr[d][0], wr[d][1], szl[d][0], szh[d][0],
                                           szl[d][1], szh[d][1], nrg, xq);
                 if (kc + D < kend) fill(d, kc + D);
-                if (pf > 0 && kc + pf < kend && lane < 8)
-                    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(pfw + (size_t)(kc + pf) * 32));
             }
         }
     }
@@ -708,33 +675,32 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         const int *perm, int kblocks, int ks, int gshift, int gstore, int n, void *out,        \
         int out_f32, int fp4
 #define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
-#define W4_PASS_GEMV W4_PASS, pf
 
-// `w4_gemv_*` (RG 1: steps of 1..8 rows, 3 blocks per SM) and `w4_gemv16_*` (RG 2: 9..16 rows)
-// run only the fast variants: the host launches them when k % 128 == 0, no perm, and (NVFP4 or
-// groups of >= 32 columns); everything else, and steps of 17+ rows, run `w4_gemv32_*` (RG 4; its
-// generic variant handles any layout). `pf`: k blocks of L2 prefetch ahead (0: none; a hint).
+// `w4_gemv_*` (RG 1: steps of 1..8 rows, 3 blocks per SM) and `w4_gemv16_*` (RG 2: 9..16 rows,
+// 3 blocks per SM) run only the fast variants: the host launches them when k % 128 == 0, no
+// perm, and (NVFP4 or groups of >= 32 columns); everything else, and steps of 17+ rows, run
+// `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 3) w4_gemv_##SUF(W4_ARGS(T), int pf) {      \
+    extern "C" __global__ void __launch_bounds__(256, 3) w4_gemv_##SUF(W4_ARGS(T)) {              \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
-        if (fp4) w4_gemv<T, 1, true, true>(W4_PASS_GEMV, part);                                  \
-        else w4_gemv<T, 1, false, true>(W4_PASS_GEMV, part);                                     \
+        if (fp4) w4_gemv<T, 1, true, true>(W4_PASS, part);                                       \
+        else w4_gemv<T, 1, false, true>(W4_PASS, part);                                          \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, W4_GEMV16_BLOCKS) w4_gemv16_##SUF(          \
-        W4_ARGS(T), int pf) {                                                                    \
+        W4_ARGS(T)) {                                                                            \
         __shared__ float part[W4_MAX_KS * 2 * 4 * 32];                                           \
-        if (fp4) w4_gemv<T, 2, true, true>(W4_PASS_GEMV, part);                                  \
-        else w4_gemv<T, 2, false, true>(W4_PASS_GEMV, part);                                     \
+        if (fp4) w4_gemv<T, 2, true, true>(W4_PASS, part);                                       \
+        else w4_gemv<T, 2, false, true>(W4_PASS, part);                                          \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv32_##SUF(W4_ARGS(T), int pf) {    \
+    extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv32_##SUF(W4_ARGS(T)) {            \
         __shared__ float part[W4_MAX_KS * 4 * 4 * 32];                                           \
         const bool fx = perm == nullptr && (k & 127) == 0 && (fp4 || gshift > 0);                \
         if (fp4) {                                                                               \
-            if (fx) w4_gemv<T, 4, true, true>(W4_PASS_GEMV, part);                               \
-            else w4_gemv<T, 4, true, false>(W4_PASS_GEMV, part);                                 \
+            if (fx) w4_gemv<T, 4, true, true>(W4_PASS, part);                                    \
+            else w4_gemv<T, 4, true, false>(W4_PASS, part);                                      \
         } else {                                                                                 \
-            if (fx) w4_gemv<T, 4, false, true>(W4_PASS_GEMV, part);                              \
-            else w4_gemv<T, 4, false, false>(W4_PASS_GEMV, part);                                \
+            if (fx) w4_gemv<T, 4, false, true>(W4_PASS, part);                                   \
+            else w4_gemv<T, 4, false, false>(W4_PASS, part);                                     \
         }                                                                                        \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 1) w4_gemm_##SUF(W4_ARGS(T), int stages,  \

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use common::*;
 use half::bf16;
-use kiln::backend::cuda::{CudaBackend, W4Kernel};
+use kiln::backend::cuda::W4Kernel;
 use kiln::backend::Backend;
 use kiln::model::synthetic::{qwen3_5_27b_weights, SyntheticQuant};
 use kiln::tensor::{LinearView, TensorView, WeightDType};
@@ -70,24 +70,6 @@ fn w4a16_gemv_and_gemm_speed() {
                 );
             }
             line += &format!(" {rows}:{:.2}", t / t1);
-        }
-        // What the GEMV's L2 prefetch buys, by distance in k blocks (0: none; the backend's
-        // default is `CudaBackend::W4_GEMV_L2_PREFETCH_BLOCKS`; same bits for every distance).
-        for (rows, pf) in [1usize, 16]
-            .into_iter()
-            .flat_map(|r| [0u32, 2, 4, 8, 16, 1 << 20].map(|p| (r, p)))
-        {
-            let t = time(&b, || {
-                b.matmul_w4_tuned(&x, rows, &w, &mut out, W4Kernel::Gemv, pf)
-                    .expect("matmul")
-            });
-            println!(
-                "RESULT bench gemv N={n} K={k} rows={rows} l2_prefetch_blocks={pf} (default {}) time_us={:.2} GBps={:.0} fraction_of_copy={:.3}",
-                CudaBackend::W4_GEMV_L2_PREFETCH_BLOCKS,
-                t * 1e6,
-                bytes / t / 1e9,
-                bytes / t / copy
-            );
         }
         println!(
             "RESULT bench gemv N={n} K={k} time_vs_1row (target <= 1.3 through 16 rows):{line}"

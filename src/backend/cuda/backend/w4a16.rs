@@ -4,8 +4,8 @@
 //!
 //! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, the GEMV for steps of
 //! 1–32 rows (on the common layouts `w4_gemv`, 8-row blocks, for 1–8 rows and `w4_gemv16`,
-//! 16-row blocks, for 9–16; `w4_gemv32`, 32-row blocks, otherwise; each warp first prefetches
-//! its K slice into the L2) and `w4_gemm` for larger ones, both `mma.sync.m16n8k16` over the same fragments and
+//! 16-row blocks, for 9–16; `w4_gemv32`, 32-row blocks, otherwise) and `w4_gemm` for larger
+//! ones, both `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; elsewhere (sm_70 / sm_75, f32) `w4_fma`, one kernel for every row count.
 //! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
@@ -86,12 +86,6 @@ impl CudaPackedParts {
 }
 
 impl CudaBackend {
-    /// How many k blocks (128 columns each) ahead of its register ring a GEMV warp asks the L2
-    /// for (`kernels/w4a16.cu` `pf`; at the start, that many of its slice at once): far more
-    /// bytes in flight than the ring's 2–3 blocks, at no register cost. A hint: results do not
-    /// depend on it.
-    pub const W4_GEMV_L2_PREFETCH_BLOCKS: u32 = 8;
-
     /// Repack a 4-bit linear (int4 or NVFP4) into the tile layout and upload it; `g_idx` layouts
     /// the tiles cannot hold are `Unsupported`, naming the module.
     pub(super) fn upload_packed(
@@ -198,22 +192,6 @@ impl CudaBackend {
         out: &mut CudaBuffer,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
-        self.matmul_w4_tuned(x, rows, w, out, kernel, Self::W4_GEMV_L2_PREFETCH_BLOCKS)
-    }
-
-    /// [`Self::matmul_w4_with`] with the GEMV's L2 prefetch distance chosen: `l2_prefetch`
-    /// k blocks ahead of each warp's register ring (0: none; the backend uses
-    /// [`Self::W4_GEMV_L2_PREFETCH_BLOCKS`]), for the benchmark that measures what the prefetch buys. A
-    /// hint only: the results are the same bits for every distance.
-    pub fn matmul_w4_tuned(
-        &self,
-        x: &CudaBuffer,
-        rows: usize,
-        w: &CudaWeight,
-        out: &mut CudaBuffer,
-        kernel: W4Kernel,
-        l2_prefetch: u32,
-    ) -> Result<(), BackendError> {
         super::check_len("matmul input", x.len, rows * w.k)?;
         super::check_len("matmul output", out.len, rows * w.n)?;
         if x.dtype != self.dtype {
@@ -234,7 +212,7 @@ impl CudaBackend {
         let (op, _o) = out.data.device_ptr(&self.stream);
         // SAFETY: x and out hold rows × k and rows × n compute-dtype elements (checked above) and
         // stay alive (guards) for the call.
-        unsafe { self.packed_matmul_opt(w, parts, rows, xp, op, false, kernel, l2_prefetch) }
+        unsafe { self.packed_matmul(w, parts, rows, xp, op, false, kernel) }
     }
 
     /// Launch the packed matmul.
@@ -252,38 +230,6 @@ impl CudaBackend {
         op: u64,
         out_f32: bool,
         kernel: W4Kernel,
-    ) -> Result<(), BackendError> {
-        // SAFETY: forwarded (same contract).
-        unsafe {
-            self.packed_matmul_opt(
-                w,
-                parts,
-                rows,
-                xp,
-                op,
-                out_f32,
-                kernel,
-                Self::W4_GEMV_L2_PREFETCH_BLOCKS,
-            )
-        }
-    }
-
-    /// [`Self::packed_matmul`] with the GEMV's L2 prefetch distance chosen (`l2_prefetch` k
-    /// blocks, 0: none).
-    ///
-    /// # Safety
-    /// As [`Self::packed_matmul`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn packed_matmul_opt(
-        &self,
-        w: &CudaWeight,
-        parts: &CudaPackedParts,
-        rows: usize,
-        xp: u64,
-        op: u64,
-        out_f32: bool,
-        kernel: W4Kernel,
-        l2_prefetch: u32,
     ) -> Result<(), BackendError> {
         // Rows of one GEMV block: 8 / 16 (fast layouts) or 32.
         let gemv_rows = if parts.gemv_fast_ok(w.k) && rows <= GEMV8_ROWS {
@@ -366,15 +312,8 @@ impl CudaBackend {
             .arg(&op)
             .arg(&of32)
             .arg(&fp4);
-        let pf = l2_prefetch.min(1 << 20) as i32;
-        match kernel {
-            W4Kernel::Gemm => {
-                b.arg(&stages).arg(&tiles);
-            }
-            W4Kernel::Gemv => {
-                b.arg(&pf);
-            }
-            W4Kernel::Fma => {}
+        if kernel == W4Kernel::Gemm {
+            b.arg(&stages).arg(&tiles);
         }
         let cfg = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
