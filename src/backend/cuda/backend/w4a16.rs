@@ -17,6 +17,12 @@ use crate::backend::BackendError;
 use crate::tensor::packed_tiles::{W4Tiles, W4Values, PAD_N, TILE_N};
 use crate::tensor::PackedLinear;
 
+// The sm_70 / sm_75 tensor-core kernels (`kernels/w4a16_sm70.cu`), a child module: it reads the
+// private packed parts.
+#[path = "w4a16_sm70.rs"]
+mod sm70;
+pub(crate) use sm70::Sm70Kernels;
+
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
 pub const GEMV_MAX_ROWS: usize = 32;
 
@@ -148,6 +154,9 @@ impl CudaBackend {
 
     /// The kernel the backend runs for a step of `rows` rows.
     pub fn w4_kernel_for(&self, rows: usize) -> W4Kernel {
+        if self.k.w4_sm70.is_some() {
+            return sm70::kernel_for(rows);
+        }
         if !self.w4_tensor_cores() {
             W4Kernel::Fma
         } else if rows <= GEMV_MAX_ROWS {
@@ -170,9 +179,10 @@ impl CudaBackend {
         }
     }
 
-    /// Whether the tensor-core kernels run here (sm_80+, 16-bit compute dtype).
+    /// Whether the tensor-core kernels run here (sm_80+ with a 16-bit compute dtype, or the
+    /// sm_70 / sm_75 kernels with fp16).
     pub fn w4_tensor_cores(&self) -> bool {
-        self.arch.major >= 8 && self.dtype != ComputeDType::F32
+        (self.arch.major >= 8 && self.dtype != ComputeDType::F32) || self.k.w4_sm70.is_some()
     }
 
     /// `out[rows, n] = x[rows, k] · wᵀ` for a packed `w` with the given kernel (what
@@ -225,6 +235,10 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
+        if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe { self.packed_matmul_sm70(s70, w, parts, rows, xp, op, out_f32, kernel) };
+        }
         let gemv8 = rows <= GEMV8_ROWS && parts.gemv8_ok(w.k);
         let f = match kernel {
             W4Kernel::Gemv if gemv8 => self.k.w4_gemv.as_ref().filter(|_| self.w4_tensor_cores()),
