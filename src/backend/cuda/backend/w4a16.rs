@@ -6,7 +6,8 @@
 //! 1–32 rows (`w4_gemv`, 8-row blocks, for 1–8 rows on the common layouts; `w4_gemv32`, 32-row
 //! blocks, otherwise) and `w4_gemm` for larger ones, both `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
-//! depend on its batch; elsewhere (sm_70 / sm_75, f32) `w4_fma`, one kernel for every row count.
+//! depend on its batch; on sm_70 / sm_75 with fp16 the mma m8n8k4 kernels of the child module
+//! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
 //! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
 //! Nothing here allocates per call, and every launch takes fixed pointers (graph-capturable).
 
@@ -237,7 +238,9 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
             // SAFETY: the caller's guarantees, passed on unchanged.
-            return unsafe { self.packed_matmul_sm70(s70, w, parts, rows, xp, op, out_f32, kernel) };
+            return unsafe {
+                self.packed_matmul_sm70(s70, w, parts, rows, xp, op, out_f32, kernel)
+            };
         }
         let gemv8 = rows <= GEMV8_ROWS && parts.gemv8_ok(w.k);
         let f = match kernel {

@@ -178,6 +178,9 @@ mod tests {
         assert_eq!(launch_dims(W4Kernel::Gemv, 1, 64, 8), ((4, 1), 256));
         assert_eq!(launch_dims(W4Kernel::Gemv, 16, 64, 8), ((4, 1), 256));
         assert_eq!(launch_dims(W4Kernel::Gemv, 17, 5120, 1), ((320, 2), 32));
-        assert_eq!(launch_dims(W4Kernel::Gemm, 257, 248_320, 8), ((3880, 5), 256));
+        assert_eq!(
+            launch_dims(W4Kernel::Gemm, 257, 248_320, 8),
+            ((3880, 5), 256)
+        );
     }
 }
