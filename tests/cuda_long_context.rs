@@ -11,6 +11,8 @@
 //! (`decode_kernel_registers_and_occupancy` alone: `cuda_long_context-<hash> --ignored --exact
 //! decode_kernel_registers_and_occupancy --nocapture`; it honours `KILN_CUDA_ARCH`).
 //!
+//! `KILN_LONGCTX_ONLY=<label substring>` limits the bandwidth test to matching rows (for a profiler).
+//!
 //! `fill_kernel_cache` needs no GPU: it compiles every module (the decode module for every
 //! compute dtype and KV storage) for `$KILN_CUDA_ARCH` into `$KILN_KERNEL_CACHE`, so that a GPU
 //! run with the same NVRTC version (e.g. the 12.9 of the sm_70 path) reads instead of compiling:
@@ -144,12 +146,17 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
     } else {
         "fp16"
     };
+    // `KILN_LONGCTX_ONLY=<substring>`: only the long-context rows whose label ("heads=24/4x256
+    // ctx=32768 seqs=16 kv=auto") contains it, no short-context rows and no older kernel (to put
+    // one shape under a profiler).
+    let only = std::env::var("KILN_LONGCTX_ONLY").ok();
     for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
         let b = gpu(wide, kv);
         let elem = if kv == "auto" { 2 } else { 1 };
         // Short context, one decode row (SmolLM2's ~150 keys): launch and latency bound. "before"
         // is the older split-K kernel (attention.cu) on the same data, same run.
-        for ctx in [150usize, 1000] {
+        let short: &[usize] = if only.is_some() { &[] } else { &[150, 1000] };
+        for &ctx in short {
             let new = attention_seconds(&b, 1, ctx, 9, 3, 64, false);
             let old = attention_seconds(&b, 1, ctx, 9, 3, 64, true);
             println!(
@@ -162,11 +169,16 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
         for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (24, 4, 256)] {
             for ctx in [8192usize, 32768] {
                 for seqs in [1usize, 16, 64] {
+                    let label =
+                        format!("heads={heads}/{kv_heads}x{hd} ctx={ctx} seqs={seqs} kv={kv}");
+                    if only.as_ref().is_some_and(|o| !label.contains(o.as_str())) {
+                        continue;
+                    }
                     let secs = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, false);
                     let bytes = (2 * seqs * ctx * kv_heads * hd * elem) as f64;
                     let gbps = bytes / secs / 1e9;
                     // The older kernel once per shape and context (it is slow: 16 rows only).
-                    let before = if seqs == 16 && kv != "fp8_e4m3" {
+                    let before = if seqs == 16 && kv != "fp8_e4m3" && only.is_none() {
                         let old = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, true);
                         format!(" before_gbps={:.0}", bytes / old / 1e9)
                     } else {
