@@ -57,7 +57,7 @@ fn w4a16_gemv_and_gemm_speed() {
         let mut out = b.alloc(32 * n).expect("out");
         let mut t1 = 0.0;
         let mut line = String::new();
-        // 1..=32: the GEMV's range (8-row blocks to 8 rows, 32-row blocks above).
+        // 1..=32: the GEMV's range (8-row blocks to 8 rows, 16-row blocks to 16, 32-row blocks above).
         for rows in 1..=32usize {
             let t = time(&b, || b.matmul(&x, rows, &w, &mut out).expect("matmul"));
             if rows == 1 {
