@@ -152,6 +152,7 @@ impl KernelModule {
                     for op in ["embedding", "silu_mul", "swiglu", "add"] {
                         names.push(format!("{op}_{t}"));
                     }
+                    names.push(format!("swiglu_il_{t}"));
                     if t != "f32" {
                         names.push(format!("cast_f32_to_{t}"));
                         names.push(format!("cast_{t}_to_f32"));
