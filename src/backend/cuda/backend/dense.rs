@@ -686,6 +686,16 @@ mod tests {
     }
 
     #[test]
+    fn the_fused_rows_switch_parses_counts_clamps_them_and_refuses_words() {
+        assert_eq!(parse_fused_rows("").unwrap(), DEFAULT_FUSED_DECODE_ROWS);
+        assert_eq!(parse_fused_rows("0").unwrap(), 0);
+        assert_eq!(parse_fused_rows(" 8 ").unwrap(), 8);
+        assert_eq!(parse_fused_rows("1000").unwrap(), MMA_SMALL_MAX_ROWS);
+        assert!(parse_fused_rows("on").is_err());
+        assert!(parse_fused_rows("-1").is_err());
+    }
+
+    #[test]
     fn row_groups_cover_the_small_kernel_range() {
         assert_eq!(row_groups(1), 1);
         assert_eq!(row_groups(8), 1);
