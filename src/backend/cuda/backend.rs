@@ -338,7 +338,7 @@ impl CudaBackend {
         let mma = arch.major >= 8 && k.dense_mma.is_some();
         let env_err = |e: BackendError| CudaError::Nvrtc(e.to_string());
         let fused_rows = if mma {
-            dense::fused_rows_from_env().map_err(env_err)?
+            dense::fused_rows_from_env(dense).map_err(env_err)?
         } else {
             0
         };

@@ -12,15 +12,15 @@
 //!
 //! THE FUSED DECODE OPS (`norm_matmul`, `norm_gate_up_swiglu`, `matmul_residual`: the small `mma`
 //! kernel with the RMSNorm prologue or the residual-add epilogue, see dense.cu) run the llama
-//! layers of steps of at most [`CudaBackend::fused_decode_rows`] tokens, whatever
-//! `KILN_DENSE_MATMUL` says: `KILN_FUSED_DECODE_ROWS` ([`fused_rows_from_env`], default
-//! [`DEFAULT_FUSED_DECODE_ROWS`], `0` = off; at most [`MMA_SMALL_MAX_ROWS`]). With cuBLAS the
-//! default for everything else, decode steps up to that size are batch-invariant among
-//! themselves (one kernel, one reduction order per row) and larger steps (prefill, big batches)
-//! take cuBLAS, as before. With `KILN_DENSE_MATMUL=mma` every size stays on one numeric path
-//! except the norm: the fused prologue sums a row's squares in its own fixed order, so a row's
-//! h (and hence its logits) in a fused step may differ in the last bit from the same row in an
-//! unfused (larger) step.
+//! layers of steps of at most [`CudaBackend::fused_decode_limit`] tokens:
+//! `KILN_FUSED_DECODE_ROWS` ([`fused_rows_from_env`], default [`DEFAULT_FUSED_DECODE_ROWS`],
+//! `0` = off; at most [`MMA_SMALL_MAX_ROWS`]). With cuBLAS (the default for everything else),
+//! decode steps up to that size are batch-invariant among themselves (one kernel, one reduction
+//! order per row) and larger steps (prefill, big batches) take cuBLAS, as before. With
+//! `KILN_DENSE_MATMUL=mma` the fused ops are off unless `KILN_FUSED_DECODE_ROWS` is set: the
+//! fused prologue sums a row's squares in its own fixed order, so a row's h (and its logits) in
+//! a fused step may differ in the last bit from the same row in an unfused (larger) step, which
+//! would break `mma`'s promise of one numeric path for every batch size.
 //!
 //! PROGRAMMATIC DEPENDENT LAUNCH: on sm_90 kernels (`arch.major >= 9`) the small `mma` kernels are
 //! launched with the programmatic-stream-serialization attribute (`cuLaunchKernelEx`), so each
@@ -46,14 +46,21 @@ const DENSE_WARPS: u32 = 4;
 pub const MMA_SMALL_MAX_ROWS: usize = 64;
 
 /// Largest step (tokens) whose llama layers take the fused decode ops when
-/// `KILN_FUSED_DECODE_ROWS` is unset.
-pub const DEFAULT_FUSED_DECODE_ROWS: usize = 16;
+/// `KILN_FUSED_DECODE_ROWS` is unset (and `KILN_DENSE_MATMUL` is not `mma`). Measured on the H200
+/// (docs/benchmarks.md, branch `launch`): fused 1 row +13.6% over cuBLAS, fused 16 rows −7.5%
+/// (the 16-row tile of the small kernel is slower than cuBLAS there), 64 rows −33%. 1..8 rows run
+/// the same 8-row tile as 1 row, so 8 is the bound; 2..8 rows were not measured on their own.
+pub const DEFAULT_FUSED_DECODE_ROWS: usize = 8;
 
 /// `KILN_FUSED_DECODE_ROWS`: unset or empty = [`DEFAULT_FUSED_DECODE_ROWS`], `0` = off, else a
-/// row count (clamped to [`MMA_SMALL_MAX_ROWS`]); anything else is an error.
-pub fn fused_rows_from_env() -> Result<usize, BackendError> {
+/// row count (clamped to [`MMA_SMALL_MAX_ROWS`]); anything else is an error. Unset with
+/// `KILN_DENSE_MATMUL=mma` (`dense`): 0, so that path keeps one numeric path for every step size
+/// (the fused norm sums a row's squares in another order than the unfused one).
+pub fn fused_rows_from_env(dense: DenseMatmul) -> Result<usize, BackendError> {
     match std::env::var("KILN_FUSED_DECODE_ROWS") {
+        Err(_) if dense == DenseMatmul::Mma => Ok(0),
         Err(_) => Ok(DEFAULT_FUSED_DECODE_ROWS),
+        Ok(v) if v.trim().is_empty() && dense == DenseMatmul::Mma => Ok(0),
         Ok(v) => parse_fused_rows(&v),
     }
 }
