@@ -237,7 +237,7 @@ impl KernelModule {
                     }
                 }
                 KernelModule::GgufMm => {
-                    for q in ["q4_0", "q4_1", "q8_0"] {
+                    for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {
                             names.push(format!("gguf_gemv_{q}_{t}"));
                             names.push(format!("gguf_gemm_{q}_{t}"));
