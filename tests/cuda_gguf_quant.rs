@@ -377,7 +377,12 @@ fn every_k_quant_kernel_matches_the_cpu_reference() {
                 failures.extend(check_weight(&b, dtype, label, &o));
             }
             // Edge scales (±0, f16 subnormals and maximum, sub-block scales 0 / 63 / ±128): the
-            // reference is finite, the kernels must match it as well.
+            // reference is finite, the kernels must match it as well. Not for fp16: the f16
+            // maximum times a sub-block scale of 63 is beyond the f16 range, so those weights
+            // round to ±inf in fp16 compute on any path (the H200 run of 2026-12-01 showed inf).
+            if dtype == "fp16" {
+                continue;
+            }
             let o = OwnedGguf::random_k(fmt, 72, 1536, 950 + i as u64, true);
             failures.extend(check_weight(&b, dtype, &format!("{label}-edges"), &o));
         }

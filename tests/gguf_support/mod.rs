@@ -21,7 +21,9 @@ pub const K_FORMATS: [(&str, WeightDType); 2] =
 
 /// f16 super-block scales at the edges: zeros of both signs, the smallest and largest
 /// subnormals, the largest normal, and ordinary values of both signs.
-const EDGE_D: [u16; 8] = [0x0000, 0x8000, 0x0001, 0x03ff, 0x7bff, 0xfbff, 0x2e66, 0xa1f0];
+const EDGE_D: [u16; 8] = [
+    0x0000, 0x8000, 0x0001, 0x03ff, 0x7bff, 0xfbff, 0x2e66, 0xa1f0,
+];
 
 /// A small deterministic generator (splitmix64).
 pub struct Rng(pub u64);
