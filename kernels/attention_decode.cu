@@ -25,20 +25,24 @@
 // per query head. Z is any value ≥ 1 (the host picks it for occupancy; a block past n_active exits
 // at once); the result does not depend on it.
 //
-// Inside a block (DEC_THREADS threads) a part is walked in tiles of TK keys (TK · DV = 8192 for
-// 16-bit shared storage, 4096 for f32), each tile in four phases:
-//   1. staging: the tile's K and V rows go to shared memory (16-byte loads, 8 bytes for fp8, two
-//      16-byte loads for f32; fp8 converted once here to f16 bit patterns: e5m2 is the upper byte of
-//      an f16, e4m3 is (sign << 15 | (byte & 0x7f) << 7) as an f16 times 2^8, that 2^8 folded into
-//      q and into the output). The next tile's loads are issued into registers before the
-//      arithmetic on this one, so the memory system always has a tile in flight.
-//   2. scores: a thread takes KPT keys (2 for 16-bit, 1 for f32) and a 32-dim slice of each, for
-//      every query head of the group (q, pre-scaled by scale · log2 e, broadcast from shared
-//      memory); the DV / 32 slices of a key are adjacent lanes, summed by log2(DV / 32) shuffles.
+// Inside a block (DEC_THREADS threads, at most 128 registers each by __launch_bounds__ so that
+// DEC_MIN_BLOCKS = 4 blocks share an SM: 16 warps) a part is walked in tiles of TK keys, one key
+// per DS = DV / SW lanes (SW = 32 dims per lane, 16 for f32 storage): TK = 64 / 32 / 16 keys for
+// head widths 64 / 128 / 256 (half that for f32 storage). Each tile in three barriers:
+//   1. staging: the tile's K and V rows are copied into one of two shared buffers as raw storage
+//      bytes (8-byte units for fp8, 16 otherwise; zeros past the part's end and past head_dim).
+//      On sm_80+ by cp.async, issued for tile i + 1 right after tile i became visible, so one
+//      tile per block is always in flight and no register holds it; on sm_70 / sm_75 by plain
+//      loads and stores at the same point. fp8 is converted when read from shared memory, to f16
+//      bit patterns (e5m2 is the upper byte of an f16; e4m3 is (sign << 15 | (byte & 0x7f) << 7)
+//      as an f16 times 2^8, that 2^8 folded into q and into the output).
+//   2. scores: a lane group of DS lanes per key, each lane SW dims of it, for every query head of
+//      the group (q pre-scaled by scale · log2 e, broadcast from shared memory), summed by
+//      log2(DS) shuffles.
 //   3. softmax: one warp per query head, once per tile: the tile's max, the running max m, the
 //      correction exp2(m_old - m_new) (exactly 1 when the max did not grow), p = exp2(s - m), the
 //      running sum l.
-//   4. P·V: a thread takes 8 dims and every (1024 / DV)-th quad of keys, for every query head,
+//   4. P·V: a thread takes 4 dims and every (512 / DV)-th quad of keys, for every query head,
 //      rescaling its accumulators only when a head's correction is not 1 (the lazy rescale).
 // At the end of a part the key groups' accumulators are summed through shared memory (they share
 // one running max, so no rescale): with n_active == 1 the row's result acc / l goes straight to
@@ -47,12 +51,14 @@
 // ≥ every row's n_active) and attention_decode_combine_* merges the row's parts (m in base 2).
 //
 // The fp8 NaN byte 0x7f of e4m3 (which the KV writer never produces — it saturates to 448) would
-// read as 480. No bf16 intrinsics, cp.async or tensor cores: sm_70 runs the same code. Static
-// shared memory ≤ 47.2 KB per block (see DecShape). ptxas (NVRTC 12.9, sm_90, bf16 compute) gives
-// 144–254 registers per thread (most for g8 and 16-bit KV: 64 accumulators + the prefetched tile),
-// so 2–3 blocks of 4 warps per SM: the occupancy limit behind docs/benchmarks.md's figures.
+// read as 480. No bf16 intrinsics or tensor cores; cp.async only behind __CUDA_ARCH__ >= 800.
+// Static shared memory ≤ 46.2 KB per block (two K/V buffers, q, p; see DecShape). ptxas (NVRTC
+// 12.9, sm_90) gives 95–115 registers per thread and no spills for every (dtype, storage, DV, GB)
+// (120–122 for sm_70): 4 blocks of 4 warps per SM on the H200 (the previous layout held the next
+// tile in registers and used 144–254, 2–3 blocks per SM; docs/benchmarks.md).
 #define DEC_WARPS 4
 #define DEC_THREADS (DEC_WARPS * WARP_SIZE)
+#define DEC_MIN_BLOCKS 4
 #define DEC_MIN_PART 128
 #define DEC_MAX_PARTS 128
 #define DEC_PART_ALIGN 64
@@ -64,103 +70,114 @@ __device__ __forceinline__ int decode_part_len(int ctx) {
     return max(DEC_MIN_PART, per);
 }
 
-// One chunk of 8 consecutive storage elements: its raw register form R (what the global load
-// gives), the shared-memory element S it is staged as (8 S = 16 or 32 bytes), and the factor the
-// staged values are below the true ones (2^8 for e4m3, else 1).
-template <typename C> struct DecChunk;
-template <> struct DecChunk<float> {
-    typedef float S;
-    struct R { float4 a, b; };
+// Storage traits: element bytes and the factor staged values are below the true ones (2^8 for
+// e4m3: its bytes are read as f16 bit patterns, see dec_fp8_word).
+template <typename C> struct DecStore {
+    static constexpr int BYTES = (int)sizeof(C);
     static constexpr float kScale = 1.0f;
-    static __device__ __forceinline__ R load(const float* p, long i) {
-        R r;
-        r.a = *reinterpret_cast<const float4*>(p + i);
-        r.b = *reinterpret_cast<const float4*>(p + i + 4);
-        return r;
-    }
-    static __device__ __forceinline__ R zero() {
-        R r;
-        r.a = make_float4(0.f, 0.f, 0.f, 0.f);
-        r.b = r.a;
-        return r;
-    }
-    static __device__ __forceinline__ void stage(S* dst, const R& r) {
-        reinterpret_cast<float4*>(dst)[0] = r.a;
-        reinterpret_cast<float4*>(dst)[1] = r.b;
-    }
 };
-template <typename C16> struct DecChunk16 {
-    typedef C16 S;
-    typedef uint4 R;
-    static constexpr float kScale = 1.0f;
-    static __device__ __forceinline__ R load(const C16* p, long i) {
-        return *reinterpret_cast<const uint4*>(p + i);
-    }
-    static __device__ __forceinline__ R zero() { return make_uint4(0u, 0u, 0u, 0u); }
-    static __device__ __forceinline__ void stage(S* dst, const R& r) {
-        *reinterpret_cast<uint4*>(dst) = r;
-    }
-};
-template <> struct DecChunk<bf16_t> : DecChunk16<bf16_t> {};
-template <> struct DecChunk<__half> : DecChunk16<__half> {};
-// fp8 byte pairs spread to f16 words: [0, b0, 0, b1] and [0, b2, 0, b3] of a 4-byte word.
-__device__ __forceinline__ uint4 dec_spread_fp8(uint2 u) {
-    return make_uint4(__byte_perm(u.x, 0u, 0x1404), __byte_perm(u.x, 0u, 0x3424),
-                      __byte_perm(u.y, 0u, 0x1404), __byte_perm(u.y, 0u, 0x3424));
-}
-template <> struct DecChunk<E5M2> {
-    typedef __half S;
-    typedef uint2 R;
-    static constexpr float kScale = 1.0f;
-    static __device__ __forceinline__ R load(const E5M2* p, long i) {
-        return *reinterpret_cast<const uint2*>(p + i);
-    }
-    static __device__ __forceinline__ R zero() { return make_uint2(0u, 0u); }
-    static __device__ __forceinline__ void stage(S* dst, const R& r) {
-        *reinterpret_cast<uint4*>(dst) = dec_spread_fp8(r);
-    }
-};
-template <> struct DecChunk<E4M3> {
-    typedef __half S;
-    typedef uint2 R;
+template <> struct DecStore<E4M3> {
+    static constexpr int BYTES = 1;
     static constexpr float kScale = 256.0f;
-    static __device__ __forceinline__ R load(const E4M3* p, long i) {
-        return *reinterpret_cast<const uint2*>(p + i);
-    }
-    static __device__ __forceinline__ R zero() { return make_uint2(0u, 0u); }
-    static __device__ __forceinline__ unsigned int fix(unsigned int w) {
-        return (w & 0x80008000u) | ((w & 0x7f007f00u) >> 1);
-    }
-    static __device__ __forceinline__ void stage(S* dst, const R& r) {
-        const uint4 s = dec_spread_fp8(r);
-        *reinterpret_cast<uint4*>(dst) = make_uint4(fix(s.x), fix(s.y), fix(s.z), fix(s.w));
-    }
 };
 
-// Eight staged elements at p (16-byte aligned) as f32.
-__device__ __forceinline__ void dec_read8(const float* p, float* o) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0];
-    const float4 b = reinterpret_cast<const float4*>(p)[1];
-    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
-    o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+// Two fp8 bytes (bits 0-7 and 8-15 of `b`, after the selector) as two f16 bit patterns in one
+// word: e5m2 is the upper byte of an f16; e4m3 is (sign << 15 | (byte & 0x7f) << 7), an f16 2^8
+// below the value.
+template <typename C> __device__ __forceinline__ unsigned int dec_fp8_word(unsigned int w);
+template <> __device__ __forceinline__ unsigned int dec_fp8_word<E5M2>(unsigned int w) { return w; }
+template <> __device__ __forceinline__ unsigned int dec_fp8_word<E4M3>(unsigned int w) {
+    return (w & 0x80008000u) | ((w & 0x7f007f00u) >> 1);
 }
-__device__ __forceinline__ void dec_read8(const bf16_t* p, float* o) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const unsigned int w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        o[2 * k] = __uint_as_float(w[k] << 16);
-        o[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
+__device__ __forceinline__ void dec_h2(unsigned int w, float* o) {
+    o[0] = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+    o[1] = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
 }
-__device__ __forceinline__ void dec_read8(const __half* p, float* o) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+__device__ __forceinline__ void dec_bf2(unsigned int w, float* o) {
+    o[0] = __uint_as_float(w << 16);
+    o[1] = __uint_as_float(w & 0xffff0000u);
+}
+
+// N (4 or 8) staged elements of storage C at shared address p (N * BYTES aligned) as f32, times
+// 1 / kScale.
+template <typename C, int N> struct DecRead;
+template <int N> struct DecRead<float, N> {
+    static __device__ __forceinline__ void run(const unsigned char* p, float* o) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        o[2 * k] = __half2float(__ushort_as_half((unsigned short)(w[k] & 0xffffu)));
-        o[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(w[k] >> 16)));
+        for (int k = 0; k < N / 4; ++k) {
+            const float4 a = reinterpret_cast<const float4*>(p)[k];
+            o[4 * k] = a.x; o[4 * k + 1] = a.y; o[4 * k + 2] = a.z; o[4 * k + 3] = a.w;
+        }
     }
+};
+template <bool BF, int N> struct DecRead16 {
+    static __device__ __forceinline__ void run(const unsigned char* p, float* o) {
+        unsigned int w[N / 2];
+        if constexpr (N == 8) {
+            const uint4 u = *reinterpret_cast<const uint4*>(p);
+            w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+        } else {
+            const uint2 u = *reinterpret_cast<const uint2*>(p);
+            w[0] = u.x; w[1] = u.y;
+        }
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k) {
+            if constexpr (BF) dec_bf2(w[k], o + 2 * k);
+            else dec_h2(w[k], o + 2 * k);
+        }
+    }
+};
+template <int N> struct DecRead<bf16_t, N> : DecRead16<true, N> {};
+template <int N> struct DecRead<__half, N> : DecRead16<false, N> {};
+template <typename C8, int N> struct DecRead8 {
+    static __device__ __forceinline__ void run(const unsigned char* p, float* o) {
+        unsigned int w[N / 4];
+        if constexpr (N == 8) {
+            const uint2 u = *reinterpret_cast<const uint2*>(p);
+            w[0] = u.x; w[1] = u.y;
+        } else {
+            w[0] = *reinterpret_cast<const unsigned int*>(p);
+        }
+#pragma unroll
+        for (int k = 0; k < N / 4; ++k) {
+            dec_h2(dec_fp8_word<C8>(__byte_perm(w[k], 0u, 0x1404)), o + 4 * k);
+            dec_h2(dec_fp8_word<C8>(__byte_perm(w[k], 0u, 0x3424)), o + 4 * k + 2);
+        }
+    }
+};
+template <int N> struct DecRead<E5M2, N> : DecRead8<E5M2, N> {};
+template <int N> struct DecRead<E4M3, N> : DecRead8<E4M3, N> {};
+
+// Global → shared copy of one staging unit (UB = 8 or 16 bytes); `ok` false writes zeros. sm_80+:
+// cp.async (no registers, the copy stays in flight until dec_cp_wait); before: a plain load and
+// store.
+template <int UB>
+__device__ __forceinline__ void dec_cp(unsigned char* dst, const unsigned char* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    const int n = ok ? UB : 0;
+    if constexpr (UB == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n));
+    }
+#else
+    if constexpr (UB == 16) {
+        *reinterpret_cast<uint4*>(dst) = ok ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+    } else {
+        *reinterpret_cast<uint2*>(dst) = ok ? *reinterpret_cast<const uint2*>(src) : make_uint2(0u, 0u);
+    }
+#endif
+}
+__device__ __forceinline__ void dec_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ __forceinline__ void dec_cp_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
 }
 
 // exp2(a - m) for a running max m that may be -inf (then the term is empty: 0).
@@ -177,20 +194,27 @@ __device__ __forceinline__ float dec_gated(float v, const T* gate, long t, int h
     return v * (1.0f / (1.0f + expf(-g)));
 }
 
-// Tile geometry of one (DV, shared element size) class.
-template <int DV, int SBYTES> struct DecShape {
-    static constexpr int KPT = SBYTES == 4 ? 1 : 2;          // keys per thread in the scores
-    static constexpr int TK = DEC_THREADS * 32 * KPT / DV;    // keys per tile
-    static constexpr int DS = DV / 32;                        // 32-dim slices (lanes) per key
-    static constexpr int SKG = TK / KPT;                      // score key groups (= threads / DS)
-    // Row stride in elements: DS chunks of padding (mod 8 in 16-byte units) so the 8-lane phases
-    // of the scores' 16-byte reads hit distinct banks.
-    static constexpr int RS = DV + (DS % 8) * 8;
-    static constexpr int DC = DV / 8;                         // P·V: 8-dim chunks per row
+// Tile geometry of one (DV, storage bytes CB) class.
+template <int DV, int CB> struct DecShape {
+    static constexpr int SW = CB == 4 ? 16 : 32;              // scores: dims per lane
+    static constexpr int NCH = SW / 8;                        // scores: 8-dim chunks per lane
+    static constexpr int DS = DV / SW;                        // scores: lanes per key
+    static constexpr int TK = DEC_THREADS / DS;               // keys per tile (one per lane group)
+    static constexpr int RB = DV * CB;                        // bytes of a K or V row
+    // Row stride: padded by one chunk step (DS chunks of 8) when a step is under 128 bytes, so
+    // the keys of a warp's 8-element reads fall in distinct banks (RB / step = SW / 8 is even,
+    // the padded stride an odd number of steps).
+    static constexpr int STEP = DS * 8 * CB;
+    static constexpr int RSB = RB + (STEP >= 128 ? 0 : STEP);
+    static constexpr int TILE = TK * RSB;                     // one K (or V) tile, bytes
+    static constexpr int UE = CB == 1 ? 8 : 16 / CB;          // staging: elements per unit
+    static constexpr int UB = UE * CB;                        // staging: bytes per unit (8 or 16)
+    static constexpr int UPR = DV / UE;                       // staging: units per row
+    static constexpr int CPT = TK * UPR / DEC_THREADS;        // staging: units per thread, K or V
+    static constexpr int DC = DV / 4;                         // P·V: 4-dim columns per row
     static constexpr int KG = DEC_THREADS / DC;               // P·V: key groups
     static constexpr int QPT = TK / 4 / KG;                   // P·V: key quads per thread
-    static constexpr int CPT = TK * DC / DEC_THREADS;         // staging: chunks per thread
-    static constexpr int KV_BYTES = 2 * TK * RS * SBYTES;
+    static constexpr int STAGE = 4 * TILE;                    // two buffers of (K, V)
 };
 
 template <typename T, typename C, int DV, int GB>
@@ -200,20 +224,20 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
                                  float* part_acc, int n_heads, int n_kv_heads, int head_dim,
                                  int block_size, int max_blocks, int n_slots, float scale,
                                  const T* gate, int gate_row, int gate_head) {
-    typedef DecChunk<C> Chunk;
-    typedef typename Chunk::S S;
-    typedef DecShape<DV, (int)sizeof(S)> Sh;
-    constexpr int TK = Sh::TK, RS = Sh::RS, DS = Sh::DS, KPT = Sh::KPT;
-    static_assert(Sh::KV_BYTES >= Sh::KG * GB * DV * 4, "reduction buffer overlays the K/V tiles");
-    static_assert(Sh::QPT >= 1 && Sh::CPT >= 1 && TK % 4 == 0, "tile geometry");
+    constexpr int CB = DecStore<C>::BYTES;
+    typedef DecShape<DV, CB> Sh;
+    constexpr int TK = Sh::TK, RSB = Sh::RSB, DS = Sh::DS;
+    static_assert(Sh::STAGE >= Sh::KG * GB * DV * 4, "reduction buffer overlays the K/V tiles");
+    static_assert(Sh::QPT >= 1 && Sh::CPT >= 1 && TK % 4 == 0 && Sh::CPT * DEC_THREADS == TK * Sh::UPR,
+                  "tile geometry");
     static_assert(GB <= 2 * DEC_WARPS, "two query heads per softmax warp at most");
-    // K tile, V tile; at the end of a part the same bytes hold the key groups' accumulators.
-    __shared__ __align__(16) unsigned char sm_kv[Sh::KV_BYTES];
+    static_assert(Sh::STAGE + GB * DV * 4 + GB * TK * 4 <= 48 * 1024, "static shared memory");
+    // Two (K tile, V tile) buffers; at the end of a part the same bytes hold the key groups'
+    // accumulators.
+    __shared__ __align__(16) unsigned char sm_kv[Sh::STAGE];
     __shared__ __align__(16) float sm_q[GB][DV];
     __shared__ __align__(16) float sm_p[GB][TK];
     __shared__ float sm_corr[GB], sm_m[GB], sm_l[GB];
-    S* sk = reinterpret_cast<S*>(sm_kv);
-    S* sv = sk + TK * RS;
     float* red = reinterpret_cast<float*>(sm_kv);
 
     const int kv_head = blockIdx.x;
@@ -229,7 +253,9 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
     const int* table = block_tables + (long)q_seq[t] * max_blocks;
     const long kv_row = (long)n_kv_heads * head_dim;
     const long head_off = (long)kv_head * head_dim;
-    const float kscale = Chunk::kScale;
+    const float kscale = DecStore<C>::kScale;
+    const unsigned char* kc = reinterpret_cast<const unsigned char*>(k_cache);
+    const unsigned char* vc = reinterpret_cast<const unsigned char*>(v_cache);
 
     // q of the group, pre-scaled (and times the staging factor of K), zero past head_dim.
     const float qscale = scale * DEC_LOG2E * kscale;
@@ -240,88 +266,80 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
                          : 0.0f;
     }
 
-    // Staging chunk i of a tile: key row r = i / DC, dims c * 8.. (c = i % DC).
-    auto load_tile = [&](int tile_start, int end, typename Chunk::R* rk, typename Chunk::R* rv) {
+    // Stage the tile of keys tile_start.. into buffer `buf`: unit idx is row idx / UPR, elements
+    // (idx % UPR) · UE..; rows past `end` and elements past head_dim are zeros.
+    auto stage_tile = [&](int tile_start, int end, int buf) {
+        unsigned char* sk = sm_kv + buf * 2 * Sh::TILE;
+        unsigned char* sv = sk + Sh::TILE;
 #pragma unroll
         for (int i = 0; i < Sh::CPT; ++i) {
             const int idx = tid + i * DEC_THREADS;
-            const int r = idx / Sh::DC, c = idx - r * Sh::DC;
-            const int j = tile_start + r;
-            if (j < end && c * 8 < head_dim) {
-                const long base = ((long)table[j / block_size] * block_size + j % block_size) * kv_row + head_off + c * 8;
-                rk[i] = Chunk::load(k_cache, base);
-                rv[i] = Chunk::load(v_cache, base);
-            } else {
-                rk[i] = Chunk::zero();
-                rv[i] = Chunk::zero();
-            }
+            const int r = idx / Sh::UPR, u = idx - r * Sh::UPR;
+            const int j = tile_start + r, e = u * Sh::UE;
+            const bool ok = j < end && e < head_dim;
+            long off = 0;
+            if (ok) off = (((long)table[j / block_size] * block_size + j % block_size) * kv_row + head_off + e) * CB;
+            dec_cp<Sh::UB>(sk + r * RSB + u * Sh::UB, kc + off, ok);
+            dec_cp<Sh::UB>(sv + r * RSB + u * Sh::UB, vc + off, ok);
         }
+        dec_cp_commit();
     };
 
-    // Score phase: key group kgs, slice s; P·V phase: dim chunk dc, key group kg.
+    // Score phase: key kgs of the tile, lane slice s_slice; P·V phase: 4-dim column dc, key group kg.
     const int s_slice = tid % DS, kgs = tid / DS;
     const int dc = tid % Sh::DC, kg = tid / Sh::DC;
-    const int d_pv = dc * 8;
+    const int d_pv = dc * 4;
 
     for (int part = blockIdx.z; part < n_active; part += gridDim.z) {
         const int start = part * part_len;
         const int end = min(ctx, start + part_len);
-        float acc[GB][8];
+        float acc[GB][4];
 #pragma unroll
         for (int g = 0; g < GB; ++g)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+            for (int i = 0; i < 4; ++i) acc[g][i] = 0.0f;
         float m_run[2] = {KILN_NEG_INF, KILN_NEG_INF}, l_run[2] = {0.0f, 0.0f};
 
-        typename Chunk::R rk[Sh::CPT], rv[Sh::CPT];
-        load_tile(start, end, rk, rv);
-        for (int ts = start; ts < end; ts += TK) {
-            __syncthreads();  // the previous tile's readers (or the last part's reduction) are done
-#pragma unroll
-            for (int i = 0; i < Sh::CPT; ++i) {
-                const int idx = tid + i * DEC_THREADS;
-                const int r = idx / Sh::DC, c = idx - r * Sh::DC;
-                Chunk::stage(sk + r * RS + c * 8, rk[i]);
-                Chunk::stage(sv + r * RS + c * 8, rv[i]);
-            }
-            __syncthreads();
-            if (ts + TK < end) load_tile(ts + TK, end, rk, rv);  // in flight during the arithmetic
+        __syncthreads();  // the last part's reduction (over the same bytes) has been read
+        stage_tile(start, end, 0);
+        int buf = 0;
+        for (int ts = start; ts < end; ts += TK, buf ^= 1) {
+            dec_cp_wait_all();
+            __syncthreads();  // tile ts is in `buf` for every thread; the last tile's readers are done
+            if (ts + TK < end) stage_tile(ts + TK, end, buf ^ 1);  // in flight during the arithmetic
+            const unsigned char* sk = sm_kv + buf * 2 * Sh::TILE;
+            const unsigned char* sv = sk + Sh::TILE;
 
-            // 2. Scores of keys kgs + u · SKG, this lane's 32-dim slice, every head of the group.
-            float sc[GB][KPT];
+            // 2. Scores of key kgs, this lane's SW-dim slice, every head of the group.
+            float sc[GB];
 #pragma unroll
-            for (int g = 0; g < GB; ++g)
+            for (int g = 0; g < GB; ++g) sc[g] = 0.0f;
 #pragma unroll
-                for (int u = 0; u < KPT; ++u) sc[g][u] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
+            for (int c = 0; c < Sh::NCH; ++c) {
                 const int d = (c * DS + s_slice) * 8;
                 if (d >= head_dim) continue;
-                float kf[KPT][8];
-#pragma unroll
-                for (int u = 0; u < KPT; ++u) dec_read8(sk + (kgs + u * Sh::SKG) * RS + d, kf[u]);
+                float kf[8];
+                DecRead<C, 8>::run(sk + kgs * RSB + d * CB, kf);
 #pragma unroll
                 for (int g = 0; g < GB; ++g) {
                     if (g >= group) break;  // uniform over the block
-                    float qf[8];
-                    dec_read8(&sm_q[g][d], qf);
-#pragma unroll
-                    for (int u = 0; u < KPT; ++u)
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) sc[g][u] = fmaf(qf[i], kf[u][i], sc[g][u]);
+                    const float4 qa = *reinterpret_cast<const float4*>(&sm_q[g][d]);
+                    const float4 qb = *reinterpret_cast<const float4*>(&sm_q[g][d + 4]);
+                    float s = sc[g];
+                    s = fmaf(qa.x, kf[0], s); s = fmaf(qa.y, kf[1], s);
+                    s = fmaf(qa.z, kf[2], s); s = fmaf(qa.w, kf[3], s);
+                    s = fmaf(qb.x, kf[4], s); s = fmaf(qb.y, kf[5], s);
+                    s = fmaf(qb.z, kf[6], s); s = fmaf(qb.w, kf[7], s);
+                    sc[g] = s;
                 }
             }
 #pragma unroll
             for (int g = 0; g < GB; ++g) {
                 if (g >= group) break;
+                float v = sc[g];
 #pragma unroll
-                for (int u = 0; u < KPT; ++u) {
-                    float v = sc[g][u];
-#pragma unroll
-                    for (int o = 1; o < DS; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                    const int r = kgs + u * Sh::SKG;
-                    if (s_slice == 0) sm_p[g][r] = ts + r < end ? v : KILN_NEG_INF;
-                }
+                for (int o = 1; o < DS; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (s_slice == 0) sm_p[g][kgs] = ts + kgs < end ? v : KILN_NEG_INF;
             }
             __syncthreads();
 
@@ -348,7 +366,7 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
             }
             __syncthreads();
 
-            // 4. P·V over the tile: dims d_pv..+8, key quads kg, kg + KG, ...
+            // 4. P·V over the tile: dims d_pv..+4, key quads kg, kg + KG, ...
             if (d_pv < head_dim) {
 #pragma unroll
                 for (int g = 0; g < GB; ++g) {
@@ -356,26 +374,27 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
                     const float corr = sm_corr[g];
                     if (corr != 1.0f) {  // lazy: only when this head's max grew
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) acc[g][i] *= corr;
+                        for (int i = 0; i < 4; ++i) acc[g][i] *= corr;
                     }
                 }
 #pragma unroll
                 for (int qd = 0; qd < Sh::QPT; ++qd) {
                     const int j0 = 4 * (kg + qd * Sh::KG);
-                    float4 p4[GB];
+                    float vf[4][4];
 #pragma unroll
-                    for (int g = 0; g < GB; ++g)
-                        p4[g] = g < group ? *reinterpret_cast<const float4*>(&sm_p[g][j0]) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    for (int u = 0; u < 4; ++u) DecRead<C, 4>::run(sv + (j0 + u) * RSB + d_pv * CB, vf[u]);
 #pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        float vf[8];
-                        dec_read8(sv + (j0 + u) * RS + d_pv, vf);
+                    for (int g = 0; g < GB; ++g) {
+                        if (g >= group) break;
+                        const float4 p4 = *reinterpret_cast<const float4*>(&sm_p[g][j0]);
 #pragma unroll
-                        for (int g = 0; g < GB; ++g) {
-                            if (g >= group) break;
-                            const float p = u == 0 ? p4[g].x : u == 1 ? p4[g].y : u == 2 ? p4[g].z : p4[g].w;
-#pragma unroll
-                            for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
+                        for (int i = 0; i < 4; ++i) {
+                            float a = acc[g][i];
+                            a = fmaf(p4.x, vf[0][i], a);
+                            a = fmaf(p4.y, vf[1][i], a);
+                            a = fmaf(p4.z, vf[2][i], a);
+                            a = fmaf(p4.w, vf[3][i], a);
+                            acc[g][i] = a;
                         }
                     }
                 }
@@ -389,8 +408,7 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
             for (int g = 0; g < GB; ++g) {
                 if (g >= group) break;
                 float* dst = red + ((long)kg * GB + g) * DV + d_pv;
-                reinterpret_cast<float4*>(dst)[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-                reinterpret_cast<float4*>(dst)[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+                *reinterpret_cast<float4*>(dst) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
             }
         }
         if (lane == 0) {
@@ -470,7 +488,7 @@ __device__ void attention_decode_combine(const float* part_m, const float* part_
 }
 
 #define ATTENTION_DECODE_ONE(SUF, T, CSUF, C, DV, GB)                                               \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                       \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS)                       \
         attention_decode_##SUF##_##CSUF##_d##DV##_g##GB(                                            \
             const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq,                  \
             const int* q_pos, const int* q_index, T* out, float* pm, float* pl, float* pacc,        \

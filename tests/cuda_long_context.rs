@@ -8,6 +8,15 @@
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `cuda_long_context-<hash> --ignored --test-threads=1 --nocapture`
+//! (`decode_kernel_registers_and_occupancy` alone: `cuda_long_context-<hash> --ignored --exact
+//! decode_kernel_registers_and_occupancy --nocapture`; it honours `KILN_CUDA_ARCH`).
+//!
+//! `KILN_LONGCTX_ONLY=<label substring>` limits the bandwidth test to matching rows (for a profiler).
+//!
+//! `fill_kernel_cache` needs no GPU: it compiles every module (the decode module for every
+//! compute dtype and KV storage) for `$KILN_CUDA_ARCH` into `$KILN_KERNEL_CACHE`, so that a GPU
+//! run with the same NVRTC version (e.g. the 12.9 of the sm_70 path) reads instead of compiling:
+//! `KILN_CUDA_ARCH=compute_70 KILN_KERNEL_CACHE=<dir> cuda_long_context-<hash> --ignored --exact fill_kernel_cache`
 //!
 //! Bytes counted: every K and V element of every sequence's context, once (`2 · ctx · kv_heads ·
 //! head_dim · elem` per sequence and layer): what the kernel must read at least. The shapes are
@@ -22,6 +31,9 @@ mod common;
 use std::time::Instant;
 
 use common::*;
+use kiln::backend::cuda::attention_plan::{DecodeVariant, DECODE_THREADS};
+use kiln::backend::cuda::kernel_cache::KernelCache;
+use kiln::backend::cuda::{nvrtc, Arch, KernelModule};
 use kiln::backend::{AttentionParams, Backend, KvCacheSpec, StepInput, StepSeq};
 
 /// GB/s of a device-to-device copy of `bytes` (read + write counted), median of 10.
@@ -134,12 +146,17 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
     } else {
         "fp16"
     };
+    // `KILN_LONGCTX_ONLY=<substring>`: only the long-context rows whose label ("heads=24/4x256
+    // ctx=32768 seqs=16 kv=auto") contains it, no short-context rows and no older kernel (to put
+    // one shape under a profiler).
+    let only = std::env::var("KILN_LONGCTX_ONLY").ok();
     for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
         let b = gpu(wide, kv);
         let elem = if kv == "auto" { 2 } else { 1 };
         // Short context, one decode row (SmolLM2's ~150 keys): launch and latency bound. "before"
         // is the older split-K kernel (attention.cu) on the same data, same run.
-        for ctx in [150usize, 1000] {
+        let short: &[usize] = if only.is_some() { &[] } else { &[150, 1000] };
+        for &ctx in short {
             let new = attention_seconds(&b, 1, ctx, 9, 3, 64, false);
             let old = attention_seconds(&b, 1, ctx, 9, 3, 64, true);
             println!(
@@ -152,11 +169,16 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
         for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (24, 4, 256)] {
             for ctx in [8192usize, 32768] {
                 for seqs in [1usize, 16, 64] {
+                    let label =
+                        format!("heads={heads}/{kv_heads}x{hd} ctx={ctx} seqs={seqs} kv={kv}");
+                    if only.as_ref().is_some_and(|o| !label.contains(o.as_str())) {
+                        continue;
+                    }
                     let secs = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, false);
                     let bytes = (2 * seqs * ctx * kv_heads * hd * elem) as f64;
                     let gbps = bytes / secs / 1e9;
                     // The older kernel once per shape and context (it is slow: 16 rows only).
-                    let before = if seqs == 16 && kv != "fp8_e4m3" {
+                    let before = if seqs == 16 && kv != "fp8_e4m3" && only.is_none() {
                         let old = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, true);
                         format!(" before_gbps={:.0}", bytes / old / 1e9)
                     } else {
@@ -173,4 +195,106 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
             }
         }
     }
+}
+
+/// What the driver says about every decode kernel variant as this device loads it (registers per
+/// thread, local memory per thread, static shared memory, resident blocks per SM at
+/// `DECODE_THREADS` threads): the occupancy behind the bandwidth figures. Fails when a variant
+/// spills to local memory or fits fewer than 2 blocks per SM.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn decode_kernel_registers_and_occupancy() {
+    let ctx = cudarc::driver::CudaContext::new(0).expect("context");
+    let (major, minor) = ctx.compute_capability().expect("compute capability");
+    let arch = arch_override().unwrap_or(Arch::from_compute_capability(major as u32, minor as u32));
+    let include = nvrtc::find_include_dir(None).expect("headers");
+    let cache = KernelCache::from_env();
+    let wide = if dtypes().contains(&"bf16") {
+        "bf16"
+    } else {
+        "f16"
+    };
+    let mut bad = Vec::new();
+    for c in ["same", "e5m2", "e4m3"] {
+        let m = KernelModule::AttentionDecode;
+        let (image, _) = nvrtc::load_or_compile(
+            m,
+            arch,
+            &include,
+            cache.as_ref(),
+            false,
+            &m.defines(wide, c),
+        )
+        .expect("compile attention_decode.cu");
+        let module = ctx.load_module(nvrtc::to_cudarc(image)).expect("load");
+        for v in DecodeVariant::all() {
+            let name = v.kernel_name(wide, c);
+            let f = module.load_function(&name).expect("entry point");
+            let regs = f.num_regs().expect("attr");
+            let local = f.local_size_bytes().expect("attr");
+            let smem = f.shared_size_bytes().expect("attr");
+            let blocks = f
+                .occupancy_max_active_blocks_per_multiprocessor(DECODE_THREADS, 0, None)
+                .expect("occupancy");
+            println!(
+                "RESULT decode_kernel arch={arch} name={name} regs={regs} local_bytes={local} \
+                 static_smem={smem} blocks_per_sm={blocks} warps_per_sm={}",
+                blocks * DECODE_THREADS / 32
+            );
+            if local > 0 || blocks < 2 {
+                bad.push(format!("{name}: local {local} B, {blocks} blocks/SM"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Compiles every kernel module for `$KILN_CUDA_ARCH` into `$KILN_KERNEL_CACHE` (no GPU needed;
+/// see the header). Checks that every entry then reads back from the cache.
+#[test]
+#[ignore = "a helper for GPU runs: see the header"]
+fn fill_kernel_cache() {
+    let arch = arch_override().expect("KILN_CUDA_ARCH");
+    let cache = KernelCache::from_env().expect("KILN_KERNEL_CACHE");
+    let include = nvrtc::find_include_dir(None).expect("headers");
+    let dtypes: &[&str] = if arch.major >= 8 {
+        &["f32", "f16", "bf16"]
+    } else {
+        &["f32", "f16"]
+    };
+    let mut jobs = Vec::new();
+    for m in KernelModule::ALL {
+        if m.defines("f32", "same").is_empty() {
+            jobs.push((m, Vec::new()));
+        } else {
+            for t in dtypes {
+                for c in ["same", "e5m2", "e4m3"] {
+                    jobs.push((m, m.defines(t, c)));
+                }
+            }
+        }
+    }
+    std::thread::scope(|s| {
+        for (m, defines) in &jobs {
+            let (include, cache) = (&include, &cache);
+            s.spawn(move || {
+                nvrtc::load_or_compile(*m, arch, include, Some(cache), false, defines)
+                    .expect("compile");
+            });
+        }
+    });
+    for (m, defines) in &jobs {
+        let (_, source) =
+            nvrtc::load_or_compile(*m, arch, &include, Some(&cache), false, defines).expect("read");
+        assert_eq!(
+            source,
+            nvrtc::Source::Cache,
+            "{} {defines:?}",
+            m.file_name()
+        );
+    }
+    println!(
+        "RESULT fill_kernel_cache arch={arch} entries={}",
+        jobs.len()
+    );
 }

@@ -152,8 +152,9 @@ pub const DECODE_MIN_PART: usize = 128;
 pub const DECODE_MAX_PARTS: usize = 128;
 /// Part lengths are multiples of this (`DEC_PART_ALIGN`).
 pub const DECODE_PART_ALIGN: usize = 64;
-/// Blocks the decode launch aims for (about four per SM of an H200); the split of the keys does
-/// not depend on it, only how many blocks share a row's parts.
+/// Blocks the decode launch aims for: about two waves of the 4 blocks per SM the kernel's
+/// register bound (`DEC_MIN_BLOCKS`) lets an H200's 132 SMs hold; the split of the keys does not
+/// depend on it, only how many blocks share a row's parts.
 pub const DECODE_TARGET_BLOCKS: usize = 1024;
 
 /// Keys per part for a row of `ctx` keys (`decode_part_len` in attention_decode.cu): a function

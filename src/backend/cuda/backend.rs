@@ -220,8 +220,12 @@ impl CudaBackend {
         let t0 = std::time::Instant::now();
         // The modules compile in parallel (NVRTC programs are independent); each comes from the
         // kernel cache when a valid entry exists.
+        let modules: Vec<KernelModule> = KernelModule::ALL
+            .into_iter()
+            .filter(|m| m.builds_for(arch))
+            .collect();
         let images: Vec<_> = std::thread::scope(|s| {
-            let jobs: Vec<_> = KernelModule::ALL
+            let jobs: Vec<_> = modules
                 .iter()
                 .map(|&m| {
                     let (include, cache) = (&include, cache.as_ref());
@@ -236,7 +240,7 @@ impl CudaBackend {
                 .collect()
         });
         let mut sources = Vec::new();
-        for (m, image) in KernelModule::ALL.into_iter().zip(images) {
+        for (m, image) in modules.iter().copied().zip(images) {
             let (image, mut source) = image?;
             let module = match ctx.load_module(nvrtc::to_cudarc(image)) {
                 Ok(module) => module,

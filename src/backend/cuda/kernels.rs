@@ -38,11 +38,13 @@ pub enum KernelModule {
     GatedAttention,
     /// Matmuls and the embedding gather on GGUF Q4_0 / Q4_1 / Q8_0 kept quantized (gguf tiles).
     GgufMm,
+    /// The sm_70 / sm_75 tensor-core (mma m8n8k4, fp16) matmuls on 4-bit weights (w4 tiles).
+    W4a16Sm70,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 14] = [
+    pub const ALL: [KernelModule; 15] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -57,6 +59,7 @@ impl KernelModule {
         KernelModule::GdnChunk,
         KernelModule::GatedAttention,
         KernelModule::GgufMm,
+        KernelModule::W4a16Sm70,
     ];
 
     /// File name under `kernels/`.
@@ -76,6 +79,7 @@ impl KernelModule {
             KernelModule::GdnChunk => "gdn_chunk.cu",
             KernelModule::GatedAttention => "gated_attention.cu",
             KernelModule::GgufMm => "gguf_mm.cu",
+            KernelModule::W4a16Sm70 => "w4a16_sm70.cu",
         }
     }
 
@@ -98,6 +102,7 @@ impl KernelModule {
             KernelModule::GdnChunk => include_str!("../../../kernels/gdn_chunk.cu"),
             KernelModule::GatedAttention => include_str!("../../../kernels/gated_attention.cu"),
             KernelModule::GgufMm => include_str!("../../../kernels/gguf_mm.cu"),
+            KernelModule::W4a16Sm70 => include_str!("../../../kernels/w4a16_sm70.cu"),
         }
     }
 
@@ -110,6 +115,16 @@ impl KernelModule {
             self.file_name(),
             self.source()
         )
+    }
+
+    /// Whether a backend for `arch` builds and loads this module: the sm_70 / sm_75 tensor-core
+    /// kernels only there (newer GPUs have faster instructions; `cuda_kernels_compile` still
+    /// compiles every module for every target); every other module everywhere.
+    pub fn builds_for(self, arch: super::nvrtc::Arch) -> bool {
+        match self {
+            KernelModule::W4a16Sm70 => arch.major == 7,
+            _ => true,
+        }
     }
 
     /// Extra NVRTC options a backend of compute dtype suffix `t` and KV storage suffix `c` compiles
@@ -234,6 +249,13 @@ impl KernelModule {
                         names.push(format!("dense_xwt_{t}"));
                         names.push(format!("dense_xwt_{t}_f32"));
                         names.extend(super::backend::MmaKernels::names(t));
+                    }
+                }
+                // fp16 only: the compute dtype of sm_70 / sm_75 (f32 keeps the FMA path).
+                KernelModule::W4a16Sm70 => {
+                    if t == "f16" {
+                        names.push(format!("w4s70_gemv_{t}"));
+                        names.push(format!("w4s70_gemm_{t}"));
                     }
                 }
                 KernelModule::GgufMm => {

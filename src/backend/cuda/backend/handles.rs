@@ -67,6 +67,9 @@ pub(crate) struct Kernels {
     pub w4_gemm: Option<CudaFunction>,
     /// `w4_fma_{t}`: packed 4-bit matmul on CUDA cores (sm_70 / sm_75, f32).
     pub w4_fma: CudaFunction,
+    /// `w4s70_{gemv,gemm}_f16`: the sm_70 / sm_75 tensor-core packed 4-bit matmuls; `None`
+    /// unless the module was built (sm_70 / sm_75) and `t` is f16.
+    pub w4_sm70: Option<super::w4a16::Sm70Kernels>,
     /// `gpu_sleep`: holds the GPU for a time (the profiler's gate, `KILN_PROFILE_OPS`).
     pub gpu_sleep: CudaFunction,
     pub feed_tokens: CudaFunction,
@@ -138,6 +141,7 @@ impl Kernels {
             w4_gemv32: opt(format!("w4_gemv32_{t}"))?,
             w4_gemm: opt(format!("w4_gemm_{t}"))?,
             w4_fma: get(format!("w4_fma_{t}"))?,
+            w4_sm70: super::w4a16::Sm70Kernels::resolve(all, t),
             gpu_sleep: get("gpu_sleep".into())?,
             feed_tokens: get("feed_tokens".into())?,
             dense_xwt: match (

@@ -6,7 +6,8 @@
 //! 1–32 rows (`w4_gemv`, 8-row blocks, for 1–8 rows on the common layouts; `w4_gemv32`, 32-row
 //! blocks, otherwise) and `w4_gemm` for larger ones, both `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
-//! depend on its batch; elsewhere (sm_70 / sm_75, f32) `w4_fma`, one kernel for every row count.
+//! depend on its batch; on sm_70 / sm_75 with fp16 the mma m8n8k4 kernels of the child module
+//! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
 //! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
 //! Nothing here allocates per call, and every launch takes fixed pointers (graph-capturable).
 
@@ -16,6 +17,12 @@ use super::{dev_err, mixed, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
 use crate::tensor::packed_tiles::{W4Tiles, W4Values, PAD_N, TILE_N};
 use crate::tensor::PackedLinear;
+
+// The sm_70 / sm_75 tensor-core kernels (`kernels/w4a16_sm70.cu`), a child module: it reads the
+// private packed parts.
+#[path = "w4a16_sm70.rs"]
+mod sm70;
+pub(crate) use sm70::Sm70Kernels;
 
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
 pub const GEMV_MAX_ROWS: usize = 32;
@@ -148,6 +155,9 @@ impl CudaBackend {
 
     /// The kernel the backend runs for a step of `rows` rows.
     pub fn w4_kernel_for(&self, rows: usize) -> W4Kernel {
+        if self.k.w4_sm70.is_some() {
+            return sm70::kernel_for(rows);
+        }
         if !self.w4_tensor_cores() {
             W4Kernel::Fma
         } else if rows <= GEMV_MAX_ROWS {
@@ -170,9 +180,10 @@ impl CudaBackend {
         }
     }
 
-    /// Whether the tensor-core kernels run here (sm_80+, 16-bit compute dtype).
+    /// Whether the tensor-core kernels run here (sm_80+ with a 16-bit compute dtype, or the
+    /// sm_70 / sm_75 kernels with fp16).
     pub fn w4_tensor_cores(&self) -> bool {
-        self.arch.major >= 8 && self.dtype != ComputeDType::F32
+        (self.arch.major >= 8 && self.dtype != ComputeDType::F32) || self.k.w4_sm70.is_some()
     }
 
     /// `out[rows, n] = x[rows, k] · wᵀ` for a packed `w` with the given kernel (what
@@ -225,6 +236,12 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
+        if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe {
+                self.packed_matmul_sm70(s70, w, parts, rows, xp, op, out_f32, kernel)
+            };
+        }
         let gemv8 = rows <= GEMV8_ROWS && parts.gemv8_ok(w.k);
         let f = match kernel {
             W4Kernel::Gemv if gemv8 => self.k.w4_gemv.as_ref().filter(|_| self.w4_tensor_cores()),
