@@ -137,6 +137,13 @@ impl KernelModule {
                 format!("-DKILN_DECODE_T_{t}"),
                 format!("-DKILN_DECODE_C_{c}"),
             ],
+            // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
+            // f32 FMAs instead of m8n8k4 tensor cores (to compare the two; no effect on sm_80+).
+            KernelModule::GdnChunk
+                if std::env::var("KILN_GDN_CHUNK_TILES").is_ok_and(|v| v == "fma") =>
+            {
+                vec!["-DGC_FMA_TILES".into()]
+            }
             _ => Vec::new(),
         }
     }
