@@ -19,9 +19,11 @@
 //   gdn_chunk_scan_{T}  grid (seqs, value heads, ceil(dv / 16)): the state pass, one chunk after
 //                       another; each block owns 16 value columns of S (f32 in registers as mma
 //                       accumulators, a T copy in shared memory as the B operand) and writes O.
-// Matrix products are 16x8x16 tiles (`gc_tile_nt`, operands in T in shared memory, k contiguous on
-// both sides): mma.sync.m16n8k16 with f32 accumulation on sm_80+, the same tile with f32 FMAs elsewhere (sm_70 / sm_75: no cp.async,
-// dynamic shared memory <= 96 KB). Workspace chunk id of chunk c of sequence s: token_start / 64 + s
+// Matrix products are 16 x 8 tiles over k (`gc_gemm_nt`, operands in T in shared memory, k
+// contiguous on both sides, the result in the m16n8 accumulator layout): mma.sync.m16n8k16 with
+// f32 accumulation on sm_80+; on sm_70 / sm_75 (no bf16, no cp.async, dynamic shared memory <= 96
+// KB) mma.sync.m8n8k4 f16 -> f32 regrouped into that layout by shuffles (bf16 there, or with
+// -DGC_FMA_TILES: the same tiles in f32 FMAs). Workspace chunk id of chunk c of sequence s: token_start / 64 + s
 // + c (distinct for every (s, c); at most tokens / 64 + seqs + 1). Sequences shorter than
 // `min_len`, without tokens or without a slot are left to the scan (it skips the others).
 // Shapes: dk a multiple of 16, at most 128; dv a multiple of 8, at most 128 (the host checks).
@@ -103,16 +105,99 @@ __device__ __forceinline__ void gc_tile_nt(float* c, const T* a, int lda, const 
 #endif
 }
 
+// sm_70 / sm_75 tensor cores (f16 only; there is no bf16 below sm_80): mma.sync.m8n8k4, one
+// instruction = four independent 8 x 8 x 4 products, one per quad-pair (QP q = lanes 4q..4q+3 and
+// 16+4q..16+4q+3). In a QP, lane l gives row (l & 3) + 4 (l >= 16) of A (4 k-contiguous halves)
+// and the same column of B, and holds the 8 x 8 result as d[i] at row (l & 1) + (i & 2) + 4 (l >=
+// 16), column (i & 4) + (l & 2) + (i & 1) (PTX ISA, "matrix fragments for mma.m8n8k4").
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 && !defined(GC_FMA_TILES)
+#define GC_SM70_TC 1
+__device__ __forceinline__ void gc_mma884(float* d, unsigned a0, unsigned a1, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11}, {%0,%1,%2,%3,%4,%5,%6,%7};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(b1));
+}
+
+// c (the m16n8 accumulator fragment of gc_tile_nt) += A B^T over k = 0..K (K a multiple of 16)
+// with f16 operands laid out as for gc_tile_nt. QP q takes rows 8 (q & 1).. of the 16 and, of
+// every 16 k, the slices 4 (q >> 1).. and 8 + 4 (q >> 1)..; the two k-halves are summed across
+// QPs q and q ^ 2 (lane ^ 8), then each lane gathers its m16n8 elements: element e of lane L is
+// d[(e & 1) + 2 kp + 4 ((L >> 1) & 1)] of lane 16 (L >> 4) + 8 kp + 4 (e >> 1) + ((L >> 2) & 1)
+// + 2 (L & 1), where kp = (L >> 3) & 1 picks which of the two equal copies is read, so the
+// source knows bit 1 of the index (its own kp); bit 2 depends on the reader: two shuffles.
+// Every lane of the warp must call it (the shuffles are warp-wide).
+__device__ __forceinline__ void gc_gemm_nt_884(float* c, const void* av, int lda, const void* bv, int ldb, int K) {
+    const int lane = threadIdx.x & 31, q = (lane >> 2) & 3;
+    const int r = (lane & 3) + ((lane >> 4) << 2);
+    const unsigned short* ar = reinterpret_cast<const unsigned short*>(av) + (long)(8 * (q & 1) + r) * lda + 4 * (q >> 1);
+    const unsigned short* br = reinterpret_cast<const unsigned short*>(bv) + (long)r * ldb + 4 * (q >> 1);
+    float d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        gc_mma884(d, gc_ld32(ar + k0), gc_ld32(ar + k0 + 2), gc_ld32(br + k0), gc_ld32(br + k0 + 2));
+        gc_mma884(d, gc_ld32(ar + k0 + 8), gc_ld32(ar + k0 + 10), gc_ld32(br + k0 + 8),
+                  gc_ld32(br + k0 + 10));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) d[i] += __shfl_xor_sync(0xffffffffu, d[i], 8);
+    const int own = (lane >> 3) & 1;
+    const int src0 = ((lane >> 4) << 4) + (own << 3) + ((lane >> 2) & 1) + ((lane & 1) << 1);
+    const bool upper = (lane >> 1) & 1;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float lo = own ? d[2 + (e & 1)] : d[e & 1];
+        const float hi = own ? d[6 + (e & 1)] : d[4 + (e & 1)];
+        const int src = src0 + ((e >> 1) << 2);
+        const float xl = __shfl_sync(0xffffffffu, lo, src), xh = __shfl_sync(0xffffffffu, hi, src);
+        c[e] += upper ? xh : xl;
+    }
+}
+#endif
+
+template <typename T> struct GcTensorCores70 { static constexpr bool value = false; };
+template <> struct GcTensorCores70<__half> { static constexpr bool value = true; };
+
+// c += A B^T over k = 0..K (a multiple of 16) for one 16 x 8 tile, operands as for gc_tile_nt,
+// c in its m16n8 layout: mma m16n8k16 on sm_80+, m8n8k4 for f16 on sm_70 / sm_75 (unless built
+// with -DGC_FMA_TILES, `KILN_GDN_CHUNK_TILES=fma`), else f32 FMAs. Warp-wide (all lanes call it).
+template <typename T>
+__device__ __forceinline__ void gc_gemm_nt(float* c, const T* a, int lda, const T* b, int ldb, int K) {
+#ifdef GC_SM70_TC
+    if (GcTensorCores70<T>::value)
+        gc_gemm_nt_884(c, a, lda, b, ldb, K);
+    else
+#endif
+        for (int k0 = 0; k0 < K; k0 += 16) gc_tile_nt<T>(c, a + k0, lda, b + k0, ldb);
+}
+
 // Copy `rows` rows of `cols` 16-bit elements (cols a multiple of 8) from global (row stride cols)
-// to shared (row stride ld), 16 bytes at a time; both 16-byte aligned.
+// to shared (row stride ld), 16 bytes at a time; both 16-byte aligned. On sm_80+ the copies are
+// cp.async (issued, not waited for: every 16-byte load in flight at once; `gc_copy_wait` then
+// a barrier before anything reads them); elsewhere plain loads and stores.
 template <typename T>
 __device__ __forceinline__ void gc_copy_rows(T* dst, int ld, const T* src, int src_ld, int rows, int cols) {
     const int per = cols / 8;
     for (int e = threadIdx.x; e < rows * per; e += GC_THREADS) {
         const int r = e / per, q = e % per;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        const unsigned d = (unsigned)__cvta_generic_to_shared(dst + (long)r * ld + 8 * q);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + (long)r * src_ld + 8 * q));
+#else
         reinterpret_cast<uint4*>(dst + (long)r * ld)[q] =
             reinterpret_cast<const uint4*>(src + (long)r * src_ld)[q];
+#endif
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Wait for this thread's gc_copy_rows (a barrier must follow before other threads read them).
+__device__ __forceinline__ void gc_copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::);
+#endif
 }
 
 // Row and column (within a 16 x 8 tile) of accumulator element e (0..3) of this lane.
@@ -234,10 +319,8 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
         const int n0 = 8 * nt;
         float ak[4] = {0.0f, 0.0f, 0.0f, 0.0f}, aq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (n0 < m0 + 16) {  // tiles wholly above the diagonal are zero
-            for (int k0 = 0; k0 < dk; k0 += 16) {
-                gc_tile_nt<T>(ak, ks + m0 * ldk + k0, ldk, ks + n0 * ldk + k0, ldk);
-                gc_tile_nt<T>(aq, qs + m0 * ldk + k0, ldk, ks + n0 * ldk + k0, ldk);
-            }
+            gc_gemm_nt<T>(ak, ks + m0 * ldk, ldk, ks + n0 * ldk, ldk, dk);
+            gc_gemm_nt<T>(aq, qs + m0 * ldk, ldk, ks + n0 * ldk, ldk, dk);
         }
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -325,8 +408,7 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
     for (int nt = 0; nt < dv / 8; nt++) {
         const int n0 = 8 * nt;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k0 = 0; k0 <= m0; k0 += 16)
-            gc_tile_nt<T>(acc, ta + m0 * ldc + k0, ldc, vt + n0 * ldc + k0, ldc);
+        gc_gemm_nt<T>(acc, ta + m0 * ldc, ldc, vt + n0 * ldc, ldc, m0 + 16);
 #pragma unroll
         for (int e = 0; e < 4; e++)
             Io<T>::store(u_out, (long)(m0 + gc_row(e)) * dv + n0 + gc_col(e), acc[e]);
@@ -340,8 +422,7 @@ __device__ void gdn_chunk_prep(const T* qkv, const T* a_in, const T* b_in, const
     for (int nt = 0; nt < dk / 8; nt++) {
         const int n0 = 8 * nt;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k0 = 0; k0 <= m0; k0 += 16)
-            gc_tile_nt<T>(acc, ta + m0 * ldc + k0, ldc, kt + n0 * ldc + k0, ldc);
+        gc_gemm_nt<T>(acc, ta + m0 * ldc, ldc, kt + n0 * ldc, ldc, m0 + 16);
 #pragma unroll
         for (int e = 0; e < 4; e++)
             Io<T>::store(w_out, (long)(m0 + gc_row(e)) * dk + n0 + gc_col(e), acc[e]);
@@ -394,38 +475,53 @@ __device__ void gdn_chunk_scan(const T* ws, const float* ws_f, float* rec_state,
     const long rec_len = gc_record(dk, dv);
     const long cid0 = (long)(start / GC_C) + s;
     const int nchunks = (len + GC_C - 1) / GC_C;
+    // Each chunk's record is staged as soon as its buffers are dead in the chunk before: W and U
+    // after Vn, Qg and P after O, Kd^T after the state update, so most of the next chunk's loads
+    // are in flight while this one computes (sm_80+: cp.async; the sm_70 path loads in place).
+    auto stage_wu = [&](int c) {
+        const T* rec = ws + ((cid0 + c) * num_value_heads + h) * rec_len;
+        gc_copy_rows(w_s, ldk, rec, dk, GC_C, dk);
+        gc_copy_rows(u_s, GC_DVS, rec + 3 * GC_C * dk + nb, dv, GC_C, width);
+    };
+    auto stage_qp = [&](int c) {
+        const T* rec = ws + ((cid0 + c) * num_value_heads + h) * rec_len;
+        gc_copy_rows(qg_s, ldk, rec + GC_C * dk, dk, GC_C, dk);
+        gc_copy_rows(p_s, ldc, rec + 3 * GC_C * dk + GC_C * dv, GC_C, GC_C, GC_C);
+    };
+    auto stage_kd = [&](int c) {
+        const T* rec = ws + ((cid0 + c) * num_value_heads + h) * rec_len;
+        gc_copy_rows(kd_s, ldc, rec + 2 * GC_C * dk, GC_C, dk, GC_C);
+    };
+    stage_wu(0);
+    stage_qp(0);
+    stage_kd(0);
+    float el_next = ws_f[cid0 * num_value_heads + h];
     for (int c = 0; c < nchunks; c++) {
         const int L = min(GC_C, len - c * GC_C);
-        const T* rec = ws + ((cid0 + c) * num_value_heads + h) * rec_len;
-        __syncthreads();  // the previous chunk's readers are done; sb written
-        gc_copy_rows(w_s, ldk, rec, dk, GC_C, dk);
-        gc_copy_rows(qg_s, ldk, rec + GC_C * dk, dk, GC_C, dk);
-        gc_copy_rows(kd_s, ldc, rec + 2 * GC_C * dk, GC_C, dk, GC_C);
-        gc_copy_rows(p_s, ldc, rec + 3 * GC_C * dk + GC_C * dv, GC_C, GC_C, GC_C);
-        gc_copy_rows(u_s, GC_DVS, rec + 3 * GC_C * dk + nb, dv, GC_C, width);
-        const float el = ws_f[(cid0 + c) * num_value_heads + h];
-        __syncthreads();
+        const bool more = c + 1 < nchunks;
+        const float el = el_next;
+        if (more) el_next = ws_f[(cid0 + c + 1) * num_value_heads + h];
+        gc_copy_wait();
+        __syncthreads();  // this chunk's record staged and sb written (the last chunk's readers done)
         // Vn = U - W S: warp w rows 16w..; stored transposed (Vn^T [col][row]).
         for (int nt = 0; nt < ntiles; nt++) {
             const int n0 = 8 * nt;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int k0 = 0; k0 < dk; k0 += 16)
-                gc_tile_nt<T>(acc, w_s + m0 * ldk + k0, ldk, sb + n0 * ldk + k0, ldk);
+            gc_gemm_nt<T>(acc, w_s + m0 * ldk, ldk, sb + n0 * ldk, ldk, dk);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = m0 + gc_row(e), j = n0 + gc_col(e);
                 Io<T>::store(vn_s, j * ldc + i, Io<T>::load(u_s, i * GC_DVS + j) - acc[e]);
             }
         }
-        __syncthreads();
+        __syncthreads();  // Vn written; W and U dead
+        if (more) stage_wu(c + 1);
         // O = Qg S + P Vn (P is lower triangular incl. the diagonal: k-tiles up to the row's).
         for (int nt = 0; nt < ntiles; nt++) {
             const int n0 = 8 * nt;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int k0 = 0; k0 < dk; k0 += 16)
-                gc_tile_nt<T>(acc, qg_s + m0 * ldk + k0, ldk, sb + n0 * ldk + k0, ldk);
-            for (int k0 = 0; k0 <= m0; k0 += 16)
-                gc_tile_nt<T>(acc, p_s + m0 * ldc + k0, ldc, vn_s + n0 * ldc + k0, ldc);
+            gc_gemm_nt<T>(acc, qg_s + m0 * ldk, ldk, sb + n0 * ldk, ldk, dk);
+            gc_gemm_nt<T>(acc, p_s + m0 * ldc, ldc, vn_s + n0 * ldc, ldc, m0 + 16);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = m0 + gc_row(e), j = n0 + gc_col(e);
@@ -434,6 +530,8 @@ __device__ void gdn_chunk_scan(const T* ws, const float* ws_f, float* rec_state,
                                  acc[e]);
             }
         }
+        __syncthreads();  // Qg and P dead
+        if (more) stage_qp(c + 1);
         // S <- eL S + Kd^T Vn.
 #pragma unroll
         for (int a = 0; a < 2; a++) {
@@ -445,11 +543,11 @@ __device__ void gdn_chunk_scan(const T* ws, const float* ws_f, float* rec_state,
                 const int n0 = 8 * nt;
 #pragma unroll
                 for (int e = 0; e < 4; e++) S[a][nt][e] *= el;
-                for (int k0 = 0; k0 < GC_C; k0 += 16)
-                    gc_tile_nt<T>(S[a][nt], kd_s + 16 * mt * ldc + k0, ldc, vn_s + n0 * ldc + k0, ldc);
+                gc_gemm_nt<T>(S[a][nt], kd_s + 16 * mt * ldc, ldc, vn_s + n0 * ldc, ldc, GC_C);
             }
         }
-        __syncthreads();  // every read of sb and vn_s is done
+        __syncthreads();  // every read of sb, vn_s and kd_s is done
+        if (more) stage_kd(c + 1);
 #pragma unroll
         for (int a = 0; a < 2; a++)
 #pragma unroll

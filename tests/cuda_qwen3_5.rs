@@ -369,8 +369,8 @@ fn rule_on_gpu(
     (outs, rec)
 }
 
-/// The chunked delta rule (C = 64; tensor cores on sm_80+, the same tiles in FMAs on the sm_70
-/// path) against the sequential scan on the same GPU and inputs, at prompt lengths 1, 63, 64, 65,
+/// The chunked delta rule (C = 64; mma m16n8k16 on sm_80+, m8n8k4 at fp16 on the sm_70 path, or
+/// its FMA tiles with `KILN_GDN_CHUNK_TILES=fma`) against the sequential scan on the same GPU and inputs, at prompt lengths 1, 63, 64, 65,
 /// 200, 1000 from a zero state, and split over two or three steps (a prefill continued from its
 /// state): outputs within the op tolerance of the dtype, final states within `state_tol`. Slow
 /// decays (g ≈ −0.03 per token on most heads) so the state carries across many chunks.

@@ -7,10 +7,14 @@
 //! moves to another state slot (its state copied there, the old slot zeroed), so a graph that had
 //! baked the slots in would read zeros and differ from the eager run.
 //!
-//! Overlap (`engine.overlap`): the hybrid runner computes a step at submission (it does not
-//! queue steps, `ModelRunner::queues_steps` is false), so the engine resolves fed tokens on the
-//! host and overlap on / off run these same `forward` calls; batch invariance with graphs on (the
-//! default) is `cuda_qwen3_5_models`' `batched_greedy_equals_each_alone_on_the_gpu`.
+//! Overlap (`engine.overlap`): the hybrid runner queues steps on CUDA (`queues_steps` true): a
+//! step submitted ahead with its tokens fed on the device from the step before gives the same
+//! tokens as the same steps run one by one (runner level, graphs on and off, every fixture and
+//! dtype), and the engine with overlap on gives every request the same tokens as with overlap
+//! off (greedy and seeded sampling, a shared prompt prefix so hybrid prefix checkpoints are taken
+//! and restored while steps are queued); the engine-level decode speed with overlap on / off is
+//! printed. Batch invariance with graphs on (the default) is `cuda_qwen3_5_models`'
+//! `batched_greedy_equals_each_alone_on_the_gpu`.
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`),
 //! from the repository root:
@@ -24,9 +28,12 @@ mod common;
 use common::*;
 
 use kiln::backend::cuda::CudaBackend;
+use kiln::engine::{
+    spawn, test_support, Completion, EngineConfig, GenerateRequest, Prompt, SamplingParams,
+};
 use kiln::model::files::ModelFiles;
 use kiln::model::qwen3_5::Qwen3_5;
-use kiln::model::step::{ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
+use kiln::model::step::{Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
 use kiln::sampling::SamplingRow;
 
 const MODELS: [&str; 3] = [
@@ -263,4 +270,230 @@ fn hybrid_decode_speed_with_and_without_graphs() {
         }
     }
     assert!(same, "graphs changed the tokens");
+}
+
+/// `n` sequences (prompts of different lengths) prefilled, then `steps` decode steps, every
+/// sequence sampled greedily on the device; `pipelined`: each decode step is submitted before the
+/// previous one is collected, its tokens fed on the device. Returns each sequence's tokens.
+fn decode_tokens(
+    m: &mut Qwen3_5<CudaBackend>,
+    n: usize,
+    steps: usize,
+    pipelined: bool,
+) -> Vec<Vec<u32>> {
+    let vocab = m.vocab_size() as u32;
+    let per_seq = MAX_MODEL_LEN / BLOCK;
+    let table = |i: usize| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect::<Vec<_>>();
+    let greedy = || LogitsFor::Sample(SamplingRow::greedy());
+    let mut batch = ForwardBatch::default();
+    let mut lens = Vec::new();
+    for i in 0..n {
+        let p: Vec<u32> = (0..(5 + 29 * i) % 90 + 3)
+            .map(|t| (t as u32 * 17 + i as u32 * 11 + 2) % vocab)
+            .collect();
+        batch.seqs.push(SeqSlice {
+            start: batch.token_ids.len(),
+            len: p.len(),
+            cached_len: 0,
+            block_table: table(i),
+            logits: greedy(),
+            state_slot: Some(i as u32),
+        });
+        lens.push(p.len());
+        batch.token_ids.extend(p);
+    }
+    for i in 0..n {
+        m.reset_state_slot(i as u32).expect("reset slot");
+    }
+    let decode = |lens: &[usize], ids: &[u32]| {
+        let mut b = ForwardBatch::default();
+        for i in 0..n {
+            b.seqs.push(SeqSlice {
+                start: i,
+                len: 1,
+                cached_len: lens[i],
+                block_table: table(i),
+                logits: greedy(),
+                state_slot: Some(i as u32),
+            });
+            b.token_ids.push(ids[i]);
+        }
+        b
+    };
+    let ids = |o: &ForwardOutput| -> Vec<u32> {
+        o.samples
+            .iter()
+            .map(|s| s.as_ref().expect("sampled").token_id)
+            .collect()
+    };
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
+    if !pipelined {
+        for k in 0..=steps {
+            let got = ids(&m.forward(&batch).expect("forward"));
+            for (i, &t) in got.iter().enumerate() {
+                out[i].push(t);
+            }
+            if k < steps {
+                batch = decode(&lens, &got);
+                for l in &mut lens {
+                    *l += 1;
+                }
+            }
+        }
+        return out;
+    }
+    let feeds: Vec<Feed> = (0..n).map(|i| Feed { token: i, row: i }).collect();
+    let mut in_flight = m.submit(&batch, &[]).expect("submit");
+    for k in 0..=steps {
+        let next = (k < steps).then(|| {
+            // Placeholder ids: the device writes the sampled ones before the step reads them.
+            let b = decode(&lens, &vec![0; n]);
+            for l in &mut lens {
+                *l += 1;
+            }
+            m.submit(&b, &feeds).expect("submit ahead")
+        });
+        let got = ids(&m.collect(in_flight).expect("collect"));
+        for (i, &t) in got.iter().enumerate() {
+            out[i].push(t);
+        }
+        match next {
+            Some(s) => in_flight = s,
+            None => break,
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn hybrid_steps_submitted_ahead_with_fed_tokens_give_the_same_tokens() {
+    let steps = 12;
+    let mut failures = Vec::new();
+    for path in MODELS {
+        let files = ModelFiles::open(&root().join(path)).expect("model");
+        for dtype in dtypes() {
+            for graphs in [true, false] {
+                let mut m = model(&files, dtype, graphs);
+                assert!(m.queues_steps(), "the CUDA hybrid runner queues steps");
+                for n in [1usize, 3, 8] {
+                    let sync = decode_tokens(&mut m, n, steps, false);
+                    let piped = decode_tokens(&mut m, n, steps, true);
+                    let same = sync == piped;
+                    println!(
+                        "RESULT hybrid_overlap model={path} dtype={dtype} graphs={graphs} seqs={n} \
+                         steps={steps} tokens_equal={same}"
+                    );
+                    if !same {
+                        failures.push(format!(
+                            "{path} {dtype} graphs={graphs} n={n}: {sync:?} vs {piped:?}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// The tiny hybrid behind the engine (byte tokenizer; token-id prompts inside the 128-token
+/// vocabulary), overlap on or off: every request's completion and the decode tokens/s (completion
+/// tokens over the wall time of the whole batch).
+fn engine_run(
+    files: &ModelFiles,
+    dtype: &str,
+    overlap: bool,
+    reqs: &[GenerateRequest],
+) -> (Vec<Completion>, f64) {
+    let per_seq = MAX_MODEL_LEN / BLOCK;
+    let runner = Qwen3_5::load(
+        gpu(dtype, "auto"),
+        &files.config,
+        files.weights.as_ref(),
+        BLOCK,
+        MAX_SEQS * per_seq * 2 + 1,
+        2 * MAX_SEQS,
+    )
+    .expect("load")
+    .reserve_workspace(512, MAX_SEQS)
+    .with_decode_graphs(MAX_SEQS, MAX_MODEL_LEN);
+    let cfg = EngineConfig {
+        max_num_seqs: MAX_SEQS,
+        max_num_batched_tokens: 512,
+        max_model_len: MAX_MODEL_LEN,
+        block_size: BLOCK,
+        enable_prefix_caching: true,
+        overlap,
+        ..EngineConfig::default()
+    };
+    let h = spawn(
+        Box::new(runner),
+        test_support::byte_tokenizer(),
+        cfg,
+        "tiny-qwen3_5",
+    )
+    .expect("engine starts");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let t0 = std::time::Instant::now();
+    let out: Vec<Completion> = rt.block_on(async {
+        let pending: Vec<_> = reqs.iter().cloned().map(|r| h.submit(r)).collect();
+        let mut out = Vec::new();
+        for p in pending {
+            out.push(p.await.expect("completion"));
+        }
+        out
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    h.shutdown();
+    let tokens: u32 = out.iter().map(|c| c.usage.completion_tokens).sum();
+    (out, tokens as f64 / secs)
+}
+
+/// `cuda_qwen3_5_graphs-<hash> --ignored --nocapture engine_overlap` (see the header).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn engine_overlap_on_and_off_give_the_same_tokens() {
+    let files = ModelFiles::open(&root().join(MODELS[0])).expect("model");
+    // 16 requests (8 run at once) sharing a 40-token prefix (prefix checkpoints of the state are
+    // taken and restored), greedy and seeded sampling mixed, different lengths.
+    let shared: Vec<u32> = (0..40u32).map(|t| (t * 7 + 3) % 128).collect();
+    let reqs: Vec<GenerateRequest> = (0..16u32)
+        .map(|i| {
+            let mut ids = shared.clone();
+            ids.extend((0..(3 + 11 * i) % 50).map(|t| (t * 13 + i * 5 + 1) % 128));
+            GenerateRequest {
+                prompt: Prompt::TokenIds(ids),
+                sampling: SamplingParams {
+                    max_tokens: Some(24 + 8 * (i % 4)),
+                    temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
+                    seed: Some(u64::from(i) + 1),
+                    ..SamplingParams::default()
+                },
+                deadline: None,
+            }
+        })
+        .collect();
+    let mut ok = true;
+    for dtype in ["bf16", "fp16"] {
+        // A first engine of the dtype in this process pays one-time costs (lazily loaded kernel
+        // modules, cuBLAS set-up) inside its timed span: a warm-up run, not counted, goes first.
+        let _ = engine_run(&files, dtype, true, &reqs);
+        let (off, off_tps) = engine_run(&files, dtype, false, &reqs);
+        let (on, on_tps) = engine_run(&files, dtype, true, &reqs);
+        let key = |c: &Completion| (c.token_ids.clone(), c.finish_reason);
+        let same =
+            off.iter().map(key).collect::<Vec<_>>() == on.iter().map(key).collect::<Vec<_>>();
+        let cached: u32 = on.iter().map(|c| c.usage.cached_prompt_tokens).sum();
+        println!(
+            "RESULT hybrid_engine_overlap model=tiny-qwen3_5 dtype={dtype} requests={} tokens_equal={same} \
+             cached_prompt_tokens={cached} overlap_off_tok_s={off_tps:.0} overlap_on_tok_s={on_tps:.0} speedup={:.2}",
+            reqs.len(),
+            on_tps / off_tps
+        );
+        ok &= same;
+    }
+    assert!(ok, "overlap changed some request's tokens");
 }

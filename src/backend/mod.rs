@@ -271,8 +271,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// stacked in order: the fused q|k|v and gate|up projections (one GEMM instead of several;
     /// output column `j` of the stack is output column `j − Σ_{i<p} nᵢ` of part `p`). The default
     /// concatenates the stored rows on the host, exact for the encodings whose rows are stored
-    /// one after another (dense floats and the ggml block formats); any other encoding is
-    /// `Err(Unsupported)`, and the caller keeps the weights apart.
+    /// one after another (dense floats and the ggml block formats); any other encoding, or parts
+    /// of different encodings, is `Err(Unsupported)`, and the caller keeps the weights apart.
     fn upload_weight_rows(
         &self,
         name: &str,
@@ -719,7 +719,15 @@ pub fn concat_rows(
         let &[n, pk] = p.shape else {
             return Err(bad(format!("expected 2-D weights, found {:?}", p.shape)));
         };
-        if pk != k || p.dtype != first.dtype || p.data.len() != n * row_bytes {
+        if p.dtype != first.dtype {
+            // Mixed encodings (a Q4_K_M file's Q6_K attn_v under Q4_K q / k): not one weight;
+            // the caller keeps the parts apart.
+            return Err(BackendError::Unsupported(format!(
+                "`{name}`: stacking {:?} under {:?}",
+                p.dtype, first.dtype
+            )));
+        }
+        if pk != k || p.data.len() != n * row_bytes {
             return Err(bad(format!(
                 "cannot stack {:?} {:?} ({} bytes) under {:?} {:?}",
                 p.dtype,

@@ -137,6 +137,13 @@ impl KernelModule {
                 format!("-DKILN_DECODE_T_{t}"),
                 format!("-DKILN_DECODE_C_{c}"),
             ],
+            // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
+            // f32 FMAs instead of m8n8k4 tensor cores (to compare the two; no effect on sm_80+).
+            KernelModule::GdnChunk
+                if std::env::var("KILN_GDN_CHUNK_TILES").is_ok_and(|v| v == "fma") =>
+            {
+                vec!["-DGC_FMA_TILES".into()]
+            }
             _ => Vec::new(),
         }
     }
@@ -260,7 +267,7 @@ impl KernelModule {
                     }
                 }
                 KernelModule::GgufMm => {
-                    for q in ["q4_0", "q4_1", "q8_0"] {
+                    for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {
                             names.push(format!("gguf_gemv_{q}_{t}"));
                             names.push(format!("gguf_gemm_{q}_{t}"));

@@ -128,6 +128,10 @@ pub struct Qwen3_5<B: HybridBackend> {
     graphs: Option<DecodeGraphs<B>>,
     /// Least (tokens, logits rows) the workspace is made for.
     reserve: (usize, usize),
+    /// Steps submitted and not yet collected, oldest first (at most two; see `run.rs`).
+    queue: std::collections::VecDeque<run::QueuedStep<B>>,
+    /// Sequence number of the last submitted step.
+    next_seq: u64,
 }
 
 /// Looks tensors up by key, checks their shapes and uploads them.
@@ -439,6 +443,8 @@ impl<B: HybridBackend> Qwen3_5<B> {
             step: None,
             graphs: None,
             reserve: (0, 0),
+            queue: Default::default(),
+            next_seq: 0,
         })
     }
 

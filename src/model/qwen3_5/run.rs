@@ -1,12 +1,17 @@
 //! [`ModelRunner`] for [`Qwen3_5`]: a step runs eagerly over the runner's step metadata, or,
 //! when it is decode-only and fits a bucket of the decode graphs
-//! ([`Qwen3_5::with_decode_graphs`]), padded to the bucket and replayed from its graph; the
-//! logits rows are then downloaded or sampled on the host side of the step.
+//! ([`Qwen3_5::with_decode_graphs`]), padded to the bucket and replayed from its graph; raw
+//! logits rows are downloaded at once and sampling is queued on the device. On a backend that
+//! queues steps (CUDA) [`ModelRunner::submit`] returns before the device has finished (at most
+//! two steps in flight, as the llama runner), the ids sampled by one step fed on the device into
+//! the next (`Feed`), so `engine.overlap` builds step N+1 while the GPU runs step N.
 
 use super::{forward, Mixer, Qwen3_5};
 use crate::backend::hybrid::HybridBackend;
 use crate::error::EngineError;
-use crate::model::step::{CacheGeometry, ForwardBatch, ForwardOutput, ModelRunner};
+use crate::model::step::{
+    CacheGeometry, Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, Submitted,
+};
 
 impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
     fn vocab_size(&self) -> usize {
@@ -56,14 +61,126 @@ impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
+        if !self.queue.is_empty() {
+            return Err(EngineError::Internal(
+                "forward while submitted steps are not collected".into(),
+            ));
+        }
+        let q = self.run(batch, &[])?;
+        let samples = match q.pending {
+            Some(p) => self.backend.sample_collect(p)?,
+            None => Vec::new(),
+        };
+        Ok(ForwardOutput {
+            logits: q.logits,
+            samples,
+        })
+    }
+
+    fn submit(&mut self, batch: &ForwardBatch, feeds: &[Feed]) -> Result<Submitted, EngineError> {
+        if !self.backend.queues_steps() {
+            if !feeds.is_empty() {
+                return Err(EngineError::Internal(format!(
+                    "{} fed tokens for a runner on {}, which computes steps at submission",
+                    feeds.len(),
+                    self.backend.name()
+                )));
+            }
+            return Ok(Submitted::done(self.forward(batch)?));
+        }
+        if self.queue.len() >= 2 {
+            return Err(EngineError::Internal(
+                "a third step submitted before the first was collected".into(),
+            ));
+        }
+        let feeds: Vec<(u32, u32)> = feeds
+            .iter()
+            .map(|f| (f.token as u32, f.row as u32))
+            .collect();
+        let q = self.run(batch, &feeds)?;
+        self.next_seq += 1;
+        self.queue.push_back(QueuedStep {
+            seq: self.next_seq,
+            ..q
+        });
+        Ok(Submitted::queued(self.next_seq))
+    }
+
+    fn collect(&mut self, step: Submitted) -> Result<ForwardOutput, EngineError> {
+        let step = match step.into_output() {
+            Ok(done) => return Ok(done),
+            Err(s) => s,
+        };
+        let Some(q) = self.queue.pop_front() else {
+            return Err(EngineError::Internal("collect with no step queued".into()));
+        };
+        if step.queued_seq() != Some(q.seq) {
+            return Err(EngineError::Internal(format!(
+                "collected step {:?}, but the oldest queued one is {}",
+                step.queued_seq(),
+                q.seq
+            )));
+        }
+        let samples = match q.pending {
+            Some(p) => self.backend.sample_collect(p)?,
+            None => Vec::new(),
+        };
+        Ok(ForwardOutput {
+            logits: q.logits,
+            samples,
+        })
+    }
+
+    fn queues_steps(&self) -> bool {
+        self.backend.queues_steps()
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        Ok(self.backend.copy_block(&mut self.kv_cache, src, dst)?)
+    }
+
+    fn reset_state_slot(&mut self, slot: u32) -> Result<(), EngineError> {
+        Ok(self.backend.reset_state_slot(&mut self.states, slot)?)
+    }
+
+    fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
+        Ok(self.backend.copy_state_slot(&mut self.states, src, dst)?)
+    }
+}
+
+/// A step [`Qwen3_5::run`] queued: its raw logits rows (downloaded at once) and its pending
+/// sampling call (collected, in submission order, by [`ModelRunner::collect`]).
+pub(super) struct QueuedStep<B: HybridBackend> {
+    /// Sequence number ([`Submitted::queued`]).
+    seq: u64,
+    logits: Vec<f32>,
+    pending: Option<B::PendingSamples>,
+}
+
+impl<B: HybridBackend> Qwen3_5<B> {
+    /// Queue one step: its metadata, `feeds` (token, sampling row of the last queued step)
+    /// copied on the device from that step's sampled ids, the layers and the logits, then the
+    /// sampling (queued, not waited for). Raw logits rows (`Last` / `All`) are downloaded here.
+    /// State-slot copies the engine asks for between submissions are queued on the same stream,
+    /// so a prefix checkpoint copies the state the step submitted before it leaves.
+    fn run(
+        &mut self,
+        batch: &ForwardBatch,
+        feeds: &[(u32, u32)],
+    ) -> Result<QueuedStep<B>, EngineError> {
         let input = batch.step_input(
             self.geometry.block_size,
             self.geometry.num_blocks,
             self.config.vocab_size,
             self.config.max_position_embeddings,
         )?;
+        let mut q = QueuedStep {
+            seq: 0,
+            logits: Vec::new(),
+            pending: None,
+        };
         if input.num_tokens() == 0 {
-            return Ok(ForwardOutput::default());
+            return Ok(q);
         }
         if let Some(i) = input
             .seqs
@@ -85,8 +202,22 @@ impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
             step,
             graphs,
             reserve,
+            queue,
             ..
         } = self;
+        let from = match (
+            feeds.is_empty(),
+            queue.back().and_then(|p| p.pending.as_ref()),
+        ) {
+            (true, _) => None,
+            (false, Some(p)) => Some((p, feeds)),
+            (false, None) => {
+                return Err(EngineError::Internal(format!(
+                    "{} fed tokens, but no queued step samples",
+                    feeds.len()
+                )))
+            }
+        };
         backend.run_step(|| {
             // A decode-only step that fits a graph bucket runs padded to the bucket.
             let bucket = graphs.as_ref().and_then(|g| g.bucket_for(&input));
@@ -114,7 +245,7 @@ impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
             let ws = workspace.as_mut().expect("made above");
             match (bucket, graphs.as_mut()) {
                 (Some(bucket), Some(g)) => {
-                    g.run_with(bucket, backend, &input, None, |st| {
+                    g.run_with(bucket, backend, &input, from, |st| {
                         forward::queue(
                             weights, backend, config, &gdn, kv_cache, states, ws, st, t, rows,
                         )
@@ -125,27 +256,38 @@ impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
                         Some(st) => backend.update_step(st, &input)?,
                         None => *step = Some(backend.prepare_step(&input)?),
                     }
-                    let st = step.as_ref().expect("made above");
+                    let st = step.as_mut().expect("made above");
+                    if let Some((p, f)) = from {
+                        backend.feed_tokens(st, p, f)?;
+                    }
                     forward::queue(
                         weights, backend, config, &gdn, kv_cache, states, ws, st, t, rows,
                     )?;
                 }
             }
-            // Raw rows for `Last` / `All`, device sampling for `Sample` (rows past the batch's
+            // Raw rows for `Last` / `All`, sampling queued for `Sample` (rows past the batch's
             // own, a graph's padding, are never read).
-            ForwardOutput::from_logits(backend, config.vocab_size, &ws.logits, batch)
-        })
-    }
-
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
-        Ok(self.backend.copy_block(&mut self.kv_cache, src, dst)?)
-    }
-
-    fn reset_state_slot(&mut self, slot: u32) -> Result<(), EngineError> {
-        Ok(self.backend.reset_state_slot(&mut self.states, slot)?)
-    }
-
-    fn copy_state_slot(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
-        Ok(self.backend.copy_state_slot(&mut self.states, src, dst)?)
+            let vocab = config.vocab_size;
+            let mut row = 0;
+            let mut picks = Vec::new();
+            for s in &batch.seqs {
+                let n = s.logits.rows(s.len);
+                match &s.logits {
+                    LogitsFor::None => {}
+                    LogitsFor::Sample(desc) => picks.push((row, desc)),
+                    LogitsFor::Last | LogitsFor::All => {
+                        let at = q.logits.len();
+                        q.logits.resize(at + n * vocab, 0.0);
+                        backend.download_logits(&ws.logits, row, &mut q.logits[at..])?;
+                    }
+                }
+                row += n;
+            }
+            if !picks.is_empty() {
+                q.pending = Some(backend.sample_submit(&ws.logits, &picks)?);
+            }
+            Ok::<(), EngineError>(())
+        })?;
+        Ok(q)
     }
 }

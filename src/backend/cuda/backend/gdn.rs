@@ -8,7 +8,7 @@
 //! host copy the step keeps of each sequence's `(len, slot)`.
 //!
 //! The delta rule: sequences with at least [`CudaStateCache::chunked_min_len`] new tokens take
-//! the chunked form (C = 64, tensor cores on sm_80+; `gdn_chunk.rs`, 16-bit compute dtypes),
+//! the chunked form (C = 64, tensor cores; `gdn_chunk.rs`, 16-bit compute dtypes),
 //! the others (decode tokens, short prefills, and everything at f32) a sequential scan over the
 //! sequence's new tokens with the state in registers (`gdn.cu`). Both are the CPU's math up to
 //! float rounding.

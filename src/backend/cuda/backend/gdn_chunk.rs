@@ -1,7 +1,8 @@
 //! The chunked gated delta rule on CUDA (`kernels/gdn_chunk.cu`): the prefill form of
 //! [`HybridBackend::gdn_recurrence`](crate::backend::hybrid::HybridBackend::gdn_recurrence) for
-//! the 16-bit compute dtypes, with tensor cores (mma m16n8k16) on sm_80+ and the same tiles in
-//! f32 FMAs on sm_70 / sm_75.
+//! the 16-bit compute dtypes, with tensor cores: mma m16n8k16 on sm_80+, m8n8k4 (fp16) on sm_70 /
+//! sm_75, where `KILN_GDN_CHUNK_TILES=fma` (read when the kernels are compiled) runs the same tiles
+//! in f32 FMAs instead (bf16 below sm_80 always does).
 //!
 //! Which path a sequence takes depends on its own new-token count only (so a row's result does
 //! not depend on its batch): at least [`CudaStateCache::chunked_min_len`] tokens → chunked,
