@@ -15,6 +15,27 @@
 #define DENSE_ROWS 8
 #define DENSE_WARPS 4
 
+// PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below). A kernel the host launches with the
+// programmatic-stream-serialization attribute (dense.rs, `launch.rs`) may start while the previous
+// kernel of the stream still runs: it must not read what that kernel writes, nor write what it
+// reads, before pdl_wait() (griddepcontrol.wait: returns once the previous grid has completed and
+// its memory is visible). pdl_launch_dependents() lets the next such kernel start early. Every
+// kernel of this file calls pdl_wait() before touching activations, so any of them may be launched
+// either way; weights (never written by a step) may be read before it.
+#ifndef KILN_PDL_HELPERS
+#define KILN_PDL_HELPERS
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#endif
+
 __device__ __forceinline__ void unpack8(uint4 v, float* f, __half) {
     unsigned int u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -36,6 +57,7 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f, bf16_t) {
 template <typename T, typename O>
 __device__ void dense_xwt(const T* __restrict__ x, const T* __restrict__ w, O* __restrict__ out,
                           int m, int n, int k) {
+    pdl_wait();
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     int col = blockIdx.x * DENSE_WARPS + warp;
     int row0 = blockIdx.y * DENSE_ROWS;
@@ -161,7 +183,9 @@ __device__ __forceinline__ void dmma_block(float* d, uint4 a_lo, uint4 a_hi, uin
 // Store D-fragment element i (0..3) of a 16-output tile at outputs n0.. and rows row0.. (an 8-row
 // group): output n0 + g + 8 (i >> 1), row row0 + 2t + (i & 1). SWIGLU: called for i = 0, 1 with
 // the gate in v and the up value in u (element i + 2); output column n0 / 2 + g of out [m, n / 2].
-template <typename T, typename O, bool SWIGLU>
+// RES (O = float, the f32 residual stream): out += v rounded to T, the same f32 sum the unfused
+// matmul (output in T) + add_rms_norm (residual += delta) computes.
+template <typename T, typename O, bool SWIGLU, bool RES = false>
 __device__ __forceinline__ void dmma_store(O* __restrict__ out, int m, int n, int n0, int row0,
                                            int lane, int i, float v, float u) {
     const int g = lane >> 2, t = lane & 3;
@@ -174,36 +198,125 @@ __device__ __forceinline__ void dmma_store(O* __restrict__ out, int m, int n, in
         Io<O>::store(out, (long)row * (n / 2) + col, gr / (1.0f + expf(-gr)) * ur);
     } else {
         const int col = n0 + g + 8 * (i >> 1);
-        if (col < n) Io<O>::store(out, (long)row * n + col, v);
+        if (col >= n) return;
+        const long at = (long)row * n + col;
+        Io<O>::store(out, at, RES ? Io<O>::load(out, at) + round_to<T>(v) : v);
     }
 }
 
-template <typename T, typename O, int RG, bool SWIGLU>
+// The 16-bit bits of `v` rounded to T.
+template <typename T>
+__device__ __forceinline__ unsigned int dmma_bits(float v) {
+    T tmp;
+    Io<T>::store(&tmp, 0, v);
+    return (unsigned int)*reinterpret_cast<unsigned short*>(&tmp);
+}
+
+// NORM's B operand: columns col .. col + 8 of row r of h = rms_norm(x) · nw, computed from the f32
+// residual row x[r] and its 1 / rms `inv` exactly as rms_norm.cu writes h (T(nw · (x · inv)));
+// 0 outside [rows, k].
+template <typename T>
+__device__ __forceinline__ uint4 dmma_ld_norm(const float* __restrict__ x,
+                                              const unsigned short* __restrict__ nw, int r,
+                                              int rows, int col, int k, float inv) {
+    if (r >= rows || col >= k) return make_uint4(0u, 0u, 0u, 0u);
+    const float4 x0 = *reinterpret_cast<const float4*>(x + (long)r * k + col);
+    const float4 x1 = *reinterpret_cast<const float4*>(x + (long)r * k + col + 4);
+    float wf[8];
+    unpack8(__ldg(reinterpret_cast<const uint4*>(nw + col)), wf, T());
+    const float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    unsigned int u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        u[i] = dmma_bits<T>(wf[2 * i] * (xf[2 * i] * inv)) |
+               (dmma_bits<T>(wf[2 * i + 1] * (xf[2 * i + 1] * inv)) << 16);
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+// MODE of the small kernel. PLAIN: x is [m, k] in T. NORM: x is the f32 residual stream [m, k] and
+// the block RMS-normalizes its own rows (weight nw [k], eps) before the product: the prologue that
+// replaces a separate (add_)rms_norm launch; each row's sum of squares is taken by one warp in a
+// fixed order (lane-strided float4s, then the xor butterfly), so it depends on that row alone. RES:
+// out is the f32 residual stream [m, n] and receives out += T(product) (the epilogue that replaces
+// the residual half of add_rms_norm). The product itself is the same in every mode.
+#define DMMA_PLAIN 0
+#define DMMA_NORM 1
+#define DMMA_RES 2
+
+template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN>
 __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w,
-                                O* __restrict__ out, int m, int n, int k, int sb) {
+                                O* __restrict__ out, int m, int n, int k, int sb,
+                                const T* __restrict__ nw, float eps) {
     extern __shared__ float dmma_part[];  // [S][RG][4][32]
+    __shared__ float dmma_inv[8 * RG];
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const float* xf = reinterpret_cast<const float*>(x);
     const unsigned short* ws = reinterpret_cast<const unsigned short*>(w);
+    const unsigned short* nws = reinterpret_cast<const unsigned short*>(nw);
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int slices = blockDim.x / WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, row0 = blockIdx.y * 8 * RG;
     const int kbt = (k + 31) / 32;
     const int kb0 = warp * sb, kb1 = min(kb0 + sb, kbt);
+    // The weight fragments of the slice's first 4 k blocks (all of it for K <= 2048) are loaded
+    // before waiting for the previous kernel: a step never writes weights.
+    uint4 a_lo[4], a_hi[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int col = (kb0 + j) * 32 + 8 * t;
+        const bool in = kb0 + j < kb1;
+        a_lo[j] = in ? dmma_ld(ws, n0 + g, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+        a_hi[j] = in ? dmma_ld(ws, n0 + g + 8, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    if (MODE == DMMA_NORM) {
+        for (int r = warp; r < 8 * RG; r += slices) {
+            const int row = row0 + r;
+            float ss = 0.0f;
+            if (row < m) {
+                for (int i = lane * 4; i < k; i += WARP_SIZE * 4) {
+                    const float4 v = *reinterpret_cast<const float4*>(xf + (long)row * k + i);
+                    ss += v.x * v.x;
+                    ss += v.y * v.y;
+                    ss += v.z * v.z;
+                    ss += v.w * v.w;
+                }
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) dmma_inv[r] = rsqrtf(ss / (float)k + eps);
+        }
+        __syncthreads();
+    }
     float acc[RG][4];
 #pragma unroll
     for (int r = 0; r < RG; ++r)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
-#pragma unroll 4
-    for (int kb = kb0; kb < kb1; ++kb) {
-        const int col = kb * 32 + 8 * t;
-        const uint4 a_lo = dmma_ld(ws, n0 + g, n, col, k);
-        const uint4 a_hi = dmma_ld(ws, n0 + g + 8, n, col, k);
+    for (int c0 = kb0; c0 < kb1; c0 += 4) {
+        if (c0 != kb0) {
 #pragma unroll
-        for (int r = 0; r < RG; ++r) {
-            const uint4 b = dmma_ld(xs, row0 + 8 * r + g, m, col, k);
-            dmma_block<T>(acc[r], a_lo, a_hi, b);
+            for (int j = 0; j < 4; ++j) {
+                const int col = (c0 + j) * 32 + 8 * t;
+                const bool in = c0 + j < kb1;
+                a_lo[j] = in ? dmma_ld(ws, n0 + g, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+                a_hi[j] = in ? dmma_ld(ws, n0 + g + 8, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (c0 + j < kb1) {
+                const int col = (c0 + j) * 32 + 8 * t;
+#pragma unroll
+                for (int r = 0; r < RG; ++r) {
+                    const int row = row0 + 8 * r + g;
+                    const uint4 b = MODE == DMMA_NORM
+                                        ? dmma_ld_norm<T>(xf, nws, row, m, col, k, dmma_inv[8 * r + g])
+                                        : dmma_ld(xs, row, m, col, k);
+                    dmma_block<T>(acc[r], a_lo[j], a_hi[j], b);
+                }
+            }
         }
     }
 #pragma unroll
@@ -230,7 +343,7 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
             v += dmma_part[s * RG * 128 + e];
             if (SWIGLU) u += dmma_part[s * RG * 128 + e + 64];
         }
-        dmma_store<T, O, SWIGLU>(out, m, n, n0, row0 + 8 * r, l, i, v, u);
+        dmma_store<T, O, SWIGLU, MODE == DMMA_RES>(out, m, n, n0, row0 + 8 * r, l, i, v, u);
     }
 }
 
@@ -243,6 +356,7 @@ __device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 128 + warp * 16, row0 = blockIdx.y * 64;
     const int kbt = (k + 31) / 32;
+    pdl_wait();
     float tot[8][4];
 #pragma unroll
     for (int r = 0; r < 8; ++r)
@@ -284,44 +398,40 @@ __device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w
     }
 }
 
-// Row groups of the small kernel: rg1 (1..8 rows per tile), rg2 (16), rg4 (32).
+// Row groups of the small kernel: rg1 (1..8 rows per tile), rg2 (16), rg4 (32). Every small entry
+// point takes (x, w, out, m, n, k, sb, nw, eps); nw and eps are read by the _norm ones only.
+#define DENSE_MMA_SMALL(SUF, T, RG)                                                                \
+    extern "C" __global__ void dense_mma_small_rg##RG##_##SUF(const T* x, const T* w, T* out,       \
+                                                              int m, int n, int k, int sb,         \
+                                                              const T* nw, float eps) {            \
+        dense_mma_small<T, T, RG, false>(x, w, out, m, n, k, sb, nw, eps);                         \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg##RG##_##SUF##_f32(                               \
+        const T* x, const T* w, float* out, int m, int n, int k, int sb, const T* nw, float eps) { \
+        dense_mma_small<T, float, RG, false>(x, w, out, m, n, k, sb, nw, eps);                     \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg##RG##_swiglu_##SUF(                              \
+        const T* x, const T* w, T* out, int m, int n, int k, int sb, const T* nw, float eps) {     \
+        dense_mma_small<T, T, RG, true>(x, w, out, m, n, k, sb, nw, eps);                          \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg##RG##_norm_##SUF(                                \
+        const float* x, const T* w, T* out, int m, int n, int k, int sb, const T* nw, float eps) { \
+        dense_mma_small<T, T, RG, false, DMMA_NORM>(reinterpret_cast<const T*>(x), w, out, m, n,   \
+                                                    k, sb, nw, eps);                               \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg##RG##_norm_swiglu_##SUF(                         \
+        const float* x, const T* w, T* out, int m, int n, int k, int sb, const T* nw, float eps) { \
+        dense_mma_small<T, T, RG, true, DMMA_NORM>(reinterpret_cast<const T*>(x), w, out, m, n, k, \
+                                                   sb, nw, eps);                                   \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg##RG##_res_##SUF(                                 \
+        const T* x, const T* w, float* out, int m, int n, int k, int sb, const T* nw, float eps) { \
+        dense_mma_small<T, float, RG, false, DMMA_RES>(x, w, out, m, n, k, sb, nw, eps);           \
+    }
 #define DENSE_MMA(SUF, T)                                                                          \
-    extern "C" __global__ void dense_mma_small_rg1_##SUF(const T* x, const T* w, T* out, int m,     \
-                                                         int n, int k, int sb) {                   \
-        dense_mma_small<T, T, 1, false>(x, w, out, m, n, k, sb);                                   \
-    }                                                                                              \
-    extern "C" __global__ void dense_mma_small_rg2_##SUF(const T* x, const T* w, T* out, int m,     \
-                                                         int n, int k, int sb) {                   \
-        dense_mma_small<T, T, 2, false>(x, w, out, m, n, k, sb);                                   \
-    }                                                                                              \
-    extern "C" __global__ void dense_mma_small_rg4_##SUF(const T* x, const T* w, T* out, int m,     \
-                                                         int n, int k, int sb) {                   \
-        dense_mma_small<T, T, 4, false>(x, w, out, m, n, k, sb);                                   \
-    }                                                                                              \
-    extern "C" __global__ void dense_mma_small_rg1_##SUF##_f32(const T* x, const T* w, float* out,  \
-                                                               int m, int n, int k, int sb) {      \
-        dense_mma_small<T, float, 1, false>(x, w, out, m, n, k, sb);                               \
-    }                                                                                              \
-    extern "C" __global__ void dense_mma_small_rg2_##SUF##_f32(const T* x, const T* w, float* out,  \
-                                                               int m, int n, int k, int sb) {      \
-        dense_mma_small<T, float, 2, false>(x, w, out, m, n, k, sb);                               \
-    }                                                                                              \
-    extern "C" __global__ void dense_mma_small_rg4_##SUF##_f32(const T* x, const T* w, float* out,  \
-                                                               int m, int n, int k, int sb) {      \
-        dense_mma_small<T, float, 4, false>(x, w, out, m, n, k, sb);                               \
-    }                                                                                              \
-    extern "C" __global__ void dense_mma_small_rg1_swiglu_##SUF(const T* x, const T* w, T* out,     \
-                                                                int m, int n, int k, int sb) {     \
-        dense_mma_small<T, T, 1, true>(x, w, out, m, n, k, sb);                                    \
-    }                                                                                              \
-    extern "C" __global__ void dense_mma_small_rg2_swiglu_##SUF(const T* x, const T* w, T* out,     \
-                                                                int m, int n, int k, int sb) {     \
-        dense_mma_small<T, T, 2, true>(x, w, out, m, n, k, sb);                                    \
-    }                                                                                              \
-    extern "C" __global__ void dense_mma_small_rg4_swiglu_##SUF(const T* x, const T* w, T* out,     \
-                                                                int m, int n, int k, int sb) {     \
-        dense_mma_small<T, T, 4, true>(x, w, out, m, n, k, sb);                                    \
-    }                                                                                              \
+    DENSE_MMA_SMALL(SUF, T, 1)                                                                     \
+    DENSE_MMA_SMALL(SUF, T, 2)                                                                     \
+    DENSE_MMA_SMALL(SUF, T, 4)                                                                     \
     extern "C" __global__ void dense_mma_large_##SUF(const T* x, const T* w, T* out, int m, int n,  \
                                                      int k, int sb) {                              \
         dense_mma_large<T, T, false>(x, w, out, m, n, k, sb);                                      \

@@ -1,5 +1,5 @@
 // elementwise.cu: embedding gather, SiLU-gated product, residual add, dtype casts.
-// Entry points: embedding_{f32,f16,bf16}, embedding_{f16,bf16}_to_f32, silu_mul_*, swiglu_*, add_*,
+// Entry points: embedding_{f32,f16,bf16}, embedding_{f16,bf16}_to_f32, silu_mul_*, swiglu_*, swiglu_il_*, add_*,
 // cast_f32_to_{f16,bf16}, cast_{f16,bf16}_to_f32, gpu_sleep (the profiler's gate), feed_tokens.
 
 // out[t, :] = table[ids[t], :]; grid (n_tokens), block any; table [vocab, dim].
@@ -33,6 +33,19 @@ __device__ void swiglu(const T* gate_up, T* out, long rows, int inter) {
     Io<T>::store(out, i, g / (1.0f + expf(-g)) * u);
 }
 
+// swiglu over the product of a gate|up weight interleaved for the mma SwiGLU epilogue (dense.rs:
+// every 16 columns are gate columns 8j .. 8j + 8 then up columns 8j .. 8j + 8): the form cuBLAS
+// produces from such a weight. The same values as swiglu on the stacked layout.
+template <typename T>
+__device__ void swiglu_il(const T* gate_up, T* out, long rows, int inter) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * inter) return;
+    long r = i / inter, c = i % inter;
+    const T* row = gate_up + r * 2 * inter + (c / 8) * 16 + c % 8;
+    float g = Io<T>::load(row, 0), u = Io<T>::load(row, 8);
+    Io<T>::store(out, i, g / (1.0f + expf(-g)) * u);
+}
+
 // x[i] += y[i]
 template <typename T>
 __device__ void add_inplace(T* x, const T* y, long n) {
@@ -57,6 +70,9 @@ __device__ void cast(const S* src, D* dst, long n) {
     }                                                                                              \
     extern "C" __global__ void swiglu_##SUF(const T* gate_up, T* out, long rows, int inter) {     \
         swiglu<T>(gate_up, out, rows, inter);                                                      \
+    }                                                                                              \
+    extern "C" __global__ void swiglu_il_##SUF(const T* gate_up, T* out, long rows, int inter) {  \
+        swiglu_il<T>(gate_up, out, rows, inter);                                                   \
     }                                                                                              \
     extern "C" __global__ void add_##SUF(T* x, const T* y, long n) { add_inplace<T>(x, y, n); }
 KILN_FOR_FLOAT_TYPES(ELEMENTWISE)

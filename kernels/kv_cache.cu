@@ -62,6 +62,12 @@ __device__ void qkv_rope_write(const T* qkv, T* q_out, C* k_cache, C* v_cache, c
                                const float* sin_table, const T* q_norm, const T* k_norm,
                                int n_heads, int n_kv_heads, int head_dim, int rot_half, float eps) {
     __shared__ float buf[QKV_WARPS][QKV_MAX_DIM];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Programmatic dependent launch (the backend may launch this kernel with it on sm_90):
+    // nothing is read or written before the previous kernel (the q|k|v matmul) completes.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     const long t = blockIdx.x;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const long pos = positions[t], slot = slot_mapping[t];

@@ -289,3 +289,177 @@ fn the_swiglu_epilogue_equals_the_matmul_then_swiglu_bit_for_bit() {
     }
     assert!(failures.is_empty(), "{failures:?}");
 }
+
+/// An f32 residual-stream buffer ([`Backend::alloc_f32`]) holding `host` rounded to the compute
+/// dtype: zeros plus the uploaded values through `add_rms_norm`'s residual update.
+fn residual_from(
+    b: &CudaBackend,
+    host: &[f32],
+    rows: usize,
+    dim: usize,
+) -> <CudaBackend as Backend>::Buffer {
+    let mut r = b.alloc_f32(rows * dim).unwrap();
+    let delta = b.upload(host).unwrap();
+    let ones = b.upload(&vec![1.0; dim]).unwrap();
+    let mut scratch = b.alloc(rows * dim).unwrap();
+    b.add_rms_norm(&mut r, &delta, &ones, &mut scratch, rows, dim, 1e-5)
+        .unwrap();
+    r
+}
+
+/// The fused decode ops of the llama layer (`KILN_FUSED_DECODE_ROWS`, dense.cu's NORM prologue
+/// and RES epilogue): `norm_matmul` and `norm_gate_up_swiglu` match `rms_norm` then the unfused
+/// op within the 16-bit rounding (the prologue sums a row's squares in its own order),
+/// `matmul_residual` equals `matmul` + `add_rms_norm`'s residual bit for bit on an `mma` backend
+/// (the same product, the same f32 add), and each is batch-invariant: a row gives the same bits
+/// alone and in steps of 7, 16, 17 and 64 rows. On the default (cuBLAS) backend the fused ops
+/// run the same kernels, compared with the cuBLAS unfused ops within the rounding.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
+    const ROWS: [usize; 5] = [1, 7, 16, 17, 64];
+    let (hidden, qkv_n, inter) = (576usize, 960usize, 1536usize);
+    let mut failures = Vec::new();
+    for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
+        for kind in ["mma", "cublas"] {
+            std::env::set_var("KILN_FUSED_DECODE_ROWS", "64");
+            let b = backend(dtype, kind);
+            std::env::remove_var("KILN_FUSED_DECODE_ROWS");
+            if b.fused_decode_limit() == 0 {
+                println!("RESULT fused dtype={dtype} kind={kind} skipped: no tensor-core kernels");
+                continue;
+            }
+            let limit = if dtype == "bf16" { 2e-2 } else { 4e-3 };
+            let x_host: Vec<f32> = data(64 * hidden, 90).iter().map(|v| 3.0 * v).collect();
+            let norm_w = b.upload(&data(hidden, 91)).unwrap();
+            let qkv = weight(&b, qkv_n, hidden, 92);
+            let o = weight(&b, hidden, hidden, 93);
+            let down_w = weight(&b, hidden, inter, 94);
+            let (gh, uh) = (data(inter * hidden, 95), data(inter * hidden, 96));
+            let shape = [inter, hidden];
+            let gv = TensorView {
+                dtype: WeightDType::F32,
+                shape: &shape,
+                data: bytemuck::cast_slice(&gh),
+            };
+            let uv = TensorView {
+                data: bytemuck::cast_slice(&uh),
+                ..gv
+            };
+            let gu = b.upload_gate_up("gu", &[gv, uv]).unwrap();
+            let a_host = data(64 * inter, 97);
+            let eps = 1e-5;
+            let mut full: Option<[Vec<f32>; 3]> = None;
+            for rows in ROWS {
+                let x = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
+                let mut h = b.alloc(rows * hidden).unwrap();
+                // norm_matmul vs rms_norm + matmul.
+                let mut got = b.alloc(rows * qkv_n).unwrap();
+                b.norm_matmul(&x, &norm_w, eps, rows, hidden, &qkv, &mut h, &mut got)
+                    .unwrap();
+                let got_qkv = down(&b, &got, rows * qkv_n);
+                b.rms_norm(&x, &norm_w, &mut h, rows, hidden, eps).unwrap();
+                let want_qkv = matmul(&b, &h, rows, &qkv, qkv_n);
+                let rel_qkv = rel_diff(&got_qkv, &want_qkv);
+                // norm_gate_up_swiglu vs rms_norm + gate_up_swiglu.
+                let mut scratch = b.alloc(rows * 2 * inter).unwrap();
+                let mut act = b.alloc(rows * inter).unwrap();
+                b.norm_gate_up_swiglu(
+                    &x,
+                    &norm_w,
+                    eps,
+                    rows,
+                    hidden,
+                    &gu,
+                    &mut h,
+                    &mut scratch,
+                    &mut act,
+                    inter,
+                )
+                .unwrap();
+                let got_act = down(&b, &act, rows * inter);
+                b.rms_norm(&x, &norm_w, &mut h, rows, hidden, eps).unwrap();
+                b.gate_up_swiglu(&h, rows, &gu, &mut scratch, &mut act, inter)
+                    .unwrap();
+                let want_act = down(&b, &act, rows * inter);
+                let rel_act = rel_diff(&got_act, &want_act);
+                // matmul_residual (o: k = hidden; down: k = inter) vs matmul + add_rms_norm.
+                let mut res = Vec::new();
+                let mut res_equal = true;
+                for (w, k) in [(&o, hidden), (&down_w, inter)] {
+                    let xin = b.upload(&a_host[..rows * k]).unwrap();
+                    let mut r_got = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
+                    let mut delta = b.alloc(rows * hidden).unwrap();
+                    b.matmul_residual(&xin, rows, w, &mut delta, &mut r_got, hidden)
+                        .unwrap();
+                    let mut r_want = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
+                    b.matmul(&xin, rows, w, &mut delta).unwrap();
+                    b.add_rms_norm(&mut r_want, &delta, &norm_w, &mut h, rows, hidden, eps)
+                        .unwrap();
+                    let (g, wv) = (
+                        down(&b, &r_got, rows * hidden),
+                        down(&b, &r_want, rows * hidden),
+                    );
+                    let close = rel_diff(&g, &wv) <= limit;
+                    res_equal &= if kind == "mma" {
+                        bits(&g) == bits(&wv)
+                    } else {
+                        close
+                    };
+                    res.push(g);
+                }
+                let ok_close = rel_qkv <= limit && rel_act <= limit && res_equal;
+                println!(
+                    "RESULT fused kind={kind} dtype={dtype} rows={rows} norm_qkv_rel={rel_qkv:e} \
+                     norm_swiglu_rel={rel_act:e} residual_ok={res_equal} ok={ok_close}"
+                );
+                if !ok_close {
+                    failures.push(format!("{kind} {dtype} rows {rows}: unfused mismatch"));
+                }
+                if rows == 64 {
+                    full = Some([got_qkv, got_act, res.swap_remove(1)]);
+                }
+            }
+            // Rows 0..r of the 64-row step equal the r-row step's.
+            let full = full.expect("64 rows ran");
+            for rows in ROWS {
+                let x = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
+                let mut h = b.alloc(rows * hidden).unwrap();
+                let mut got = b.alloc(rows * qkv_n).unwrap();
+                b.norm_matmul(&x, &norm_w, eps, rows, hidden, &qkv, &mut h, &mut got)
+                    .unwrap();
+                let q = down(&b, &got, rows * qkv_n);
+                let mut scratch = b.alloc(rows * 2 * inter).unwrap();
+                let mut act = b.alloc(rows * inter).unwrap();
+                b.norm_gate_up_swiglu(
+                    &x,
+                    &norm_w,
+                    eps,
+                    rows,
+                    hidden,
+                    &gu,
+                    &mut h,
+                    &mut scratch,
+                    &mut act,
+                    inter,
+                )
+                .unwrap();
+                let a = down(&b, &act, rows * inter);
+                let xin = b.upload(&a_host[..rows * inter]).unwrap();
+                let mut r = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
+                let mut delta = b.alloc(rows * hidden).unwrap();
+                b.matmul_residual(&xin, rows, &down_w, &mut delta, &mut r, hidden)
+                    .unwrap();
+                let d = down(&b, &r, rows * hidden);
+                let inv = bits(&q) == bits(&full[0][..rows * qkv_n])
+                    && bits(&a) == bits(&full[1][..rows * inter])
+                    && bits(&d) == bits(&full[2][..rows * hidden]);
+                println!("RESULT fused kind={kind} dtype={dtype} rows={rows} eq_rows_of_64={inv}");
+                if !inv {
+                    failures.push(format!("{kind} {dtype} rows {rows}: not batch-invariant"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}

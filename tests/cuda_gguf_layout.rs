@@ -1,5 +1,6 @@
 //! The gguf tile layout (`kiln::tensor::gguf_tiles`, what `kernels/gguf_mm.cu` reads) holds
-//! exactly the CPU reference's weights for GGUF Q4_0, Q4_1 and Q8_0. No GPU needed: every weight
+//! exactly the CPU reference's weights for GGUF Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (K-quants also
+//! on blocks with edge scales: ±0, f16 subnormals and maximum, sub-block scales 0 / 63 / ±128). No GPU needed: every weight
 //! decoded from the tiles (`GgufTiles::weight`, the kernels' index math) equals
 //! `quant::dequantize_row` bit for bit, and the padding decodes to zero.
 //!
@@ -7,7 +8,7 @@
 
 mod gguf_support;
 
-use gguf_support::{OwnedGguf, FORMATS};
+use gguf_support::{OwnedGguf, FORMATS, K_FORMATS};
 use kiln::quant::dequantize_row;
 use kiln::tensor::gguf_tiles::GgufTiles;
 
@@ -58,6 +59,43 @@ fn tiles_hold_exactly_the_reference_weights() {
         for (n, k) in [(200usize, 576usize), (72, 1536), (9, 32), (64, 1024)] {
             let o = OwnedGguf::random(dtype, n, k, 7 + i as u64 * 100 + n as u64);
             check(label, &o);
+        }
+    }
+}
+
+#[test]
+fn k_quant_tiles_hold_exactly_the_reference_weights() {
+    // N not a multiple of 64 (padding rows), one super-block (2 tile blocks), 6 (12 blocks, 4
+    // slices), 2,304 (18 blocks, 2 slices), edge scales.
+    for (i, (label, dtype)) in K_FORMATS.into_iter().enumerate() {
+        for (n, k) in [(200usize, 256usize), (72, 1536), (9, 2304), (64, 1024)] {
+            for edges in [false, true] {
+                let seed = 11 + i as u64 * 100 + n as u64 + u64::from(edges);
+                let o = OwnedGguf::random_k(dtype, n, k, seed, edges);
+                check(&format!("{label} edges={edges}"), &o);
+            }
+        }
+    }
+}
+
+#[test]
+fn k_quant_device_bytes() {
+    // Q4_K: 4 bits + 8 scale / min bytes per 128 columns + 4 bytes per 256 = 4.625 bits per
+    // weight; Q6_K: 8 bits + 8 scale bytes per 128 + 2 per 256 = 8.5625 (no padding at 128 x
+    // 1024).
+    for ((label, dtype), bits) in K_FORMATS.into_iter().zip([4.625f64, 8.5625]) {
+        let o = OwnedGguf::random(dtype, 128, 1024, 5);
+        let t = GgufTiles::from_view(&o.view()).unwrap();
+        assert_eq!(t.bytes() as f64, 128.0 * 1024.0 * bits / 8.0, "{label}");
+        let f = kiln::tensor::gguf_tiles::GgufFormat::of(dtype).unwrap();
+        for (n, k) in [(128usize, 1024usize), (200, 256), (9, 2304)] {
+            let o = OwnedGguf::random(dtype, n, k, 6);
+            let t = GgufTiles::from_view(&o.view()).unwrap();
+            assert_eq!(
+                kiln::tensor::gguf_tiles::device_bytes(f, n, k),
+                t.bytes(),
+                "{label} {n}x{k}"
+            );
         }
     }
 }

@@ -1,9 +1,10 @@
-//! GGUF Q4_0 / Q4_1 / Q8_0 kept quantized on the GPU (`kernels/gguf_mm.cu`) against the CPU
-//! dequantizing reference (`kiln::quant::dequantize_row`): every kernel on random blocks, batch
-//! invariance and GEMV = GEMM bit for bit; the whole SmolLM2 Q4_1 GGUF on CUDA against the CPU
-//! backend, at 4 bits and with the old dequantize-at-load path; and the speed figures of
-//! docs/benchmarks.md (the GEMV at one row as a fraction of the copy bandwidth measured in the
-//! same run, and the quantized kernels beside cuBLAS on the same weights dequantized).
+//! GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K kept quantized on the GPU (`kernels/gguf_mm.cu`) against
+//! the CPU dequantizing reference (`kiln::quant::dequantize_row`): every kernel on random blocks,
+//! batch invariance and GEMV = GEMM bit for bit; the whole SmolLM2 Q4_1 GGUF and the tiny Q4_K_M
+//! fixture (`scripts/gen-kquant-fixture.py`) on CUDA against the CPU backend, at 4 bits and with
+//! the old dequantize-at-load path; and the speed figures of docs/benchmarks.md (the GEMV at one
+//! row as a fraction of the copy bandwidth measured in the same run, and the quantized kernels
+//! beside cuBLAS on the same weights dequantized).
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`), from
 //! the repository root:
@@ -11,6 +12,9 @@
 //! and for the V100 (sm_70) path, compute_70 PTX through the driver's JIT with NVRTC 12.9:
 //! `source .gpu/shared/env70.sh && cuda_gguf_quant-<hash> --ignored --test-threads=1 --nocapture`.
 //! Each test prints `RESULT` lines that go into docs/gpu-validation.md / docs/benchmarks.md.
+//! The K-quant tests alone (`k_quant` in their names): `cuda_gguf_quant-<hash> --ignored
+//! --test-threads=1 --nocapture k_quant`; `KILN_TEST_KQUANT_GGUF` overrides the path of the tiny
+//! Q4_K_M fixture (default `tests/fixtures/tiny-llama-q4_k_m.gguf`).
 //!
 //! The reference: every weight dequantized exactly in f32 (`dequantize_row`), the input as the GPU
 //! holds it (rounded to the compute dtype), dot products in f64. Relative error = max |Δ| / max
@@ -26,7 +30,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use common::*;
-use gguf_support::{OwnedGguf, Rng, FORMATS};
+use gguf_support::{OwnedGguf, Rng, FORMATS, K_FORMATS};
 use kiln::backend::cuda::{CudaBackend, GgufKernel};
 use kiln::backend::Backend;
 use kiln::engine::Device;
@@ -45,6 +49,18 @@ const SHAPES: [(usize, usize); 6] = [
     (576, 1536),
     (49152, 576),
     (5120, 17408),
+];
+/// N × K for the K-quants, whose K is whole 256-element super-blocks (SmolLM2's K = 576 cannot be
+/// stored as Q4_K / Q6_K, so its N's take K = 512; its down_proj K = 1536 is kept), and the two
+/// large Qwen3.5-27B MLP shapes.
+const K_SHAPES: [(usize, usize); 7] = [
+    (576, 512),
+    (1536, 512),
+    (576, 1536),
+    (49152, 512),
+    (5120, 17408),
+    (17408, 5120),
+    (200, 256),
 ];
 const ROWS: [usize; 6] = [1, 2, 7, 16, 64, 257];
 const REL_TOL: f64 = 1e-2;
@@ -340,4 +356,160 @@ fn gguf_gemv_and_gemm_speed() {
             d512 * 1e6
         );
     }
+}
+
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn every_k_quant_kernel_matches_the_cpu_reference() {
+    // SAFETY of the environment change: --test-threads=1, nothing reads it concurrently.
+    std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "quantized");
+    let mut failures = Vec::new();
+    for dtype in dtypes() {
+        let b = gpu(dtype, "auto");
+        println!("device: {}", b.name());
+        for (i, (label, fmt)) in K_FORMATS.into_iter().enumerate() {
+            for (j, &(n, k)) in K_SHAPES.iter().enumerate() {
+                // f32 (the FMA path, exercised at every shape on sm_70) skips the largest shapes.
+                if dtype == "f32" && n * k > 8 << 20 {
+                    continue;
+                }
+                let o = OwnedGguf::random(fmt, n, k, 500 + 100 * i as u64 + j as u64);
+                failures.extend(check_weight(&b, dtype, label, &o));
+            }
+            // Edge scales (±0, f16 subnormals and maximum, sub-block scales 0 / 63 / ±128): the
+            // reference is finite, the kernels must match it as well. Not for fp16: the f16
+            // maximum times a sub-block scale of 63 is beyond the f16 range, so those weights
+            // round to ±inf in fp16 compute on any path (the H200 run of 2026-12-01 showed inf).
+            if dtype == "fp16" {
+                continue;
+            }
+            let o = OwnedGguf::random_k(fmt, 72, 1536, 950 + i as u64, true);
+            failures.extend(check_weight(&b, dtype, &format!("{label}-edges"), &o));
+        }
+    }
+    std::env::remove_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV);
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The tiny Q4_K_M llama (Q4_K and Q6_K linears, Q4_K embedding) on CUDA with the weights kept
+/// quantized, and dequantized at load, against the CPU backend (the tolerances of
+/// `whole_gguf_models_match_the_cpu_backend`).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn whole_k_quant_model_matches_the_cpu_backend() {
+    let path = std::env::var("KILN_TEST_KQUANT_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama-q4_k_m.gguf"));
+    let files = ModelFiles::open(&path).expect("model");
+    let vocab = files.config.vocab_size as u32;
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % vocab).collect();
+    let cpu = probe(
+        runner(&files, Device::Cpu, "f32", "auto").as_mut(),
+        &prompt,
+        &Positions::All,
+        16,
+    )
+    .expect("cpu");
+    let mut failures = Vec::new();
+    for mode in ["quantized", "dequantized"] {
+        // SAFETY of the environment change: --test-threads=1, read once per weight upload.
+        std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, mode);
+        for dtype in dtypes() {
+            let mut r = runner(&files, Device::Cuda(0), dtype, "auto");
+            let got = probe(r.as_mut(), &prompt, &Positions::All, 16).expect("gpu");
+            let (worst, worst_cos, agree) = compare(&cpu, &got);
+            let ok = match dtype {
+                "f32" => worst <= MODEL_F32_MAX_ABS && agree == 16,
+                _ => worst_cos >= MODEL_HALF_MIN_COS,
+            };
+            println!(
+                "RESULT gguf model tiny-llama-q4_k_m weights={mode} dtype={dtype} logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_agree={agree}/16 {}",
+                if ok { "ok" } else { "FAIL" }
+            );
+            if !ok {
+                failures.push(format!("{mode} {dtype}"));
+            }
+        }
+    }
+    std::env::remove_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV);
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// Mean seconds of `f` over 3 × `iters` calls after `iters` warm-up calls (the best of 3).
+fn time_few(b: &CudaBackend, iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..iters {
+        f();
+    }
+    b.synchronize().expect("sync");
+    (0..3)
+        .map(|_| {
+            let s = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            b.synchronize().expect("sync");
+            s.elapsed().as_secs_f64() / iters as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Speed (figures, not pass/fail) of Q4_K and Q6_K beside Q4_1 at the two large 27B MLP shapes:
+/// the GEMV at 1 row (bytes = the tiles as stored on the device) as a fraction of the copy
+/// bandwidth of the same run, 16 rows over 1, and the GEMM at M = 4096 in TFLOP/s beside cuBLAS
+/// on the same weight dequantized to bf16.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn k_quant_gemv_and_gemm_speed() {
+    let b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    let copy = copy_bandwidth();
+    println!("RESULT bench copy_bandwidth_GBps={:.0}", copy / 1e9);
+    let m = 4096usize;
+    for (n, k) in [(17408usize, 5120usize), (5120, 17408)] {
+        let x = b.upload(&data(m * k, 3)).expect("x");
+        let mut out = b.alloc(m * n).expect("out");
+        let flops = 2.0 * (m * n * k) as f64;
+        let mut dense_done = false;
+        for (i, (label, dt)) in [
+            ("q4_k", WeightDType::Q4K),
+            ("q6_k", WeightDType::Q6K),
+            ("q4_1", WeightDType::Q4_1),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let o = OwnedGguf::random(dt, n, k, 300 + i as u64);
+            std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "quantized");
+            let wq = b.upload_weight(label, &o.view()).expect("upload");
+            let bytes = b.weight_bytes(&wq) as f64;
+            let t1 = time(&b, || b.matmul(&x, 1, &wq, &mut out).expect("matmul"));
+            let t16 = time(&b, || b.matmul(&x, 16, &wq, &mut out).expect("matmul"));
+            let tm = time_few(&b, 3, || b.matmul(&x, m, &wq, &mut out).expect("matmul"));
+            println!(
+                "RESULT bench gguf {label} N={n} K={k} rows=1 time_us={:.2} bytes={bytes:.0} GBps={:.0} fraction_of_copy={:.3} rows16_vs_1={:.2} | M={m} time_us={:.0} TFLOPs={:.1}",
+                t1 * 1e6,
+                bytes / t1 / 1e9,
+                bytes / t1 / copy,
+                t16 / t1,
+                tm * 1e6,
+                flops / tm / 1e12
+            );
+            if !dense_done {
+                std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "dequantized");
+                let wd = b.upload_weight(label, &o.view()).expect("upload dense");
+                let d1 = time(&b, || b.matmul(&x, 1, &wd, &mut out).expect("matmul"));
+                let dm = time_few(&b, 3, || b.matmul(&x, m, &wd, &mut out).expect("matmul"));
+                let db = b.weight_bytes(&wd) as f64;
+                println!(
+                    "RESULT bench cublas bf16 dequantized N={n} K={k} rows=1 time_us={:.2} GBps={:.0} | M={m} time_us={:.0} TFLOPs={:.1}",
+                    d1 * 1e6,
+                    db / d1 / 1e9,
+                    dm * 1e6,
+                    flops / dm / 1e12
+                );
+                dense_done = true;
+            }
+        }
+    }
+    std::env::remove_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV);
 }

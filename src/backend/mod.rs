@@ -271,8 +271,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// stacked in order: the fused q|k|v and gate|up projections (one GEMM instead of several;
     /// output column `j` of the stack is output column `j − Σ_{i<p} nᵢ` of part `p`). The default
     /// concatenates the stored rows on the host, exact for the encodings whose rows are stored
-    /// one after another (dense floats and the ggml block formats); any other encoding is
-    /// `Err(Unsupported)`, and the caller keeps the weights apart.
+    /// one after another (dense floats and the ggml block formats); any other encoding, or parts
+    /// of different encodings, is `Err(Unsupported)`, and the caller keeps the weights apart.
     fn upload_weight_rows(
         &self,
         name: &str,
@@ -547,6 +547,75 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.swiglu(scratch, out, rows, inter)
     }
 
+    /// Largest step (tokens) for which a runner should run a layer with weights `ws` through the
+    /// fused decode ops ([`Backend::norm_matmul`], [`Backend::norm_gate_up_swiglu`],
+    /// [`Backend::matmul_residual`]); 0 (the default): never, the unfused ops run. A backend
+    /// says more than 0 only where the fused forms are one kernel each.
+    fn fused_decode_rows(&self, ws: &[&Self::Weight]) -> usize {
+        let _ = ws;
+        0
+    }
+
+    /// `out = rms_norm(x) · w ᵀ` with the norm folded into the matmul: `x` the f32 residual stream
+    /// `[rows, dim]` ([`Backend::alloc_f32`]), `weight` `[dim]`, `out` `[rows, n]`, `h` `[rows,
+    /// dim]` scratch of the unfused form. The default (the CPU twin) is [`Backend::rms_norm`] into
+    /// `h`, then [`Backend::matmul`]; a fused form may sum a row's squares in another fixed order
+    /// (so h may differ in the last bit), nothing else.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Buffer,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        w: &Self::Weight,
+        h: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+    ) -> Result<(), BackendError> {
+        self.rms_norm(x, weight, h, rows, dim, eps)?;
+        self.matmul(h, rows, w, out)
+    }
+
+    /// [`Backend::norm_matmul`] for the gate|up weight of [`Backend::upload_gate_up`], then its
+    /// SwiGLU as [`Backend::gate_up_swiglu`]: `out` `[rows, inter]`, `h` and `scratch` the
+    /// unfused form's buffers. The default: [`Backend::rms_norm`] into `h`, then
+    /// [`Backend::gate_up_swiglu`].
+    #[allow(clippy::too_many_arguments)]
+    fn norm_gate_up_swiglu(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Buffer,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        w: &Self::Weight,
+        h: &mut Self::Buffer,
+        scratch: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+        inter: usize,
+    ) -> Result<(), BackendError> {
+        self.rms_norm(x, weight, h, rows, dim, eps)?;
+        self.gate_up_swiglu(h, rows, w, scratch, out, inter)
+    }
+
+    /// `residual += x · wᵀ` (the product rounded to the compute dtype, then added in the
+    /// residual's f32): `x` `[rows, k]`, `residual` `[rows, n]` ([`Backend::alloc_f32`]), `delta`
+    /// `[rows, n]` scratch of the unfused form. The default (the CPU twin): [`Backend::matmul`]
+    /// into `delta`, then [`Backend::add`] — the residual half of [`Backend::add_rms_norm`].
+    fn matmul_residual(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        w: &Self::Weight,
+        delta: &mut Self::Buffer,
+        residual: &mut Self::Buffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        self.matmul(x, rows, w, delta)?;
+        self.add(residual, delta, rows * n)
+    }
+
     /// Copy rows `first_row ..` of `logits` into `dst` (a whole number of `[vocab]` rows).
     fn download_logits(
         &self,
@@ -650,7 +719,15 @@ pub fn concat_rows(
         let &[n, pk] = p.shape else {
             return Err(bad(format!("expected 2-D weights, found {:?}", p.shape)));
         };
-        if pk != k || p.dtype != first.dtype || p.data.len() != n * row_bytes {
+        if p.dtype != first.dtype {
+            // Mixed encodings (a Q4_K_M file's Q6_K attn_v under Q4_K q / k): not one weight;
+            // the caller keeps the parts apart.
+            return Err(BackendError::Unsupported(format!(
+                "`{name}`: stacking {:?} under {:?}",
+                p.dtype, first.dtype
+            )));
+        }
+        if pk != k || p.data.len() != n * row_bytes {
             return Err(bad(format!(
                 "cannot stack {:?} {:?} ({} bytes) under {:?} {:?}",
                 p.dtype,

@@ -104,9 +104,10 @@ pub fn plan(p: &PlanInput) -> Result<MemoryPlan, String> {
 
 /// Device bytes of one stored tensor on a GPU whose compute dtype has `compute_elem` bytes:
 /// floats are converted to the compute dtype (`numel × compute_elem`); 2-D GGUF Q4_0 / Q4_1 /
-/// Q8_0 weights stay quantized in the gguf tile layout ([`gguf_tiles::device_bytes`]: the stored
-/// size plus the padding of N to 64 and K to 128) when `KILN_GGUF_GPU_WEIGHTS=quantized` asks for
-/// it, else they are expanded like the rest; the other ggml blocks (Q4_K, Q6_K) are expanded at load (`numel × compute_elem`); the
+/// Q8_0 / Q4_K / Q6_K weights stay quantized in the gguf tile layout
+/// ([`gguf_tiles::device_bytes`]: what is uploaded — the stored size for the 32-element formats,
+/// 4.625 / 8.5625 bits per weight for Q4_K / Q6_K — plus the padding of N to 64 and K to 128) when
+/// `KILN_GGUF_GPU_WEIGHTS=quantized` asks for it, else they are expanded like the rest; the
 /// parts of packed 4-bit linears (I32 / I64 / U8 / I8 / F8 words, zero points, fp8 scales,
 /// `g_idx`) stay as stored. Their 16-bit scales are floats and count at `compute_elem`, which is
 /// what they are stored as.
@@ -114,8 +115,8 @@ pub fn weight_device_bytes(info: &TensorInfo, compute_elem: usize) -> usize {
     weight_device_bytes_with(info, compute_elem, gguf_tiles::keep_quantized_requested())
 }
 
-/// [`weight_device_bytes`] with the GGUF choice given: `keep_gguf` counts 2-D Q4_0 / Q4_1 /
-/// Q8_0 weights in the gguf tile layout, else at the compute dtype.
+/// [`weight_device_bytes`] with the GGUF choice given: `keep_gguf` counts 2-D GGUF block weights
+/// in the gguf tile layout, else at the compute dtype.
 fn weight_device_bytes_with(info: &TensorInfo, compute_elem: usize, keep_gguf: bool) -> usize {
     if let (Some(f), &[n, k], true) = (
         gguf_tiles::GgufFormat::of(info.dtype),
@@ -439,17 +440,22 @@ mod tests {
             64
         );
         // GGUF Q4_1 kept quantized: 20 bytes per 32 weights when N and K need no padding; K =
-        // 576 pads to 640 (the layout's 128-column blocks); Q4_K is still expanded. Dequantized
-        // (the default), they count at the compute dtype.
+        // 576 pads to 640 (the layout's 128-column blocks). Dequantized (the default), they count
+        // at the compute dtype.
         let q4_1 = info(WeightDType::Q4_1, &[128, 1024], 128 * 32 * 20);
         assert_eq!(weight_device_bytes_with(&q4_1, 2, true), 128 * 32 * 20);
         assert_eq!(weight_device_bytes_with(&q4_1, 2, false), 128 * 1024 * 2);
         let q8_0 = info(WeightDType::Q8_0, &[64, 576], 64 * 18 * 34);
         assert_eq!(weight_device_bytes_with(&q8_0, 2, true), 64 * 20 * 34);
-        assert_eq!(
-            weight_device_bytes(&info(WeightDType::Q4K, &[4, 256], 4 * 144), 2),
-            4 * 256 * 2
-        );
+        // The K-quants as uploaded: Q4_K 4-bit values + 8 scale / min bytes per 128 columns +
+        // d / dmin (4 bytes) per 256 = 75,776 bytes at 128 x 1024; Q6_K 8-bit values + 8 scale
+        // bytes per 128 + d (2 bytes) per 256, N = 200 padded to 256: 65,536 + 4,096 + 512.
+        let q4_k = info(WeightDType::Q4K, &[128, 1024], 128 * 4 * 144);
+        assert_eq!(weight_device_bytes_with(&q4_k, 2, true), 75_776);
+        assert_eq!(weight_device_bytes_with(&q4_k, 2, false), 128 * 1024 * 2);
+        let q6_k = info(WeightDType::Q6K, &[200, 256], 200 * 210);
+        assert_eq!(weight_device_bytes_with(&q6_k, 2, true), 70_144);
+        assert_eq!(weight_device_bytes_with(&q6_k, 4, false), 200 * 256 * 4);
         // Packed words, zero points and fp8 scales stay as stored.
         assert_eq!(
             weight_device_bytes(&info(WeightDType::I32, &[1024, 640], 1024 * 640 * 4), 2),

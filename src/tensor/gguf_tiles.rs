@@ -1,33 +1,50 @@
-//! The device layout of GGUF Q4_0 / Q4_1 / Q8_0 weights kept quantized on the GPU ("gguf
-//! tiles", `kernels/gguf_mm.cu`): the ggml blocks of a `[N, K]` weight repacked at load so that a
-//! GPU kernel reads whole 128-bit words per lane and decodes them straight into
-//! `mma.sync.m16n8k16` B fragments, with the fp16 block scales (and Q4_1 mins) apart from the
-//! values.
+//! The device layout of GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights kept quantized on the GPU
+//! ("gguf tiles", `kernels/gguf_mm.cu`): the ggml blocks of a `[N, K]` weight repacked at load so
+//! that a GPU kernel reads whole 128-bit words per lane and decodes them straight into
+//! `mma.sync.m16n8k16` B fragments, with the block parameters apart from the values.
 //!
 //! Shapes: `Np` = N rounded up to [`PAD_N`], `Kp` = K rounded up to [`TILE_K`], `KB = Kp / 128`,
-//! `V` = [`GgufFormat::words`] (1 for the 4-bit formats, 2 for Q8_0):
+//! `V` = [`GgufFormat::words`] (1 for the 4-bit formats, 2 for the 8-bit ones):
 //! - `qweight` u32 `[Np/8][KB][V][32 lanes][4 words]`: lane `l = 4g + t` of n8 tile `nt` holds
 //!   output `n = 8nt + g`; its values of chunk `c` (16 columns, `0..8`) are, low first, columns
 //!   `16c + 2t`, `16c + 2t + 1`, `16c + 8 + 2t`, `16c + 9 + 2t` of the block: 4-bit — the 16 bits
 //!   at `16·(c % 2)` of word `c / 2` (the order of [`crate::tensor::packed_tiles`]); 8-bit — the
 //!   4 bytes of word `c % 4` of the lane's uint4 `c / 4`.
-//! - `scales` u16 (f16 bits) `[Np/8][KB][8][4]`: the `d` of ggml block `4·kb + i` of output
-//!   `8nt + g` at `[nt][kb][g][i]` (a lane reads its four in one 64-bit load);
-//! - `mins` u16 (f16 bits), same layout: Q4_1's `m`; absent for the other formats.
+//! - `scales` (bytes, little-endian), by format:
+//!   - Q4_0 / Q4_1 / Q8_0: f16 bits `[Np/8][KB][8][4]`, the `d` of ggml block `4·kb + i` of
+//!     output `8nt + g` at `[nt][kb][g][i]` (a lane reads its four in one 64-bit load);
+//!   - Q4_K: u8 `[Np/8][KB][8][8]`: at `[nt][kb][g]` the four 6-bit sub-block scales `sc` of the
+//!     32-column sub-blocks `4·(kb % 2) + i` of super-block `kb / 2` (bytes 0–3), then their four
+//!     6-bit mins `mn` (bytes 4–7), unpacked from ggml's 12-byte `scales` (one 64-bit load);
+//!   - Q6_K: i8 `[Np/8][KB][8][8]`: at `[nt][kb][g]` the eight signed scales of the 16-column
+//!     sub-blocks `8·(kb % 2) + c` of super-block `kb / 2` (chunk `c` of the tile block).
+//! - `aux` (bytes), by format: Q4_1 — its f16 `m`, laid out as `scales`; Q4_K — u32
+//!   `[Np/8][KB/2][8]`, the super-block's f16 `d | dmin << 16`; Q6_K — u16 `[Np/8][KB/2][8]`, the
+//!   super-block's f16 `d`; absent for Q4_0 / Q8_0.
 //!
-//! The values are the stored integers unchanged (Q4_0 / Q4_1 nibbles `u`, Q8_0 bytes `q`), the
-//! scales the stored f16 bits: nothing is rounded, so [`GgufTiles::weight`] (the weight the
-//! kernels decode, in f32, before their one rounding to the compute dtype) equals
-//! `quant::dequantize_row` bit for bit (tests/cuda_gguf_layout.rs checks it). Padding (rows ≥ N,
-//! columns ≥ K) has value 0 (Q4: 8) and `d = m = 0`, so it decodes to 0.
+//! The values are the stored integers unchanged (Q4_0 / Q4_1 / Q4_K nibbles `u`, Q8_0 bytes `q`,
+//! Q6_K's 6-bit `q` minus 32 as a signed byte), the parameters the stored bits: nothing is rounded.
+//! The kernels form the K-quant sub-block factors in f32 as ggml does (`d·sc` and `dmin·mn`: f16
+//! times a 6- or 8-bit integer, exact in f32), so [`GgufTiles::weight`] (the weight the kernels
+//! decode, in f32, before their one rounding to the compute dtype) equals `quant::dequantize_row`
+//! bit for bit (tests/cuda_gguf_layout.rs and the unit tests check it). Padding (rows ≥ N,
+//! columns ≥ K) has value 0 (Q4_0 / Q4_1: 8) and zero parameters, so it decodes to 0.
+//!
+//! Device bits per weight without padding: Q4_0 4.5, Q4_1 5, Q8_0 8.5 (the ggml sizes), Q4_K
+//! 4.625 (ggml 4.5: the scales are unpacked to bytes), Q6_K 8.5625 (ggml 6.5625: the 6-bit values
+//! are widened to bytes so that the kernels decode them like Q8_0's).
 
 use half::f16;
 use rayon::prelude::*;
 
 use crate::tensor::{TensorView, WeightDType};
 
+mod kquants;
+
 /// Elements per ggml block (`quant::QK`; `quant` is a higher layer).
 const QK: usize = 32;
+/// Elements per K-quant super-block (`quant::QK_K`).
+const QK_K: usize = 256;
 /// Columns per tile block (eight 16-column mma chunks, four ggml blocks).
 pub const TILE_K: usize = 128;
 /// Outputs per tile (one mma n8).
@@ -37,12 +54,12 @@ pub const PAD_N: usize = 64;
 /// Most K slices (`kernels/gguf_mm.cu` `GG_MAX_KS`).
 pub const MAX_K_SLICES: usize = 8;
 
-/// The environment switch for GGUF Q4_0 / Q4_1 / Q8_0 weights on the GPU:
-/// `KILN_GGUF_GPU_WEIGHTS=quantized` keeps them in the gguf tile layout (about 0.4× the device
-/// memory of 16 bits); unset or `dequantized` (the default) converts them to the compute dtype at
-/// load and multiplies with cuBLAS, which is faster today (SmolLM2 on the H200: 436 against 288
-/// decode tokens/s at one sequence, `docs/benchmarks.md`). Any other value is treated as the
-/// default. Read at each upload and by the memory planner.
+/// The environment switch for GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights on the GPU:
+/// `KILN_GGUF_GPU_WEIGHTS=quantized` keeps them in the gguf tile layout (about 0.3–0.55× the
+/// device memory of 16 bits); unset or `dequantized` (the default) converts them to the compute
+/// dtype at load and multiplies with cuBLAS, which is faster today (SmolLM2 on the H200: 436
+/// against 288 decode tokens/s at one sequence, `docs/benchmarks.md`). Any other value is treated
+/// as the default. Read at each upload and by the memory planner.
 pub const WEIGHTS_ENV: &str = "KILN_GGUF_GPU_WEIGHTS";
 
 /// Whether [`WEIGHTS_ENV`] asks for the weights to stay quantized on the device.
@@ -50,13 +67,12 @@ pub fn keep_quantized_requested() -> bool {
     std::env::var(WEIGHTS_ENV).is_ok_and(|v| v.trim() == "quantized")
 }
 
-/// Device bytes of an `[n, k]` weight of `format` in the tile layout (values, scales, mins), as
+/// Device bytes of an `[n, k]` weight of `format` in the tile layout (values, scales, aux), as
 /// [`GgufTiles::bytes`] without building it: what the memory planner counts.
 pub fn device_bytes(format: GgufFormat, n: usize, k: usize) -> usize {
     let (np, kb) = (n.div_ceil(PAD_N) * PAD_N, k.div_ceil(TILE_K));
     let values = np / TILE_N * kb * format.words() * 32 * 16;
-    let params = np * kb * 4 * 2;
-    values + params * if format.has_mins() { 2 } else { 1 }
+    values + np * kb * format.scale_bytes_per_block() + np * kb.div_ceil(2) * format.aux_bytes()
 }
 
 /// The GGUF block formats kept quantized on the GPU.
@@ -68,16 +84,22 @@ pub enum GgufFormat {
     Q4_1,
     /// `q · d`, signed 8-bit `q`.
     Q8_0,
+    /// `(d·sc) · u − (dmin·mn)` per 32-column sub-block, 4-bit `u`, 6-bit `sc`, `mn`.
+    Q4K,
+    /// `(d·sc) · (q − 32)` per 16-column sub-block, 6-bit `q`, signed 8-bit `sc`.
+    Q6K,
 }
 
 impl GgufFormat {
-    /// The format of a stored dtype, `None` for one not kept quantized on the GPU (floats, and
-    /// the K-quants, which are still dequantized at load).
+    /// The format of a stored dtype, `None` for one not kept quantized on the GPU (floats and
+    /// the parts of packed linears).
     pub fn of(dtype: WeightDType) -> Option<GgufFormat> {
         match dtype {
             WeightDType::Q4_0 => Some(GgufFormat::Q4_0),
             WeightDType::Q4_1 => Some(GgufFormat::Q4_1),
             WeightDType::Q8_0 => Some(GgufFormat::Q8_0),
+            WeightDType::Q4K => Some(GgufFormat::Q4K),
+            WeightDType::Q6K => Some(GgufFormat::Q6K),
             _ => None,
         }
     }
@@ -88,23 +110,50 @@ impl GgufFormat {
             GgufFormat::Q4_0 => "q4_0",
             GgufFormat::Q4_1 => "q4_1",
             GgufFormat::Q8_0 => "q8_0",
+            GgufFormat::Q4K => "q4_k",
+            GgufFormat::Q6K => "q6_k",
         }
     }
 
     /// uint4 words per lane per k block (`V`).
     pub fn words(self) -> usize {
         match self {
-            GgufFormat::Q4_0 | GgufFormat::Q4_1 => 1,
-            GgufFormat::Q8_0 => 2,
+            GgufFormat::Q4_0 | GgufFormat::Q4_1 | GgufFormat::Q4K => 1,
+            GgufFormat::Q8_0 | GgufFormat::Q6K => 2,
         }
     }
 
-    /// Whether the format has per-block mins.
-    pub fn has_mins(self) -> bool {
-        self == GgufFormat::Q4_1
+    /// Whether the format has an `aux` array (Q4_1 mins, K-quant super-block scales).
+    pub fn has_aux(self) -> bool {
+        matches!(self, GgufFormat::Q4_1 | GgufFormat::Q4K | GgufFormat::Q6K)
     }
 
-    /// Bits of one stored value.
+    /// Whether the format is a 256-element K-quant (K a multiple of 256).
+    pub fn is_k_quant(self) -> bool {
+        matches!(self, GgufFormat::Q4K | GgufFormat::Q6K)
+    }
+
+    /// `scales` bytes per (output, k block).
+    fn scale_bytes_per_block(self) -> usize {
+        match self {
+            GgufFormat::Q4_0 | GgufFormat::Q8_0 => 8,
+            // Q4_1: scales and mins, both [..][4] f16.
+            GgufFormat::Q4_1 => 16,
+            GgufFormat::Q4K | GgufFormat::Q6K => 8,
+        }
+    }
+
+    /// `aux` bytes per (output, super-block) for the K-quants (0 for the others, whose aux is
+    /// counted in [`Self::scale_bytes_per_block`]).
+    fn aux_bytes(self) -> usize {
+        match self {
+            GgufFormat::Q4K => 4,
+            GgufFormat::Q6K => 2,
+            _ => 0,
+        }
+    }
+
+    /// Bits of one stored value in the tiles.
     fn value_bits(self) -> usize {
         32 * self.words() / 8
     }
@@ -122,7 +171,7 @@ pub struct GgufTiles {
     pub format: GgufFormat,
     /// N (rows: out_features).
     pub n: usize,
-    /// K (columns: in_features), a multiple of 32.
+    /// K (columns: in_features), a multiple of 32 (of 256 for the K-quants).
     pub k: usize,
     /// N padded to [`PAD_N`].
     pub n_pad: usize,
@@ -132,14 +181,14 @@ pub struct GgufTiles {
     pub k_slices: usize,
     /// The values, see the module docs.
     pub qweight: Vec<u32>,
-    /// Block scales (f16 bits) `[Np/8][KB][8][4]`.
-    pub scales: Vec<u16>,
-    /// Block mins (f16 bits), Q4_1 only.
-    pub mins: Option<Vec<u16>>,
+    /// The per-block parameters as uploaded (module docs).
+    pub scales: Vec<u8>,
+    /// The second parameter array as uploaded (module docs); `None` for Q4_0 / Q8_0.
+    pub aux: Option<Vec<u8>>,
 }
 
 /// The integer value (nibble or byte as stored), `d` and `m` bits of element `j` of one ggml
-/// block, read from the block's bytes.
+/// block of a 32-element format, read from the block's bytes.
 fn element(format: GgufFormat, block: &[u8], j: usize) -> (u32, u16, u16) {
     let f16_at = |o: usize| u16::from_le_bytes([block[o], block[o + 1]]);
     let nib = |qs: &[u8]| -> u32 {
@@ -150,6 +199,7 @@ fn element(format: GgufFormat, block: &[u8], j: usize) -> (u32, u16, u16) {
         GgufFormat::Q4_0 => (nib(&block[2..]), f16_at(0), 0),
         GgufFormat::Q4_1 => (nib(&block[4..]), f16_at(0), f16_at(2)),
         GgufFormat::Q8_0 => (u32::from(block[2 + j]), f16_at(0), 0),
+        GgufFormat::Q4K | GgufFormat::Q6K => (kquants::value(format, block, j), 0, 0),
     }
 }
 
@@ -159,8 +209,8 @@ fn column(c: usize, t: usize, q: usize) -> usize {
 }
 
 impl GgufTiles {
-    /// Repack a 2-D Q4_0 / Q4_1 / Q8_0 tensor. Another dtype, a shape that is not 2-D, a K that
-    /// is not whole blocks or a byte count that does not match the shape is `Err`.
+    /// Repack a 2-D Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K tensor. Another dtype, a shape that is not
+    /// 2-D, a K that is not whole blocks or a byte count that does not match the shape is `Err`.
     pub fn from_view(view: &TensorView<'_>) -> Result<GgufTiles, GgufTileError> {
         let format = GgufFormat::of(view.dtype).ok_or_else(|| {
             GgufTileError(format!("{:?} is not kept quantized on the GPU", view.dtype))
@@ -183,6 +233,7 @@ impl GgufTiles {
             )));
         }
         let bb = view.dtype.block_bytes();
+        let be = if format.is_k_quant() { QK_K } else { QK };
         let k_pad = k.div_ceil(TILE_K) * TILE_K;
         let n_pad = n.div_ceil(PAD_N) * PAD_N;
         let kb = k_pad / TILE_K;
@@ -194,8 +245,8 @@ impl GgufTiles {
         let v = format.words();
         let bits = format.value_bits();
         let pad_value: u32 = match format {
-            GgufFormat::Q8_0 => 0,
-            _ => 8,
+            GgufFormat::Q4_0 | GgufFormat::Q4_1 => 8,
+            _ => 0,
         };
         let data = view.data;
         // (value, d, m) of (row, col); padding outside N × K.
@@ -203,8 +254,8 @@ impl GgufTiles {
             if row >= n || col >= k {
                 return (pad_value, 0, 0);
             }
-            let off = row * row_bytes + (col / QK) * bb;
-            element(format, &data[off..off + bb], col % QK)
+            let off = row * row_bytes + (col / be) * bb;
+            element(format, &data[off..off + bb], col % be)
         };
         // One n8 tile per task (a large model has billions of values to move at load).
         let words_per_tile = kb * v * 32 * 4;
@@ -233,18 +284,24 @@ impl GgufTiles {
                     }
                 }
             });
-        let mut scales = vec![0u16; tiles * kb * 8 * 4];
-        let mut mins = format.has_mins().then(|| vec![0u16; scales.len()]);
-        for row in 0..n {
-            for blk in 0..k / QK {
-                let (_, d, m) = at(row, blk * QK);
-                let i = (((row / 8) * kb + blk / 4) * 8 + row % 8) * 4 + blk % 4;
-                scales[i] = d;
-                if let Some(ms) = mins.as_mut() {
-                    ms[i] = m;
+        let (scales, aux) = if format.is_k_quant() {
+            kquants::params(format, data, n, k, n_pad, row_bytes)
+        } else {
+            let mut scales = vec![0u16; tiles * kb * 8 * 4];
+            let mut mins = format.has_aux().then(|| vec![0u16; scales.len()]);
+            for row in 0..n {
+                for blk in 0..k / QK {
+                    let (_, d, m) = at(row, blk * QK);
+                    let i = (((row / 8) * kb + blk / 4) * 8 + row % 8) * 4 + blk % 4;
+                    scales[i] = d;
+                    if let Some(ms) = mins.as_mut() {
+                        ms[i] = m;
+                    }
                 }
             }
-        }
+            let bytes = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            (bytes(&scales), mins.as_deref().map(bytes))
+        };
         Ok(GgufTiles {
             format,
             n,
@@ -254,7 +311,7 @@ impl GgufTiles {
             k_slices,
             qweight,
             scales,
-            mins,
+            aux,
         })
     }
 
@@ -263,11 +320,9 @@ impl GgufTiles {
         self.k_pad / TILE_K
     }
 
-    /// Device bytes of the layout (values, scales, mins).
+    /// Device bytes of the layout (values, scales, aux).
     pub fn bytes(&self) -> usize {
-        4 * self.qweight.len()
-            + 2 * self.scales.len()
-            + self.mins.as_ref().map_or(0, |m| 2 * m.len())
+        4 * self.qweight.len() + self.scales.len() + self.aux.as_ref().map_or(0, |m| m.len())
     }
 
     /// The weight at (row, col) of the padded `Np × Kp` matrix, as the kernels decode it (f32,
@@ -287,18 +342,21 @@ impl GgufTiles {
         let (h, w) = (word / 4, word % 4);
         let bits =
             self.qweight[((((nt * self.k_blocks()) + b) * v + h) * 32 + lane) * 4 + w] >> shift;
+        if self.format.is_k_quant() {
+            return kquants::decode(self, nt, b, g, c, bits);
+        }
         let i = ((nt * self.k_blocks() + b) * 8 + g) * 4 + c / 2;
-        let d = f16::from_bits(self.scales[i]).to_f32();
+        let f16_at = |s: &[u8]| f16::from_bits(u16::from_le_bytes([s[2 * i], s[2 * i + 1]]));
+        let d = f16_at(&self.scales).to_f32();
         match self.format {
             GgufFormat::Q4_0 => ((bits & 15) as i32 - 8) as f32 * d,
             GgufFormat::Q4_1 => {
-                let m = self
-                    .mins
-                    .as_ref()
-                    .map_or(0.0, |ms| f16::from_bits(ms[i]).to_f32());
+                let m = self.aux.as_deref().map_or(0.0, |ms| f16_at(ms).to_f32());
+                // The kernel's fmaf(u, d, m): u · d is exact, so this is u · d + m.
                 (bits & 15) as f32 * d + m
             }
             GgufFormat::Q8_0 => f32::from((bits & 0xFF) as u8 as i8) * d,
+            GgufFormat::Q4K | GgufFormat::Q6K => unreachable!("handled above"),
         }
     }
 }
@@ -349,10 +407,17 @@ mod tests {
     #[test]
     fn refuses_what_it_cannot_hold() {
         let data = vec![0u8; 144];
+        let float = TensorView {
+            dtype: WeightDType::F32,
+            shape: &[1, 36],
+            data: &data,
+        };
+        assert!(GgufTiles::from_view(&float).is_err());
+        // A K-quant K that is not whole super-blocks.
         let kq = TensorView {
             dtype: WeightDType::Q4K,
-            shape: &[1, 256],
-            data: &data,
+            shape: &[1, 128],
+            data: &data[..72],
         };
         assert!(GgufTiles::from_view(&kq).is_err());
         let short = TensorView {

@@ -283,9 +283,16 @@ fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchEr
     // Warm-up: page the weights in, start the threads.
     runtime.block_on(run_batch(&engine, 1, 8, 4, 1))?;
     for (round, &c) in args.concurrency.iter().enumerate() {
-        // Warm-up at this size too: a decode graph for this batch is recorded here, not in
-        // the measured run (and cuBLAS has seen its shapes).
-        runtime.block_on(run_batch(&engine, c, 8, 4, 500 + round as u64))?;
+        // Warm-up at this size too, with prompts as long as the measured ones: a decode graph
+        // for this batch is recorded here, not in the measured run, and the prefill path of
+        // this prompt length (cuBLAS shapes, kernels loaded on first use) has run once.
+        runtime.block_on(run_batch(
+            &engine,
+            c,
+            args.prompt_tokens,
+            4,
+            500 + round as u64,
+        ))?;
         let r = runtime.block_on(run_batch(
             &engine,
             c,

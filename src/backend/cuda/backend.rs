@@ -32,7 +32,7 @@ use super::attention_plan::{self, PrefillVariant};
 mod attention;
 mod dense;
 pub(crate) use dense::MmaKernels;
-pub use dense::{DenseMatmul, MmaKernel, MMA_SMALL_MAX_ROWS};
+pub use dense::{DenseMatmul, MmaKernel, DEFAULT_FUSED_DECODE_ROWS, MMA_SMALL_MAX_ROWS};
 mod dtype;
 mod gated_attention;
 mod gdn;
@@ -40,6 +40,7 @@ mod gdn_chunk;
 mod gguf;
 mod graph;
 mod handles;
+mod launch;
 mod load;
 mod norm_1p;
 mod profile;
@@ -134,6 +135,12 @@ pub struct CudaBackend {
     /// The kernel of the dense 16-bit matmuls: cuBLAS or a batch-invariant one
     /// (`KILN_DENSE_MATMUL`; see `dense.rs`).
     dense: dense::DenseMatmul,
+    /// Largest step whose llama layers take the fused decode ops (`KILN_FUSED_DECODE_ROWS`;
+    /// 0 where there are no tensor-core kernels; see `dense.rs`).
+    fused_rows: usize,
+    /// Launch the small `mma` kernels with programmatic dependent launch (`KILN_PDL`, sm_90+
+    /// kernels only; see `launch.rs`).
+    pdl: bool,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -332,6 +339,14 @@ impl CudaBackend {
                 }
                 d => d,
             };
+        let mma = arch.major >= 8 && k.dense_mma.is_some();
+        let env_err = |e: BackendError| CudaError::Nvrtc(e.to_string());
+        let fused_rows = if mma {
+            dense::fused_rows_from_env(dense).map_err(env_err)?
+        } else {
+            0
+        };
+        let pdl = mma && arch.major >= 9 && dense::pdl_from_env().map_err(env_err)?;
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -343,6 +358,14 @@ impl CudaBackend {
                 dense::DenseMatmul::Cublas => "",
                 dense::DenseMatmul::Fma => " [dense matmul: fma]",
                 dense::DenseMatmul::Mma => " [dense matmul: mma]",
+            }
+            + &if fused_rows > 0 {
+                format!(
+                    " [fused decode <= {fused_rows} rows{}]",
+                    if pdl { ", pdl" } else { "" }
+                )
+            } else {
+                String::new()
             };
         Ok(CudaBackend {
             ctx,
@@ -353,6 +376,8 @@ impl CudaBackend {
             k,
             scratch: Mutex::new(Scratch::default()),
             dense,
+            fused_rows,
+            pdl,
             arch,
             dtype,
             kv,
@@ -541,8 +566,84 @@ impl Backend for CudaBackend {
             self.matmul(x, rows, w, scratch)?;
             return self.swiglu(scratch, out, rows, inter);
         }
-        let _t = self.prof.op(&self.stream, "matmul_swiglu");
-        self.mma_swiglu(x, rows, w, out, inter)
+        if self.dense == dense::DenseMatmul::Mma {
+            let _t = self.prof.op(&self.stream, "matmul_swiglu");
+            return self.mma_swiglu(x, rows, w, out, inter);
+        }
+        // Interleaved for the fused decode ops, multiplied here by cuBLAS: the interleaved
+        // product, then the SwiGLU that reads that layout.
+        self.interleaved_gate_up_swiglu(x, rows, w, scratch, out, inter)
+    }
+
+    fn fused_decode_rows(&self, ws: &[&CudaWeight]) -> usize {
+        if ws.iter().all(|w| self.fused_takes(w)) {
+            self.fused_rows
+        } else {
+            0
+        }
+    }
+
+    fn norm_matmul(
+        &self,
+        x: &CudaBuffer,
+        weight: &CudaBuffer,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        w: &CudaWeight,
+        h: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        if !self.fused_takes(w) || w.swiglu_rows || rows > MMA_SMALL_MAX_ROWS {
+            self.rms_norm(x, weight, h, rows, dim, eps)?;
+            return self.matmul(h, rows, w, out);
+        }
+        check_len("norm_matmul dim", w.k, dim)?;
+        let _t = self.prof.op(&self.stream, "norm_matmul");
+        self.mma_norm_matmul(x, weight, eps, rows, w, out, false)
+    }
+
+    fn norm_gate_up_swiglu(
+        &self,
+        x: &CudaBuffer,
+        weight: &CudaBuffer,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        w: &CudaWeight,
+        h: &mut CudaBuffer,
+        scratch: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+        inter: usize,
+    ) -> Result<(), BackendError> {
+        if !self.fused_takes(w) || !w.swiglu_rows || rows > MMA_SMALL_MAX_ROWS {
+            self.rms_norm(x, weight, h, rows, dim, eps)?;
+            return self.gate_up_swiglu(h, rows, w, scratch, out, inter);
+        }
+        check_len("norm_gate_up_swiglu dim", w.k, dim)?;
+        check_len("norm_gate_up_swiglu inter", w.n, 2 * inter)?;
+        let _t = self.prof.op(&self.stream, "norm_matmul_swiglu");
+        self.mma_norm_matmul(x, weight, eps, rows, w, out, true)
+    }
+
+    fn matmul_residual(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        delta: &mut CudaBuffer,
+        residual: &mut CudaBuffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        let _ = delta;
+        check_len("matmul_residual n", w.n, n)?;
+        if !self.fused_takes(w) || w.swiglu_rows || rows > MMA_SMALL_MAX_ROWS {
+            return Err(BackendError::Unsupported(format!(
+                "matmul_residual on this weight or {rows} rows (see fused_decode_rows)"
+            )));
+        }
+        let _t = self.prof.op(&self.stream, "matmul_residual");
+        self.mma_matmul_residual(x, rows, w, residual)
     }
 
     fn upload_vector(&self, name: &str, view: &TensorView<'_>) -> Result<CudaBuffer, BackendError> {
@@ -1068,32 +1169,52 @@ impl Backend for CudaBackend {
         );
         let eps = qk_norm.map_or(0.0, |(_, _, e)| e);
         let (kc, vc) = (&mut cache.k[layer], &mut cache.v[layer]);
-        let mut b = self.stream.launch_builder(&self.k.qkv_rope_write);
-        b.arg(&qkv.data)
-            .arg(&mut q_out.data)
-            .arg(kc)
-            .arg(vc)
-            .arg(&positions)
-            .arg(&slots)
-            .arg(&rope.cos)
-            .arg(&rope.sin);
-        match qk_norm {
-            Some((qn, kn, _)) => b.arg(&qn.data).arg(&kn.data),
-            None => b.arg(&null).arg(&null),
+        let (qkv_p, _s0) = qkv.data.device_ptr(&self.stream);
+        let (q_p, _s1) = q_out.data.device_ptr_mut(&self.stream);
+        let (kc_p, _s2) = kc.device_ptr_mut(&self.stream);
+        let (vc_p, _s3) = vc.device_ptr_mut(&self.stream);
+        let (pos_p, _s4) = positions.device_ptr(&self.stream);
+        let (slot_p, _s5) = slots.device_ptr(&self.stream);
+        let (cos_p, _s6) = rope.cos.device_ptr(&self.stream);
+        let (sin_p, _s7) = rope.sin.device_ptr(&self.stream);
+        let (qn_p, kn_p) = match qk_norm {
+            Some((qn, kn, _)) => (
+                qn.data.device_ptr(&self.stream).0,
+                kn.data.device_ptr(&self.stream).0,
+            ),
+            None => (null, null),
         };
-        b.arg(&nh).arg(&nkv).arg(&hdi).arg(&half).arg(&eps);
+        let mut params = [
+            &qkv_p as *const u64 as *mut c_void,
+            &q_p as *const u64 as *mut c_void,
+            &kc_p as *const u64 as *mut c_void,
+            &vc_p as *const u64 as *mut c_void,
+            &pos_p as *const u64 as *mut c_void,
+            &slot_p as *const u64 as *mut c_void,
+            &cos_p as *const u64 as *mut c_void,
+            &sin_p as *const u64 as *mut c_void,
+            &qn_p as *const u64 as *mut c_void,
+            &kn_p as *const u64 as *mut c_void,
+            &nh as *const i32 as *mut c_void,
+            &nkv as *const i32 as *mut c_void,
+            &hdi as *const i32 as *mut c_void,
+            &half as *const i32 as *mut c_void,
+            &eps as *const f32 as *mut c_void,
+        ];
         let cfg = LaunchConfig {
             grid_dim: (t as u32, 1, 1),
             block_dim: (QKV_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: qkv holds t rows of (heads + 2 kv_heads) × head_dim and q_out t rows of heads ×
-        // head_dim (checked); head_dim ≤ QKV_MAX_DIM (the kernel's shared row); positions are
-        // below the RoPE table (checked via max_context); slots come from ForwardBatch::step_input,
-        // which checked every block id, so each indexes inside the layer's cache; the norm
-        // weights hold head_dim elements or are null (skipping the norm).
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
+        // SAFETY: the parameters match the kernel's signature, in order, and outlive the call
+        // (the sync guards keep every buffer in use on this stream); qkv holds t rows of (heads
+        // + 2 kv_heads) × head_dim and q_out t rows of heads × head_dim (checked); head_dim ≤
+        // QKV_MAX_DIM (the kernel's shared row); positions are below the RoPE table (checked
+        // via max_context); slots come from ForwardBatch::step_input, which checked every block
+        // id, so each indexes inside the layer's cache; the norm weights hold head_dim elements
+        // or are null (skipping the norm). The kernel waits (griddepcontrol) before reading, so
+        // it may be launched with PDL.
+        unsafe { self.launch_kernel(&self.k.qkv_rope_write, cfg, &mut params, self.pdl) }
     }
 
     fn swiglu(
@@ -1301,6 +1422,45 @@ impl CudaBackend {
     }
 
     /// `Err(InvalidArgument)` unless `b` holds the compute dtype.
+    /// The gate|up product of an interleaved weight (`swiglu_rows`) through cuBLAS (or the
+    /// backend's dense kernel) into `scratch` `[rows, 2·inter]`, then `swiglu_il`.
+    fn interleaved_gate_up_swiglu(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        scratch: &mut CudaBuffer,
+        out: &mut CudaBuffer,
+        inter: usize,
+    ) -> Result<(), BackendError> {
+        {
+            let _t = self.prof.op(&self.stream, "matmul");
+            check_len("gate_up_swiglu weight", w.n, 2 * inter)?;
+            check_len("gate_up_swiglu input", x.len, rows * w.k)?;
+            check_len("gate_up_swiglu scratch", scratch.len, rows * w.n)?;
+            self.expect_compute("gate_up_swiglu input", x)?;
+            self.expect_compute("gate_up_swiglu scratch", scratch)?;
+            if rows == 0 {
+                return Ok(());
+            }
+            let (xp, _x_sync) = x.data.device_ptr(&self.stream);
+            let (sp, _s_sync) = scratch.data.device_ptr_mut(&self.stream);
+            // SAFETY: w, x and scratch hold n × k, rows × k and rows × n compute-dtype elements
+            // (checked above); the sync guards keep them in use on this stream for the call.
+            unsafe { self.gemm_xwt(w, rows, xp, sp, self.dtype.cuda_type()) }?;
+        }
+        let _t = self.prof.op(&self.stream, "swiglu");
+        check_len("swiglu output", out.len, rows * inter)?;
+        self.expect_compute("swiglu output", out)?;
+        let (r, i) = (rows as i64, inter as i32);
+        let mut b = self.stream.launch_builder(&self.k.swiglu_il);
+        b.arg(&scratch.data).arg(&mut out.data).arg(&r).arg(&i);
+        // SAFETY: scratch holds rows × 2·inter and out rows × inter elements (checked); the
+        // kernel guards i < rows × inter.
+        unsafe { b.launch(LaunchConfig::for_num_elems((rows * inter) as u32)) }.map_err(dev_err)?;
+        Ok(())
+    }
+
     fn expect_compute(&self, what: &str, b: &CudaBuffer) -> Result<(), BackendError> {
         if b.dtype == self.dtype {
             Ok(())

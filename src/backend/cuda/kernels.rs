@@ -174,6 +174,7 @@ impl KernelModule {
                     for op in ["embedding", "silu_mul", "swiglu", "add"] {
                         names.push(format!("{op}_{t}"));
                     }
+                    names.push(format!("swiglu_il_{t}"));
                     if t != "f32" {
                         names.push(format!("cast_f32_to_{t}"));
                         names.push(format!("cast_{t}_to_f32"));
@@ -267,7 +268,7 @@ impl KernelModule {
                     }
                 }
                 KernelModule::GgufMm => {
-                    for q in ["q4_0", "q4_1", "q8_0"] {
+                    for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {
                             names.push(format!("gguf_gemv_{q}_{t}"));
                             names.push(format!("gguf_gemm_{q}_{t}"));

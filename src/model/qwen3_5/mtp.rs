@@ -5,7 +5,9 @@
 //! (input `[embedding | hidden]`), `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `norm`
 //! (`[hidden]`, `(1 + w)` norms kept as the stored `w`, for [`HybridBackend::rms_norm_1p`](crate::backend::hybrid::HybridBackend::rms_norm_1p)), and `layers.{i}.*`: one gated full-attention decoder layer each.
 //! Checkpoints keep them in the main safetensors or in a separate `model-mtp.safetensors`
-//! ([`attach_mtp_file`] adds that file to the weight source).
+//! ([`attach_mtp_file`] adds that file to the weight source). The linears load through
+//! [`Loader::linear`] as the body's do: packed when the checkpoint's `quantization_config`
+//! quantizes them (not in its `ignore` list), else as stored.
 
 use std::path::Path;
 
@@ -66,23 +68,23 @@ impl<B: HybridBackend> MtpWeights<B> {
             layers.push(Layer {
                 input_layernorm: ld.norm_1p(&p.key("input_layernorm.weight"), hidden)?,
                 mixer: Mixer::Full(AttnLayer {
-                    q_proj: ld.matrix(&at.key("q_proj.weight"), 2 * q_dim, hidden)?,
-                    k_proj: ld.matrix(&at.key("k_proj.weight"), kv_dim, hidden)?,
-                    v_proj: ld.matrix(&at.key("v_proj.weight"), kv_dim, hidden)?,
-                    o_proj: ld.matrix(&at.key("o_proj.weight"), hidden, q_dim)?,
+                    q_proj: ld.linear(&at.key("q_proj"), 2 * q_dim, hidden)?,
+                    k_proj: ld.linear(&at.key("k_proj"), kv_dim, hidden)?,
+                    v_proj: ld.linear(&at.key("v_proj"), kv_dim, hidden)?,
+                    o_proj: ld.linear(&at.key("o_proj"), hidden, q_dim)?,
                     q_norm: ld.norm_1p(&at.key("q_norm.weight"), hd)?,
                     k_norm: ld.norm_1p(&at.key("k_norm.weight"), hd)?,
                     kv_layer: i,
                 }),
                 post_attention_layernorm: ld
                     .norm_1p(&p.key("post_attention_layernorm.weight"), hidden)?,
-                gate_proj: ld.matrix(&mlp.key("gate_proj.weight"), inter, hidden)?,
-                up_proj: ld.matrix(&mlp.key("up_proj.weight"), inter, hidden)?,
-                down_proj: ld.matrix(&mlp.key("down_proj.weight"), hidden, inter)?,
+                gate_proj: ld.linear(&mlp.key("gate_proj"), inter, hidden)?,
+                up_proj: ld.linear(&mlp.key("up_proj"), inter, hidden)?,
+                down_proj: ld.linear(&mlp.key("down_proj"), hidden, inter)?,
             });
         }
         let w = MtpWeights {
-            fc: ld.matrix(&root.key("fc.weight"), hidden, 2 * hidden)?,
+            fc: ld.linear(&root.key("fc"), hidden, 2 * hidden)?,
             pre_fc_norm_embedding: ld.norm_1p(&root.key("pre_fc_norm_embedding.weight"), hidden)?,
             pre_fc_norm_hidden: ld.norm_1p(&root.key("pre_fc_norm_hidden.weight"), hidden)?,
             norm: ld.norm_1p(&root.key("norm.weight"), hidden)?,

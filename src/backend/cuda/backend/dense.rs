@@ -8,9 +8,28 @@
 //! - `fma`: `dense_xwt`, CUDA cores (every arch; what `mma` falls back to on sm_70 / sm_75).
 //!
 //! Chosen per backend at creation by `KILN_DENSE_MATMUL` ([`DenseMatmul::from_env`]), never per
-//! step, so every step of a run has the same numerics. Shape rules: `k` a multiple of 8 and
+//! step, so every step of a run has the same numerics.
+//!
+//! THE FUSED DECODE OPS (`norm_matmul`, `norm_gate_up_swiglu`, `matmul_residual`: the small `mma`
+//! kernel with the RMSNorm prologue or the residual-add epilogue, see dense.cu) run the llama
+//! layers of steps of at most [`CudaBackend::fused_decode_limit`] tokens:
+//! `KILN_FUSED_DECODE_ROWS` ([`fused_rows_from_env`], default [`DEFAULT_FUSED_DECODE_ROWS`],
+//! `0` = off; at most [`MMA_SMALL_MAX_ROWS`]). With cuBLAS (the default for everything else),
+//! decode steps up to that size are batch-invariant among themselves (one kernel, one reduction
+//! order per row) and larger steps (prefill, big batches) take cuBLAS, as before. With
+//! `KILN_DENSE_MATMUL=mma` the fused ops are off unless `KILN_FUSED_DECODE_ROWS` is set: the
+//! fused prologue sums a row's squares in its own fixed order, so a row's h (and its logits) in
+//! a fused step may differ in the last bit from the same row in an unfused (larger) step, which
+//! would break `mma`'s promise of one numeric path for every batch size.
+//!
+//! PROGRAMMATIC DEPENDENT LAUNCH: on sm_90 kernels (`arch.major >= 9`) the small `mma` kernels are
+//! launched with the programmatic-stream-serialization attribute (`cuLaunchKernelEx`), so each
+//! one's weight loads and launch overlap the previous kernel's tail (dense.cu waits with
+//! `griddepcontrol.wait` before touching activations). `KILN_PDL=0` turns it off. Shape rules: `k` a multiple of 8 and
 //! 16-byte aligned operands (one 128-bit load per lane per step); a weight that breaks them (or
 //! f32 compute) takes cuBLAS, a choice that depends on the weight only.
+
+use std::ffi::c_void;
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
@@ -25,6 +44,56 @@ const DENSE_WARPS: u32 = 4;
 /// Rows up to which the `mma` path takes the small kernel (a speed choice only: both kernels
 /// give the same bits).
 pub const MMA_SMALL_MAX_ROWS: usize = 64;
+
+/// Largest step (tokens) whose llama layers take the fused decode ops when
+/// `KILN_FUSED_DECODE_ROWS` is unset (and `KILN_DENSE_MATMUL` is not `mma`). Measured on the H200
+/// (docs/benchmarks.md, branch `launch`): fused 1 row +13.6% over cuBLAS, fused 16 rows −7.5%
+/// (the 16-row tile of the small kernel is slower than cuBLAS there), 64 rows −33%. 1..8 rows run
+/// the same 8-row tile as 1 row, so 8 is the bound; 2..8 rows were not measured on their own.
+pub const DEFAULT_FUSED_DECODE_ROWS: usize = 8;
+
+/// `KILN_FUSED_DECODE_ROWS`: unset or empty = [`DEFAULT_FUSED_DECODE_ROWS`], `0` = off, else a
+/// row count (clamped to [`MMA_SMALL_MAX_ROWS`]); anything else is an error. Unset with
+/// `KILN_DENSE_MATMUL=mma` (`dense`): 0, so that path keeps one numeric path for every step size
+/// (the fused norm sums a row's squares in another order than the unfused one).
+pub fn fused_rows_from_env(dense: DenseMatmul) -> Result<usize, BackendError> {
+    match std::env::var("KILN_FUSED_DECODE_ROWS") {
+        Err(_) if dense == DenseMatmul::Mma => Ok(0),
+        Err(_) => Ok(DEFAULT_FUSED_DECODE_ROWS),
+        Ok(v) if v.trim().is_empty() && dense == DenseMatmul::Mma => Ok(0),
+        Ok(v) => parse_fused_rows(&v),
+    }
+}
+
+/// Parse a `KILN_FUSED_DECODE_ROWS` value.
+pub fn parse_fused_rows(v: &str) -> Result<usize, BackendError> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(DEFAULT_FUSED_DECODE_ROWS);
+    }
+    v.parse::<usize>()
+        .map(|n| n.min(MMA_SMALL_MAX_ROWS))
+        .map_err(|_| {
+            BackendError::InvalidArgument(format!(
+                "KILN_FUSED_DECODE_ROWS={v:?}: expected a row count (0 = off)"
+            ))
+        })
+}
+
+/// `KILN_PDL`: programmatic dependent launch on (unset, `1`, `true`, `on`) or off (`0`, `false`,
+/// `off`).
+pub fn pdl_from_env() -> Result<bool, BackendError> {
+    match std::env::var("KILN_PDL") {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" | "1" | "true" | "on" => Ok(true),
+            "0" | "false" | "off" => Ok(false),
+            other => Err(BackendError::InvalidArgument(format!(
+                "KILN_PDL={other:?}: expected 0 or 1"
+            ))),
+        },
+    }
+}
 
 /// Which kernel runs the dense 16-bit matmuls of a backend (`KILN_DENSE_MATMUL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +159,12 @@ pub(crate) struct MmaKernels {
     pub small_swiglu: [CudaFunction; 3],
     /// Large kernel with the SwiGLU epilogue.
     pub large_swiglu: CudaFunction,
+    /// Small kernel with the RMSNorm prologue (f32 residual input), row groups 1, 2, 4.
+    pub small_norm: [CudaFunction; 3],
+    /// Small kernel with the RMSNorm prologue and the SwiGLU epilogue.
+    pub small_norm_swiglu: [CudaFunction; 3],
+    /// Small kernel with the residual-add epilogue (f32 residual output).
+    pub small_res: [CudaFunction; 3],
 }
 
 impl MmaKernels {
@@ -100,6 +175,9 @@ impl MmaKernels {
             v.push(format!("dense_mma_small_rg{rg}_{t}"));
             v.push(format!("dense_mma_small_rg{rg}_{t}_f32"));
             v.push(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
+            v.push(format!("dense_mma_small_rg{rg}_norm_{t}"));
+            v.push(format!("dense_mma_small_rg{rg}_norm_swiglu_{t}"));
+            v.push(format!("dense_mma_small_rg{rg}_res_{t}"));
         }
         v.push(format!("dense_mma_large_{t}"));
         v.push(format!("dense_mma_large_{t}_f32"));
@@ -119,6 +197,7 @@ impl MmaKernels {
             ))
         };
         let sw = |rg: u32| get(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
+        let var = |rg: u32, v: &str| get(format!("dense_mma_small_rg{rg}_{v}_{t}"));
         Ok(MmaKernels {
             small: [s(1, false)?, s(2, false)?, s(4, false)?],
             small_f32: [s(1, true)?, s(2, true)?, s(4, true)?],
@@ -126,6 +205,13 @@ impl MmaKernels {
             large_f32: get(format!("dense_mma_large_{t}_f32"))?,
             small_swiglu: [sw(1)?, sw(2)?, sw(4)?],
             large_swiglu: get(format!("dense_mma_large_swiglu_{t}"))?,
+            small_norm: [var(1, "norm")?, var(2, "norm")?, var(4, "norm")?],
+            small_norm_swiglu: [
+                var(1, "norm_swiglu")?,
+                var(2, "norm_swiglu")?,
+                var(4, "norm_swiglu")?,
+            ],
+            small_res: [var(1, "res")?, var(2, "res")?, var(4, "res")?],
         })
     }
 }
@@ -189,7 +275,7 @@ impl CudaBackend {
                 Epilogue::Same
             };
             // SAFETY: as this function's contract.
-            return unsafe { self.mma_matmul(w, rows, xp, op, out, kernel) };
+            return unsafe { self.mma_matmul(w, rows, xp, op, out, kernel, None) };
         }
         let Some((f16_out, f32_out)) = &self.k.dense_xwt else {
             return Err(BackendError::Unsupported(
@@ -225,10 +311,14 @@ impl CudaBackend {
     }
 
     /// `out = x · wᵀ` through one `mma` kernel (with `Epilogue::Swiglu`: `w` has interleaved
-    /// gate|up rows and `out` holds `rows × w.n / 2` elements).
+    /// gate|up rows and `out` holds `rows × w.n / 2` elements; with `Epilogue::Residual` `out` is
+    /// the f32 residual stream, added to). `norm = Some((weight, eps))`: `x` is the f32 residual
+    /// stream and the small kernel RMS-normalizes its rows first (dense.cu's NORM prologue).
     ///
     /// # Safety
-    /// As [`CudaBackend::dense_matmul`], with the output size of the epilogue.
+    /// As [`CudaBackend::dense_matmul`], with the output size of the epilogue; `norm`'s pointer a
+    /// live `[k]` compute-dtype buffer.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn mma_matmul(
         &self,
         w: &CudaWeight,
@@ -237,6 +327,7 @@ impl CudaBackend {
         op: u64,
         epilogue: Epilogue,
         kernel: MmaKernel,
+        norm: Option<(u64, f32)>,
     ) -> Result<(), BackendError> {
         let Some(mk) = self.k.dense_mma.as_ref().filter(|_| self.arch.major >= 8) else {
             return Err(BackendError::Unsupported(format!(
@@ -260,10 +351,18 @@ impl CudaBackend {
             MmaKernel::Small => {
                 let rg = row_groups(rows);
                 let i = rg.trailing_zeros() as usize;
-                let f = match epilogue {
-                    Epilogue::Same => &mk.small[i],
-                    Epilogue::F32 => &mk.small_f32[i],
-                    Epilogue::Swiglu => &mk.small_swiglu[i],
+                let f = match (epilogue, norm.is_some()) {
+                    (Epilogue::Same, false) => &mk.small[i],
+                    (Epilogue::F32, false) => &mk.small_f32[i],
+                    (Epilogue::Swiglu, false) => &mk.small_swiglu[i],
+                    (Epilogue::Residual, false) => &mk.small_res[i],
+                    (Epilogue::Same, true) => &mk.small_norm[i],
+                    (Epilogue::Swiglu, true) => &mk.small_norm_swiglu[i],
+                    (e, true) => {
+                        return Err(BackendError::Unsupported(format!(
+                            "the mma norm prologue with the {e:?} epilogue"
+                        )))
+                    }
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (
@@ -274,13 +373,41 @@ impl CudaBackend {
                     block_dim: (32 * slices as u32, 1, 1),
                     shared_mem_bytes: (slices * rg * 128 * 4) as u32,
                 };
-                (f, cfg)
+                let (m, n, k, sbi) = (rows as i32, w.n as i32, w.k as i32, sb as i32);
+                let (nwp, eps) = norm.unwrap_or((0, 0.0));
+                let wp = {
+                    use cudarc::driver::DevicePtr;
+                    w.data.device_ptr(&self.stream).0
+                };
+                let mut params = [
+                    &xp as *const u64 as *mut c_void,
+                    &wp as *const u64 as *mut c_void,
+                    &op as *const u64 as *mut c_void,
+                    &m as *const i32 as *mut c_void,
+                    &n as *const i32 as *mut c_void,
+                    &k as *const i32 as *mut c_void,
+                    &sbi as *const i32 as *mut c_void,
+                    &nwp as *const u64 as *mut c_void,
+                    &eps as *const f32 as *mut c_void,
+                ];
+                // SAFETY: the parameters match the small kernels' (x, w, out, m, n, k, sb, nw,
+                // eps) signature and outlive the call; buffer sizes as this function's contract
+                // (the NORM prologue reads rows × k f32 and nw's k elements, the RES epilogue
+                // reads and writes rows × n f32); the shared memory is exactly slices × rg × 128
+                // floats (≤ 32 KiB: slices ≤ 16, rg ≤ 4).
+                return unsafe { self.launch_kernel(f, cfg, &mut params, self.pdl) };
             }
             MmaKernel::Large => {
-                let f = match epilogue {
-                    Epilogue::Same => &mk.large,
-                    Epilogue::F32 => &mk.large_f32,
-                    Epilogue::Swiglu => &mk.large_swiglu,
+                let f = match (epilogue, norm) {
+                    (Epilogue::Same, None) => &mk.large,
+                    (Epilogue::F32, None) => &mk.large_f32,
+                    (Epilogue::Swiglu, None) => &mk.large_swiglu,
+                    (e, n) => {
+                        return Err(BackendError::Unsupported(format!(
+                            "the large mma kernel with the {e:?} epilogue (norm prologue: {})",
+                            n.is_some()
+                        )))
+                    }
                 };
                 let cfg = LaunchConfig {
                     grid_dim: ((w.n as u32).div_ceil(128), (rows as u32).div_ceil(64), 1),
@@ -306,8 +433,7 @@ impl CudaBackend {
         // SAFETY: as this function's contract: x holds rows × k and out rows × n elements; w is
         // a live n × k allocation (256-byte aligned, k a multiple of 8: every 128-bit load is
         // aligned and in bounds, the kernels read nothing at or past column k, row m or output
-        // n); the small kernel's shared memory is exactly slices × rg × 128 floats (≤ 32 KiB:
-        // slices ≤ 16, rg ≤ 4).
+        // n).
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
@@ -338,15 +464,18 @@ impl CudaBackend {
         let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
         // SAFETY: x holds rows × k compute-dtype elements and out rows × n elements of the
         // output type (checked above); the sync guards keep both in use for the call.
-        unsafe { self.mma_matmul(w, rows, xp, op, Epilogue::Same, kernel) }
+        unsafe { self.mma_matmul(w, rows, xp, op, Epilogue::Same, kernel, None) }
     }
 
     /// Whether [`CudaBackend::interleave_gate_up`] reorders a gate|up weight of this backend:
     /// the `mma` kernels run here, the weight is dense and `inter` (= n / 2) is a multiple of 8.
     fn swiglu_fusable(&self, w: &CudaWeight) -> bool {
-        self.dense == DenseMatmul::Mma
+        (self.dense == DenseMatmul::Mma || self.fused_rows > 0)
             && self.k.dense_mma.is_some()
-            && self.dense_takes(w)
+            && self.arch.major >= 8
+            && w.packed.is_none()
+            && w.gguf.is_none()
+            && w.k.is_multiple_of(8)
             && w.n.is_multiple_of(16)
             && !w.swiglu_rows
     }
@@ -408,17 +537,119 @@ impl CudaBackend {
         let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
         // SAFETY: x holds rows × k compute-dtype elements and out rows × inter (checked above);
         // the sync guards keep both in use for the call.
-        unsafe { self.mma_matmul(w, rows, xp, op, Epilogue::Swiglu, kernel) }
+        unsafe { self.mma_matmul(w, rows, xp, op, Epilogue::Swiglu, kernel, None) }
     }
 }
 
-/// What the `mma` kernel writes: the product in the compute dtype, in f32, or SwiGLU of the
-/// interleaved gate|up product in the compute dtype.
+impl CudaBackend {
+    /// Largest step (tokens) whose layers take the fused decode ops on this backend
+    /// (`KILN_FUSED_DECODE_ROWS`, 0 without tensor-core kernels).
+    pub fn fused_decode_limit(&self) -> usize {
+        self.fused_rows
+    }
+
+    /// Whether the fused decode ops take `w`: a dense 16-bit weight with `k` a multiple of 8 on
+    /// a backend with the tensor-core kernels.
+    pub(super) fn fused_takes(&self, w: &CudaWeight) -> bool {
+        self.fused_rows > 0
+            && self.k.dense_mma.is_some()
+            && self.arch.major >= 8
+            && w.packed.is_none()
+            && w.gguf.is_none()
+            && w.k.is_multiple_of(8)
+    }
+
+    /// `out = rms_norm(x) · w ᵀ` (`swiglu`: SwiGLU of the interleaved gate|up product, `out`
+    /// `[rows, n / 2]`) in one small `mma` kernel with the NORM prologue.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mma_norm_matmul(
+        &self,
+        x: &CudaBuffer,
+        norm: &CudaBuffer,
+        eps: f32,
+        rows: usize,
+        w: &CudaWeight,
+        out: &mut CudaBuffer,
+        swiglu: bool,
+    ) -> Result<(), BackendError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        if rows > MMA_SMALL_MAX_ROWS {
+            return Err(BackendError::InvalidArgument(format!(
+                "fused norm matmul: {rows} rows (at most {MMA_SMALL_MAX_ROWS})"
+            )));
+        }
+        if x.dtype != super::ComputeDType::F32 {
+            return Err(super::mixed(
+                "fused norm matmul input",
+                x.dtype,
+                super::ComputeDType::F32,
+            ));
+        }
+        let n_out = if swiglu { w.n / 2 } else { w.n };
+        super::check_len("fused norm matmul input", x.len, rows * w.k)?;
+        super::check_len("fused norm matmul weight", norm.len, w.k)?;
+        super::check_len("fused norm matmul output", out.len, rows * n_out)?;
+        self.expect_compute("fused norm matmul norm weight", norm)?;
+        self.expect_compute("fused norm matmul output", out)?;
+        let (xp, _x_sync) = x.data.device_ptr(&self.stream);
+        let (np, _n_sync) = norm.data.device_ptr(&self.stream);
+        let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
+        if !xp.is_multiple_of(16) || !np.is_multiple_of(16) {
+            return Err(BackendError::InvalidArgument(
+                "fused norm matmul: input or norm weight not 16-byte aligned".into(),
+            ));
+        }
+        let epilogue = if swiglu {
+            Epilogue::Swiglu
+        } else {
+            Epilogue::Same
+        };
+        // SAFETY: x holds rows × k f32, norm k and out rows × n_out compute-dtype elements
+        // (checked above); the sync guards keep them in use for the call.
+        unsafe { self.mma_matmul(w, rows, xp, op, epilogue, MmaKernel::Small, Some((np, eps))) }
+    }
+
+    /// `residual += T(x · wᵀ)` in one small `mma` kernel with the RES epilogue.
+    pub(super) fn mma_matmul_residual(
+        &self,
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        residual: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        if rows > MMA_SMALL_MAX_ROWS {
+            return Err(BackendError::InvalidArgument(format!(
+                "fused matmul residual: {rows} rows (at most {MMA_SMALL_MAX_ROWS})"
+            )));
+        }
+        if residual.dtype != super::ComputeDType::F32 {
+            return Err(super::mixed(
+                "fused matmul residual",
+                residual.dtype,
+                super::ComputeDType::F32,
+            ));
+        }
+        super::check_len("fused matmul residual input", x.len, rows * w.k)?;
+        super::check_len("fused matmul residual", residual.len, rows * w.n)?;
+        self.expect_compute("fused matmul residual input", x)?;
+        let (xp, _x_sync) = x.data.device_ptr(&self.stream);
+        let (rp, _r_sync) = residual.data.device_ptr_mut(&self.stream);
+        // SAFETY: x holds rows × k compute-dtype elements and residual rows × n f32 (checked
+        // above); the sync guards keep them in use for the call.
+        unsafe { self.mma_matmul(w, rows, xp, rp, Epilogue::Residual, MmaKernel::Small, None) }
+    }
+}
+
+/// What the `mma` kernel writes: the product in the compute dtype, in f32, SwiGLU of the
+/// interleaved gate|up product in the compute dtype, or the product rounded to the compute dtype
+/// added into an f32 residual stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Epilogue {
     Same,
     F32,
     Swiglu,
+    Residual,
 }
 
 /// The 128-bit loads need a 16-byte aligned input, the stores a 4-byte aligned output.
@@ -459,6 +690,16 @@ mod tests {
         assert_eq!(DenseMatmul::parse("0").unwrap(), DenseMatmul::Cublas);
         assert_eq!(DenseMatmul::parse("").unwrap(), DenseMatmul::DEFAULT);
         assert!(DenseMatmul::parse("tensor").is_err());
+    }
+
+    #[test]
+    fn the_fused_rows_switch_parses_counts_clamps_them_and_refuses_words() {
+        assert_eq!(parse_fused_rows("").unwrap(), DEFAULT_FUSED_DECODE_ROWS);
+        assert_eq!(parse_fused_rows("0").unwrap(), 0);
+        assert_eq!(parse_fused_rows(" 8 ").unwrap(), 8);
+        assert_eq!(parse_fused_rows("1000").unwrap(), MMA_SMALL_MAX_ROWS);
+        assert!(parse_fused_rows("on").is_err());
+        assert!(parse_fused_rows("-1").is_err());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! GGUF Q4_0 / Q4_1 / Q8_0 weights kept quantized on the device: upload in the gguf tile layout
+//! GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights kept quantized on the device: upload in the gguf tile layout
 //! ([`crate::tensor::gguf_tiles`]), the matmul and the embedding gather through
 //! `kernels/gguf_mm.cu`.
 //!
@@ -12,7 +12,6 @@
 //! Opt-in: `KILN_GGUF_GPU_WEIGHTS=quantized` (read at each upload). The default is still the old
 //! path, GGUF blocks dequantized to the compute dtype at load and multiplied with cuBLAS, because
 //! these kernels are slower than cuBLAS on the dequantized weights today (`docs/benchmarks.md`).
-//! The K-quants (Q4_K, Q6_K) always take the old path for now.
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
 
@@ -47,20 +46,28 @@ struct FormatKernels {
     gather_to_f32: Option<CudaFunction>,
 }
 
-/// The `gguf_mm.cu` entry points for one compute dtype, by format (Q4_0, Q4_1, Q8_0).
+/// The `gguf_mm.cu` entry points for one compute dtype, by format (the order of [`FORMATS`]).
 #[derive(Debug, Clone)]
 pub(crate) struct GgufKernels {
-    by_format: [FormatKernels; 3],
+    by_format: [FormatKernels; 5],
 }
 
 /// Every format kept quantized, in the order of [`GgufKernels`].
-pub const FORMATS: [GgufFormat; 3] = [GgufFormat::Q4_0, GgufFormat::Q4_1, GgufFormat::Q8_0];
+pub const FORMATS: [GgufFormat; 5] = [
+    GgufFormat::Q4_0,
+    GgufFormat::Q4_1,
+    GgufFormat::Q8_0,
+    GgufFormat::Q4K,
+    GgufFormat::Q6K,
+];
 
 fn index(f: GgufFormat) -> usize {
     match f {
         GgufFormat::Q4_0 => 0,
         GgufFormat::Q4_1 => 1,
         GgufFormat::Q8_0 => 2,
+        GgufFormat::Q4K => 3,
+        GgufFormat::Q6K => 4,
     }
 }
 
@@ -83,7 +90,13 @@ impl GgufKernels {
             })
         };
         Ok(GgufKernels {
-            by_format: [one(FORMATS[0])?, one(FORMATS[1])?, one(FORMATS[2])?],
+            by_format: [
+                one(FORMATS[0])?,
+                one(FORMATS[1])?,
+                one(FORMATS[2])?,
+                one(FORMATS[3])?,
+                one(FORMATS[4])?,
+            ],
         })
     }
 
@@ -96,10 +109,10 @@ impl GgufKernels {
 #[derive(Debug)]
 pub struct CudaGgufParts {
     format: GgufFormat,
-    /// f16 block scales `[Np/8][KB][8][4]`.
+    /// The block parameters (`GgufTiles::scales`).
     scales: CudaSlice<u8>,
-    /// f16 block mins (Q4_1), same layout.
-    mins: Option<CudaSlice<u8>>,
+    /// The second parameter array (`GgufTiles::aux`: Q4_1 mins, K-quant super-block scales).
+    aux: Option<CudaSlice<u8>>,
     n_pad: usize,
     k_blocks: usize,
     k_slices: usize,
@@ -108,7 +121,7 @@ pub struct CudaGgufParts {
 impl CudaGgufParts {
     /// Device bytes besides the values.
     pub fn bytes(&self) -> usize {
-        self.scales.len() + self.mins.as_ref().map_or(0, |m| m.len())
+        self.scales.len() + self.aux.as_ref().map_or(0, |m| m.len())
     }
 }
 
@@ -120,7 +133,7 @@ pub fn keeps_quantized(view: &TensorView<'_>) -> bool {
 }
 
 impl CudaBackend {
-    /// A 2-D Q4_0 / Q4_1 / Q8_0 weight in the gguf tile layout, or `None` when `view` is not kept
+    /// A 2-D Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weight in the gguf tile layout, or `None` when `view` is not kept
     /// quantized ([`keeps_quantized`]).
     pub(super) fn upload_gguf(
         &self,
@@ -136,16 +149,9 @@ impl CudaBackend {
             .stream
             .clone_htod(bytemuck::cast_slice::<u32, u8>(&t.qweight))
             .map_err(dev_err)?;
-        let scales = self
-            .stream
-            .clone_htod(bytemuck::cast_slice::<u16, u8>(&t.scales))
-            .map_err(dev_err)?;
-        let mins = match &t.mins {
-            Some(m) => Some(
-                self.stream
-                    .clone_htod(bytemuck::cast_slice::<u16, u8>(m))
-                    .map_err(dev_err)?,
-            ),
+        let scales = self.stream.clone_htod(&t.scales).map_err(dev_err)?;
+        let aux = match &t.aux {
+            Some(m) => Some(self.stream.clone_htod(m).map_err(dev_err)?),
             None => None,
         };
         tracing::debug!(
@@ -165,7 +171,7 @@ impl CudaBackend {
             gguf: Some(Box::new(CudaGgufParts {
                 format: t.format,
                 scales,
-                mins,
+                aux,
                 n_pad: t.n_pad,
                 k_blocks: t.k_blocks(),
                 k_slices: t.k_slices,
@@ -271,7 +277,7 @@ impl CudaBackend {
         };
         let (qp, _q) = w.data.device_ptr(&self.stream);
         let (sp, _s) = parts.scales.device_ptr(&self.stream);
-        let mg = parts.mins.as_ref().map(|z| z.device_ptr(&self.stream));
+        let mg = parts.aux.as_ref().map(|z| z.device_ptr(&self.stream));
         let mp: u64 = mg.as_ref().map_or(0, |(p, _)| *p);
         let (m, k, n) = (rows as i32, w.k as i32, w.n as i32);
         let (kb, ks) = (parts.k_blocks as i32, parts.k_slices as i32);
@@ -285,7 +291,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: the parts were built by GgufTiles for this weight (n_pad / 8 tiles of k_blocks
-        // blocks, scales and mins of the same tiles); the grid covers n_pad outputs and
+        // blocks, scales and aux of the same tiles, aux present for every format that reads it); the grid covers n_pad outputs and
         // ceil(rows / tile) row tiles, and the kernels read x only below (rows, k) and write out
         // only below (rows, n) — the caller vouches for x and out.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
@@ -321,7 +327,7 @@ impl CudaBackend {
         let mut b = self.stream.launch_builder(f);
         b.arg(ids).arg(&table.data).arg(&parts.scales);
         let null: u64 = 0;
-        match &parts.mins {
+        match &parts.aux {
             Some(m) => b.arg(m),
             None => b.arg(&null),
         };
@@ -332,7 +338,8 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: the caller's promise on ids and out; the table's tiles cover every row below
-        // table.n and every column below k (GgufTiles); mins is read only for Q4_1, which has it.
+        // table.n and every column below k (GgufTiles); aux is read only by the formats that have
+        // it (Q4_1, Q4_K, Q6_K).
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }

@@ -21,6 +21,8 @@ pub(crate) struct Kernels {
     pub silu_mul: CudaFunction,
     /// `swiglu_{t}`: silu(gate) · up over a fused gate|up row.
     pub swiglu: CudaFunction,
+    /// `swiglu_il_{t}`: the same over a gate|up product interleaved for the mma epilogue.
+    pub swiglu_il: CudaFunction,
     /// `add_{t}`.
     pub add: CudaFunction,
     /// `rms_norm_{t}`: x, residual and out in the compute dtype.
@@ -115,6 +117,7 @@ impl Kernels {
             embedding_to_f32: opt(format!("embedding_{t}_to_f32"))?,
             silu_mul: get(format!("silu_mul_{t}"))?,
             swiglu: get(format!("swiglu_{t}"))?,
+            swiglu_il: get(format!("swiglu_il_{t}"))?,
             add: get(format!("add_{t}"))?,
             rms_norm: get(format!("rms_norm_{t}"))?,
             rms_norm_rf32: opt(format!("rms_norm_{t}_rf32"))?,

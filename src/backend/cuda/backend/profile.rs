@@ -2,21 +2,26 @@
 //! (off by default: then every hook is one branch), printed as tables when the backend is dropped
 //! (at engine shutdown, e.g. the end of `kiln bench`).
 //!
-//! Steps alternate between two kinds, so one run gives both figures:
-//! - **gated** steps: the backend first queues a kernel that holds the GPU for [`GATE_NS`], so the
-//!   host has queued the whole step before the GPU starts it; the step's ops then run back to back
-//!   and each op's event pair times its kernels alone (no launch gap inside). Their sum, the span
-//!   from the step's first op to its last event, is the GPU's **busy** time per step.
-//! - **open** steps: no gate and no op events, only the host's wall time of the step (the
-//!   `forward` call, synchronous: it ends with the sampled ids on the host) and the host time
-//!   between steps (the engine's own work).
+//! Steps come in two kinds, so one run gives both figures:
+//! - **gated** steps (one in [`GATE_EVERY`]): the backend first queues a kernel that holds the GPU
+//!   for [`GATE_NS`], so the host has queued the whole step before the GPU starts it; the step's
+//!   ops then run back to back and each op's event pair times its kernels alone (no launch gap
+//!   inside). Their sum, the span from the step's first op to its last event, is the GPU's
+//!   **busy** time per step.
+//! - **open** steps (the others): a start and an end event on the stream and nothing else, never
+//!   waited for, so the engine's overlap (step N+1 queued while the GPU runs step N) is kept.
+//!   For two consecutive open steps of the same kind, the GPU timeline gives the step **period**
+//!   (start to next start) and the GPU's **idle** time between them (end to next start: the
+//!   stream had nothing queued). The pairs are read once their events have completed.
 //!
-//! GPU idle share of a decode step = 1 − busy / (open step wall + gap between steps). Steps are
-//! keyed by their number of decode rows (every sequence one token; a graph step's padded bucket)
-//! and by whether they replayed a graph (whose ops are not timed one by one: only its span);
-//! other steps (prefill, mixed) are summed as one line. Steps that record a graph are left out.
+//! GPU idle share of a decode step = idle / period over those pairs. Also reported: the host's
+//! time between one step's end and the next one's start (the engine's own work, which overlap
+//! hides when it is shorter than a step). Steps are keyed by their number of decode rows (every
+//! sequence one token; a graph step's padded bucket) and by whether they replayed a graph (whose
+//! ops are not timed one by one: only its span); other steps (prefill, mixed) are summed as one
+//! line. Steps that record a graph are left out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -28,6 +33,9 @@ use cudarc::driver::{CudaEvent, CudaStream, LaunchConfig, PushKernelArg};
 /// queue a whole eager step (~300 launches and ~600 event records).
 pub const GATE_NS: u64 = 40_000_000;
 
+/// One step in this many is gated; the others are open (see the module header).
+pub const GATE_EVERY: u64 = 8;
+
 /// Step key: decode rows (0 = not decode-only) and whether a graph was replayed.
 type Key = (usize, bool);
 
@@ -36,8 +44,10 @@ struct Agg {
     gated_steps: u64,
     busy_ms: f64,
     ops: BTreeMap<&'static str, (u64, f64)>,
-    open_steps: u64,
-    open_wall_ms: f64,
+    /// Consecutive open steps of this key and their GPU period and idle time, summed.
+    pairs: u64,
+    period_ms: f64,
+    idle_ms: f64,
     gaps: u64,
     gap_ms: f64,
 }
@@ -56,6 +66,49 @@ struct State {
     decode_rows: usize,
     steps: u64,
     agg: BTreeMap<Key, Agg>,
+    /// Open steps not yet paired with the next one: key, counted (not a recording step), start
+    /// and end events.
+    pending: VecDeque<(Key, bool, CudaEvent, CudaEvent)>,
+}
+
+impl State {
+    /// Pair the two oldest pending open steps (the oldest is consumed); both have completed.
+    fn pair_front(&mut self) {
+        let Some((ka, va, sa, ea)) = self.pending.pop_front() else {
+            return;
+        };
+        if let Some((kb, vb, sb, _)) = self.pending.front() {
+            if va && *vb && ka == *kb {
+                let period = sa.elapsed_ms(sb).unwrap_or(0.0) as f64;
+                let idle = ea.elapsed_ms(sb).unwrap_or(0.0) as f64;
+                let agg = self.agg.entry(ka).or_default();
+                agg.pairs += 1;
+                agg.period_ms += period;
+                agg.idle_ms += idle.max(0.0);
+            }
+        }
+        self.free.push(sa);
+        self.free.push(ea);
+    }
+
+    /// Pair every pending step whose successor has started on the GPU (`all`: wait for them
+    /// all first, and drop the last, which has no successor).
+    fn drain(&mut self, all: bool) {
+        if all {
+            if let Some((_, _, _, end)) = self.pending.back() {
+                let _ = end.synchronize();
+            }
+        }
+        while self.pending.len() >= 2 && (all || self.pending[1].2.is_complete()) {
+            self.pair_front();
+        }
+        if all {
+            if let Some((_, _, s, e)) = self.pending.pop_front() {
+                self.free.push(s);
+                self.free.push(e);
+            }
+        }
+    }
 }
 
 /// The profiler of one backend (see the module header).
@@ -160,7 +213,7 @@ impl Profiler {
         }
     }
 
-    /// Start a step: every other one is gated by `gate` (a kernel holding the GPU for
+    /// Start a step: one in [`GATE_EVERY`] is gated by `gate` (a kernel holding the GPU for
     /// [`GATE_NS`]), then the start event is recorded.
     pub fn begin_step(&self, stream: &Arc<CudaStream>, gate: &cudarc::driver::CudaFunction) {
         if !self.on {
@@ -168,7 +221,9 @@ impl Profiler {
         }
         let mut st = self.lock();
         st.steps += 1;
-        st.gated = st.steps.is_multiple_of(2);
+        st.gated = st.steps.is_multiple_of(GATE_EVERY);
+        let gated = st.gated;
+        st.drain(gated);
         st.decode_rows = 0;
         st.recorded = false;
         self.replayed.store(false, Ordering::Relaxed);
@@ -194,7 +249,8 @@ impl Profiler {
         st.started = Some(Instant::now());
     }
 
-    /// End a step: record its end, wait for it, and add its times to its key.
+    /// End a step: record its end; a gated step is waited for and its times added to its key, an
+    /// open one is queued for pairing with the next (see the module header).
     pub fn end_step(&self, stream: &Arc<CudaStream>) {
         if !self.on {
             return;
@@ -207,11 +263,17 @@ impl Profiler {
             return;
         };
         let _ = end.record(stream);
+        if !st.gated {
+            let key = (st.decode_rows, self.replayed.load(Ordering::Relaxed));
+            let counted = !st.recorded;
+            st.ops.clear();
+            st.pending.push_back((key, counted, start, end));
+            st.last_end = Some(Instant::now());
+            return;
+        }
         let _ = end.synchronize();
-        let wall = st.started.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1e3);
         let key = (st.decode_rows, self.replayed.load(Ordering::Relaxed));
         let ops = std::mem::take(&mut st.ops);
-        let gated = st.gated;
         let mut timed = Vec::with_capacity(ops.len());
         for (name, a, b) in ops {
             timed.push((name, a.elapsed_ms(&b).unwrap_or(0.0) as f64));
@@ -227,17 +289,12 @@ impl Profiler {
             return;
         }
         let agg = st.agg.entry(key).or_default();
-        if gated {
-            agg.gated_steps += 1;
-            agg.busy_ms += span;
-            for (name, ms) in timed {
-                let e = agg.ops.entry(name).or_default();
-                e.0 += 1;
-                e.1 += ms;
-            }
-        } else {
-            agg.open_steps += 1;
-            agg.open_wall_ms += wall;
+        agg.gated_steps += 1;
+        agg.busy_ms += span;
+        for (name, ms) in timed {
+            let e = agg.ops.entry(name).or_default();
+            e.0 += 1;
+            e.1 += ms;
         }
         st.last_end = Some(Instant::now());
     }
@@ -256,14 +313,14 @@ impl Profiler {
             st.steps,
             gap * 1e3
         ));
-        out.push_str("| decode rows | graph | steps (gated / open) | GPU busy µs/step | step wall µs | + gap µs | GPU idle share |\n|---:|:---|---:|---:|---:|---:|---:|\n");
+        out.push_str("| decode rows | graph | gated steps / open pairs | GPU busy µs/step (gated) | GPU step period µs (open) | GPU idle µs between steps | GPU idle share |\n|---:|:---|---:|---:|---:|---:|---:|\n");
         for (&(rows, graph), a) in &st.agg {
-            if rows == usize::MAX || a.gated_steps == 0 || a.open_steps == 0 {
+            if rows == usize::MAX || a.gated_steps == 0 || a.pairs == 0 {
                 continue;
             }
             let busy = a.busy_ms / a.gated_steps as f64;
-            let wall = a.open_wall_ms / a.open_steps as f64;
-            let idle = 1.0 - busy / (wall + gap);
+            let period = a.period_ms / a.pairs as f64;
+            let idle = a.idle_ms / a.pairs as f64;
             out.push_str(&format!(
                 "| {} | {} | {} / {} | {:.1} | {:.1} | {:.1} | {:.1}% |\n",
                 if rows == 0 {
@@ -273,11 +330,11 @@ impl Profiler {
                 },
                 if graph { "replay" } else { "eager" },
                 a.gated_steps,
-                a.open_steps,
+                a.pairs,
                 busy * 1e3,
-                wall * 1e3,
-                gap * 1e3,
-                100.0 * idle
+                period * 1e3,
+                idle * 1e3,
+                100.0 * idle / period.max(1e-12)
             ));
         }
         for (&(rows, graph), a) in &st.agg {
