@@ -16,6 +16,7 @@ pub mod qwen3_5;
 pub mod runner;
 pub mod safetensors;
 pub mod step;
+pub(crate) mod step_queue;
 pub mod synthetic;
 
 pub use config::{Architecture, HybridConfig, LayerType, ModelConfig};

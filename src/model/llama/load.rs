@@ -254,7 +254,6 @@ impl<B: Backend> Llama<B> {
             reserve: (0, 0),
             graphs: None,
             queue: Default::default(),
-            next_seq: 0,
         })
     }
 }

@@ -128,10 +128,8 @@ pub struct Qwen3_5<B: HybridBackend> {
     graphs: Option<DecodeGraphs<B>>,
     /// Least (tokens, logits rows) the workspace is made for.
     reserve: (usize, usize),
-    /// Steps submitted and not yet collected, oldest first (at most two; see `run.rs`).
-    queue: std::collections::VecDeque<run::QueuedStep<B>>,
-    /// Sequence number of the last submitted step.
-    next_seq: u64,
+    /// Steps submitted and not yet collected (at most two; see `run.rs`).
+    queue: crate::model::step_queue::StepQueue<B>,
 }
 
 /// Looks tensors up by key, checks their shapes and uploads them.
@@ -444,7 +442,6 @@ impl<B: HybridBackend> Qwen3_5<B> {
             graphs: None,
             reserve: (0, 0),
             queue: Default::default(),
-            next_seq: 0,
         })
     }
 

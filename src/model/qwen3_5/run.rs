@@ -12,6 +12,7 @@ use crate::error::EngineError;
 use crate::model::step::{
     CacheGeometry, Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, Submitted,
 };
+use crate::model::step_queue::QueuedStep;
 
 impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
     fn vocab_size(&self) -> usize {
@@ -61,74 +62,21 @@ impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
-        if !self.queue.is_empty() {
-            return Err(EngineError::Internal(
-                "forward while submitted steps are not collected".into(),
-            ));
-        }
+        self.queue.ensure_empty()?;
         let q = self.run(batch, &[])?;
-        let samples = match q.pending {
-            Some(p) => self.backend.sample_collect(p)?,
-            None => Vec::new(),
-        };
-        Ok(ForwardOutput {
-            logits: q.logits,
-            samples,
-        })
+        q.finish(&self.backend)
     }
 
     fn submit(&mut self, batch: &ForwardBatch, feeds: &[Feed]) -> Result<Submitted, EngineError> {
-        if !self.backend.queues_steps() {
-            if !feeds.is_empty() {
-                return Err(EngineError::Internal(format!(
-                    "{} fed tokens for a runner on {}, which computes steps at submission",
-                    feeds.len(),
-                    self.backend.name()
-                )));
-            }
+        let Some(feeds) = self.queue.admit(&self.backend, feeds)? else {
             return Ok(Submitted::done(self.forward(batch)?));
-        }
-        if self.queue.len() >= 2 {
-            return Err(EngineError::Internal(
-                "a third step submitted before the first was collected".into(),
-            ));
-        }
-        let feeds: Vec<(u32, u32)> = feeds
-            .iter()
-            .map(|f| (f.token as u32, f.row as u32))
-            .collect();
+        };
         let q = self.run(batch, &feeds)?;
-        self.next_seq += 1;
-        self.queue.push_back(QueuedStep {
-            seq: self.next_seq,
-            ..q
-        });
-        Ok(Submitted::queued(self.next_seq))
+        Ok(self.queue.push(q))
     }
 
     fn collect(&mut self, step: Submitted) -> Result<ForwardOutput, EngineError> {
-        let step = match step.into_output() {
-            Ok(done) => return Ok(done),
-            Err(s) => s,
-        };
-        let Some(q) = self.queue.pop_front() else {
-            return Err(EngineError::Internal("collect with no step queued".into()));
-        };
-        if step.queued_seq() != Some(q.seq) {
-            return Err(EngineError::Internal(format!(
-                "collected step {:?}, but the oldest queued one is {}",
-                step.queued_seq(),
-                q.seq
-            )));
-        }
-        let samples = match q.pending {
-            Some(p) => self.backend.sample_collect(p)?,
-            None => Vec::new(),
-        };
-        Ok(ForwardOutput {
-            logits: q.logits,
-            samples,
-        })
+        self.queue.collect(&self.backend, step)
     }
 
     fn queues_steps(&self) -> bool {
@@ -148,15 +96,6 @@ impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
     }
 }
 
-/// A step [`Qwen3_5::run`] queued: its raw logits rows (downloaded at once) and its pending
-/// sampling call (collected, in submission order, by [`ModelRunner::collect`]).
-pub(super) struct QueuedStep<B: HybridBackend> {
-    /// Sequence number ([`Submitted::queued`]).
-    seq: u64,
-    logits: Vec<f32>,
-    pending: Option<B::PendingSamples>,
-}
-
 impl<B: HybridBackend> Qwen3_5<B> {
     /// Queue one step: its metadata, `feeds` (token, sampling row of the last queued step)
     /// copied on the device from that step's sampled ids, the layers and the logits, then the
@@ -174,11 +113,7 @@ impl<B: HybridBackend> Qwen3_5<B> {
             self.config.vocab_size,
             self.config.max_position_embeddings,
         )?;
-        let mut q = QueuedStep {
-            seq: 0,
-            logits: Vec::new(),
-            pending: None,
-        };
+        let mut q = QueuedStep::empty();
         if input.num_tokens() == 0 {
             return Ok(q);
         }
@@ -205,10 +140,7 @@ impl<B: HybridBackend> Qwen3_5<B> {
             queue,
             ..
         } = self;
-        let from = match (
-            feeds.is_empty(),
-            queue.back().and_then(|p| p.pending.as_ref()),
-        ) {
+        let from = match (feeds.is_empty(), queue.last_pending()) {
             (true, _) => None,
             (false, Some(p)) => Some((p, feeds)),
             (false, None) => {
