@@ -36,9 +36,10 @@ use crate::backend::{Backend, KvCacheSpec, RopeSpec};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
 use crate::model::step::{
-    CacheGeometry, Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, Submitted,
+    CacheGeometry, Feed, ForwardBatch, ForwardOutput, ModelRunner, Submitted,
 };
 use crate::model::step_queue::{QueuedStep, StepQueue};
+use crate::model::step_submit::{submit_step, StepBuffers, Submission};
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::WeightSource;
 
@@ -219,9 +220,8 @@ impl<B: Backend> Llama<B> {
             self.config.vocab_size,
             self.config.max_position_embeddings,
         )?;
-        let mut q = QueuedStep::empty();
         if input.num_tokens() == 0 {
-            return Ok(q);
+            return Ok(QueuedStep::empty());
         }
         let Llama {
             backend,
@@ -235,79 +235,34 @@ impl<B: Backend> Llama<B> {
             queue,
             ..
         } = self;
-        let from = match (feeds.is_empty(), queue.last_pending()) {
-            (true, _) => None,
-            (false, Some(p)) => Some((p, feeds)),
-            (false, None) => {
-                return Err(EngineError::Internal(format!(
-                    "{} fed tokens, but no queued step samples",
-                    feeds.len()
-                )))
-            }
+        let (backend, config, weights) = (&*backend, &*config, &*weights);
+        let parts = Submission {
+            backend,
+            workspace,
+            step,
+            graphs: graphs.as_mut(),
+            reserve: *reserve,
+            queue,
         };
-        backend.run_step(|| {
-            // A decode-only step that fits a graph bucket runs padded to the bucket.
-            let bucket = graphs.as_ref().and_then(|g| g.bucket_for(&input));
-            let (t, rows) = match bucket {
-                Some(b) => (b.size, b.size),
-                None => (input.num_tokens(), input.logit_rows.len()),
-            };
-            if !workspace
-                .as_ref()
-                .is_some_and(|w| w.tokens >= t && w.rows >= rows)
-            {
-                // First step, or one larger than any before: (re)make it, at least as large
-                // as reserved and as the one it replaces. Graphs recorded its old buffers.
-                let (old_t, old_r) = workspace.as_ref().map_or((0, 0), |w| (w.tokens, w.rows));
-                *workspace = None;
-                if let Some(g) = graphs.as_mut() {
-                    g.clear();
-                }
-                let tokens = t.max(reserve.0).max(old_t);
-                let rows = rows.max(reserve.1).max(old_r).max(1);
-                *workspace = Some(Workspace::new(backend, config, weights, tokens, rows)?);
-            }
-            let ws = workspace.as_mut().expect("made above");
-            match (bucket, graphs.as_mut()) {
-                (Some(bucket), Some(g)) => {
-                    g.run(bucket, backend, config, weights, kv_cache, ws, &input, from)?;
-                }
-                _ => {
-                    match step {
-                        Some(st) => backend.update_step(st, &input)?,
-                        None => *step = Some(backend.prepare_step(&input)?),
-                    }
-                    let st = step.as_mut().expect("made above");
-                    if let Some((p, f)) = from {
-                        backend.feed_tokens(st, p, f)?;
-                    }
-                    weights.queue(backend, config, kv_cache, ws, st, t, rows)?;
-                }
-            }
-            // Raw rows for `Last` / `All`, sampling queued for `Sample` (rows past the batch's
-            // own, e.g. a graph's padding, are never read).
-            let vocab = config.vocab_size;
-            let mut row = 0;
-            let mut picks = Vec::new();
-            for s in &batch.seqs {
-                let n = s.logits.rows(s.len);
-                match &s.logits {
-                    LogitsFor::None => {}
-                    LogitsFor::Sample(desc) => picks.push((row, desc)),
-                    LogitsFor::Last | LogitsFor::All => {
-                        let at = q.logits.len();
-                        q.logits.resize(at + n * vocab, 0.0);
-                        backend.download_logits(&ws.logits, row, &mut q.logits[at..])?;
-                    }
-                }
-                row += n;
-            }
-            if !picks.is_empty() {
-                q.pending = Some(backend.sample_submit(&ws.logits, &picks)?);
-            }
-            Ok::<(), EngineError>(())
-        })?;
-        Ok(q)
+        submit_step(
+            parts,
+            batch,
+            &input,
+            feeds,
+            config.vocab_size,
+            |tokens, rows| Workspace::new(backend, config, weights, tokens, rows),
+            |ws, st, t, rows| weights.queue(backend, config, kv_cache, ws, st, t, rows),
+        )
+    }
+}
+
+impl<B: Backend> StepBuffers<B> for Workspace<B> {
+    fn capacity(&self) -> (usize, usize) {
+        (self.tokens, self.rows)
+    }
+
+    fn logits(&self) -> &B::Logits {
+        &self.logits
     }
 }
 

@@ -17,6 +17,7 @@ pub mod runner;
 pub mod safetensors;
 pub mod step;
 pub(crate) mod step_queue;
+pub(crate) mod step_submit;
 pub mod synthetic;
 
 pub use config::{Architecture, HybridConfig, LayerType, ModelConfig};

@@ -26,10 +26,8 @@
 
 use tracing::{info, warn};
 
-use super::{LlamaWeights, Workspace};
 use crate::backend::{Backend, PinnedShape, StepGraph, StepInput, StepSeq};
 use crate::error::EngineError;
-use crate::model::ModelConfig;
 
 /// Tokens fed from the previous step's pending samples: `(token, sampling row)` pairs.
 pub(crate) type Fed<'a, B> = (&'a <B as Backend>::PendingSamples, &'a [(u32, u32)]);
@@ -195,30 +193,11 @@ impl<B: Backend> DecodeGraphs<B> {
     }
 
     /// Run `input` (which [`DecodeGraphs::bucket_for`] put in `bucket`) padded to the bucket:
-    /// replay its graph, or run it eagerly and record the graph at the bucket's first use. The
-    /// logits of the batch's rows are then in `ws.logits`, rows `0..n`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn run(
-        &mut self,
-        bucket: Bucket,
-        b: &B,
-        c: &ModelConfig,
-        weights: &LlamaWeights<B>,
-        kv_cache: &mut B::KvCache,
-        ws: &mut Workspace<B>,
-        input: &StepInput,
-        feeds: Option<Fed<'_, B>>,
-    ) -> Result<(), EngineError> {
-        let n = bucket.size;
-        self.run_with(bucket, b, input, feeds, |step| {
-            weights.queue(b, c, kv_cache, ws, step, n, n)
-        })
-    }
-
-    /// [`DecodeGraphs::run`] for any model: `queue(step)` queues the model's whole step (`bucket
-    /// .size` tokens and logits rows) over `step`'s metadata, allocating nothing and never
-    /// waiting for the device; it is called once eagerly and once under capture at the bucket's
-    /// first use, and not at all when the bucket's graph is replayed.
+    /// replay its graph, or run it eagerly and record the graph at the bucket's first use.
+    /// `queue(step)` queues the model's whole step (`bucket.size` tokens and logits rows) over
+    /// `step`'s metadata, allocating nothing and never waiting for the device; it is called once
+    /// eagerly and once under capture at the bucket's first use, and not at all when the
+    /// bucket's graph is replayed.
     pub(crate) fn run_with(
         &mut self,
         bucket: Bucket,
