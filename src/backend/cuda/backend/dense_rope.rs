@@ -35,7 +35,7 @@ impl CudaBackend {
             && !w.swiglu_rows
             && rows <= MMA_SMALL_MAX_ROWS
             && rope.spec.rotary_dim == hd
-            && hd % 16 == 0
+            && hd.is_multiple_of(16)
             && w.n == (params.num_heads + 2 * params.num_kv_heads) * hd
     }
 
