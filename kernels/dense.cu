@@ -2,7 +2,9 @@
 // ONE reduction order per output element whatever the number of rows, so a token's result does
 // not depend on its batch (1 row, 64 rows or 1 000 rows give the same bits for that row).
 // Entry points: dense_xwt_{f16,bf16} (output in the compute type), dense_xwt_{f16,bf16}_f32
-// (f32 output: the lm_head's logits).
+// (f32 output: the lm_head's logits); the small tensor-core kernels dense_mma_small_rg* with their
+// prologues / epilogues (NORM, SWIGLU, RES, and NORM + ROPE: the q|k|v projection with RoPE and
+// the KV-cache write in its epilogue, dense_mma_small_rg*_norm_rope_{t}_{c}).
 //
 // x: [m, k], w: [n, k] (row-major, k a multiple of 8, both 16-byte aligned), out: [m, n].
 // Grid (ceil(n / DENSE_WARPS), ceil(m / DENSE_ROWS)), block DENSE_WARPS warps. Warp `w` of a block
@@ -242,11 +244,82 @@ __device__ __forceinline__ uint4 dmma_ld_norm(const float* __restrict__ x,
 #define DMMA_PLAIN 0
 #define DMMA_NORM 1
 #define DMMA_RES 2
+#define DMMA_NORM_ROPE 3
 
-template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN>
+// NORM_ROPE: the NORM prologue, then kv_cache.cu's qkv_rope_write in the epilogue (for a model
+// without per-head q/k norms, head_dim = 2 · rot_half, rot_half a multiple of 8). The weight is
+// the ordinary q|k|v matrix [(n_heads + 2 n_kv_heads) · head_dim, k]; only the map from tiles to
+// its rows changes: tile b (16 outputs) of head h = b / (rot_half / 8), part p = b % (rot_half / 8)
+// takes rows h · head_dim + 8p + g (fragment outputs g = 0..7) and h · head_dim + rot_half + 8p + g
+// (outputs g + 8), so every lane holds both halves of a rotated pair, as the SWIGLU epilogue
+// holds gate and up. Each output is the same dot product, in the same order, as the plain kernel's
+// (the A rows are just fetched from elsewhere), so the rounded q|k|v value equals the matmul's.
+// The epilogue then does what qkv_rope_write does to that value, with the same roundings and the
+// same explicitly rounded products (no contraction into FMAs, in both kernels): q rotated into
+// q_out [m, n_heads, head_dim] in T, k rotated, rounded to T and stored in the cache type C at the
+// token's slot, v rounded to T and stored in C (slot -1: no k / v write).
+struct DmmaRope {
+    void* k_cache;
+    void* v_cache;
+    const int* positions;
+    const int* slots;
+    const float* cos_table;
+    const float* sin_table;
+    int n_heads, n_kv_heads, head_dim, rot_half;
+};
+
+// The weight row of output j (0..15) of tile `tile` in the NORM_ROPE layout.
+__device__ __forceinline__ int dmma_rope_row(const DmmaRope& rp, int tile, int j) {
+    const int tph = rp.rot_half / 8;
+    const int h = tile / tph, p = tile % tph;
+    return h * rp.head_dim + (j >= 8 ? rp.rot_half : 0) + 8 * p + (j & 7);
+}
+
+// Store the rotated pair of D-fragment element i (0, 1) of tile `tile`: v is head dim d = 8p + g,
+// u is dim d + rot_half, of row row0 + 2t + i.
+template <typename T, typename C>
+__device__ __forceinline__ void dmma_store_rope(T* __restrict__ q_out, const DmmaRope& rp, int m,
+                                                int tile, int row0, int lane, int i, float v,
+                                                float u) {
+    const int g = lane >> 2, t = lane & 3;
+    const int row = row0 + 2 * t + (i & 1);
+    if (row >= m) return;
+    const int nh = rp.n_heads, nkv = rp.n_kv_heads, hd = rp.head_dim, rh = rp.rot_half;
+    const int tph = rh / 8;
+    const int h = tile / tph, d = 8 * (tile % tph) + g;
+    const float x1 = round_to<T>(v), x2 = round_to<T>(u);
+    const long slot = rp.slots[row];
+    const long row_elems = (long)nkv * hd;
+    if (h >= nh + nkv) {  // v: into the cache as the matmul rounded it
+        if (slot < 0) return;
+        C* dst = reinterpret_cast<C*>(rp.v_cache) + slot * row_elems + (long)(h - nh - nkv) * hd;
+        Io<C>::store(dst, d, x1);
+        Io<C>::store(dst, d + rh, x2);
+        return;
+    }
+    const long pos = rp.positions[row];
+    const float c = rp.cos_table[pos * rh + d], s = rp.sin_table[pos * rh + d];
+    const float o1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    const float o2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    if (h < nh) {
+        T* dst = q_out + ((long)row * nh + h) * hd;
+        Io<T>::store(dst, d, o1);
+        Io<T>::store(dst, d + rh, o2);
+    } else if (slot >= 0) {
+        C* dst = reinterpret_cast<C*>(rp.k_cache) + slot * row_elems + (long)(h - nh) * hd;
+        Io<C>::store(dst, d, round_to<T>(o1));
+        Io<C>::store(dst, d + rh, round_to<T>(o2));
+    }
+}
+
+template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN, typename C = T>
 __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w,
                                 O* __restrict__ out, int m, int n, int k, int sb,
-                                const T* __restrict__ nw, float eps) {
+                                const T* __restrict__ nw, float eps,
+                                const DmmaRope rp = DmmaRope{}) {
+    constexpr bool NORM = MODE == DMMA_NORM || MODE == DMMA_NORM_ROPE;
+    constexpr bool ROPE = MODE == DMMA_NORM_ROPE;
+    constexpr bool PAIRS = SWIGLU || ROPE;  // the epilogue takes outputs g and g + 8 together
     extern __shared__ float dmma_part[];  // [S][RG][4][32]
     __shared__ float dmma_inv[8 * RG];
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
@@ -259,6 +332,9 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     const int n0 = blockIdx.x * 16, row0 = blockIdx.y * 8 * RG;
     const int kbt = (k + 31) / 32;
     const int kb0 = warp * sb, kb1 = min(kb0 + sb, kbt);
+    // The weight rows of fragment outputs g and g + 8.
+    const int wr_lo = ROPE ? dmma_rope_row(rp, blockIdx.x, g) : n0 + g;
+    const int wr_hi = ROPE ? dmma_rope_row(rp, blockIdx.x, g + 8) : n0 + g + 8;
     // The weight fragments of the slice's first 4 k blocks (all of it for K <= 2048) are loaded
     // before waiting for the previous kernel: a step never writes weights.
     uint4 a_lo[4], a_hi[4];
@@ -266,12 +342,12 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     for (int j = 0; j < 4; ++j) {
         const int col = (kb0 + j) * 32 + 8 * t;
         const bool in = kb0 + j < kb1;
-        a_lo[j] = in ? dmma_ld(ws, n0 + g, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-        a_hi[j] = in ? dmma_ld(ws, n0 + g + 8, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+        a_lo[j] = in ? dmma_ld(ws, wr_lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+        a_hi[j] = in ? dmma_ld(ws, wr_hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
     }
     pdl_wait();
     pdl_launch_dependents();
-    if (MODE == DMMA_NORM) {
+    if (NORM) {
         for (int r = warp; r < 8 * RG; r += slices) {
             const int row = row0 + r;
             float ss = 0.0f;
@@ -300,8 +376,8 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
             for (int j = 0; j < 4; ++j) {
                 const int col = (c0 + j) * 32 + 8 * t;
                 const bool in = c0 + j < kb1;
-                a_lo[j] = in ? dmma_ld(ws, n0 + g, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-                a_hi[j] = in ? dmma_ld(ws, n0 + g + 8, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+                a_lo[j] = in ? dmma_ld(ws, wr_lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+                a_hi[j] = in ? dmma_ld(ws, wr_hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
             }
         }
 #pragma unroll
@@ -311,7 +387,7 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
 #pragma unroll
                 for (int r = 0; r < RG; ++r) {
                     const int row = row0 + 8 * r + g;
-                    const uint4 b = MODE == DMMA_NORM
+                    const uint4 b = NORM
                                         ? dmma_ld_norm<T>(xf, nws, row, m, col, k, dmma_inv[8 * r + g])
                                         : dmma_ld(xs, row, m, col, k);
                     dmma_block<T>(acc[r], a_lo[j], a_hi[j], b);
@@ -325,10 +401,10 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
         for (int i = 0; i < 4; ++i) dmma_part[((warp * RG + r) * 4 + i) * 32 + lane] = acc[r][i];
     __syncthreads();
     // Element e = (r * 4 + i) * 32 + lane of the tile, summed over the slices in order.
-    const int per = SWIGLU ? RG * 64 : RG * 128;
+    const int per = PAIRS ? RG * 64 : RG * 128;
     for (int q = threadIdx.x; q < per; q += blockDim.x) {
         int r, i, l;
-        if (SWIGLU) {
+        if (PAIRS) {
             r = q / 64;
             i = (q / 32) % 2;
             l = q % 32;
@@ -341,9 +417,13 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
         float v = 0.0f, u = 0.0f;
         for (int s = 0; s < slices; ++s) {
             v += dmma_part[s * RG * 128 + e];
-            if (SWIGLU) u += dmma_part[s * RG * 128 + e + 64];
+            if (PAIRS) u += dmma_part[s * RG * 128 + e + 64];
         }
-        dmma_store<T, O, SWIGLU, MODE == DMMA_RES>(out, m, n, n0, row0 + 8 * r, l, i, v, u);
+        if (ROPE)
+            dmma_store_rope<T, C>(reinterpret_cast<T*>(out), rp, m, blockIdx.x, row0 + 8 * r, l, i,
+                                  v, u);
+        else
+            dmma_store<T, O, SWIGLU, MODE == DMMA_RES>(out, m, n, n0, row0 + 8 * r, l, i, v, u);
     }
 }
 
@@ -398,6 +478,19 @@ __device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w
     }
 }
 
+// The NORM_ROPE entry point of row group RG, compute type T, KV storage C (suffix CSUF): x the f32
+// residual stream [m, k], w the q|k|v weight [n, k], out = q_out [m, n_heads, head_dim].
+#define DENSE_MMA_ROPE(SUF, T, RG, CSUF, C)                                                        \
+    extern "C" __global__ void dense_mma_small_rg##RG##_norm_rope_##SUF##_##CSUF(                  \
+        const float* x, const T* w, T* out, int m, int n, int k, int sb, const T* nw, float eps,   \
+        C* kc, C* vc, const int* positions, const int* slots, const float* cos_table,              \
+        const float* sin_table, int n_heads, int n_kv_heads, int head_dim, int rot_half) {         \
+        const DmmaRope rp{kc,        vc,      positions,  slots,    cos_table,                     \
+                          sin_table, n_heads, n_kv_heads, head_dim, rot_half};                     \
+        dense_mma_small<T, T, RG, false, DMMA_NORM_ROPE, C>(reinterpret_cast<const T*>(x), w, out, \
+                                                            m, n, k, sb, nw, eps, rp);             \
+    }
+
 // Row groups of the small kernel: rg1 (1..8 rows per tile), rg2 (16), rg4 (32). Every small entry
 // point takes (x, w, out, m, n, k, sb, nw, eps); nw and eps are read by the _norm ones only.
 #define DENSE_MMA_SMALL(SUF, T, RG)                                                                \
@@ -427,7 +520,10 @@ __device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w
     extern "C" __global__ void dense_mma_small_rg##RG##_res_##SUF(                                 \
         const T* x, const T* w, float* out, int m, int n, int k, int sb, const T* nw, float eps) { \
         dense_mma_small<T, float, RG, false, DMMA_RES>(x, w, out, m, n, k, sb, nw, eps);           \
-    }
+    }                                                                                              \
+    DENSE_MMA_ROPE(SUF, T, RG, same, T)                                                            \
+    DENSE_MMA_ROPE(SUF, T, RG, e5m2, E5M2)                                                         \
+    DENSE_MMA_ROPE(SUF, T, RG, e4m3, E4M3)
 #define DENSE_MMA(SUF, T)                                                                          \
     DENSE_MMA_SMALL(SUF, T, 1)                                                                     \
     DENSE_MMA_SMALL(SUF, T, 2)                                                                     \

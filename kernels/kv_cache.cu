@@ -48,7 +48,9 @@ KV_COPY(b4, float)
 // it), rotated (rope.cu's rotate_half over the first 2 * rot_half dims), q is written to q_out and
 // k, v to the token's KV slot (slot -1: not written). Replaces rms_norm x2 + rope + kv_write, with
 // the same roundings: the normed head is rounded to T (as rms_norm writes it), the rotated k is
-// rounded to T and then to the cache type C (as rope then kv_write store it).
+// rounded to T and then to the cache type C (as rope then kv_write store it). For models without
+// q/k norms and with full rotary, the fused decode layer does this in the q|k|v matmul's epilogue
+// instead (dense.cu, NORM_ROPE), with the same bits.
 //
 // qkv: [n_tokens, (n_heads + 2 n_kv_heads) * head_dim] in T (q heads, then k heads, then v heads);
 // q_out: [n_tokens, n_heads, head_dim] in T; caches [slots, n_kv_heads, head_dim] in C;
@@ -102,11 +104,13 @@ __device__ void qkv_rope_write(const T* qkv, T* q_out, C* k_cache, C* v_cache, c
         __syncwarp();
         for (int i = lane; i < head_dim; i += WARP_SIZE) {
             float v = s[i];
+            // Explicitly rounded products (no FMA contraction): the same bits as dense.cu's
+            // NORM_ROPE epilogue, which fuses this op into the q|k|v matmul.
             if (i < rot_half) {
-                v = s[i] * cs[i] - s[i + rot_half] * sn[i];
+                v = __fsub_rn(__fmul_rn(s[i], cs[i]), __fmul_rn(s[i + rot_half], sn[i]));
             } else if (i < 2 * rot_half) {
                 int p = i - rot_half;
-                v = s[i] * cs[p] + s[p] * sn[p];
+                v = __fadd_rn(__fmul_rn(s[i], cs[p]), __fmul_rn(s[p], sn[p]));
             }
             if (is_q) {
                 Io<T>::store(q_out + (t * n_heads + h) * (long)head_dim, i, v);

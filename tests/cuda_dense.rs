@@ -3,7 +3,8 @@
 //! 257 (the lm_head's f32-output variant too), close to cuBLAS; the tensor-core `mma` kernels
 //! (small and large) agree with each other bit for bit at 1, 2, 7, 16, 17, 64 and 257 rows and
 //! with a CPU reference on the 16-bit inputs; all timed against cuBLAS at decode and prefill row
-//! counts (`RESULT` lines for docs/gpu-validation.md and docs/benchmarks.md).
+//! counts (`RESULT` lines for docs/gpu-validation.md and docs/benchmarks.md). The fused q|k|v +
+//! RoPE + KV write (`norm_matmul_rope_write`) equals `norm_matmul` + `qkv_rope_write` bit for bit.
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `cuda_dense-<hash> --ignored --test-threads=1 --nocapture` (and `source .gpu/shared/env70.sh`
@@ -16,7 +17,8 @@ use std::time::Instant;
 
 use common::*;
 use kiln::backend::cuda::{CudaBackend, DenseMatmul, MmaKernel};
-use kiln::backend::Backend;
+use kiln::backend::{AttentionParams, Backend, KvCacheSpec, RopeSpec};
+use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
 use kiln::tensor::{TensorView, WeightDType};
 
 /// A backend whose dense matmuls take `kind` (`cublas`, `fma`, `mma`): the switch is read at
@@ -457,6 +459,155 @@ fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
                 println!("RESULT fused kind={kind} dtype={dtype} rows={rows} eq_rows_of_64={inv}");
                 if !inv {
                     failures.push(format!("{kind} {dtype} rows {rows}: not batch-invariant"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// The fused q|k|v projection with RoPE and the KV write in its epilogue
+/// (`norm_matmul_rope_write`, dense.cu's NORM_ROPE): q, the written k and v equal `norm_matmul`
+/// then `qkv_rope_write` bit for bit (k / v compared through a paged attention over each cache
+/// with the same q: identical caches give identical bits), for 1, 3, 8 and 17 decode rows at
+/// assorted positions, on the `mma` and default backends, with the KV cache in the compute dtype
+/// and in fp8. That the fused kernel ran is checked too: it leaves the unfused form's q|k|v
+/// scratch untouched (a sentinel), which the unfused pair overwrites. SmolLM2's attention shape
+/// (hidden 576, 9 / 3 heads × 64).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn the_fused_qkv_rope_write_equals_norm_matmul_then_qkv_rope_write_bit_for_bit() {
+    let (hidden, heads, kv_heads, hd) = (576usize, 9usize, 3usize, 64usize);
+    let qkv_n = (heads + 2 * kv_heads) * hd;
+    let params = AttentionParams {
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let num_blocks = 512;
+    let mut failures = Vec::new();
+    for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
+        for kind in ["mma", "cublas"] {
+            for kv in ["auto", "fp8_e4m3"] {
+                std::env::set_var("KILN_DENSE_MATMUL", kind);
+                std::env::set_var("KILN_FUSED_DECODE_ROWS", "64");
+                let b = gpu(dtype, kv);
+                std::env::remove_var("KILN_FUSED_DECODE_ROWS");
+                std::env::remove_var("KILN_DENSE_MATMUL");
+                if b.fused_decode_limit() == 0 {
+                    println!("RESULT rope_fused dtype={dtype} kind={kind} kv={kv} skipped");
+                    continue;
+                }
+                let rope = b
+                    .create_rope(&RopeSpec {
+                        rotary_dim: hd,
+                        theta: 10000.0,
+                        max_positions: 2048,
+                    })
+                    .unwrap();
+                let spec = KvCacheSpec {
+                    num_layers: 1,
+                    num_blocks,
+                    block_size: 16,
+                    num_kv_heads: kv_heads,
+                    head_dim: hd,
+                };
+                let norm_w = b
+                    .upload(
+                        &data(hidden, 71)
+                            .iter()
+                            .map(|v| 1.0 + 0.5 * v)
+                            .collect::<Vec<_>>(),
+                    )
+                    .unwrap();
+                let w = weight(&b, qkv_n, hidden, 72);
+                let x_host: Vec<f32> = data(17 * hidden, 73).iter().map(|v| 3.0 * v).collect();
+                for rows in [1usize, 3, 8, 17] {
+                    // One decode token per sequence, sequence r at position 5 + 37 r, each with
+                    // blocks of its own (the zeroed caches give both forms the same context).
+                    let mut next_block = 0;
+                    let batch = ForwardBatch {
+                        token_ids: vec![1; rows],
+                        seqs: (0..rows)
+                            .map(|r| {
+                                let nb = (6 + 37 * r).div_ceil(16);
+                                next_block += nb;
+                                SeqSlice {
+                                    start: r,
+                                    len: 1,
+                                    cached_len: 5 + 37 * r,
+                                    block_table: (next_block - nb..next_block)
+                                        .map(|b| b as u32)
+                                        .collect(),
+                                    logits: LogitsFor::Last,
+                                    state_slot: None,
+                                }
+                            })
+                            .collect(),
+                    };
+                    let input = batch.step_input(16, num_blocks, 50, 2048).unwrap();
+                    let st = b.prepare_step(&input).unwrap();
+                    let x = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
+                    let mut h = b.alloc(rows * hidden).unwrap();
+                    // Fused, with a sentinel in the unfused form's q|k|v scratch.
+                    let sentinel = vec![7.0f32; rows * qkv_n];
+                    let mut qkv = b.upload(&sentinel).unwrap();
+                    let mut q_f = b.alloc(rows * heads * hd).unwrap();
+                    let mut cache_f = b.create_kv_cache(&spec).unwrap();
+                    b.norm_matmul_rope_write(
+                        &x,
+                        &norm_w,
+                        1e-5,
+                        rows,
+                        hidden,
+                        &w,
+                        &mut h,
+                        &mut qkv,
+                        &mut q_f,
+                        &mut cache_f,
+                        0,
+                        &rope,
+                        &st,
+                        &params,
+                    )
+                    .unwrap();
+                    let fused_ran = bits(&down(&b, &qkv, rows * qkv_n)) == bits(&sentinel);
+                    // Unfused.
+                    let mut q_u = b.alloc(rows * heads * hd).unwrap();
+                    let mut cache_u = b.create_kv_cache(&spec).unwrap();
+                    b.norm_matmul(&x, &norm_w, 1e-5, rows, hidden, &w, &mut h, &mut qkv)
+                        .unwrap();
+                    b.qkv_rope_write(&qkv, &mut q_u, &mut cache_u, 0, &rope, &st, &params, None)
+                        .unwrap();
+                    let (qf, qu) = (
+                        down(&b, &q_f, rows * heads * hd),
+                        down(&b, &q_u, rows * heads * hd),
+                    );
+                    let mut att_f = b.alloc(rows * heads * hd).unwrap();
+                    let mut att_u = b.alloc(rows * heads * hd).unwrap();
+                    b.paged_attention(&q_u, &cache_f, 0, &st, &params, &mut att_f)
+                        .unwrap();
+                    b.paged_attention(&q_u, &cache_u, 0, &st, &params, &mut att_u)
+                        .unwrap();
+                    let (af, au) = (
+                        down(&b, &att_f, rows * heads * hd),
+                        down(&b, &att_u, rows * heads * hd),
+                    );
+                    let q_eq = bits(&qf) == bits(&qu);
+                    let kv_eq = bits(&af) == bits(&au);
+                    let finite = qf.iter().chain(&af).all(|v| v.is_finite());
+                    let ok = fused_ran && q_eq && kv_eq && finite;
+                    println!(
+                        "RESULT rope_fused dtype={dtype} kind={kind} kv={kv} rows={rows} \
+                         fused_ran={fused_ran} q_bits_equal={q_eq} kv_bits_equal={kv_eq} \
+                         q_rel={:e} att_rel={:e} ok={ok}",
+                        rel_diff(&qf, &qu),
+                        rel_diff(&af, &au)
+                    );
+                    if !ok {
+                        failures.push(format!("{dtype} {kind} {kv} rows {rows}"));
+                    }
                 }
             }
         }

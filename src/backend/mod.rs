@@ -577,6 +577,36 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.matmul(h, rows, w, out)
     }
 
+    /// [`Backend::norm_matmul`] for the q|k|v weight of a layer without per-head q/k norms, then
+    /// [`Backend::qkv_rope_write`] on its product: RoPE, q into `q_out`, k and v into layer
+    /// `layer` of the cache, in one op. `h` `[rows, dim]` and `qkv` `[rows, (heads + 2·kv_heads)
+    /// · head_dim]` are the unfused form's buffers (a fused form need not write them). The default
+    /// (the CPU twin): [`Backend::norm_matmul`] into `qkv`, then [`Backend::qkv_rope_write`]; a
+    /// fused form gives the same values (the q|k|v product rounded to the compute dtype before
+    /// the rotation, the same rotation products), but for the norm's sums of squares as
+    /// [`Backend::norm_matmul`] allows.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul_rope_write(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Buffer,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        w: &Self::Weight,
+        h: &mut Self::Buffer,
+        qkv: &mut Self::Buffer,
+        q_out: &mut Self::Buffer,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        rope: &Self::Rope,
+        step: &Self::Step,
+        params: &AttentionParams,
+    ) -> Result<(), BackendError> {
+        self.norm_matmul(x, weight, eps, rows, dim, w, h, qkv)?;
+        self.qkv_rope_write(qkv, q_out, cache, layer, rope, step, params, None)
+    }
+
     /// [`Backend::norm_matmul`] for the gate|up weight of [`Backend::upload_gate_up`], then its
     /// SwiGLU as [`Backend::gate_up_swiglu`]: `out` `[rows, inter]`, `h` and `scratch` the
     /// unfused form's buffers. The default: [`Backend::rms_norm`] into `h`, then

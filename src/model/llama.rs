@@ -441,10 +441,10 @@ impl<B: Backend> LlamaWeights<B> {
     }
 
     /// [`LlamaWeights::queue`] for a step of at most [`LlamaWeights::fused_decode_rows`] tokens:
-    /// per layer the input norm in the q|k|v matmul ([`Backend::norm_matmul`]), the attention
-    /// input ([`Backend::qkv_rope_write`]), attention, o_proj adding into the residual
+    /// per layer the input norm, the q|k|v matmul and the attention input (RoPE, KV write) in one
+    /// op ([`Backend::norm_matmul_rope_write`]), attention, o_proj adding into the residual
     /// ([`Backend::matmul_residual`]), the post-attention norm in the gate|up matmul with its
-    /// SwiGLU ([`Backend::norm_gate_up_swiglu`]) and down_proj adding into the residual: 5 ops
+    /// SwiGLU ([`Backend::norm_gate_up_swiglu`]) and down_proj adding into the residual: 4 ops
     /// (plus attention's) where the unfused layer has 7. The same values as the unfused layer
     /// but for the norms' sums of squares, which the fused form may add in another order.
     #[allow(clippy::too_many_arguments)]
@@ -467,7 +467,7 @@ impl<B: Backend> LlamaWeights<B> {
                     "fused decode layer over split projections".into(),
                 ));
             };
-            b.norm_matmul(
+            b.norm_matmul_rope_write(
                 &ws.x,
                 &layer.input_layernorm,
                 eps,
@@ -476,9 +476,12 @@ impl<B: Backend> LlamaWeights<B> {
                 qkv,
                 &mut ws.h,
                 &mut ws.qkv,
-            )?;
-            b.qkv_rope_write(
-                &ws.qkv, &mut ws.q, kv_cache, i, &self.rope, step, &attn, None,
+                &mut ws.q,
+                kv_cache,
+                i,
+                &self.rope,
+                step,
+                &attn,
             )?;
             b.paged_attention(&ws.q, kv_cache, i, step, &attn, &mut ws.a)?;
             b.matmul_residual(&ws.a, t, &layer.o_proj, &mut ws.delta, &mut ws.x, hidden)?;

@@ -31,6 +31,7 @@ use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
 mod dense;
+mod dense_rope;
 pub(crate) use dense::MmaKernels;
 pub use dense::{DenseMatmul, MmaKernel, DEFAULT_FUSED_DECODE_ROWS, MMA_SMALL_MAX_ROWS};
 mod dtype;
@@ -601,6 +602,28 @@ impl Backend for CudaBackend {
         check_len("norm_matmul dim", w.k, dim)?;
         let _t = self.prof.op(&self.stream, "norm_matmul");
         self.mma_norm_matmul(x, weight, eps, rows, w, out, false)
+    }
+
+    fn norm_matmul_rope_write(
+        &self,
+        x: &CudaBuffer,
+        weight: &CudaBuffer,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        w: &CudaWeight,
+        h: &mut CudaBuffer,
+        qkv: &mut CudaBuffer,
+        q_out: &mut CudaBuffer,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        rope: &CudaRope,
+        step: &CudaStep,
+        params: &AttentionParams,
+    ) -> Result<(), BackendError> {
+        dense_rope::norm_matmul_rope_write(
+            self, x, weight, eps, rows, dim, w, h, qkv, q_out, cache, layer, rope, step, params,
+        )
     }
 
     fn norm_gate_up_swiglu(

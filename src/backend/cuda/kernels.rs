@@ -258,6 +258,11 @@ impl KernelModule {
                         names.push(format!("dense_xwt_{t}"));
                         names.push(format!("dense_xwt_{t}_f32"));
                         names.extend(super::backend::MmaKernels::names(t));
+                        for c in ["same", "e5m2", "e4m3"] {
+                            for rg in [1, 2, 4] {
+                                names.push(super::backend::MmaKernels::rope_name(rg, t, c));
+                            }
+                        }
                     }
                 }
                 // fp16 only: the compute dtype of sm_70 / sm_75 (f32 keeps the FMA path).

@@ -185,6 +185,12 @@ impl MmaKernels {
         v
     }
 
+    /// The NORM_ROPE entry point of row group `rg` for compute dtype suffix `t` and KV storage
+    /// suffix `c` (same / e5m2 / e4m3), as dense.cu defines it.
+    pub fn rope_name(rg: u32, t: &str, c: &str) -> String {
+        format!("dense_mma_small_rg{rg}_norm_rope_{t}_{c}")
+    }
+
     /// Resolve them through `get` (by name).
     pub fn resolve<E>(
         get: &dyn Fn(String) -> Result<CudaFunction, E>,
@@ -225,7 +231,7 @@ pub fn slice_blocks(k: usize) -> usize {
 }
 
 /// Row groups (of 8 rows) per tile of the small kernel for `rows` rows: 1, 2 or 4.
-fn row_groups(rows: usize) -> usize {
+pub(super) fn row_groups(rows: usize) -> usize {
     match rows {
         0..=8 => 1,
         9..=16 => 2,

@@ -81,6 +81,9 @@ pub(crate) struct Kernels {
     pub dense_xwt: Option<(CudaFunction, CudaFunction)>,
     /// `dense_mma_*_{t}`: the tensor-core dense matmuls (16-bit compute dtypes only).
     pub dense_mma: Option<super::dense::MmaKernels>,
+    /// `dense_mma_small_rg{1,2,4}_norm_rope_{t}_{c}`: the q|k|v matmul with the RMSNorm prologue
+    /// and the RoPE + KV-write epilogue (16-bit compute dtypes only).
+    pub dense_rope: Option<[CudaFunction; 3]>,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
     /// `gated_qkv_rope_write_{t}_{c}`: Qwen3.5's fused pre-attention (`gated_attention.cu`).
@@ -159,6 +162,12 @@ impl Kernels {
             },
             dense_mma: if wide {
                 Some(super::dense::MmaKernels::resolve(&get, t)?)
+            } else {
+                None
+            },
+            dense_rope: if wide {
+                let r = |rg: u32| get(super::dense::MmaKernels::rope_name(rg, t, c));
+                Some([r(1)?, r(2)?, r(4)?])
             } else {
                 None
             },
