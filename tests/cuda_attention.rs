@@ -435,7 +435,7 @@ fn decode_attention_matches_the_cpu_backend() {
 /// (the last block of a (row, KV head) merges) with PDL against the two-pass merge for the same
 /// split, for the single-pass rule (rows ≤ DECODE_SINGLE_PART_KEYS keys in one part) and without
 /// it; the default launch twice (whichever block merges, the same bits), and with the step
-/// pinned to a 16K context (a graph's shapes: more partial slots and blocks than the data needs).
+/// pinned to a 32K context (a graph's shapes: more partial slots and blocks than the data needs).
 /// Rows of 1 … 20 000 keys around the 256-key bound and the part sizes, SmolLM2's 9/3 × 64, a
 /// Qwen3-like 32/8 × 128 and the 27B's 24/4 × 256, 16-bit and e4m3 KV, every compute dtype. The
 /// numerics against the CPU are `decode_attention_matches_the_cpu_backend` (default launch).
@@ -485,7 +485,7 @@ fn decode_launch_options_give_the_two_pass_bits() {
                 let default1 = run(&s, None);
                 let default2 = run(&s, None);
                 let explicit = run(&s, Some(in_launch(single)));
-                g.update_step_pinned(&mut s.step, &s.input, &PinnedShape { max_context: 16384 })
+                g.update_step_pinned(&mut s.step, &s.input, &PinnedShape { max_context: 32768 })
                     .unwrap();
                 let pinned = run(&s, None);
                 // The single-pass rule changes only the rows ≤ the bound (one part instead of
@@ -500,7 +500,7 @@ fn decode_launch_options_give_the_two_pass_bits() {
                     ),
                     ("default_twice", same(&default1, &default2)),
                     ("default=explicit_options", same(&default1, &explicit)),
-                    ("pinned_16k=eager", same(&pinned, &default1)),
+                    ("pinned_32k=eager", same(&pinned, &default1)),
                     (
                         "long_rows_unchanged",
                         same(&default1[long_from..], &before[long_from..]),

@@ -164,6 +164,19 @@ pub const DECODE_TARGET_BLOCKS: usize = 1024;
 /// ("single-pass short decode rows").
 pub const DECODE_SINGLE_PART_KEYS: usize = 256;
 
+/// Most merge work (`group · head_dim · slots` partial values) the in-launch merge takes: one
+/// block per (row, KV head) merges every part of its group's heads, so wide groups of wide heads
+/// with many parts (the 27B's 6 × 256 at 8K keys, 64 slots: 98 304) are slower merged in one
+/// block than by the combine kernel's block per (row, query head) (60.6 against 50.1 µs at one
+/// row; docs/benchmarks.md). A function of the shapes and the slot bound only, so a graph's
+/// launches never follow the data; the bits are the same either way.
+pub const DECODE_MERGE_IN_LAUNCH_MAX: usize = 32 * 1024;
+
+/// Whether the in-launch merge takes a launch of this group, head width and slot count.
+pub fn decode_merge_in_launch(group: usize, head_dim: usize, slots: usize) -> bool {
+    group * head_dim * slots <= DECODE_MERGE_IN_LAUNCH_MAX
+}
+
 /// How [`crate::backend::cuda::CudaBackend`] runs the decode kernel. The default is what every
 /// step uses; the others exist for the before / after comparisons and the equality tests
 /// (`tests/cuda_attention.rs`, `tests/cuda_long_context.rs`).
@@ -173,7 +186,8 @@ pub struct DecodeOptions {
     /// rule alone, as before the single-pass rule).
     pub single_part_keys: usize,
     /// Merge a row's parts in the same launch (the last block of a (row, KV head) to finish
-    /// merges) instead of the second `attention_decode_combine_*` launch. Same bits either way.
+    /// merges) instead of the second `attention_decode_combine_*` launch, where
+    /// [`decode_merge_in_launch`] takes the shapes. Same bits either way.
     pub merge_in_launch: bool,
     /// Launch with programmatic dependent launch when the backend's kernels carry the wait
     /// (sm_90+ and `KILN_PDL` on); `false` never does.
@@ -450,6 +464,16 @@ mod tests {
         assert_eq!(decode_grid_z(1, 3, 150, s), 1);
         assert_eq!(decode_grid_z(1, 3, 1000, s), 8);
         assert_eq!(decode_grid_z(1000, 8, 32768, s), 1);
+    }
+
+    #[test]
+    fn in_launch_merge_takes_small_groups_not_the_27b_shape_at_8k() {
+        // SmolLM2 (3 × 64) at any pinned context up to 32K keys (128 slots), Qwen3-like 4 × 128
+        // at 8K (64 slots); not the 27B's 6 × 256 at 8K.
+        assert!(decode_merge_in_launch(3, 64, decode_slots(32768)));
+        assert!(decode_merge_in_launch(4, 128, decode_slots(8192)));
+        assert!(!decode_merge_in_launch(6, 256, decode_slots(8192)));
+        assert!(decode_merge_in_launch(6, 256, decode_slots(2048)));
     }
 
     #[test]

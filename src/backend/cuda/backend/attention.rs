@@ -462,8 +462,8 @@ impl CudaBackend {
     /// The decode kernel (attention_decode.cu) over `rows.0` block rows whose contexts are at most
     /// `rows.1` keys (or the step's pinned context, when larger). A row of more than
     /// `opts.single_part_keys` keys may be split into parts, merged in the same launch
-    /// (`opts.merge_in_launch`, the last block of each (row, KV head) to finish) or by the
-    /// combine kernel in a second launch; with `opts.pdl` (and the backend's PDL on) the launch
+    /// (`opts.merge_in_launch` where `decode_merge_in_launch` takes the shapes: the last block of
+    /// each (row, KV head) to finish) or by the combine kernel in a second launch; with `opts.pdl` (and the backend's PDL on) the launch
     /// may overlap the previous kernel's tail.
     #[allow(clippy::too_many_arguments)]
     fn launch_decode(
@@ -503,7 +503,10 @@ impl CudaBackend {
             None
         };
         let partials = guard.as_mut().and_then(|g| g.as_mut());
-        let mut counters_guard = if slots > 1 && opts.merge_in_launch {
+        let group = params.num_heads / params.num_kv_heads;
+        let in_launch = opts.merge_in_launch
+            && attention_plan::decode_merge_in_launch(group, params.head_dim, slots);
+        let mut counters_guard = if slots > 1 && in_launch {
             Some(step.decode_counters(&self.stream, n_rows * params.num_kv_heads)?)
         } else {
             None
@@ -609,7 +612,7 @@ impl CudaBackend {
         unsafe {
             self.launch_kernel(self.k.decode(variant), cfg, &mut args, opts.pdl && self.pdl)
         }?;
-        if slots > 1 && !opts.merge_in_launch {
+        if slots > 1 && !in_launch {
             let mut b = self.stream.launch_builder(&self.k.attention_decode_combine);
             b.arg(&pm_p).arg(&pl_p).arg(&pacc_p).arg(&positions);
             match index {
