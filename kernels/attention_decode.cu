@@ -15,10 +15,12 @@
 // be null): element (t, head, d) at gate[t * gate_row + head * gate_head + d], compute type T;
 // when present the output is attn · sigmoid(gate) (sigmoid in f32, on the f32 attention value).
 //
-// Split of the keys (a function of the context length alone, so a row's result is the same bits
-// whatever the batch, the grid or a graph's padding): part_len = max(DEC_MIN_PART,
-// round_up(ceil(ctx / DEC_MAX_PARTS), DEC_PART_ALIGN)) keys, n_active = ceil(ctx / part_len) ≤
-// DEC_MAX_PARTS parts (decode_part_len in attention_plan.rs is the host's copy).
+// Split of the keys (a function of the context length and of `single_keys`, a constant of the
+// host's, alone, so a row's result is the same bits whatever the batch, the grid or a graph's
+// padding): a row of ctx ≤ single_keys keys is ONE part (short decode rows: one pass, no
+// partials); otherwise part_len = max(DEC_MIN_PART, round_up(ceil(ctx / DEC_MAX_PARTS),
+// DEC_PART_ALIGN)) keys, n_active = ceil(ctx / part_len) ≤ DEC_MAX_PARTS parts (decode_part_len in
+// attention_plan.rs is the host's copy; single_keys = 0 is the rule before it existed).
 //
 // Grid (n_kv_heads, n_rows, Z): block (h, y, z) takes parts z, z + Z, ... < n_active of row y for
 // KV head h and ALL query heads of its group, so each K/V row is read once per KV head, not once
@@ -48,7 +50,21 @@
 // one running max, so no rescale): with n_active == 1 the row's result acc / l goes straight to
 // `out` (short contexts: no combine work); otherwise (m, l, acc) go to part_m/part_l [n_rows,
 // n_heads, n_slots] and part_acc [n_rows, n_heads, n_slots, head_dim] (f32, by block row y; n_slots
-// ≥ every row's n_active) and attention_decode_combine_* merges the row's parts (m in base 2).
+// ≥ every row's n_active) and are merged (m in base 2) in a FIXED order of the parts, either
+//   - in the same launch (`counters` not null, [n_rows, n_kv_heads] u32, zero between launches):
+//     every block of (h, y) publishes its partials (__threadfence) and takes a ticket (atomicAdd
+//     on its counter); the block that takes the last of the min(Z, n_active) tickets resets the
+//     counter to 0 and merges the row's parts for the group's heads. Which block that is varies,
+//     the merge does not (same reads, same order): no atomics on values, bits independent of Z
+//     and of scheduling; or
+//   - by attention_decode_combine_* in a second launch (`counters` null): the same merge
+//     (dec_merge_weights / dec_merge_out), so both ways give the same bits.
+// PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below): the host may launch this kernel with PDL
+// (launch.rs). Before griddepcontrol.wait a block reads only step metadata (q_index, q_pos,
+// q_seq: uploaded by copies, never written by a kernel) and writes nothing; q, the caches (the
+// previous kernel writes this token's K/V), the gate, out and the partials come after it. It then
+// lets the next kernel launch early (griddepcontrol.launch_dependents; that kernel waits for this
+// grid's completion before it reads `out`).
 //
 // The fp8 NaN byte 0x7f of e4m3 (which the KV writer never produces — it saturates to 448) would
 // read as 480. No bf16 intrinsics or tensor cores; cp.async only behind __CUDA_ARCH__ >= 800.
@@ -64,10 +80,22 @@
 #define DEC_PART_ALIGN 64
 #define DEC_LOG2E 1.4426950408889634f
 
-__device__ __forceinline__ int decode_part_len(int ctx) {
+__device__ __forceinline__ int decode_part_len(int ctx, int single_keys) {
+    if (ctx <= single_keys) return ctx;  // one part
     int per = (ctx + DEC_MAX_PARTS - 1) / DEC_MAX_PARTS;
     per = (per + DEC_PART_ALIGN - 1) / DEC_PART_ALIGN * DEC_PART_ALIGN;
     return max(DEC_MIN_PART, per);
+}
+
+__device__ __forceinline__ void dec_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void dec_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // Storage traits: element bytes and the factor staged values are below the true ones (2^8 for
@@ -194,6 +222,33 @@ __device__ __forceinline__ float dec_gated(float v, const T* gate, long t, int h
     return v * (1.0f / (1.0f + expf(-g)));
 }
 
+// The merge of one (row, head)'s n_active ≥ 2 parts at ph0 = (row_y · n_heads + head) · n_slots,
+// step 1, by one warp: the parts' weights exp2(m_p - max) into w_s[0..n_active) and the returned
+// 1 / Σ l_p · w_p (0 when the sum is 0), the same on every lane. Reads through L2 (__ldcg): the
+// partials may come from other blocks of this launch.
+__device__ __forceinline__ float dec_merge_weights(const float* part_m, const float* part_l,
+                                                   long ph0, int n_active, int lane, float* w_s) {
+    float mx = KILN_NEG_INF;
+    for (int p = lane; p < n_active; p += WARP_SIZE) mx = fmaxf(mx, __ldcg(part_m + ph0 + p));
+    mx = warp_max(mx);
+    float lsum = 0.0f;
+    for (int p = lane; p < n_active; p += WARP_SIZE) {
+        const float w = dec_scale(__ldcg(part_m + ph0 + p), mx);
+        w_s[p] = w;
+        lsum = fmaf(__ldcg(part_l + ph0 + p), w, lsum);
+    }
+    lsum = warp_sum(lsum);
+    return lsum > 0.0f ? 1.0f / lsum : 0.0f;
+}
+
+// Step 2: dimension d of the merged output, Σ_p acc_p[d] · w_p in part order, times inv.
+__device__ __forceinline__ float dec_merge_out(const float* part_acc, long ph0, int n_active,
+                                               int head_dim, int d, const float* w_s, float inv) {
+    float o = 0.0f;
+    for (int p = 0; p < n_active; ++p) o = fmaf(__ldcg(part_acc + (ph0 + p) * head_dim + d), w_s[p], o);
+    return o * inv;
+}
+
 // Tile geometry of one (DV, storage bytes CB) class.
 template <int DV, int CB> struct DecShape {
     static constexpr int SW = CB == 4 ? 16 : 32;              // scores: dims per lane
@@ -221,9 +276,10 @@ template <typename T, typename C, int DV, int GB>
 __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
                                  const int* block_tables, const int* q_seq, const int* q_pos,
                                  const int* q_index, T* out, float* part_m, float* part_l,
-                                 float* part_acc, int n_heads, int n_kv_heads, int head_dim,
-                                 int block_size, int max_blocks, int n_slots, float scale,
-                                 const T* gate, int gate_row, int gate_head) {
+                                 float* part_acc, unsigned int* counters, int n_heads,
+                                 int n_kv_heads, int head_dim, int block_size, int max_blocks,
+                                 int n_slots, int single_keys, float scale, const T* gate,
+                                 int gate_row, int gate_head) {
     constexpr int CB = DecStore<C>::BYTES;
     typedef DecShape<DV, CB> Sh;
     constexpr int TK = Sh::TK, RSB = Sh::RSB, DS = Sh::DS;
@@ -232,25 +288,30 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
                   "tile geometry");
     static_assert(GB <= 2 * DEC_WARPS, "two query heads per softmax warp at most");
     static_assert(Sh::STAGE + GB * DV * 4 + GB * TK * 4 <= 48 * 1024, "static shared memory");
+    static_assert(Sh::STAGE >= GB * DEC_MAX_PARTS * 4, "merge weights overlay the K/V tiles");
     // Two (K tile, V tile) buffers; at the end of a part the same bytes hold the key groups'
     // accumulators.
     __shared__ __align__(16) unsigned char sm_kv[Sh::STAGE];
     __shared__ __align__(16) float sm_q[GB][DV];
     __shared__ __align__(16) float sm_p[GB][TK];
-    __shared__ float sm_corr[GB], sm_m[GB], sm_l[GB];
+    __shared__ float sm_corr[GB], sm_m[GB], sm_l[GB], sm_inv[GB];
+    __shared__ int sm_last;
     float* red = reinterpret_cast<float*>(sm_kv);
 
     const int kv_head = blockIdx.x;
     const long row_y = blockIdx.y;
     const long t = q_index ? q_index[row_y] : row_y;
     const int ctx = q_pos[t] + 1;
-    const int part_len = decode_part_len(ctx);
+    const int part_len = decode_part_len(ctx, single_keys);
     const int n_active = (ctx + part_len - 1) / part_len;
     if ((int)blockIdx.z >= n_active) return;  // block-uniform: before any barrier
 
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const int group = n_heads / n_kv_heads;
     const int* table = block_tables + (long)q_seq[t] * max_blocks;
+    // Metadata only above (see the header); q, the caches and every output below.
+    dec_pdl_wait();
+    dec_pdl_launch_dependents();
     const long kv_row = (long)n_kv_heads * head_dim;
     const long head_off = (long)kv_head * head_dim;
     const float kscale = DecStore<C>::kScale;
@@ -445,45 +506,70 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
         }
         // The next part's first barrier orders these reads before its staging overwrites `red`.
     }
+
+    // In-launch merge (see the header): the last block of (kv_head, row) to finish merges.
+    if (n_active == 1 || !counters) return;  // block-uniform
+    __threadfence();  // this thread's partials are visible device-wide before the ticket
+    __syncthreads();  // every thread's are; the reads of `red` are done (w_s overlays it)
+    if (tid == 0) {
+        unsigned int* c = counters + row_y * n_kv_heads + kv_head;
+        const unsigned int blocks = (unsigned int)min((int)gridDim.z, n_active);
+        const int last = atomicAdd(c, 1u) == blocks - 1u;
+        if (last) *c = 0u;  // every block of this (kv_head, row) has taken its ticket
+        sm_last = last;
+    }
+    __syncthreads();
+    if (!sm_last) return;  // block-uniform
+    __threadfence();  // the other blocks' partials are read after their tickets
+    float* w_s = red;  // [GB][DEC_MAX_PARTS]
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int g = warp + hh * DEC_WARPS;
+        if (g >= group || g >= GB) continue;  // warp-uniform
+        const long ph0 = (row_y * n_heads + (long)kv_head * group + g) * (long)n_slots;
+        const float inv = dec_merge_weights(part_m, part_l, ph0, n_active, lane, w_s + g * DEC_MAX_PARTS);
+        if (lane == 0) sm_inv[g] = inv;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < group * head_dim; idx += DEC_THREADS) {
+        const int g = idx / head_dim, d = idx - g * head_dim;
+        const int head = kv_head * group + g;
+        const long ph0 = (row_y * n_heads + head) * (long)n_slots;
+        const float o = dec_merge_out(part_acc, ph0, n_active, head_dim, d, w_s + g * DEC_MAX_PARTS, sm_inv[g]);
+        Io<T>::store(out, (t * n_heads + head) * (long)head_dim + d,
+                     dec_gated<T>(o, gate, t, head, d, gate_row, gate_head));
+    }
 }
 
-// Merge a row's parts: grid (n_heads, n_rows), DEC_THREADS threads; rows with one part were
-// written by the main kernel and are left alone.
+// Merge a row's parts in a second launch (the main kernel ran with counters = null): grid
+// (n_heads, n_rows), DEC_THREADS threads; rows with one part were written by the main kernel and
+// are left alone. Launched without PDL.
 template <typename T>
 __device__ void attention_decode_combine(const float* part_m, const float* part_l,
                                          const float* part_acc, const int* q_pos,
                                          const int* q_index, T* out, int n_heads, int head_dim,
-                                         int n_slots, const T* gate, int gate_row, int gate_head) {
+                                         int n_slots, int single_keys, const T* gate, int gate_row,
+                                         int gate_head) {
     __shared__ float w_s[DEC_MAX_PARTS];
     __shared__ float inv_s;
     const int head = blockIdx.x;
     const long row_y = blockIdx.y;
     const long t = q_index ? q_index[row_y] : row_y;
     const int ctx = q_pos[t] + 1;
-    const int part_len = decode_part_len(ctx);
+    const int part_len = decode_part_len(ctx, single_keys);
     const int n_active = (ctx + part_len - 1) / part_len;
     if (n_active <= 1) return;
     const long ph0 = (row_y * n_heads + head) * (long)n_slots;
     if (threadIdx.x < WARP_SIZE) {
-        float mx = KILN_NEG_INF;
-        for (int p = threadIdx.x; p < n_active; p += WARP_SIZE) mx = fmaxf(mx, part_m[ph0 + p]);
-        mx = warp_max(mx);
-        float lsum = 0.0f;
-        for (int p = threadIdx.x; p < n_active; p += WARP_SIZE) {
-            const float w = dec_scale(part_m[ph0 + p], mx);
-            w_s[p] = w;
-            lsum += part_l[ph0 + p] * w;
-        }
-        lsum = warp_sum(lsum);
-        if (threadIdx.x == 0) inv_s = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        const float inv = dec_merge_weights(part_m, part_l, ph0, n_active, threadIdx.x, w_s);
+        if (threadIdx.x == 0) inv_s = inv;
     }
     __syncthreads();
     const float inv = inv_s;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float o = 0.0f;
-        for (int p = 0; p < n_active; ++p) o = fmaf(part_acc[(ph0 + p) * head_dim + d], w_s[p], o);
+        const float o = dec_merge_out(part_acc, ph0, n_active, head_dim, d, w_s, inv);
         Io<T>::store(out, (t * n_heads + head) * (long)head_dim + d,
-                     dec_gated<T>(o * inv, gate, t, head, d, gate_row, gate_head));
+                     dec_gated<T>(o, gate, t, head, d, gate_row, gate_head));
     }
 }
 
@@ -492,11 +578,13 @@ __device__ void attention_decode_combine(const float* part_m, const float* part_
         attention_decode_##SUF##_##CSUF##_d##DV##_g##GB(                                            \
             const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq,                  \
             const int* q_pos, const int* q_index, T* out, float* pm, float* pl, float* pacc,        \
-            int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,             \
-            int n_slots, float scale, const T* gate, int gate_row, int gate_head) {                 \
+            unsigned int* counters, int n_heads, int n_kv_heads, int head_dim, int block_size,     \
+            int max_blocks, int n_slots, int single_keys, float scale, const T* gate,              \
+            int gate_row, int gate_head) {                                                          \
         attention_decode<T, C, DV, GB>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,     \
-                                       n_heads, n_kv_heads, head_dim, block_size, max_blocks,       \
-                                       n_slots, scale, gate, gate_row, gate_head);                  \
+                                       counters, n_heads, n_kv_heads, head_dim, block_size,         \
+                                       max_blocks, n_slots, single_keys, scale, gate, gate_row,     \
+                                       gate_head);                                                  \
     }
 #define ATTENTION_DECODE_DIMS(SUF, T, CSUF, C, DV)                                                  \
     ATTENTION_DECODE_ONE(SUF, T, CSUF, C, DV, 4)                                                    \
@@ -508,10 +596,10 @@ __device__ void attention_decode_combine(const float* part_m, const float* part_
 #define ATTENTION_DECODE_COMBINE(SUF, T)                                                            \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_combine_##SUF(       \
         const float* pm, const float* pl, const float* pacc, const int* q_pos,                      \
-        const int* q_index, T* out, int n_heads, int head_dim, int n_slots, const T* gate,          \
-        int gate_row, int gate_head) {                                                              \
+        const int* q_index, T* out, int n_heads, int head_dim, int n_slots, int single_keys,        \
+        const T* gate, int gate_row, int gate_head) {                                               \
         attention_decode_combine<T>(pm, pl, pacc, q_pos, q_index, out, n_heads, head_dim, n_slots,  \
-                                    gate, gate_row, gate_head);                                     \
+                                    single_keys, gate, gate_row, gate_head);                        \
     }
 
 // Instantiations. By default all of them (what `kiln doctor` and the compile test check); a backend

@@ -13,10 +13,11 @@
 mod common;
 
 use common::*;
+use kiln::backend::cuda::attention_plan::{DecodeOptions, DECODE_SINGLE_PART_KEYS};
 use kiln::backend::cuda::backend::OutputGate;
 use kiln::backend::cuda::CudaBackend;
 use kiln::backend::hybrid::HybridBackend;
-use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec};
+use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec, PinnedShape};
 use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
 
 /// One attention parity case: every sequence is `(cached_len, new tokens)`, all in one step.
@@ -97,6 +98,8 @@ fn kv_values(n: usize, seed: u64, kv: &str) -> Vec<f32> {
 struct AttnSetup<B: Backend> {
     cache: B::KvCache,
     step: B::Step,
+    /// The step's input (to refill the step, e.g. pinned).
+    input: kiln::backend::StepInput,
     q: B::Buffer,
     params: AttentionParams,
 }
@@ -170,6 +173,7 @@ fn attn_setup<B: Backend>(b: &B, c: &AttnCase, kv: &str) -> AttnSetup<B> {
     AttnSetup {
         cache,
         step,
+        input,
         q: b.upload(&qv).unwrap(),
         params: AttentionParams {
             num_heads: c.heads,
@@ -420,6 +424,109 @@ fn decode_attention_matches_the_cpu_backend() {
             );
             if !same {
                 failures.push(format!("batch invariance {dtype} {kv}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// The decode kernel's launch options give the same bits as the launch before them
+/// (`DecodeOptions::TWO_PASS`: partials merged by a second kernel, no PDL): the in-launch merge
+/// (the last block of a (row, KV head) merges) with PDL against the two-pass merge for the same
+/// split, for the single-pass rule (rows ≤ DECODE_SINGLE_PART_KEYS keys in one part) and without
+/// it; the default launch twice (whichever block merges, the same bits), and with the step
+/// pinned to a 32K context (a graph's shapes: more partial slots and blocks than the data needs).
+/// Rows of 1 … 20 000 keys around the 256-key bound and the part sizes, SmolLM2's 9/3 × 64, a
+/// Qwen3-like 32/8 × 128 and the 27B's 24/4 × 256, 16-bit and e4m3 KV, every compute dtype. The
+/// numerics against the CPU are `decode_attention_matches_the_cpu_backend` (default launch).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn decode_launch_options_give_the_two_pass_bits() {
+    let ctxs = [1usize, 150, 255, 256, 257, 1000, 8192, 20000];
+    let decode: Vec<(usize, usize)> = ctxs.iter().map(|&c| (c - 1, 1)).collect();
+    let single = DECODE_SINGLE_PART_KEYS;
+    let two_pass = |single_part_keys| DecodeOptions {
+        single_part_keys,
+        merge_in_launch: false,
+        pdl: false,
+    };
+    let in_launch = |single_part_keys| DecodeOptions {
+        single_part_keys,
+        merge_in_launch: true,
+        pdl: true,
+    };
+    let mut failures = Vec::new();
+    for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (24, 4, 256)] {
+        let c = AttnCase::new(&decode, heads, kv_heads, hd, 16);
+        let n = c.num_tokens() * heads * hd;
+        for kv in ["auto", "fp8_e4m3"] {
+            for dtype in dtypes() {
+                let g = gpu(dtype, kv);
+                let mut s = attn_setup(&g, &c, kv);
+                let run = |s: &AttnSetup<CudaBackend>, opts: Option<DecodeOptions>| {
+                    let mut out = g.upload(&vec![f32::NAN; n]).unwrap();
+                    match opts {
+                        Some(o) => g.paged_attention_decode_with(
+                            &s.q, &s.cache, 0, &s.step, &s.params, &mut out, o,
+                        ),
+                        None => g.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, &mut out),
+                    }
+                    .unwrap();
+                    down(&g, &out, n)
+                };
+                let same = |a: &[f32], b: &[f32]| {
+                    a.iter()
+                        .zip(b)
+                        .all(|(x, y)| x.to_bits() == y.to_bits() && x.is_finite())
+                };
+                let before = run(&s, Some(DecodeOptions::TWO_PASS));
+                let merged_split = run(&s, Some(in_launch(0)));
+                let single_two = run(&s, Some(two_pass(single)));
+                let default1 = run(&s, None);
+                let default2 = run(&s, None);
+                let explicit = run(&s, Some(in_launch(single)));
+                g.update_step_pinned(&mut s.step, &s.input, &PinnedShape { max_context: 32768 })
+                    .unwrap();
+                let pinned = run(&s, None);
+                // The single-pass rule changes only the rows ≤ the bound (one part instead of
+                // several): the longer rows keep the bits of the split.
+                let row = heads * hd;
+                let long_from = ctxs.iter().position(|&x| x > single).unwrap() * row;
+                let checks = [
+                    ("in_launch_merge=two_pass", same(&merged_split, &before)),
+                    (
+                        "single_pass_in_launch=two_pass",
+                        same(&default1, &single_two),
+                    ),
+                    ("default_twice", same(&default1, &default2)),
+                    ("default=explicit_options", same(&default1, &explicit)),
+                    ("pinned_32k=eager", same(&pinned, &default1)),
+                    (
+                        "long_rows_unchanged",
+                        same(&default1[long_from..], &before[long_from..]),
+                    ),
+                ];
+                let short_diff = max_diff(&default1[..long_from], &before[..long_from]);
+                for (name, ok) in checks {
+                    println!(
+                        "RESULT decode_launch_options {} dtype={dtype} kv={kv} {name} bit_identical={ok}",
+                        c.label()
+                    );
+                    if !ok {
+                        failures.push(format!("{} {dtype} {kv} {name}", c.label()));
+                    }
+                }
+                println!(
+                    "RESULT decode_launch_options {} dtype={dtype} kv={kv} short_rows_single_vs_split_max_abs_diff={short_diff:.3e} tol={:.0e}",
+                    c.label(),
+                    tol(dtype)
+                );
+                if short_diff > tol(dtype) {
+                    failures.push(format!(
+                        "{} {dtype} {kv} short rows {short_diff}",
+                        c.label()
+                    ));
+                }
             }
         }
     }

@@ -1,8 +1,10 @@
 //! Long-context decode attention speed on a GPU (issue 8 item 7): the decode kernel
 //! (kernels/attention_decode.cu) over the paged cache at 8K and 32K tokens of context per sequence
 //! and 1 / 16 / 64 sequences, bf16 (fp16 on the sm_70 path) and fp8 e5m2 / e4m3 KV, against the
-//! device-to-device copy bandwidth measured in the same run; and its cost per layer in a one-row
-//! decode step at 150 and 1 000 keys. A benchmark: it prints `RESULT` lines
+//! device-to-device copy bandwidth measured in the same run; and its cost per layer at short
+//! contexts (150 and 1 000 keys, 1 / 16 / 64 rows) for each decode launch option
+//! (`DecodeOptions`: the two-pass launch before, the single-pass rule, the in-launch merge, PDL).
+//! A benchmark: it prints `RESULT` lines
 //! and checks only that every output is finite (the numerics of this kernel are
 //! `cuda_attention`'s; the ≥ 70 % target is read from the figures, docs/benchmarks.md).
 //!
@@ -11,7 +13,8 @@
 //! (`decode_kernel_registers_and_occupancy` alone: `cuda_long_context-<hash> --ignored --exact
 //! decode_kernel_registers_and_occupancy --nocapture`; it honours `KILN_CUDA_ARCH`).
 //!
-//! `KILN_LONGCTX_ONLY=<label substring>` limits the bandwidth test to matching rows (for a profiler).
+//! `KILN_LONGCTX_ONLY=<label substring>` limits the bandwidth test to matching rows (for a profiler;
+//! it also drops the short-context rows unless `KILN_LONGCTX_SHORT=1`).
 //!
 //! `fill_kernel_cache` needs no GPU: it compiles every module (the decode module for every
 //! compute dtype and KV storage) for `$KILN_CUDA_ARCH` into `$KILN_KERNEL_CACHE`, so that a GPU
@@ -31,7 +34,7 @@ mod common;
 use std::time::Instant;
 
 use common::*;
-use kiln::backend::cuda::attention_plan::{DecodeVariant, DECODE_THREADS};
+use kiln::backend::cuda::attention_plan::{DecodeOptions, DecodeVariant, DECODE_THREADS};
 use kiln::backend::cuda::kernel_cache::KernelCache;
 use kiln::backend::cuda::{nvrtc, Arch, KernelModule};
 use kiln::backend::{AttentionParams, Backend, KvCacheSpec, StepInput, StepSeq};
@@ -55,6 +58,17 @@ fn copy_gbps(bytes: usize) -> f64 {
     2.0 * bytes as f64 / times[5] / 1e9
 }
 
+/// Which decode attention a timing runs.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// `paged_attention` (the decode kernel, default options).
+    Default,
+    /// The older split-K kernels of attention.cu.
+    Legacy,
+    /// The decode kernel launched with these options.
+    With(DecodeOptions),
+}
+
 /// Seconds per `paged_attention` call over `seqs` decode rows of `ctx` tokens each (median of
 /// 7 runs of `reps` calls queued back to back).
 fn attention_seconds(
@@ -64,7 +78,7 @@ fn attention_seconds(
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-    legacy: bool,
+    mode: Mode,
 ) -> f64 {
     let block = 16;
     let per_seq = ctx.div_ceil(block);
@@ -108,10 +122,14 @@ fn attention_seconds(
     let reps = 20;
     let mut run = || {
         for _ in 0..reps {
-            if legacy {
-                b.paged_attention_legacy_decode(&q, &cache, 0, &step, &params, &mut out)
-            } else {
-                b.paged_attention(&q, &cache, 0, &step, &params, &mut out)
+            match mode {
+                Mode::Legacy => {
+                    b.paged_attention_legacy_decode(&q, &cache, 0, &step, &params, &mut out)
+                }
+                Mode::Default => b.paged_attention(&q, &cache, 0, &step, &params, &mut out),
+                Mode::With(o) => {
+                    b.paged_attention_decode_with(&q, &cache, 0, &step, &params, &mut out, o)
+                }
             }
             .expect("attention");
         }
@@ -153,17 +171,41 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
     for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
         let b = gpu(wide, kv);
         let elem = if kv == "auto" { 2 } else { 1 };
-        // Short context, one decode row (SmolLM2's ~150 keys): launch and latency bound. "before"
-        // is the older split-K kernel (attention.cu) on the same data, same run.
-        let short: &[usize] = if only.is_some() { &[] } else { &[150, 1000] };
+        // Short context (SmolLM2's ~150 keys; 1 000): launch and latency bound. "two_pass" is
+        // the decode launch before the single-pass rule, the in-launch merge and PDL
+        // (DecodeOptions::TWO_PASS); "single" adds the single-pass rule only; "merge" the
+        // single-pass rule and the in-launch merge without PDL; "now" the default launch (all
+        // three); "attention_cu" the older split-K kernel (attention.cu). Same data, same run.
+        // `KILN_LONGCTX_SHORT=1` keeps them with a filter set.
+        let keep_short = std::env::var("KILN_LONGCTX_SHORT").is_ok_and(|v| v == "1");
+        let short: &[usize] = if only.is_some() && !keep_short {
+            &[]
+        } else {
+            &[150, 1000]
+        };
+        let single = DecodeOptions {
+            pdl: false,
+            merge_in_launch: false,
+            ..DecodeOptions::default()
+        };
+        let merge = DecodeOptions {
+            pdl: false,
+            ..DecodeOptions::default()
+        };
         for &ctx in short {
-            let new = attention_seconds(&b, 1, ctx, 9, 3, 64, false);
-            let old = attention_seconds(&b, 1, ctx, 9, 3, 64, true);
-            println!(
-                "RESULT short_context heads=9/3x64 ctx={ctx} seqs=1 dtype={wide} kv={kv} us_per_layer={:.1} before_us={:.1}",
-                new * 1e6,
-                old * 1e6
-            );
+            for seqs in [1usize, 16, 64] {
+                let t = |m| attention_seconds(&b, seqs, ctx, 9, 3, 64, m) * 1e6;
+                let (two, one, mer, now) = (
+                    t(Mode::With(DecodeOptions::TWO_PASS)),
+                    t(Mode::With(single)),
+                    t(Mode::With(merge)),
+                    t(Mode::Default),
+                );
+                let old = if seqs == 1 { t(Mode::Legacy) } else { f64::NAN };
+                println!(
+                    "RESULT short_context heads=9/3x64 ctx={ctx} seqs={seqs} dtype={wide} kv={kv} us_per_layer={now:.1} two_pass_us={two:.1} single_us={one:.1} merge_us={mer:.1} attention_cu_us={old:.1}"
+                );
+            }
         }
         // SmolLM2, a Qwen3-like 32/8 × 128 and the Qwen3.5-27B gated-attention layers 24/4 × 256.
         for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (24, 4, 256)] {
@@ -174,12 +216,13 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                     if only.as_ref().is_some_and(|o| !label.contains(o.as_str())) {
                         continue;
                     }
-                    let secs = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, false);
+                    let secs = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::Default);
                     let bytes = (2 * seqs * ctx * kv_heads * hd * elem) as f64;
                     let gbps = bytes / secs / 1e9;
                     // The older kernel once per shape and context (it is slow: 16 rows only).
                     let before = if seqs == 16 && kv != "fp8_e4m3" && only.is_none() {
-                        let old = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, true);
+                        let old =
+                            attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::Legacy);
                         format!(" before_gbps={:.0}", bytes / old / 1e9)
                     } else {
                         String::new()

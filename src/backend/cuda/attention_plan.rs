@@ -10,7 +10,8 @@
 //! One-token sequences (and, for [`crate::backend::cuda::CudaBackend::paged_attention_split_k`],
 //! every token) go to the decode kernel of `kernels/attention_decode.cu` when the shapes fit
 //! [`DecodeVariant`], else to the older split-K kernels; its split of the keys is
-//! [`decode_part_len`].
+//! [`decode_part_len`] (rows up to [`DECODE_SINGLE_PART_KEYS`] keys in one part), and
+//! [`DecodeOptions`] says how it is launched (the merge of a row's parts in the same launch, PDL).
 //!
 //! Everything here is host-side and built once per step in `prepare_step`: the tile table and the
 //! split-K token list are uploaded together as one `i32` buffer (tiles first).
@@ -157,9 +158,68 @@ pub const DECODE_PART_ALIGN: usize = 64;
 /// depend on it, only how many blocks share a row's parts.
 pub const DECODE_TARGET_BLOCKS: usize = 1024;
 
+/// Rows of at most this many keys are one part of the decode kernel (`single_keys`): one block
+/// per KV head walks them in one pass and writes the output, with no partials and no merge. At
+/// SmolLM2's shape a 150-key row was 2 parts of 128 (6 blocks, a merge); see docs/benchmarks.md
+/// ("single-pass short decode rows").
+pub const DECODE_SINGLE_PART_KEYS: usize = 256;
+
+/// Most merge work (`group · head_dim · slots` partial values) the in-launch merge takes: one
+/// block per (row, KV head) merges every part of its group's heads, so wide groups of wide heads
+/// with many parts (the 27B's 6 × 256 at 8K keys, 64 slots: 98 304) are slower merged in one
+/// block than by the combine kernel's block per (row, query head) (60.6 against 50.1 µs at one
+/// row; docs/benchmarks.md). A function of the shapes and the slot bound only, so a graph's
+/// launches never follow the data; the bits are the same either way.
+pub const DECODE_MERGE_IN_LAUNCH_MAX: usize = 32 * 1024;
+
+/// Whether the in-launch merge takes a launch of this group, head width and slot count.
+pub fn decode_merge_in_launch(group: usize, head_dim: usize, slots: usize) -> bool {
+    group * head_dim * slots <= DECODE_MERGE_IN_LAUNCH_MAX
+}
+
+/// How [`crate::backend::cuda::CudaBackend`] runs the decode kernel. The default is what every
+/// step uses; the others exist for the before / after comparisons and the equality tests
+/// (`tests/cuda_attention.rs`, `tests/cuda_long_context.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Rows of at most this many keys are one part ([`DECODE_SINGLE_PART_KEYS`]; 0 = the split
+    /// rule alone, as before the single-pass rule).
+    pub single_part_keys: usize,
+    /// Merge a row's parts in the same launch (the last block of a (row, KV head) to finish
+    /// merges) instead of the second `attention_decode_combine_*` launch, where
+    /// [`decode_merge_in_launch`] takes the shapes. Same bits either way.
+    pub merge_in_launch: bool,
+    /// Launch with programmatic dependent launch when the backend's kernels carry the wait
+    /// (sm_90+ and `KILN_PDL` on); `false` never does.
+    pub pdl: bool,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> DecodeOptions {
+        DecodeOptions {
+            single_part_keys: DECODE_SINGLE_PART_KEYS,
+            merge_in_launch: true,
+            pdl: true,
+        }
+    }
+}
+
+impl DecodeOptions {
+    /// The decode launch as it was before the single-pass rule, the in-launch merge and PDL.
+    pub const TWO_PASS: DecodeOptions = DecodeOptions {
+        single_part_keys: 0,
+        merge_in_launch: false,
+        pdl: false,
+    };
+}
+
 /// Keys per part for a row of `ctx` keys (`decode_part_len` in attention_decode.cu): a function
-/// of the context alone, so a row's bits never depend on its batch, grid or graph padding.
-pub fn decode_part_len(ctx: usize) -> usize {
+/// of the context (and the constant `single_keys`) alone, so a row's bits never depend on its
+/// batch, grid or graph padding. A row of at most `single_keys` keys is one part.
+pub fn decode_part_len(ctx: usize, single_keys: usize) -> usize {
+    if ctx <= single_keys {
+        return ctx.max(1);
+    }
     ctx.div_ceil(DECODE_MAX_PARTS)
         .div_ceil(DECODE_PART_ALIGN)
         .saturating_mul(DECODE_PART_ALIGN)
@@ -167,13 +227,13 @@ pub fn decode_part_len(ctx: usize) -> usize {
 }
 
 /// Parts a row of `ctx` keys is split into (at most [`DECODE_MAX_PARTS`]).
-pub fn decode_parts(ctx: usize) -> usize {
-    ctx.div_ceil(decode_part_len(ctx)).max(1)
+pub fn decode_parts(ctx: usize, single_keys: usize) -> usize {
+    ctx.div_ceil(decode_part_len(ctx, single_keys)).max(1)
 }
 
 /// Partial slots per (row, head) for rows of at most `max_ctx` keys: a bound on the parts any of
-/// them can have (1 = no partials, the kernel writes the output directly). Not
-/// `decode_parts(max_ctx)`: the part count is not monotonic in the context (16 384 keys make 128
+/// them can have (1 = no partials, the kernel writes the output directly), whatever
+/// `single_keys` (that rule only merges parts). Not `decode_parts(max_ctx, 0)`: the part count is not monotonic in the context (16 384 keys make 128
 /// parts of 128, 16 385 keys 86 parts of 192), so the bound is `ceil(max_ctx / DECODE_MIN_PART)`
 /// capped at [`DECODE_MAX_PARTS`].
 pub fn decode_slots(max_ctx: usize) -> usize {
@@ -181,8 +241,11 @@ pub fn decode_slots(max_ctx: usize) -> usize {
 }
 
 /// The grid's z extent: blocks per (row, KV head), each taking every z-th part; enough blocks to
-/// fill the GPU, never more than the parts there can be.
-pub fn decode_grid_z(rows: usize, kv_heads: usize, max_ctx: usize) -> usize {
+/// fill the GPU, never more than the parts there can be (1 when every row is one part).
+pub fn decode_grid_z(rows: usize, kv_heads: usize, max_ctx: usize, single_keys: usize) -> usize {
+    if max_ctx <= single_keys {
+        return 1;
+    }
     DECODE_TARGET_BLOCKS
         .div_ceil((rows * kv_heads).max(1))
         .clamp(1, decode_slots(max_ctx))
@@ -351,36 +414,66 @@ mod tests {
     #[test]
     fn decode_parts_cover_the_context_within_the_bounds() {
         for ctx in (1..3000).chain([8191, 8192, 8193, 32768, 100_000, 262_144]) {
-            let len = decode_part_len(ctx);
-            let parts = decode_parts(ctx);
+            let len = decode_part_len(ctx, 0);
+            let parts = decode_parts(ctx, 0);
             assert!(len >= DECODE_MIN_PART && len.is_multiple_of(DECODE_PART_ALIGN));
             assert!((1..=DECODE_MAX_PARTS).contains(&parts), "ctx {ctx}");
             // Every key in exactly one part: the last part is non-empty, none past it.
             assert!((parts - 1) * len < ctx && parts * len >= ctx, "ctx {ctx}");
             // Slots for a bound cover every row up to it (the part count itself is not monotonic).
             assert!(decode_slots(ctx) >= parts && decode_slots(ctx + 1) >= decode_slots(ctx));
+            // The single-pass rule: one part up to the bound, the split rule above it.
+            let single = DECODE_SINGLE_PART_KEYS;
+            let parts1 = decode_parts(ctx, single);
+            if ctx <= single {
+                assert_eq!(
+                    (parts1, decode_part_len(ctx, single)),
+                    (1, ctx),
+                    "ctx {ctx}"
+                );
+            } else {
+                assert_eq!(parts1, parts, "ctx {ctx}");
+            }
+            assert!(decode_slots(ctx) >= parts1);
         }
-        assert_eq!(decode_parts(1), 1);
-        assert_eq!(decode_parts(128), 1);
-        assert_eq!(decode_parts(129), 2);
-        assert_eq!(decode_part_len(8192), 128);
-        assert_eq!(decode_parts(8192), 64);
-        assert_eq!(decode_part_len(32768), 256);
-        assert_eq!(decode_parts(32768), 128);
-        assert_eq!(decode_parts(100_000), 121);
-        assert_eq!((decode_parts(16384), decode_parts(16385)), (128, 86));
+        assert_eq!(decode_parts(1, 0), 1);
+        assert_eq!(decode_parts(128, 0), 1);
+        assert_eq!(decode_parts(129, 0), 2);
+        assert_eq!(decode_parts(150, 0), 2);
+        assert_eq!(decode_parts(150, DECODE_SINGLE_PART_KEYS), 1);
+        assert_eq!(decode_parts(257, DECODE_SINGLE_PART_KEYS), 3);
+        assert_eq!(decode_part_len(8192, 0), 128);
+        assert_eq!(decode_parts(8192, 0), 64);
+        assert_eq!(decode_part_len(32768, 0), 256);
+        assert_eq!(decode_parts(32768, 0), 128);
+        assert_eq!(decode_parts(100_000, 0), 121);
+        assert_eq!((decode_parts(16384, 0), decode_parts(16385, 0)), (128, 86));
         assert_eq!(decode_slots(16385), 128);
     }
 
     #[test]
     fn decode_grid_fills_the_gpu_without_exceeding_the_parts() {
         // SmolLM2 (3 KV heads): one row at 8K keys → 64 parts, all in their own block.
-        assert_eq!(decode_grid_z(1, 3, 8192), 64);
+        let s = DECODE_SINGLE_PART_KEYS;
+        assert_eq!(decode_grid_z(1, 3, 8192, s), 64);
         // 64 rows: 192 (row, head) pairs, 6 blocks each take every 6th part.
-        assert_eq!(decode_grid_z(64, 3, 8192), 6);
+        assert_eq!(decode_grid_z(64, 3, 8192, s), 6);
         // Short contexts: never more blocks than parts.
-        assert_eq!(decode_grid_z(1, 3, 100), 1);
-        assert_eq!(decode_grid_z(1000, 8, 32768), 1);
+        assert_eq!(decode_grid_z(1, 3, 100, 0), 1);
+        assert_eq!(decode_grid_z(1, 3, 150, 0), 2);
+        assert_eq!(decode_grid_z(1, 3, 150, s), 1);
+        assert_eq!(decode_grid_z(1, 3, 1000, s), 8);
+        assert_eq!(decode_grid_z(1000, 8, 32768, s), 1);
+    }
+
+    #[test]
+    fn in_launch_merge_takes_small_groups_not_the_27b_shape_at_8k() {
+        // SmolLM2 (3 × 64) at any pinned context up to 32K keys (128 slots), Qwen3-like 4 × 128
+        // at 8K (64 slots); not the 27B's 6 × 256 at 8K.
+        assert!(decode_merge_in_launch(3, 64, decode_slots(32768)));
+        assert!(decode_merge_in_launch(4, 128, decode_slots(8192)));
+        assert!(!decode_merge_in_launch(6, 256, decode_slots(8192)));
+        assert!(decode_merge_in_launch(6, 256, decode_slots(2048)));
     }
 
     #[test]

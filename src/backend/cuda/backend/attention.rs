@@ -10,10 +10,12 @@
 //! prefill and decode kernels; shapes only the older split-K kernels take fall back to the two
 //! separate ops.
 
-use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
+
+use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaKvCache, CudaStep};
-use crate::backend::cuda::attention_plan::{self, DecodeVariant, PrefillVariant};
+use crate::backend::cuda::attention_plan::{self, DecodeOptions, DecodeVariant, PrefillVariant};
 use crate::backend::{AttentionParams, BackendError};
 
 /// Threads per block of the split-K attention kernel; must equal `ATTN_WARPS * 32` in attention.cu.
@@ -105,6 +107,49 @@ impl CudaBackend {
             return Ok(());
         }
         self.launch_split_k(q, cache, layer, step, params, out, None, true, None)
+    }
+
+    /// [`Backend::paged_attention`] for a decode-only step with the decode kernel launched as
+    /// `opts` says (every token one row), e.g. [`DecodeOptions::TWO_PASS`], the launch before the
+    /// single-pass rule, the in-launch merge and PDL: for the before / after timings and the
+    /// equality tests. Errors when the decode kernel does not take the shapes.
+    ///
+    /// [`Backend::paged_attention`]: crate::backend::Backend::paged_attention
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention_decode_with(
+        &self,
+        q: &CudaBuffer,
+        cache: &CudaKvCache,
+        layer: usize,
+        step: &CudaStep,
+        params: &AttentionParams,
+        out: &mut CudaBuffer,
+        opts: DecodeOptions,
+    ) -> Result<(), BackendError> {
+        self.check_attention(q, cache, layer, step, params, out)?;
+        let group = params.num_heads / params.num_kv_heads;
+        let Some(variant) = DecodeVariant::for_shape(params.head_dim, group) else {
+            return Err(BackendError::Unsupported(format!(
+                "decode kernel with head_dim {} and {group} query heads per KV head",
+                params.head_dim
+            )));
+        };
+        if step.num_tokens == 0 {
+            return Ok(());
+        }
+        self.launch_decode(
+            variant,
+            q,
+            cache,
+            layer,
+            step,
+            params,
+            out,
+            None,
+            (step.num_tokens, step.max_context),
+            None,
+            opts,
+        )
     }
 
     /// [`Backend::paged_attention`] with the output gate fused: `out = attn · sigmoid(gate)`
@@ -311,6 +356,7 @@ impl CudaBackend {
                 index,
                 (n_rows, max_context),
                 gate,
+                DecodeOptions::default(),
             );
         }
         if gate.is_some() {
@@ -414,8 +460,11 @@ impl CudaBackend {
     }
 
     /// The decode kernel (attention_decode.cu) over `rows.0` block rows whose contexts are at most
-    /// `rows.1` keys (or the step's pinned context, when larger), then its combine pass when a row
-    /// can have more than one part.
+    /// `rows.1` keys (or the step's pinned context, when larger). A row of more than
+    /// `opts.single_part_keys` keys may be split into parts, merged in the same launch
+    /// (`opts.merge_in_launch` where `decode_merge_in_launch` takes the shapes: the last block of
+    /// each (row, KV head) to finish) or by the combine kernel in a second launch; with `opts.pdl` (and the backend's PDL on) the launch
+    /// may overlap the previous kernel's tail.
     #[allow(clippy::too_many_arguments)]
     fn launch_decode(
         &self,
@@ -429,14 +478,21 @@ impl CudaBackend {
         index: Option<&CudaView<'_, i32>>,
         (n_rows, max_context): (usize, usize),
         gate: Option<OutputGate<'_>>,
+        opts: DecodeOptions,
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
         let (g_row, g_head) = gate.map(|g| g.strides()).transpose()?.unwrap_or((0, 0));
         // Sized for the pinned context in a graph (shapes fixed per bucket); the split of each
         // row's keys depends on its own context only, so the bits are those of an eager step.
         let bound = max_context.max(step.pinned_context).max(1);
-        let slots = attention_plan::decode_slots(bound);
-        let grid_z = attention_plan::decode_grid_z(n_rows, params.num_kv_heads, bound);
+        let single = opts.single_part_keys;
+        // Partials only when some row can have two parts.
+        let slots = if bound <= single {
+            1
+        } else {
+            attention_plan::decode_slots(bound)
+        };
+        let grid_z = attention_plan::decode_grid_z(n_rows, params.num_kv_heads, bound, single);
         let mut guard = if slots > 1 {
             Some(step.partials(
                 &self.stream,
@@ -446,82 +502,134 @@ impl CudaBackend {
         } else {
             None
         };
-        let mut partials = guard.as_mut().and_then(|g| g.as_mut());
+        let partials = guard.as_mut().and_then(|g| g.as_mut());
+        let group = params.num_heads / params.num_kv_heads;
+        let in_launch = opts.merge_in_launch
+            && attention_plan::decode_merge_in_launch(group, params.head_dim, slots);
+        let mut counters_guard = if slots > 1 && in_launch {
+            Some(step.decode_counters(&self.stream, n_rows * params.num_kv_heads)?)
+        } else {
+            None
+        };
+        let counters = counters_guard.as_mut().and_then(|g| g.as_mut());
         let null: u64 = 0;
         let tables = step.block_tables();
         let token_seq = step.token_seq();
         let positions = step.positions();
-        let (nh, nkv, hd, bs, mb, ns) = (
+        let (nh, nkv, hd, bs, mb, ns, sk) = (
             params.num_heads as i32,
             params.num_kv_heads as i32,
             params.head_dim as i32,
             spec.block_size as i32,
             step.max_blocks as i32,
             slots as i32,
+            i32::try_from(single).unwrap_or(i32::MAX),
         );
         let scale = params.scale;
-        let mut b = self.stream.launch_builder(self.k.decode(variant));
-        b.arg(&q.data)
-            .arg(&cache.k[layer])
-            .arg(&cache.v[layer])
-            .arg(&tables);
-        b.arg(&token_seq).arg(&positions);
-        match index {
-            Some(ix) => b.arg(ix),
-            None => b.arg(&null),
+        let st = &self.stream;
+        let (q_p, _s0) = q.data.device_ptr(st);
+        let (kc_p, _s1) = cache.k[layer].device_ptr(st);
+        let (vc_p, _s2) = cache.v[layer].device_ptr(st);
+        let (bt_p, _s3) = tables.device_ptr(st);
+        let (seq_p, _s4) = token_seq.device_ptr(st);
+        let (pos_p, _s5) = positions.device_ptr(st);
+        let (ix_p, _s6) = match index {
+            Some(ix) => {
+                let (p, s) = ix.device_ptr(st);
+                (p, Some(s))
+            }
+            None => (null, None),
         };
-        b.arg(&mut out.data);
-        match partials.as_mut() {
-            Some((pm, pl, pacc)) => b.arg(pm).arg(pl).arg(pacc),
-            None => b.arg(&null).arg(&null).arg(&null),
+        let (out_p, _s7) = out.data.device_ptr_mut(st);
+        let ((pm_p, pl_p, pacc_p), _s8) = match partials {
+            Some((pm, pl, pacc)) => {
+                let (a, sa) = pm.device_ptr_mut(st);
+                let (b, sb) = pl.device_ptr_mut(st);
+                let (c, sc) = pacc.device_ptr_mut(st);
+                ((a, b, c), Some((sa, sb, sc)))
+            }
+            None => ((null, null, null), None),
         };
-        b.arg(&nh)
-            .arg(&nkv)
-            .arg(&hd)
-            .arg(&bs)
-            .arg(&mb)
-            .arg(&ns)
-            .arg(&scale);
-        match &gate {
-            Some(g) => b.arg(&g.buf.data),
-            None => b.arg(&null),
+        let (cnt_p, _s9) = match counters {
+            Some(c) => {
+                let (p, s) = c.device_ptr_mut(st);
+                (p, Some(s))
+            }
+            None => (null, None),
         };
-        b.arg(&g_row).arg(&g_head);
+        let (gate_p, _s10) = match &gate {
+            Some(g) => {
+                let (p, s) = g.buf.data.device_ptr(st);
+                (p, Some(s))
+            }
+            None => (null, None),
+        };
+        let ptr = |v: &u64| v as *const u64 as *mut c_void;
+        let int = |v: &i32| v as *const i32 as *mut c_void;
+        let mut args = [
+            ptr(&q_p),
+            ptr(&kc_p),
+            ptr(&vc_p),
+            ptr(&bt_p),
+            ptr(&seq_p),
+            ptr(&pos_p),
+            ptr(&ix_p),
+            ptr(&out_p),
+            ptr(&pm_p),
+            ptr(&pl_p),
+            ptr(&pacc_p),
+            ptr(&cnt_p),
+            int(&nh),
+            int(&nkv),
+            int(&hd),
+            int(&bs),
+            int(&mb),
+            int(&ns),
+            int(&sk),
+            &scale as *const f32 as *mut c_void,
+            ptr(&gate_p),
+            int(&g_row),
+            int(&g_head),
+        ];
         let cfg = LaunchConfig {
             grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
             block_dim: (attention_plan::DECODE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: block tables are [n_seqs, max_blocks] with ids checked against num_blocks;
-        // every row's position is < its sequence's context, covered by its table; `index` holds
-        // n_rows token indices < num_tokens (or is null: rows are the tokens); head_dim is a
-        // multiple of 8 ≤ the variant's width and the group ≤ its group bound (for_shape), so the
-        // 8-element loads are aligned and in the row; partials hold n_rows × num_heads × slots
-        // (× head_dim) floats and slots ≥ every row's part count (decode_slots of the bound), and
-        // are null and unread when slots == 1 (every row then has one part); the gate (or null)
-        // holds every (token, head, dim) of the rows at its strides (paged_attention_gated).
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        if let Some((pm, pl, pacc)) = &partials {
+        // SAFETY: the arguments match attention_decode_*'s parameter list in number, order and
+        // types and outlive the call (the sync guards keep every buffer in use on this stream);
+        // block tables are [n_seqs, max_blocks] with ids checked against num_blocks; every row's
+        // position is < its sequence's context, covered by its table; `index` holds n_rows token
+        // indices < num_tokens (or is null: rows are the tokens); head_dim is a multiple of 8 ≤
+        // the variant's width and the group ≤ its group bound (for_shape), so the 8-element loads
+        // are aligned and in the row; partials hold n_rows × num_heads × slots (× head_dim)
+        // floats and slots ≥ every row's part count (decode_slots of the bound, and 1 only when
+        // every row is at most single_part_keys keys: one part), null and unread otherwise; the
+        // counters (or null) hold n_rows × num_kv_heads zeros, which the kernel leaves zero; the
+        // gate (or null) holds every (token, head, dim) of the rows at its strides
+        // (paged_attention_gated). The kernel reads only step metadata before griddepcontrol.wait
+        // and writes nothing before it, so it may be launched with PDL.
+        unsafe {
+            self.launch_kernel(self.k.decode(variant), cfg, &mut args, opts.pdl && self.pdl)
+        }?;
+        if slots > 1 && !in_launch {
             let mut b = self.stream.launch_builder(&self.k.attention_decode_combine);
-            b.arg(pm).arg(pl).arg(pacc).arg(&positions);
+            b.arg(&pm_p).arg(&pl_p).arg(&pacc_p).arg(&positions);
             match index {
                 Some(ix) => b.arg(ix),
                 None => b.arg(&null),
             };
-            b.arg(&mut out.data).arg(&nh).arg(&hd).arg(&ns);
-            match &gate {
-                Some(g) => b.arg(&g.buf.data),
-                None => b.arg(&null),
-            };
-            b.arg(&g_row).arg(&g_head);
+            b.arg(&out_p).arg(&nh).arg(&hd).arg(&ns).arg(&sk);
+            b.arg(&gate_p).arg(&g_row).arg(&g_head);
             let cfg = LaunchConfig {
                 grid_dim: (params.num_heads as u32, n_rows as u32, 1),
                 block_dim: (attention_plan::DECODE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: reads the partials of the rows with more than one part, written above
-            // (rows with one part return at once); writes `out` rows of head_dim at the same
-            // token indices.
+            // (rows with one part return at once), at the pointers the first launch was given
+            // (the guards above keep them); writes `out` rows of head_dim at the same token
+            // indices; the same single_keys as the first launch, so the same part counts.
             unsafe { b.launch(cfg) }.map_err(dev_err)?;
         }
         Ok(())

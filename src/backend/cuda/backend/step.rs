@@ -67,6 +67,10 @@ pub struct CudaStep {
     /// owned by the step (not the backend) so that a graph-replayed step's partials never move
     /// when an eager step needs more.
     partials: Mutex<Option<Partials>>,
+    /// The decode kernel's merge tickets (`counters` in attention_decode.cu: one u32 per (row, KV
+    /// head), zero between launches, each launch's last block resets its own), grown like
+    /// `partials` and zeroed when allocated.
+    decode_counters: Mutex<Option<CudaSlice<u32>>>,
     /// Sequences of the step (rows of `block_tables` and `seq_meta`).
     pub(super) num_seqs: usize,
     /// Each sequence's length, cached length and state slot on the host, for the GDN ops'
@@ -93,6 +97,7 @@ impl CudaStep {
             split_max_context: 0,
             pinned_context: 0,
             partials: Mutex::new(None),
+            decode_counters: Mutex::new(None),
             num_seqs: 0,
             seq_slots: Vec::new(),
             offsets: [0; 9],
@@ -215,6 +220,22 @@ impl CudaStep {
             ));
         }
         Ok(p)
+    }
+
+    /// The decode kernel's merge tickets, grown (zeroed) to hold at least `n`.
+    pub(super) fn decode_counters(
+        &self,
+        stream: &Arc<CudaStream>,
+        n: usize,
+    ) -> Result<MutexGuard<'_, Option<CudaSlice<u32>>>, BackendError> {
+        let mut c = self
+            .decode_counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if c.as_ref().is_none_or(|c| c.len() < n) {
+            *c = Some(stream.alloc_zeros::<u32>(n).map_err(super::dev_err)?);
+        }
+        Ok(c)
     }
 
     fn range(&self, f: Field) -> Range<usize> {
