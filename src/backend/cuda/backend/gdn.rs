@@ -52,13 +52,14 @@ const CONV_THREADS: usize = 128;
 const MAX_GRID_Y: usize = 65535;
 /// The conv kernel of `gdn_conv1d_vec` (`GDN_VEC_KERNEL`, Qwen3.5's).
 const VEC_CONV_KERNEL: usize = 4;
-/// Tokens per thread of `gdn_conv1d_vec` in steps of at least [`VEC_CONV_RUN_MIN_TOKENS`]
-/// tokens (each thread then loads `kernel − 1` rows more than it uses, 3 / 16 extra reads, of
-/// rows the neighbouring run reads too: L2 hits);
-/// smaller steps take one token per thread, for enough blocks.
+/// Tokens per thread of `gdn_conv1d_vec` (each thread loads `kernel − 1` rows more than it
+/// uses, 3 / 16 extra reads, of rows the neighbouring run reads too: L2 hits).
 const VEC_CONV_RUN: usize = 16;
-/// See [`VEC_CONV_RUN`].
-const VEC_CONV_RUN_MIN_TOKENS: usize = 2048;
+/// Steps of at least this many tokens take `gdn_conv1d_vec` (measured 3.0–3.2× faster at 8K and
+/// 32K tokens, docs/benchmarks.md); smaller ones the one-thread-per-channel `gdn_conv1d`, which
+/// measured 0.25–0.8 µs faster at decode batch 1 and 64 than the 8-channel kernel with one
+/// token per thread.
+const VEC_CONV_MIN_TOKENS: usize = 2048;
 /// Threads per block of `gated_rms_norm_vec`.
 const NORM_VEC_THREADS: usize = 128;
 
@@ -66,7 +67,8 @@ const NORM_VEC_THREADS: usize = 128;
 #[derive(Debug, Clone)]
 pub(crate) struct GdnKernels {
     conv1d: CudaFunction,
-    /// `conv_dim` a multiple of 8 and a kernel of [`VEC_CONV_KERNEL`]: 128-bit loads.
+    /// `conv_dim` a multiple of 8, a kernel of [`VEC_CONV_KERNEL`], steps of at least
+    /// [`VEC_CONV_MIN_TOKENS`] tokens: 128-bit loads.
     conv1d_vec: CudaFunction,
     conv_state: CudaFunction,
     scan: CudaFunction,
@@ -465,12 +467,8 @@ impl HybridBackend for CudaBackend {
             layer as i32,
         );
         let blocks = dim.div_ceil(CONV_THREADS) as u32;
-        if dim % 8 == 0 && kern == VEC_CONV_KERNEL {
-            let tpt = if t >= VEC_CONV_RUN_MIN_TOKENS {
-                VEC_CONV_RUN
-            } else {
-                1
-            };
+        if dim % 8 == 0 && kern == VEC_CONV_KERNEL && t >= VEC_CONV_MIN_TOKENS {
+            let tpt = VEC_CONV_RUN;
             let (nt, tpt_i) = (t as i32, tpt as i32);
             let mut b = self.stream.launch_builder(&self.k.gdn.conv1d_vec);
             b.arg(&mixed.data)
