@@ -467,7 +467,7 @@ impl HybridBackend for CudaBackend {
             layer as i32,
         );
         let blocks = dim.div_ceil(CONV_THREADS) as u32;
-        if dim % 8 == 0 && kern == VEC_CONV_KERNEL && t >= VEC_CONV_MIN_TOKENS {
+        if dim.is_multiple_of(8) && kern == VEC_CONV_KERNEL && t >= VEC_CONV_MIN_TOKENS {
             let tpt = VEC_CONV_RUN;
             let (nt, tpt_i) = (t as i32, tpt as i32);
             let mut b = self.stream.launch_builder(&self.k.gdn.conv1d_vec);
@@ -621,7 +621,7 @@ impl HybridBackend for CudaBackend {
         let chunk_min = min_len.min(i32::MAX as usize) as i32;
         let cols = SCAN_THREADS / SCAN_LANES;
         // dk a multiple of 4 R: the 128-bit variant (same math, rows dealt in runs of 4).
-        let scan = if dk % (4 * SCAN_LANES) == 0 {
+        let scan = if dk.is_multiple_of(4 * SCAN_LANES) {
             &self.k.gdn.scan_v4
         } else {
             &self.k.gdn.scan
@@ -702,7 +702,7 @@ impl HybridBackend for CudaBackend {
             return Ok(());
         }
         let d = dim as i32;
-        if dim % 8 == 0 {
+        if dim.is_multiple_of(8) {
             // Lanes per row: enough for one 8-element chunk each, a power of two, at most 32.
             let lpr = (dim / 8).next_power_of_two().min(32);
             let rows_per_block = NORM_VEC_THREADS / lpr;
