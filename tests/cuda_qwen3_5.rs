@@ -1,7 +1,8 @@
 //! Qwen3.5 (Gated DeltaNet hybrid) on CUDA against the CPU backend (the reference, itself checked
 //! against transformers by `tests/qwen3_5.rs`), on a GPU: every hybrid op on random data (the
-//! conv with its state, the delta rule for decode tokens and prefills of 1, 63, 64, 65 and 200
-//! tokens, the state carried across steps, the gated norm, the query/gate split, the sigmoid
+//! conv with its state (the scalar kernel, and the 8-channel one with its 16-token runs in a step
+//! of over 2048 tokens), the delta rule for decode tokens and prefills of 1, 63, 64, 65 and 200
+//! tokens, the state carried across steps, the gated norm (three row widths), the query/gate split, the sigmoid
 //! gate, slot copy and reset), the chunked delta rule (C = 64, tensor cores) against the
 //! sequential scan at 1/63/64/65/200/1000 tokens and across continued prefills. Whole models
 //! are `tests/cuda_qwen3_5_models.rs`, decode graphs `tests/cuda_qwen3_5_graphs.rs`.
@@ -218,12 +219,29 @@ fn run_small<B: HybridBackend>(b: &B, dtype: &str) -> Vec<(&'static str, Vec<f32
     let mut y = b.alloc(rows * dim).unwrap();
     b.gated_rms_norm(&ox, &z, &w, &mut y, rows, dim, 1e-6)
         .unwrap();
-    vec![
+    // A row width that is not a multiple of 8 (the block-per-row kernel; 128 takes the
+    // 128-bit one) and one past 8 · 32 (the 128-bit kernel's lanes loop over chunks).
+    let mut others = Vec::new();
+    for (name, rows, dim) in [
+        ("gated_rms_norm.dim60", 37, 60),
+        ("gated_rms_norm.dim520", 9, 520),
+    ] {
+        let ox = b.upload(&rounded(dtype, &data(rows * dim, 26))).unwrap();
+        let z = b.upload(&rounded(dtype, &data(rows * dim, 27))).unwrap();
+        let w = b.upload(&rounded(dtype, &data(dim, 28))).unwrap();
+        let mut y = b.alloc(rows * dim).unwrap();
+        b.gated_rms_norm(&ox, &z, &w, &mut y, rows, dim, 1e-6)
+            .unwrap();
+        others.push((name, down(b, &y, rows * dim)));
+    }
+    let mut out = vec![
         ("split_query_gate.q", down(b, &q, n)),
         ("split_query_gate.gate", down(b, &gate, n)),
         ("sigmoid_mul", down(b, &x, n)),
         ("gated_rms_norm", down(b, &y, rows * dim)),
-    ]
+    ];
+    out.extend(others);
+    out
 }
 
 #[test]
@@ -249,6 +267,15 @@ fn gdn_ops_match_the_cpu_backend() {
             key_head_dim: 128,
             value_head_dim: 128,
         },
+        // conv_dim 52 (not a multiple of 8: the scalar conv kernel even in the 2141-token step,
+        // where the others take the 8-channel one), dk 16 (the scan with single-float rows; dk 32
+        // and 128 take the 128-bit one).
+        GdnParams {
+            num_key_heads: 1,
+            num_value_heads: 1,
+            key_head_dim: 16,
+            value_head_dim: 20,
+        },
     ];
     // Prefills from a zero state, then each sequence continues from its state (65 more tokens
     // crossing the CPU's chunk boundaries, mixed with a decode), decode-only steps, a fresh
@@ -260,6 +287,10 @@ fn gdn_ops_match_the_cpu_backend() {
         step_of(&[(1, 66, 0), (1, 128, 1), (1, 201, 2)]),
         step_of(&[(64, 0, 1), (1, 67, 0)]),
     ];
+    // A step of over 2048 tokens (the 8-channel conv, the only one here to take it, gives each
+    // thread a run of 16 tokens): runs that cross from a continued prefill into a fresh one, and a
+    // decode token inside a run (its state shifted in place).
+    steps.push(step_of(&[(40, 130, 0), (2100, 0, 1), (1, 202, 2)]));
     for l in [1usize, 63, 64, 65, 200] {
         steps.push(step_of(&[(l, 0, 0)]));
     }

@@ -11,6 +11,13 @@
 //! divided, so launch overhead is included) for docs/benchmarks.md, with FlashQLA's published
 //! H200 figure (1.26 ms per layer at 32K tokens) and the decode state update's memory-bound
 //! limit (state read + written once at 4.3 TB/s, the H200's measured device copy rate).
+//!
+//! For a per-kernel profile under `ncu`: `GDN_BENCH_CASES` (comma-separated of `prefill8192`,
+//! `prefill32768`, `decode1`, `decode64`; unset: all) picks the cases, and `GDN_BENCH_QUICK=1`
+//! times each op once per repetition over one repetition (few launches to profile), e.g.
+//! `GDN_BENCH_CASES=prefill32768,decode64 GDN_BENCH_QUICK=1 ncu --clock-control none --metrics
+//! gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+//! cuda_qwen3_5_bench-<hash> --ignored --nocapture` (its timings are then not medians).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -73,6 +80,18 @@ fn step_of(seqs: &[(usize, usize, u32)]) -> StepInput {
     s
 }
 
+/// Whether `GDN_BENCH_CASES` (unset: every case) names `case`.
+fn wanted(case: &str) -> bool {
+    std::env::var("GDN_BENCH_CASES")
+        .map(|v| v.split(',').any(|c| c.trim() == case))
+        .unwrap_or(true)
+}
+
+/// `GDN_BENCH_QUICK=1`: one repetition of one launch per op (for a profiler).
+fn quick() -> bool {
+    std::env::var("GDN_BENCH_QUICK").is_ok_and(|v| v == "1")
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -130,8 +149,9 @@ fn time_ops(
         g.gdn_conv1d(cache, 0, &l.mixed, &l.w, &st, &mut l.conv)
             .unwrap()
     };
+    let (reps, per, warm) = if quick() { (1, 1, 0) } else { (reps, per, 2) };
     let mut times = [Vec::new(), Vec::new(), Vec::new()];
-    for rep in 0..reps + 2 {
+    for rep in 0..reps + warm {
         let mut ms = [0.0; 3];
         for (k, slot) in ms.iter_mut().enumerate() {
             g.synchronize().unwrap();
@@ -160,7 +180,7 @@ fn time_ops(
             g.synchronize().unwrap();
             *slot = t0.elapsed().as_secs_f64() * 1e3 / per as f64;
         }
-        if rep >= 2 {
+        if rep >= warm {
             for k in 0..3 {
                 times[k].push(ms[k]);
             }
@@ -192,6 +212,9 @@ fn gdn_kernels_at_the_27b_shapes() {
     let mut cache = g.create_state_cache(&spec).unwrap();
     println!("device: {}", g.name());
     for t in [8192usize, 32768] {
+        if !wanted(&format!("prefill{t}")) {
+            continue;
+        }
         let mut l = layer(&g, t);
         // A prefill that continues from a state (cached_len > 0), as a chunked prefill does.
         let input = step_of(&[(t, 1, 0)]);
@@ -227,6 +250,9 @@ fn gdn_kernels_at_the_27b_shapes() {
         );
     }
     for batch in [1usize, 64] {
+        if !wanted(&format!("decode{batch}")) {
+            continue;
+        }
         let mut l = layer(&g, batch);
         let seqs: Vec<(usize, usize, u32)> = (0..batch).map(|i| (1, 100, i as u32)).collect();
         let input = step_of(&seqs);

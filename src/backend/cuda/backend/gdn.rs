@@ -24,11 +24,14 @@ use crate::backend::hybrid::{GatedQkv, GatedQkvOut, GdnParams, HybridBackend, St
 use crate::backend::{AttentionParams, BackendError};
 
 /// The op stems of `gdn.cu`; each exists as `{op}_{f32,f16,bf16}`.
-pub const GDN_OPS: [&str; 7] = [
+pub const GDN_OPS: [&str; 10] = [
     "gdn_conv1d",
+    "gdn_conv1d_vec",
     "gdn_conv_state",
     "gdn_scan",
+    "gdn_scan_v4",
     "gated_rms_norm",
+    "gated_rms_norm_vec",
     "split_query_gate",
     "sigmoid_mul",
     "rms_norm_1p",
@@ -47,16 +50,35 @@ const MAX_CONV_KERNEL: usize = 8;
 const CONV_THREADS: usize = 128;
 /// Largest grid y (tokens per conv launch).
 const MAX_GRID_Y: usize = 65535;
+/// The conv kernel of `gdn_conv1d_vec` (`GDN_VEC_KERNEL`, Qwen3.5's).
+const VEC_CONV_KERNEL: usize = 4;
+/// Tokens per thread of `gdn_conv1d_vec` (each thread loads `kernel − 1` rows more than it
+/// uses, 3 / 16 extra reads, of rows the neighbouring run reads too: L2 hits).
+const VEC_CONV_RUN: usize = 16;
+/// Steps of at least this many tokens take `gdn_conv1d_vec` (measured 3.0–3.2× faster at 8K and
+/// 32K tokens, docs/benchmarks.md); smaller ones the one-thread-per-channel `gdn_conv1d`, which
+/// measured 0.25–0.8 µs faster at decode batch 1 and 64 than the 8-channel kernel with one
+/// token per thread.
+const VEC_CONV_MIN_TOKENS: usize = 2048;
+/// Threads per block of `gated_rms_norm_vec`.
+const NORM_VEC_THREADS: usize = 128;
 
 /// The `gdn.cu` entry points for one compute dtype.
 #[derive(Debug, Clone)]
 pub(crate) struct GdnKernels {
     conv1d: CudaFunction,
+    /// `conv_dim` a multiple of 8, a kernel of [`VEC_CONV_KERNEL`], steps of at least
+    /// [`VEC_CONV_MIN_TOKENS`] tokens: 128-bit loads.
+    conv1d_vec: CudaFunction,
     conv_state: CudaFunction,
     scan: CudaFunction,
+    /// `dk` a multiple of 32: the state and q^ / k^ through 128-bit accesses.
+    scan_v4: CudaFunction,
     /// The chunked prefill (16-bit compute dtypes only).
     pub(super) chunk: Option<ChunkKernels>,
     gated_rms_norm: CudaFunction,
+    /// `dim` a multiple of 8: a few lanes per row, 128-bit accesses.
+    gated_rms_norm_vec: CudaFunction,
     split_query_gate: CudaFunction,
     sigmoid_mul: CudaFunction,
     /// The `(1 + w)` RMSNorm: all in the compute dtype, and (16-bit dtypes) with an f32
@@ -75,10 +97,13 @@ impl GdnKernels {
         let f = |op: &str| get(format!("{op}_{t}"));
         Ok(GdnKernels {
             conv1d: f("gdn_conv1d")?,
+            conv1d_vec: f("gdn_conv1d_vec")?,
             conv_state: f("gdn_conv_state")?,
             scan: f("gdn_scan")?,
+            scan_v4: f("gdn_scan_v4")?,
             chunk: ChunkKernels::resolve(get, t)?,
             gated_rms_norm: f("gated_rms_norm")?,
+            gated_rms_norm_vec: f("gated_rms_norm_vec")?,
             split_query_gate: f("split_query_gate")?,
             sigmoid_mul: f("sigmoid_mul")?,
             rms_norm_1p: f("rms_norm_1p")?,
@@ -442,25 +467,53 @@ impl HybridBackend for CudaBackend {
             layer as i32,
         );
         let blocks = dim.div_ceil(CONV_THREADS) as u32;
-        let mut b = self.stream.launch_builder(&self.k.gdn.conv1d);
-        b.arg(&mixed.data)
-            .arg(&weight.data)
-            .arg(&mut cache.conv)
-            .arg(&token_seq)
-            .arg(&meta)
-            .arg(&mut out.data);
-        b.arg(&d).arg(&k).arg(&nl).arg(&l);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, t as u32, 1),
-            block_dim: (CONV_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: mixed/out hold t rows of conv_dim and weight conv_dim × kernel (checked);
-        // token_seq/seq_meta come from the checked StepInput (every token's sequence has a slot
-        // < num_slots, checked above), so every state row read lies in the slot's layer block;
-        // a sequence with one token has one thread per channel, the only one touching that
-        // channel of its (distinct) slot, which rewrites it after reading it.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        if dim.is_multiple_of(8) && kern == VEC_CONV_KERNEL && t >= VEC_CONV_MIN_TOKENS {
+            let tpt = VEC_CONV_RUN;
+            let (nt, tpt_i) = (t as i32, tpt as i32);
+            let mut b = self.stream.launch_builder(&self.k.gdn.conv1d_vec);
+            b.arg(&mixed.data)
+                .arg(&weight.data)
+                .arg(&mut cache.conv)
+                .arg(&token_seq)
+                .arg(&meta)
+                .arg(&mut out.data);
+            b.arg(&d).arg(&nl).arg(&l).arg(&nt).arg(&tpt_i);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    (dim / 8).div_ceil(CONV_THREADS) as u32,
+                    t.div_ceil(tpt) as u32,
+                    1,
+                ),
+                block_dim: (CONV_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: as for gdn_conv1d below; in addition conv_dim is a multiple of 8 and every
+            // buffer is its own allocation (256-byte aligned), so each 8-channel access of a
+            // row (16-bit: 16 B, f32 state: 32 B) is aligned and inside the row; the kernel
+            // guards channel < conv_dim and token < t, and a one-token sequence's 8 channels
+            // are read and rewritten by one thread only.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        } else {
+            let mut b = self.stream.launch_builder(&self.k.gdn.conv1d);
+            b.arg(&mixed.data)
+                .arg(&weight.data)
+                .arg(&mut cache.conv)
+                .arg(&token_seq)
+                .arg(&meta)
+                .arg(&mut out.data);
+            b.arg(&d).arg(&k).arg(&nl).arg(&l);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, t as u32, 1),
+                block_dim: (CONV_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: mixed/out hold t rows of conv_dim and weight conv_dim × kernel (checked);
+            // token_seq/seq_meta come from the checked StepInput (every token's sequence has a
+            // slot < num_slots, checked above), so every state row read lies in the slot's
+            // layer block; a sequence with one token has one thread per channel, the only one
+            // touching that channel of its (distinct) slot, which rewrites it after reading it.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        }
         if step.seq_slots.iter().all(|s| s.len <= 1) {
             return Ok(()); // decode only: gdn_conv1d updated every state
         }
@@ -567,7 +620,13 @@ impl HybridBackend for CudaBackend {
         );
         let chunk_min = min_len.min(i32::MAX as usize) as i32;
         let cols = SCAN_THREADS / SCAN_LANES;
-        let mut lb = self.stream.launch_builder(&self.k.gdn.scan);
+        // dk a multiple of 4 R: the 128-bit variant (same math, rows dealt in runs of 4).
+        let scan = if dk.is_multiple_of(4 * SCAN_LANES) {
+            &self.k.gdn.scan_v4
+        } else {
+            &self.k.gdn.scan
+        };
+        let mut lb = self.stream.launch_builder(scan);
         lb.arg(&qkv.data)
             .arg(&a.data)
             .arg(&b.data)
@@ -643,6 +702,32 @@ impl HybridBackend for CudaBackend {
             return Ok(());
         }
         let d = dim as i32;
+        if dim.is_multiple_of(8) {
+            // Lanes per row: enough for one 8-element chunk each, a power of two, at most 32.
+            let lpr = (dim / 8).next_power_of_two().min(32);
+            let rows_per_block = NORM_VEC_THREADS / lpr;
+            let (rows_i, lpr_i) = (rows as i64, lpr as i32);
+            let mut b = self.stream.launch_builder(&self.k.gdn.gated_rms_norm_vec);
+            b.arg(&x.data)
+                .arg(&z.data)
+                .arg(&weight.data)
+                .arg(&mut out.data)
+                .arg(&rows_i)
+                .arg(&d)
+                .arg(&eps)
+                .arg(&lpr_i);
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1),
+                block_dim: (NORM_VEC_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: x, z and out hold rows × dim elements and weight dim (checked), each its
+            // own allocation (256-byte aligned) with dim a multiple of 8, so every 8-element
+            // access is aligned and inside its row; lpr divides the block (a power of two ≤ 32)
+            // and the kernel guards row < rows after the warp-wide shuffles.
+            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+            return Ok(());
+        }
         let mut b = self.stream.launch_builder(&self.k.gdn.gated_rms_norm);
         b.arg(&x.data)
             .arg(&z.data)
