@@ -228,3 +228,69 @@ fn synthetic_27b(label: &str, quant: SyntheticQuant) {
         packed as f64 / t / copy
     );
 }
+
+/// The launches the profiler reads (`w4gemv`, sixth session): the 1-row and the 16-row GEMV on
+/// 17408×5120 and 5120×17408 (CT W4A16 symmetric g128, bf16), each launched twice (the first a
+/// warm-up; `ncu -k regex:w4_gemv --launch-count 8` profiles these 8 launches, the report reads
+/// the second of each pair), then the same four steps timed twice: on one weight (back to back, as `w4a16_gemv_and_gemm_speed`: part of
+/// its 45.96 MB may still be in the 50 MB L2 from the previous launch) and rotating over 4
+/// distinct weights of the shape (184 MB: every launch reads its weights from DRAM, as a decode
+/// step's layers do). Figures, not pass/fail checks. Run (GPU machine, under ncu or alone):
+/// `cuda_w4a16_bench-<hash> --ignored --test-threads=1 --nocapture w4a16_gemv_profile_launches`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_profile_launches() {
+    let b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    let copy = copy_bandwidth();
+    println!("RESULT profile copy_bandwidth_GBps={:.0}", copy / 1e9);
+    let shapes = [(17408usize, 5120usize), (5120, 17408)];
+    let mut sets: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| {
+            let ws: Vec<_> = (0..4u64)
+                .map(|j| {
+                    let o = ct_g128(n, k, 100 * (i as u64 + 1) + j);
+                    b.upload_linear("profile", &LinearView::Packed(o.linear()))
+                        .expect("upload")
+                })
+                .collect();
+            let x = b.upload(&data(16 * k, 3)).expect("x");
+            let out = b.alloc(16 * n).expect("out");
+            (n, k, ws, x, out)
+        })
+        .collect();
+    // The 8 profiled launches come first (`ncu --launch-count 8`), in this order.
+    for (_, _, ws, x, out) in sets.iter_mut() {
+        for rows in [1usize, 16] {
+            for _ in 0..2 {
+                b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
+                    .expect("gemv");
+                b.synchronize().expect("sync");
+            }
+        }
+    }
+    for (n, k, ws, x, out) in sets.iter_mut() {
+        let bytes = b.weight_bytes(&ws[0]) as f64;
+        for rows in [1usize, 16] {
+            let warm = time(&b, || {
+                b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
+                    .expect("gemv")
+            });
+            let mut j = 0usize;
+            let cold = time(&b, || {
+                j = (j + 1) % ws.len();
+                b.matmul_w4_with(x, rows, &ws[j], out, W4Kernel::Gemv)
+                    .expect("gemv")
+            });
+            println!(
+                "RESULT profile gemv N={n} K={k} rows={rows} bytes={bytes:.0} same_weight_us={:.2} ({:.3} of copy) rotating_4_weights_us={:.2} ({:.3} of copy)",
+                warm * 1e6,
+                bytes / warm / copy,
+                cold * 1e6,
+                bytes / cold / copy
+            );
+        }
+    }
+}
