@@ -297,11 +297,38 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
             continue;
         }
         let fmts = [
-            ("ct-sym-g128", Fmt::Ct { group: 128, symmetric: true, act_order: false }),
-            ("ct-asym-g32", Fmt::Ct { group: 32, symmetric: false, act_order: false }),
-            ("ct-asym-g64", Fmt::Ct { group: 64, symmetric: false, act_order: false }),
+            (
+                "ct-sym-g128",
+                Fmt::Ct {
+                    group: 128,
+                    symmetric: true,
+                    act_order: false,
+                },
+            ),
+            (
+                "ct-asym-g32",
+                Fmt::Ct {
+                    group: 32,
+                    symmetric: false,
+                    act_order: false,
+                },
+            ),
+            (
+                "ct-asym-g64",
+                Fmt::Ct {
+                    group: 64,
+                    symmetric: false,
+                    act_order: false,
+                },
+            ),
             ("awq-g128", Fmt::Awq { group: 128 }),
-            ("gptq-g64", Fmt::Gptq { group: 64, desc_act: false }),
+            (
+                "gptq-g64",
+                Fmt::Gptq {
+                    group: 64,
+                    desc_act: false,
+                },
+            ),
         ];
         for (i, (label, fmt)) in fmts.into_iter().enumerate() {
             for (n, k) in [(48usize, 5120usize), (200, 1152), (1000, 4096)] {

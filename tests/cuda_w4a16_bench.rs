@@ -266,8 +266,7 @@ fn w4a16_wide_gemm_speed() {
             let flops = 2.0 * (m * n * k) as f64;
             let mut run = |kernel| {
                 time(&b, || {
-                    b.matmul_w4_with(&x, m, &w, &mut out, kernel)
-                        .expect("gemm")
+                    b.matmul_w4_with(&x, m, &w, &mut out, kernel).expect("gemm")
                 })
             };
             let (tw, tb) = (run(W4Kernel::Gemm), run(W4Kernel::GemmBase));

@@ -253,7 +253,11 @@ impl CudaBackend {
             // SAFETY: the caller's guarantees, passed on unchanged.
             return unsafe { self.packed_gemm_wide(w, parts, rows, xp, op, out_f32) };
         }
-        let kernel = if kernel == W4Kernel::GemmBase { W4Kernel::Gemm } else { kernel };
+        let kernel = if kernel == W4Kernel::GemmBase {
+            W4Kernel::Gemm
+        } else {
+            kernel
+        };
         if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
             // SAFETY: the caller's guarantees, passed on unchanged.
             return unsafe {
@@ -275,7 +279,9 @@ impl CudaBackend {
                 _ => self.k.w4_gemv32.as_ref(),
             }
             .filter(|_| self.w4_tensor_cores()),
-            W4Kernel::Gemm | W4Kernel::GemmBase => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
+            W4Kernel::Gemm | W4Kernel::GemmBase => {
+                self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores())
+            }
             W4Kernel::Fma => Some(&self.k.w4_fma),
         }
         .ok_or_else(|| {
@@ -289,7 +295,9 @@ impl CudaBackend {
                 32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
             ),
-            W4Kernel::Gemm | W4Kernel::GemmBase => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
+            W4Kernel::Gemm | W4Kernel::GemmBase => {
+                (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128)))
+            }
             W4Kernel::Fma => (
                 32 * parts.k_slices,
                 (parts.n_pad / TILE_N, rows.div_ceil(16)),
