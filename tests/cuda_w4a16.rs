@@ -279,8 +279,8 @@ fn tiny_quantized_models_match_the_cpu_backend() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-/// The wide GEMM (`kernels/w4a16_gemm.cu`, what [`W4Kernel::Gemm`] runs on sm_90 / sm_100 for
-/// the common layouts) against `w4_gemm` ([`W4Kernel::GemmBase`]): bit for bit on row counts
+/// The wide GEMM (`kernels/w4a16_gemm.cu`, [`W4Kernel::GemmWide`]: sm_90 / sm_100, the common
+/// layouts) against `w4_gemm` ([`W4Kernel::GemmBase`]): bit for bit on row counts
 /// with partial row tiles (33, 129, 257, 300) and output counts with partial output tiles
 /// (48, 200, 1000: N not a multiple of 256), every int4 format it takes (symmetric / asymmetric
 /// zeros, groups 32 / 64 / 128, AWQ, GPTQ), K with 1 and 8 slices, fp16 and bf16. Where the wide
@@ -343,7 +343,7 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
                     .collect();
                 let mut same = 0;
                 for rows in [33usize, 129, 257, 300] {
-                    let a = run(&b, &w, &x, rows, n, k, Some(W4Kernel::Gemm));
+                    let a = run(&b, &w, &x, rows, n, k, Some(W4Kernel::GemmWide));
                     let c = run(&b, &w, &x, rows, n, k, Some(W4Kernel::GemmBase));
                     if bits_equal(&a, &c) && a.iter().all(|v| v.is_finite()) {
                         same += 1;

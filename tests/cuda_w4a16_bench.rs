@@ -229,7 +229,7 @@ fn synthetic_27b(label: &str, quant: SyntheticQuant) {
     );
 }
 
-/// The wide GEMM (`kernels/w4a16_gemm.cu`, [`W4Kernel::Gemm`] on sm_90) against `w4_gemm`
+/// The wide GEMM (`kernels/w4a16_gemm.cu`, [`W4Kernel::GemmWide`] on sm_90) against `w4_gemm`
 /// ([`W4Kernel::GemmBase`]) and dense bf16 cuBLAS on the same shape, M = 257 / 1024 / 4096 for
 /// the 27B MLP and attention shapes (target at M = 4096: ≥ 0.50 of cuBLAS).
 #[test]
@@ -269,7 +269,7 @@ fn w4a16_wide_gemm_speed() {
                     b.matmul_w4_with(&x, m, &w, &mut out, kernel).expect("gemm")
                 })
             };
-            let (tw, tb) = (run(W4Kernel::Gemm), run(W4Kernel::GemmBase));
+            let (tw, tb) = (run(W4Kernel::GemmWide), run(W4Kernel::GemmBase));
             let td = time(&b, || b.matmul(&x, m, &wd, &mut out).expect("cublas"));
             println!(
                 "RESULT bench wide-gemm M={m} N={n} K={k} wide={} wide_TFLOPs={:.1} w4_gemm_TFLOPs={:.1} dense_bf16_cublas_TFLOPs={:.1} wide_fraction={:.3} w4_gemm_fraction={:.3} (target >= 0.50 at M=4096)",

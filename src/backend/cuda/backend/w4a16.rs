@@ -53,11 +53,14 @@ pub enum W4Kernel {
     /// Tensor-core GEMV: one m16 output tile per block, 8- or 32-row blocks (any row count;
     /// picked for 1–32).
     Gemv,
-    /// Tensor-core GEMM (picked above 32 rows): the wide `w4g_gemm` (`w4a16_gemm.rs`) where it
-    /// applies, else `w4_gemm`, 128 × 128 block tiles staged by cp.async.
+    /// Tensor-core GEMM (picked above 32 rows): `w4_gemm`, 128 × 128 block tiles staged by
+    /// cp.async (the wide `w4g_gemm` of `w4a16_gemm.rs` instead only once its
+    /// `WIDE_BY_DEFAULT` is set: it has not been run on a GPU yet).
     Gemm,
     /// `w4_gemm` forced (tests and benchmarks compare it with the wide GEMM).
     GemmBase,
+    /// The wide `w4g_gemm` where it applies (`CudaBackend::w4_wide_gemm_applies`), else `w4_gemm`.
+    GemmWide,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
 }
@@ -249,11 +252,13 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
-        if kernel == W4Kernel::Gemm && self.w4g_gemm_ok(parts, w.k) {
+        if (kernel == W4Kernel::GemmWide || (wide::WIDE_BY_DEFAULT && kernel == W4Kernel::Gemm))
+            && self.w4g_gemm_ok(parts, w.k)
+        {
             // SAFETY: the caller's guarantees, passed on unchanged.
             return unsafe { self.packed_gemm_wide(w, parts, rows, xp, op, out_f32) };
         }
-        let kernel = if kernel == W4Kernel::GemmBase {
+        let kernel = if matches!(kernel, W4Kernel::GemmBase | W4Kernel::GemmWide) {
             W4Kernel::Gemm
         } else {
             kernel
@@ -279,7 +284,7 @@ impl CudaBackend {
                 _ => self.k.w4_gemv32.as_ref(),
             }
             .filter(|_| self.w4_tensor_cores()),
-            W4Kernel::Gemm | W4Kernel::GemmBase => {
+            W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => {
                 self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores())
             }
             W4Kernel::Fma => Some(&self.k.w4_fma),
@@ -295,7 +300,7 @@ impl CudaBackend {
                 32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
             ),
-            W4Kernel::Gemm | W4Kernel::GemmBase => {
+            W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => {
                 (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128)))
             }
             W4Kernel::Fma => (

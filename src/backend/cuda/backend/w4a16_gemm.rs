@@ -2,8 +2,9 @@
 //! CTA tiles of 128 rows × 256 outputs, warp tiles of 64 × 64, the K-slice totals in shared
 //! memory (224 KB per block), for steps of more than [`super::GEMV_MAX_ROWS`] rows.
 //!
-//! A child module of `w4a16.rs` (it reads the private [`CudaPackedParts`]). [`super::W4Kernel::Gemm`]
-//! runs this kernel where [`CudaBackend::w4g_gemm_ok`] holds (sm_90 / sm_100, 16-bit compute
+//! A child module of `w4a16.rs` (it reads the private [`CudaPackedParts`]).
+//! [`super::W4Kernel::GemmWide`] (and [`super::W4Kernel::Gemm`], the backend's choice above 32
+//! rows, once [`WIDE_BY_DEFAULT`] is set) runs this kernel where [`CudaBackend::w4g_gemm_ok`] holds (sm_90 / sm_100, 16-bit compute
 //! dtype, integer nibbles, no act-order perm, k % 128 == 0, groups of ≥ 32 columns) and
 //! `kernels/w4a16.cu`'s `w4_gemm` elsewhere; [`super::W4Kernel::GemmBase`] forces the latter (tests and
 //! benchmarks compare the two). Same arithmetic per output element as every other sm_80+
@@ -16,6 +17,13 @@ use super::super::{dev_err, CudaBackend, CudaWeight};
 use super::CudaPackedParts;
 use crate::backend::BackendError;
 use crate::tensor::packed_tiles::{W4Values, TILE_N};
+
+/// Whether [`super::W4Kernel::Gemm`] (the backend's choice above 32 rows) runs this kernel where
+/// it applies. `false` until it has been run on a GPU: written and compiled (NVRTC 12.9, sm_90:
+/// 255 registers, 32 bytes of spill) but not yet validated or timed there —
+/// `cuda_w4a16 wide_gemm_equals_the_base_gemm_bit_for_bit` and `cuda_w4a16_bench
+/// w4a16_wide_gemm_speed` are the runs that decide it.
+pub(super) const WIDE_BY_DEFAULT: bool = false;
 
 /// Rows of one block tile (`kernels/w4a16_gemm.cu`: 2 warps × 64).
 const BLOCK_ROWS: usize = 128;
@@ -37,7 +45,7 @@ fn grid(rows: usize, n_pad: usize) -> (u32, u32) {
 }
 
 impl CudaBackend {
-    /// Whether [`super::W4Kernel::Gemm`] runs the wide GEMM for packed weight `w` here (tests check
+    /// Whether [`super::W4Kernel::GemmWide`] runs the wide GEMM for packed weight `w` here (tests check
     /// that they exercise it); `false` for a dense weight.
     pub fn w4_wide_gemm_applies(&self, w: &CudaWeight) -> bool {
         w.packed.as_ref().is_some_and(|p| self.w4g_gemm_ok(p, w.k))
