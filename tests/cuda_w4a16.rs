@@ -278,3 +278,87 @@ fn tiny_quantized_models_match_the_cpu_backend() {
     }
     assert!(failures.is_empty(), "{failures:?}");
 }
+
+/// The wide GEMM (`kernels/w4a16_gemm.cu`, [`W4Kernel::GemmWide`]: sm_90 / sm_100, the common
+/// layouts) against `w4_gemm` ([`W4Kernel::GemmBase`]): bit for bit on row counts
+/// with partial row tiles (33, 129, 257, 300) and output counts with partial output tiles
+/// (48, 200, 1000: N not a multiple of 256), every int4 format it takes (symmetric / asymmetric
+/// zeros, groups 32 / 64 / 128, AWQ, GPTQ), K with 1 and 8 slices, fp16 and bf16. Where the wide
+/// kernel does not apply (another GPU, or a layout it leaves to `w4_gemm`) the test says so and
+/// checks the same equality trivially.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
+    let mut failures = Vec::new();
+    for dtype in half_dtypes() {
+        let b = gpu(dtype, "auto");
+        if !b.w4_tensor_cores() {
+            println!("RESULT w4a16 wide-gemm {dtype}: no tensor-core path here, skipped");
+            continue;
+        }
+        let fmts = [
+            (
+                "ct-sym-g128",
+                Fmt::Ct {
+                    group: 128,
+                    symmetric: true,
+                    act_order: false,
+                },
+            ),
+            (
+                "ct-asym-g32",
+                Fmt::Ct {
+                    group: 32,
+                    symmetric: false,
+                    act_order: false,
+                },
+            ),
+            (
+                "ct-asym-g64",
+                Fmt::Ct {
+                    group: 64,
+                    symmetric: false,
+                    act_order: false,
+                },
+            ),
+            ("awq-g128", Fmt::Awq { group: 128 }),
+            (
+                "gptq-g64",
+                Fmt::Gptq {
+                    group: 64,
+                    desc_act: false,
+                },
+            ),
+        ];
+        for (i, (label, fmt)) in fmts.into_iter().enumerate() {
+            for (n, k) in [(48usize, 5120usize), (200, 1152), (1000, 4096)] {
+                let o = Owned::random(fmt, n, k, 700 + i as u64);
+                let w = b
+                    .upload_linear(label, &LinearView::Packed(o.linear()))
+                    .expect("upload_linear");
+                let wide = b.w4_wide_gemm_applies(&w);
+                let x: Vec<f32> = data(300 * k, 23 + n as u64)
+                    .into_iter()
+                    .map(|v| round(dtype, v))
+                    .collect();
+                let mut same = 0;
+                for rows in [33usize, 129, 257, 300] {
+                    let a = run(&b, &w, &x, rows, n, k, Some(W4Kernel::GemmWide));
+                    let c = run(&b, &w, &x, rows, n, k, Some(W4Kernel::GemmBase));
+                    if bits_equal(&a, &c) && a.iter().all(|v| v.is_finite()) {
+                        same += 1;
+                    } else {
+                        failures.push(format!(
+                            "{dtype} {label} {n}x{k} rows {rows}: wide GEMM != w4_gemm"
+                        ));
+                    }
+                }
+                println!(
+                    "RESULT w4a16 wide-gemm {dtype} {label} N={n} K={k} wide_kernel={wide} rows=33,129,257,300 equal_to_w4_gemm={same}/4 {}",
+                    if same == 4 { "ok" } else { "FAIL" }
+                );
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -290,6 +290,57 @@ fn w4a16_gemv_profile_launches() {
                 bytes / warm / copy,
                 cold * 1e6,
                 bytes / cold / copy
+
+/// The wide GEMM (`kernels/w4a16_gemm.cu`, [`W4Kernel::GemmWide`] on sm_90) against `w4_gemm`
+/// ([`W4Kernel::GemmBase`]) and dense bf16 cuBLAS on the same shape, M = 257 / 1024 / 4096 for
+/// the 27B MLP and attention shapes (target at M = 4096: ≥ 0.50 of cuBLAS).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_wide_gemm_speed() {
+    let b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    for (i, (n, k)) in [(17408usize, 5120usize), (5120, 17408), (10240, 5120)]
+        .into_iter()
+        .enumerate()
+    {
+        let o = ct_g128(n, k, 31 + i as u64);
+        let w = b
+            .upload_linear("bench", &LinearView::Packed(o.linear()))
+            .expect("upload");
+        let mut rng = Rng(41 + i as u64);
+        let dense: Vec<u8> = (0..n * k)
+            .flat_map(|_| bf16::from_f32(0.02 * rng.unit()).to_le_bytes())
+            .collect();
+        let shape = [n, k];
+        let wd = b
+            .upload_weight(
+                "dense",
+                &TensorView {
+                    dtype: WeightDType::BF16,
+                    shape: &shape,
+                    data: &dense,
+                },
+            )
+            .expect("dense");
+        let x = b.upload(&data(4096 * k, 13)).expect("x");
+        let mut out = b.alloc(4096 * n).expect("out");
+        for m in [257usize, 1024, 4096] {
+            let flops = 2.0 * (m * n * k) as f64;
+            let mut run = |kernel| {
+                time(&b, || {
+                    b.matmul_w4_with(&x, m, &w, &mut out, kernel).expect("gemm")
+                })
+            };
+            let (tw, tb) = (run(W4Kernel::GemmWide), run(W4Kernel::GemmBase));
+            let td = time(&b, || b.matmul(&x, m, &wd, &mut out).expect("cublas"));
+            println!(
+                "RESULT bench wide-gemm M={m} N={n} K={k} wide={} wide_TFLOPs={:.1} w4_gemm_TFLOPs={:.1} dense_bf16_cublas_TFLOPs={:.1} wide_fraction={:.3} w4_gemm_fraction={:.3} (target >= 0.50 at M=4096)",
+                b.w4_wide_gemm_applies(&w),
+                flops / tw / 1e12,
+                flops / tb / 1e12,
+                flops / td / 1e12,
+                td / tw,
+                td / tb
             );
         }
     }

@@ -40,11 +40,13 @@ pub enum KernelModule {
     GgufMm,
     /// The sm_70 / sm_75 tensor-core (mma m8n8k4, fp16) matmuls on 4-bit weights (w4 tiles).
     W4a16Sm70,
+    /// The wide sm_90+ tensor-core GEMM on 4-bit weights (w4 tiles, the common layouts).
+    W4a16Gemm,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 15] = [
+    pub const ALL: [KernelModule; 16] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -60,6 +62,7 @@ impl KernelModule {
         KernelModule::GatedAttention,
         KernelModule::GgufMm,
         KernelModule::W4a16Sm70,
+        KernelModule::W4a16Gemm,
     ];
 
     /// File name under `kernels/`.
@@ -80,6 +83,7 @@ impl KernelModule {
             KernelModule::GatedAttention => "gated_attention.cu",
             KernelModule::GgufMm => "gguf_mm.cu",
             KernelModule::W4a16Sm70 => "w4a16_sm70.cu",
+            KernelModule::W4a16Gemm => "w4a16_gemm.cu",
         }
     }
 
@@ -103,6 +107,7 @@ impl KernelModule {
             KernelModule::GatedAttention => include_str!("../../../kernels/gated_attention.cu"),
             KernelModule::GgufMm => include_str!("../../../kernels/gguf_mm.cu"),
             KernelModule::W4a16Sm70 => include_str!("../../../kernels/w4a16_sm70.cu"),
+            KernelModule::W4a16Gemm => include_str!("../../../kernels/w4a16_gemm.cu"),
         }
     }
 
@@ -270,6 +275,12 @@ impl KernelModule {
                     if t == "f16" {
                         names.push(format!("w4s70_gemv_{t}"));
                         names.push(format!("w4s70_gemm_{t}"));
+                    }
+                }
+                // The 16-bit dtypes (the host launches it on sm_90 / sm_100 only).
+                KernelModule::W4a16Gemm => {
+                    if t != "f32" {
+                        names.push(format!("w4g_gemm_{t}"));
                     }
                 }
                 KernelModule::GgufMm => {

@@ -25,6 +25,10 @@ use crate::tensor::PackedLinear;
 mod sm70;
 pub(crate) use sm70::Sm70Kernels;
 
+// The wide sm_90+ GEMM (`kernels/w4a16_gemm.cu`), a child module for the same reason.
+#[path = "w4a16_gemm.rs"]
+mod wide;
+
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
 pub const GEMV_MAX_ROWS: usize = 32;
 
@@ -49,8 +53,14 @@ pub enum W4Kernel {
     /// Tensor-core GEMV: one m16 output tile per block, 8- or 32-row blocks (any row count;
     /// picked for 1–32).
     Gemv,
-    /// Tensor-core GEMM, 128 × 128 block tiles staged by cp.async (picked above 32 rows).
+    /// Tensor-core GEMM (picked above 32 rows): `w4_gemm`, 128 × 128 block tiles staged by
+    /// cp.async (the wide `w4g_gemm` of `w4a16_gemm.rs` instead only once its
+    /// `WIDE_BY_DEFAULT` is set: it has not been run on a GPU yet).
     Gemm,
+    /// `w4_gemm` forced (tests and benchmarks compare it with the wide GEMM).
+    GemmBase,
+    /// The wide `w4g_gemm` where it applies (`CudaBackend::w4_wide_gemm_applies`), else `w4_gemm`.
+    GemmWide,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
 }
@@ -242,6 +252,17 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
+        if (kernel == W4Kernel::GemmWide || (wide::WIDE_BY_DEFAULT && kernel == W4Kernel::Gemm))
+            && self.w4g_gemm_ok(parts, w.k)
+        {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe { self.packed_gemm_wide(w, parts, rows, xp, op, out_f32) };
+        }
+        let kernel = if matches!(kernel, W4Kernel::GemmBase | W4Kernel::GemmWide) {
+            W4Kernel::Gemm
+        } else {
+            kernel
+        };
         if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
             // SAFETY: the caller's guarantees, passed on unchanged.
             return unsafe {
@@ -263,7 +284,9 @@ impl CudaBackend {
                 _ => self.k.w4_gemv32.as_ref(),
             }
             .filter(|_| self.w4_tensor_cores()),
-            W4Kernel::Gemm => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
+            W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => {
+                self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores())
+            }
             W4Kernel::Fma => Some(&self.k.w4_fma),
         }
         .ok_or_else(|| {
@@ -277,7 +300,9 @@ impl CudaBackend {
                 32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
             ),
-            W4Kernel::Gemm => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
+            W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => {
+                (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128)))
+            }
             W4Kernel::Fma => (
                 32 * parts.k_slices,
                 (parts.n_pad / TILE_N, rows.div_ceil(16)),

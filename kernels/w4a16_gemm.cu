@@ -1,0 +1,299 @@
+// w4a16_gemm.cu: the wide tensor-core GEMM on packed 4-bit integer weights (issue 10 item 7),
+// out[r, n] = sum_k x[r, k] * W[n, k] for steps of more than 32 rows on the common layouts.
+//
+// Layout and numerics: exactly those of kernels/w4a16.cu (read its header first): the w4 tile
+// layout (qw uint4 [Np/8][KB][32], scales T [Np/8][GS][8], zeros u8 or nullptr), the weights
+// the A operand of mma.sync.m16n8k16 (16 outputs x 16 k), x the B operand (16 k x 8 rows), chunk
+// c of a k block covering lane columns 32t + 4c .. +3, chunks 0..7 in order, K cut into the
+// host's `ks` slices, slice s accumulated from zero in f32 and the total ((0 + P_0) + P_1) + ...
+// in f32. So this kernel gives the same bits as `w4_gemv*` / `w4_gemm` of w4a16.cu for every
+// row (tests/cuda_w4a16.rs checks GEMV = GEMM bit for bit). The decode helpers below are
+// copies of w4a16.cu's `W4Dec`, `w4_and_or`, `w4_decode2`, `w4_mma`, `w4_a_unit` (renamed
+// w4g_*; keep them in step with the originals).
+//
+// Scope (the host checks it: src/backend/cuda/backend/w4a16_gemm.rs): 16-bit compute dtype on
+// sm_90 / sm_100 (the block needs 224 KB of shared memory), integer nibbles (not NVFP4), no
+// act-order perm, k % 128 == 0, groups of >= 32 columns (gshift >= 1: one (scale, zero) per
+// lane per k block). Everything else runs w4a16.cu's `w4_gemm`.
+//
+// Tiling: 256 threads = 2 (rows) x 4 (outputs) warps; warp tile 64 rows x 64 outputs (8 n8
+// tiles = 4 m16 A tiles x 8 row groups: 32 mma per 16 k), CTA tile 128 rows x 256 outputs,
+// grid (ceil(Np / 256), ceil(m / 128)). Against w4a16.cu's 64 x 32 warp tile each x fragment
+// read from shared memory feeds twice as many mma (x shared-memory traffic per mma halved)
+// while each decoded weight still serves 64 rows. The slice partial P_s lives in the 128
+// accumulator registers; the running total in shared memory (128 f32 per thread, 128 KB,
+// each thread's own words: [i][256 threads], conflict-free), added at each slice end.
+// Two cp.async stages of one 128-column k block: x 128 rows x 256 B (16-byte units swizzled as
+// w4a16.cu's GEMM does) and the CTA's 32 n8 weight tiles (32 x 512 B).
+
+#define W4G_KB 128                                        // k per k block
+#define W4G_X_BYTES (128 * 256)                           // x rows of one stage
+#define W4G_W_BYTES (32 * 512)                            // weight tiles of one stage
+#define W4G_STAGE_BYTES (W4G_X_BYTES + W4G_W_BYTES)       // 48 KB
+#define W4G_STAGES 2
+#define W4G_TOTAL_BYTES (128 * 256 * 4)                   // f32 running totals, 128 KB
+#define W4G_SMEM_BYTES (W4G_STAGES * W4G_STAGE_BYTES + W4G_TOTAL_BYTES)  // 224 KB
+
+// D += A * B for one m16n8k16 tile (copy of w4a16.cu `w4_mma`).
+template <typename T>
+__device__ __forceinline__ void w4g_mma(float* d, const unsigned* a, unsigned b0, unsigned b1);
+template <>
+__device__ __forceinline__ void w4g_mma<__half>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();  // the host launches this kernel on sm_90+ only
+#endif
+}
+template <>
+__device__ __forceinline__ void w4g_mma<bf16_t>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// The exact decode (copy of w4a16.cu `W4Dec`): nibble u OR-ed into MAGIC's mantissa is MAGIC + u,
+// minus (MAGIC + z) the exact u - z, times the scale one rounding.
+template <typename T> struct W4gDec;
+template <> struct W4gDec<__half> {
+    static constexpr unsigned MAGIC = 0x64006400u;
+    static __device__ __forceinline__ unsigned bias(int z) { return (0x6400u + (unsigned)z) * 0x10001u; }
+    static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
+        const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&q),
+                                  *reinterpret_cast<const __half2*>(&zb));
+        const __half2 w = __hmul2(d, *reinterpret_cast<const __half2*>(&s2));
+        return *reinterpret_cast<const unsigned*>(&w);
+    }
+};
+template <> struct W4gDec<bf16_t> {
+    static constexpr unsigned MAGIC = 0x43004300u;
+    static __device__ __forceinline__ unsigned bias(int z) { return (0x4300u + (unsigned)z) * 0x10001u; }
+    static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        unsigned d, w;
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(q), "r"(0x3f803f80u), "r"(zb ^ 0x80008000u));
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(w) : "r"(d), "r"(s2), "r"(0x80008000u));
+        return w;
+#else
+        __trap();
+        return 0u;
+#endif
+    }
+};
+
+// (a & b) | c in one LOP3 (copy of w4a16.cu `w4_and_or`).
+__device__ __forceinline__ unsigned w4g_and_or(unsigned a, unsigned b, unsigned c) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// The A-fragment halves of chunks 2q (b[0], b[1]) and 2q + 1 (b[2], b[3]) from word q (copy of
+// w4a16.cu `w4_decode2`).
+template <typename T>
+__device__ __forceinline__ void w4g_decode2(unsigned w, unsigned s2, unsigned zb, unsigned* b) {
+    const unsigned M = 0x000f000fu, X = W4gDec<T>::MAGIC;
+    b[0] = W4gDec<T>::apply(w4g_and_or(w, M, X), zb, s2);
+    b[1] = W4gDec<T>::apply(w4g_and_or(w >> 4, M, X), zb, s2);
+    b[2] = W4gDec<T>::apply(w4g_and_or(w >> 8, M, X), zb, s2);
+    b[3] = W4gDec<T>::apply(w4g_and_or(w >> 12, M, X), zb, s2);
+}
+
+// The swizzled 16-byte unit of x unit u (columns 8u..8u+7 of the k block) in a 256-byte smem row
+// (copy of w4a16.cu `w4_a_unit`: conflict-free 128-bit reads of 8 rows x 4 lanes).
+__device__ __forceinline__ int w4g_unit(int u, int row) { return u ^ ((u >> 3) << 1) ^ (row & 1); }
+
+__device__ __forceinline__ void w4g_cp16(unsigned dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void w4g_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ __forceinline__ void w4g_cp_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
+}
+
+// Stage k block kb of the CTA (rows r0 .. r0 + 127, n8 tiles ntc .. ntc + 31) into `st`: x by
+// cp.async with zero fill past row m (k % 128 == 0: every column exists), the tiles that exist.
+__device__ __forceinline__ void w4g_stage(unsigned char* st, const unsigned short* xs, int m, int k,
+                                          const uint4* qw, int kblocks, int tiles, int r0, int ntc,
+                                          int kb) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int id = tid + 256 * i, row = id >> 4, u = id & 15;
+        unsigned char* dst = st + row * 256 + w4g_unit(u, row) * 16;
+        const int r = r0 + row;
+        const bool in = r < m;
+        const unsigned short* src = in ? xs + (size_t)r * k + kb * W4G_KB + 8 * u : xs;
+        w4g_cp16((unsigned)__cvta_generic_to_shared(dst), src, in ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int id = tid + 256 * i, tile = id >> 5, l = id & 31;
+        if (ntc + tile < tiles) {
+            unsigned char* dst = st + W4G_X_BYTES + tile * 512 + l * 16;
+            w4g_cp16((unsigned)__cvta_generic_to_shared(dst),
+                     qw + ((size_t)(ntc + tile) * kblocks + kb) * 32 + l, 16);
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void w4g_gemm(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                         const T* scales, const unsigned char* zeros, int kblocks,
+                                         int ks, int gshift, int gstore, int n, void* out,
+                                         int out_f32, int tiles) {
+    extern __shared__ __align__(16) unsigned char w4g_smem[];
+    float* tot = reinterpret_cast<float*>(w4g_smem + W4G_STAGES * W4G_STAGE_BYTES);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int r0 = blockIdx.y * 128;
+    const int ntc = blockIdx.x * 32;   // the CTA's first n8 tile
+    const int nt0 = ntc + wn * 8;      // the warp's first n8 tile (8: four m16 A tiles)
+    const bool active = nt0 < tiles;   // tiles is a multiple of 8: all 8 or none
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const int per = kblocks / ks;
+    const int sstride = gstore * 8;
+    // scales[nt0 + j][gi][g] = sp[j * sstride + gi * 8]; the same index into zeros.
+    const size_t sbase = (size_t)(active ? nt0 : 0) * sstride + g;
+    const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + sbase;
+    const unsigned char* zp = zeros ? zeros + sbase : nullptr;
+    // acc[u][rg][e]: m16 output tile u (n8 tiles nt0 + 2u, + 1), row group rg (8 rows).
+    float acc[4][8][4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int rg = 0; rg < 8; ++rg)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[u][rg][e] = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < 128; ++i) tot[i * 256 + tid] = 0.0f;
+    // Packed (scale | zero << 16) of tile j for the lane's group of k block kb (gshift >= 1:
+    // one group per lane per k block).
+    unsigned szc[8];
+    auto load_sz = [&](int kb) {
+        const int gi = (kb * 8 + 2 * t) >> gshift;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int i = j * sstride + gi * 8;
+            szc[j] = (unsigned)__ldg(sp + i) | ((zp ? (unsigned)__ldg(zp + i) : 8u) << 16);
+        }
+    };
+    if (active) load_sz(0);
+    w4g_stage(w4g_smem, xs, m, k, qw, kblocks, tiles, r0, ntc, 0);
+    w4g_cp_commit();
+    for (int kb = 0; kb < kblocks; ++kb) {
+        w4g_cp_wait_all();
+        __syncthreads();  // stage kb landed for all; stage kb - 1's buffer is free
+        if (kb + 1 < kblocks)
+            w4g_stage(w4g_smem + ((kb + 1) & 1) * W4G_STAGE_BYTES, xs, m, k, qw, kblocks, tiles,
+                      r0, ntc, kb + 1);
+        w4g_cp_commit();
+        if (!active) continue;
+        const unsigned char* st = w4g_smem + (kb & 1) * W4G_STAGE_BYTES;
+        const unsigned char* wst = st + W4G_X_BYTES + wn * 8 * 512 + lane * 16;
+        // The decode's scale pair and zero bias of tile j, unpacked where used (registers).
+        unsigned sz[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sz[j] = szc[j];
+        if (kb + 1 < kblocks) load_sz(kb + 1);
+        auto s2 = [&](int j) { return __byte_perm(sz[j], 0u, 0x1010); };
+        auto zb = [&](int j) { return W4gDec<T>::bias((int)(sz[j] >> 16)); };
+#pragma unroll 1
+        for (int h = 0; h < 2; ++h) {
+            // Words 2h, 2h + 1 of the lane's word in each of the warp's 8 tiles.
+            uint2 wv[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) wv[j] = *reinterpret_cast<const uint2*>(wst + j * 512 + 8 * h);
+#pragma unroll
+            for (int qq = 0; qq < 2; ++qq) {
+                const int q = 2 * h + qq;
+                uint4 xr[8];
+#pragma unroll
+                for (int rg = 0; rg < 8; ++rg) {
+                    const int row = wm * 64 + rg * 8 + g;
+                    xr[rg] = *reinterpret_cast<const uint4*>(st + row * 256 + w4g_unit(4 * t + q, row) * 16);
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    unsigned d0[4], d1[4];
+                    w4g_decode2<T>(qq ? wv[2 * u].y : wv[2 * u].x, s2(2 * u), zb(2 * u), d0);
+                    w4g_decode2<T>(qq ? wv[2 * u + 1].y : wv[2 * u + 1].x, s2(2 * u + 1),
+                                   zb(2 * u + 1), d1);
+                    const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};
+                    const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};
+#pragma unroll
+                    for (int rg = 0; rg < 8; ++rg) {
+                        w4g_mma<T>(acc[u][rg], a0, xr[rg].x, xr[rg].y);
+                        w4g_mma<T>(acc[u][rg], a1, xr[rg].z, xr[rg].w);
+                    }
+                }
+            }
+        }
+        if ((kb + 1) % per == 0) {
+            // Slice end: total += P_s (f32, slices in order), P restarts from zero.
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int rg = 0; rg < 8; ++rg)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = (u * 8 + rg) * 4 + e;
+                        tot[i * 256 + tid] += acc[u][rg][e];
+                        acc[u][rg][e] = 0.0f;
+                    }
+        }
+    }
+    w4g_cp_wait_all();
+    if (!active) return;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int rg = 0; rg < 8; ++rg)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = r0 + wm * 64 + rg * 8 + 2 * t + (e & 1);
+                const int col = (nt0 + 2 * u) * 8 + g + (e >= 2 ? 8 : 0);
+                if (row < m && col < n) {
+                    const float v = tot[((u * 8 + rg) * 4 + e) * 256 + tid];
+                    const size_t i = (size_t)row * n + col;
+                    if (out_f32) {
+                        static_cast<float*>(out)[i] = v;
+                    } else {
+                        Io<T>::store(static_cast<T*>(out), (long)i, v);
+                    }
+                }
+            }
+}
+
+// `w4g_gemm_{f16,bf16}`: grid (ceil(Np / 256), ceil(m / 128)), 256 threads, W4G_SMEM_BYTES of
+// dynamic shared memory; `tiles` = Np / 8.
+#define W4G_ENTRY(SUF, T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 1) w4g_gemm_##SUF(                          \
+        const T* x, int m, int k, const uint4* qw, const T* scales, const unsigned char* zeros,   \
+        int kblocks, int ks, int gshift, int gstore, int n, void* out, int out_f32, int tiles) {  \
+        w4g_gemm<T>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32,   \
+                    tiles);                                                                      \
+    }
+W4G_ENTRY(f16, __half)
+W4G_ENTRY(bf16, bf16_t)
