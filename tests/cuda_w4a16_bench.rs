@@ -290,6 +290,10 @@ fn w4a16_gemv_profile_launches() {
                 bytes / warm / copy,
                 cold * 1e6,
                 bytes / cold / copy
+            );
+        }
+    }
+}
 
 /// The wide GEMM (`kernels/w4a16_gemm.cu`, [`W4Kernel::GemmWide`] on sm_90) against `w4_gemm`
 /// ([`W4Kernel::GemmBase`]) and dense bf16 cuBLAS on the same shape, M = 257 / 1024 / 4096 for
