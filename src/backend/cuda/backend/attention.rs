@@ -460,7 +460,13 @@ impl CudaBackend {
             slots as i32,
         );
         let scale = params.scale;
-        let mut b = self.stream.launch_builder(self.k.decode(variant));
+        // The tensor-core kernel (attention_mma.rs) where it takes the shapes: same arguments.
+        let group = params.num_heads / params.num_kv_heads;
+        let (func, threads, smem) = match self.decode_mma(params.head_dim, group) {
+            Some(m) => (m.func, m.threads, m.smem),
+            None => (self.k.decode(variant), attention_plan::DECODE_THREADS, 0),
+        };
+        let mut b = self.stream.launch_builder(func);
         b.arg(&q.data)
             .arg(&cache.k[layer])
             .arg(&cache.v[layer])
@@ -489,8 +495,8 @@ impl CudaBackend {
         b.arg(&g_row).arg(&g_head);
         let cfg = LaunchConfig {
             grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
-            block_dim: (attention_plan::DECODE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
         };
         // SAFETY: block tables are [n_seqs, max_blocks] with ids checked against num_blocks;
         // every row's position is < its sequence's context, covered by its table; `index` holds
@@ -500,6 +506,8 @@ impl CudaBackend {
         // (× head_dim) floats and slots ≥ every row's part count (decode_slots of the bound), and
         // are null and unread when slots == 1 (every row then has one part); the gate (or null)
         // holds every (token, head, dim) of the rows at its strides (paged_attention_gated).
+        // The tensor-core kernel needs head_dim equal to its width and the group ≤ 8 (decode_mma)
+        // and `smem` bytes of dynamic shared memory, its limit raised when it was resolved.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         if let Some((pm, pl, pacc)) = &partials {
             let mut b = self.stream.launch_builder(&self.k.attention_decode_combine);
