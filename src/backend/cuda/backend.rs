@@ -30,6 +30,7 @@ use cudarc::driver::{
 use super::attention_plan::{self, PrefillVariant};
 
 mod attention;
+mod attention_mma;
 mod dense;
 mod dense_rope;
 pub(crate) use dense::MmaKernels;
@@ -51,6 +52,8 @@ mod step;
 mod w4a16;
 
 pub use attention::OutputGate;
+pub(crate) use attention_mma::DecodeMmaKernels;
+pub use attention_mma::{decode_mma_geometry, decode_mma_name, DECODE_MMA_DIMS};
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
 pub use gdn_chunk::{DEFAULT_CHUNKED_MIN_LEN, GDN_CHUNK_OPS};

@@ -42,6 +42,9 @@ pub enum KernelModule {
     W4a16Sm70,
     /// The wide sm_90+ tensor-core GEMM on 4-bit weights (w4 tiles, the common layouts).
     W4a16Gemm,
+
+    /// Decode attention on tensor cores (mma m16n8k16, sm_80+, 16-bit compute) for long contexts.
+    AttentionDecodeMma,
 }
 
 impl KernelModule {
@@ -63,6 +66,7 @@ impl KernelModule {
         KernelModule::GgufMm,
         KernelModule::W4a16Sm70,
         KernelModule::W4a16Gemm,
+        KernelModule::AttentionDecodeMma,
     ];
 
     /// File name under `kernels/`.
@@ -84,6 +88,8 @@ impl KernelModule {
             KernelModule::GgufMm => "gguf_mm.cu",
             KernelModule::W4a16Sm70 => "w4a16_sm70.cu",
             KernelModule::W4a16Gemm => "w4a16_gemm.cu",
+
+            KernelModule::AttentionDecodeMma => "attention_decode_mma.cu",
         }
     }
 
@@ -108,6 +114,10 @@ impl KernelModule {
             KernelModule::GgufMm => include_str!("../../../kernels/gguf_mm.cu"),
             KernelModule::W4a16Sm70 => include_str!("../../../kernels/w4a16_sm70.cu"),
             KernelModule::W4a16Gemm => include_str!("../../../kernels/w4a16_gemm.cu"),
+
+            KernelModule::AttentionDecodeMma => {
+                include_str!("../../../kernels/attention_decode_mma.cu")
+            }
         }
     }
 
@@ -128,6 +138,8 @@ impl KernelModule {
     pub fn builds_for(self, arch: super::nvrtc::Arch) -> bool {
         match self {
             KernelModule::W4a16Sm70 => arch.major == 7,
+            // mma.sync m16n8k16 with bf16, movmatrix, cp.async: sm_80 and newer.
+            KernelModule::AttentionDecodeMma => arch.major >= 8,
             _ => true,
         }
     }
@@ -141,6 +153,12 @@ impl KernelModule {
                 "-DKILN_DECODE_ONLY".into(),
                 format!("-DKILN_DECODE_T_{t}"),
                 format!("-DKILN_DECODE_C_{c}"),
+            ],
+            // The same for the tensor-core decode kernels (none for f32 compute).
+            KernelModule::AttentionDecodeMma => vec![
+                "-DKILN_DMMA_ONLY".into(),
+                format!("-DKILN_DMMA_T_{t}"),
+                format!("-DKILN_DMMA_C_{c}"),
             ],
             // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
             // f32 FMAs instead of m8n8k4 tensor cores (to compare the two; no effect on sm_80+).
@@ -164,6 +182,10 @@ impl KernelModule {
                 all.into_iter()
                     .filter(|n| n.starts_with(&pair) || *n == combine)
                     .collect()
+            }
+            KernelModule::AttentionDecodeMma => {
+                let pair = format!("attention_decode_mma_{t}_{c}_");
+                all.into_iter().filter(|n| n.starts_with(&pair)).collect()
             }
             _ => all,
         }
@@ -218,6 +240,18 @@ impl KernelModule {
                         );
                     }
                     names.push(format!("attention_decode_combine_{t}"));
+                }
+                // 16-bit compute only (f32 keeps attention_decode.cu).
+                KernelModule::AttentionDecodeMma => {
+                    if t != "f32" {
+                        for c in ["same", "e5m2", "e4m3"] {
+                            names.extend(
+                                super::backend::DECODE_MMA_DIMS
+                                    .iter()
+                                    .map(|d| super::backend::decode_mma_name(t, c, *d)),
+                            );
+                        }
+                    }
                 }
                 KernelModule::Dequant => {
                     for q in ["q8_0", "q4_0", "q4_1"] {
@@ -334,7 +368,21 @@ mod tests {
                 "-DKILN_DECODE_C_e5m2"
             ]
         );
-        for other in KernelModule::ALL.into_iter().filter(|&o| o != m) {
+        let mma = KernelModule::AttentionDecodeMma;
+        assert_eq!(mma.entry_points().len(), 2 * 3 * 3);
+        assert_eq!(
+            mma.entry_points_for("bf16", "e4m3"),
+            [
+                "attention_decode_mma_bf16_e4m3_d64",
+                "attention_decode_mma_bf16_e4m3_d128",
+                "attention_decode_mma_bf16_e4m3_d256"
+            ]
+        );
+        assert!(mma.entry_points_for("f32", "same").is_empty());
+        for other in KernelModule::ALL
+            .into_iter()
+            .filter(|&o| o != m && o != mma)
+        {
             assert!(other.defines("f16", "same").is_empty());
             assert_eq!(other.entry_points_for("f16", "same"), other.entry_points());
         }

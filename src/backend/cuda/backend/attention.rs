@@ -482,6 +482,15 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
         let (g_row, g_head) = gate.map(|g| g.strides()).transpose()?.unwrap_or((0, 0));
+        // The tensor-core kernel (attention_mma.rs) where it takes the shapes. It splits rows by
+        // the split rule alone (its copy of decode_part_len has no single-part bound), merges in
+        // the second launch and has no griddepcontrol.wait: the two-pass plan, without PDL.
+        let mma = self.decode_mma(params.head_dim, params.num_heads / params.num_kv_heads);
+        let opts = if mma.is_some() {
+            DecodeOptions::TWO_PASS
+        } else {
+            opts
+        };
         // Sized for the pinned context in a graph (shapes fixed per bucket); the split of each
         // row's keys depends on its own context only, so the bits are those of an eager step.
         let bound = max_context.max(step.pinned_context).max(1);
@@ -591,27 +600,66 @@ impl CudaBackend {
             int(&g_row),
             int(&g_head),
         ];
-        let cfg = LaunchConfig {
-            grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
-            block_dim: (attention_plan::DECODE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match attention_decode_*'s parameter list in number, order and
-        // types and outlive the call (the sync guards keep every buffer in use on this stream);
-        // block tables are [n_seqs, max_blocks] with ids checked against num_blocks; every row's
-        // position is < its sequence's context, covered by its table; `index` holds n_rows token
-        // indices < num_tokens (or is null: rows are the tokens); head_dim is a multiple of 8 ≤
-        // the variant's width and the group ≤ its group bound (for_shape), so the 8-element loads
-        // are aligned and in the row; partials hold n_rows × num_heads × slots (× head_dim)
-        // floats and slots ≥ every row's part count (decode_slots of the bound, and 1 only when
-        // every row is at most single_part_keys keys: one part), null and unread otherwise; the
-        // counters (or null) hold n_rows × num_kv_heads zeros, which the kernel leaves zero; the
-        // gate (or null) holds every (token, head, dim) of the rows at its strides
-        // (paged_attention_gated). The kernel reads only step metadata before griddepcontrol.wait
-        // and writes nothing before it, so it may be launched with PDL.
-        unsafe {
-            self.launch_kernel(self.k.decode(variant), cfg, &mut args, opts.pdl && self.pdl)
-        }?;
+        if let Some(m) = &mma {
+            let mut args = [
+                ptr(&q_p),
+                ptr(&kc_p),
+                ptr(&vc_p),
+                ptr(&bt_p),
+                ptr(&seq_p),
+                ptr(&pos_p),
+                ptr(&ix_p),
+                ptr(&out_p),
+                ptr(&pm_p),
+                ptr(&pl_p),
+                ptr(&pacc_p),
+                int(&nh),
+                int(&nkv),
+                int(&hd),
+                int(&bs),
+                int(&mb),
+                int(&ns),
+                &scale as *const f32 as *mut c_void,
+                ptr(&gate_p),
+                int(&g_row),
+                int(&g_head),
+            ];
+            let cfg = LaunchConfig {
+                grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
+                block_dim: (m.threads, 1, 1),
+                shared_mem_bytes: m.smem,
+            };
+            // SAFETY: the arguments match attention_decode_mma_*'s parameter list in number,
+            // order and types and outlive the call (the guards above); the same table, position,
+            // index, partial and gate bounds as the kernel below (single_keys 0: partials for
+            // every row the split rule cuts, the combine below merges them); the tensor-core
+            // kernel needs head_dim equal to its width and the group ≤ 8 (decode_mma) and
+            // `smem` bytes of dynamic shared memory, its limit raised when it was resolved; no
+            // PDL (it has no griddepcontrol.wait).
+            unsafe { self.launch_kernel(m.func, cfg, &mut args, false) }?;
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
+                block_dim: (attention_plan::DECODE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments match attention_decode_*'s parameter list in number, order and
+            // types and outlive the call (the sync guards keep every buffer in use on this stream);
+            // block tables are [n_seqs, max_blocks] with ids checked against num_blocks; every row's
+            // position is < its sequence's context, covered by its table; `index` holds n_rows token
+            // indices < num_tokens (or is null: rows are the tokens); head_dim is a multiple of 8 ≤
+            // the variant's width and the group ≤ its group bound (for_shape), so the 8-element loads
+            // are aligned and in the row; partials hold n_rows × num_heads × slots (× head_dim)
+            // floats and slots ≥ every row's part count (decode_slots of the bound, and 1 only when
+            // every row is at most single_part_keys keys: one part), null and unread otherwise; the
+            // counters (or null) hold n_rows × num_kv_heads zeros, which the kernel leaves zero; the
+            // gate (or null) holds every (token, head, dim) of the rows at its strides
+            // (paged_attention_gated). The kernel reads only step metadata before griddepcontrol.wait
+            // and writes nothing before it, so it may be launched with PDL.
+            unsafe {
+                self.launch_kernel(self.k.decode(variant), cfg, &mut args, opts.pdl && self.pdl)
+            }?;
+        }
         if slots > 1 && !in_launch {
             let mut b = self.stream.launch_builder(&self.k.attention_decode_combine);
             b.arg(&pm_p).arg(&pl_p).arg(&pacc_p).arg(&positions);

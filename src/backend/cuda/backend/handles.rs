@@ -51,6 +51,9 @@ pub(crate) struct Kernels {
     pub attention_decode: Vec<CudaFunction>,
     /// `attention_decode_combine_{t}`.
     pub attention_decode_combine: CudaFunction,
+    /// `attention_decode_mma_{t}_{c}_d{64,128,256}`: the tensor-core decode kernels; `None` below
+    /// sm_80, for f32 compute and with `KILN_DECODE_MMA=0`.
+    pub attention_decode_mma: Option<super::DecodeMmaKernels>,
     /// `dequant_{q8_0,q4_0,q4_1}_{t}`.
     pub dequant_q8_0: CudaFunction,
     /// See `dequant_q8_0`.
@@ -143,6 +146,7 @@ impl Kernels {
                 .map(|v| get(v.kernel_name(t, c)))
                 .collect::<Result<_, _>>()?,
             attention_decode_combine: get(format!("attention_decode_combine_{t}"))?,
+            attention_decode_mma: super::DecodeMmaKernels::resolve(all, t, c, kv_bytes)?,
             dequant_q8_0: get(format!("dequant_q8_0_{t}"))?,
             dequant_q4_0: get(format!("dequant_q4_0_{t}"))?,
             dequant_q4_1: get(format!("dequant_q4_1_{t}"))?,

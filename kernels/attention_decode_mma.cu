@@ -1,0 +1,462 @@
+// attention_decode_mma.cu: decode attention over the paged KV cache on tensor cores (sm_80+,
+// 16-bit compute), for long contexts (issue 8 item 7). Entry points:
+// attention_decode_mma_{f16,bf16}_{same,e5m2,e4m3}_d{64,128,256}. Same arguments, same rows, same
+// split of the keys into parts and the same partials (merged by attention_decode_combine_* of
+// attention_decode.cu) as attention_decode.cu's kernel, which stays for sm_70 / sm_75, f32
+// compute, head_dim other than 64 / 128 / 256 and GQA groups over 8.
+//
+// Shapes: q, out [n_q, n_heads, DV] (compute type T); caches [num_blocks, block_size, n_kv_heads,
+// DV] (storage C); head_dim == DV exactly; group = n_heads / n_kv_heads ≤ 8. gate as in
+// attention_decode.cu (may be null; out = attn · sigmoid(gate), sigmoid in f32).
+//
+// Split: part_len / n_active as decode_part_len in attention_decode.cu (DMMA_* = DEC_*; the host's
+// copy is attention_plan.rs); grid (n_kv_heads, n_rows, Z), block (h, y, z) takes parts z, z + Z, ..
+// of row y for KV head h and the whole GQA group. A part's keys are cut into chunks of 16; warp w of
+// the block's NW warps takes chunks w, w + NW, ... (a function of the part alone), with its own
+// cp.async ring of NST chunk stages in dynamic shared memory (no block barrier inside a part).
+//
+// Per chunk, per warp (lane = 4 r + c):
+//   S^T [16 keys × 8 heads] = K [16 × DV] · Q^T [DV × 8] by mma.sync m16n8k16 (row.col, f32
+//     accumulate): K is the A operand (keys as m), the group's q the B operand (heads as n, padded
+//     with zero heads to 8), held in registers for the whole block (2 · DV / 16 words). Within each
+//     32-dim block, lane (r, c) reads dims 8c..8c+7 of keys r and r + 8 in one load; the mma's k
+//     index 2c, 2c+1 / 2c+8, 2c+9 of step s is then dims 8c + 4s + {0,1} / {2,3}: the same
+//     permutation in q's fragment, so the dot products are exact sums over all dims.
+//   online softmax in f32 (base 2, q pre-scaled by scale · log2 e): lane holds keys r, r + 8 of
+//     heads 2c, 2c + 1; chunk max by 3 shuffles; running max and correction per head; the running
+//     sum l is a per-lane partial (reduced across lanes at the end of the part).
+//   O^T [DV × 8] += V^T [DV × 16 keys] · P^T [16 × 8]: P^T's B fragment is the S^T accumulator
+//     rounded to 16 bits and transposed by movmatrix; V^T is the A operand: ldmatrix.trans for
+//     16-bit storage (m-tile j = dims 16j + r / + r + 8); for fp8, four 32-bit loads (keys 2c, 2c+1,
+//     2c+8, 2c+9, dims 4r..4r+3 of a 32-dim block) regrouped by byte_perm, so m-tile (b, t) holds
+//     dims 32b + 4r + 2t (rows r) and + 1 (rows r + 8).
+//   The accumulators of heads 2c, 2c+1 are rescaled by this lane's own corrections (lazily: only
+//     when a max grew).
+// End of a part: the warps' (m, l, O) meet in shared memory (over the stages, after the ring is
+// drained) and are merged in warp order: fixed order, so a row's bits depend only on its context
+// and data (not on the batch, the grid's Z or a graph's pinned context). One part: out directly;
+// else part_m / part_l / part_acc as attention_decode.cu.
+//
+// Types: the mma runs in bf16 for bf16 storage, else f16 (f16 storage, and fp8 widened to f16 in
+// registers: e5m2 is the upper byte of an f16; e4m3 (sign << 15 | (byte & 0x7f) << 7) is an f16
+// 2^8 below its value, the 2^8 applied to the f32 scores and to the output). q is rounded to that
+// type after scaling (|q · scale · log2 e| must stay under 65 504 for f16: true of any normed q);
+// P is rounded to it before P·V (l sums the f32 p). fp8 NaN bytes are not handled (never written).
+//
+// Shared memory (dynamic, DmmaShape::SMEM bytes; checked against %dynamic_smem_size): per warp and
+// stage a K chunk of 16 rows at stride KS and a V chunk at stride VS (padded so that the warp's
+// loads hit distinct banks: K rows ≡ 64 B (16-bit) / 32 B (fp8) mod 128, V rows ≡ 16 B). Below
+// sm_80 every entry point traps (the host never launches them there: `builds_for`).
+#define DMMA_MIN_PART 128
+#define DMMA_MAX_PARTS 128
+#define DMMA_PART_ALIGN 64
+#define DMMA_LOG2E 1.4426950408889634f
+#define DMMA_CHUNK 16
+#define DMMA_STAGE_BUDGET 106496
+
+__device__ __forceinline__ int dmma_part_len(int ctx) {
+    int per = (ctx + DMMA_MAX_PARTS - 1) / DMMA_MAX_PARTS;
+    per = (per + DMMA_PART_ALIGN - 1) / DMMA_PART_ALIGN * DMMA_PART_ALIGN;
+    return max(DMMA_MIN_PART, per);
+}
+
+// Geometry of one (DV, storage bytes CB) class; attention_mma.rs mirrors NW and SMEM.
+template <int DV, int CB> struct DmmaShape {
+    static constexpr int NW = DV == 256 ? 2 : 4;                 // warps per block
+    static constexpr int RB = DV * CB;                           // bytes of a K or V row
+    static constexpr int KS = RB + (CB == 1 ? 32 : 64);          // K row stride in a stage
+    static constexpr int VS = RB + 16;                           // V row stride in a stage
+    static constexpr int SB = DMMA_CHUNK * (KS + VS);            // one stage (K + V chunk)
+    static constexpr int NST_RAW = DMMA_STAGE_BUDGET / (NW * SB);
+    static constexpr int NST = NST_RAW < 2 ? 2 : (NST_RAW > 4 ? 4 : NST_RAW);  // stages per warp
+    static constexpr int UPR = RB / 16;                          // 16-byte units per row
+    static constexpr int UPL = DMMA_CHUNK * UPR / WARP_SIZE;     // units per lane, K or V
+    static constexpr int RED = NW * 8 * (DV + 2) * 4;            // end-of-part merge buffer
+    static constexpr int STAGES = NW * NST * SB;
+    static constexpr int SMEM = STAGES > RED ? STAGES : RED;
+    static constexpr int NKB = DV / 32;                          // 32-dim blocks
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+template <typename MT> struct DmmaOp;
+template <> struct DmmaOp<bf16_t> {
+    static __device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                               unsigned a3, unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+template <> struct DmmaOp<__half> {
+    static __device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                               unsigned a3, unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+
+// The mma element type for storage C: bf16 for bf16, f16 otherwise (fp8 widens to f16).
+template <typename C> struct DmmaType { typedef __half T; };
+template <> struct DmmaType<bf16_t> { typedef bf16_t T; };
+
+// fp8 → f16 scaling factor of the widened values (see the header).
+template <typename C> struct DmmaScale { static constexpr float k = 1.0f; };
+template <> struct DmmaScale<E4M3> { static constexpr float k = 256.0f; };
+
+// Two fp8 bytes (bits 0-7 and 16-23 after the byte_perm below: [0, x0, 0, x1]) as an f16 pair.
+template <typename C> __device__ __forceinline__ unsigned dmma_fp8_fix(unsigned w) { return w; }
+template <> __device__ __forceinline__ unsigned dmma_fp8_fix<E4M3>(unsigned w) {
+    return (w & 0x80008000u) | ((w & 0x7f007f00u) >> 1);
+}
+// Bytes 0, 1 (lo) or 2, 3 (hi) of w as an f16x2 word (low half = the lower byte).
+template <typename C> __device__ __forceinline__ unsigned dmma_w8_lo(unsigned w) {
+    return dmma_fp8_fix<C>(__byte_perm(w, 0u, 0x1404));
+}
+template <typename C> __device__ __forceinline__ unsigned dmma_w8_hi(unsigned w) {
+    return dmma_fp8_fix<C>(__byte_perm(w, 0u, 0x3424));
+}
+
+__device__ __forceinline__ unsigned dmma_trans(unsigned x) {
+    unsigned r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+    return r;
+}
+
+__device__ __forceinline__ void dmma_ldsm_x4_trans(unsigned addr, unsigned& a0, unsigned& a1,
+                                                   unsigned& a2, unsigned& a3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void dmma_cp16(unsigned dst, const unsigned char* src, bool ok) {
+    const int n = ok ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+template <typename T>
+__device__ __forceinline__ float dmma_gated(float v, const T* gate, long t, int head, int d,
+                                            int gate_row, int gate_head) {
+    if (!gate) return v;
+    const float g = Io<T>::load(gate, t * (long)gate_row + (long)head * gate_head + d);
+    return v * (1.0f / (1.0f + expf(-g)));
+}
+
+template <typename T, typename C, int DV>
+__device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_cache,
+                                     const int* block_tables, const int* q_seq, const int* q_pos,
+                                     const int* q_index, T* out, float* part_m, float* part_l,
+                                     float* part_acc, int n_heads, int n_kv_heads, int head_dim,
+                                     int block_size, int max_blocks, int n_slots, float scale,
+                                     const T* gate, int gate_row, int gate_head) {
+    constexpr int CB = (int)sizeof(C);
+    typedef DmmaShape<DV, CB> Sh;
+    typedef typename DmmaType<C>::T MT;
+    typedef DmmaOp<MT> Op;
+    constexpr int NW = Sh::NW, NST = Sh::NST, NKB = Sh::NKB;
+    extern __shared__ __align__(16) unsigned char dmma_sm[];
+
+    {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+        if (dyn < (unsigned)Sh::SMEM || head_dim != DV) __trap();  // a host/kernel mismatch
+    }
+    const int kv_head = blockIdx.x;
+    const long row_y = blockIdx.y;
+    const long t = q_index ? q_index[row_y] : row_y;
+    const int ctx = q_pos[t] + 1;
+    const int part_len = dmma_part_len(ctx);
+    const int n_active = (ctx + part_len - 1) / part_len;
+    if ((int)blockIdx.z >= n_active) return;  // block-uniform: before any barrier
+
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    const int r = lane >> 2, c = lane & 3;
+    const int group = n_heads / n_kv_heads;
+    const int* table = block_tables + (long)q_seq[t] * max_blocks;
+    const long kv_row = (long)n_kv_heads * DV;
+    const long head_off = (long)kv_head * DV;
+    const unsigned char* kc = reinterpret_cast<const unsigned char*>(k_cache);
+    const unsigned char* vc = reinterpret_cast<const unsigned char*>(v_cache);
+    const float kscale = DmmaScale<C>::k;
+
+    // q of head r of the group as the B operand (k-step 2b + s: dims 32b + 8c + 4s + {0,1},
+    // {2,3}), scaled by scale · log2 e; zero heads past the group.
+    unsigned qf[2 * NKB][2];
+    {
+        const float qs = scale * DMMA_LOG2E;
+        const bool live = r < group;
+        const long qrow = (t * n_heads + (long)kv_head * group + r) * (long)DV;
+#pragma unroll
+        for (int b = 0; b < NKB; ++b)
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int d = 32 * b + 8 * c + 4 * s + 2 * h;
+                    const float x0 = live ? Io<T>::load(q, qrow + d) * qs : 0.0f;
+                    const float x1 = live ? Io<T>::load(q, qrow + d + 1) * qs : 0.0f;
+                    qf[2 * b + s][h] = Op::pack(x0, x1);
+                }
+    }
+
+    const unsigned sm_base = (unsigned)__cvta_generic_to_shared(dmma_sm);
+    const unsigned warp_base = sm_base + warp * NST * Sh::SB;
+    // Lane's staging units: column u (fixed), rows row0 + k · (32 / UPR).
+    constexpr int RSTEP = WARP_SIZE / Sh::UPR;
+    const int u_col = lane % Sh::UPR, row0 = lane / Sh::UPR;
+
+    // Issue chunk `ci` of the part [start, end) into stage `st` (zeros past `end`), one commit
+    // group (empty when ci is past the part, so the group count stays uniform).
+    auto issue = [&](int ci, int start, int end, int st) {
+        const int k0 = start + ci * DMMA_CHUNK;
+        if (k0 < end) {
+            const unsigned sk = warp_base + st * Sh::SB;
+            const unsigned sv = sk + DMMA_CHUNK * Sh::KS;
+#pragma unroll
+            for (int i = 0; i < Sh::UPL; ++i) {
+                const int row = row0 + i * RSTEP;
+                const int j = k0 + row;
+                const bool ok = j < end;
+                long off = 0;
+                if (ok) off = (((long)table[j / block_size] * block_size + j % block_size) * kv_row + head_off) * CB + u_col * 16;
+                dmma_cp16(sk + row * Sh::KS + u_col * 16, kc + off, ok);
+                dmma_cp16(sv + row * Sh::VS + u_col * 16, vc + off, ok);
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+
+    float* red = reinterpret_cast<float*>(dmma_sm);  // [NW][8][DV + 2]: O, then m, l
+
+    for (int part = blockIdx.z; part < n_active; part += gridDim.z) {
+        const int start = part * part_len;
+        const int end = min(ctx, start + part_len);
+        const int n_chunks = (end - start + DMMA_CHUNK - 1) / DMMA_CHUNK;
+        // This warp's chunks: warp, warp + NW, ... < n_chunks (my_n of them).
+        const int my_n = warp < n_chunks ? (n_chunks - warp + NW - 1) / NW : 0;
+
+        float o[DV / 16][4];
+#pragma unroll
+        for (int i = 0; i < DV / 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        float m_a = KILN_NEG_INF, m_b = KILN_NEG_INF, l_a = 0.0f, l_b = 0.0f;
+
+        __syncthreads();  // the last part's merge (over the same bytes) has been read
+#pragma unroll
+        for (int i = 0; i < NST - 1; ++i) issue(warp + i * NW, start, end, i);
+
+        for (int i = 0; i < my_n; ++i) {
+            issue(warp + (i + NST - 1) * NW, start, end, (i + NST - 1) % NST);
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(NST - 1));
+            __syncwarp();  // every lane's copies of chunk i are visible to the warp
+            const int st = i % NST;
+            const int k0 = start + (warp + i * NW) * DMMA_CHUNK;
+            const unsigned char* sk = dmma_sm + warp * NST * Sh::SB + st * Sh::SB;
+            const unsigned sv = warp_base + st * Sh::SB + DMMA_CHUNK * Sh::KS;
+
+            // S^T = K · Q^T over the 32-dim blocks.
+            float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int b = 0; b < NKB; ++b) {
+                unsigned w0[4], w8[4];
+                if constexpr (CB == 2) {
+                    const uint4 x = *reinterpret_cast<const uint4*>(sk + r * Sh::KS + 64 * b + 16 * c);
+                    const uint4 y = *reinterpret_cast<const uint4*>(sk + (r + 8) * Sh::KS + 64 * b + 16 * c);
+                    w0[0] = x.x; w0[1] = x.y; w0[2] = x.z; w0[3] = x.w;
+                    w8[0] = y.x; w8[1] = y.y; w8[2] = y.z; w8[3] = y.w;
+                } else {
+                    const uint2 x = *reinterpret_cast<const uint2*>(sk + r * Sh::KS + 32 * b + 8 * c);
+                    const uint2 y = *reinterpret_cast<const uint2*>(sk + (r + 8) * Sh::KS + 32 * b + 8 * c);
+                    w0[0] = dmma_w8_lo<C>(x.x); w0[1] = dmma_w8_hi<C>(x.x);
+                    w0[2] = dmma_w8_lo<C>(x.y); w0[3] = dmma_w8_hi<C>(x.y);
+                    w8[0] = dmma_w8_lo<C>(y.x); w8[1] = dmma_w8_hi<C>(y.x);
+                    w8[2] = dmma_w8_lo<C>(y.y); w8[3] = dmma_w8_hi<C>(y.y);
+                }
+#pragma unroll
+                for (int s = 0; s < 2; ++s)
+                    Op::mma(s4, w0[2 * s], w8[2 * s], w0[2 * s + 1], w8[2 * s + 1], qf[2 * b + s][0],
+                            qf[2 * b + s][1]);
+            }
+            // Online softmax: keys k0 + r (s4[0], s4[1]) and k0 + r + 8 (s4[2], s4[3]) of heads 2c
+            // (a) and 2c + 1 (b).
+            const bool v0 = k0 + r < end, v8 = k0 + r + 8 < end;
+            const float sa0 = v0 ? s4[0] * kscale : KILN_NEG_INF;
+            const float sb0 = v0 ? s4[1] * kscale : KILN_NEG_INF;
+            const float sa8 = v8 ? s4[2] * kscale : KILN_NEG_INF;
+            const float sb8 = v8 ? s4[3] * kscale : KILN_NEG_INF;
+            float ta = fmaxf(sa0, sa8), tb = fmaxf(sb0, sb8);
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) {
+                ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, x));
+                tb = fmaxf(tb, __shfl_xor_sync(0xffffffffu, tb, x));
+            }
+            const float na = fmaxf(m_a, ta), nb = fmaxf(m_b, tb);  // finite: key k0 < end
+            const float ca = m_a == KILN_NEG_INF ? 0.0f : exp2f(m_a - na);
+            const float cb = m_b == KILN_NEG_INF ? 0.0f : exp2f(m_b - nb);
+            m_a = na;
+            m_b = nb;
+            const float pa0 = exp2f(sa0 - na), pb0 = exp2f(sb0 - nb);
+            const float pa8 = exp2f(sa8 - na), pb8 = exp2f(sb8 - nb);
+            l_a = fmaf(l_a, ca, pa0 + pa8);
+            l_b = fmaf(l_b, cb, pb0 + pb8);
+            const unsigned pb_0 = dmma_trans(Op::pack(pa0, pb0));  // P[head r][keys 2c, 2c+1]
+            const unsigned pb_1 = dmma_trans(Op::pack(pa8, pb8));  // keys 2c+8, 2c+9
+            if (ca != 1.0f || cb != 1.0f) {
+#pragma unroll
+                for (int mt = 0; mt < DV / 16; ++mt) {
+                    o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb;
+                }
+            }
+            // O^T += V^T · P^T.
+            if constexpr (CB == 2) {
+                // ldmatrix.trans: lane l gives row (l & 7) + 8 · (l >> 4) (key), dims + 8 · ((l >> 3) & 1).
+                const int mi = lane >> 3;
+                const unsigned vrow = sv + ((lane & 7) + 8 * (mi >> 1)) * Sh::VS + (mi & 1) * 16;
+#pragma unroll
+                for (int mt = 0; mt < DV / 16; ++mt) {
+                    unsigned a0, a1, a2, a3;
+                    dmma_ldsm_x4_trans(vrow + mt * 32, a0, a1, a2, a3);
+                    Op::mma(o[mt], a0, a1, a2, a3, pb_0, pb_1);
+                }
+            } else {
+                const unsigned char* svp = sk + DMMA_CHUNK * Sh::KS;
+#pragma unroll
+                for (int b = 0; b < NKB; ++b) {
+                    const unsigned char* base = svp + 32 * b + 4 * r;
+                    const unsigned x0 = *reinterpret_cast<const unsigned*>(base + (2 * c) * Sh::VS);
+                    const unsigned x1 = *reinterpret_cast<const unsigned*>(base + (2 * c + 1) * Sh::VS);
+                    const unsigned y0 = *reinterpret_cast<const unsigned*>(base + (2 * c + 8) * Sh::VS);
+                    const unsigned y1 = *reinterpret_cast<const unsigned*>(base + (2 * c + 9) * Sh::VS);
+                    const unsigned x01 = __byte_perm(x0, x1, 0x5140), x23 = __byte_perm(x0, x1, 0x7362);
+                    const unsigned y01 = __byte_perm(y0, y1, 0x5140), y23 = __byte_perm(y0, y1, 0x7362);
+                    Op::mma(o[2 * b], dmma_w8_lo<C>(x01), dmma_w8_hi<C>(x01), dmma_w8_lo<C>(y01),
+                            dmma_w8_hi<C>(y01), pb_0, pb_1);
+                    Op::mma(o[2 * b + 1], dmma_w8_lo<C>(x23), dmma_w8_hi<C>(x23), dmma_w8_lo<C>(y23),
+                            dmma_w8_hi<C>(y23), pb_0, pb_1);
+                }
+            }
+            __syncwarp();  // stage st is read by every lane before it is refilled
+        }
+
+        // End of the part: drain the ring, then the warps' (m, l, O) into shared memory.
+        asm volatile("cp.async.wait_group 0;\n" ::);
+        __syncthreads();
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) {
+            l_a += __shfl_xor_sync(0xffffffffu, l_a, x);
+            l_b += __shfl_xor_sync(0xffffffffu, l_b, x);
+        }
+        float* mine = red + warp * 8 * (DV + 2);
+#pragma unroll
+        for (int mt = 0; mt < DV / 16; ++mt) {
+            int d0, d8;
+            if constexpr (CB == 2) {
+                d0 = 16 * mt + r;
+                d8 = d0 + 8;
+            } else {
+                d0 = 32 * (mt / 2) + 4 * r + 2 * (mt % 2);
+                d8 = d0 + 1;
+            }
+            mine[(2 * c) * (DV + 2) + d0] = o[mt][0];
+            mine[(2 * c + 1) * (DV + 2) + d0] = o[mt][1];
+            mine[(2 * c) * (DV + 2) + d8] = o[mt][2];
+            mine[(2 * c + 1) * (DV + 2) + d8] = o[mt][3];
+        }
+        if (r == 0) {
+            mine[(2 * c) * (DV + 2) + DV] = m_a;
+            mine[(2 * c) * (DV + 2) + DV + 1] = l_a;
+            mine[(2 * c + 1) * (DV + 2) + DV] = m_b;
+            mine[(2 * c + 1) * (DV + 2) + DV + 1] = l_b;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < group * DV; idx += NW * WARP_SIZE) {
+            const int g = idx / DV, d = idx - g * DV;
+            float mx = KILN_NEG_INF;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) mx = fmaxf(mx, red[(w * 8 + g) * (DV + 2) + DV]);
+            float acc = 0.0f, lsum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) {
+                const float* rw = red + (w * 8 + g) * (DV + 2);
+                const float mw = rw[DV];
+                const float wt = mw == KILN_NEG_INF ? 0.0f : exp2f(mw - mx);
+                acc = fmaf(rw[d], wt, acc);
+                lsum = fmaf(rw[DV + 1], wt, lsum);
+            }
+            acc *= kscale;  // V widened 2^8 below its value for e4m3
+            const int head = kv_head * group + g;
+            if (n_active == 1) {
+                const float v = lsum > 0.0f ? acc / lsum : 0.0f;
+                Io<T>::store(out, (t * n_heads + head) * (long)DV + d,
+                             dmma_gated<T>(v, gate, t, head, d, gate_row, gate_head));
+            } else {
+                const long ph = (row_y * n_heads + head) * (long)n_slots + part;
+                part_acc[ph * DV + d] = acc;
+                if (d == 0) {
+                    part_m[ph] = mx;
+                    part_l[ph] = lsum;
+                }
+            }
+        }
+        // The next part's first barrier orders these reads before its copies overwrite `red`.
+    }
+}
+
+#define DMMA_BODY(T, C, DV)                                                                         \
+    attention_decode_mma<T, C, DV>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,         \
+                                   n_heads, n_kv_heads, head_dim, block_size, max_blocks, n_slots,  \
+                                   scale, gate, gate_row, gate_head);
+#else
+#define DMMA_BODY(T, C, DV) __trap();
+#endif
+
+#define ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, DV)                                               \
+    extern "C" __global__ void __launch_bounds__(DmmaShape<DV, (int)sizeof(C)>::NW * WARP_SIZE)     \
+        attention_decode_mma_##SUF##_##CSUF##_d##DV(                                                \
+            const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq,                  \
+            const int* q_pos, const int* q_index, T* out, float* pm, float* pl, float* pacc,        \
+            int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,             \
+            int n_slots, float scale, const T* gate, int gate_row, int gate_head) {                 \
+        DMMA_BODY(T, C, DV)                                                                         \
+    }
+#define ATTENTION_DECODE_MMA_STORAGE(SUF, T, CSUF, C)                                               \
+    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 64)                                                   \
+    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 128)                                                  \
+    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 256)
+
+// Instantiations: all of them by default (the compile test, `kiln doctor`); a backend builds its
+// own (compute dtype, KV storage) pair with -DKILN_DMMA_ONLY -DKILN_DMMA_T_<t> -DKILN_DMMA_C_<c>.
+#if !defined(KILN_DMMA_ONLY) || (defined(KILN_DMMA_T_f16) && defined(KILN_DMMA_C_same))
+ATTENTION_DECODE_MMA_STORAGE(f16, __half, same, __half)
+#endif
+#if !defined(KILN_DMMA_ONLY) || (defined(KILN_DMMA_T_f16) && defined(KILN_DMMA_C_e5m2))
+ATTENTION_DECODE_MMA_STORAGE(f16, __half, e5m2, E5M2)
+#endif
+#if !defined(KILN_DMMA_ONLY) || (defined(KILN_DMMA_T_f16) && defined(KILN_DMMA_C_e4m3))
+ATTENTION_DECODE_MMA_STORAGE(f16, __half, e4m3, E4M3)
+#endif
+#if !defined(KILN_DMMA_ONLY) || (defined(KILN_DMMA_T_bf16) && defined(KILN_DMMA_C_same))
+ATTENTION_DECODE_MMA_STORAGE(bf16, bf16_t, same, bf16_t)
+#endif
+#if !defined(KILN_DMMA_ONLY) || (defined(KILN_DMMA_T_bf16) && defined(KILN_DMMA_C_e5m2))
+ATTENTION_DECODE_MMA_STORAGE(bf16, bf16_t, e5m2, E5M2)
+#endif
+#if !defined(KILN_DMMA_ONLY) || (defined(KILN_DMMA_T_bf16) && defined(KILN_DMMA_C_e4m3))
+ATTENTION_DECODE_MMA_STORAGE(bf16, bf16_t, e4m3, E4M3)
+#endif
+// An f32-compute backend builds this module with no instantiation (it keeps attention_decode.cu).

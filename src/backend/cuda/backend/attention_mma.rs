@@ -1,0 +1,168 @@
+//! The tensor-core decode attention kernels (`kernels/attention_decode_mma.cu`, sm_80+, 16-bit
+//! compute): which shapes they take, their block size and dynamic shared memory (mirrors of
+//! `DmmaShape` in the .cu file), and their handles. They take the same arguments, rows, split of
+//! the keys and partials as the decode kernel of `attention_decode.cu`, so `launch_decode` only
+//! swaps the function, the block size and the shared memory (see [`CudaBackend::decode_mma`]).
+//!
+//! `KILN_DECODE_MMA=0` (read when a backend is created) keeps the older decode kernel for every
+//! shape, e.g. to compare the two in one process.
+
+use std::collections::HashMap;
+
+use cudarc::driver::CudaFunction;
+
+use super::CudaBackend;
+use crate::backend::cuda::device::CudaError;
+
+/// Head widths the kernels are compiled for (`d64 | d128 | d256`); head_dim must equal one.
+pub const DECODE_MMA_DIMS: [usize; 3] = [64, 128, 256];
+/// Largest GQA group (query heads per KV head): the mma's n = 8.
+pub const DECODE_MMA_MAX_GROUP: usize = 8;
+/// Keys per warp step (`DMMA_CHUNK`).
+const CHUNK: usize = 16;
+/// Shared memory the stage ring of a block aims for (`DMMA_STAGE_BUDGET`).
+const STAGE_BUDGET: usize = 106_496;
+
+/// Entry point name for compute dtype `t`, KV storage `c` and head width `dim`.
+pub fn decode_mma_name(t: &str, c: &str, dim: usize) -> String {
+    format!("attention_decode_mma_{t}_{c}_d{dim}")
+}
+
+/// (threads per block, dynamic shared memory bytes) of the variant for head width `dim` and KV
+/// element bytes `kv_bytes` (2 or 1): `DmmaShape<DV, CB>::NW * 32` and `::SMEM`.
+pub fn decode_mma_geometry(dim: usize, kv_bytes: usize) -> (u32, u32) {
+    let warps = if dim == 256 { 2 } else { 4 };
+    let rb = dim * kv_bytes;
+    let ks = rb + if kv_bytes == 1 { 32 } else { 64 };
+    let vs = rb + 16;
+    let stage = CHUNK * (ks + vs);
+    let nst = (STAGE_BUDGET / (warps * stage)).clamp(2, 4);
+    let red = warps * 8 * (dim + 2) * 4;
+    let smem = (warps * nst * stage).max(red);
+    ((warps * 32) as u32, smem as u32)
+}
+
+/// The loaded tensor-core decode kernels of one backend, in the order of [`DECODE_MMA_DIMS`].
+#[derive(Debug, Clone)]
+pub(crate) struct DecodeMmaKernels {
+    funcs: Vec<CudaFunction>,
+    kv_bytes: usize,
+    /// Narrowest head that takes these kernels (128, or 64 with `KILN_DECODE_MMA=all`).
+    min_dim: usize,
+}
+
+impl DecodeMmaKernels {
+    /// The kernels for (`t`, `c`) when the module was built (sm_80+) for a 16-bit `t` and
+    /// `KILN_DECODE_MMA` is not `0`; each gets its dynamic shared memory limit raised.
+    pub fn resolve(
+        all: &HashMap<String, CudaFunction>,
+        t: &str,
+        c: &str,
+        kv_bytes: usize,
+    ) -> Result<Option<DecodeMmaKernels>, CudaError> {
+        if std::env::var("KILN_DECODE_MMA").is_ok_and(|v| v == "0") {
+            return Ok(None);
+        }
+        let Some(funcs) = DECODE_MMA_DIMS
+            .iter()
+            .map(|&d| all.get(&decode_mma_name(t, c, d)).cloned())
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
+        for (f, &d) in funcs.iter().zip(&DECODE_MMA_DIMS) {
+            let (_, smem) = decode_mma_geometry(d, kv_bytes);
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+        }
+        // Head width 64 stays on attention_decode.cu by default: at long contexts the two kernels
+        // measured alike there (SmolLM2's 9/3 x 64, bf16 KV: 0.94-1.19x), and for short rows
+        // that kernel's single pass with PDL is faster (docs/benchmarks.md). `all` takes it too.
+        let min_dim = if std::env::var("KILN_DECODE_MMA").is_ok_and(|v| v == "all") {
+            64
+        } else {
+            128
+        };
+        tracing::debug!(
+            t,
+            c,
+            min_dim,
+            "Tensor-core decode attention kernels loaded."
+        );
+        Ok(Some(DecodeMmaKernels {
+            funcs,
+            kv_bytes,
+            min_dim,
+        }))
+    }
+}
+
+/// A tensor-core decode launch: the function, threads per block and dynamic shared memory.
+pub(crate) struct DecodeMmaLaunch<'a> {
+    pub func: &'a CudaFunction,
+    pub threads: u32,
+    pub smem: u32,
+}
+
+impl CudaBackend {
+    /// The tensor-core decode kernel for these shapes, when this backend has them (sm_80+, 16-bit
+    /// compute, not disabled) and head_dim is 128 or 256 (also 64 with `KILN_DECODE_MMA=all`)
+    /// with at most 8 query heads per KV
+    /// head; `None` keeps attention_decode.cu's kernel. A function of the shapes only (never of
+    /// the data), so a captured graph and an eager step run the same kernel.
+    pub(crate) fn decode_mma(&self, head_dim: usize, group: usize) -> Option<DecodeMmaLaunch<'_>> {
+        let k = self.k.attention_decode_mma.as_ref()?;
+        if group == 0 || group > DECODE_MMA_MAX_GROUP || head_dim < k.min_dim {
+            return None;
+        }
+        let i = DECODE_MMA_DIMS.iter().position(|&d| d == head_dim)?;
+        let (threads, smem) = decode_mma_geometry(head_dim, k.kv_bytes);
+        Some(DecodeMmaLaunch {
+            func: &k.funcs[i],
+            threads,
+            smem,
+        })
+    }
+
+    /// Whether decode attention of these shapes runs on the tensor-core kernel (for tests and
+    /// benchmarks that report which kernel they measured).
+    pub fn uses_decode_mma(&self, head_dim: usize, group: usize) -> bool {
+        self.decode_mma(head_dim, group).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_matches_the_kernel_and_fits_the_sm() {
+        // The byte counts DmmaShape gives (attention_decode_mma.cu), per (dim, kv bytes).
+        let got: Vec<(u32, u32)> = [(64, 2), (128, 2), (256, 2), (64, 1), (128, 1), (256, 1)]
+            .iter()
+            .map(|&(d, b)| decode_mma_geometry(d, b))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (128, 86_016),
+                (128, 75_776),
+                (64, 105_984),
+                (128, 45_056),
+                (128, 77_824),
+                (64, 71_680)
+            ]
+        );
+        // At least two blocks per SM within an H100 / H200's 228 KB (1 KB reserved per block),
+        // and under the 227 KB one block may have.
+        for (_, smem) in got {
+            assert!(2 * (smem as usize + 1024) <= 228 * 1024);
+        }
+        assert_eq!(
+            decode_mma_name("bf16", "e5m2", 256),
+            "attention_decode_mma_bf16_e5m2_d256"
+        );
+    }
+}
