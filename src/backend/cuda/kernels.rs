@@ -49,7 +49,7 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 16] = [
+    pub const ALL: [KernelModule; 17] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
