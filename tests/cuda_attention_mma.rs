@@ -171,6 +171,9 @@ fn wide_dtypes() -> Vec<&'static str> {
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn mma_decode_matches_the_cpu_backend() {
+    // Head width 64 takes the tensor-core kernel only with `all` (the backend's default keeps it
+    // on attention_decode.cu); this test checks the kernel at every width.
+    std::env::set_var("KILN_DECODE_MMA", "all");
     let cpu = CpuBackend::new(0).expect("cpu");
     let shapes = [
         (4, 4, 64),
@@ -342,6 +345,8 @@ fn mma_decode_reads_kv_near_copy_bandwidth() {
     let only = std::env::var("KILN_LONGCTX_ONLY").ok();
     let skip_old = std::env::var("KILN_MMA_BENCH_NEW_ONLY").is_ok();
     for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
+        // `all`: head width 64 too (the backend's default keeps it on attention_decode.cu).
+        std::env::set_var("KILN_DECODE_MMA", "all");
         let new = gpu("bf16", kv);
         std::env::set_var("KILN_DECODE_MMA", "0");
         let old = gpu("bf16", kv);
