@@ -459,12 +459,13 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The decode kernel (attention_decode.cu) over `rows.0` block rows whose contexts are at most
-    /// `rows.1` keys (or the step's pinned context, when larger). A row of more than
-    /// `opts.single_part_keys` keys may be split into parts, merged in the same launch
-    /// (`opts.merge_in_launch` where `decode_merge_in_launch` takes the shapes: the last block of
-    /// each (row, KV head) to finish) or by the combine kernel in a second launch; with `opts.pdl` (and the backend's PDL on) the launch
-    /// may overlap the previous kernel's tail.
+    /// The decode kernel (attention_decode.cu, or attention_decode_mma.cu's for the shapes
+    /// [`CudaBackend::decode_mma`] takes, always with the two-pass plan) over `rows.0` block rows
+    /// whose contexts are at most `rows.1` keys (or the step's pinned context, when larger). A row
+    /// of more than `opts.single_part_keys` keys may be split into parts, merged in the same
+    /// launch (`opts.merge_in_launch` where `decode_merge_in_launch` takes the shapes: the last
+    /// block of each (row, KV head) to finish) or by the combine kernel in a second launch; with
+    /// `opts.pdl` (and the backend's PDL on) the launch may overlap the previous kernel's tail.
     #[allow(clippy::too_many_arguments)]
     fn launch_decode(
         &self,
