@@ -133,13 +133,16 @@ impl KernelModule {
     }
 
     /// Whether a backend for `arch` builds and loads this module: the sm_70 / sm_75 tensor-core
-    /// kernels only there (newer GPUs have faster instructions; `cuda_kernels_compile` still
-    /// compiles every module for every target); every other module everywhere.
+    /// kernels only there (newer GPUs have faster instructions), the kernels that need newer
+    /// hardware only on it (`cuda_kernels_compile` still compiles every module for every
+    /// target); every other module everywhere.
     pub fn builds_for(self, arch: super::nvrtc::Arch) -> bool {
         match self {
             KernelModule::W4a16Sm70 => arch.major == 7,
             // mma.sync m16n8k16 with bf16, movmatrix, cp.async: sm_80 and newer.
             KernelModule::AttentionDecodeMma => arch.major >= 8,
+            // 224 KB of shared memory a block: sm_90 and newer (w4g_gemm_ok picks the GPUs).
+            KernelModule::W4a16Gemm => arch.major >= 9,
             _ => true,
         }
     }

@@ -72,8 +72,8 @@ pub(crate) struct Kernels {
     pub w4_gemv32: Option<CudaFunction>,
     /// `w4_gemm_{t}`: packed 4-bit GEMM (tensor cores); `None` when `t` is f32.
     pub w4_gemm: Option<CudaFunction>,
-    /// `w4g_gemm_{t}`: the wide packed 4-bit GEMM of `kernels/w4a16_gemm.cu`; `None` when `t`
-    /// is f32.
+    /// `w4g_gemm_{t}`: the wide packed 4-bit GEMM of `kernels/w4a16_gemm.cu`; `None` below sm_90
+    /// (the module is not built there) or when `t` is f32.
     pub w4g_gemm: Option<CudaFunction>,
     /// `w4_fma_{t}`: packed 4-bit matmul on CUDA cores (sm_70 / sm_75, f32).
     pub w4_fma: CudaFunction,
@@ -156,7 +156,13 @@ impl Kernels {
             w4_gemv16: opt(format!("w4_gemv16_{t}"))?,
             w4_gemv32: opt(format!("w4_gemv32_{t}"))?,
             w4_gemm: opt(format!("w4_gemm_{t}"))?,
-            w4g_gemm: opt(format!("w4g_gemm_{t}"))?,
+            // Only where its module is built (KernelModule::builds_for: sm_90+), whose entry
+            // points are checked at load.
+            w4g_gemm: if wide {
+                all.get(&format!("w4g_gemm_{t}")).cloned()
+            } else {
+                None
+            },
             w4_fma: get(format!("w4_fma_{t}"))?,
             w4_sm70: super::w4a16::Sm70Kernels::resolve(all, t),
             gpu_sleep: get("gpu_sleep".into())?,
