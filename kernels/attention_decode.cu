@@ -60,11 +60,18 @@
 //   - by attention_decode_combine_* in a second launch (`counters` null): the same merge
 //     (dec_merge_weights / dec_merge_out), so both ways give the same bits.
 // PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below): the host may launch this kernel with PDL
-// (launch.rs). Before griddepcontrol.wait a block reads only step metadata (q_index, q_pos,
-// q_seq: uploaded by copies, never written by a kernel) and writes nothing; q, the caches (the
-// previous kernel writes this token's K/V), the gate, out and the partials come after it. It then
-// lets the next kernel launch early (griddepcontrol.launch_dependents; that kernel waits for this
-// grid's completion before it reads `out`).
+// (launch.rs). Before griddepcontrol.wait a block reads step metadata (q_index, q_pos, q_seq, the
+// block table: uploaded by copies, never written by a kernel) and, when the first tile of its
+// first part holds only keys before the row's own position (ctx - 1), it issues that tile's
+// staging (K/V bytes into its own shared memory) too: those keys were written by earlier steps.
+// The key at ctx - 1 is this step's (the previous kernel writes it), so a tile holding it is
+// staged after the wait as before. This relies on every row of this kernel being its sequence's
+// only token in the step (AttentionPlan sends every longer sequence to the prefill tiles, and
+// the decode kernel runs only where a prefill variant exists); a verification step of several
+// tokens per sequence must lower the bound to the sequence's first new position. q, the gate,
+// out and the partials come after the wait. The block then lets the next kernel launch early
+// (griddepcontrol.launch_dependents; that kernel waits for this grid's completion before it
+// reads `out`). The same bytes are staged either way, so the bits do not change.
 //
 // The fp8 NaN byte 0x7f of e4m3 (which the KV writer never produces — it saturates to 448) would
 // read as 480. No bf16 intrinsics or tensor cores; cp.async only behind __CUDA_ARCH__ >= 800.
@@ -278,8 +285,8 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
                                  const int* q_index, T* out, float* part_m, float* part_l,
                                  float* part_acc, unsigned int* counters, int n_heads,
                                  int n_kv_heads, int head_dim, int block_size, int max_blocks,
-                                 int n_slots, int single_keys, float scale, const T* gate,
-                                 int gate_row, int gate_head) {
+                                 int n_slots, int single_keys, int prefetch, float scale,
+                                 const T* gate, int gate_row, int gate_head) {
     constexpr int CB = DecStore<C>::BYTES;
     typedef DecShape<DV, CB> Sh;
     constexpr int TK = Sh::TK, RSB = Sh::RSB, DS = Sh::DS;
@@ -309,23 +316,11 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const int group = n_heads / n_kv_heads;
     const int* table = block_tables + (long)q_seq[t] * max_blocks;
-    // Metadata only above (see the header); q, the caches and every output below.
-    dec_pdl_wait();
-    dec_pdl_launch_dependents();
     const long kv_row = (long)n_kv_heads * head_dim;
     const long head_off = (long)kv_head * head_dim;
     const float kscale = DecStore<C>::kScale;
     const unsigned char* kc = reinterpret_cast<const unsigned char*>(k_cache);
     const unsigned char* vc = reinterpret_cast<const unsigned char*>(v_cache);
-
-    // q of the group, pre-scaled (and times the staging factor of K), zero past head_dim.
-    const float qscale = scale * DEC_LOG2E * kscale;
-    for (int idx = tid; idx < GB * DV; idx += DEC_THREADS) {
-        const int g = idx / DV, d = idx - g * DV;
-        sm_q[g][d] = (g < group && d < head_dim)
-                         ? Io<T>::load(q, (t * n_heads + (long)kv_head * group + g) * (long)head_dim + d) * qscale
-                         : 0.0f;
-    }
 
     // Stage the tile of keys tile_start.. into buffer `buf`: unit idx is row idx / UPR, elements
     // (idx % UPR) · UE..; rows past `end` and elements past head_dim are zeros.
@@ -346,6 +341,26 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
         dec_cp_commit();
     };
 
+    // The first tile of the block's first part before the wait when it holds only earlier steps'
+    // keys (see the header); block-uniform.
+    const int first_start = (int)blockIdx.z * part_len;
+    const int first_end = min(ctx, first_start + part_len);
+    const bool prefetched = prefetch && min(first_end, first_start + TK) <= ctx - 1;
+    if (prefetched) stage_tile(first_start, first_end, 0);
+    // Metadata and earlier steps' K/V only above (see the header); q, this step's key and every
+    // output below.
+    dec_pdl_wait();
+    dec_pdl_launch_dependents();
+
+    // q of the group, pre-scaled (and times the staging factor of K), zero past head_dim.
+    const float qscale = scale * DEC_LOG2E * kscale;
+    for (int idx = tid; idx < GB * DV; idx += DEC_THREADS) {
+        const int g = idx / DV, d = idx - g * DV;
+        sm_q[g][d] = (g < group && d < head_dim)
+                         ? Io<T>::load(q, (t * n_heads + (long)kv_head * group + g) * (long)head_dim + d) * qscale
+                         : 0.0f;
+    }
+
     // Score phase: key kgs of the tile, lane slice s_slice; P·V phase: 4-dim column dc, key group kg.
     const int s_slice = tid % DS, kgs = tid / DS;
     const int dc = tid % Sh::DC, kg = tid / Sh::DC;
@@ -362,7 +377,7 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
         float m_run[2] = {KILN_NEG_INF, KILN_NEG_INF}, l_run[2] = {0.0f, 0.0f};
 
         __syncthreads();  // the last part's reduction (over the same bytes) has been read
-        stage_tile(start, end, 0);
+        if (!(prefetched && part == (int)blockIdx.z)) stage_tile(start, end, 0);
         int buf = 0;
         for (int ts = start; ts < end; ts += TK, buf ^= 1) {
             dec_cp_wait_all();
@@ -579,12 +594,12 @@ __device__ void attention_decode_combine(const float* part_m, const float* part_
             const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq,                  \
             const int* q_pos, const int* q_index, T* out, float* pm, float* pl, float* pacc,        \
             unsigned int* counters, int n_heads, int n_kv_heads, int head_dim, int block_size,     \
-            int max_blocks, int n_slots, int single_keys, float scale, const T* gate,              \
-            int gate_row, int gate_head) {                                                          \
+            int max_blocks, int n_slots, int single_keys, int prefetch, float scale,               \
+            const T* gate, int gate_row, int gate_head) {                                           \
         attention_decode<T, C, DV, GB>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,     \
                                        counters, n_heads, n_kv_heads, head_dim, block_size,         \
-                                       max_blocks, n_slots, single_keys, scale, gate, gate_row,     \
-                                       gate_head);                                                  \
+                                       max_blocks, n_slots, single_keys, prefetch, scale, gate,     \
+                                       gate_row, gate_head);                                        \
     }
 #define ATTENTION_DECODE_DIMS(SUF, T, CSUF, C, DV)                                                  \
     ATTENTION_DECODE_ONE(SUF, T, CSUF, C, DV, 4)                                                    \

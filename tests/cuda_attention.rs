@@ -431,8 +431,9 @@ fn decode_attention_matches_the_cpu_backend() {
 }
 
 /// The decode kernel's launch options give the same bits as the launch before them
-/// (`DecodeOptions::TWO_PASS`: partials merged by a second kernel, no PDL): the in-launch merge
-/// (the last block of a (row, KV head) merges) with PDL against the two-pass merge for the same
+/// (`DecodeOptions::TWO_PASS`: partials merged by a second kernel, no PDL, no prefetch): the
+/// in-launch merge (the last block of a (row, KV head) merges) with PDL and the first K/V tile
+/// staged before the wait against the two-pass merge for the same
 /// split, for the single-pass rule (rows ≤ DECODE_SINGLE_PART_KEYS keys in one part) and without
 /// it; the default launch twice (whichever block merges, the same bits), and with the step
 /// pinned to a 32K context (a graph's shapes: more partial slots and blocks than the data needs).
@@ -449,11 +450,13 @@ fn decode_launch_options_give_the_two_pass_bits() {
         single_part_keys,
         merge_in_launch: false,
         pdl: false,
+        prefetch: false,
     };
     let in_launch = |single_part_keys| DecodeOptions {
         single_part_keys,
         merge_in_launch: true,
         pdl: true,
+        prefetch: true,
     };
     let mut failures = Vec::new();
     for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (24, 4, 256)] {

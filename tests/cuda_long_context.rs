@@ -174,8 +174,8 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
         // Short context (SmolLM2's ~150 keys; 1 000): launch and latency bound. "two_pass" is
         // the decode launch before the single-pass rule, the in-launch merge and PDL
         // (DecodeOptions::TWO_PASS); "single" adds the single-pass rule only; "merge" the
-        // single-pass rule and the in-launch merge without PDL; "now" the default launch (all
-        // three); "attention_cu" the older split-K kernel (attention.cu). Same data, same run.
+        // single-pass rule and the in-launch merge without PDL; "pdl_no_prefetch" those with PDL
+        // but no K/V staged before the wait; "now" the default launch (all four); "attention_cu" the older split-K kernel (attention.cu). Same data, same run.
         // `KILN_LONGCTX_SHORT=1` keeps them with a filter set.
         let keep_short = std::env::var("KILN_LONGCTX_SHORT").is_ok_and(|v| v == "1");
         let short: &[usize] = if only.is_some() && !keep_short {
@@ -192,18 +192,23 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
             pdl: false,
             ..DecodeOptions::default()
         };
+        let no_prefetch = DecodeOptions {
+            prefetch: false,
+            ..DecodeOptions::default()
+        };
         for &ctx in short {
             for seqs in [1usize, 16, 64] {
                 let t = |m| attention_seconds(&b, seqs, ctx, 9, 3, 64, m) * 1e6;
-                let (two, one, mer, now) = (
+                let (two, one, mer, pdl, now) = (
                     t(Mode::With(DecodeOptions::TWO_PASS)),
                     t(Mode::With(single)),
                     t(Mode::With(merge)),
+                    t(Mode::With(no_prefetch)),
                     t(Mode::Default),
                 );
                 let old = if seqs == 1 { t(Mode::Legacy) } else { f64::NAN };
                 println!(
-                    "RESULT short_context heads=9/3x64 ctx={ctx} seqs={seqs} dtype={wide} kv={kv} us_per_layer={now:.1} two_pass_us={two:.1} single_us={one:.1} merge_us={mer:.1} attention_cu_us={old:.1}"
+                    "RESULT short_context heads=9/3x64 ctx={ctx} seqs={seqs} dtype={wide} kv={kv} us_per_layer={now:.1} two_pass_us={two:.1} single_us={one:.1} merge_us={mer:.1} pdl_no_prefetch_us={pdl:.1} attention_cu_us={old:.1}"
                 );
             }
         }

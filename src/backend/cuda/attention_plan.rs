@@ -192,6 +192,9 @@ pub struct DecodeOptions {
     /// Launch with programmatic dependent launch when the backend's kernels carry the wait
     /// (sm_90+ and `KILN_PDL` on); `false` never does.
     pub pdl: bool,
+    /// Under PDL, stage a block's first K/V tile before `griddepcontrol.wait` when it holds only
+    /// earlier steps' keys (attention_decode.cu's header). Same bits either way.
+    pub prefetch: bool,
 }
 
 impl Default for DecodeOptions {
@@ -200,16 +203,19 @@ impl Default for DecodeOptions {
             single_part_keys: DECODE_SINGLE_PART_KEYS,
             merge_in_launch: true,
             pdl: true,
+            prefetch: true,
         }
     }
 }
 
 impl DecodeOptions {
-    /// The decode launch as it was before the single-pass rule, the in-launch merge and PDL.
+    /// The decode launch as it was before the single-pass rule, the in-launch merge, PDL and the
+    /// prefetch before the wait.
     pub const TWO_PASS: DecodeOptions = DecodeOptions {
         single_part_keys: 0,
         merge_in_launch: false,
         pdl: false,
+        prefetch: false,
     };
 }
 

@@ -535,6 +535,9 @@ impl CudaBackend {
             slots as i32,
             i32::try_from(single).unwrap_or(i32::MAX),
         );
+        // The first tile before griddepcontrol.wait (attention_decode.cu's header): only when
+        // this launch may overlap its predecessor, where it pays.
+        let prefetch = i32::from(opts.prefetch && opts.pdl && self.pdl);
         let scale = params.scale;
         let st = &self.stream;
         let (q_p, _s0) = q.data.device_ptr(st);
@@ -596,6 +599,7 @@ impl CudaBackend {
             int(&mb),
             int(&ns),
             int(&sk),
+            int(&prefetch),
             &scale as *const f32 as *mut c_void,
             ptr(&gate_p),
             int(&g_row),
@@ -655,8 +659,10 @@ impl CudaBackend {
             // every row is at most single_part_keys keys: one part), null and unread otherwise; the
             // counters (or null) hold n_rows × num_kv_heads zeros, which the kernel leaves zero; the
             // gate (or null) holds every (token, head, dim) of the rows at its strides
-            // (paged_attention_gated). The kernel reads only step metadata before griddepcontrol.wait
-            // and writes nothing before it, so it may be launched with PDL.
+            // (paged_attention_gated). Before griddepcontrol.wait the kernel reads step metadata and,
+            // with `prefetch`, the K/V of positions before each row's own (earlier steps' writes:
+            // every row here is its sequence's only token in the step, AttentionPlan), and writes
+            // only its own shared memory, so it may be launched with PDL.
             unsafe {
                 self.launch_kernel(self.k.decode(variant), cfg, &mut args, opts.pdl && self.pdl)
             }?;
