@@ -52,7 +52,11 @@
 #define DMMA_PART_ALIGN 64
 #define DMMA_LOG2E 1.4426950408889634f
 #define DMMA_CHUNK 16
+// Stage ring bytes a block aims for; the host may pass -DDMMA_STAGE_BUDGET (KILN_DMMA_STAGE_BUDGET,
+// attention_mma.rs) to trade stages per warp for blocks per SM.
+#ifndef DMMA_STAGE_BUDGET
 #define DMMA_STAGE_BUDGET 106496
+#endif
 
 __device__ __forceinline__ int dmma_part_len(int ctx) {
     int per = (ctx + DMMA_MAX_PARTS - 1) / DMMA_MAX_PARTS;
@@ -71,7 +75,7 @@ template <int DV, int CB> struct DmmaShape {
     static constexpr int NST = NST_RAW < 2 ? 2 : (NST_RAW > 4 ? 4 : NST_RAW);  // stages per warp
     static constexpr int UPR = RB / 16;                          // 16-byte units per row
     static constexpr int UPL = DMMA_CHUNK * UPR / WARP_SIZE;     // units per lane, K or V
-    static constexpr int RED = NW * 8 * (DV + 2) * 4;            // end-of-part merge buffer
+    static constexpr int RED = (NW * 8 * (DV + 2) + 8) * 4;      // end-of-part merge buffer
     static constexpr int STAGES = NW * NST * SB;
     static constexpr int SMEM = STAGES > RED ? STAGES : RED;
     static constexpr int NKB = DV / 32;                          // 32-dim blocks
@@ -228,13 +232,19 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         if (k0 < end) {
             const unsigned sk = warp_base + st * Sh::SB;
             const unsigned sv = sk + DMMA_CHUNK * Sh::KS;
+            // One division per chunk: key k0 + row is `slot` keys into block `blk` (stepped on,
+            // once per row at most for blocks of ≥ RSTEP keys).
+            int blk = k0 / block_size, slot = k0 - blk * block_size + row0;
+            while (slot >= block_size) { slot -= block_size; ++blk; }
 #pragma unroll
             for (int i = 0; i < Sh::UPL; ++i) {
                 const int row = row0 + i * RSTEP;
                 const int j = k0 + row;
                 const bool ok = j < end;
                 long off = 0;
-                if (ok) off = (((long)table[j / block_size] * block_size + j % block_size) * kv_row + head_off) * CB + u_col * 16;
+                if (ok) off = (((long)table[blk] * block_size + slot) * kv_row + head_off) * CB + u_col * 16;
+                slot += RSTEP;
+                while (slot >= block_size) { slot -= block_size; ++blk; }
                 dmma_cp16(sk + row * Sh::KS + u_col * 16, kc + off, ok);
                 dmma_cp16(sv + row * Sh::VS + u_col * 16, vc + off, ok);
             }
@@ -242,7 +252,7 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         asm volatile("cp.async.commit_group;\n" ::);
     };
 
-    float* red = reinterpret_cast<float*>(dmma_sm);  // [NW][8][DV + 2]: O, then m, l
+    float* red = reinterpret_cast<float*>(dmma_sm);  // [NW][8][DV + 2]: O, then m, l; [8] maxima
 
     for (int part = blockIdx.z; part < n_active; part += gridDim.z) {
         const int start = part * part_len;
@@ -269,8 +279,9 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
             const unsigned char* sk = dmma_sm + warp * NST * Sh::SB + st * Sh::SB;
             const unsigned sv = warp_base + st * Sh::SB + DMMA_CHUNK * Sh::KS;
 
-            // S^T = K · Q^T over the 32-dim blocks.
-            float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            // S^T = K · Q^T over the 32-dim blocks, even and odd blocks into two accumulators
+            // (two chains of NKB mmas instead of one of 2 NKB), summed after.
+            float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s4o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int b = 0; b < NKB; ++b) {
                 unsigned w0[4], w8[4];
@@ -287,11 +298,14 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                     w8[0] = dmma_w8_lo<C>(y.x); w8[1] = dmma_w8_hi<C>(y.x);
                     w8[2] = dmma_w8_lo<C>(y.y); w8[3] = dmma_w8_hi<C>(y.y);
                 }
+                float* acc = (b & 1) ? s4o : s4;
 #pragma unroll
                 for (int s = 0; s < 2; ++s)
-                    Op::mma(s4, w0[2 * s], w8[2 * s], w0[2 * s + 1], w8[2 * s + 1], qf[2 * b + s][0],
+                    Op::mma(acc, w0[2 * s], w8[2 * s], w0[2 * s + 1], w8[2 * s + 1], qf[2 * b + s][0],
                             qf[2 * b + s][1]);
             }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s4[e] += s4o[e];
             // Online softmax: keys k0 + r (s4[0], s4[1]) and k0 + r + 8 (s4[2], s4[3]) of heads 2c
             // (a) and 2c + 1 (b).
             const bool v0 = k0 + r < end, v8 = k0 + r + 8 < end;
@@ -384,20 +398,36 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
             mine[(2 * c + 1) * (DV + 2) + DV + 1] = l_b;
         }
         __syncthreads();
-        for (int idx = tid; idx < group * DV; idx += NW * WARP_SIZE) {
-            const int g = idx / DV, d = idx - g * DV;
+        // Per head g: the part's max over the warps, each warp's weight exp2(m_w - max) in place
+        // of its m, and the weighted l sum in warp 0's l (computed once, not per output dim).
+        if (tid < group) {
+            const int g = tid;
             float mx = KILN_NEG_INF;
 #pragma unroll
             for (int w = 0; w < NW; ++w) mx = fmaxf(mx, red[(w * 8 + g) * (DV + 2) + DV]);
-            float acc = 0.0f, lsum = 0.0f;
+            float lsum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w) {
+                float* rw = red + (w * 8 + g) * (DV + 2);
+                const float mw = rw[DV];
+                const float wt = mw == KILN_NEG_INF ? 0.0f : exp2f(mw - mx);
+                lsum = fmaf(rw[DV + 1], wt, lsum);
+                rw[DV] = wt;
+            }
+            red[g * (DV + 2) + DV + 1] = lsum;
+            red[NW * 8 * (DV + 2) + g] = mx;  // past the warps' rows
+        }
+        __syncthreads();
+        for (int idx = tid; idx < group * DV; idx += NW * WARP_SIZE) {
+            const int g = idx / DV, d = idx - g * DV;
+            float acc = 0.0f;
 #pragma unroll
             for (int w = 0; w < NW; ++w) {
                 const float* rw = red + (w * 8 + g) * (DV + 2);
-                const float mw = rw[DV];
-                const float wt = mw == KILN_NEG_INF ? 0.0f : exp2f(mw - mx);
-                acc = fmaf(rw[d], wt, acc);
-                lsum = fmaf(rw[DV + 1], wt, lsum);
+                acc = fmaf(rw[d], rw[DV], acc);
             }
+            const float lsum = red[g * (DV + 2) + DV + 1];
+            const float mx = red[NW * 8 * (DV + 2) + g];
             acc *= kscale;  // V widened 2^8 below its value for e4m3
             const int head = kv_head * group + g;
             if (n_active == 1) {

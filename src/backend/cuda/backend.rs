@@ -53,7 +53,9 @@ mod w4a16;
 
 pub use attention::OutputGate;
 pub(crate) use attention_mma::DecodeMmaKernels;
-pub use attention_mma::{decode_mma_geometry, decode_mma_name, DECODE_MMA_DIMS};
+pub use attention_mma::{
+    decode_mma_geometry, decode_mma_name, decode_mma_stage_budget, DECODE_MMA_DIMS,
+};
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
 pub use gdn_chunk::{DEFAULT_CHUNKED_MIN_LEN, GDN_CHUNK_OPS};

@@ -157,12 +157,19 @@ impl KernelModule {
                 format!("-DKILN_DECODE_T_{t}"),
                 format!("-DKILN_DECODE_C_{c}"),
             ],
-            // The same for the tensor-core decode kernels (none for f32 compute).
-            KernelModule::AttentionDecodeMma => vec![
-                "-DKILN_DMMA_ONLY".into(),
-                format!("-DKILN_DMMA_T_{t}"),
-                format!("-DKILN_DMMA_C_{c}"),
-            ],
+            // The same for the tensor-core decode kernels (none for f32 compute), with the stage
+            // budget of `KILN_DMMA_STAGE_BUDGET` when set (see `decode_mma_stage_budget`).
+            KernelModule::AttentionDecodeMma => {
+                let mut d = vec![
+                    "-DKILN_DMMA_ONLY".into(),
+                    format!("-DKILN_DMMA_T_{t}"),
+                    format!("-DKILN_DMMA_C_{c}"),
+                ];
+                if let Some(b) = super::backend::decode_mma_stage_budget() {
+                    d.push(format!("-DDMMA_STAGE_BUDGET={b}"));
+                }
+                d
+            }
             // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
             // f32 FMAs instead of m8n8k4 tensor cores (to compare the two; no effect on sm_80+).
             KernelModule::GdnChunk

@@ -20,8 +20,24 @@ pub const DECODE_MMA_DIMS: [usize; 3] = [64, 128, 256];
 pub const DECODE_MMA_MAX_GROUP: usize = 8;
 /// Keys per warp step (`DMMA_CHUNK`).
 const CHUNK: usize = 16;
-/// Shared memory the stage ring of a block aims for (`DMMA_STAGE_BUDGET`).
+/// Shared memory the stage ring of a block aims for (`DMMA_STAGE_BUDGET`) unless
+/// `KILN_DMMA_STAGE_BUDGET` says otherwise.
 const STAGE_BUDGET: usize = 106_496;
+
+/// The stage budget the kernels are built and launched with: `KILN_DMMA_STAGE_BUDGET` (bytes,
+/// 16 KiB..=220 KiB, read once per process; to measure fewer stages per warp against more blocks
+/// per SM) or [`STAGE_BUDGET`]. The kernel gets it as `-DDMMA_STAGE_BUDGET` only when set, so
+/// the default build (and its kernel cache entry) is unchanged. Never changes a result's bits:
+/// the stages are a ring of copies, the chunks a warp takes depend on the warp count alone.
+pub fn decode_mma_stage_budget() -> Option<usize> {
+    static BUDGET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        std::env::var("KILN_DMMA_STAGE_BUDGET")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|b| (16_384..=225_280).contains(b))
+    })
+}
 
 /// Entry point name for compute dtype `t`, KV storage `c` and head width `dim`.
 pub fn decode_mma_name(t: &str, c: &str, dim: usize) -> String {
@@ -31,13 +47,22 @@ pub fn decode_mma_name(t: &str, c: &str, dim: usize) -> String {
 /// (threads per block, dynamic shared memory bytes) of the variant for head width `dim` and KV
 /// element bytes `kv_bytes` (2 or 1): `DmmaShape<DV, CB>::NW * 32` and `::SMEM`.
 pub fn decode_mma_geometry(dim: usize, kv_bytes: usize) -> (u32, u32) {
+    decode_mma_geometry_for(
+        dim,
+        kv_bytes,
+        decode_mma_stage_budget().unwrap_or(STAGE_BUDGET),
+    )
+}
+
+/// [`decode_mma_geometry`] for stage budget `budget` bytes.
+fn decode_mma_geometry_for(dim: usize, kv_bytes: usize, budget: usize) -> (u32, u32) {
     let warps = if dim == 256 { 2 } else { 4 };
     let rb = dim * kv_bytes;
     let ks = rb + if kv_bytes == 1 { 32 } else { 64 };
     let vs = rb + 16;
     let stage = CHUNK * (ks + vs);
-    let nst = (STAGE_BUDGET / (warps * stage)).clamp(2, 4);
-    let red = warps * 8 * (dim + 2) * 4;
+    let nst = (budget / (warps * stage)).clamp(2, 4);
+    let red = (warps * 8 * (dim + 2) + 8) * 4;
     let smem = (warps * nst * stage).max(red);
     ((warps * 32) as u32, smem as u32)
 }
@@ -142,7 +167,7 @@ mod tests {
         // The byte counts DmmaShape gives (attention_decode_mma.cu), per (dim, kv bytes).
         let got: Vec<(u32, u32)> = [(64, 2), (128, 2), (256, 2), (64, 1), (128, 1), (256, 1)]
             .iter()
-            .map(|&(d, b)| decode_mma_geometry(d, b))
+            .map(|&(d, b)| decode_mma_geometry_for(d, b, STAGE_BUDGET))
             .collect();
         assert_eq!(
             got,
