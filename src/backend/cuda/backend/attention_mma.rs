@@ -21,8 +21,9 @@ pub const DECODE_MMA_MAX_GROUP: usize = 8;
 /// Keys per warp step (`DMMA_CHUNK`).
 const CHUNK: usize = 16;
 /// Shared memory the stage ring of a block aims for (`DMMA_STAGE_BUDGET`) unless
-/// `KILN_DMMA_STAGE_BUDGET` says otherwise.
-const STAGE_BUDGET: usize = 106_496;
+/// `KILN_DMMA_STAGE_BUDGET` says otherwise (71 000: measured against 106 496 in
+/// docs/benchmarks.md, seventh session).
+const STAGE_BUDGET: usize = 71_000;
 
 /// The stage budget the kernels are built and launched with: `KILN_DMMA_STAGE_BUDGET` (bytes,
 /// 16 KiB..=220 KiB, read once per process; to measure fewer stages per warp against more blocks
