@@ -25,18 +25,29 @@ const CHUNK: usize = 16;
 /// docs/benchmarks.md, seventh session).
 const STAGE_BUDGET: usize = 71_000;
 
-/// The stage budget the kernels are built and launched with: `KILN_DMMA_STAGE_BUDGET` (bytes,
-/// 16 KiB..=220 KiB, read once per process; to measure fewer stages per warp against more blocks
-/// per SM) or [`STAGE_BUDGET`]. The kernel gets it as `-DDMMA_STAGE_BUDGET` only when set, so
-/// the default build (and its kernel cache entry) is unchanged. Never changes a result's bits:
-/// the stages are a ring of copies, the chunks a warp takes depend on the warp count alone.
+/// The stage budget set by `KILN_DMMA_STAGE_BUDGET` (bytes, 16 KiB..=220 KiB, read once per
+/// process; to measure fewer stages per warp against more blocks per SM), `None` when unset: the
+/// kernels then use [`STAGE_BUDGET`], the `DMMA_STAGE_BUDGET` default of the source, and the
+/// kernel gets `-DDMMA_STAGE_BUDGET` only when the variable is set (so the default build keeps one
+/// cache entry). A value that is not a number in that range is ignored with a warning naming it.
+/// Never changes a result's bits: the stages are a ring of copies, the chunks a warp takes depend
+/// on the warp count alone.
 pub fn decode_mma_stage_budget() -> Option<usize> {
     static BUDGET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *BUDGET.get_or_init(|| {
-        std::env::var("KILN_DMMA_STAGE_BUDGET")
+        let v = std::env::var("KILN_DMMA_STAGE_BUDGET").ok()?;
+        let budget = v
+            .parse::<usize>()
             .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|b| (16_384..=225_280).contains(b))
+            .filter(|b| (16_384..=225_280).contains(b));
+        if budget.is_none() {
+            tracing::warn!(
+                value = %v,
+                default = STAGE_BUDGET,
+                "KILN_DMMA_STAGE_BUDGET is not a byte count in 16384..=225280; using the default"
+            );
+        }
+        budget
     })
 }
 
@@ -165,13 +176,31 @@ mod tests {
 
     #[test]
     fn geometry_matches_the_kernel_and_fits_the_sm() {
-        // The byte counts DmmaShape gives (attention_decode_mma.cu), per (dim, kv bytes).
-        let got: Vec<(u32, u32)> = [(64, 2), (128, 2), (256, 2), (64, 1), (128, 1), (256, 1)]
-            .iter()
-            .map(|&(d, b)| decode_mma_geometry_for(d, b, STAGE_BUDGET))
-            .collect();
+        // The byte counts DmmaShape gives (attention_decode_mma.cu), per (dim, kv bytes), at the
+        // default budget and at the earlier 106 496 (which KILN_DMMA_STAGE_BUDGET can still set).
+        let shapes = [(64, 2), (128, 2), (256, 2), (64, 1), (128, 1), (256, 1)];
+        let at = |budget| -> Vec<(u32, u32)> {
+            shapes
+                .iter()
+                .map(|&(d, b)| decode_mma_geometry_for(d, b, budget))
+                .collect()
+        };
+        assert_eq!(STAGE_BUDGET, 71_000);
+        let got = at(STAGE_BUDGET);
         assert_eq!(
             got,
+            vec![
+                (128, 64_512),
+                (128, 75_776),
+                (64, 70_656),
+                (128, 45_056),
+                (128, 58_368),
+                (64, 53_760)
+            ]
+        );
+        let old = at(106_496);
+        assert_eq!(
+            old,
             vec![
                 (128, 86_016),
                 (128, 75_776),
@@ -183,7 +212,7 @@ mod tests {
         );
         // At least two blocks per SM within an H100 / H200's 228 KB (1 KB reserved per block),
         // and under the 227 KB one block may have.
-        for (_, smem) in got {
+        for (_, smem) in got.into_iter().chain(old) {
             assert!(2 * (smem as usize + 1024) <= 228 * 1024);
         }
         assert_eq!(
