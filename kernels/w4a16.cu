@@ -46,7 +46,12 @@
 #define W4_KB 128       // k per tile block
 #define W4_MAX_KS 8     // K slices at most
 #define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs: one m16 A tile; must be 2)
+#ifndef W4_GEMV_DEPTH
 #define W4_GEMV_DEPTH 3 // k blocks of weights in flight per 8-row GEMV warp (register ring; 2 above)
+#endif
+#ifndef W4_GEMV_BLOCKS
+#define W4_GEMV_BLOCKS 3 // resident blocks per SM of the 8-row GEMV (__launch_bounds__)
+#endif
 #define W4_GEMV16_BLOCKS 3 // resident blocks per SM of the 16-row GEMV (__launch_bounds__)
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
@@ -410,6 +415,142 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
     }
 }
 
+// The fast GEMV (`w4_gemv_*`, RG = 1: 1..8 rows; `w4_gemv16_*`, RG = 2: 9..16 rows; the host
+// launches them only on layouts with k % 128 == 0, no perm, and NVFP4 or groups of >= 32
+// columns, and only with m <= 8 RG, so every row group of the block exists): the same fragments,
+// k order and slice sum as `w4_gemv` above, with the per-block overhead cut (issue 10: 224 warp
+// instructions per KB of weights, 38% of them address, guard and zero-point work, in the
+// profile of docs/benchmarks.md). The differences are in the bookkeeping only:
+// - ZP is a template flag: symmetric formats load no zero point and decode with the constant
+//   bias of 8; G16 (NVFP4, groups of 16 columns) is the only variant that reads a second
+//   (scale) word per k block.
+// - pointers are advanced per slot from bases fixed before the loop (k block j of the slice at
+//   base + j * stride), so a slot's loads are one address computation and immediate offsets;
+// - one uniform branch per k block (the slice length `per` is a runtime value), none per mma;
+// - D k blocks of weights and (scale[, zero]) words in flight per warp in a register ring.
+// The (scale, zero) word of a lane in group gi (ZP false: the scale alone).
+// (Unsigned index arithmetic: one 32 x 32 -> 64-bit multiply-add per address, no sign extension.)
+template <bool ZP>
+__device__ __forceinline__ unsigned w4_szf(const unsigned short* __restrict__ sp,
+                                           const unsigned char* __restrict__ zp, unsigned gi) {
+    const unsigned sv = (unsigned)__ldg(sp + gi * 8u);
+    return ZP ? sv | ((unsigned)__ldg(zp + gi * 8u) << 16) : sv;
+}
+
+template <typename T, int RG, bool FP4, bool ZP, int D>
+__device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                             const T* scales, const unsigned char* zeros,
+                                             int kblocks, int ks, int gshift, int gstore, int n,
+                                             void* out, int out_f32, float* part) {
+    constexpr bool G16 = FP4;
+    const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nt0 = blockIdx.x * 2;
+    const int r0 = blockIdx.y * 8 * RG;
+    const int per = kblocks / ks, kb0 = s * per;
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    // Lane x words of row group rg from the slice's first k block (rows past m read row m - 1:
+    // a row of x reaches only its own output column, which is not stored).
+    const uint4* xp[RG];
+#pragma unroll
+    for (int rg = 0; rg < RG; ++rg)
+        xp[rg] = reinterpret_cast<const uint4*>(xs + (size_t)min(r0 + 8 * rg + g, m - 1) * k + 32 * t) +
+                 (size_t)kb0 * 16;
+    const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
+    const uint4* wp1 = wp0 + (size_t)kblocks * 32;
+    const size_t sstride = (size_t)gstore * 8;
+    const unsigned short* sp0 = reinterpret_cast<const unsigned short*>(scales) + nt0 * sstride + g;
+    const unsigned short* sp1 = sp0 + sstride;
+    const unsigned char* zp0 = ZP ? zeros + nt0 * sstride + g : nullptr;
+    const unsigned char* zp1 = ZP ? zp0 + sstride : nullptr;
+    // 16-column chunk index of the lane's chunks 0..1 in k block kb0 (>> gshift: its group).
+    const unsigned gbase = (unsigned)(kb0 * 8 + 2 * t);
+    float acc[RG][4];
+#pragma unroll
+    for (int h = 0; h < RG; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+    uint4 wr[D][2];
+    unsigned sz[D][2], szh[D][2];
+    // Slot d's loads for k block `j` of the slice; `wq0` / `wq1` point at the ring's current
+    // first k block (jb) and `o` = j - jb is a compile-time offset in the loop below, so the
+    // weight loads are immediate offsets from pointers bumped once per D k blocks.
+    // `gq` is the chunk index of k block jb (gbase + 8 jb).
+    auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o) {
+        wr[d][0] = __ldg(wq0 + o * 32);
+        wr[d][1] = __ldg(wq1 + o * 32);
+        const unsigned glo = (gq + 8u * o) >> gshift;
+        sz[d][0] = w4_szf<ZP>(sp0, zp0, glo);
+        sz[d][1] = w4_szf<ZP>(sp1, zp1, glo);
+        if (G16) {
+            const unsigned ghi = (gq + 8u * o + 1u) >> gshift;
+            szh[d][0] = w4_szf<ZP>(sp0, zp0, ghi);
+            szh[d][1] = w4_szf<ZP>(sp1, zp1, ghi);
+        }
+    };
+    auto consume = [&](int d, const uint4* const* xq, int o) {
+        uint4 xr[RG][4];
+#pragma unroll
+        for (int rg = 0; rg < RG; ++rg)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) xr[rg][q] = __ldg(xq[rg] + o * 16 + q);
+        const unsigned zc = W4Dec<T>::bias(8);
+        const unsigned s0l = __byte_perm(sz[d][0], 0u, 0x1010), s1l = __byte_perm(sz[d][1], 0u, 0x1010);
+        const unsigned z0l = ZP ? W4Dec<T>::bias((int)(sz[d][0] >> 16)) : zc;
+        const unsigned z1l = ZP ? W4Dec<T>::bias((int)(sz[d][1] >> 16)) : zc;
+        const unsigned s0h = G16 ? __byte_perm(szh[d][0], 0u, 0x1010) : s0l;
+        const unsigned s1h = G16 ? __byte_perm(szh[d][1], 0u, 0x1010) : s1l;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            unsigned d0[4], d1[4];
+            w4_decode_any<T, FP4>(w4_word(wr[d][0], q), q < 2 ? s0l : s0h, z0l, d0);
+            w4_decode_any<T, FP4>(w4_word(wr[d][1], q), q < 2 ? s1l : s1h, z1l, d1);
+            const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+            const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+#pragma unroll
+            for (int rg = 0; rg < RG; ++rg) {
+                w4_mma<T>(acc[rg], a0, xr[rg][q].x, xr[rg][q].y);
+                w4_mma<T>(acc[rg], a1, xr[rg][q].z, xr[rg][q].w);
+            }
+        }
+    };
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+        if (d < per) load(d, wp0, wp1, gbase, d);
+    const uint4* wq0 = wp0;
+    const uint4* wq1 = wp1;
+    unsigned gq = gbase;
+    for (int i = 0; i < per; i += D) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            if (i + d < per) {
+                consume(d, xp, d);
+                if (i + d + D < per) load(d, wq0, wq1, gq, d + D);
+            }
+        }
+        wq0 += D * 32;
+        wq1 += D * 32;
+        gq += 8u * D;
+#pragma unroll
+        for (int rg = 0; rg < RG; ++rg) xp[rg] += D * 16;
+    }
+    float(*pp)[RG][4][32] = reinterpret_cast<float(*)[RG][4][32]>(part);
+#pragma unroll
+    for (int h = 0; h < RG; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pp[s][h][e][lane] = acc[h][e];
+    __syncthreads();
+    // Warp he (and he + ks, ...) sums element e of row group h over the slices in order.
+    for (int he = s; he < RG * 4; he += ks) {
+        const int h = he >> 2, e = he & 3;
+        float total = 0.0f;
+        for (int q = 0; q < ks; ++q) total += pp[q][h][e][lane];
+        const int row = r0 + 8 * h + 2 * t + (e & 1);
+        const int col = nt0 * 8 + g + (e >= 2 ? 8 : 0);
+        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+    }
+}
+
 // GEMM: grid (ceil(Np / 128), ceil(m / 128)), block 256 threads = 2 (rows) x 4 (outputs) warps,
 // each 64 rows x 32 outputs; dynamic shared memory `stages` x W4_GEMM_STAGE_BYTES. Each k block
 // (128 columns) of the CTA's x rows (128 x 128, 32 KB) and weight tiles (16 n8 tiles, 8 KB) is
@@ -680,17 +821,22 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 // 3 blocks per SM) run only the fast variants: the host launches them when k % 128 == 0, no
 // perm, and (NVFP4 or groups of >= 32 columns); everything else, and steps of 17+ rows, run
 // `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
+// The fast GEMV's variant by the format: NVFP4, int4 with zero points, symmetric int4.
+#define W4_FAST(T, RG, D)                                                                        \
+    if (fp4) w4_gemv_fast<T, RG, true, false, D>(W4_FAST_PASS, part);                           \
+    else if (zeros) w4_gemv_fast<T, RG, false, true, D>(W4_FAST_PASS, part);                    \
+    else w4_gemv_fast<T, RG, false, false, D>(W4_FAST_PASS, part);
+#define W4_FAST_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32
+
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 3) w4_gemv_##SUF(W4_ARGS(T)) {              \
+    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_BLOCKS) w4_gemv_##SUF(W4_ARGS(T)) { \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
-        if (fp4) w4_gemv<T, 1, true, true>(W4_PASS, part);                                       \
-        else w4_gemv<T, 1, false, true>(W4_PASS, part);                                          \
+        W4_FAST(T, 1, W4_GEMV_DEPTH)                                                             \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, W4_GEMV16_BLOCKS) w4_gemv16_##SUF(          \
         W4_ARGS(T)) {                                                                            \
         __shared__ float part[W4_MAX_KS * 2 * 4 * 32];                                           \
-        if (fp4) w4_gemv<T, 2, true, true>(W4_PASS, part);                                       \
-        else w4_gemv<T, 2, false, true>(W4_PASS, part);                                          \
+        W4_FAST(T, 2, 2)                                                                         \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv32_##SUF(W4_ARGS(T)) {            \
         __shared__ float part[W4_MAX_KS * 4 * 4 * 32];                                           \
@@ -714,3 +860,26 @@ W4_TC_ENTRIES(bf16, bf16_t)
 #define W4_FMA_ENTRY(SUF, T)                                                                    \
     extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }
 KILN_FOR_FLOAT_TYPES(W4_FMA_ENTRY)
+
+// MEASUREMENT VARIANTS (temporary, bf16 only): the old GEMV and fast ones with other depths /
+// occupancies, compared in one run by tests/cuda_w4a16_bench.rs w4a16_gemv_variants.
+#define W4_ALT_OLD(NAME, RG, B)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, B) NAME(W4_ARGS(bf16_t)) {                  \
+        __shared__ float part[W4_MAX_KS * RG * 4 * 32];                                          \
+        if (fp4) w4_gemv<bf16_t, RG, true, true>(W4_PASS, part);                                 \
+        else w4_gemv<bf16_t, RG, false, true>(W4_PASS, part);                                    \
+    }
+#define W4_ALT_FAST(NAME, RG, D, B)                                                             \
+    extern "C" __global__ void __launch_bounds__(256, B) NAME(W4_ARGS(bf16_t)) {                  \
+        __shared__ float part[W4_MAX_KS * RG * 4 * 32];                                          \
+        W4_FAST(bf16_t, RG, D)                                                                   \
+    }
+W4_ALT_OLD(w4_gemv_alt0_bf16, 1, 3)
+W4_ALT_FAST(w4_gemv_alt1_bf16, 1, 2, 4)
+W4_ALT_FAST(w4_gemv_alt2_bf16, 1, 1, 6)
+W4_ALT_FAST(w4_gemv_alt3_bf16, 1, 1, 5)
+W4_ALT_FAST(w4_gemv_alt4_bf16, 1, 2, 5)
+W4_ALT_FAST(w4_gemv_alt5_bf16, 1, 1, 8)
+W4_ALT_OLD(w4_gemv_alt6_bf16, 2, 3)
+W4_ALT_FAST(w4_gemv_alt7_bf16, 2, 2, 4)
+W4_ALT_FAST(w4_gemv_alt8_bf16, 2, 1, 4)

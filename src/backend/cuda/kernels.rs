@@ -278,6 +278,13 @@ impl KernelModule {
                         names.push(format!("w4_gemv32_{t}"));
                         names.push(format!("w4_gemm_{t}"));
                     }
+                    if t == "bf16" {
+                        names.extend(
+                            super::backend::W4_GEMV_ALTS
+                                .iter()
+                                .map(|(name, _)| (*name).to_string()),
+                        );
+                    }
                     names.push(format!("w4_fma_{t}"));
                 }
                 KernelModule::Gdn => {
