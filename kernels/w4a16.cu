@@ -31,7 +31,8 @@
 // mma.sync.m16n8k16 with f32 accumulation over the same fragments: K is cut into `ks` slices
 // (a function of K alone, chosen by the host); slice s accumulates its k blocks in ascending
 // order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
-// f32. The GEMV (rows 1..32: `w4_gemv`, blocks of one n8 row group, for 1..8 rows; `w4_gemv16`,
+// f32. The GEMV (rows 1..32: `w4_gemv` / `w4_gemv_long`, blocks of one n8 row group, for 1..8
+// rows (short / long K slices); `w4_gemv16`,
 // two row groups sharing one weight decode, for 9..16 rows; `w4_gemv32`, four row groups, for
 // 17..32 rows and the generic layouts; one warp per slice, P_s summed through shared memory
 // after the main loop) and `w4_gemm`
@@ -46,12 +47,18 @@
 #define W4_KB 128       // k per tile block
 #define W4_MAX_KS 8     // K slices at most
 #define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs: one m16 A tile; must be 2)
-#ifndef W4_GEMV_DEPTH
-#define W4_GEMV_DEPTH 3 // k blocks of weights in flight per 8-row GEMV warp (register ring; 2 above)
-#endif
-#ifndef W4_GEMV_BLOCKS
-#define W4_GEMV_BLOCKS 3 // resident blocks per SM of the 8-row GEMV (__launch_bounds__)
-#endif
+// The 8-row GEMV's register ring depth (k blocks of weights in flight per warp) and resident
+// blocks per SM (__launch_bounds__), in two builds chosen by the host from the slice length
+// (kblocks / ks, a function of K alone): `w4_gemv_*` for slices of <= 8 k blocks (K = 5120,
+// 6144: occupancy matters most, 1 block ahead at 5 blocks of 256 per SM, 48 registers) and
+// `w4_gemv_long_*` for longer ones (K = 17408: 3 ahead at 3 blocks per SM, 80 registers). On the
+// H200 these were the best of the measured (depth, blocks) pairs 1/5, 1/6, 2/4, 2/5, 3/3, 4/2,
+// 6/2, 1/8 (docs/benchmarks.md, "the fast W4A16 GEMV"). The old one-source 8-row kernel
+// used depth 3 at 3 blocks (the RG = 4 generic `w4_gemv` above still does, at 2 blocks).
+#define W4_GEMV_DEPTH 3
+#define W4_GEMV_SHORT_DEPTH 1
+#define W4_GEMV_SHORT_BLOCKS 5
+#define W4_GEMV_LONG_BLOCKS 3
 #define W4_GEMV16_BLOCKS 3 // resident blocks per SM of the 16-row GEMV (__launch_bounds__)
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
@@ -323,7 +330,8 @@ __device__ __forceinline__ unsigned w4_sz_at(const unsigned short* __restrict__ 
 // RG = 1 (steps of 1..8 rows, `w4_gemv_*`), 2 (9..16 rows, `w4_gemv16_*`) or 4 (17..32 rows
 // and the generic layouts, `w4_gemv32_*`): the weights are read and decoded once for 8 RG rows.
 // Each warp keeps D k blocks of its tiles' weights and (scale, zero) words in flight in a
-// register ring (D = 3 for RG = 1, 2 otherwise); x is read through the L1 (every warp of the
+// register ring (D = 2; RG = 1 and 2 now run `w4_gemv_fast` below, which is this kernel with
+// less bookkeeping); x is read through the L1 (every warp of the
 // grid reads the same rows). Row groups past m (nrg of RG present, uniform per block) are
 // skipped.
 // FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads
@@ -337,7 +345,7 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
                                         const T* scales, const unsigned char* zeros,
                                         const int* perm, int kblocks, int ks, int gshift,
                                         int gstore, int n, void* out, int out_f32, float* part) {
-    constexpr int NT = W4_GEMV_NT, D = RG == 1 ? W4_GEMV_DEPTH : 2;
+    constexpr int NT = W4_GEMV_NT, D = 2;
     constexpr bool G16 = FP4 || !FASTX;
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -829,7 +837,13 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 #define W4_FAST_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32
 
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_BLOCKS) w4_gemv_##SUF(W4_ARGS(T)) { \
+    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_SHORT_BLOCKS) w4_gemv_##SUF(        \
+        W4_ARGS(T)) {                                                                            \
+        __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
+        W4_FAST(T, 1, W4_GEMV_SHORT_DEPTH)                                                       \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_LONG_BLOCKS) w4_gemv_long_##SUF(    \
+        W4_ARGS(T)) {                                                                            \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
         W4_FAST(T, 1, W4_GEMV_DEPTH)                                                             \
     }                                                                                            \
@@ -861,25 +875,3 @@ W4_TC_ENTRIES(bf16, bf16_t)
     extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }
 KILN_FOR_FLOAT_TYPES(W4_FMA_ENTRY)
 
-// MEASUREMENT VARIANTS (temporary, bf16 only): the old GEMV and fast ones with other depths /
-// occupancies, compared in one run by tests/cuda_w4a16_bench.rs w4a16_gemv_variants.
-#define W4_ALT_OLD(NAME, RG, B)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, B) NAME(W4_ARGS(bf16_t)) {                  \
-        __shared__ float part[W4_MAX_KS * RG * 4 * 32];                                          \
-        if (fp4) w4_gemv<bf16_t, RG, true, true>(W4_PASS, part);                                 \
-        else w4_gemv<bf16_t, RG, false, true>(W4_PASS, part);                                    \
-    }
-#define W4_ALT_FAST(NAME, RG, D, B)                                                             \
-    extern "C" __global__ void __launch_bounds__(256, B) NAME(W4_ARGS(bf16_t)) {                  \
-        __shared__ float part[W4_MAX_KS * RG * 4 * 32];                                          \
-        W4_FAST(bf16_t, RG, D)                                                                   \
-    }
-W4_ALT_OLD(w4_gemv_alt0_bf16, 1, 3)
-W4_ALT_FAST(w4_gemv_alt1_bf16, 1, 2, 4)
-W4_ALT_FAST(w4_gemv_alt2_bf16, 1, 1, 6)
-W4_ALT_FAST(w4_gemv_alt3_bf16, 1, 1, 5)
-W4_ALT_FAST(w4_gemv_alt4_bf16, 1, 2, 5)
-W4_ALT_FAST(w4_gemv_alt5_bf16, 1, 1, 8)
-W4_ALT_OLD(w4_gemv_alt6_bf16, 2, 3)
-W4_ALT_FAST(w4_gemv_alt7_bf16, 2, 2, 4)
-W4_ALT_FAST(w4_gemv_alt8_bf16, 2, 1, 4)

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use common::*;
 use half::bf16;
-use kiln::backend::cuda::{W4Kernel, W4_GEMV_ALTS};
+use kiln::backend::cuda::W4Kernel;
 use kiln::backend::Backend;
 use kiln::model::synthetic::{qwen3_5_27b_weights, SyntheticQuant};
 use kiln::tensor::{LinearView, TensorView, WeightDType};
@@ -346,98 +346,6 @@ fn w4a16_wide_gemm_speed() {
                 td / tw,
                 td / tb
             );
-        }
-    }
-}
-
-/// The GEMV's measurement variants ([`W4_GEMV_ALTS`]: the old kernels and the fast one at other
-/// ring depths / occupancies) against the default GEMV in one run, on the 27B shapes (CT W4A16
-/// symmetric g128 and asymmetric g128, bf16), rotating over 4 distinct weights per shape so every
-/// launch reads from DRAM. Each variant must give the default GEMV's bits (same arithmetic); the
-/// times are figures. Run (GPU machine):
-/// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_variants`
-#[test]
-#[ignore = "needs a GPU: see the header"]
-fn w4a16_gemv_variants() {
-    let b = gpu("bf16", "auto");
-    println!("device: {}", b.name());
-    let copy = copy_bandwidth();
-    println!("RESULT variants copy_bandwidth_GBps={:.0}", copy / 1e9);
-    let shapes = [
-        (17408usize, 5120usize),
-        (5120, 17408),
-        (10240, 5120),
-        (5120, 6144),
-    ];
-    for (i, &(n, k)) in shapes.iter().enumerate() {
-        for symmetric in [true, false] {
-            let ws: Vec<_> = (0..4u64)
-                .map(|j| {
-                    let o = Owned::random(
-                        Fmt::Ct {
-                            group: 128,
-                            symmetric,
-                            act_order: false,
-                        },
-                        n,
-                        k,
-                        300 + 10 * i as u64 + j,
-                    );
-                    b.upload_linear("variants", &LinearView::Packed(o.linear()))
-                        .expect("upload")
-                })
-                .collect();
-            let bytes = b.weight_bytes(&ws[0]) as f64;
-            let x = b.upload(&data(16 * k, 5 + i as u64)).expect("x");
-            let mut out = b.alloc(16 * n).expect("out");
-            let mut want = b.alloc(16 * n).expect("want");
-            let run = |kernel: W4Kernel, rows: usize, out: &mut _| {
-                let mut j = 0usize;
-                time(&b, || {
-                    j = (j + 1) % ws.len();
-                    b.matmul_w4_with(&x, rows, &ws[j], out, kernel)
-                        .expect("gemv")
-                })
-            };
-            let mut line = format!("RESULT variants N={n} K={k} sym={symmetric} bytes={bytes:.0}");
-            let mut t1 = 0.0;
-            for rows in [1usize, 2, 4, 8, 12, 16] {
-                let t = run(W4Kernel::Gemv, rows, &mut want);
-                if rows == 1 {
-                    t1 = t;
-                }
-                line += &format!(
-                    " gemv{rows}={:.2}us({:.3},{:.2}x)",
-                    t * 1e6,
-                    bytes / t / copy,
-                    t / t1
-                );
-            }
-            for (a, &(name, block_rows)) in W4_GEMV_ALTS.iter().enumerate() {
-                for rows in if block_rows == 8 { [1, 8] } else { [12, 16] } {
-                    let mut expect = vec![0f32; 16 * n];
-                    let mut got = vec![0f32; 16 * n];
-                    // Same weight, same x: the bits must match the default kernel's.
-                    b.matmul_w4_with(&x, rows, &ws[0], &mut want, W4Kernel::Gemv)
-                        .expect("gemv");
-                    b.download(&want, &mut expect[..]).expect("dl");
-                    b.matmul_w4_with(&x, rows, &ws[0], &mut out, W4Kernel::GemvAlt(a))
-                        .expect("alt");
-                    b.download(&out, &mut got[..]).expect("dl");
-                    let bad = expect[..rows * n]
-                        .iter()
-                        .zip(&got[..rows * n])
-                        .filter(|(e, g)| e.to_bits() != g.to_bits())
-                        .count();
-                    assert_eq!(
-                        bad, 0,
-                        "{name} rows={rows} N={n} K={k}: {bad} outputs differ"
-                    );
-                    let t = run(W4Kernel::GemvAlt(a), rows, &mut out);
-                    line += &format!(" {name}@{rows}={:.2}us({:.3})", t * 1e6, bytes / t / copy);
-                }
-            }
-            println!("{line}");
         }
     }
 }

@@ -274,16 +274,10 @@ impl KernelModule {
                 KernelModule::W4a16 => {
                     if t != "f32" {
                         names.push(format!("w4_gemv_{t}"));
+                        names.push(format!("w4_gemv_long_{t}"));
                         names.push(format!("w4_gemv16_{t}"));
                         names.push(format!("w4_gemv32_{t}"));
                         names.push(format!("w4_gemm_{t}"));
-                    }
-                    if t == "bf16" {
-                        names.extend(
-                            super::backend::W4_GEMV_ALTS
-                                .iter()
-                                .map(|(name, _)| (*name).to_string()),
-                        );
                     }
                     names.push(format!("w4_fma_{t}"));
                 }

@@ -13,7 +13,7 @@ pub mod nvrtc;
 
 pub use backend::{
     ComputeDType, CudaBackend, CudaLogits, DenseMatmul, GgufKernel, KvStorage, MmaKernel, W4Kernel,
-    DEFAULT_CHUNKED_MIN_LEN, W4_GEMV_ALTS,
+    DEFAULT_CHUNKED_MIN_LEN,
 };
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;

@@ -3,7 +3,8 @@
 //! kernels' `fp4` flag selects the e2m1 decode).
 //!
 //! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, the GEMV for steps of
-//! 1–32 rows (on the common layouts `w4_gemv`, 8-row blocks, for 1–8 rows and `w4_gemv16`,
+//! 1–32 rows (on the common layouts `w4_gemv` / `w4_gemv_long`, 8-row blocks, for 1–8 rows
+//! (by the K slice length, [`GEMV_SHORT_SLICE`]) and `w4_gemv16`,
 //! 16-row blocks, for 9–16; `w4_gemv32`, 32-row blocks, otherwise) and `w4_gemm` for larger
 //! ones, both `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
@@ -43,20 +44,10 @@ const GEMV16_ROWS: usize = 16;
 /// Rows of one `w4_gemv32` block (RG = 4).
 const GEMV32_ROWS: usize = 32;
 
-/// Measurement variants of the GEMV (`kernels/w4a16.cu`, bf16 only): entry point and rows per
-/// block (depth D, blocks per SM B). 0: the old 8-row kernel; 1–5: the fast one at D/B 2/4,
-/// 1/6, 1/5, 2/5, 1/8; 6: the old 16-row kernel; 7, 8: the fast 16-row one at 2/4, 1/4.
-pub const GEMV_ALTS: [(&str, usize); 9] = [
-    ("w4_gemv_alt0_bf16", 8),
-    ("w4_gemv_alt1_bf16", 8),
-    ("w4_gemv_alt2_bf16", 8),
-    ("w4_gemv_alt3_bf16", 8),
-    ("w4_gemv_alt4_bf16", 8),
-    ("w4_gemv_alt5_bf16", 8),
-    ("w4_gemv_alt6_bf16", 16),
-    ("w4_gemv_alt7_bf16", 16),
-    ("w4_gemv_alt8_bf16", 16),
-];
+/// Slices (k blocks per warp: `k_blocks / k_slices`, a function of K alone) up to this long run
+/// the 8-row GEMV built for occupancy (`w4_gemv`), longer ones the one with the deeper register
+/// ring (`w4_gemv_long`); same arithmetic, so the choice never changes a bit.
+const GEMV_SHORT_SLICE: usize = 8;
 
 /// Shared memory of one GEMM pipeline stage: 128 x rows of one 128-column k block (32 KB) and
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
@@ -78,8 +69,6 @@ pub enum W4Kernel {
     GemmWide,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
-    /// Measurement variant `i` of the GEMV ([`GEMV_ALTS`]; bf16 on sm_80+ only).
-    GemvAlt(usize),
 }
 
 /// The device parts of a packed linear besides its 4-bit words (which are `CudaWeight::data`).
@@ -294,13 +283,11 @@ impl CudaBackend {
         } else {
             GEMV32_ROWS
         };
-        let gemv_rows = match kernel {
-            W4Kernel::GemvAlt(i) => GEMV_ALTS.get(i).map_or(gemv_rows, |a| a.1),
-            _ => gemv_rows,
-        };
         let f = match kernel {
-            W4Kernel::GemvAlt(i) => self.k.w4_gemv_alt.get(i),
             W4Kernel::Gemv => match gemv_rows {
+                GEMV8_ROWS if parts.k_blocks / parts.k_slices > GEMV_SHORT_SLICE => {
+                    self.k.w4_gemv_long.as_ref()
+                }
                 GEMV8_ROWS => self.k.w4_gemv.as_ref(),
                 GEMV16_ROWS => self.k.w4_gemv16.as_ref(),
                 _ => self.k.w4_gemv32.as_ref(),
@@ -318,7 +305,7 @@ impl CudaBackend {
             ))
         })?;
         let (block, grid) = match kernel {
-            W4Kernel::Gemv | W4Kernel::GemvAlt(_) => (
+            W4Kernel::Gemv => (
                 32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
             ),

@@ -106,7 +106,7 @@ impl CudaBackend {
         let f = match kernel {
             W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => &ks70.gemm,
             W4Kernel::Gemv => &ks70.gemv,
-            W4Kernel::Fma | W4Kernel::GemvAlt(_) => {
+            W4Kernel::Fma => {
                 return Err(BackendError::InvalidArgument(
                     "packed_matmul_sm70: the FMA kernel is launched by w4a16.rs".into(),
                 ))
