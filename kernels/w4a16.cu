@@ -50,14 +50,18 @@
 // The 8-row GEMV's register ring depth (k blocks of weights in flight per warp) and resident
 // blocks per SM (__launch_bounds__), in two builds chosen by the host from the slice length
 // (kblocks / ks, a function of K alone): `w4_gemv_*` for slices of <= 8 k blocks (K = 5120,
-// 6144: occupancy matters most, 1 block ahead at 5 blocks of 256 per SM, 48 registers) and
+// 6144: occupancy matters most, 1 block ahead, 48 registers; blocks of min(ks, 4) warps, each
+// running ks / warps slices in a row, 10 blocks per SM: all of a 17408-output GEMV's blocks
+// are resident at once, where 8 one-slice warps per block at 5 blocks per SM left a second,
+// partial wave) and
 // `w4_gemv_long_*` for longer ones (K = 17408: 3 ahead at 3 blocks per SM, 80 registers). On the
 // H200 these were the best of the measured (depth, blocks) pairs 1/5, 1/6, 2/4, 2/5, 3/3, 4/2,
-// 6/2, 1/8 (docs/benchmarks.md, "the fast W4A16 GEMV"). The old one-source 8-row kernel
+// 6/2, 1/8 (docs/benchmarks.md, "the fast W4A16 GEMV", with one slice per warp). The old
+// one-source 8-row kernel
 // used depth 3 at 3 blocks (the RG = 4 generic `w4_gemv` above still does, at 2 blocks).
 #define W4_GEMV_DEPTH 3
 #define W4_GEMV_SHORT_DEPTH 1
-#define W4_GEMV_SHORT_BLOCKS 5
+#define W4_GEMV_SHORT_BLOCKS 10 // of 128 threads (4 warps, two slices each at ks = 8)
 #define W4_GEMV_LONG_BLOCKS 3
 #define W4_GEMV16_BLOCKS 3 // resident blocks per SM of the 16-row GEMV (__launch_bounds__)
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
@@ -436,13 +440,13 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
 //   base + j * stride), so a slot's loads are one address computation and immediate offsets;
 // - one uniform branch per k block (the slice length `per` is a runtime value), none per mma;
 // - D k blocks of weights and (scale[, zero]) words in flight per warp in a register ring.
-// The (scale, zero) word of a lane in group gi (ZP false: the scale alone).
+// The (scale, zero) word at element offset `off` of a lane's column (ZP false: the scale alone).
 // (Unsigned index arithmetic: one 32 x 32 -> 64-bit multiply-add per address, no sign extension.)
 template <bool ZP>
 __device__ __forceinline__ unsigned w4_szf(const unsigned short* __restrict__ sp,
-                                           const unsigned char* __restrict__ zp, unsigned gi) {
-    const unsigned sv = (unsigned)__ldg(sp + gi * 8u);
-    return ZP ? sv | ((unsigned)__ldg(zp + gi * 8u) << 16) : sv;
+                                           const unsigned char* __restrict__ zp, unsigned off) {
+    const unsigned sv = (unsigned)__ldg(sp + off);
+    return ZP ? sv | ((unsigned)__ldg(zp + off) << 16) : sv;
 }
 
 template <typename T, int RG, bool FP4, bool ZP, int D>
@@ -455,7 +459,10 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
     const int g = lane >> 2, t = lane & 3;
     const int nt0 = blockIdx.x * 2;
     const int r0 = blockIdx.y * 8 * RG;
-    const int per = kblocks / ks, kb0 = s * per;
+    // Warp s runs slices s * S .. s * S + S - 1 one after another (S = ks / warps: the host
+    // launches ks / S warps per block, S from the slice length), its k blocks contiguous.
+    const int nw = blockDim.x >> 5, S = ks / nw;
+    const int per = kblocks / ks, kb0 = s * S * per, nkb = S * per;
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
     // Lane x words of row group rg from the slice's first k block (rows past m read row m - 1:
     // a row of x reaches only its own output column, which is not stored).
@@ -466,11 +473,16 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
                  (size_t)kb0 * 16;
     const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
     const uint4* wp1 = wp0 + (size_t)kblocks * 32;
-    const size_t sstride = (size_t)gstore * 8;
-    const unsigned short* sp0 = reinterpret_cast<const unsigned short*>(scales) + nt0 * sstride + g;
-    const unsigned short* sp1 = sp0 + sstride;
-    const unsigned char* zp0 = ZP ? zeros + nt0 * sstride + g : nullptr;
-    const unsigned char* zp1 = ZP ? zp0 + sstride : nullptr;
+    // Tile 0's (scale, zero) column; tile 1's is `sstride` elements on (32-bit offsets from one
+    // base per array: fewer live 64-bit pointers under the short build's 48-register cap).
+    const unsigned sstride = (unsigned)gstore * 8u;
+    const size_t sbase = (size_t)nt0 * sstride + g;
+    const unsigned short* sp0 = reinterpret_cast<const unsigned short*>(scales) + sbase;
+    const unsigned char* zp0 = ZP ? zeros + sbase : nullptr;
+    // Opaque to the optimiser, so that it keeps the two pointers instead of re-deriving them
+    // from the kernel parameters in 64-bit arithmetic at every load.
+    asm("" : "+l"(sp0));
+    asm("" : "+l"(zp0));
     // 16-column chunk index of the lane's chunks 0..1 in k block kb0 (>> gshift: its group).
     const unsigned gbase = (unsigned)(kb0 * 8 + 2 * t);
     float acc[RG][4];
@@ -488,12 +500,29 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
         wr[d][0] = __ldg(wq0 + o * 32);
         wr[d][1] = __ldg(wq1 + o * 32);
         const unsigned glo = (gq + 8u * o) >> gshift;
-        sz[d][0] = w4_szf<ZP>(sp0, zp0, glo);
-        sz[d][1] = w4_szf<ZP>(sp1, zp1, glo);
+        sz[d][0] = w4_szf<ZP>(sp0, zp0, glo * 8u);
+        sz[d][1] = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
         if (G16) {
             const unsigned ghi = (gq + 8u * o + 1u) >> gshift;
-            szh[d][0] = w4_szf<ZP>(sp0, zp0, ghi);
-            szh[d][1] = w4_szf<ZP>(sp1, zp1, ghi);
+            szh[d][0] = w4_szf<ZP>(sp0, zp0, ghi * 8u);
+            szh[d][1] = w4_szf<ZP>(sp0, zp0, ghi * 8u + sstride);
+        }
+    };
+    // After each k block: at a slice's end its sum goes to `part` and the accumulator restarts
+    // from zero (`left` counts the slice's k blocks still to come).
+    float(*pp)[RG][4][32] = reinterpret_cast<float(*)[RG][4][32]>(part);
+    int left = per, slice = s * S;
+    auto slice_end = [&]() {
+        if (--left == 0) {
+#pragma unroll
+            for (int h = 0; h < RG; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    pp[slice][h][e][lane] = acc[h][e];
+                    acc[h][e] = 0.0f;
+                }
+            left = per;
+            ++slice;
         }
     };
     auto consume = [&](int d, const uint4* const* xq, int o) {
@@ -524,16 +553,17 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
     };
 #pragma unroll
     for (int d = 0; d < D; ++d)
-        if (d < per) load(d, wp0, wp1, gbase, d);
+        if (d < nkb) load(d, wp0, wp1, gbase, d);
     const uint4* wq0 = wp0;
     const uint4* wq1 = wp1;
     unsigned gq = gbase;
-    for (int i = 0; i < per; i += D) {
+    for (int i = 0; i < nkb; i += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
-            if (i + d < per) {
+            if (i + d < nkb) {
                 consume(d, xp, d);
-                if (i + d + D < per) load(d, wq0, wq1, gq, d + D);
+                if (i + d + D < nkb) load(d, wq0, wq1, gq, d + D);
+                slice_end();
             }
         }
         wq0 += D * 32;
@@ -542,14 +572,9 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
 #pragma unroll
         for (int rg = 0; rg < RG; ++rg) xp[rg] += D * 16;
     }
-    float(*pp)[RG][4][32] = reinterpret_cast<float(*)[RG][4][32]>(part);
-#pragma unroll
-    for (int h = 0; h < RG; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pp[s][h][e][lane] = acc[h][e];
     __syncthreads();
-    // Warp he (and he + ks, ...) sums element e of row group h over the slices in order.
-    for (int he = s; he < RG * 4; he += ks) {
+    // Warp he (and he + nw, ...) sums element e of row group h over the slices in order.
+    for (int he = s; he < RG * 4; he += nw) {
         const int h = he >> 2, e = he & 3;
         float total = 0.0f;
         for (int q = 0; q < ks; ++q) total += pp[q][h][e][lane];
@@ -837,7 +862,7 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 #define W4_FAST_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32
 
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_SHORT_BLOCKS) w4_gemv_##SUF(        \
+    extern "C" __global__ void __launch_bounds__(128, W4_GEMV_SHORT_BLOCKS) w4_gemv_##SUF(        \
         W4_ARGS(T)) {                                                                            \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
         W4_FAST(T, 1, W4_GEMV_SHORT_DEPTH)                                                       \

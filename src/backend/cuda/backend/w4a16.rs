@@ -49,6 +49,9 @@ const GEMV32_ROWS: usize = 32;
 /// ring (`w4_gemv_long`); same arithmetic, so the choice never changes a bit.
 const GEMV_SHORT_SLICE: usize = 8;
 
+/// Warps per block of the short-slice 8-row GEMV (each runs `k_slices / warps` slices).
+const GEMV_SHORT_WARPS: usize = 4;
+
 /// Shared memory of one GEMM pipeline stage: 128 x rows of one 128-column k block (32 KB) and
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
 const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
@@ -304,9 +307,18 @@ impl CudaBackend {
                 self.device_name
             ))
         })?;
+        // The short-slice 8-row build runs min(ks, 4) warps of ks / warps slices each
+        // (`kernels/w4a16.cu` `w4_gemv_fast`: S = ks / warps; at most 128 threads by its
+        // launch bounds); every other GEMV one warp per slice.
+        let short8 = gemv_rows == GEMV8_ROWS && parts.k_blocks / parts.k_slices <= GEMV_SHORT_SLICE;
+        let gemv_warps = if short8 {
+            parts.k_slices.min(GEMV_SHORT_WARPS)
+        } else {
+            parts.k_slices
+        };
         let (block, grid) = match kernel {
             W4Kernel::Gemv => (
-                32 * parts.k_slices,
+                32 * gemv_warps,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
             ),
             W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => {
