@@ -31,8 +31,7 @@
 // mma.sync.m16n8k16 with f32 accumulation over the same fragments: K is cut into `ks` slices
 // (a function of K alone, chosen by the host); slice s accumulates its k blocks in ascending
 // order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
-// f32. The GEMV (rows 1..32: `w4_gemv` / `w4_gemv_long`, blocks of one n8 row group, for 1..8
-// rows (short / long K slices); `w4_gemv16`,
+// f32. The GEMV (rows 1..32: `w4_gemv`, blocks of one n8 row group, for 1..8 rows; `w4_gemv16`,
 // two row groups sharing one weight decode, for 9..16 rows; `w4_gemv32`, four row groups, for
 // 17..32 rows and the generic layouts; one warp per slice, P_s summed through shared memory
 // after the main loop) and `w4_gemm`
@@ -47,22 +46,14 @@
 #define W4_KB 128       // k per tile block
 #define W4_MAX_KS 8     // K slices at most
 #define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs: one m16 A tile; must be 2)
-// The 8-row GEMV's register ring depth (k blocks of weights in flight per warp) and resident
-// blocks per SM (__launch_bounds__), in two builds chosen by the host from the slice length
-// (kblocks / ks, a function of K alone): `w4_gemv_*` for slices of <= 8 k blocks (K = 5120,
-// 6144: occupancy matters most, 1 block ahead, 48 registers; blocks of min(ks, 4) warps, each
-// running ks / warps slices in a row, 10 blocks per SM: all of a 17408-output GEMV's blocks
-// are resident at once, where 8 one-slice warps per block at 5 blocks per SM left a second,
-// partial wave) and
-// `w4_gemv_long_*` for longer ones (K = 17408: 3 ahead at 3 blocks per SM, 80 registers). On the
-// H200 these were the best of the measured (depth, blocks) pairs 1/5, 1/6, 2/4, 2/5, 3/3, 4/2,
-// 6/2, 1/8 (docs/benchmarks.md, "the fast W4A16 GEMV", with one slice per warp). The old
-// one-source 8-row kernel
-// used depth 3 at 3 blocks (the RG = 4 generic `w4_gemv` above still does, at 2 blocks).
-#define W4_GEMV_DEPTH 3
-#define W4_GEMV_SHORT_DEPTH 1
-#define W4_GEMV_SHORT_BLOCKS 10 // of 128 threads (4 warps, two slices each at ks = 8)
-#define W4_GEMV_LONG_BLOCKS 3
+// The 8-row GEMV (`w4_gemv_fast` with RG = 1): 1 k block of weights in flight per warp (the
+// register ring's depth) at 5 resident blocks of 256 per SM (48 registers). On the H200 this was
+// the best of the measured (depth, blocks) pairs 1/5, 1/6, 2/4, 2/5, 3/3, 4/2, 6/2, 1/8 for
+// K = 5120 / 6144 and equal to the best (3/3) for K = 17408, and two slices per warp in blocks
+// of 4 warps was slower at 1 row (docs/benchmarks.md, "the fast W4A16 GEMV"). The generic
+// RG = 4 `w4_gemv` above keeps a 2-deep ring.
+#define W4_GEMV_DEPTH 1
+#define W4_GEMV_BLOCKS 5
 #define W4_GEMV16_BLOCKS 3 // resident blocks per SM of the 16-row GEMV (__launch_bounds__)
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
@@ -459,8 +450,9 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
     const int g = lane >> 2, t = lane & 3;
     const int nt0 = blockIdx.x * 2;
     const int r0 = blockIdx.y * 8 * RG;
-    // Warp s runs slices s * S .. s * S + S - 1 one after another (S = ks / warps: the host
-    // launches ks / S warps per block, S from the slice length), its k blocks contiguous.
+    // Warp s runs slices s * S .. s * S + S - 1 one after another, its k blocks contiguous
+    // (S = ks / warps per block: the host launches one warp per slice, S = 1; blocks of fewer
+    // warps, S = 2, were measured and were slower at 1 row).
     const int nw = blockDim.x >> 5, S = ks / nw;
     const int per = kblocks / ks, kb0 = s * S * per, nkb = S * per;
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
@@ -862,13 +854,7 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 #define W4_FAST_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32
 
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(128, W4_GEMV_SHORT_BLOCKS) w4_gemv_##SUF(        \
-        W4_ARGS(T)) {                                                                            \
-        __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
-        W4_FAST(T, 1, W4_GEMV_SHORT_DEPTH)                                                       \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_LONG_BLOCKS) w4_gemv_long_##SUF(    \
-        W4_ARGS(T)) {                                                                            \
+    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_BLOCKS) w4_gemv_##SUF(W4_ARGS(T)) { \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
         W4_FAST(T, 1, W4_GEMV_DEPTH)                                                             \
     }                                                                                            \
@@ -899,4 +885,5 @@ W4_TC_ENTRIES(bf16, bf16_t)
 #define W4_FMA_ENTRY(SUF, T)                                                                    \
     extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }
 KILN_FOR_FLOAT_TYPES(W4_FMA_ENTRY)
+
 

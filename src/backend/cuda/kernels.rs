@@ -274,7 +274,6 @@ impl KernelModule {
                 KernelModule::W4a16 => {
                     if t != "f32" {
                         names.push(format!("w4_gemv_{t}"));
-                        names.push(format!("w4_gemv_long_{t}"));
                         names.push(format!("w4_gemv16_{t}"));
                         names.push(format!("w4_gemv32_{t}"));
                         names.push(format!("w4_gemm_{t}"));

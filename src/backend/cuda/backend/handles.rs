@@ -70,8 +70,6 @@ pub(crate) struct Kernels {
     pub w4_gemv16: Option<CudaFunction>,
     /// `w4_gemv32_{t}`: packed 4-bit GEMV over 32-row blocks (9–32 rows, any layout); `None` when `t` is f32.
     pub w4_gemv32: Option<CudaFunction>,
-    /// `w4_gemv_long_{t}`: the 8-row GEMV for slices of more than 8 k blocks; `None` when `t` is f32.
-    pub w4_gemv_long: Option<CudaFunction>,
     /// `w4_gemm_{t}`: packed 4-bit GEMM (tensor cores); `None` when `t` is f32.
     pub w4_gemm: Option<CudaFunction>,
     /// `w4g_gemm_{t}`: the wide packed 4-bit GEMM of `kernels/w4a16_gemm.cu`; `None` below sm_90
@@ -157,7 +155,6 @@ impl Kernels {
             w4_gemv: opt(format!("w4_gemv_{t}"))?,
             w4_gemv16: opt(format!("w4_gemv16_{t}"))?,
             w4_gemv32: opt(format!("w4_gemv32_{t}"))?,
-            w4_gemv_long: opt(format!("w4_gemv_long_{t}"))?,
             w4_gemm: opt(format!("w4_gemm_{t}"))?,
             // Only where its module is built (KernelModule::builds_for: sm_90+), whose entry
             // points are checked at load.

@@ -3,8 +3,7 @@
 //! kernels' `fp4` flag selects the e2m1 decode).
 //!
 //! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, the GEMV for steps of
-//! 1–32 rows (on the common layouts `w4_gemv` / `w4_gemv_long`, 8-row blocks, for 1–8 rows
-//! (by the K slice length, [`GEMV_SHORT_SLICE`]) and `w4_gemv16`,
+//! 1–32 rows (on the common layouts `w4_gemv`, 8-row blocks, for 1–8 rows and `w4_gemv16`,
 //! 16-row blocks, for 9–16; `w4_gemv32`, 32-row blocks, otherwise) and `w4_gemm` for larger
 //! ones, both `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
@@ -43,14 +42,6 @@ const GEMV16_ROWS: usize = 16;
 
 /// Rows of one `w4_gemv32` block (RG = 4).
 const GEMV32_ROWS: usize = 32;
-
-/// Slices (k blocks per warp: `k_blocks / k_slices`, a function of K alone) up to this long run
-/// the 8-row GEMV built for occupancy (`w4_gemv`), longer ones the one with the deeper register
-/// ring (`w4_gemv_long`); same arithmetic, so the choice never changes a bit.
-const GEMV_SHORT_SLICE: usize = 8;
-
-/// Warps per block of the short-slice 8-row GEMV (each runs `k_slices / warps` slices).
-const GEMV_SHORT_WARPS: usize = 4;
 
 /// Shared memory of one GEMM pipeline stage: 128 x rows of one 128-column k block (32 KB) and
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
@@ -288,9 +279,6 @@ impl CudaBackend {
         };
         let f = match kernel {
             W4Kernel::Gemv => match gemv_rows {
-                GEMV8_ROWS if parts.k_blocks / parts.k_slices > GEMV_SHORT_SLICE => {
-                    self.k.w4_gemv_long.as_ref()
-                }
                 GEMV8_ROWS => self.k.w4_gemv.as_ref(),
                 GEMV16_ROWS => self.k.w4_gemv16.as_ref(),
                 _ => self.k.w4_gemv32.as_ref(),
@@ -307,18 +295,9 @@ impl CudaBackend {
                 self.device_name
             ))
         })?;
-        // The short-slice 8-row build runs min(ks, 4) warps of ks / warps slices each
-        // (`kernels/w4a16.cu` `w4_gemv_fast`: S = ks / warps; at most 128 threads by its
-        // launch bounds); every other GEMV one warp per slice.
-        let short8 = gemv_rows == GEMV8_ROWS && parts.k_blocks / parts.k_slices <= GEMV_SHORT_SLICE;
-        let gemv_warps = if short8 {
-            parts.k_slices.min(GEMV_SHORT_WARPS)
-        } else {
-            parts.k_slices
-        };
         let (block, grid) = match kernel {
             W4Kernel::Gemv => (
-                32 * gemv_warps,
+                32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
             ),
             W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => {
