@@ -466,7 +466,7 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
     const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
     const uint4* wp1 = wp0 + (size_t)kblocks * 32;
     // Tile 0's (scale, zero) column; tile 1's is `sstride` elements on (32-bit offsets from one
-    // base per array: fewer live 64-bit pointers under the short build's 48-register cap).
+    // base per array: fewer live 64-bit pointers under the 8-row build's 48-register cap).
     const unsigned sstride = (unsigned)gstore * 8u;
     const size_t sbase = (size_t)nt0 * sstride + g;
     const unsigned short* sp0 = reinterpret_cast<const unsigned short*>(scales) + sbase;
@@ -885,5 +885,3 @@ W4_TC_ENTRIES(bf16, bf16_t)
 #define W4_FMA_ENTRY(SUF, T)                                                                    \
     extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }
 KILN_FOR_FLOAT_TYPES(W4_FMA_ENTRY)
-
-
