@@ -286,6 +286,224 @@ __device__ __forceinline__ void w4g_gemm(const T* x, int m, int k, const uint4* 
             }
 }
 
+// The generalized tile (`w4g_tile`): WN warps side by side along the outputs, each covering all
+// 8 RGW rows of the CTA and NTW n8 tiles (NTW / 2 m16 A tiles): CTA tile 8 RGW rows x 8 NTW WN
+// outputs, 32 WN threads, S cp.async stages of one k block (x: 8 RGW rows x 256 B, swizzled
+// as above; weights: NTW WN tiles x 512 B). Per k block a warp decodes its NTW tiles once and
+// runs them against every present row group (row groups wholly past m are skipped: a uniform
+// branch), chunks 0..7 in order for every accumulator (the arithmetic of the header). TOTS:
+// the slice totals in shared memory ([i][threads] f32 after the stages) instead of registers.
+template <int RGW, int NTW, int WN, int S>
+struct W4gCfg {
+    static constexpr int THREADS = 32 * WN;
+    static constexpr int ROWS = 8 * RGW;
+    static constexpr int TILES = NTW * WN;  // n8 tiles of the CTA
+    static constexpr int XB = ROWS * 256;
+    static constexpr int STAGE = XB + TILES * 512;
+    static constexpr int NACC = (NTW / 2) * RGW * 4;  // f32 accumulators per thread
+    static constexpr bool TOTS = NACC > 64;
+    static constexpr int SMEM = S * STAGE + (TOTS ? NACC * THREADS * 4 : 0);
+};
+
+template <int N>
+__device__ __forceinline__ void w4g_cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+template <int RGW, int NTW, int WN, int S>
+__device__ __forceinline__ void w4g_tile_stage(unsigned char* st, const unsigned short* xs, int m,
+                                               int k, const uint4* qw, int kblocks, int tiles,
+                                               int r0, int ntc, int kb) {
+    using C = W4gCfg<RGW, NTW, WN, S>;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < C::ROWS * 16 / C::THREADS; ++i) {
+        const int id = tid + C::THREADS * i, row = id >> 4, u = id & 15;
+        unsigned char* dst = st + row * 256 + w4g_unit(u, row) * 16;
+        const int r = r0 + row;
+        const bool in = r < m;
+        const unsigned short* src = in ? xs + (size_t)r * k + kb * W4G_KB + 8 * u : xs;
+        w4g_cp16((unsigned)__cvta_generic_to_shared(dst), src, in ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < C::TILES * 32 / C::THREADS; ++i) {
+        const int id = tid + C::THREADS * i, tile = id >> 5, l = id & 31;
+        if (ntc + tile < tiles) {
+            unsigned char* dst = st + C::XB + tile * 512 + l * 16;
+            w4g_cp16((unsigned)__cvta_generic_to_shared(dst),
+                     qw + ((size_t)(ntc + tile) * kblocks + kb) * 32 + l, 16);
+        }
+    }
+}
+
+template <typename T, int RGW, int NTW, int WN, int S>
+__device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                         const T* scales, const unsigned char* zeros, int kblocks,
+                                         int ks, int gshift, int gstore, int n, void* out,
+                                         int out_f32, int tiles) {
+    using C = W4gCfg<RGW, NTW, WN, S>;
+    constexpr int U = NTW / 2;
+    extern __shared__ __align__(16) unsigned char w4g_smem[];
+    float* tots = reinterpret_cast<float*>(w4g_smem + S * C::STAGE);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.y * C::ROWS;
+    const int nrg = min(RGW, (m - r0 + 7) >> 3);  // row groups with a row below m
+    const int ntc = blockIdx.x * C::TILES;
+    const int nt0 = ntc + warp * NTW;
+    const bool active = nt0 < tiles;  // tiles % 8 == 0 and NTW | 8: all NTW tiles or none
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const int per = kblocks / ks;
+    const int sstride = gstore * 8;
+    const size_t sbase = (size_t)(active ? nt0 : 0) * sstride + g;
+    const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + sbase;
+    const unsigned char* zp = zeros ? zeros + sbase : nullptr;
+    float acc[U][RGW][4];
+    float tot[C::TOTS ? 1 : U][C::TOTS ? 1 : RGW][4];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int rg = 0; rg < RGW; ++rg)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc[u][rg][e] = 0.0f;
+                if (!C::TOTS) tot[C::TOTS ? 0 : u][C::TOTS ? 0 : rg][e] = 0.0f;
+            }
+    if (C::TOTS) {
+#pragma unroll 8
+        for (int i = 0; i < C::NACC; ++i) tots[i * C::THREADS + tid] = 0.0f;
+    }
+    unsigned szc[NTW];
+    auto load_sz = [&](int kb) {
+        const int gi = (kb * 8 + 2 * t) >> gshift;
+#pragma unroll
+        for (int j = 0; j < NTW; ++j) {
+            const int i = j * sstride + gi * 8;
+            szc[j] = (unsigned)__ldg(sp + i) | ((zp ? (unsigned)__ldg(zp + i) : 8u) << 16);
+        }
+    };
+    if (active) load_sz(0);
+#pragma unroll
+    for (int p = 0; p < S - 1; ++p) {
+        if (p < kblocks)
+            w4g_tile_stage<RGW, NTW, WN, S>(w4g_smem + p * C::STAGE, xs, m, k, qw, kblocks, tiles,
+                                            r0, ntc, p);
+        w4g_cp_commit();
+    }
+    for (int kb = 0; kb < kblocks; ++kb) {
+        w4g_cp_wait<S - 2>();
+        __syncthreads();  // stage kb landed for all; the buffer of kb - 1 is free
+        {
+            const int kn = kb + S - 1;
+            if (kn < kblocks)
+                w4g_tile_stage<RGW, NTW, WN, S>(w4g_smem + (kn % S) * C::STAGE, xs, m, k, qw,
+                                                kblocks, tiles, r0, ntc, kn);
+            w4g_cp_commit();
+        }
+        if (!active) continue;
+        const unsigned char* st = w4g_smem + (kb % S) * C::STAGE;
+        const unsigned char* wst = st + C::XB + warp * NTW * 512 + lane * 16;
+        unsigned sz[NTW];
+#pragma unroll
+        for (int j = 0; j < NTW; ++j) sz[j] = szc[j];
+        if (kb + 1 < kblocks) load_sz(kb + 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint2 wv[NTW];
+#pragma unroll
+            for (int j = 0; j < NTW; ++j) wv[j] = *reinterpret_cast<const uint2*>(wst + j * 512 + 8 * h);
+#pragma unroll
+            for (int qq = 0; qq < 2; ++qq) {
+                const int q = 2 * h + qq;
+                unsigned a0[U][4], a1[U][4];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    unsigned d0[4], d1[4];
+                    const int j0 = 2 * u, j1 = 2 * u + 1;
+                    w4g_decode2<T>(qq ? wv[j0].y : wv[j0].x, __byte_perm(sz[j0], 0u, 0x1010),
+                                   W4gDec<T>::bias((int)(sz[j0] >> 16)), d0);
+                    w4g_decode2<T>(qq ? wv[j1].y : wv[j1].x, __byte_perm(sz[j1], 0u, 0x1010),
+                                   W4gDec<T>::bias((int)(sz[j1] >> 16)), d1);
+                    a0[u][0] = d0[0]; a0[u][1] = d1[0]; a0[u][2] = d0[1]; a0[u][3] = d1[1];
+                    a1[u][0] = d0[2]; a1[u][1] = d1[2]; a1[u][2] = d0[3]; a1[u][3] = d1[3];
+                }
+#pragma unroll
+                for (int rg = 0; rg < RGW; ++rg) {
+                    if (rg == 0 || rg < nrg) {
+                        const int row = rg * 8 + g;
+                        const uint4 xr = *reinterpret_cast<const uint4*>(st + row * 256 + w4g_unit(4 * t + q, row) * 16);
+#pragma unroll
+                        for (int u = 0; u < U; ++u) {
+                            w4g_mma<T>(acc[u][rg], a0[u], xr.x, xr.y);
+                            w4g_mma<T>(acc[u][rg], a1[u], xr.z, xr.w);
+                        }
+                    }
+                }
+            }
+        }
+        if ((kb + 1) % per == 0) {
+            // Slice end: total += P_s (f32, slices in order), P restarts from zero.
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int rg = 0; rg < RGW; ++rg)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (C::TOTS) {
+                            tots[((u * RGW + rg) * 4 + e) * C::THREADS + tid] += acc[u][rg][e];
+                        } else {
+                            tot[C::TOTS ? 0 : u][C::TOTS ? 0 : rg][e] += acc[u][rg][e];
+                        }
+                        acc[u][rg][e] = 0.0f;
+                    }
+        }
+    }
+    w4g_cp_wait<0>();
+    if (!active) return;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int rg = 0; rg < RGW; ++rg)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = r0 + rg * 8 + 2 * t + (e & 1);
+                const int col = (nt0 + 2 * u) * 8 + g + (e >= 2 ? 8 : 0);
+                if (row < m && col < n) {
+                    const float v = C::TOTS ? tots[((u * RGW + rg) * 4 + e) * C::THREADS + tid]
+                                            : tot[C::TOTS ? 0 : u][C::TOTS ? 0 : rg][e];
+                    const size_t i = (size_t)row * n + col;
+                    if (out_f32) {
+                        static_cast<float*>(out)[i] = v;
+                    } else {
+                        Io<T>::store(static_cast<T*>(out), (long)i, v);
+                    }
+                }
+            }
+}
+
+// Experimental instances (the host's `W4Kernel::Experimental(v)`): v = 1 `w4g_tall_*` (128 x
+// 256, warps 128 rows x 32 outputs, 2 stages, totals in shared memory), 2 `w4g_mid_*` (64 x 256,
+// warps 64 x 32, 4 stages), 3 `w4g_midn_*` (64 x 128, warps 64 x 16, 3 stages, 2 blocks per SM),
+// 4 `w4g_tall2_*` (128 x 128, warps 128 x 16, 4 stages), 5 `w4g_mids_*` (64 x 64, 4 warps of 64 x
+// 16, 4 stages, 2 blocks per SM).
+#define W4G_TILE_ENTRY(NAME, SUF, T, RGW, NTW, WN, S, MINB)                                       \
+    extern "C" __global__ void __launch_bounds__(32 * WN, MINB) NAME##_##SUF(                     \
+        const T* x, int m, int k, const uint4* qw, const T* scales, const unsigned char* zeros,   \
+        int kblocks, int ks, int gshift, int gstore, int n, void* out, int out_f32, int tiles) {  \
+        w4g_tile<T, RGW, NTW, WN, S>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, \
+                                     out, out_f32, tiles);                                       \
+    }
+#define W4G_TILE_ENTRIES(SUF, T)                                                                  \
+    W4G_TILE_ENTRY(w4g_tall, SUF, T, 16, 4, 8, 2, 1)                                              \
+    W4G_TILE_ENTRY(w4g_mid, SUF, T, 8, 4, 8, 4, 1)                                                \
+    W4G_TILE_ENTRY(w4g_midn, SUF, T, 8, 2, 8, 3, 2)                                              \
+    W4G_TILE_ENTRY(w4g_tall2, SUF, T, 16, 2, 8, 4, 1)                                             \
+    W4G_TILE_ENTRY(w4g_mids, SUF, T, 8, 2, 4, 4, 2)
+W4G_TILE_ENTRIES(f16, __half)
+W4G_TILE_ENTRIES(bf16, bf16_t)
+
 // `w4g_gemm_{f16,bf16}`: grid (ceil(Np / 256), ceil(m / 128)), 256 threads, W4G_SMEM_BYTES of
 // dynamic shared memory; `tiles` = Np / 8.
 #define W4G_ENTRY(SUF, T)                                                                        \

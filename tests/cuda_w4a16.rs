@@ -341,21 +341,33 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
                     .into_iter()
                     .map(|v| round(dtype, v))
                     .collect();
+                let kernels = [
+                    ("wide", W4Kernel::GemmWide),
+                    ("tall", W4Kernel::Experimental(1)),
+                    ("mid", W4Kernel::Experimental(2)),
+                    ("midn", W4Kernel::Experimental(3)),
+                    ("tall2", W4Kernel::Experimental(4)),
+                    ("mids", W4Kernel::Experimental(5)),
+                ];
+                let rows_list = [33usize, 64, 129, 257, 300];
                 let mut same = 0;
-                for rows in [33usize, 129, 257, 300] {
-                    let a = run(&b, &w, &x, rows, n, k, Some(W4Kernel::GemmWide));
+                for rows in rows_list {
                     let c = run(&b, &w, &x, rows, n, k, Some(W4Kernel::GemmBase));
-                    if bits_equal(&a, &c) && a.iter().all(|v| v.is_finite()) {
-                        same += 1;
-                    } else {
-                        failures.push(format!(
-                            "{dtype} {label} {n}x{k} rows {rows}: wide GEMM != w4_gemm"
-                        ));
+                    for (kl, kk) in kernels {
+                        let a = run(&b, &w, &x, rows, n, k, Some(kk));
+                        if bits_equal(&a, &c) && a.iter().all(|v| v.is_finite()) {
+                            same += 1;
+                        } else {
+                            failures.push(format!(
+                                "{dtype} {label} {n}x{k} rows {rows}: {kl} != w4_gemm"
+                            ));
+                        }
                     }
                 }
+                let all = rows_list.len() * kernels.len();
                 println!(
-                    "RESULT w4a16 wide-gemm {dtype} {label} N={n} K={k} wide_kernel={wide} rows=33,129,257,300 equal_to_w4_gemm={same}/4 {}",
-                    if same == 4 { "ok" } else { "FAIL" }
+                    "RESULT w4a16 wide-gemm {dtype} {label} N={n} K={k} wide_kernel={wide} rows={rows_list:?} kernels=wide,tall,mid,midn,tall2,mids equal_to_w4_gemm={same}/{all} {}",
+                    if same == all { "ok" } else { "FAIL" }
                 );
             }
         }

@@ -325,6 +325,9 @@ impl KernelModule {
                 KernelModule::W4a16Gemm => {
                     if t != "f32" {
                         names.push(format!("w4g_gemm_{t}"));
+                        for v in ["tall", "mid", "midn", "tall2", "mids"] {
+                            names.push(format!("w4g_{v}_{t}"));
+                        }
                     }
                 }
                 KernelModule::GgufMm => {

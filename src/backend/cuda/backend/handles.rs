@@ -74,7 +74,7 @@ pub(crate) struct Kernels {
     pub w4_gemm: Option<CudaFunction>,
     /// `w4g_gemm_{t}`: the wide packed 4-bit GEMM of `kernels/w4a16_gemm.cu`; `None` below sm_90
     /// (the module is not built there) or when `t` is f32.
-    pub w4g_gemm: Option<CudaFunction>,
+    pub w4g_gemm: Option<super::w4a16::WideKernels>,
     /// `w4_fma_{t}`: packed 4-bit matmul on CUDA cores (sm_70 / sm_75, f32).
     pub w4_fma: CudaFunction,
     /// `w4s70_{gemv,gemm}_f16`: the sm_70 / sm_75 tensor-core packed 4-bit matmuls; `None`
@@ -159,7 +159,7 @@ impl Kernels {
             // Only where its module is built (KernelModule::builds_for: sm_90+), whose entry
             // points are checked at load.
             w4g_gemm: if wide {
-                all.get(&format!("w4g_gemm_{t}")).cloned()
+                super::w4a16::WideKernels::resolve(all, t)
             } else {
                 None
             },

@@ -28,6 +28,7 @@ pub(crate) use sm70::Sm70Kernels;
 // The wide sm_90+ GEMM (`kernels/w4a16_gemm.cu`), a child module for the same reason.
 #[path = "w4a16_gemm.rs"]
 mod wide;
+pub(crate) use wide::WideKernels;
 
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
 pub const GEMV_MAX_ROWS: usize = 32;
@@ -63,6 +64,10 @@ pub enum W4Kernel {
     GemmWide,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
+    /// Measurement scaffolding (temporary): tile variant `v` of `kernels/w4a16_gemm.cu` where the
+    /// wide GEMM applies (1 tall 128 × 256, 2 mid 64 × 256, 3 midn 64 × 128, 4 tall2 128 × 128,
+    /// 5 mids 64 × 64), else `w4_gemm`.
+    Experimental(u8),
 }
 
 /// The device parts of a packed linear besides its 4-bit words (which are `CudaWeight::data`).
@@ -252,13 +257,20 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
-        if (kernel == W4Kernel::GemmWide || (wide::WIDE_BY_DEFAULT && kernel == W4Kernel::Gemm))
-            && self.w4g_gemm_ok(parts, w.k)
-        {
+        let variant = match kernel {
+            W4Kernel::Experimental(v) => Some(v),
+            W4Kernel::GemmWide => Some(0),
+            W4Kernel::Gemm if wide::WIDE_BY_DEFAULT => Some(0),
+            _ => None,
+        };
+        if let Some(v) = variant.filter(|_| self.w4g_gemm_ok(parts, w.k)) {
             // SAFETY: the caller's guarantees, passed on unchanged.
-            return unsafe { self.packed_gemm_wide(w, parts, rows, xp, op, out_f32) };
+            return unsafe { self.packed_gemm_wide(w, parts, rows, xp, op, out_f32, v) };
         }
-        let kernel = if matches!(kernel, W4Kernel::GemmBase | W4Kernel::GemmWide) {
+        let kernel = if matches!(
+            kernel,
+            W4Kernel::GemmBase | W4Kernel::GemmWide | W4Kernel::Experimental(_)
+        ) {
             W4Kernel::Gemm
         } else {
             kernel
@@ -284,7 +296,10 @@ impl CudaBackend {
                 _ => self.k.w4_gemv32.as_ref(),
             }
             .filter(|_| self.w4_tensor_cores()),
-            W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => {
+            W4Kernel::Gemm
+            | W4Kernel::GemmBase
+            | W4Kernel::GemmWide
+            | W4Kernel::Experimental(_) => {
                 self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores())
             }
             W4Kernel::Fma => Some(&self.k.w4_fma),
@@ -300,9 +315,10 @@ impl CudaBackend {
                 32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
             ),
-            W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => {
-                (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128)))
-            }
+            W4Kernel::Gemm
+            | W4Kernel::GemmBase
+            | W4Kernel::GemmWide
+            | W4Kernel::Experimental(_) => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
             W4Kernel::Fma => (
                 32 * parts.k_slices,
                 (parts.n_pad / TILE_N, rows.div_ceil(16)),

@@ -11,7 +11,9 @@
 //! kernel of the w4 tiles (the kernel file's header), so GEMV = GEMM bit for bit still holds.
 //! Nothing allocates; every launch takes fixed pointers (graph-capturable).
 
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaFunction, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::super::{dev_err, CudaBackend, CudaWeight};
 use super::CudaPackedParts;
@@ -37,13 +39,51 @@ pub(super) const SMEM_BYTES: usize = 2 * (128 * 256 + 32 * 512) + 128 * 256 * 4;
 // Within the 227 KB a block may opt in to on sm_90 / sm_100.
 const _: () = assert!(SMEM_BYTES <= 227 * 1024);
 
-/// Grid `(x, y)` of a launch: output blocks of [`BLOCK_OUTS`] over the padded N, row blocks of
-/// [`BLOCK_ROWS`].
-fn grid(rows: usize, n_pad: usize) -> (u32, u32) {
-    (
-        n_pad.div_ceil(BLOCK_OUTS) as u32,
-        rows.div_ceil(BLOCK_ROWS) as u32,
-    )
+/// The entry points of `kernels/w4a16_gemm.cu` for one compute dtype: the wide GEMM and the
+/// experimental tile shapes of `W4Kernel::Experimental` (1 tall, 2 mid, 3 midn, 4 tall2, 5 mids).
+#[derive(Debug, Clone)]
+pub(crate) struct WideKernels {
+    wide: CudaFunction,
+    tall: CudaFunction,
+    mid: CudaFunction,
+    midn: CudaFunction,
+    tall2: CudaFunction,
+    mids: CudaFunction,
+}
+
+impl WideKernels {
+    /// The entry points for compute dtype suffix `t`, or `None` where the module was not built
+    /// (below sm_90) or `t` is f32.
+    pub(crate) fn resolve(all: &HashMap<String, CudaFunction>, t: &str) -> Option<WideKernels> {
+        Some(WideKernels {
+            wide: all.get(&format!("w4g_gemm_{t}"))?.clone(),
+            tall: all.get(&format!("w4g_tall_{t}"))?.clone(),
+            mid: all.get(&format!("w4g_mid_{t}"))?.clone(),
+            midn: all.get(&format!("w4g_midn_{t}"))?.clone(),
+            tall2: all.get(&format!("w4g_tall2_{t}"))?.clone(),
+            mids: all.get(&format!("w4g_mids_{t}"))?.clone(),
+        })
+    }
+
+    /// Function, block rows, block outputs, threads and dynamic shared memory of variant `v`
+    /// (0 the wide GEMM).
+    fn pick(&self, v: u8) -> (&CudaFunction, usize, usize, u32, usize) {
+        let stage = |rows: usize, tiles: usize| rows * 256 + tiles * 512;
+        match v {
+            1 => (
+                &self.tall,
+                128,
+                256,
+                256,
+                2 * stage(128, 32) + 128 * 256 * 4,
+            ),
+            2 => (&self.mid, 64, 256, 256, 4 * stage(64, 32)),
+            3 => (&self.midn, 64, 128, 256, 3 * stage(64, 16)),
+            4 => (&self.tall2, 128, 128, 256, 4 * stage(128, 16)),
+            5 => (&self.mids, 64, 64, 128, 4 * stage(64, 8)),
+            _ => (&self.wide, BLOCK_ROWS, BLOCK_OUTS, THREADS, SMEM_BYTES),
+        }
+    }
 }
 
 impl CudaBackend {
@@ -78,18 +118,23 @@ impl CudaBackend {
         xp: u64,
         op: u64,
         out_f32: bool,
+        variant: u8,
     ) -> Result<(), BackendError> {
-        let f = self.k.w4g_gemm.as_ref().ok_or_else(|| {
+        let ks = self.k.w4g_gemm.as_ref().ok_or_else(|| {
             BackendError::Unsupported("w4g_gemm needs a 16-bit compute dtype".into())
         })?;
+        let (f, block_rows, block_outs, threads, smem) = ks.pick(variant);
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
         // attribute, no stream work, so graph capture is unaffected).
         f.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            SMEM_BYTES as i32,
+            smem as i32,
         )
         .map_err(dev_err)?;
-        let (gx, gy) = grid(rows, parts.n_pad);
+        let (gx, gy) = (
+            parts.n_pad.div_ceil(block_outs) as u32,
+            rows.div_ceil(block_rows) as u32,
+        );
         let (qp, _q) = w.data.device_ptr(&self.stream);
         let (sp, _s) = parts.scales.device_ptr(&self.stream);
         let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
@@ -115,8 +160,8 @@ impl CudaBackend {
             .arg(&tiles);
         let cfg = LaunchConfig {
             grid_dim: (gx, gy, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: SMEM_BYTES as u32,
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
         tracing::trace!(rows, n = w.n, k = w.k, gx, gy, "w4g_gemm launch");
         // SAFETY: the parts were built by W4Tiles for this weight (n_pad / 8 tiles of k_blocks
@@ -135,9 +180,6 @@ mod tests {
 
     #[test]
     fn grid_covers_rows_and_padded_outputs() {
-        assert_eq!(grid(4096, 17408), (68, 32));
-        assert_eq!(grid(257, 64), (1, 3));
-        assert_eq!(grid(33, 248_320), (970, 1));
         assert_eq!(SMEM_BYTES, 229_376);
     }
 }

@@ -104,7 +104,10 @@ impl CudaBackend {
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
         let f = match kernel {
-            W4Kernel::Gemm | W4Kernel::GemmBase | W4Kernel::GemmWide => &ks70.gemm,
+            W4Kernel::Gemm
+            | W4Kernel::GemmBase
+            | W4Kernel::GemmWide
+            | W4Kernel::Experimental(_) => &ks70.gemm,
             W4Kernel::Gemv => &ks70.gemv,
             W4Kernel::Fma => {
                 return Err(BackendError::InvalidArgument(
