@@ -338,7 +338,7 @@ __device__ __forceinline__ void w4g_tile_stage(unsigned char* st, const unsigned
     }
 }
 
-template <typename T, int RGW, int NTW, int WN, int S>
+template <typename T, int RGW, int NTW, int WN, int S, bool EPI>
 __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* __restrict__ qw,
                                          const T* scales, const unsigned char* zeros, int kblocks,
                                          int ks, int gshift, int gstore, int n, void* out,
@@ -461,6 +461,39 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
         }
     }
     w4g_cp_wait<0>();
+    auto total = [&](int u, int rg, int e) -> float {
+        return C::TOTS ? tots[((u * RGW + rg) * 4 + e) * C::THREADS + tid]
+                       : tot[C::TOTS ? 0 : u][C::TOTS ? 0 : rg][e];
+    };
+    if (EPI && !out_f32 && (n & 7) == 0 && (reinterpret_cast<size_t>(out) & 15) == 0) {
+        // The CTA's output tile through the (now free) stage buffers: rounded to T exactly as
+        // the direct store does (Io<T>::store), then written out in 16-byte row pieces.
+        constexpr int OS = C::TILES * 8 + 8;  // row stride (elements): conflict-free writes
+        static_assert(C::ROWS * OS * 2 <= S * C::STAGE, "output tile fits the stages");
+        T* ot = reinterpret_cast<T*>(w4g_smem);
+        __syncthreads();  // every warp is done with the stages
+        if (active) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int rg = 0; rg < RGW; ++rg)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = rg * 8 + 2 * t + (e & 1);
+                        const int col = (warp * NTW + 2 * u) * 8 + g + (e >= 2 ? 8 : 0);
+                        Io<T>::store(ot, (long)(row * OS + col), total(u, rg, e));
+                    }
+        }
+        __syncthreads();
+        for (int c = tid; c < C::ROWS * C::TILES; c += C::THREADS) {
+            const int row = c / C::TILES, ch = c % C::TILES;
+            const int r = r0 + row, col = (ntc + ch) * 8;
+            if (r < m && col < n)
+                *reinterpret_cast<uint4*>(static_cast<T*>(out) + (size_t)r * n + col) =
+                    *reinterpret_cast<const uint4*>(ot + row * OS + ch * 8);
+        }
+        return;
+    }
     if (!active) return;
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -471,8 +504,7 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
                 const int row = r0 + rg * 8 + 2 * t + (e & 1);
                 const int col = (nt0 + 2 * u) * 8 + g + (e >= 2 ? 8 : 0);
                 if (row < m && col < n) {
-                    const float v = C::TOTS ? tots[((u * RGW + rg) * 4 + e) * C::THREADS + tid]
-                                            : tot[C::TOTS ? 0 : u][C::TOTS ? 0 : rg][e];
+                    const float v = total(u, rg, e);
                     const size_t i = (size_t)row * n + col;
                     if (out_f32) {
                         static_cast<float*>(out)[i] = v;
@@ -488,19 +520,21 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
 // warps 64 x 32, 4 stages), 3 `w4g_midn_*` (64 x 128, warps 64 x 16, 3 stages, 2 blocks per SM),
 // 4 `w4g_tall2_*` (128 x 128, warps 128 x 16, 4 stages), 5 `w4g_mids_*` (64 x 64, 4 warps of 64 x
 // 16, 4 stages, 2 blocks per SM).
-#define W4G_TILE_ENTRY(NAME, SUF, T, RGW, NTW, WN, S, MINB)                                       \
+#define W4G_TILE_ENTRY(NAME, SUF, T, RGW, NTW, WN, S, MINB, EPI)                                       \
     extern "C" __global__ void __launch_bounds__(32 * WN, MINB) NAME##_##SUF(                     \
         const T* x, int m, int k, const uint4* qw, const T* scales, const unsigned char* zeros,   \
         int kblocks, int ks, int gshift, int gstore, int n, void* out, int out_f32, int tiles) {  \
-        w4g_tile<T, RGW, NTW, WN, S>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, \
+        w4g_tile<T, RGW, NTW, WN, S, EPI>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, \
                                      out, out_f32, tiles);                                       \
     }
 #define W4G_TILE_ENTRIES(SUF, T)                                                                  \
-    W4G_TILE_ENTRY(w4g_tall, SUF, T, 16, 4, 8, 2, 1)                                              \
-    W4G_TILE_ENTRY(w4g_mid, SUF, T, 8, 4, 8, 4, 1)                                                \
-    W4G_TILE_ENTRY(w4g_midn, SUF, T, 8, 2, 8, 3, 2)                                              \
-    W4G_TILE_ENTRY(w4g_tall2, SUF, T, 16, 2, 8, 4, 1)                                             \
-    W4G_TILE_ENTRY(w4g_mids, SUF, T, 8, 2, 4, 4, 2)
+    W4G_TILE_ENTRY(w4g_tall, SUF, T, 16, 4, 8, 2, 1, false)                                       \
+    W4G_TILE_ENTRY(w4g_mid, SUF, T, 8, 4, 8, 4, 1, false)                                         \
+    W4G_TILE_ENTRY(w4g_midn, SUF, T, 8, 2, 8, 3, 2, false)                                        \
+    W4G_TILE_ENTRY(w4g_tall2, SUF, T, 16, 2, 8, 4, 1, false)                                      \
+    W4G_TILE_ENTRY(w4g_mids, SUF, T, 8, 2, 4, 4, 2, false)                                        \
+    W4G_TILE_ENTRY(w4g_tallE, SUF, T, 16, 4, 8, 2, 1, true)                                       \
+    W4G_TILE_ENTRY(w4g_tall2E, SUF, T, 16, 2, 8, 4, 1, true)
 W4G_TILE_ENTRIES(f16, __half)
 W4G_TILE_ENTRIES(bf16, bf16_t)
 

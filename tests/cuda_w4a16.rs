@@ -348,6 +348,8 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
                     ("midn", W4Kernel::Experimental(3)),
                     ("tall2", W4Kernel::Experimental(4)),
                     ("mids", W4Kernel::Experimental(5)),
+                    ("tallE", W4Kernel::Experimental(6)),
+                    ("tall2E", W4Kernel::Experimental(7)),
                 ];
                 let rows_list = [33usize, 64, 129, 257, 300];
                 let mut same = 0;
@@ -366,7 +368,7 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
                 }
                 let all = rows_list.len() * kernels.len();
                 println!(
-                    "RESULT w4a16 wide-gemm {dtype} {label} N={n} K={k} wide_kernel={wide} rows={rows_list:?} kernels=wide,tall,mid,midn,tall2,mids equal_to_w4_gemm={same}/{all} {}",
+                    "RESULT w4a16 wide-gemm {dtype} {label} N={n} K={k} wide_kernel={wide} rows={rows_list:?} kernels=wide,tall,mid,midn,tall2,mids,tallE,tall2E equal_to_w4_gemm={same}/{all} {}",
                     if same == all { "ok" } else { "FAIL" }
                 );
             }

@@ -296,9 +296,9 @@ fn w4a16_gemv_profile_launches() {
 }
 
 /// The wide GEMM (`kernels/w4a16_gemm.cu`, [`W4Kernel::GemmWide`] on sm_90), its tile variants
-/// ([`W4Kernel::Experimental`] 1..=3), `w4_gemm` ([`W4Kernel::GemmBase`]), the GEMV's 32-row
-/// blocks (to 257 rows) and dense bf16 cuBLAS on the same shape, M = 33 / 64 / 128 / 257 / 1024
-/// / 4096 for the 27B MLP and attention shapes (target at M = 4096: >= 0.50 of cuBLAS).
+/// ([`W4Kernel::Experimental`] 1..=7), `w4_gemm` ([`W4Kernel::GemmBase`]), the GEMV's 32-row
+/// blocks (to 1024 rows) and dense bf16 cuBLAS on the same shape, M = 33 .. 4096 for the 27B MLP
+/// and attention shapes (target at M = 4096: >= 0.50 of cuBLAS).
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_wide_gemm_speed() {
@@ -329,7 +329,7 @@ fn w4a16_wide_gemm_speed() {
             .expect("dense");
         let x = b.upload(&data(4096 * k, 13)).expect("x");
         let mut out = b.alloc(4096 * n).expect("out");
-        for m in [33usize, 64, 128, 257, 1024, 4096] {
+        for m in [33usize, 48, 64, 96, 128, 192, 256, 512, 1024, 4096] {
             let flops = 2.0 * (m * n * k) as f64;
             let mut run = |kernel| {
                 time(&b, || {
@@ -344,8 +344,10 @@ fn w4a16_wide_gemm_speed() {
                 ("midn", W4Kernel::Experimental(3)),
                 ("tall2", W4Kernel::Experimental(4)),
                 ("mids", W4Kernel::Experimental(5)),
+                ("tallE", W4Kernel::Experimental(6)),
+                ("tall2E", W4Kernel::Experimental(7)),
             ];
-            if m <= 257 {
+            if m <= 1024 {
                 kernels.push(("gemv32", W4Kernel::Gemv));
             }
             let times: Vec<(&str, f64)> = kernels.iter().map(|&(l, kk)| (l, run(kk))).collect();

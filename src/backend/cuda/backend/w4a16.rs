@@ -66,7 +66,7 @@ pub enum W4Kernel {
     Fma,
     /// Measurement scaffolding (temporary): tile variant `v` of `kernels/w4a16_gemm.cu` where the
     /// wide GEMM applies (1 tall 128 × 256, 2 mid 64 × 256, 3 midn 64 × 128, 4 tall2 128 × 128,
-    /// 5 mids 64 × 64), else `w4_gemm`.
+    /// 5 mids 64 × 64, 6 / 7 tall / tall2 with the output through shared memory), else `w4_gemm`.
     Experimental(u8),
 }
 

@@ -49,6 +49,8 @@ pub(crate) struct WideKernels {
     midn: CudaFunction,
     tall2: CudaFunction,
     mids: CudaFunction,
+    tall_e: CudaFunction,
+    tall2_e: CudaFunction,
 }
 
 impl WideKernels {
@@ -62,6 +64,8 @@ impl WideKernels {
             midn: all.get(&format!("w4g_midn_{t}"))?.clone(),
             tall2: all.get(&format!("w4g_tall2_{t}"))?.clone(),
             mids: all.get(&format!("w4g_mids_{t}"))?.clone(),
+            tall_e: all.get(&format!("w4g_tallE_{t}"))?.clone(),
+            tall2_e: all.get(&format!("w4g_tall2E_{t}"))?.clone(),
         })
     }
 
@@ -81,6 +85,14 @@ impl WideKernels {
             3 => (&self.midn, 64, 128, 256, 3 * stage(64, 16)),
             4 => (&self.tall2, 128, 128, 256, 4 * stage(128, 16)),
             5 => (&self.mids, 64, 64, 128, 4 * stage(64, 8)),
+            6 => (
+                &self.tall_e,
+                128,
+                256,
+                256,
+                2 * stage(128, 32) + 128 * 256 * 4,
+            ),
+            7 => (&self.tall2_e, 128, 128, 256, 4 * stage(128, 16)),
             _ => (&self.wide, BLOCK_ROWS, BLOCK_OUTS, THREADS, SMEM_BYTES),
         }
     }
