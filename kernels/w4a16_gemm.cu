@@ -338,6 +338,52 @@ __device__ __forceinline__ void w4g_tile_stage(unsigned char* st, const unsigned
     }
 }
 
+// One k block of a warp of `w4g_tile` / `w4g_split` from stage `st`: its NTW tiles decoded once
+// (scale | zero << 16 words `sz`) and run against the present row groups (nrg of RGW), chunks 0..7
+// in order for every accumulator.
+template <typename T, int RGW, int NTW, int WN, int S>
+__device__ __forceinline__ void w4g_tile_kblock(float (*acc)[RGW][4], const unsigned char* st,
+                                                int warp, int lane, const unsigned* sz, int nrg) {
+    using C = W4gCfg<RGW, NTW, WN, S>;
+    constexpr int U = NTW / 2;
+    const int g = lane >> 2, t = lane & 3;
+    const unsigned char* wst = st + C::XB + warp * NTW * 512 + lane * 16;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        uint2 wv[NTW];
+#pragma unroll
+        for (int j = 0; j < NTW; ++j) wv[j] = *reinterpret_cast<const uint2*>(wst + j * 512 + 8 * h);
+#pragma unroll
+        for (int qq = 0; qq < 2; ++qq) {
+            const int q = 2 * h + qq;
+            unsigned a0[U][4], a1[U][4];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                unsigned d0[4], d1[4];
+                const int j0 = 2 * u, j1 = 2 * u + 1;
+                w4g_decode2<T>(qq ? wv[j0].y : wv[j0].x, __byte_perm(sz[j0], 0u, 0x1010),
+                               W4gDec<T>::bias((int)(sz[j0] >> 16)), d0);
+                w4g_decode2<T>(qq ? wv[j1].y : wv[j1].x, __byte_perm(sz[j1], 0u, 0x1010),
+                               W4gDec<T>::bias((int)(sz[j1] >> 16)), d1);
+                a0[u][0] = d0[0]; a0[u][1] = d1[0]; a0[u][2] = d0[1]; a0[u][3] = d1[1];
+                a1[u][0] = d0[2]; a1[u][1] = d1[2]; a1[u][2] = d0[3]; a1[u][3] = d1[3];
+            }
+#pragma unroll
+            for (int rg = 0; rg < RGW; ++rg) {
+                if (rg == 0 || rg < nrg) {
+                    const int row = rg * 8 + g;
+                    const uint4 xr = *reinterpret_cast<const uint4*>(st + row * 256 + w4g_unit(4 * t + q, row) * 16);
+#pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        w4g_mma<T>(acc[u][rg], a0[u], xr.x, xr.y);
+                        w4g_mma<T>(acc[u][rg], a1[u], xr.z, xr.w);
+                    }
+                }
+            }
+        }
+    }
+}
+
 template <typename T, int RGW, int NTW, int WN, int S, bool EPI>
 __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* __restrict__ qw,
                                          const T* scales, const unsigned char* zeros, int kblocks,
@@ -403,46 +449,11 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
             w4g_cp_commit();
         }
         if (!active) continue;
-        const unsigned char* st = w4g_smem + (kb % S) * C::STAGE;
-        const unsigned char* wst = st + C::XB + warp * NTW * 512 + lane * 16;
         unsigned sz[NTW];
 #pragma unroll
         for (int j = 0; j < NTW; ++j) sz[j] = szc[j];
         if (kb + 1 < kblocks) load_sz(kb + 1);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            uint2 wv[NTW];
-#pragma unroll
-            for (int j = 0; j < NTW; ++j) wv[j] = *reinterpret_cast<const uint2*>(wst + j * 512 + 8 * h);
-#pragma unroll
-            for (int qq = 0; qq < 2; ++qq) {
-                const int q = 2 * h + qq;
-                unsigned a0[U][4], a1[U][4];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    unsigned d0[4], d1[4];
-                    const int j0 = 2 * u, j1 = 2 * u + 1;
-                    w4g_decode2<T>(qq ? wv[j0].y : wv[j0].x, __byte_perm(sz[j0], 0u, 0x1010),
-                                   W4gDec<T>::bias((int)(sz[j0] >> 16)), d0);
-                    w4g_decode2<T>(qq ? wv[j1].y : wv[j1].x, __byte_perm(sz[j1], 0u, 0x1010),
-                                   W4gDec<T>::bias((int)(sz[j1] >> 16)), d1);
-                    a0[u][0] = d0[0]; a0[u][1] = d1[0]; a0[u][2] = d0[1]; a0[u][3] = d1[1];
-                    a1[u][0] = d0[2]; a1[u][1] = d1[2]; a1[u][2] = d0[3]; a1[u][3] = d1[3];
-                }
-#pragma unroll
-                for (int rg = 0; rg < RGW; ++rg) {
-                    if (rg == 0 || rg < nrg) {
-                        const int row = rg * 8 + g;
-                        const uint4 xr = *reinterpret_cast<const uint4*>(st + row * 256 + w4g_unit(4 * t + q, row) * 16);
-#pragma unroll
-                        for (int u = 0; u < U; ++u) {
-                            w4g_mma<T>(acc[u][rg], a0[u], xr.x, xr.y);
-                            w4g_mma<T>(acc[u][rg], a1[u], xr.z, xr.w);
-                        }
-                    }
-                }
-            }
-        }
+        w4g_tile_kblock<T, RGW, NTW, WN, S>(acc, w4g_smem + (kb % S) * C::STAGE, warp, lane, sz, nrg);
         if ((kb + 1) % per == 0) {
             // Slice end: total += P_s (f32, slices in order), P restarts from zero.
 #pragma unroll
@@ -514,6 +525,178 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
                 }
             }
 }
+
+// Cluster helpers (sm_90): the CTA barrier across the cluster (release / acquire: shared memory
+// written before it is visible to the other CTAs after it), and a 16-byte read of the same
+// shared offset in cluster CTA `rank`.
+__device__ __forceinline__ void w4g_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ float4 w4g_dsmem_f4(const void* local, int rank) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(ra) : "r"((unsigned)__cvta_generic_to_shared(local)), "r"(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(ra) : "memory");
+#else
+    __trap();
+#endif
+    return v;
+}
+
+// Split-K over a cluster (sm_90; the host runs it when ks == W4G_SPLIT_KS): grid (Np / OUTS,
+// ceil(m / ROWS), ks), cluster (1, 1, ks), so the ks CTAs of one output tile are one cluster and
+// CTA z (its cluster rank) computes slice z's partial P_z alone: k blocks z * per .. + per - 1 in
+// order, from zero, exactly as the one-CTA kernels do (the `w4g_tile` machinery: x and the tiles
+// staged by cp.async, S stages). P_z goes to the CTA's shared memory (f32 [ROWS][OUTS + 4]), the
+// cluster synchronizes, and CTA z then sums 1/ks of the tile's elements over the ks CTAs in
+// slice order, ((0 + P_0) + P_1) + ... (distributed shared memory reads), rounds and stores them.
+// Same bits as every other kernel of the w4 tiles; no workspace, one launch (graph-capturable).
+#define W4G_SPLIT_KS 8
+template <typename T, int RGW, int NTW, int WN, int S>
+__device__ __forceinline__ void w4g_split(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                          const T* scales, const unsigned char* zeros,
+                                          int kblocks, int ks, int gshift, int gstore, int n,
+                                          void* out, int out_f32, int tiles) {
+    using C = W4gCfg<RGW, NTW, WN, S>;
+    constexpr int U = NTW / 2;
+    constexpr int OUTS = C::TILES * 8;
+    constexpr int PS = OUTS + 4;  // P row stride (f32): conflict-free writes, 16-byte rows
+    static_assert(C::ROWS * PS * 4 <= S * C::STAGE, "the partial fits the stages");
+    static_assert((C::ROWS * OUTS / 4) % W4G_SPLIT_KS == 0, "whole float4 shares");
+    extern __shared__ __align__(16) unsigned char w4g_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.y * C::ROWS;
+    const int nrg = min(RGW, (m - r0 + 7) >> 3);
+    const int ntc = blockIdx.x * C::TILES;
+    const int nt0 = ntc + warp * NTW;
+    const bool active = nt0 < tiles;
+    const int z = blockIdx.z;  // the slice = the cluster rank (cluster (1, 1, ks))
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const int per = kblocks / ks, kb0 = z * per;
+    const int sstride = gstore * 8;
+    const size_t sbase = (size_t)(active ? nt0 : 0) * sstride + g;
+    const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + sbase;
+    const unsigned char* zp = zeros ? zeros + sbase : nullptr;
+    float acc[U][RGW][4];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int rg = 0; rg < RGW; ++rg)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[u][rg][e] = 0.0f;
+    unsigned szc[NTW];
+    auto load_sz = [&](int kb) {
+        const int gi = (kb * 8 + 2 * t) >> gshift;
+#pragma unroll
+        for (int j = 0; j < NTW; ++j) {
+            const int i = j * sstride + gi * 8;
+            szc[j] = (unsigned)__ldg(sp + i) | ((zp ? (unsigned)__ldg(zp + i) : 8u) << 16);
+        }
+    };
+    if (active) load_sz(kb0);
+#pragma unroll
+    for (int p = 0; p < S - 1; ++p) {
+        if (p < per)
+            w4g_tile_stage<RGW, NTW, WN, S>(w4g_smem + p * C::STAGE, xs, m, k, qw, kblocks, tiles,
+                                            r0, ntc, kb0 + p);
+        w4g_cp_commit();
+    }
+    for (int i = 0; i < per; ++i) {
+        w4g_cp_wait<S - 2>();
+        __syncthreads();
+        {
+            const int kn = i + S - 1;
+            if (kn < per)
+                w4g_tile_stage<RGW, NTW, WN, S>(w4g_smem + (kn % S) * C::STAGE, xs, m, k, qw,
+                                                kblocks, tiles, r0, ntc, kb0 + kn);
+            w4g_cp_commit();
+        }
+        if (!active) continue;
+        unsigned sz[NTW];
+#pragma unroll
+        for (int j = 0; j < NTW; ++j) sz[j] = szc[j];
+        if (i + 1 < per) load_sz(kb0 + i + 1);
+        w4g_tile_kblock<T, RGW, NTW, WN, S>(acc, w4g_smem + (i % S) * C::STAGE, warp, lane, sz, nrg);
+    }
+    w4g_cp_wait<0>();
+    __syncthreads();  // every warp is done with the stages
+    float* pt = reinterpret_cast<float*>(w4g_smem);
+    if (active) {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int rg = 0; rg < RGW; ++rg)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = rg * 8 + 2 * t + (e & 1);
+                    const int col = (warp * NTW + 2 * u) * 8 + g + (e >= 2 ? 8 : 0);
+                    pt[row * PS + col] = acc[u][rg][e];
+                }
+    }
+    w4g_cluster_sync();  // every slice's partial is in its CTA's shared memory
+    constexpr int SHARE = C::ROWS * OUTS / 4 / W4G_SPLIT_KS;  // float4 pieces per CTA
+    for (int c = z * SHARE + tid; c < (z + 1) * SHARE; c += C::THREADS) {
+        const int row = c / (OUTS / 4), c4 = (c % (OUTS / 4)) * 4;
+        const float* src = pt + row * PS + c4;
+        float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int q = 0; q < W4G_SPLIT_KS; ++q) {
+            const float4 v = w4g_dsmem_f4(src, q);
+            tot[0] += v.x;
+            tot[1] += v.y;
+            tot[2] += v.z;
+            tot[3] += v.w;
+        }
+        const int r = r0 + row, col = ntc * 8 + c4;
+        if (r >= m) continue;
+        if (!out_f32 && (n & 3) == 0 && col + 4 <= n &&
+            (reinterpret_cast<size_t>(out) & 7) == 0) {
+            T v4[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) Io<T>::store(v4, j, tot[j]);
+            *reinterpret_cast<uint2*>(static_cast<T*>(out) + (size_t)r * n + col) =
+                *reinterpret_cast<const uint2*>(v4);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (col + j >= n) break;
+                const size_t o = (size_t)r * n + col + j;
+                if (out_f32) {
+                    static_cast<float*>(out)[o] = tot[j];
+                } else {
+                    Io<T>::store(static_cast<T*>(out), (long)o, tot[j]);
+                }
+            }
+        }
+    }
+    w4g_cluster_sync();  // no CTA leaves while another still reads its shared memory
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define W4G_CLUSTER __cluster_dims__(1, 1, W4G_SPLIT_KS)
+#else
+#define W4G_CLUSTER
+#endif
+#define W4G_SPLIT_ENTRY(NAME, SUF, T, RGW, NTW, WN, S, MINB)                                      \
+    extern "C" __global__ void W4G_CLUSTER __launch_bounds__(32 * WN, MINB) NAME##_##SUF(         \
+        const T* x, int m, int k, const uint4* qw, const T* scales, const unsigned char* zeros,   \
+        int kblocks, int ks, int gshift, int gstore, int n, void* out, int out_f32, int tiles) {  \
+        w4g_split<T, RGW, NTW, WN, S>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, \
+                                      out, out_f32, tiles);                                      \
+    }
+#define W4G_SPLIT_ENTRIES(SUF, T)                                                                 \
+    W4G_SPLIT_ENTRY(w4g_split, SUF, T, 8, 2, 8, 3, 2)                                             \
+    W4G_SPLIT_ENTRY(w4g_splitw, SUF, T, 8, 4, 8, 3, 1)                                            \
+    W4G_SPLIT_ENTRY(w4g_split128, SUF, T, 16, 2, 8, 3, 1)
+W4G_SPLIT_ENTRIES(f16, __half)
+W4G_SPLIT_ENTRIES(bf16, bf16_t)
 
 // Experimental instances (the host's `W4Kernel::Experimental(v)`): v = 1 `w4g_tall_*` (128 x
 // 256, warps 128 rows x 32 outputs, 2 stages, totals in shared memory), 2 `w4g_mid_*` (64 x 256,

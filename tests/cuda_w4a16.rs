@@ -341,7 +341,10 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
                     .into_iter()
                     .map(|v| round(dtype, v))
                     .collect();
-                let kernels = [
+                // W4G_SET (measurement scaffolding): "tile" = all but the cluster split-K
+                // kernels, "split" = those only, unset = all.
+                let set = std::env::var("W4G_SET").unwrap_or_default();
+                let kernels: Vec<(&str, W4Kernel)> = [
                     ("wide", W4Kernel::GemmWide),
                     ("tall", W4Kernel::Experimental(1)),
                     ("mid", W4Kernel::Experimental(2)),
@@ -350,12 +353,25 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
                     ("mids", W4Kernel::Experimental(5)),
                     ("tallE", W4Kernel::Experimental(6)),
                     ("tall2E", W4Kernel::Experimental(7)),
-                ];
+                    ("split", W4Kernel::Experimental(8)),
+                    ("splitw", W4Kernel::Experimental(9)),
+                    ("split128", W4Kernel::Experimental(10)),
+                ]
+                .into_iter()
+                .filter(|(_, kk)| {
+                    let split = matches!(kk, W4Kernel::Experimental(v) if *v >= 8);
+                    match set.as_str() {
+                        "tile" => !split,
+                        "split" => split,
+                        _ => true,
+                    }
+                })
+                .collect();
                 let rows_list = [33usize, 64, 129, 257, 300];
                 let mut same = 0;
                 for rows in rows_list {
                     let c = run(&b, &w, &x, rows, n, k, Some(W4Kernel::GemmBase));
-                    for (kl, kk) in kernels {
+                    for &(kl, kk) in &kernels {
                         let a = run(&b, &w, &x, rows, n, k, Some(kk));
                         if bits_equal(&a, &c) && a.iter().all(|v| v.is_finite()) {
                             same += 1;
@@ -368,7 +384,8 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
                 }
                 let all = rows_list.len() * kernels.len();
                 println!(
-                    "RESULT w4a16 wide-gemm {dtype} {label} N={n} K={k} wide_kernel={wide} rows={rows_list:?} kernels=wide,tall,mid,midn,tall2,mids,tallE,tall2E equal_to_w4_gemm={same}/{all} {}",
+                    "RESULT w4a16 wide-gemm {dtype} {label} N={n} K={k} wide_kernel={wide} rows={rows_list:?} kernels={:?} equal_to_w4_gemm={same}/{all} {}",
+                    kernels.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
                     if same == all { "ok" } else { "FAIL" }
                 );
             }

@@ -24,6 +24,27 @@ use kiln::model::synthetic::{qwen3_5_27b_weights, SyntheticQuant};
 use kiln::tensor::{LinearView, TensorView, WeightDType};
 use w4_support::{Fmt, Owned, Rng};
 
+/// Median seconds per call of `f`: as `common::time` with 10 launches per batch and 5 batches
+/// (the kernel sweep times ~400 launch configurations).
+fn time_short(b: &kiln::backend::cuda::CudaBackend, mut f: impl FnMut()) -> f64 {
+    for _ in 0..10 {
+        f();
+    }
+    b.synchronize().expect("sync");
+    let mut t: Vec<f64> = (0..5)
+        .map(|_| {
+            let s = Instant::now();
+            for _ in 0..10 {
+                f();
+            }
+            b.synchronize().expect("sync");
+            s.elapsed().as_secs_f64() / 10.0
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[2]
+}
+
 fn ct_g128(n: usize, k: usize, seed: u64) -> Owned {
     Owned::random(
         Fmt::Ct {
@@ -332,11 +353,14 @@ fn w4a16_wide_gemm_speed() {
         for m in [33usize, 48, 64, 96, 128, 192, 256, 512, 1024, 4096] {
             let flops = 2.0 * (m * n * k) as f64;
             let mut run = |kernel| {
-                time(&b, || {
+                time_short(&b, || {
                     b.matmul_w4_with(&x, m, &w, &mut out, kernel).expect("gemm")
                 })
             };
-            let mut kernels = vec![
+            // W4G_SET (measurement scaffolding): "tile" = everything but the cluster split-K
+            // kernels, "split" = w4_gemm and those only, unset = all.
+            let set = std::env::var("W4G_SET").unwrap_or_default();
+            let all: Vec<(&str, W4Kernel)> = vec![
                 ("w4_gemm", W4Kernel::GemmBase),
                 ("wide", W4Kernel::GemmWide),
                 ("tall", W4Kernel::Experimental(1)),
@@ -346,12 +370,25 @@ fn w4a16_wide_gemm_speed() {
                 ("mids", W4Kernel::Experimental(5)),
                 ("tallE", W4Kernel::Experimental(6)),
                 ("tall2E", W4Kernel::Experimental(7)),
+                ("split", W4Kernel::Experimental(8)),
+                ("splitw", W4Kernel::Experimental(9)),
+                ("split128", W4Kernel::Experimental(10)),
+                ("gemv32", W4Kernel::Gemv),
             ];
-            if m <= 1024 {
-                kernels.push(("gemv32", W4Kernel::Gemv));
-            }
+            let kernels: Vec<(&str, W4Kernel)> = all
+                .into_iter()
+                .filter(|(l, kk)| {
+                    let split = matches!(kk, W4Kernel::Experimental(v) if *v >= 8);
+                    (*l != "gemv32" || m <= 1024)
+                        && match set.as_str() {
+                            "tile" => !split,
+                            "split" => split || *l == "w4_gemm",
+                            _ => true,
+                        }
+                })
+                .collect();
             let times: Vec<(&str, f64)> = kernels.iter().map(|&(l, kk)| (l, run(kk))).collect();
-            let td = time(&b, || b.matmul(&x, m, &wd, &mut out).expect("cublas"));
+            let td = time_short(&b, || b.matmul(&x, m, &wd, &mut out).expect("cublas"));
             let mut line = String::new();
             for (l, t) in &times {
                 line += &format!(

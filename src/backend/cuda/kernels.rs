@@ -325,7 +325,10 @@ impl KernelModule {
                 KernelModule::W4a16Gemm => {
                     if t != "f32" {
                         names.push(format!("w4g_gemm_{t}"));
-                        for v in ["tall", "mid", "midn", "tall2", "mids", "tallE", "tall2E"] {
+                        for v in [
+                            "tall", "mid", "midn", "tall2", "mids", "tallE", "tall2E", "split",
+                            "splitw", "split128",
+                        ] {
                             names.push(format!("w4g_{v}_{t}"));
                         }
                     }

@@ -66,7 +66,9 @@ pub enum W4Kernel {
     Fma,
     /// Measurement scaffolding (temporary): tile variant `v` of `kernels/w4a16_gemm.cu` where the
     /// wide GEMM applies (1 tall 128 × 256, 2 mid 64 × 256, 3 midn 64 × 128, 4 tall2 128 × 128,
-    /// 5 mids 64 × 64, 6 / 7 tall / tall2 with the output through shared memory), else `w4_gemm`.
+    /// 5 mids 64 × 64, 6 / 7 tall / tall2 with the output through shared memory; cluster
+    /// split-K over the 8 K slices: 8 split 64 × 128, 9 splitw 64 × 256, 10 split128 128 × 128),
+    /// else `w4_gemm`.
     Experimental(u8),
 }
 
@@ -263,7 +265,9 @@ impl CudaBackend {
             W4Kernel::Gemm if wide::WIDE_BY_DEFAULT => Some(0),
             _ => None,
         };
-        if let Some(v) = variant.filter(|_| self.w4g_gemm_ok(parts, w.k)) {
+        if let Some(v) = variant.filter(|&v| {
+            self.w4g_gemm_ok(parts, w.k) && (!wide::is_split(v) || parts.k_slices == wide::SPLIT_KS)
+        }) {
             // SAFETY: the caller's guarantees, passed on unchanged.
             return unsafe { self.packed_gemm_wide(w, parts, rows, xp, op, out_f32, v) };
         }

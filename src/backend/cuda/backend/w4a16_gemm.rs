@@ -27,6 +27,15 @@ use crate::tensor::packed_tiles::{W4Values, TILE_N};
 /// w4a16_wide_gemm_speed` are the runs that decide it.
 pub(super) const WIDE_BY_DEFAULT: bool = false;
 
+/// K slices of the cluster split-K kernels (`W4G_SPLIT_KS`: one CTA per slice, a cluster per
+/// output tile); they run only weights with exactly this many slices.
+pub(super) const SPLIT_KS: usize = 8;
+
+/// Whether variant `v` is a cluster split-K kernel.
+pub(super) fn is_split(v: u8) -> bool {
+    (8..=10).contains(&v)
+}
+
 /// Rows of one block tile (`kernels/w4a16_gemm.cu`: 2 warps × 64).
 const BLOCK_ROWS: usize = 128;
 /// Outputs of one block tile (4 warps × 8 n8 tiles).
@@ -51,6 +60,9 @@ pub(crate) struct WideKernels {
     mids: CudaFunction,
     tall_e: CudaFunction,
     tall2_e: CudaFunction,
+    split: CudaFunction,
+    split_w: CudaFunction,
+    split128: CudaFunction,
 }
 
 impl WideKernels {
@@ -66,11 +78,14 @@ impl WideKernels {
             mids: all.get(&format!("w4g_mids_{t}"))?.clone(),
             tall_e: all.get(&format!("w4g_tallE_{t}"))?.clone(),
             tall2_e: all.get(&format!("w4g_tall2E_{t}"))?.clone(),
+            split: all.get(&format!("w4g_split_{t}"))?.clone(),
+            split_w: all.get(&format!("w4g_splitw_{t}"))?.clone(),
+            split128: all.get(&format!("w4g_split128_{t}"))?.clone(),
         })
     }
 
     /// Function, block rows, block outputs, threads and dynamic shared memory of variant `v`
-    /// (0 the wide GEMM).
+    /// (0 the wide GEMM; 8..=10 the cluster split-K kernels, grid.z = [`SPLIT_KS`]).
     fn pick(&self, v: u8) -> (&CudaFunction, usize, usize, u32, usize) {
         let stage = |rows: usize, tiles: usize| rows * 256 + tiles * 512;
         match v {
@@ -93,6 +108,9 @@ impl WideKernels {
                 2 * stage(128, 32) + 128 * 256 * 4,
             ),
             7 => (&self.tall2_e, 128, 128, 256, 4 * stage(128, 16)),
+            8 => (&self.split, 64, 128, 256, 3 * stage(64, 16)),
+            9 => (&self.split_w, 64, 256, 256, 3 * stage(64, 32)),
+            10 => (&self.split128, 128, 128, 256, 3 * stage(128, 16)),
             _ => (&self.wide, BLOCK_ROWS, BLOCK_OUTS, THREADS, SMEM_BYTES),
         }
     }
@@ -147,6 +165,12 @@ impl CudaBackend {
             parts.n_pad.div_ceil(block_outs) as u32,
             rows.div_ceil(block_rows) as u32,
         );
+        let gz = if is_split(variant) {
+            debug_assert_eq!(parts.k_slices, SPLIT_KS);
+            SPLIT_KS as u32
+        } else {
+            1
+        };
         let (qp, _q) = w.data.device_ptr(&self.stream);
         let (sp, _s) = parts.scales.device_ptr(&self.stream);
         let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
@@ -171,7 +195,7 @@ impl CudaBackend {
             .arg(&of32)
             .arg(&tiles);
         let cfg = LaunchConfig {
-            grid_dim: (gx, gy, 1),
+            grid_dim: (gx, gy, gz),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
