@@ -1,26 +1,30 @@
-// w4a16_gemm.cu: the wide tensor-core GEMM on packed 4-bit integer weights (issue 10 item 7),
-// out[r, n] = sum_k x[r, k] * W[n, k] for steps of more than 32 rows on the common layouts.
+// w4a16_gemm.cu: the sm_90 tensor-core GEMMs on packed 4-bit integer weights (issue 10 item 7),
+// out[r, n] = sum_k x[r, k] * W[n, k] for steps of more than 32 rows on the common layouts:
+// `w4g_split` (cluster split-K, 64 x 128 tiles: 33..256 rows), `w4g_tile` (64 x 128 tiles:
+// 257..2048 rows) and `w4g_gemm` (the wide 128 x 256 tiles: larger steps); the host picks by
+// the row count (src/backend/cuda/backend/w4a16_gemm.rs).
 //
 // Layout and numerics: exactly those of kernels/w4a16.cu (read its header first): the w4 tile
 // layout (qw uint4 [Np/8][KB][32], scales T [Np/8][GS][8], zeros u8 or nullptr), the weights
 // the A operand of mma.sync.m16n8k16 (16 outputs x 16 k), x the B operand (16 k x 8 rows), chunk
 // c of a k block covering lane columns 32t + 4c .. +3, chunks 0..7 in order, K cut into the
 // host's `ks` slices, slice s accumulated from zero in f32 and the total ((0 + P_0) + P_1) + ...
-// in f32. So this kernel gives the same bits as `w4_gemv*` / `w4_gemm` of w4a16.cu for every
-// row (tests/cuda_w4a16.rs checks GEMV = GEMM bit for bit). The decode helpers below are
-// copies of w4a16.cu's `W4Dec`, `w4_and_or`, `w4_decode2`, `w4_mma`, `w4_a_unit` (renamed
-// w4g_*; keep them in step with the originals).
+// in f32. So these kernels give the same bits as `w4_gemv*` / `w4_gemm` of w4a16.cu for every
+// row (tests/cuda_w4a16.rs checks GEMV = GEMM bit for bit), and which of them runs a step does
+// not change a row's result. The decode helpers below are copies of w4a16.cu's `W4Dec`,
+// `w4_and_or`, `w4_decode2`, `w4_mma`, `w4_a_unit` (renamed w4g_*; keep them in step with the
+// originals).
 //
 // Scope (the host checks it: src/backend/cuda/backend/w4a16_gemm.rs): 16-bit compute dtype on
-// sm_90 / sm_100 (the block needs 224 KB of shared memory), integer nibbles (not NVFP4), no
-// act-order perm, k % 128 == 0, groups of >= 32 columns (gshift >= 1: one (scale, zero) per
-// lane per k block). Everything else runs w4a16.cu's `w4_gemm`.
+// sm_90 / sm_100 (the wide block needs 224 KB of shared memory, the split kernel clusters),
+// integer nibbles (not NVFP4), no act-order perm, k % 128 == 0, groups of >= 32 columns
+// (gshift >= 1: one (scale, zero) per lane per k block). Everything else runs w4a16.cu.
 //
-// Tiling: 256 threads = 2 (rows) x 4 (outputs) warps; warp tile 64 rows x 64 outputs (8 n8
-// tiles = 4 m16 A tiles x 8 row groups: 32 mma per 16 k), CTA tile 128 rows x 256 outputs,
-// grid (ceil(Np / 256), ceil(m / 128)). Against w4a16.cu's 64 x 32 warp tile each x fragment
-// read from shared memory feeds twice as many mma (x shared-memory traffic per mma halved)
-// while each decoded weight still serves 64 rows. The slice partial P_s lives in the 128
+// The wide tiling (`w4g_gemm`): 256 threads = 2 (rows) x 4 (outputs) warps; warp tile 64 rows
+// x 64 outputs (8 n8 tiles = 4 m16 A tiles x 8 row groups: 32 mma per 16 k), CTA tile 128 rows x
+// 256 outputs, grid (ceil(Np / 256), ceil(m / 128)). Against w4a16.cu's 64 x 32 warp tile each x
+// fragment read from shared memory feeds twice as many mma (x shared-memory traffic per mma
+// halved) while each decoded weight still serves 64 rows. The slice partial P_s lives in the 128
 // accumulator registers; the running total in shared memory (128 f32 per thread, 128 KB,
 // each thread's own words: [i][256 threads], conflict-free), added at each slice end.
 // Two cp.async stages of one 128-column k block: x 128 rows x 256 B (16-byte units swizzled as
@@ -286,13 +290,15 @@ __device__ __forceinline__ void w4g_gemm(const T* x, int m, int k, const uint4* 
             }
 }
 
-// The generalized tile (`w4g_tile`): WN warps side by side along the outputs, each covering all
-// 8 RGW rows of the CTA and NTW n8 tiles (NTW / 2 m16 A tiles): CTA tile 8 RGW rows x 8 NTW WN
-// outputs, 32 WN threads, S cp.async stages of one k block (x: 8 RGW rows x 256 B, swizzled
-// as above; weights: NTW WN tiles x 512 B). Per k block a warp decodes its NTW tiles once and
-// runs them against every present row group (row groups wholly past m are skipped: a uniform
-// branch), chunks 0..7 in order for every accumulator (the arithmetic of the header). TOTS:
-// the slice totals in shared memory ([i][threads] f32 after the stages) instead of registers.
+// The narrow tiles (`w4g_tile`, `w4g_split`): WN warps side by side along the outputs, each
+// covering all 8 RGW rows of the CTA and NTW n8 tiles (NTW / 2 m16 A tiles): CTA tile 8 RGW rows
+// x 8 NTW WN outputs, 32 WN threads, S cp.async stages of one k block (x: 8 RGW rows x 256 B,
+// swizzled as above; weights: NTW WN tiles x 512 B). Per k block a warp decodes its NTW tiles
+// once and runs them against every present row group (row groups wholly past m are skipped: a
+// uniform branch), chunks 0..7 in order for every accumulator (the arithmetic of the header).
+// The built shape (RGW 8, NTW 2, WN 8, S 3: 64 rows x 128 outputs, 128 registers, 72 KB, two
+// CTAs per SM) was the fastest of five measured at M = 33..1024 (docs/benchmarks.md, branch
+// `gemm`); the slice partial and total (32 f32 each) stay in registers.
 template <int RGW, int NTW, int WN, int S>
 struct W4gCfg {
     static constexpr int THREADS = 32 * WN;
@@ -300,9 +306,7 @@ struct W4gCfg {
     static constexpr int TILES = NTW * WN;  // n8 tiles of the CTA
     static constexpr int XB = ROWS * 256;
     static constexpr int STAGE = XB + TILES * 512;
-    static constexpr int NACC = (NTW / 2) * RGW * 4;  // f32 accumulators per thread
-    static constexpr bool TOTS = NACC > 64;
-    static constexpr int SMEM = S * STAGE + (TOTS ? NACC * THREADS * 4 : 0);
+    static constexpr int SMEM = S * STAGE;  // dynamic shared memory of a CTA
 };
 
 template <int N>
@@ -384,7 +388,7 @@ __device__ __forceinline__ void w4g_tile_kblock(float (*acc)[RGW][4], const unsi
     }
 }
 
-template <typename T, int RGW, int NTW, int WN, int S, bool EPI>
+template <typename T, int RGW, int NTW, int WN, int S>
 __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* __restrict__ qw,
                                          const T* scales, const unsigned char* zeros, int kblocks,
                                          int ks, int gshift, int gstore, int n, void* out,
@@ -392,7 +396,6 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
     using C = W4gCfg<RGW, NTW, WN, S>;
     constexpr int U = NTW / 2;
     extern __shared__ __align__(16) unsigned char w4g_smem[];
-    float* tots = reinterpret_cast<float*>(w4g_smem + S * C::STAGE);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int r0 = blockIdx.y * C::ROWS;
@@ -406,8 +409,8 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
     const size_t sbase = (size_t)(active ? nt0 : 0) * sstride + g;
     const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales) + sbase;
     const unsigned char* zp = zeros ? zeros + sbase : nullptr;
-    float acc[U][RGW][4];
-    float tot[C::TOTS ? 1 : U][C::TOTS ? 1 : RGW][4];
+    // acc: the running slice's partial P_s; tot: the slice sum ((0 + P_0) + P_1) + ...
+    float acc[U][RGW][4], tot[U][RGW][4];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -415,12 +418,8 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 acc[u][rg][e] = 0.0f;
-                if (!C::TOTS) tot[C::TOTS ? 0 : u][C::TOTS ? 0 : rg][e] = 0.0f;
+                tot[u][rg][e] = 0.0f;
             }
-    if (C::TOTS) {
-#pragma unroll 8
-        for (int i = 0; i < C::NACC; ++i) tots[i * C::THREADS + tid] = 0.0f;
-    }
     unsigned szc[NTW];
     auto load_sz = [&](int kb) {
         const int gi = (kb * 8 + 2 * t) >> gshift;
@@ -462,49 +461,12 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
                 for (int rg = 0; rg < RGW; ++rg)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        if (C::TOTS) {
-                            tots[((u * RGW + rg) * 4 + e) * C::THREADS + tid] += acc[u][rg][e];
-                        } else {
-                            tot[C::TOTS ? 0 : u][C::TOTS ? 0 : rg][e] += acc[u][rg][e];
-                        }
+                        tot[u][rg][e] += acc[u][rg][e];
                         acc[u][rg][e] = 0.0f;
                     }
         }
     }
     w4g_cp_wait<0>();
-    auto total = [&](int u, int rg, int e) -> float {
-        return C::TOTS ? tots[((u * RGW + rg) * 4 + e) * C::THREADS + tid]
-                       : tot[C::TOTS ? 0 : u][C::TOTS ? 0 : rg][e];
-    };
-    if (EPI && !out_f32 && (n & 7) == 0 && (reinterpret_cast<size_t>(out) & 15) == 0) {
-        // The CTA's output tile through the (now free) stage buffers: rounded to T exactly as
-        // the direct store does (Io<T>::store), then written out in 16-byte row pieces.
-        constexpr int OS = C::TILES * 8 + 8;  // row stride (elements): conflict-free writes
-        static_assert(C::ROWS * OS * 2 <= S * C::STAGE, "output tile fits the stages");
-        T* ot = reinterpret_cast<T*>(w4g_smem);
-        __syncthreads();  // every warp is done with the stages
-        if (active) {
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-#pragma unroll
-                for (int rg = 0; rg < RGW; ++rg)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int row = rg * 8 + 2 * t + (e & 1);
-                        const int col = (warp * NTW + 2 * u) * 8 + g + (e >= 2 ? 8 : 0);
-                        Io<T>::store(ot, (long)(row * OS + col), total(u, rg, e));
-                    }
-        }
-        __syncthreads();
-        for (int c = tid; c < C::ROWS * C::TILES; c += C::THREADS) {
-            const int row = c / C::TILES, ch = c % C::TILES;
-            const int r = r0 + row, col = (ntc + ch) * 8;
-            if (r < m && col < n)
-                *reinterpret_cast<uint4*>(static_cast<T*>(out) + (size_t)r * n + col) =
-                    *reinterpret_cast<const uint4*>(ot + row * OS + ch * 8);
-        }
-        return;
-    }
     if (!active) return;
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -515,12 +477,11 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
                 const int row = r0 + rg * 8 + 2 * t + (e & 1);
                 const int col = (nt0 + 2 * u) * 8 + g + (e >= 2 ? 8 : 0);
                 if (row < m && col < n) {
-                    const float v = total(u, rg, e);
                     const size_t i = (size_t)row * n + col;
                     if (out_f32) {
-                        static_cast<float*>(out)[i] = v;
+                        static_cast<float*>(out)[i] = tot[u][rg][e];
                     } else {
-                        Io<T>::store(static_cast<T*>(out), (long)i, v);
+                        Io<T>::store(static_cast<T*>(out), (long)i, tot[u][rg][e]);
                     }
                 }
             }
@@ -684,40 +645,25 @@ __device__ __forceinline__ void w4g_split(const T* x, int m, int k, const uint4*
 #else
 #define W4G_CLUSTER
 #endif
-#define W4G_SPLIT_ENTRY(NAME, SUF, T, RGW, NTW, WN, S, MINB)                                      \
-    extern "C" __global__ void W4G_CLUSTER __launch_bounds__(32 * WN, MINB) NAME##_##SUF(         \
-        const T* x, int m, int k, const uint4* qw, const T* scales, const unsigned char* zeros,   \
-        int kblocks, int ks, int gshift, int gstore, int n, void* out, int out_f32, int tiles) {  \
-        w4g_split<T, RGW, NTW, WN, S>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, \
-                                      out, out_f32, tiles);                                      \
-    }
-#define W4G_SPLIT_ENTRIES(SUF, T)                                                                 \
-    W4G_SPLIT_ENTRY(w4g_split, SUF, T, 8, 2, 8, 3, 2)                                             \
-    W4G_SPLIT_ENTRY(w4g_splitw, SUF, T, 8, 4, 8, 3, 1)                                            \
-    W4G_SPLIT_ENTRY(w4g_split128, SUF, T, 16, 2, 8, 3, 1)
-W4G_SPLIT_ENTRIES(f16, __half)
-W4G_SPLIT_ENTRIES(bf16, bf16_t)
 
-// Experimental instances (the host's `W4Kernel::Experimental(v)`): v = 1 `w4g_tall_*` (128 x
-// 256, warps 128 rows x 32 outputs, 2 stages, totals in shared memory), 2 `w4g_mid_*` (64 x 256,
-// warps 64 x 32, 4 stages), 3 `w4g_midn_*` (64 x 128, warps 64 x 16, 3 stages, 2 blocks per SM),
-// 4 `w4g_tall2_*` (128 x 128, warps 128 x 16, 4 stages), 5 `w4g_mids_*` (64 x 64, 4 warps of 64 x
-// 16, 4 stages, 2 blocks per SM).
-#define W4G_TILE_ENTRY(NAME, SUF, T, RGW, NTW, WN, S, MINB, EPI)                                       \
-    extern "C" __global__ void __launch_bounds__(32 * WN, MINB) NAME##_##SUF(                     \
+// `w4g_tile_{f16,bf16}`: grid (Np / 128, ceil(m / 64)), 256 threads, W4G_TILE_SMEM bytes of
+// dynamic shared memory. `w4g_split_{f16,bf16}`: the same tile, grid (Np / 128, ceil(m / 64),
+// 8), cluster (1, 1, 8), the same shared memory (the host runs it when ks == 8).
+#define W4G_TILE_CFG 8, 2, 8, 3
+#define W4G_TILE_SMEM (W4gCfg<W4G_TILE_CFG>::SMEM)
+#define W4G_TILE_ENTRIES(SUF, T)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 2) w4g_tile_##SUF(                          \
         const T* x, int m, int k, const uint4* qw, const T* scales, const unsigned char* zeros,   \
         int kblocks, int ks, int gshift, int gstore, int n, void* out, int out_f32, int tiles) {  \
-        w4g_tile<T, RGW, NTW, WN, S, EPI>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, \
-                                     out, out_f32, tiles);                                       \
+        w4g_tile<T, W4G_TILE_CFG>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n,     \
+                                  out, out_f32, tiles);                                          \
+    }                                                                                            \
+    extern "C" __global__ void W4G_CLUSTER __launch_bounds__(256, 2) w4g_split_##SUF(             \
+        const T* x, int m, int k, const uint4* qw, const T* scales, const unsigned char* zeros,   \
+        int kblocks, int ks, int gshift, int gstore, int n, void* out, int out_f32, int tiles) {  \
+        w4g_split<T, W4G_TILE_CFG>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n,    \
+                                   out, out_f32, tiles);                                         \
     }
-#define W4G_TILE_ENTRIES(SUF, T)                                                                  \
-    W4G_TILE_ENTRY(w4g_tall, SUF, T, 16, 4, 8, 2, 1, false)                                       \
-    W4G_TILE_ENTRY(w4g_mid, SUF, T, 8, 4, 8, 4, 1, false)                                         \
-    W4G_TILE_ENTRY(w4g_midn, SUF, T, 8, 2, 8, 3, 2, false)                                        \
-    W4G_TILE_ENTRY(w4g_tall2, SUF, T, 16, 2, 8, 4, 1, false)                                      \
-    W4G_TILE_ENTRY(w4g_mids, SUF, T, 8, 2, 4, 4, 2, false)                                        \
-    W4G_TILE_ENTRY(w4g_tallE, SUF, T, 16, 4, 8, 2, 1, true)                                       \
-    W4G_TILE_ENTRY(w4g_tall2E, SUF, T, 16, 2, 8, 4, 1, true)
 W4G_TILE_ENTRIES(f16, __half)
 W4G_TILE_ENTRIES(bf16, bf16_t)
 

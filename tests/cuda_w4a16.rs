@@ -150,15 +150,19 @@ fn check_linear(b: &CudaBackend, dtype: &str, label: &str, o: &Owned, subset: bo
     if b.w4_tensor_cores() {
         // 64 rows: the GEMV runs its 32-row blocks; 7 and 12 rows: its 8- and 16-row blocks
         // where the layout allows them (else the 32-row ones again).
+        // The GEMM both as the backend picks it above 32 rows (`Gemm`: on sm_90 the GEMMs of
+        // `kernels/w4a16_gemm.cu` where they apply) and as `w4_gemm` (`GemmBase`).
         let mut same_all = true;
         for rows in [64usize, 7, 12] {
             let gv = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
-            let gm = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemm));
-            if !bits_equal(&gv, &gm) {
-                same_all = false;
-                failures.push(format!(
-                    "{dtype} {label} {n}x{k}: GEMV and GEMM differ on {rows} rows"
-                ));
+            for gk in [W4Kernel::Gemm, W4Kernel::GemmBase] {
+                let gm = run(b, &w, &x, rows, n, k, Some(gk));
+                if !bits_equal(&gv, &gm) {
+                    same_all = false;
+                    failures.push(format!(
+                        "{dtype} {label} {n}x{k}: GEMV and {gk:?} differ on {rows} rows"
+                    ));
+                }
             }
         }
         gemv_gemm = if same_all { "equal" } else { "DIFFER" }.into();
@@ -279,12 +283,14 @@ fn tiny_quantized_models_match_the_cpu_backend() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-/// The wide GEMM (`kernels/w4a16_gemm.cu`, [`W4Kernel::GemmWide`]: sm_90 / sm_100, the common
-/// layouts) against `w4_gemm` ([`W4Kernel::GemmBase`]): bit for bit on row counts
-/// with partial row tiles (33, 129, 257, 300) and output counts with partial output tiles
-/// (48, 200, 1000: N not a multiple of 256), every int4 format it takes (symmetric / asymmetric
-/// zeros, groups 32 / 64 / 128, AWQ, GPTQ), K with 1 and 8 slices, fp16 and bf16. Where the wide
-/// kernel does not apply (another GPU, or a layout it leaves to `w4_gemm`) the test says so and
+/// The sm_90 GEMMs (`kernels/w4a16_gemm.cu`: [`W4Kernel::GemmWide`] 128 × 256 tiles,
+/// [`W4Kernel::GemmTile`] 64 × 128 tiles, [`W4Kernel::GemmSplit`] cluster split-K, and
+/// [`W4Kernel::Gemm`], the backend's pick by rows) against `w4_gemm` ([`W4Kernel::GemmBase`]):
+/// bit for bit on row counts with partial row tiles (33, 64, 129, 257, 300) and output counts
+/// with partial output tiles (48, 200, 1000: N not a multiple of 128 / 256), every int4 format
+/// they take (symmetric / asymmetric zeros, groups 32 / 64 / 128, AWQ, GPTQ), K with 1 slice
+/// (1152: the split runs as a tile) and 8 (4096, 5120: the split's clusters), fp16 and bf16.
+/// Where they do not apply (another GPU, or a layout left to `w4_gemm`) the test says so and
 /// checks the same equality trivially.
 #[test]
 #[ignore = "needs a GPU: see the header"]
@@ -341,32 +347,12 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
                     .into_iter()
                     .map(|v| round(dtype, v))
                     .collect();
-                // W4G_SET (measurement scaffolding): "tile" = all but the cluster split-K
-                // kernels, "split" = those only, unset = all.
-                let set = std::env::var("W4G_SET").unwrap_or_default();
-                let kernels: Vec<(&str, W4Kernel)> = [
+                let kernels = [
                     ("wide", W4Kernel::GemmWide),
-                    ("tall", W4Kernel::Experimental(1)),
-                    ("mid", W4Kernel::Experimental(2)),
-                    ("midn", W4Kernel::Experimental(3)),
-                    ("tall2", W4Kernel::Experimental(4)),
-                    ("mids", W4Kernel::Experimental(5)),
-                    ("tallE", W4Kernel::Experimental(6)),
-                    ("tall2E", W4Kernel::Experimental(7)),
-                    ("split", W4Kernel::Experimental(8)),
-                    ("splitw", W4Kernel::Experimental(9)),
-                    ("split128", W4Kernel::Experimental(10)),
-                ]
-                .into_iter()
-                .filter(|(_, kk)| {
-                    let split = matches!(kk, W4Kernel::Experimental(v) if *v >= 8);
-                    match set.as_str() {
-                        "tile" => !split,
-                        "split" => split,
-                        _ => true,
-                    }
-                })
-                .collect();
+                    ("tile", W4Kernel::GemmTile),
+                    ("split", W4Kernel::GemmSplit),
+                    ("pick", W4Kernel::Gemm),
+                ];
                 let rows_list = [33usize, 64, 129, 257, 300];
                 let mut same = 0;
                 for rows in rows_list {

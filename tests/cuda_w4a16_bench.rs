@@ -316,19 +316,29 @@ fn w4a16_gemv_profile_launches() {
     }
 }
 
-/// The wide GEMM (`kernels/w4a16_gemm.cu`, [`W4Kernel::GemmWide`] on sm_90), its tile variants
-/// ([`W4Kernel::Experimental`] 1..=7), `w4_gemm` ([`W4Kernel::GemmBase`]), the GEMV's 32-row
-/// blocks (to 1024 rows) and dense bf16 cuBLAS on the same shape, M = 33 .. 4096 for the 27B MLP
-/// and attention shapes (target at M = 4096: >= 0.50 of cuBLAS).
+/// The GEMM by row count on every 27B linear shape but lm_head and the 48-output one: the
+/// backend's pick ([`Backend::matmul`]: the GEMV to 32 rows, above it on sm_90 the cluster
+/// split-K `w4g_split` to 256 rows, the 64 × 128 `w4g_tile` to 2048, the wide `w4g_gemm` above)
+/// against main's (`main`: the GEMV to 32 rows, `w4_gemm` above) and every kernel alone —
+/// `w4_gemm` ([`W4Kernel::GemmBase`]), the GEMV's 32-row blocks (to 512 rows), split, tile, wide —
+/// and dense bf16 cuBLAS on the same shape. M = 16 .. 1024 on all seven shapes, 2048 / 4096 on
+/// the three largest (target at M = 4096: >= 0.50 of cuBLAS). Run:
+/// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_wide_gemm_speed`
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_wide_gemm_speed() {
     let b = gpu("bf16", "auto");
     println!("device: {}", b.name());
-    for (i, (n, k)) in [(17408usize, 5120usize), (5120, 17408), (10240, 5120)]
-        .into_iter()
-        .enumerate()
-    {
+    let shapes = [
+        (17408usize, 5120usize),
+        (5120, 17408),
+        (10240, 5120),
+        (12288, 5120),
+        (6144, 5120),
+        (5120, 6144),
+        (1024, 5120),
+    ];
+    for (i, (n, k)) in shapes.into_iter().enumerate() {
         let o = ct_g128(n, k, 31 + i as u64);
         let w = b
             .upload_linear("bench", &LinearView::Packed(o.linear()))
@@ -348,96 +358,58 @@ fn w4a16_wide_gemm_speed() {
                 },
             )
             .expect("dense");
-        let x = b.upload(&data(4096 * k, 13)).expect("x");
-        let mut out = b.alloc(4096 * n).expect("out");
-        for m in [33usize, 48, 64, 96, 128, 192, 256, 512, 1024, 4096] {
+        let big = i < 3;
+        let max_m = if big { 4096 } else { 1024 };
+        let x = b.upload(&data(max_m * k, 13)).expect("x");
+        let mut out = b.alloc(max_m * n).expect("out");
+        let ms: &[usize] = &[
+            16, 32, 33, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
+        ];
+        for &m in ms.iter().filter(|&&m| m <= max_m) {
             let flops = 2.0 * (m * n * k) as f64;
-            let mut run = |kernel| {
-                time_short(&b, || {
-                    b.matmul_w4_with(&x, m, &w, &mut out, kernel).expect("gemm")
-                })
+            let main_kernel = if m <= 32 {
+                W4Kernel::Gemv
+            } else {
+                W4Kernel::GemmBase
             };
-            // W4G_SET (measurement scaffolding): "tile" = everything but the cluster split-K
-            // kernels, "split" = w4_gemm and those only, unset = all.
-            let set = std::env::var("W4G_SET").unwrap_or_default();
-            let all: Vec<(&str, W4Kernel)> = vec![
-                ("w4_gemm", W4Kernel::GemmBase),
-                ("wide", W4Kernel::GemmWide),
-                ("tall", W4Kernel::Experimental(1)),
-                ("mid", W4Kernel::Experimental(2)),
-                ("midn", W4Kernel::Experimental(3)),
-                ("tall2", W4Kernel::Experimental(4)),
-                ("mids", W4Kernel::Experimental(5)),
-                ("tallE", W4Kernel::Experimental(6)),
-                ("tall2E", W4Kernel::Experimental(7)),
-                ("split", W4Kernel::Experimental(8)),
-                ("splitw", W4Kernel::Experimental(9)),
-                ("split128", W4Kernel::Experimental(10)),
-                ("gemv32", W4Kernel::Gemv),
+            let mut kernels = vec![
+                ("pick", None),
+                ("main", Some(main_kernel)),
+                ("w4_gemm", Some(W4Kernel::GemmBase)),
+                ("split", Some(W4Kernel::GemmSplit)),
+                ("tile", Some(W4Kernel::GemmTile)),
+                ("wide", Some(W4Kernel::GemmWide)),
             ];
-            let kernels: Vec<(&str, W4Kernel)> = all
-                .into_iter()
-                .filter(|(l, kk)| {
-                    let split = matches!(kk, W4Kernel::Experimental(v) if *v >= 8);
-                    (*l != "gemv32" || m <= 1024)
-                        && match set.as_str() {
-                            "tile" => !split,
-                            "split" => split || *l == "w4_gemm",
-                            _ => true,
-                        }
+            if m <= 512 {
+                kernels.push(("gemv32", Some(W4Kernel::Gemv)));
+            }
+            let times: Vec<(&str, f64)> = kernels
+                .iter()
+                .map(|&(l, kk)| {
+                    let t = time_short(&b, || match kk {
+                        Some(kk) => b.matmul_w4_with(&x, m, &w, &mut out, kk).expect("gemm"),
+                        None => b.matmul(&x, m, &w, &mut out).expect("matmul"),
+                    });
+                    (l, t)
                 })
                 .collect();
-            let times: Vec<(&str, f64)> = kernels.iter().map(|&(l, kk)| (l, run(kk))).collect();
             let td = time_short(&b, || b.matmul(&x, m, &wd, &mut out).expect("cublas"));
+            let (tp, tm) = (times[0].1, times[1].1);
             let mut line = String::new();
-            for (l, t) in &times {
-                line += &format!(
-                    " {l}={:.1}us/{:.1}TF/{:.3}",
-                    t * 1e6,
-                    flops / t / 1e12,
-                    td / t
-                );
+            for (l, t) in &times[2..] {
+                line += &format!(" {l}={:.1}", t * 1e6);
             }
             println!(
-                "RESULT bench wide-gemm M={m} N={n} K={k} wide_applies={} cublas={:.1}us/{:.1}TF{line} (kernel=time/TFLOPs/fraction of cuBLAS; target >= 0.50 at M=4096)",
+                "RESULT bench gemm-by-rows M={m} N={n} K={k} sm90_kernels={} pick_us={:.1} pick_TFLOPs={:.1} pick_fraction_of_cublas={:.3} main_us={:.1} speedup_vs_main={:.2} cublas_us={:.1} cublas_TFLOPs={:.1} us:{line}",
                 b.w4_wide_gemm_applies(&w),
+                tp * 1e6,
+                flops / tp / 1e12,
+                td / tp,
+                tm * 1e6,
+                tm / tp,
                 td * 1e6,
                 flops / td / 1e12,
             );
         }
     }
-}
-
-/// The launches the profiler reads (`ncu -k regex:"w4g_|w4_gemm_" --launch-skip 8 --launch-count
-/// 8`): on 17408×5120 (CT W4A16 symmetric g128, bf16) the wide GEMM and the tall variant at M =
-/// 4096, then `w4_gemm`, the wide GEMM, the mid and the midn variant at M = 64; each once as a
-/// warm-up, then once more in the same order.
-#[test]
-#[ignore = "needs a GPU: see the header"]
-fn w4a16_gemm_profile_launches() {
-    let b = gpu("bf16", "auto");
-    let (n, k) = (17408usize, 5120usize);
-    let o = ct_g128(n, k, 31);
-    let w = b
-        .upload_linear("bench", &LinearView::Packed(o.linear()))
-        .expect("upload");
-    let x = b.upload(&data(4096 * k, 13)).expect("x");
-    let mut out = b.alloc(4096 * n).expect("out");
-    let steps = [
-        (4096usize, W4Kernel::GemmWide),
-        (4096, W4Kernel::Experimental(1)),
-        (64, W4Kernel::GemmBase),
-        (64, W4Kernel::GemmWide),
-        (64, W4Kernel::Experimental(2)),
-        (64, W4Kernel::Experimental(3)),
-        (4096, W4Kernel::Experimental(4)),
-        (64, W4Kernel::Experimental(5)),
-    ];
-    for _ in 0..2 {
-        for &(m, kk) in &steps {
-            b.matmul_w4_with(&x, m, &w, &mut out, kk).expect("gemm");
-            b.synchronize().expect("sync");
-        }
-    }
-    println!("RESULT profile launches done");
 }

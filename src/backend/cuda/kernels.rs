@@ -141,7 +141,8 @@ impl KernelModule {
             KernelModule::W4a16Sm70 => arch.major == 7,
             // mma.sync m16n8k16 with bf16, movmatrix, cp.async: sm_80 and newer.
             KernelModule::AttentionDecodeMma => arch.major >= 8,
-            // 224 KB of shared memory a block: sm_90 and newer (w4g_gemm_ok picks the GPUs).
+            // 224 KB of shared memory a block, thread-block clusters: sm_90 and newer
+            // (w4g_gemm_ok picks the GPUs).
             KernelModule::W4a16Gemm => arch.major >= 9,
             _ => true,
         }
@@ -324,11 +325,7 @@ impl KernelModule {
                 // The 16-bit dtypes (the host launches it on sm_90 / sm_100 only).
                 KernelModule::W4a16Gemm => {
                     if t != "f32" {
-                        names.push(format!("w4g_gemm_{t}"));
-                        for v in [
-                            "tall", "mid", "midn", "tall2", "mids", "tallE", "tall2E", "split",
-                            "splitw", "split128",
-                        ] {
+                        for v in ["gemm", "tile", "split"] {
                             names.push(format!("w4g_{v}_{t}"));
                         }
                     }

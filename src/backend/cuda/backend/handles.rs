@@ -72,8 +72,8 @@ pub(crate) struct Kernels {
     pub w4_gemv32: Option<CudaFunction>,
     /// `w4_gemm_{t}`: packed 4-bit GEMM (tensor cores); `None` when `t` is f32.
     pub w4_gemm: Option<CudaFunction>,
-    /// `w4g_gemm_{t}`: the wide packed 4-bit GEMM of `kernels/w4a16_gemm.cu`; `None` below sm_90
-    /// (the module is not built there) or when `t` is f32.
+    /// `w4g_{gemm,tile,split}_{t}`: the sm_90 packed 4-bit GEMMs of `kernels/w4a16_gemm.cu`;
+    /// `None` below sm_90 (the module is not built there) or when `t` is f32.
     pub w4g_gemm: Option<super::w4a16::WideKernels>,
     /// `w4_fma_{t}`: packed 4-bit matmul on CUDA cores (sm_70 / sm_75, f32).
     pub w4_fma: CudaFunction,

@@ -33,6 +33,11 @@ pub(crate) use wide::WideKernels;
 /// Rows the GEMV covers; larger steps run the GEMM (same numerics).
 pub const GEMV_MAX_ROWS: usize = 32;
 
+/// Most rows [`W4Kernel::Gemm`] runs on the GEMV's 32-row blocks where the sm_90 GEMMs do not
+/// apply: on the H200 they beat `w4_gemm` (128-row tiles, one per SM at N = 5120) on every 27B
+/// shape at 64 rows (1.3–10×) but not at 128 on all (docs/benchmarks.md, branch `gemm`).
+pub const GEMV_MID_ROWS: usize = 64;
+
 /// Rows of one `w4_gemv` block (`kernels/w4a16.cu` RG = 1); steps up to this many rows run it
 /// when the layout allows ([`CudaPackedParts::gemv_fast_ok`]).
 const GEMV8_ROWS: usize = 8;
@@ -54,22 +59,23 @@ pub enum W4Kernel {
     /// Tensor-core GEMV: one m16 output tile per block, 8- or 32-row blocks (any row count;
     /// picked for 1–32).
     Gemv,
-    /// Tensor-core GEMM (picked above 32 rows): `w4_gemm`, 128 × 128 block tiles staged by
-    /// cp.async (the wide `w4g_gemm` of `w4a16_gemm.rs` instead only once its
-    /// `WIDE_BY_DEFAULT` is set: it has not been run on a GPU yet).
+    /// Tensor-core GEMM (picked above 32 rows), the kernel by the row count: on sm_90 / sm_100
+    /// where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K to 256 rows, 64 × 128
+    /// tiles to 2048, 128 × 256 tiles above); elsewhere the GEMV's 32-row blocks to
+    /// [`GEMV_MID_ROWS`] rows, then `w4_gemm` (128 × 128 block tiles staged by cp.async).
     Gemm,
-    /// `w4_gemm` forced (tests and benchmarks compare it with the wide GEMM).
+    /// `w4_gemm` forced (tests and benchmarks compare it with the others).
     GemmBase,
-    /// The wide `w4g_gemm` where it applies (`CudaBackend::w4_wide_gemm_applies`), else `w4_gemm`.
+    /// The wide `w4g_gemm` (128 × 256) where the sm_90 GEMMs apply
+    /// (`CudaBackend::w4_wide_gemm_applies`), else `w4_gemm`.
     GemmWide,
+    /// The 64 × 128 `w4g_tile` where the sm_90 GEMMs apply, else `w4_gemm`.
+    GemmTile,
+    /// The cluster split-K `w4g_split` where the sm_90 GEMMs apply and the weight has 8 K slices
+    /// (`w4g_tile` for other slice counts), else `w4_gemm`.
+    GemmSplit,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
-    /// Measurement scaffolding (temporary): tile variant `v` of `kernels/w4a16_gemm.cu` where the
-    /// wide GEMM applies (1 tall 128 × 256, 2 mid 64 × 256, 3 midn 64 × 128, 4 tall2 128 × 128,
-    /// 5 mids 64 × 64, 6 / 7 tall / tall2 with the output through shared memory; cluster
-    /// split-K over the 8 K slices: 8 split 64 × 128, 9 splitw 64 × 256, 10 split128 128 × 128),
-    /// else `w4_gemm`.
-    Experimental(u8),
 }
 
 /// The device parts of a packed linear besides its 4-bit words (which are `CudaWeight::data`).
@@ -259,25 +265,25 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
-        let variant = match kernel {
-            W4Kernel::Experimental(v) => Some(v),
-            W4Kernel::GemmWide => Some(0),
-            W4Kernel::Gemm if wide::WIDE_BY_DEFAULT => Some(0),
+        let wide_kind = match kernel {
+            W4Kernel::Gemm => Some(wide::WideKind::for_rows(rows, parts.k_slices)),
+            W4Kernel::GemmWide => Some(wide::WideKind::Wide),
+            W4Kernel::GemmTile => Some(wide::WideKind::Tile),
+            W4Kernel::GemmSplit => Some(wide::WideKind::Split),
             _ => None,
         };
-        if let Some(v) = variant.filter(|&v| {
-            self.w4g_gemm_ok(parts, w.k) && (!wide::is_split(v) || parts.k_slices == wide::SPLIT_KS)
-        }) {
+        if let Some(kind) = wide_kind.filter(|_| self.w4g_gemm_ok(parts, w.k)) {
             // SAFETY: the caller's guarantees, passed on unchanged.
-            return unsafe { self.packed_gemm_wide(w, parts, rows, xp, op, out_f32, v) };
+            return unsafe { self.packed_gemm_wide(w, parts, rows, xp, op, out_f32, kind) };
         }
-        let kernel = if matches!(
-            kernel,
-            W4Kernel::GemmBase | W4Kernel::GemmWide | W4Kernel::Experimental(_)
-        ) {
-            W4Kernel::Gemm
-        } else {
-            kernel
+        let kernel = match kernel {
+            // The GEMM choice without the sm_90 kernels (not on the sm_70 / sm_75 path, which
+            // has its own): the GEMV's 32-row blocks while they beat `w4_gemm`.
+            W4Kernel::Gemm if rows <= GEMV_MID_ROWS && self.k.w4_sm70.is_none() => W4Kernel::Gemv,
+            W4Kernel::GemmBase | W4Kernel::GemmWide | W4Kernel::GemmTile | W4Kernel::GemmSplit => {
+                W4Kernel::Gemm
+            }
+            other => other,
         };
         if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
             // SAFETY: the caller's guarantees, passed on unchanged.
@@ -303,9 +309,8 @@ impl CudaBackend {
             W4Kernel::Gemm
             | W4Kernel::GemmBase
             | W4Kernel::GemmWide
-            | W4Kernel::Experimental(_) => {
-                self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores())
-            }
+            | W4Kernel::GemmTile
+            | W4Kernel::GemmSplit => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Fma => Some(&self.k.w4_fma),
         }
         .ok_or_else(|| {
@@ -322,7 +327,8 @@ impl CudaBackend {
             W4Kernel::Gemm
             | W4Kernel::GemmBase
             | W4Kernel::GemmWide
-            | W4Kernel::Experimental(_) => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
+            | W4Kernel::GemmTile
+            | W4Kernel::GemmSplit => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
             W4Kernel::Fma => (
                 32 * parts.k_slices,
                 (parts.n_pad / TILE_N, rows.div_ceil(16)),

@@ -1,15 +1,22 @@
-//! The wide tensor-core GEMM on packed 4-bit weights (`kernels/w4a16_gemm.cu`, `w4g_gemm_*`):
-//! CTA tiles of 128 rows × 256 outputs, warp tiles of 64 × 64, the K-slice totals in shared
-//! memory (224 KB per block), for steps of more than [`super::GEMV_MAX_ROWS`] rows.
+//! The sm_90 tensor-core GEMMs on packed 4-bit weights (`kernels/w4a16_gemm.cu`), for steps of
+//! more than [`super::GEMV_MAX_ROWS`] rows, picked by the row count ([`WideKind::for_rows`]):
+//! - [`WideKind::Split`] (`w4g_split_*`): 64 × 128 block tiles, the 8 K slices of a tile in 8
+//!   CTAs of one thread-block cluster, summed in slice order through distributed shared memory
+//!   (33..=[`SPLIT_MAX_ROWS`] rows, weights with 8 slices): 8× the blocks of a one-CTA tile, which
+//!   a 64-row step needs (N = 5120 gives 40 tiles of 128 outputs for 132 SMs);
+//! - [`WideKind::Tile`] (`w4g_tile_*`): the same 64 × 128 tile, one CTA over the whole K, two
+//!   CTAs per SM (up to [`TILE_MAX_ROWS`] rows, and the split range for other slice counts);
+//! - [`WideKind::Wide`] (`w4g_gemm_*`): 128 × 256 block tiles, warp tiles of 64 × 64, the
+//!   K-slice totals in shared memory (224 KB per block), for larger steps.
 //!
-//! A child module of `w4a16.rs` (it reads the private [`CudaPackedParts`]).
-//! [`super::W4Kernel::GemmWide`] (and [`super::W4Kernel::Gemm`], the backend's choice above 32
-//! rows, once [`WIDE_BY_DEFAULT`] is set) runs this kernel where [`CudaBackend::w4g_gemm_ok`] holds (sm_90 / sm_100, 16-bit compute
-//! dtype, integer nibbles, no act-order perm, k % 128 == 0, groups of ≥ 32 columns) and
-//! `kernels/w4a16.cu`'s `w4_gemm` elsewhere; [`super::W4Kernel::GemmBase`] forces the latter (tests and
-//! benchmarks compare the two). Same arithmetic per output element as every other sm_80+
-//! kernel of the w4 tiles (the kernel file's header), so GEMV = GEMM bit for bit still holds.
-//! Nothing allocates; every launch takes fixed pointers (graph-capturable).
+//! The ranges are the H200 measurements of docs/benchmarks.md (branch `gemm`). A child module of
+//! `w4a16.rs` (it reads the private [`CudaPackedParts`]). They run where
+//! [`CudaBackend::w4g_gemm_ok`] holds (sm_90 / sm_100, 16-bit compute dtype, integer nibbles, no
+//! act-order perm, k % 128 == 0, groups of ≥ 32 columns); `kernels/w4a16.cu` runs everything
+//! else. Same arithmetic per output element as every other sm_80+ kernel of the w4 tiles (the
+//! kernel file's header), so GEMV = GEMM bit for bit holds whichever runs, and a row's result
+//! does not depend on its batch. Nothing allocates; every launch takes fixed pointers
+//! (graph-capturable).
 
 use std::collections::HashMap;
 
@@ -20,49 +27,91 @@ use super::CudaPackedParts;
 use crate::backend::BackendError;
 use crate::tensor::packed_tiles::{W4Values, TILE_N};
 
-/// Whether [`super::W4Kernel::Gemm`] (the backend's choice above 32 rows) runs this kernel where
-/// it applies. `false` until it has been run on a GPU: written and compiled (NVRTC 12.9, sm_90:
-/// 255 registers, 32 bytes of spill) but not yet validated or timed there —
-/// `cuda_w4a16 wide_gemm_equals_the_base_gemm_bit_for_bit` and `cuda_w4a16_bench
-/// w4a16_wide_gemm_speed` are the runs that decide it.
-pub(super) const WIDE_BY_DEFAULT: bool = false;
+/// Most rows [`WideKind::Split`] runs (H200: the fastest of the sm_90 kernels through 256 rows on
+/// the 27B shapes; at 512 the one-CTA tile is 4–16% faster).
+pub(super) const SPLIT_MAX_ROWS: usize = 256;
 
-/// K slices of the cluster split-K kernels (`W4G_SPLIT_KS`: one CTA per slice, a cluster per
-/// output tile); they run only weights with exactly this many slices.
-pub(super) const SPLIT_KS: usize = 8;
+/// Most rows [`WideKind::Tile`] runs (H200: 8–26% faster than the wide tile at 1024 rows, 3–8%
+/// slower at 4096).
+pub(super) const TILE_MAX_ROWS: usize = 2048;
 
-/// Whether variant `v` is a cluster split-K kernel.
-pub(super) fn is_split(v: u8) -> bool {
-    (8..=10).contains(&v)
+/// K slices of [`WideKind::Split`] (`W4G_SPLIT_KS`: one CTA per slice, a cluster per output
+/// tile); weights with another slice count run [`WideKind::Tile`] instead.
+const SPLIT_KS: usize = 8;
+
+/// Threads of a block (all three kernels).
+const THREADS: u32 = 256;
+
+/// Rows × outputs of the narrow block tile (`W4G_TILE_CFG`: 8 warps of 64 rows × 16 outputs).
+const TILE_ROWS: usize = 64;
+const TILE_OUTS: usize = 128;
+/// Dynamic shared memory of a narrow block: 3 stages × (64 × 256 B of x + 16 × 512 B of tiles);
+/// `W4G_TILE_SMEM`.
+const TILE_SMEM: usize = 3 * (64 * 256 + 16 * 512);
+
+/// Rows × outputs of the wide block tile (2 × 4 warps of 64 × 64).
+const WIDE_ROWS: usize = 128;
+const WIDE_OUTS: usize = 256;
+/// Dynamic shared memory of a wide block: 2 stages × (128 × 256 B of x + 32 × 512 B of tiles)
+/// and the f32 totals (128 × 256 × 4 B); `W4G_SMEM_BYTES`.
+const WIDE_SMEM: usize = 2 * (128 * 256 + 32 * 512) + 128 * 256 * 4;
+// Within the 227 KB a block may opt in to on sm_90 / sm_100.
+const _: () = assert!(WIDE_SMEM <= 227 * 1024);
+
+/// Which kernel of `kernels/w4a16_gemm.cu` runs a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WideKind {
+    /// `w4g_split_*`: cluster split-K over 64 × 128 tiles (weights with [`SPLIT_KS`] slices).
+    Split,
+    /// `w4g_tile_*`: 64 × 128 tiles, one CTA over the whole K.
+    Tile,
+    /// `w4g_gemm_*`: 128 × 256 tiles.
+    Wide,
 }
 
-/// Rows of one block tile (`kernels/w4a16_gemm.cu`: 2 warps × 64).
-const BLOCK_ROWS: usize = 128;
-/// Outputs of one block tile (4 warps × 8 n8 tiles).
-const BLOCK_OUTS: usize = 256;
-/// Threads of a block.
-const THREADS: u32 = 256;
-/// Dynamic shared memory of a block: 2 stages × (128 × 256 B of x + 32 × 512 B of tiles) and
-/// the f32 totals (128 × 256 × 4 B); `W4G_SMEM_BYTES`.
-pub(super) const SMEM_BYTES: usize = 2 * (128 * 256 + 32 * 512) + 128 * 256 * 4;
-// Within the 227 KB a block may opt in to on sm_90 / sm_100.
-const _: () = assert!(SMEM_BYTES <= 227 * 1024);
+impl WideKind {
+    /// The kernel for a step of `rows` rows on a weight of `k_slices` K slices.
+    pub(super) fn for_rows(rows: usize, k_slices: usize) -> WideKind {
+        if rows <= SPLIT_MAX_ROWS {
+            WideKind::Split.or_tile(k_slices)
+        } else if rows <= TILE_MAX_ROWS {
+            WideKind::Tile
+        } else {
+            WideKind::Wide
+        }
+    }
 
-/// The entry points of `kernels/w4a16_gemm.cu` for one compute dtype: the wide GEMM and the
-/// experimental tile shapes of `W4Kernel::Experimental` (1 tall, 2 mid, 3 midn, 4 tall2, 5 mids).
+    /// `self`, or [`WideKind::Tile`] in place of a split the slice count does not allow.
+    pub(super) fn or_tile(self, k_slices: usize) -> WideKind {
+        if self == WideKind::Split && k_slices != SPLIT_KS {
+            WideKind::Tile
+        } else {
+            self
+        }
+    }
+
+    /// Block rows, block outputs, grid.z and dynamic shared memory of a launch.
+    fn dims(self) -> (usize, usize, u32, usize) {
+        match self {
+            WideKind::Split => (TILE_ROWS, TILE_OUTS, SPLIT_KS as u32, TILE_SMEM),
+            WideKind::Tile => (TILE_ROWS, TILE_OUTS, 1, TILE_SMEM),
+            WideKind::Wide => (WIDE_ROWS, WIDE_OUTS, 1, WIDE_SMEM),
+        }
+    }
+
+    /// Grid of a launch over `rows` rows and `n_pad` padded outputs.
+    fn grid(self, rows: usize, n_pad: usize) -> (u32, u32, u32) {
+        let (br, bo, gz, _) = self.dims();
+        (n_pad.div_ceil(bo) as u32, rows.div_ceil(br) as u32, gz)
+    }
+}
+
+/// The entry points of `kernels/w4a16_gemm.cu` for one compute dtype.
 #[derive(Debug, Clone)]
 pub(crate) struct WideKernels {
     wide: CudaFunction,
-    tall: CudaFunction,
-    mid: CudaFunction,
-    midn: CudaFunction,
-    tall2: CudaFunction,
-    mids: CudaFunction,
-    tall_e: CudaFunction,
-    tall2_e: CudaFunction,
+    tile: CudaFunction,
     split: CudaFunction,
-    split_w: CudaFunction,
-    split128: CudaFunction,
 }
 
 impl WideKernels {
@@ -71,60 +120,30 @@ impl WideKernels {
     pub(crate) fn resolve(all: &HashMap<String, CudaFunction>, t: &str) -> Option<WideKernels> {
         Some(WideKernels {
             wide: all.get(&format!("w4g_gemm_{t}"))?.clone(),
-            tall: all.get(&format!("w4g_tall_{t}"))?.clone(),
-            mid: all.get(&format!("w4g_mid_{t}"))?.clone(),
-            midn: all.get(&format!("w4g_midn_{t}"))?.clone(),
-            tall2: all.get(&format!("w4g_tall2_{t}"))?.clone(),
-            mids: all.get(&format!("w4g_mids_{t}"))?.clone(),
-            tall_e: all.get(&format!("w4g_tallE_{t}"))?.clone(),
-            tall2_e: all.get(&format!("w4g_tall2E_{t}"))?.clone(),
+            tile: all.get(&format!("w4g_tile_{t}"))?.clone(),
             split: all.get(&format!("w4g_split_{t}"))?.clone(),
-            split_w: all.get(&format!("w4g_splitw_{t}"))?.clone(),
-            split128: all.get(&format!("w4g_split128_{t}"))?.clone(),
         })
     }
 
-    /// Function, block rows, block outputs, threads and dynamic shared memory of variant `v`
-    /// (0 the wide GEMM; 8..=10 the cluster split-K kernels, grid.z = [`SPLIT_KS`]).
-    fn pick(&self, v: u8) -> (&CudaFunction, usize, usize, u32, usize) {
-        let stage = |rows: usize, tiles: usize| rows * 256 + tiles * 512;
-        match v {
-            1 => (
-                &self.tall,
-                128,
-                256,
-                256,
-                2 * stage(128, 32) + 128 * 256 * 4,
-            ),
-            2 => (&self.mid, 64, 256, 256, 4 * stage(64, 32)),
-            3 => (&self.midn, 64, 128, 256, 3 * stage(64, 16)),
-            4 => (&self.tall2, 128, 128, 256, 4 * stage(128, 16)),
-            5 => (&self.mids, 64, 64, 128, 4 * stage(64, 8)),
-            6 => (
-                &self.tall_e,
-                128,
-                256,
-                256,
-                2 * stage(128, 32) + 128 * 256 * 4,
-            ),
-            7 => (&self.tall2_e, 128, 128, 256, 4 * stage(128, 16)),
-            8 => (&self.split, 64, 128, 256, 3 * stage(64, 16)),
-            9 => (&self.split_w, 64, 256, 256, 3 * stage(64, 32)),
-            10 => (&self.split128, 128, 128, 256, 3 * stage(128, 16)),
-            _ => (&self.wide, BLOCK_ROWS, BLOCK_OUTS, THREADS, SMEM_BYTES),
+    fn function(&self, kind: WideKind) -> &CudaFunction {
+        match kind {
+            WideKind::Split => &self.split,
+            WideKind::Tile => &self.tile,
+            WideKind::Wide => &self.wide,
         }
     }
 }
 
 impl CudaBackend {
-    /// Whether [`super::W4Kernel::GemmWide`] runs the wide GEMM for packed weight `w` here (tests check
-    /// that they exercise it); `false` for a dense weight.
+    /// Whether the sm_90 GEMMs of this module run packed weight `w` here (tests check that they
+    /// exercise them); `false` for a dense weight.
     pub fn w4_wide_gemm_applies(&self, w: &CudaWeight) -> bool {
         w.packed.as_ref().is_some_and(|p| self.w4g_gemm_ok(p, w.k))
     }
 
-    /// Whether the wide GEMM runs this weight here: the kernel exists (16-bit dtype), the GPU
-    /// gives a block ≥ 224 KB of shared memory (sm_90, sm_100), and the layout is the common one.
+    /// Whether the sm_90 GEMMs run this weight here: the kernels exist (16-bit dtype), the GPU
+    /// gives a block ≥ 224 KB of shared memory and clusters (sm_90, sm_100), and the layout is
+    /// the common one.
     pub(super) fn w4g_gemm_ok(&self, parts: &CudaPackedParts, k: usize) -> bool {
         self.k.w4g_gemm.is_some()
             && self.k.w4_sm70.is_none()
@@ -135,11 +154,13 @@ impl CudaBackend {
             && parts.group_shift > 0
     }
 
-    /// Launch `w4g_gemm_*` (the caller checked [`Self::w4g_gemm_ok`]).
+    /// Launch kernel `kind` (the caller checked [`Self::w4g_gemm_ok`]; a split is run as a tile
+    /// where the slice count does not allow it).
     ///
     /// # Safety
     /// `xp` points to `rows × w.k` compute-dtype elements and `op` to `rows × w.n` elements of
     /// the compute dtype (or f32 when `out_f32`), live on this stream.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn packed_gemm_wide(
         &self,
         w: &CudaWeight,
@@ -148,12 +169,14 @@ impl CudaBackend {
         xp: u64,
         op: u64,
         out_f32: bool,
-        variant: u8,
+        kind: WideKind,
     ) -> Result<(), BackendError> {
         let ks = self.k.w4g_gemm.as_ref().ok_or_else(|| {
             BackendError::Unsupported("w4g_gemm needs a 16-bit compute dtype".into())
         })?;
-        let (f, block_rows, block_outs, threads, smem) = ks.pick(variant);
+        let kind = kind.or_tile(parts.k_slices);
+        let f = ks.function(kind);
+        let (_, _, _, smem) = kind.dims();
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
         // attribute, no stream work, so graph capture is unaffected).
         f.set_attribute(
@@ -161,16 +184,7 @@ impl CudaBackend {
             smem as i32,
         )
         .map_err(dev_err)?;
-        let (gx, gy) = (
-            parts.n_pad.div_ceil(block_outs) as u32,
-            rows.div_ceil(block_rows) as u32,
-        );
-        let gz = if is_split(variant) {
-            debug_assert_eq!(parts.k_slices, SPLIT_KS);
-            SPLIT_KS as u32
-        } else {
-            1
-        };
+        let (gx, gy, gz) = kind.grid(rows, parts.n_pad);
         let (qp, _q) = w.data.device_ptr(&self.stream);
         let (sp, _s) = parts.scales.device_ptr(&self.stream);
         let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
@@ -196,15 +210,16 @@ impl CudaBackend {
             .arg(&tiles);
         let cfg = LaunchConfig {
             grid_dim: (gx, gy, gz),
-            block_dim: (threads, 1, 1),
+            block_dim: (THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        tracing::trace!(rows, n = w.n, k = w.k, gx, gy, "w4g_gemm launch");
+        tracing::trace!(rows, n = w.n, k = w.k, ?kind, gx, gy, gz, "w4g launch");
         // SAFETY: the parts were built by W4Tiles for this weight (n_pad / 8 tiles of k_blocks
-        // blocks, `groups` stored groups, k_slices dividing k_blocks); w4g_gemm_ok held (no perm,
-        // k % 128 == 0, int nibbles, gshift ≥ 1); the grid covers n_pad outputs and
-        // ceil(rows / 128) row tiles; the kernel reads x only below (rows, k) and writes out
-        // only below (rows, n) — the caller vouches for x and out.
+        // blocks, `groups` stored groups, k_slices dividing k_blocks, and equal to the split's
+        // cluster size when `kind` is Split: `or_tile` above); w4g_gemm_ok held (no perm,
+        // k % 128 == 0, int nibbles, gshift ≥ 1); the grid covers n_pad outputs, ceil(rows /
+        // block rows) row tiles and (split) the 8 slices; the kernels read x only below (rows, k)
+        // and write out only below (rows, n) — the caller vouches for x and out.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
@@ -215,7 +230,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grid_covers_rows_and_padded_outputs() {
-        assert_eq!(SMEM_BYTES, 229_376);
+    fn the_row_count_picks_the_kernel() {
+        assert_eq!(WideKind::for_rows(33, 8), WideKind::Split);
+        assert_eq!(WideKind::for_rows(256, 8), WideKind::Split);
+        assert_eq!(WideKind::for_rows(64, 4), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(257, 8), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(2048, 8), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(2049, 8), WideKind::Wide);
+        assert_eq!(WideKind::Split.or_tile(1), WideKind::Tile);
+        assert_eq!(WideKind::Wide.or_tile(1), WideKind::Wide);
+    }
+
+    #[test]
+    fn grids_cover_rows_outputs_and_slices() {
+        assert_eq!(WideKind::Wide.grid(4096, 17408), (68, 32, 1));
+        assert_eq!(WideKind::Tile.grid(257, 64), (1, 5, 1));
+        assert_eq!(WideKind::Split.grid(64, 5120), (40, 1, 8));
+        assert_eq!(WIDE_SMEM, 229_376);
+        assert_eq!(TILE_SMEM, 73_728);
     }
 }

@@ -107,7 +107,8 @@ impl CudaBackend {
             W4Kernel::Gemm
             | W4Kernel::GemmBase
             | W4Kernel::GemmWide
-            | W4Kernel::Experimental(_) => &ks70.gemm,
+            | W4Kernel::GemmTile
+            | W4Kernel::GemmSplit => &ks70.gemm,
             W4Kernel::Gemv => &ks70.gemv,
             W4Kernel::Fma => {
                 return Err(BackendError::InvalidArgument(
