@@ -316,10 +316,12 @@ fn w4a16_gemv_profile_launches() {
     }
 }
 
-/// The GEMM by row count on every 27B linear shape but lm_head and the 48-output one: the
-/// backend's pick ([`Backend::matmul`]: the GEMV to 32 rows, above it on sm_90 the cluster
-/// split-K `w4g_split` to 256 rows, the 64 × 128 `w4g_tile` to 2048, the wide `w4g_gemm` above)
-/// against main's (`main`: the GEMV to 32 rows, `w4_gemm` above) and every kernel alone —
+/// The GEMM by row count on every packed 27B linear shape of a decode step (lm_head is dense;
+/// the 48-output one left out): the backend's pick ([`Backend::matmul`]: the GEMV to 32 rows,
+/// above it on sm_90 the cluster split-K `w4g_split` to 256 rows, the 64 × 128 `w4g_tile` to
+/// 2048, the wide `w4g_gemm` above) against main's (`main`: the GEMV to 128 rows, `w4_gemm`
+/// above; `1e5a467`), one decode step's linears summed for both (the counts of
+/// `tests/cuda_w4a16_midm.rs`: 48 GDN + 16 attention layers, 64 MLPs), and every kernel alone —
 /// `w4_gemm` ([`W4Kernel::GemmBase`]), the GEMV's 32-row blocks (to 512 rows), split, tile, wide —
 /// and dense bf16 cuBLAS on the same shape. M = 16 .. 1024 on all seven shapes, 2048 / 4096 on
 /// the three largest (target at M = 4096: >= 0.50 of cuBLAS). Run:
@@ -329,16 +331,22 @@ fn w4a16_gemv_profile_launches() {
 fn w4a16_wide_gemm_speed() {
     let b = gpu("bf16", "auto");
     println!("device: {}", b.name());
+    // (N, K, linears of this shape in one 27B decode step).
     let shapes = [
-        (17408usize, 5120usize),
-        (5120, 17408),
-        (10240, 5120),
-        (12288, 5120),
-        (6144, 5120),
-        (5120, 6144),
-        (1024, 5120),
+        (17408usize, 5120usize, 128usize),
+        (5120, 17408, 64),
+        (10240, 5120, 48),
+        (12288, 5120, 16),
+        (6144, 5120, 48),
+        (5120, 6144, 64),
+        (1024, 5120, 32),
     ];
-    for (i, (n, k)) in shapes.into_iter().enumerate() {
+    let ms: &[usize] = &[
+        16, 32, 33, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
+    ];
+    // One step's linears (µs) per row count to 1024: [pick, main].
+    let mut step = vec![[0.0f64; 2]; ms.len()];
+    for (i, (n, k, count)) in shapes.into_iter().enumerate() {
         let o = ct_g128(n, k, 31 + i as u64);
         let w = b
             .upload_linear("bench", &LinearView::Packed(o.linear()))
@@ -362,12 +370,9 @@ fn w4a16_wide_gemm_speed() {
         let max_m = if big { 4096 } else { 1024 };
         let x = b.upload(&data(max_m * k, 13)).expect("x");
         let mut out = b.alloc(max_m * n).expect("out");
-        let ms: &[usize] = &[
-            16, 32, 33, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
-        ];
-        for &m in ms.iter().filter(|&&m| m <= max_m) {
+        for (mi, &m) in ms.iter().enumerate().filter(|(_, &m)| m <= max_m) {
             let flops = 2.0 * (m * n * k) as f64;
-            let main_kernel = if m <= 32 {
+            let main_kernel = if m <= 128 {
                 W4Kernel::Gemv
             } else {
                 W4Kernel::GemmBase
@@ -395,6 +400,8 @@ fn w4a16_wide_gemm_speed() {
                 .collect();
             let td = time_short(&b, || b.matmul(&x, m, &wd, &mut out).expect("cublas"));
             let (tp, tm) = (times[0].1, times[1].1);
+            step[mi][0] += count as f64 * tp;
+            step[mi][1] += count as f64 * tm;
             let mut line = String::new();
             for (l, t) in &times[2..] {
                 line += &format!(" {l}={:.1}", t * 1e6);
@@ -411,5 +418,13 @@ fn w4a16_wide_gemm_speed() {
                 flops / td / 1e12,
             );
         }
+    }
+    for (mi, &m) in ms.iter().enumerate().filter(|(_, &m)| m <= 1024) {
+        println!(
+            "RESULT bench gemm-by-rows step M={m} linears_ms pick={:.2} main={:.2} speedup={:.2}",
+            step[mi][0] * 1e3,
+            step[mi][1] * 1e3,
+            step[mi][1] / step[mi][0]
+        );
     }
 }

@@ -102,7 +102,7 @@ pub struct BenchArgs {
     /// decode steps each).
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pub synthetic_batches: Vec<usize>,
-    /// `--synthetic`: prefill lengths (one sequence in one step each; 0 items: none).
+    /// `--synthetic`: prefill lengths (one sequence in one step each; `0` alone: none).
     #[arg(long, value_delimiter = ',', default_value = "1024,8192")]
     pub synthetic_prefill: Vec<usize>,
 }
@@ -192,7 +192,12 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             batches: args.synthetic_batches.clone(),
             prompt_tokens: args.prompt_tokens,
             gen_tokens: args.gen_tokens,
-            prefill: args.synthetic_prefill.clone(),
+            prefill: args
+                .synthetic_prefill
+                .iter()
+                .copied()
+                .filter(|&p| p > 0)
+                .collect(),
             cuda_graphs: args.cuda_graphs,
         };
         return super::bench_synthetic::run(&synthetic, device);

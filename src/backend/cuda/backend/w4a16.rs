@@ -3,9 +3,11 @@
 //! kernels' `fp4` flag selects the e2m1 decode).
 //!
 //! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, the GEMV for steps of
-//! 1–32 rows (on the common layouts `w4_gemv`, 8-row blocks, for 1–8 rows and `w4_gemv16`,
-//! 16-row blocks, for 9–16; `w4_gemv32`, 32-row blocks, otherwise) and `w4_gemm` for larger
-//! ones, both `mma.sync.m16n8k16` over the same fragments and
+//! 1–[`GEMV_MAX_ROWS`] rows (on the common layouts `w4_gemv`, 8-row blocks, for 1–8 rows and
+//! `w4_gemv16`, 16-row blocks, for 9–16; `w4_gemv32`, 32-row blocks, otherwise) and a GEMM for
+//! larger ones (on sm_90 / sm_100 the GEMMs of the child module `w4a16_gemm.rs`, chosen by the
+//! row count; elsewhere the GEMV's 32-row blocks to [`GEMV_MID_ROWS`] rows, then `w4_gemm`),
+//! all `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; on sm_70 / sm_75 with fp16 the mma m8n8k4 kernels of the child module
 //! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
@@ -25,18 +27,23 @@ use crate::tensor::PackedLinear;
 mod sm70;
 pub(crate) use sm70::Sm70Kernels;
 
-// The wide sm_90+ GEMM (`kernels/w4a16_gemm.cu`), a child module for the same reason.
+// The sm_90+ GEMMs (`kernels/w4a16_gemm.cu`), a child module for the same reason.
 #[path = "w4a16_gemm.rs"]
 mod wide;
 pub(crate) use wide::WideKernels;
 
-/// Rows the GEMV covers; larger steps run the GEMM (same numerics).
+/// Rows the GEMV always covers; larger steps run [`W4Kernel::Gemm`], which picks by the row
+/// count and the weight (same numerics, so every switch is a speed choice only).
 pub const GEMV_MAX_ROWS: usize = 32;
 
 /// Most rows [`W4Kernel::Gemm`] runs on the GEMV's 32-row blocks where the sm_90 GEMMs do not
-/// apply: on the H200 they beat `w4_gemm` (128-row tiles, one per SM at N = 5120) on every 27B
-/// shape at 64 rows (1.3–10×) but not at 128 on all (docs/benchmarks.md, branch `gemm`).
-pub const GEMV_MID_ROWS: usize = 64;
+/// apply. 128: on the H200 the GEMM's 128-row block tiles leave most SMs idle below a few
+/// hundred rows (its time is flat from 32 to 128 rows), and the GEMV's 32-row blocks, each
+/// decoding its weights again, ran one Qwen3.5-27B decode step's linears in 36.1 ms at 64 rows
+/// against 80.4 (`w4_gemm`) and in 64.9 against 81.3 at 128; at 192 they were level (97.4 /
+/// 101.6) and at 256 the GEMM won (126.3 / 101.6). `tests/cuda_w4a16_midm.rs`, docs/benchmarks.md.
+/// Where the sm_90 GEMMs apply, their cluster split-K beats both from 33 rows on.
+pub const GEMV_MID_ROWS: usize = 128;
 
 /// Rows of one `w4_gemv` block (`kernels/w4a16.cu` RG = 1); steps up to this many rows run it
 /// when the layout allows ([`CudaPackedParts::gemv_fast_ok`]).
@@ -56,13 +63,14 @@ const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
 /// Which packed-matmul kernel runs (tests force one; the backend picks by rows and arch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum W4Kernel {
-    /// Tensor-core GEMV: one m16 output tile per block, 8- or 32-row blocks (any row count;
-    /// picked for 1–32).
+    /// Tensor-core GEMV: one m16 output tile per block, 8-, 16- or 32-row blocks (any row count;
+    /// picked for 1–[`GEMV_MAX_ROWS`], and by [`W4Kernel::Gemm`] to [`GEMV_MID_ROWS`] where the
+    /// sm_90 GEMMs do not apply).
     Gemv,
-    /// Tensor-core GEMM (picked above 32 rows), the kernel by the row count: on sm_90 / sm_100
-    /// where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K to 256 rows, 64 × 128
-    /// tiles to 2048, 128 × 256 tiles above); elsewhere the GEMV's 32-row blocks to
-    /// [`GEMV_MID_ROWS`] rows, then `w4_gemm` (128 × 128 block tiles staged by cp.async).
+    /// Tensor-core GEMM (picked above [`GEMV_MAX_ROWS`] rows), the kernel by the row count: on
+    /// sm_90 / sm_100 where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K to 256
+    /// rows, 64 × 128 tiles to 2048, 128 × 256 tiles above); elsewhere the GEMV's 32-row blocks
+    /// to [`GEMV_MID_ROWS`] rows, then `w4_gemm` (128 × 128 block tiles staged by cp.async).
     Gemm,
     /// `w4_gemm` forced (tests and benchmarks compare it with the others).
     GemmBase,
