@@ -1,8 +1,8 @@
 // w4a16_gemm.cu: the sm_90 tensor-core GEMMs on packed 4-bit integer weights (issue 10 item 7),
 // out[r, n] = sum_k x[r, k] * W[n, k] for steps of more than 32 rows on the common layouts:
-// `w4g_split` (cluster split-K, 64 x 128 tiles: 33..256 rows), `w4g_tile` (64 x 128 tiles:
-// 257..2048 rows) and `w4g_gemm` (the wide 128 x 256 tiles: larger steps); the host picks by
-// the row count (src/backend/cuda/backend/w4a16_gemm.rs).
+// `w4g_split` (cluster split-K over 64 x 128 tiles: steps of few tiles), `w4g_tile` (64 x 128
+// tiles: the other steps to 2048 rows) and `w4g_gemm` (the wide 128 x 256 tiles: larger steps);
+// the host picks by the step's shape (src/backend/cuda/backend/w4a16_gemm.rs).
 //
 // Layout and numerics: exactly those of kernels/w4a16.cu (read its header first): the w4 tile
 // layout (qw uint4 [Np/8][KB][32], scales T [Np/8][GS][8], zeros u8 or nullptr), the weights

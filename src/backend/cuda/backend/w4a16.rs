@@ -67,10 +67,11 @@ pub enum W4Kernel {
     /// picked for 1–[`GEMV_MAX_ROWS`], and by [`W4Kernel::Gemm`] to [`GEMV_MID_ROWS`] where the
     /// sm_90 GEMMs do not apply).
     Gemv,
-    /// Tensor-core GEMM (picked above [`GEMV_MAX_ROWS`] rows), the kernel by the row count: on
-    /// sm_90 / sm_100 where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K to 256
-    /// rows, 64 × 128 tiles to 2048, 128 × 256 tiles above); elsewhere the GEMV's 32-row blocks
-    /// to [`GEMV_MID_ROWS`] rows, then `w4_gemm` (128 × 128 block tiles staged by cp.async).
+    /// Tensor-core GEMM (picked above [`GEMV_MAX_ROWS`] rows), the kernel by the step's shape: on
+    /// sm_90 / sm_100 where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K while the
+    /// step has few 64 × 128 tiles, one-CTA 64 × 128 tiles to 2048 rows, 128 × 256 tiles above);
+    /// elsewhere the GEMV's 32-row blocks to [`GEMV_MID_ROWS`] rows, then `w4_gemm` (128 × 128
+    /// block tiles staged by cp.async).
     Gemm,
     /// `w4_gemm` forced (tests and benchmarks compare it with the others).
     GemmBase,
@@ -274,7 +275,7 @@ impl CudaBackend {
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
         let wide_kind = match kernel {
-            W4Kernel::Gemm => Some(wide::WideKind::for_rows(rows, parts.k_slices)),
+            W4Kernel::Gemm => Some(wide::WideKind::for_rows(rows, parts.n_pad, parts.k_slices)),
             W4Kernel::GemmWide => Some(wide::WideKind::Wide),
             W4Kernel::GemmTile => Some(wide::WideKind::Tile),
             W4Kernel::GemmSplit => Some(wide::WideKind::Split),

@@ -1,11 +1,13 @@
 //! The sm_90 tensor-core GEMMs on packed 4-bit weights (`kernels/w4a16_gemm.cu`), for steps of
-//! more than [`super::GEMV_MAX_ROWS`] rows, picked by the row count ([`WideKind::for_rows`]):
+//! more than [`super::GEMV_MAX_ROWS`] rows, picked by the step's shape ([`WideKind::for_rows`]):
 //! - [`WideKind::Split`] (`w4g_split_*`): 64 × 128 block tiles, the 8 K slices of a tile in 8
 //!   CTAs of one thread-block cluster, summed in slice order through distributed shared memory
-//!   (33..=[`SPLIT_MAX_ROWS`] rows, weights with 8 slices): 8× the blocks of a one-CTA tile, which
-//!   a 64-row step needs (N = 5120 gives 40 tiles of 128 outputs for 132 SMs);
+//!   (steps of at most [`SPLIT_MAX_TILES`] tiles, weights with 8 slices): 8× the blocks of a
+//!   one-CTA tile, which a 64-row step needs (N = 5120 gives 40 tiles of 128 outputs for 132
+//!   SMs);
 //! - [`WideKind::Tile`] (`w4g_tile_*`): the same 64 × 128 tile, one CTA over the whole K, two
-//!   CTAs per SM (up to [`TILE_MAX_ROWS`] rows, and the split range for other slice counts);
+//!   CTAs per SM (more tiles, up to [`TILE_MAX_ROWS`] rows; and the split's steps on weights
+//!   of other slice counts);
 //! - [`WideKind::Wide`] (`w4g_gemm_*`): 128 × 256 block tiles, warp tiles of 64 × 64, the
 //!   K-slice totals in shared memory (224 KB per block), for larger steps.
 //!
@@ -27,12 +29,17 @@ use super::CudaPackedParts;
 use crate::backend::BackendError;
 use crate::tensor::packed_tiles::{W4Values, TILE_N};
 
-/// Most rows [`WideKind::Split`] runs (H200: the fastest of the sm_90 kernels through 256 rows on
-/// the 27B shapes; at 512 the one-CTA tile is 4–16% faster).
-pub(super) const SPLIT_MAX_ROWS: usize = 256;
+/// Most 64 × 128 tiles a step may have for [`WideKind::Split`] to run it (else
+/// [`WideKind::Tile`]): the one-CTA tile runs two CTAs per SM, so below ~2.5 waves of them on
+/// the 132-SM H200 it starves or ends on a thin last wave, and the split's 8× more, shorter CTAs
+/// win. Measured on the 27B shapes (docs/benchmarks.md, branch `gemm`): the split was faster at
+/// 160–320 tiles (e.g. 5120 × 17408 at 512 rows: 411 against 498 µs), the tile at 384 and more
+/// (17408 × 5120 at 256 rows, 544 tiles: 239 against 247 µs).
+pub(super) const SPLIT_MAX_TILES: usize = 320;
 
-/// Most rows [`WideKind::Tile`] runs (H200: 8–26% faster than the wide tile at 1024 rows, 3–8%
-/// slower at 4096).
+/// Most rows [`WideKind::Split`] / [`WideKind::Tile`] run; larger steps run [`WideKind::Wide`]
+/// (H200: the tile 8–26% faster than the wide one at 1024 rows, level at 2048, 1–8% slower at
+/// 4096).
 pub(super) const TILE_MAX_ROWS: usize = 2048;
 
 /// K slices of [`WideKind::Split`] (`W4G_SPLIT_KS`: one CTA per slice, a cluster per output
@@ -70,14 +77,16 @@ pub(super) enum WideKind {
 }
 
 impl WideKind {
-    /// The kernel for a step of `rows` rows on a weight of `k_slices` K slices.
-    pub(super) fn for_rows(rows: usize, k_slices: usize) -> WideKind {
-        if rows <= SPLIT_MAX_ROWS {
-            WideKind::Split.or_tile(k_slices)
-        } else if rows <= TILE_MAX_ROWS {
-            WideKind::Tile
-        } else {
+    /// The kernel for a step of `rows` rows on a weight of `n_pad` padded outputs and `k_slices`
+    /// K slices.
+    pub(super) fn for_rows(rows: usize, n_pad: usize, k_slices: usize) -> WideKind {
+        let tiles = n_pad.div_ceil(TILE_OUTS) * rows.div_ceil(TILE_ROWS);
+        if rows > TILE_MAX_ROWS {
             WideKind::Wide
+        } else if tiles <= SPLIT_MAX_TILES {
+            WideKind::Split.or_tile(k_slices)
+        } else {
+            WideKind::Tile
         }
     }
 
@@ -230,13 +239,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_row_count_picks_the_kernel() {
-        assert_eq!(WideKind::for_rows(33, 8), WideKind::Split);
-        assert_eq!(WideKind::for_rows(256, 8), WideKind::Split);
-        assert_eq!(WideKind::for_rows(64, 4), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(257, 8), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2048, 8), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2049, 8), WideKind::Wide);
+    fn the_step_shape_picks_the_kernel() {
+        // 17408 outputs: 136 tiles of 128 per 64 rows.
+        assert_eq!(WideKind::for_rows(33, 17408, 8), WideKind::Split);
+        assert_eq!(WideKind::for_rows(128, 17408, 8), WideKind::Split);
+        assert_eq!(WideKind::for_rows(129, 17408, 8), WideKind::Tile);
+        // 5120 outputs: 40 tiles per 64 rows, the split to 512 rows.
+        assert_eq!(WideKind::for_rows(512, 5120, 8), WideKind::Split);
+        assert_eq!(WideKind::for_rows(513, 5120, 8), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(64, 5120, 4), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(2048, 17408, 8), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(2049, 1024, 8), WideKind::Wide);
         assert_eq!(WideKind::Split.or_tile(1), WideKind::Tile);
         assert_eq!(WideKind::Wide.or_tile(1), WideKind::Wide);
     }
