@@ -12,8 +12,10 @@
 // qg [n_tokens, n_heads, 2 * head_dim], k, v [n_tokens, n_kv_heads, head_dim] in T; q_out
 // [n_tokens, n_heads, head_dim], gate_out [n_tokens, n_heads * head_dim] in T; caches [slots,
 // n_kv_heads, head_dim] in C; q_norm, k_norm [head_dim] in T. head_dim <= GQ_MAX_DIM.
-// grid (n_tokens), block GQ_WARPS * 32: warp w takes heads w, w + GQ_WARPS, ... of the token's
-// n_heads q heads, then n_kv_heads k heads, then n_kv_heads v heads.
+// grid (n_tokens, ceil(heads / GQ_WARPS)), block GQ_WARPS * 32, heads = the token's n_heads q heads,
+// then n_kv_heads k heads, then n_kv_heads v heads: warp w of block y takes head y * GQ_WARPS + w
+// (and every GQ_WARPS * gridDim.y-th after it, for a smaller grid). A head's arithmetic is one
+// warp's whatever the grid, so the bits do not depend on it.
 #define GQ_WARPS 4
 #define GQ_MAX_DIM 256
 
@@ -33,7 +35,7 @@ __device__ void gated_qkv_rope_write(const T* qg, const T* k, const T* v, T* q_o
     const float* cs = cos_table + pos * rot_half;
     const float* sn = sin_table + pos * rot_half;
     float* s = buf[warp];
-    for (int h = warp; h < heads; h += GQ_WARPS) {
+    for (int h = blockIdx.y * GQ_WARPS + warp; h < heads; h += GQ_WARPS * gridDim.y) {
         if (h >= n_heads + n_kv_heads) {  // v: straight into the cache
             if (slot < 0) continue;
             const int kvh = h - n_heads - n_kv_heads;

@@ -101,8 +101,15 @@ impl CudaBackend {
             .arg(&x.q_norm.data)
             .arg(&x.k_norm.data);
         b.arg(&nhi).arg(&nkvi).arg(&hdi).arg(&half).arg(&x.eps);
+        // One warp per head: a token's q, k and v heads spread over ⌈heads / warps⌉ blocks
+        // (the 27B's 24 + 4 + 4 heads: 8 blocks), not walked by one block's 4 warps in turn.
+        let heads_per_token = nh + 2 * nkv;
         let cfg = LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
+            grid_dim: (
+                t as u32,
+                heads_per_token.div_ceil(THREADS as usize / 32) as u32,
+                1,
+            ),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -388,6 +388,7 @@ impl HybridBackend for CudaBackend {
         heads: usize,
         head_dim: usize,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "split_query_gate");
         let n = tokens * heads * head_dim;
         check_len("split_query_gate input", qg.len, 2 * n)?;
         check_len("split_query_gate q", q.len, n)?;
@@ -417,6 +418,7 @@ impl HybridBackend for CudaBackend {
         gate: &CudaBuffer,
         len: usize,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "sigmoid_mul");
         check_len("sigmoid_mul x", x.len, len)?;
         check_len("sigmoid_mul gate", gate.len, len)?;
         self.expect_compute("sigmoid_mul x", x)?;
@@ -441,6 +443,7 @@ impl HybridBackend for CudaBackend {
         step: &CudaStep,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "gdn_conv1d");
         let spec = cache.spec;
         check_layer(&spec, layer)?;
         check_slots(step, &spec)?;
@@ -545,6 +548,7 @@ impl HybridBackend for CudaBackend {
         params: &GdnParams,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "gdn_recurrence");
         params.check_fits(&cache.spec, layer)?;
         check_slots(step, &cache.spec)?;
         let (t, nv, dk, dv) = (
@@ -690,6 +694,7 @@ impl HybridBackend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
+        let _t = self.prof.op(&self.stream, "gated_rms_norm");
         let n = rows * dim;
         check_len("gated_rms_norm x", x.len, n)?;
         check_len("gated_rms_norm z", z.len, n)?;
