@@ -318,8 +318,8 @@ fn w4a16_gemv_profile_launches() {
 
 /// The GEMM by row count on every packed 27B linear shape of a decode step (lm_head is dense;
 /// the 48-output one left out): the backend's pick ([`Backend::matmul`]: the GEMV to 32 rows,
-/// above it on sm_90 the cluster split-K `w4g_split` to 256 rows, the 64 × 128 `w4g_tile` to
-/// 2048, the wide `w4g_gemm` above) against main's (`main`: the GEMV to 128 rows, `w4_gemm`
+/// above it on sm_90 the cluster split-K `w4g_split` while a step has few 64 × 128 tiles, the
+/// one-CTA `w4g_tile` to 2048 rows, the wide `w4g_gemm` above) against main's (`main`: the GEMV to 128 rows, `w4_gemm`
 /// above; `1e5a467`), one decode step's linears summed for both (the counts of
 /// `tests/cuda_w4a16_midm.rs`: 48 GDN + 16 attention layers, 64 MLPs), and every kernel alone —
 /// `w4_gemm` ([`W4Kernel::GemmBase`]), the GEMV's 32-row blocks (to 512 rows), split, tile, wide —
