@@ -195,6 +195,72 @@ pub struct DecodeOptions {
     /// Under PDL, stage a block's first K/V tile before `griddepcontrol.wait` when it holds only
     /// earlier steps' keys (attention_decode.cu's header). Same bits either way.
     pub prefetch: bool,
+    /// The split of long rows for the tensor-core kernel (attention_decode_mma.cu;
+    /// attention_decode.cu keeps its compile-time rule, [`DecodeSplit::OLD`]). A constant of a
+    /// backend's launches: every row's split follows its context alone.
+    pub mma_split: DecodeSplit,
+    /// Launch the tensor-core kernel as before this option existed, whatever the fields above
+    /// say: [`DecodeSplit::OLD`] with no single-part bound, no PDL, no prefetch, partials merged
+    /// by attention_decode.cu's combine. For the before / after timings only (its merge sums in
+    /// another order: not the bits of the other launches). No effect on attention_decode.cu.
+    pub mma_legacy: bool,
+}
+
+/// How a long row's keys are cut into parts (the tensor-core decode kernel's `dmma_part_len`): a
+/// row of at most `single_keys` keys (the launch's `single_part_keys`) is one part, a longer one
+/// `ceil(ctx / max_parts)` keys rounded up to [`DECODE_PART_ALIGN`], at least `min_part` each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSplit {
+    /// Fewest keys per part.
+    pub min_part: usize,
+    /// Most parts per row (at most [`DECODE_MMA_MAX_SLOTS`]).
+    pub max_parts: usize,
+}
+
+/// Most parts a row of the tensor-core kernel may have (`DMMA_MAX_SLOTS`: its combine's registers).
+pub const DECODE_MMA_MAX_SLOTS: usize = 256;
+
+impl DecodeSplit {
+    /// attention_decode.cu's rule ([`DECODE_MIN_PART`], [`DECODE_MAX_PARTS`]), the tensor-core
+    /// kernel's before this type existed.
+    pub const OLD: DecodeSplit = DecodeSplit {
+        min_part: DECODE_MIN_PART,
+        max_parts: DECODE_MAX_PARTS,
+    };
+    /// The tensor-core kernel's default.
+    pub const DEFAULT: DecodeSplit = DecodeSplit::OLD;
+
+    /// Keys per part for a row of `ctx` keys (rows of at most `single_keys` keys: one part).
+    pub fn part_len(&self, ctx: usize, single_keys: usize) -> usize {
+        if ctx <= single_keys {
+            return ctx.max(1);
+        }
+        ctx.div_ceil(self.max_parts)
+            .div_ceil(DECODE_PART_ALIGN)
+            .saturating_mul(DECODE_PART_ALIGN)
+            .max(self.min_part)
+    }
+
+    /// Parts of a row of `ctx` keys.
+    pub fn parts(&self, ctx: usize, single_keys: usize) -> usize {
+        ctx.div_ceil(self.part_len(ctx, single_keys)).max(1)
+    }
+
+    /// Partial slots per (row, head) for rows of at most `max_ctx` keys: `ceil(max_ctx /
+    /// min_part)` capped at `max_parts` (a bound on every row's parts; the count itself is not
+    /// monotonic in the context), 1 when every row is one part.
+    pub fn slots(&self, max_ctx: usize, single_keys: usize) -> usize {
+        if max_ctx <= single_keys {
+            return 1;
+        }
+        max_ctx.div_ceil(self.min_part).clamp(1, self.max_parts)
+    }
+
+    /// Whether the tensor-core kernel and its combine take this split (0 < min_part, 1 ≤ max_parts
+    /// ≤ [`DECODE_MMA_MAX_SLOTS`]).
+    pub fn is_valid(&self) -> bool {
+        self.min_part > 0 && (1..=DECODE_MMA_MAX_SLOTS).contains(&self.max_parts)
+    }
 }
 
 impl Default for DecodeOptions {
@@ -204,6 +270,8 @@ impl Default for DecodeOptions {
             merge_in_launch: true,
             pdl: true,
             prefetch: true,
+            mma_split: DecodeSplit::DEFAULT,
+            mma_legacy: false,
         }
     }
 }
@@ -216,6 +284,19 @@ impl DecodeOptions {
         merge_in_launch: false,
         pdl: false,
         prefetch: false,
+        mma_split: DecodeSplit::DEFAULT,
+        mma_legacy: false,
+    };
+
+    /// The default launch with the tensor-core kernel launched as before this branch
+    /// ([`DecodeOptions::mma_legacy`]): the "before" of the speed comparisons.
+    pub const MMA_LEGACY: DecodeOptions = DecodeOptions {
+        single_part_keys: DECODE_SINGLE_PART_KEYS,
+        merge_in_launch: true,
+        pdl: true,
+        prefetch: true,
+        mma_split: DecodeSplit::OLD,
+        mma_legacy: true,
     };
 }
 
