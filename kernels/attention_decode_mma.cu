@@ -570,15 +570,28 @@ __device__ void attention_decode_mma_combine(const float* part_m, const float* p
                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     if (tid < WARP_SIZE) {
+        // Lane's parts lane, lane + 32, ...: (m, l) loaded once, all in flight.
+        constexpr int NL = DMMA_MAX_SLOTS / WARP_SIZE;
+        float pm[NL], pl[NL];
         float mx = KILN_NEG_INF;
-        for (int p = lane; p < n_active; p += WARP_SIZE) mx = fmaxf(mx, __ldcg(part_m + ph0 + p));
+#pragma unroll
+        for (int i = 0; i < NL; ++i) {
+            const int p = lane + WARP_SIZE * i;
+            pm[i] = p < n_active ? __ldcg(part_m + ph0 + p) : KILN_NEG_INF;
+            pl[i] = p < n_active ? __ldcg(part_l + ph0 + p) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < NL; ++i) mx = fmaxf(mx, pm[i]);
         mx = warp_max(mx);
         float lsum = 0.0f;
-        for (int p = lane; p < n_active; p += WARP_SIZE) {
-            const float m = __ldcg(part_m + ph0 + p);
-            const float w = m == KILN_NEG_INF ? 0.0f : exp2f(m - mx);
-            w_s[p] = w;
-            lsum = fmaf(__ldcg(part_l + ph0 + p), w, lsum);
+#pragma unroll
+        for (int i = 0; i < NL; ++i) {
+            const int p = lane + WARP_SIZE * i;
+            if (p < n_active) {
+                const float w = pm[i] == KILN_NEG_INF ? 0.0f : exp2f(pm[i] - mx);
+                w_s[p] = w;
+                lsum = fmaf(pl[i], w, lsum);
+            }
         }
         lsum = warp_sum(lsum);
         if (lane == 0) inv_s = lsum > 0.0f ? 1.0f / lsum : 0.0f;

@@ -539,6 +539,73 @@ mod tests {
     }
 
     #[test]
+    fn decode_splits_cover_the_context_and_old_is_the_decode_rule() {
+        let splits = [
+            DecodeSplit::OLD,
+            DecodeSplit::DEFAULT,
+            DecodeSplit {
+                min_part: 128,
+                max_parts: 96,
+            },
+            DecodeSplit {
+                min_part: 64,
+                max_parts: 256,
+            },
+            DecodeSplit {
+                min_part: 256,
+                max_parts: 64,
+            },
+        ];
+        for split in splits {
+            assert!(split.is_valid());
+            for single in [0, DECODE_SINGLE_PART_KEYS] {
+                for ctx in (1..3000).chain([8191, 8192, 8193, 32768, 100_000, 262_144]) {
+                    let (len, parts) = (split.part_len(ctx, single), split.parts(ctx, single));
+                    assert!(
+                        (1..=split.max_parts).contains(&parts),
+                        "{split:?} ctx {ctx}"
+                    );
+                    assert!(
+                        (parts - 1) * len < ctx && parts * len >= ctx,
+                        "{split:?} ctx {ctx}"
+                    );
+                    if ctx <= single {
+                        assert_eq!(parts, 1);
+                    } else {
+                        assert!(len >= split.min_part && len.is_multiple_of(DECODE_PART_ALIGN));
+                    }
+                    // Slots for a bound cover every row up to it.
+                    assert!(split.slots(ctx, single) >= parts, "{split:?} ctx {ctx}");
+                    assert!(split.slots(ctx + 1, single) >= split.slots(ctx, single));
+                }
+            }
+        }
+        // OLD is attention_decode.cu's rule, part for part and slot for slot.
+        for ctx in (1..5000).chain([8192, 16385, 32768, 131_072]) {
+            for single in [0, DECODE_SINGLE_PART_KEYS] {
+                let old = DecodeSplit::OLD;
+                assert_eq!(old.part_len(ctx, single), decode_part_len(ctx, single));
+                let slots = if ctx <= single { 1 } else { decode_slots(ctx) };
+                assert_eq!(old.slots(ctx, single), slots);
+            }
+        }
+        let p = |min_part, max_parts, ctx| {
+            DecodeSplit {
+                min_part,
+                max_parts,
+            }
+            .parts(ctx, 0)
+        };
+        assert_eq!((p(128, 96, 8192), p(128, 96, 32768)), (64, 86));
+        assert_eq!((p(64, 256, 8192), p(64, 256, 32768)), (128, 256));
+        assert!(!DecodeSplit {
+            min_part: 64,
+            max_parts: 257
+        }
+        .is_valid());
+    }
+
+    #[test]
     fn decode_grid_fills_the_gpu_without_exceeding_the_parts() {
         // SmolLM2 (3 KV heads): one row at 8K keys → 64 parts, all in their own block.
         let s = DECODE_SINGLE_PART_KEYS;

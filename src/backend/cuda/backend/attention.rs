@@ -739,7 +739,7 @@ impl CudaBackend {
                 // multiple of 64: the tensor-core widths) at the same token indices, the gate as
                 // above. It waits (griddepcontrol.wait) before reading anything the kernel above
                 // writes, so it may be launched with PDL.
-                unsafe { self.launch_kernel(&m.combine, cfg, &mut args, opts.pdl && self.pdl) }?;
+                unsafe { self.launch_kernel(m.combine, cfg, &mut args, opts.pdl && self.pdl) }?;
                 return Ok(());
             }
         }
