@@ -62,13 +62,14 @@
 // w_p in increasing p, the 16 sums added in order g = 0..15. The order is a function of n_active
 // alone (bits independent of the grid and of scheduling). Every one of a block's loads of the
 // partials is in flight at once (16 part groups × 16 float4 columns; ≤ DMMA_MAX_SLOTS / 16 loads
-// per thread), where the older combine's threads walk the parts one after another (a dependent
-// chain of L2 round trips per part: ~2/3 of the time of a 1-row 8K call of the 27B shape).
+// per thread), where attention_decode.cu's combine has 24 blocks for a 1-row 27B step and each
+// thread walks the parts one after another.
 // It waits (griddepcontrol.wait) before reading the partials, so it may be launched with PDL.
 //
 // Types: the mma runs in bf16 for bf16 storage, else f16 (f16 storage, and fp8 widened to f16 in
 // registers: e5m2 is the upper byte of an f16; e4m3 (sign << 15 | (byte & 0x7f) << 7) is an f16
-// 2^8 below its value, the 2^8 applied to the f32 scores and to the output). q is rounded to that
+// 2^8 below its value, the 2^8 applied to the f32 scores and to the output; or, with DMMA_FP8_CVT
+// on sm_89+, its exact value by cvt.rn.f16x2.e4m3x2, see below). q is rounded to that
 // type after scaling (|q · scale · log2 e| must stay under 65 504 for f16: true of any normed q);
 // P is rounded to it before P·V (l sums the f32 p). fp8 NaN bytes are not handled (never written).
 //
