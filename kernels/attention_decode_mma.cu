@@ -60,10 +60,10 @@
 // attention_decode.cu's dec_merge_weights (one warp: lane-strided max and sum in part order, then
 // the xor-shuffle tree); output dim d = inv · Σ_{g < 16} S_g[d], S_g = Σ_{p ≡ g mod 16} acc_p[d]
 // w_p in increasing p, the 16 sums added in order g = 0..15. The order is a function of n_active
-// alone (bits independent of the grid and of scheduling). Every one of a block's loads of the
-// partials is in flight at once (16 part groups × 16 float4 columns; ≤ DMMA_MAX_SLOTS / 16 loads
-// per thread), where attention_decode.cu's combine has 24 blocks for a 1-row 27B step and each
-// thread walks the parts one after another.
+// alone (bits independent of the grid and of scheduling). A block's loads of the partials are in
+// flight together (16 part groups × 16 float4 columns, 4 parts per thread at a time: one round
+// trip up to 64 parts, the first with the weights' (m, l) loads), where attention_decode.cu's
+// combine has 24 blocks for a 1-row 27B step and each thread walks the parts one after another.
 // It waits (griddepcontrol.wait) before reading the partials, so it may be launched with PDL.
 //
 // Types: the mma runs in bf16 for bf16 storage, else f16 (f16 storage, and fp8 widened to f16 in
@@ -563,13 +563,16 @@ __device__ void attention_decode_mma_combine(const float* part_m, const float* p
     const int col = tid % (DMMA_MERGE_DIMS / 4), g = tid / (DMMA_MERGE_DIMS / 4);
     const int d0 = blockIdx.z * DMMA_MERGE_DIMS + 4 * col;
     const long ph0 = (row_y * n_heads + head) * (long)n_slots;
-    float4 a[NI];
-#pragma unroll
-    for (int i = 0; i < NI; ++i) {
+    // Parts g + 16 i in batches of NB (the first batch in flight with the weights' loads).
+    constexpr int NB = 4;
+    auto load = [&](int i) {
         const int p = g + PG * i;
-        a[i] = p < n_active ? __ldcg(reinterpret_cast<const float4*>(part_acc + (ph0 + p) * head_dim + d0))
+        return p < n_active ? __ldcg(reinterpret_cast<const float4*>(part_acc + (ph0 + p) * head_dim + d0))
                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    };
+    float4 a[NB];
+#pragma unroll
+    for (int i = 0; i < NB; ++i) a[i] = load(i);
     if (tid < WARP_SIZE) {
         // Lane's parts lane, lane + 32, ...: (m, l) loaded once, all in flight.
         constexpr int NL = DMMA_MAX_SLOTS / WARP_SIZE;
@@ -599,15 +602,21 @@ __device__ void attention_decode_mma_combine(const float* part_m, const float* p
     }
     __syncthreads();
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i0 = 0; i0 < NI && g + PG * i0 < n_active; i0 += NB) {
+        if (i0 > 0) {
 #pragma unroll
-    for (int i = 0; i < NI; ++i) {
-        const int p = g + PG * i;
-        if (p < n_active) {
-            const float w = w_s[p];
-            acc.x = fmaf(a[i].x, w, acc.x);
-            acc.y = fmaf(a[i].y, w, acc.y);
-            acc.z = fmaf(a[i].z, w, acc.z);
-            acc.w = fmaf(a[i].w, w, acc.w);
+            for (int i = 0; i < NB; ++i) a[i] = load(i0 + i);
+        }
+#pragma unroll
+        for (int i = 0; i < NB; ++i) {
+            const int p = g + PG * (i0 + i);
+            if (p < n_active) {
+                const float w = w_s[p];
+                acc.x = fmaf(a[i].x, w, acc.x);
+                acc.y = fmaf(a[i].y, w, acc.y);
+                acc.z = fmaf(a[i].z, w, acc.z);
+                acc.w = fmaf(a[i].w, w, acc.w);
+            }
         }
     }
     *reinterpret_cast<float4*>(&sums[g][4 * col]) = acc;

@@ -264,8 +264,22 @@ fn mma_decode_matches_the_cpu_backend() {
 }
 
 /// Splits the launch tests and the speed table compare: the default and the candidates for it.
-const SPLITS: [(&str, DecodeSplit); 4] = [
+const SPLITS: [(&str, DecodeSplit); 6] = [
     ("p128x128", DecodeSplit::OLD),
+    (
+        "p128x64",
+        DecodeSplit {
+            min_part: 128,
+            max_parts: 64,
+        },
+    ),
+    (
+        "p128x32",
+        DecodeSplit {
+            min_part: 128,
+            max_parts: 32,
+        },
+    ),
     (
         "p128x96",
         DecodeSplit {
@@ -291,11 +305,13 @@ const SPLITS: [(&str, DecodeSplit); 4] = [
 
 /// The tensor-core kernel's launch options (`DecodeOptions`) on the 128- and 256-wide shapes,
 /// bf16 and e4m3 KV, rows of 1 … 20 000 keys: the default launch (PDL, prefetch before the wait,
-/// the tensor-core combine) twice, without the prefetch, without PDL (`TWO_PASS`), with the step
-/// pinned to a 32K context (a graph's shapes) — the same bits every time; every split of
-/// [`SPLITS`] (default launch and `TWO_PASS`, same bits) and the launch before this branch
-/// (`MMA_LEGACY`) against the CPU backend; the gated output of the default launch against the
-/// CPU's attention · sigmoid(gate). Fails when the shapes did not take the tensor-core kernel.
+/// the tensor-core combine, the per-shape split) twice, without the prefetch, without PDL
+/// (`TWO_PASS`), with the step pinned to a 32K context (a graph's shapes) and with the per-shape
+/// split named explicitly — the same bits every time; every split of [`SPLITS`] (default launch
+/// and `TWO_PASS`, same bits) and the launch before this branch (`MMA_LEGACY`) against the CPU
+/// backend; the gated output of the default launch against the CPU's attention ·
+/// sigmoid(gate); e4m3 widened without the sm_89+ conversion (`KILN_DMMA_FP8_CVT=0`) against the
+/// default, bit for bit. Fails when the shapes did not take the tensor-core kernel.
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn mma_decode_launch_options_and_splits() {
@@ -355,12 +371,26 @@ fn mma_decode_launch_options_and_splits() {
                 }),
             );
             let legacy = run(&gs, Some(DecodeOptions::MMA_LEGACY));
+            // e4m3 widened by the byte tricks instead of the conversion instruction: same bits.
+            let nocvt = (kv == "fp8_e4m3").then(|| {
+                std::env::set_var("KILN_DMMA_FP8_CVT", "0");
+                let h = gpu("bf16", kv);
+                std::env::remove_var("KILN_DMMA_FP8_CVT");
+                let hs = setup(&h, &ctxs, heads, kv_heads, hd, kv);
+                let mut out = h.upload(&vec![f32::NAN; n]).unwrap();
+                h.paged_attention(&hs.q, &hs.cache, 0, &hs.step, &hs.params, &mut out)
+                    .unwrap();
+                down(&h, &out, n)
+            });
             let gated = gated_cuda(&g, &gs);
             let mut checks = vec![
                 ("default_twice", same(&default1, &default2)),
                 ("no_prefetch=default", same(&no_prefetch, &default1)),
                 ("no_pdl=default", same(&two_pass, &default1)),
             ];
+            if let Some(v) = &nocvt {
+                checks.push(("e4m3_no_cvt=default", same(v, &default1)));
+            }
             let mut diffs = vec![
                 ("default", max_diff(&want, &default1)),
                 ("legacy", max_diff(&want, &legacy)),
@@ -368,7 +398,7 @@ fn mma_decode_launch_options_and_splits() {
             ];
             for (name, split) in SPLITS {
                 let with = |base: DecodeOptions| DecodeOptions {
-                    mma_split: split,
+                    mma_split: Some(split),
                     ..base
                 };
                 let a = run(&gs, Some(with(DecodeOptions::default())));
@@ -381,7 +411,7 @@ fn mma_decode_launch_options_and_splits() {
                 );
                 checks.push((name, same(&a, &b)));
                 diffs.push((name, max_diff(&want, &a)));
-                if split == DecodeSplit::DEFAULT {
+                if split == DecodeSplit::for_kv_heads(kv_heads) {
                     checks.push(("default_split", same(&a, &default1)));
                 }
             }

@@ -18,9 +18,10 @@
 //!
 //! Rows on the tensor-core kernel (head_dim 128 / 256) also time, on the same data in the same
 //! run, the launch before the tensor-core combine and PDL (`DecodeOptions::MMA_LEGACY`:
-//! `legacy_us`), at one sequence the default without PDL (`no_pdl_us`), and the default with each
-//! candidate split of the keys (`p<min part>x<max parts>_us`, `DecodeSplit`; e4m3 at one
-//! sequence only).
+//! `legacy_us`); at 1 and 64 sequences the default without PDL (`no_pdl_us`) and, for bf16 and
+//! e4m3 KV, the default with each other candidate split of the keys (`p<min part>x<max
+//! parts>_us`, `DecodeSplit`); e4m3 KV also widened without the sm_89+ conversion instruction
+//! (`KILN_DMMA_FP8_CVT=0`: `nocvt_us`).
 //!
 //! `fill_kernel_cache` needs no GPU: it compiles every module (the decode module for every
 //! compute dtype and KV storage) for `$KILN_CUDA_ARCH` into `$KILN_KERNEL_CACHE`, so that a GPU
@@ -181,22 +182,18 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
             .is_none_or(|o| o.split('|').any(|x| label.contains(x)))
     };
     // Candidate splits for the tensor-core kernel (the default's is printed as `us`).
-    let splits = [
-        (128usize, 128usize),
-        (128, 96),
-        (128, 256),
-        (64, 256),
-        (256, 64),
-    ]
-    .map(|(min_part, max_parts)| DecodeSplit {
-        min_part,
-        max_parts,
-    });
+    let splits =
+        [(128usize, 128usize), (128, 64), (128, 32), (256, 64)].map(|(min_part, max_parts)| {
+            DecodeSplit {
+                min_part,
+                max_parts,
+            }
+        });
     for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
         let b = gpu(wide, kv);
-        // e4m3 also with the tensor-core kernel's hardware widening (`KILN_DMMA_FP8_CVT=1`).
+        // e4m3 also without the tensor-core kernel's hardware widening (`KILN_DMMA_FP8_CVT=0`).
         let cvt = (kv == "fp8_e4m3").then(|| {
-            std::env::set_var("KILN_DMMA_FP8_CVT", "1");
+            std::env::set_var("KILN_DMMA_FP8_CVT", "0");
             let c = gpu(wide, kv);
             std::env::remove_var("KILN_DMMA_FP8_CVT");
             c
@@ -272,12 +269,12 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                             let v =
                                 attention_seconds(c, seqs, ctx, heads, kv_heads, hd, Mode::Default);
                             mma += &format!(
-                                " cvt_us={:.1} cvt_of_copy={:.0}%",
+                                " nocvt_us={:.1} nocvt_of_copy={:.0}%",
                                 v * 1e6,
                                 100.0 * bytes / v / 1e9 / copy
                             );
                         }
-                        if seqs == 1 {
+                        if seqs != 16 {
                             let no_pdl = t(DecodeOptions {
                                 pdl: false,
                                 prefetch: false,
@@ -285,10 +282,11 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                             });
                             mma += &format!(" no_pdl_us={:.1}", no_pdl * 1e6);
                         }
-                        if seqs == 1 || kv != "fp8_e4m3" {
-                            for s in splits.iter().filter(|&&s| s != DecodeSplit::DEFAULT) {
+                        if seqs != 16 && kv != "fp8_e5m2" {
+                            let own = DecodeSplit::for_kv_heads(kv_heads);
+                            for s in splits.iter().filter(|&&s| s != own) {
                                 let v = t(DecodeOptions {
-                                    mma_split: *s,
+                                    mma_split: Some(*s),
                                     ..DecodeOptions::default()
                                 });
                                 mma +=

@@ -196,9 +196,10 @@ pub struct DecodeOptions {
     /// earlier steps' keys (attention_decode.cu's header). Same bits either way.
     pub prefetch: bool,
     /// The split of long rows for the tensor-core kernel (attention_decode_mma.cu;
-    /// attention_decode.cu keeps its compile-time rule, [`DecodeSplit::OLD`]). A constant of a
-    /// backend's launches: every row's split follows its context alone.
-    pub mma_split: DecodeSplit,
+    /// attention_decode.cu keeps its compile-time rule, [`DecodeSplit::OLD`]); `None` is
+    /// [`DecodeSplit::for_kv_heads`] of the launch's shapes. A constant of a model's launches:
+    /// every row's split follows its context alone.
+    pub mma_split: Option<DecodeSplit>,
     /// Launch the tensor-core kernel as before this option existed, whatever the fields above
     /// say: [`DecodeSplit::OLD`] with no single-part bound, no PDL, no prefetch, partials merged
     /// by attention_decode.cu's combine. For the before / after timings only (its merge sums in
@@ -220,6 +221,10 @@ pub struct DecodeSplit {
 /// Most parts a row of the tensor-core kernel may have (`DMMA_MAX_SLOTS`: its combine's registers).
 pub const DECODE_MMA_MAX_SLOTS: usize = 256;
 
+/// Blocks one long row of the tensor-core kernel aims for over all its KV heads
+/// ([`DecodeSplit::for_kv_heads`]).
+pub const DECODE_MMA_ROW_BLOCKS: usize = 256;
+
 impl DecodeSplit {
     /// attention_decode.cu's rule ([`DECODE_MIN_PART`], [`DECODE_MAX_PARTS`]), the tensor-core
     /// kernel's before this type existed.
@@ -227,8 +232,22 @@ impl DecodeSplit {
         min_part: DECODE_MIN_PART,
         max_parts: DECODE_MAX_PARTS,
     };
-    /// The tensor-core kernel's default.
-    pub const DEFAULT: DecodeSplit = DecodeSplit::OLD;
+    /// The tensor-core kernel's split for a model with `n_kv_heads` KV heads (the default): parts
+    /// of at least [`DECODE_MIN_PART`] keys, at most [`DECODE_MMA_ROW_BLOCKS`] / `n_kv_heads`
+    /// parts per row rounded down to a power of two (8..=128), so that one long row is about
+    /// 256 blocks, two per SM of an H100 / H200 in one wave. A function of the model's shape
+    /// alone (never of the batch or the device), so a row's bits still follow its context only.
+    /// On the H200 (docs/benchmarks.md, `lctx`) one row of the 27B shape (4 KV heads) at 32K
+    /// keys took 41 µs in 64 parts against 51 µs in the 128 of [`DecodeSplit::OLD`] (512
+    /// blocks: two waves at 3 blocks per SM), the Qwen3-like 8 KV heads at 8K 13 µs in 32
+    /// parts against 16 µs in 64; fewer, longer parts also write fewer partials at 16 / 64 rows.
+    pub fn for_kv_heads(n_kv_heads: usize) -> DecodeSplit {
+        let per = (DECODE_MMA_ROW_BLOCKS / n_kv_heads.max(1)).clamp(8, 128);
+        DecodeSplit {
+            min_part: DECODE_MIN_PART,
+            max_parts: 1 << per.ilog2(),
+        }
+    }
 
     /// Keys per part for a row of `ctx` keys (rows of at most `single_keys` keys: one part).
     pub fn part_len(&self, ctx: usize, single_keys: usize) -> usize {
@@ -270,7 +289,7 @@ impl Default for DecodeOptions {
             merge_in_launch: true,
             pdl: true,
             prefetch: true,
-            mma_split: DecodeSplit::DEFAULT,
+            mma_split: None,
             mma_legacy: false,
         }
     }
@@ -284,7 +303,7 @@ impl DecodeOptions {
         merge_in_launch: false,
         pdl: false,
         prefetch: false,
-        mma_split: DecodeSplit::DEFAULT,
+        mma_split: None,
         mma_legacy: false,
     };
 
@@ -295,7 +314,7 @@ impl DecodeOptions {
         merge_in_launch: true,
         pdl: true,
         prefetch: true,
-        mma_split: DecodeSplit::OLD,
+        mma_split: Some(DecodeSplit::OLD),
         mma_legacy: true,
     };
 }
@@ -542,7 +561,8 @@ mod tests {
     fn decode_splits_cover_the_context_and_old_is_the_decode_rule() {
         let splits = [
             DecodeSplit::OLD,
-            DecodeSplit::DEFAULT,
+            DecodeSplit::for_kv_heads(4),
+            DecodeSplit::for_kv_heads(8),
             DecodeSplit {
                 min_part: 128,
                 max_parts: 96,
@@ -603,6 +623,20 @@ mod tests {
             max_parts: 257
         }
         .is_valid());
+        // The per-shape default: 27B (4 KV heads) 64 parts, Qwen3-like (8) 32, MQA 128.
+        let f = |h| DecodeSplit::for_kv_heads(h).max_parts;
+        assert_eq!(
+            (f(1), f(3), f(4), f(8), f(32), f(64)),
+            (128, 64, 64, 32, 8, 8)
+        );
+        for h in 1..100 {
+            let s = DecodeSplit::for_kv_heads(h);
+            assert!(s.is_valid() && s.min_part == DECODE_MIN_PART);
+            // Never more partial slots than the memory planner's bound (the old rule's).
+            for ctx in [1000, 8192, 32768, 131_072] {
+                assert!(s.slots(ctx, 0) <= decode_slots(ctx));
+            }
+        }
     }
 
     #[test]

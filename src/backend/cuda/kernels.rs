@@ -168,9 +168,10 @@ impl KernelModule {
                 if let Some(b) = super::backend::decode_mma_stage_budget() {
                     d.push(format!("-DDMMA_STAGE_BUDGET={b}"));
                 }
-                // `KILN_DMMA_FP8_CVT=1` (read at each backend's creation, so one process can
-                // compare both): e4m3 widened by the sm_89+ conversion instruction.
-                if std::env::var("KILN_DMMA_FP8_CVT").is_ok_and(|v| v == "1") {
+                // e4m3 widened by the sm_89+ conversion instruction (no effect below sm_89);
+                // `KILN_DMMA_FP8_CVT=0` (read at each backend's creation, so one process can
+                // compare both) keeps the byte tricks. Same bits either way.
+                if c == "e4m3" && !std::env::var("KILN_DMMA_FP8_CVT").is_ok_and(|v| v == "0") {
                     d.push("-DDMMA_FP8_CVT".into());
                 }
                 d

@@ -487,29 +487,29 @@ impl CudaBackend {
         let spec = cache.spec;
         let (g_row, g_head) = gate.map(|g| g.strides()).transpose()?.unwrap_or((0, 0));
         // The tensor-core kernel (attention_mma.rs) where it takes the shapes: its split is
-        // `opts.mma_split` (with the single-part bound), its partials are merged by its own
+        // `opts.mma_split` (by default `DecodeSplit::for_kv_heads`: a constant of the model's
+        // shapes) with the single-part bound, its partials are merged by its own
         // combine in a second launch (never in the same launch), both launched with PDL when
         // `opts.pdl`. `opts.mma_legacy` launches it as before: the old split with no single-part
         // bound, no PDL, attention_decode.cu's combine.
         let mma = self.decode_mma(params.head_dim, params.num_heads / params.num_kv_heads);
         let legacy = mma.is_some() && opts.mma_legacy;
-        let opts = if legacy {
-            DecodeOptions {
-                mma_split: DecodeSplit::OLD,
-                ..DecodeOptions::TWO_PASS
-            }
+        let (opts, split) = if legacy {
+            (DecodeOptions::TWO_PASS, DecodeSplit::OLD)
         } else if mma.is_some() {
-            DecodeOptions {
-                merge_in_launch: false,
-                ..opts
-            }
+            let split = opts
+                .mma_split
+                .unwrap_or_else(|| DecodeSplit::for_kv_heads(params.num_kv_heads));
+            (
+                DecodeOptions {
+                    merge_in_launch: false,
+                    ..opts
+                },
+                split,
+            )
         } else {
-            DecodeOptions {
-                mma_split: DecodeSplit::OLD,
-                ..opts
-            }
+            (opts, DecodeSplit::OLD)
         };
-        let split = opts.mma_split;
         if !split.is_valid() {
             return Err(BackendError::InvalidArgument(format!(
                 "decode split {split:?}: max_parts must be 1..={}",
