@@ -411,7 +411,7 @@ fn mma_decode_launch_options_and_splits() {
                 );
                 checks.push((name, same(&a, &b)));
                 diffs.push((name, max_diff(&want, &a)));
-                if split == DecodeSplit::for_kv_heads(kv_heads) {
+                if split == DecodeSplit::for_shape(kv_heads, hd, if kv == "auto" { 2 } else { 1 }) {
                     checks.push(("default_split", same(&a, &default1)));
                 }
             }

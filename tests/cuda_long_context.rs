@@ -283,7 +283,7 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                             mma += &format!(" no_pdl_us={:.1}", no_pdl * 1e6);
                         }
                         if seqs != 16 && kv != "fp8_e5m2" {
-                            let own = DecodeSplit::for_kv_heads(kv_heads);
+                            let own = DecodeSplit::for_shape(kv_heads, hd, elem);
                             for s in splits.iter().filter(|&&s| s != own) {
                                 let v = t(DecodeOptions {
                                     mma_split: Some(*s),

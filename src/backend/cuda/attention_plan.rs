@@ -197,7 +197,7 @@ pub struct DecodeOptions {
     pub prefetch: bool,
     /// The split of long rows for the tensor-core kernel (attention_decode_mma.cu;
     /// attention_decode.cu keeps its compile-time rule, [`DecodeSplit::OLD`]); `None` is
-    /// [`DecodeSplit::for_kv_heads`] of the launch's shapes. A constant of a model's launches:
+    /// [`DecodeSplit::for_shape`] of the launch's shapes. A constant of a model's launches:
     /// every row's split follows its context alone.
     pub mma_split: Option<DecodeSplit>,
     /// Launch the tensor-core kernel as before this option existed, whatever the fields above
@@ -222,7 +222,7 @@ pub struct DecodeSplit {
 pub const DECODE_MMA_MAX_SLOTS: usize = 256;
 
 /// Blocks one long row of the tensor-core kernel aims for over all its KV heads
-/// ([`DecodeSplit::for_kv_heads`]).
+/// ([`DecodeSplit::for_shape`]).
 pub const DECODE_MMA_ROW_BLOCKS: usize = 256;
 
 impl DecodeSplit {
@@ -232,17 +232,25 @@ impl DecodeSplit {
         min_part: DECODE_MIN_PART,
         max_parts: DECODE_MAX_PARTS,
     };
-    /// The tensor-core kernel's split for a model with `n_kv_heads` KV heads (the default): parts
-    /// of at least [`DECODE_MIN_PART`] keys, at most [`DECODE_MMA_ROW_BLOCKS`] / `n_kv_heads`
-    /// parts per row rounded down to a power of two (8..=128), so that one long row is about
-    /// 256 blocks, two per SM of an H100 / H200 in one wave. A function of the model's shape
-    /// alone (never of the batch or the device), so a row's bits still follow its context only.
-    /// On the H200 (docs/benchmarks.md, `lctx`) one row of the 27B shape (4 KV heads) at 32K
-    /// keys took 41 µs in 64 parts against 51 µs in the 128 of [`DecodeSplit::OLD`] (512
-    /// blocks: two waves at 3 blocks per SM), the Qwen3-like 8 KV heads at 8K 13 µs in 32
-    /// parts against 16 µs in 64; fewer, longer parts also write fewer partials at 16 / 64 rows.
-    pub fn for_kv_heads(n_kv_heads: usize) -> DecodeSplit {
-        let per = (DECODE_MMA_ROW_BLOCKS / n_kv_heads.max(1)).clamp(8, 128);
+    /// The tensor-core kernel's split for a model with `n_kv_heads` KV heads of `head_dim` and KV
+    /// elements of `kv_bytes` (the default): parts of at least [`DECODE_MIN_PART`] keys, at most
+    /// `blocks / n_kv_heads` parts per row rounded down to a power of two (8..=128), where
+    /// `blocks` is [`DECODE_MMA_ROW_BLOCKS`] (256: two blocks per SM of an H100 / H200, one wave),
+    /// twice that for fp8 at head_dim 256 (blocks of 2 warps that fit 4 per SM, and whose fp8
+    /// widening wants more warps in flight). A function of the model's shapes alone (never of the
+    /// batch or the device), so a row's bits still follow its context only. On the H200
+    /// (docs/benchmarks.md, `lctx`, one row): the 27B shape (4 KV heads) at 32K keys, bf16, 41 µs
+    /// in 64 parts against 51 µs in the 128 of [`DecodeSplit::OLD`] (512 blocks: two waves at 3
+    /// blocks per SM), e5m2 27 µs in 128 parts against 37 µs in 64; the Qwen3-like 8 KV heads at
+    /// 8K 13 µs in 32 parts against 16 µs in 64. Fewer, longer parts also write fewer partials at
+    /// 16 / 64 rows.
+    pub fn for_shape(n_kv_heads: usize, head_dim: usize, kv_bytes: usize) -> DecodeSplit {
+        let blocks = if kv_bytes == 1 && head_dim >= 256 {
+            2 * DECODE_MMA_ROW_BLOCKS
+        } else {
+            DECODE_MMA_ROW_BLOCKS
+        };
+        let per = (blocks / n_kv_heads.max(1)).clamp(8, 128);
         DecodeSplit {
             min_part: DECODE_MIN_PART,
             max_parts: 1 << per.ilog2(),
@@ -561,8 +569,9 @@ mod tests {
     fn decode_splits_cover_the_context_and_old_is_the_decode_rule() {
         let splits = [
             DecodeSplit::OLD,
-            DecodeSplit::for_kv_heads(4),
-            DecodeSplit::for_kv_heads(8),
+            DecodeSplit::for_shape(4, 256, 2),
+            DecodeSplit::for_shape(4, 256, 1),
+            DecodeSplit::for_shape(8, 128, 1),
             DecodeSplit {
                 min_part: 128,
                 max_parts: 96,
@@ -623,18 +632,25 @@ mod tests {
             max_parts: 257
         }
         .is_valid());
-        // The per-shape default: 27B (4 KV heads) 64 parts, Qwen3-like (8) 32, MQA 128.
-        let f = |h| DecodeSplit::for_kv_heads(h).max_parts;
+        // The per-shape default: 27B (4 KV heads × 256) 64 parts (fp8: 128), Qwen3-like (8 ×
+        // 128) 32, MQA 128.
+        let f = |h, d, b| DecodeSplit::for_shape(h, d, b).max_parts;
         assert_eq!(
-            (f(1), f(3), f(4), f(8), f(32), f(64)),
-            (128, 64, 64, 32, 8, 8)
+            (f(4, 256, 2), f(4, 256, 1), f(8, 128, 2), f(8, 128, 1)),
+            (64, 128, 32, 32)
+        );
+        assert_eq!(
+            (f(1, 128, 2), f(3, 128, 2), f(32, 128, 2), f(64, 256, 1)),
+            (128, 64, 8, 8)
         );
         for h in 1..100 {
-            let s = DecodeSplit::for_kv_heads(h);
-            assert!(s.is_valid() && s.min_part == DECODE_MIN_PART);
-            // Never more partial slots than the memory planner's bound (the old rule's).
-            for ctx in [1000, 8192, 32768, 131_072] {
-                assert!(s.slots(ctx, 0) <= decode_slots(ctx));
+            for (d, b) in [(128, 2), (256, 2), (128, 1), (256, 1)] {
+                let s = DecodeSplit::for_shape(h, d, b);
+                assert!(s.is_valid() && s.min_part == DECODE_MIN_PART);
+                // Never more partial slots than the memory planner's bound (the old rule's).
+                for ctx in [1000, 8192, 32768, 131_072] {
+                    assert!(s.slots(ctx, 0) <= decode_slots(ctx));
+                }
             }
         }
     }

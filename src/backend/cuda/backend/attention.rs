@@ -487,7 +487,7 @@ impl CudaBackend {
         let spec = cache.spec;
         let (g_row, g_head) = gate.map(|g| g.strides()).transpose()?.unwrap_or((0, 0));
         // The tensor-core kernel (attention_mma.rs) where it takes the shapes: its split is
-        // `opts.mma_split` (by default `DecodeSplit::for_kv_heads`: a constant of the model's
+        // `opts.mma_split` (by default `DecodeSplit::for_shape`: a constant of the model's
         // shapes) with the single-part bound, its partials are merged by its own
         // combine in a second launch (never in the same launch), both launched with PDL when
         // `opts.pdl`. `opts.mma_legacy` launches it as before: the old split with no single-part
@@ -496,10 +496,10 @@ impl CudaBackend {
         let legacy = mma.is_some() && opts.mma_legacy;
         let (opts, split) = if legacy {
             (DecodeOptions::TWO_PASS, DecodeSplit::OLD)
-        } else if mma.is_some() {
-            let split = opts
-                .mma_split
-                .unwrap_or_else(|| DecodeSplit::for_kv_heads(params.num_kv_heads));
+        } else if let Some(m) = &mma {
+            let split = opts.mma_split.unwrap_or_else(|| {
+                DecodeSplit::for_shape(params.num_kv_heads, params.head_dim, m.kv_bytes)
+            });
             (
                 DecodeOptions {
                     merge_in_launch: false,

@@ -157,6 +157,8 @@ pub(crate) struct DecodeMmaLaunch<'a> {
     pub func: &'a CudaFunction,
     /// The merge of the parts (`attention_decode_mma_combine_{t}`).
     pub combine: &'a CudaFunction,
+    /// Bytes of a KV element (2, or 1 for fp8).
+    pub kv_bytes: usize,
     pub threads: u32,
     pub smem: u32,
 }
@@ -177,6 +179,7 @@ impl CudaBackend {
         Some(DecodeMmaLaunch {
             func: &k.funcs[i],
             combine: &k.combine,
+            kv_bytes: k.kv_bytes,
             threads,
             smem,
         })
