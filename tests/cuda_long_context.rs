@@ -21,7 +21,8 @@
 //! `legacy_us`); at 1 and 64 sequences the default without PDL (`no_pdl_us`) and, for bf16 and
 //! e4m3 KV, the default with each other candidate split of the keys (`p<min part>x<max
 //! parts>_us`, `DecodeSplit`); e4m3 KV also widened without the sm_89+ conversion instruction
-//! (`KILN_DMMA_FP8_CVT=0`: `nocvt_us`).
+//! (`KILN_DMMA_FP8_CVT=0`: `nocvt_us`, and with the launch before as well: `legacy_nocvt_us`, the
+//! "before" of e4m3 rows, since `legacy_us` there runs this branch's widening).
 //!
 //! `fill_kernel_cache` needs no GPU: it compiles every module (the decode module for every
 //! compute dtype and KV storage) for `$KILN_CUDA_ARCH` into `$KILN_KERNEL_CACHE`, so that a GPU
@@ -268,10 +269,22 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                         if let Some(c) = &cvt {
                             let v =
                                 attention_seconds(c, seqs, ctx, heads, kv_heads, hd, Mode::Default);
+                            // The launch and the widening before this branch together.
+                            let w = attention_seconds(
+                                c,
+                                seqs,
+                                ctx,
+                                heads,
+                                kv_heads,
+                                hd,
+                                Mode::With(DecodeOptions::MMA_LEGACY),
+                            );
                             mma += &format!(
-                                " nocvt_us={:.1} nocvt_of_copy={:.0}%",
+                                " nocvt_us={:.1} nocvt_of_copy={:.0}% legacy_nocvt_us={:.1} legacy_nocvt_of_copy={:.0}%",
                                 v * 1e6,
-                                100.0 * bytes / v / 1e9 / copy
+                                100.0 * bytes / v / 1e9 / copy,
+                                w * 1e6,
+                                100.0 * bytes / w / 1e9 / copy
                             );
                         }
                         if seqs != 16 {
