@@ -1,7 +1,9 @@
 //! The tensor-core decode attention kernel (kernels/attention_decode_mma.cu, sm_80+, 16-bit
 //! compute) on a GPU: against the CPU backend (f32) at head dims 64 / 128 / 256, GQA groups 1 / 3 /
 //! 4 / 6 / 8, contexts on both sides of the part boundaries, bf16 / fp8 e5m2 / e4m3 KV, with and
-//! without Qwen3.5's fused sigmoid gate; a row's bits against the same row in another batch;
+//! without Qwen3.5's fused sigmoid gate; a row's bits against the same row in another batch; its
+//! launch options (PDL, the prefetch before the wait, the split of the keys, the e4m3 widening)
+//! against each other bit for bit and against the CPU;
 //! and its speed over the long-context table of `cuda_long_context` (8K / 32K keys × 1 / 16 / 64
 //! sequences), with the older decode kernel (`KILN_DECODE_MMA=0`) and the copy bandwidth in the
 //! same run.
@@ -9,7 +11,9 @@
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run --test
 //! cuda_attention_mma`): `cuda_attention_mma-<hash> --ignored --test-threads=1 --nocapture`.
 //! (`mma_decode_matches_the_cpu_backend` needs more than 42 s on the H200 machine: 54 cases, each
-//! with its CPU reference; the bench ~35 s.)
+//! with its CPU reference; the bench ~35 s.) The launch options and splits alone (~10 s with the
+//! kernels cached): `cuda_attention_mma-<hash> --ignored --exact
+//! mma_decode_launch_options_and_splits --nocapture`.
 //! `fill_kernel_cache_bf16_f16` (no GPU) fills `$KILN_KERNEL_CACHE` for `$KILN_CUDA_ARCH` with
 //! what these tests load: `KILN_CUDA_ARCH=sm_90 KILN_KERNEL_CACHE=<dir> cuda_attention_mma-<hash>
 //! --ignored --exact fill_kernel_cache_bf16_f16`.
