@@ -10,8 +10,10 @@
 //! One-token sequences (and, for [`crate::backend::cuda::CudaBackend::paged_attention_split_k`],
 //! every token) go to the decode kernel of `kernels/attention_decode.cu` when the shapes fit
 //! [`DecodeVariant`], else to the older split-K kernels; its split of the keys is
-//! [`decode_part_len`] (rows up to [`DECODE_SINGLE_PART_KEYS`] keys in one part), and
-//! [`DecodeOptions`] says how it is launched (the merge of a row's parts in the same launch, PDL).
+//! [`decode_part_len`] (rows up to [`DECODE_SINGLE_PART_KEYS`] keys in one part), that of its
+//! tensor-core twin (attention_decode_mma.cu) [`DecodeSplit`] ([`DecodeSplit::for_shape`] by
+//! default), and [`DecodeOptions`] says how it is launched (the merge of a row's parts in the same
+//! launch, PDL, the split).
 //!
 //! Everything here is host-side and built once per step in `prepare_step`: the tile table and the
 //! split-K token list are uploaded together as one `i32` buffer (tiles first).
