@@ -348,6 +348,14 @@ impl CudaBackend {
         let group = params.num_heads / params.num_kv_heads;
         let variant = DecodeVariant::for_shape(params.head_dim, group).filter(|_| !legacy);
         if let Some(variant) = variant {
+            // The prefetch before `griddepcontrol.wait` reads keys below a row's own position,
+            // which are earlier steps' only when every row is its sequence's only token. With
+            // every token a row (`index` None) a sequence may have several rows in this step,
+            // whose keys the previous kernel may still be writing: no prefetch then (same bits).
+            let mut opts = DecodeOptions::default();
+            if index.is_none() && step.num_tokens > step.num_seqs {
+                opts.prefetch = false;
+            }
             return self.launch_decode(
                 variant,
                 q,
@@ -359,7 +367,7 @@ impl CudaBackend {
                 index,
                 (n_rows, max_context),
                 gate,
-                DecodeOptions::default(),
+                opts,
             );
         }
         if gate.is_some() {
