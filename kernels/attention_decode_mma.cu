@@ -9,9 +9,14 @@
 // DV] (storage C); head_dim == DV exactly; group = n_heads / n_kv_heads ≤ 8. gate as in
 // attention_decode.cu (may be null; out = attn · sigmoid(gate), sigmoid in f32).
 //
-// Split: part_len / n_active as decode_part_len in attention_decode.cu (DMMA_* = DEC_*; the host's
-// copy is attention_plan.rs); grid (n_kv_heads, n_rows, Z), block (h, y, z) takes parts z, z + Z, ..
-// of row y for KV head h and the whole GQA group. A part's keys are cut into chunks of 16; warp w of
+// Split (dmma_part_len; the host's copy is attention_plan.rs `DecodeSplit::part_len`): a row of
+// ctx ≤ single_keys keys is one part; otherwise part_len = max(min_part, round_up(ceil(ctx /
+// max_parts), DMMA_PART_ALIGN)), n_active = ceil(ctx / part_len) ≤ max_parts ≤ DMMA_MAX_SLOTS.
+// single_keys, min_part and max_parts are host constants (the same for every launch of a
+// backend), so a row's split is a function of its context alone. (single_keys 0, min_part =
+// max_parts = 128 is attention_decode.cu's rule before its single-pass bound, `DEC_*`.)
+// Grid (n_kv_heads, n_rows, Z), block (h, y, z) takes parts z, z + Z, .. of row y for KV head h
+// and the whole GQA group. A part's keys are cut into chunks of 16; warp w of
 // the block's NW warps takes chunks w, w + NW, ... (a function of the part alone), with its own
 // cp.async ring of NST chunk stages in dynamic shared memory (no block barrier inside a part).
 //
@@ -35,11 +40,36 @@
 // End of a part: the warps' (m, l, O) meet in shared memory (over the stages, after the ring is
 // drained) and are merged in warp order: fixed order, so a row's bits depend only on its context
 // and data (not on the batch, the grid's Z or a graph's pinned context). One part: out directly;
-// else part_m / part_l / part_acc as attention_decode.cu.
+// else part_m / part_l / part_acc as attention_decode.cu ([n_rows, n_heads, n_slots] and
+// [.., head_dim], by block row y), merged by attention_decode_mma_combine_* (below) or, for the
+// launch before it, attention_decode.cu's combine.
+//
+// PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below), as attention_decode.cu: before
+// griddepcontrol.wait a block reads only step metadata (q_index, q_pos, q_seq, the block table:
+// uploaded by copies) and, when `prefetch` is set and the keys of a warp's first NST - 1 chunks
+// are all below the row's own position ctx - 1 (earlier steps' keys; the previous kernel writes
+// only the new one), issues that warp's cp.async of those chunks into its own stages. q, the
+// gate, out and the partials come after the wait (the previous grid has completed and its
+// writes are visible then, so partials of the previous call are read before they are
+// overwritten). Same bytes either way: same bits. This relies on every row being its sequence's
+// only token in the step (AttentionPlan; see attention_decode.cu's header).
+//
+// attention_decode_mma_combine_{f16,bf16}: the merge of a row's parts, grid (n_heads, n_rows,
+// head_dim / 64), DMMA_MERGE_THREADS threads: block (head, y, z) writes dims 64 z .. 64 z + 63 of
+// that head. Weights w_p = exp2(m_p - max_p m_p) and inv = 1 / Σ_p l_p w_p as
+// attention_decode.cu's dec_merge_weights (one warp: lane-strided max and sum in part order, then
+// the xor-shuffle tree); output dim d = inv · Σ_{g < 16} S_g[d], S_g = Σ_{p ≡ g mod 16} acc_p[d]
+// w_p in increasing p, the 16 sums added in order g = 0..15. The order is a function of n_active
+// alone (bits independent of the grid and of scheduling). A block's loads of the partials are in
+// flight together (16 part groups × 16 float4 columns, 4 parts per thread at a time: one round
+// trip up to 64 parts, the first with the weights' (m, l) loads), where attention_decode.cu's
+// combine has 24 blocks for a 1-row 27B step and each thread walks the parts one after another.
+// It waits (griddepcontrol.wait) before reading the partials, so it may be launched with PDL.
 //
 // Types: the mma runs in bf16 for bf16 storage, else f16 (f16 storage, and fp8 widened to f16 in
 // registers: e5m2 is the upper byte of an f16; e4m3 (sign << 15 | (byte & 0x7f) << 7) is an f16
-// 2^8 below its value, the 2^8 applied to the f32 scores and to the output). q is rounded to that
+// 2^8 below its value, the 2^8 applied to the f32 scores and to the output; or, with DMMA_FP8_CVT
+// on sm_89+, its exact value by cvt.rn.f16x2.e4m3x2, see below). q is rounded to that
 // type after scaling (|q · scale · log2 e| must stay under 65 504 for f16: true of any normed q);
 // P is rounded to it before P·V (l sums the f32 p). fp8 NaN bytes are not handled (never written).
 //
@@ -47,9 +77,11 @@
 // stage a K chunk of 16 rows at stride KS and a V chunk at stride VS (padded so that the warp's
 // loads hit distinct banks: K rows ≡ 64 B (16-bit) / 32 B (fp8) mod 128, V rows ≡ 16 B). Below
 // sm_80 every entry point traps (the host never launches them there: `builds_for`).
-#define DMMA_MIN_PART 128
-#define DMMA_MAX_PARTS 128
 #define DMMA_PART_ALIGN 64
+#define DMMA_MAX_SLOTS 256     // most parts a row may have (max_parts ≤ this; the combine's registers)
+#define DMMA_MERGE_PG 16       // combine: part groups
+#define DMMA_MERGE_DIMS 64     // combine: dims per block
+#define DMMA_MERGE_THREADS (DMMA_MERGE_PG * DMMA_MERGE_DIMS / 4)
 #define DMMA_LOG2E 1.4426950408889634f
 #define DMMA_CHUNK 16
 // Stage ring bytes a block aims for; the host may pass -DDMMA_STAGE_BUDGET (KILN_DMMA_STAGE_BUDGET,
@@ -61,10 +93,22 @@
 #define DMMA_STAGE_BUDGET 71000
 #endif
 
-__device__ __forceinline__ int dmma_part_len(int ctx) {
-    int per = (ctx + DMMA_MAX_PARTS - 1) / DMMA_MAX_PARTS;
+__device__ __forceinline__ int dmma_part_len(int ctx, int single_keys, int min_part, int max_parts) {
+    if (ctx <= single_keys) return max(ctx, 1);  // one part
+    int per = (ctx + max_parts - 1) / max_parts;
     per = (per + DMMA_PART_ALIGN - 1) / DMMA_PART_ALIGN * DMMA_PART_ALIGN;
-    return max(DMMA_MIN_PART, per);
+    return max(min_part, per);
+}
+
+__device__ __forceinline__ void dmma_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void dmma_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // Geometry of one (DV, storage bytes CB) class; attention_mma.rs mirrors NW and SMEM.
@@ -122,9 +166,19 @@ template <> struct DmmaOp<__half> {
 template <typename C> struct DmmaType { typedef __half T; };
 template <> struct DmmaType<bf16_t> { typedef bf16_t T; };
 
+// e4m3 widened by the hardware conversion (sm_89+, `cvt.rn.f16x2.e4m3x2`: one instruction per
+// pair instead of a byte_perm and the 2-op fix-up) when the host passes -DDMMA_FP8_CVT
+// (`KILN_DMMA_FP8_CVT=1`, attention_mma.rs): exact values, no 2^8 factor. Same values either way
+// (e4m3 is exact in f16 both ways; the 2^8 is a power of two), so the same bits.
+#if defined(DMMA_FP8_CVT) && __CUDA_ARCH__ >= 890
+#define DMMA_E4M3_CVT 1
+#else
+#define DMMA_E4M3_CVT 0
+#endif
+
 // fp8 → f16 scaling factor of the widened values (see the header).
 template <typename C> struct DmmaScale { static constexpr float k = 1.0f; };
-template <> struct DmmaScale<E4M3> { static constexpr float k = 256.0f; };
+template <> struct DmmaScale<E4M3> { static constexpr float k = DMMA_E4M3_CVT ? 1.0f : 256.0f; };
 
 // Two fp8 bytes (bits 0-7 and 16-23 after the byte_perm below: [0, x0, 0, x1]) as an f16 pair.
 template <typename C> __device__ __forceinline__ unsigned dmma_fp8_fix(unsigned w) { return w; }
@@ -138,6 +192,20 @@ template <typename C> __device__ __forceinline__ unsigned dmma_w8_lo(unsigned w)
 template <typename C> __device__ __forceinline__ unsigned dmma_w8_hi(unsigned w) {
     return dmma_fp8_fix<C>(__byte_perm(w, 0u, 0x3424));
 }
+#if DMMA_E4M3_CVT
+// Bytes 0, 1 (2, 3) of w as an f16x2 of their values: a[7:0] to the low half.
+__device__ __forceinline__ unsigned dmma_cvt_e4m3x2(unsigned short v) {
+    unsigned r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(v));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned dmma_w8_lo<E4M3>(unsigned w) {
+    return dmma_cvt_e4m3x2((unsigned short)(w & 0xffffu));
+}
+template <> __device__ __forceinline__ unsigned dmma_w8_hi<E4M3>(unsigned w) {
+    return dmma_cvt_e4m3x2((unsigned short)(w >> 16));
+}
+#endif
 
 __device__ __forceinline__ unsigned dmma_trans(unsigned x) {
     unsigned r;
@@ -170,7 +238,8 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                                      const int* block_tables, const int* q_seq, const int* q_pos,
                                      const int* q_index, T* out, float* part_m, float* part_l,
                                      float* part_acc, int n_heads, int n_kv_heads, int head_dim,
-                                     int block_size, int max_blocks, int n_slots, float scale,
+                                     int block_size, int max_blocks, int n_slots, int single_keys,
+                                     int min_part, int max_parts, int prefetch, float scale,
                                      const T* gate, int gate_row, int gate_head) {
     constexpr int CB = (int)sizeof(C);
     typedef DmmaShape<DV, CB> Sh;
@@ -188,7 +257,7 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
     const long row_y = blockIdx.y;
     const long t = q_index ? q_index[row_y] : row_y;
     const int ctx = q_pos[t] + 1;
-    const int part_len = dmma_part_len(ctx);
+    const int part_len = dmma_part_len(ctx, single_keys, min_part, max_parts);
     const int n_active = (ctx + part_len - 1) / part_len;
     if ((int)blockIdx.z >= n_active) return;  // block-uniform: before any barrier
 
@@ -201,26 +270,6 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
     const unsigned char* kc = reinterpret_cast<const unsigned char*>(k_cache);
     const unsigned char* vc = reinterpret_cast<const unsigned char*>(v_cache);
     const float kscale = DmmaScale<C>::k;
-
-    // q of head r of the group as the B operand (k-step 2b + s: dims 32b + 8c + 4s + {0,1},
-    // {2,3}), scaled by scale · log2 e; zero heads past the group.
-    unsigned qf[2 * NKB][2];
-    {
-        const float qs = scale * DMMA_LOG2E;
-        const bool live = r < group;
-        const long qrow = (t * n_heads + (long)kv_head * group + r) * (long)DV;
-#pragma unroll
-        for (int b = 0; b < NKB; ++b)
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int d = 32 * b + 8 * c + 4 * s + 2 * h;
-                    const float x0 = live ? Io<T>::load(q, qrow + d) * qs : 0.0f;
-                    const float x1 = live ? Io<T>::load(q, qrow + d + 1) * qs : 0.0f;
-                    qf[2 * b + s][h] = Op::pack(x0, x1);
-                }
-    }
 
     const unsigned sm_base = (unsigned)__cvta_generic_to_shared(dmma_sm);
     const unsigned warp_base = sm_base + warp * NST * Sh::SB;
@@ -257,6 +306,40 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
 
     float* red = reinterpret_cast<float*>(dmma_sm);  // [NW][8][DV + 2]: O, then m, l; [8] maxima
 
+    // This warp's first NST - 1 chunks of the block's first part before the wait when they hold
+    // only earlier steps' keys (below ctx - 1; see the header); warp-uniform.
+    const int first_start = (int)blockIdx.z * part_len;
+    const int first_end = min(ctx, first_start + part_len);
+    const bool prefetched =
+        prefetch && min(first_end, first_start + (warp + (NST - 2) * NW + 1) * DMMA_CHUNK) <= ctx - 1;
+    if (prefetched) {
+#pragma unroll
+        for (int i = 0; i < NST - 1; ++i) issue(warp + i * NW, first_start, first_end, i);
+    }
+    // Metadata and earlier steps' K/V only above; q, this step's key and every output below.
+    dmma_pdl_wait();
+    dmma_pdl_launch_dependents();
+
+    // q of head r of the group as the B operand (k-step 2b + s: dims 32b + 8c + 4s + {0,1},
+    // {2,3}), scaled by scale · log2 e; zero heads past the group.
+    unsigned qf[2 * NKB][2];
+    {
+        const float qs = scale * DMMA_LOG2E;
+        const bool live = r < group;
+        const long qrow = (t * n_heads + (long)kv_head * group + r) * (long)DV;
+#pragma unroll
+        for (int b = 0; b < NKB; ++b)
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int d = 32 * b + 8 * c + 4 * s + 2 * h;
+                    const float x0 = live ? Io<T>::load(q, qrow + d) * qs : 0.0f;
+                    const float x1 = live ? Io<T>::load(q, qrow + d + 1) * qs : 0.0f;
+                    qf[2 * b + s][h] = Op::pack(x0, x1);
+                }
+    }
+
     for (int part = blockIdx.z; part < n_active; part += gridDim.z) {
         const int start = part * part_len;
         const int end = min(ctx, start + part_len);
@@ -270,8 +353,10 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         float m_a = KILN_NEG_INF, m_b = KILN_NEG_INF, l_a = 0.0f, l_b = 0.0f;
 
         __syncthreads();  // the last part's merge (over the same bytes) has been read
+        if (!(prefetched && part == (int)blockIdx.z)) {
 #pragma unroll
-        for (int i = 0; i < NST - 1; ++i) issue(warp + i * NW, start, end, i);
+            for (int i = 0; i < NST - 1; ++i) issue(warp + i * NW, start, end, i);
+        }
 
         for (int i = 0; i < my_n; ++i) {
             issue(warp + (i + NST - 1) * NW, start, end, (i + NST - 1) % NST);
@@ -450,12 +535,114 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
     }
 }
 
+// The merge of a row's parts (see the header): block (head, y, z), thread (g, col) = (tid / 16,
+// tid % 16) loads the float4 of dims 64 z + 4 col .. + 3 of parts g, g + 16, ... (all in flight),
+// then weighs them once warp 0 has the weights.
+template <typename T>
+__device__ void attention_decode_mma_combine(const float* part_m, const float* part_l,
+                                             const float* part_acc, const int* q_pos,
+                                             const int* q_index, T* out, int n_heads, int head_dim,
+                                             int n_slots, int single_keys, int min_part,
+                                             int max_parts, const T* gate, int gate_row,
+                                             int gate_head) {
+    constexpr int PG = DMMA_MERGE_PG, NI = DMMA_MAX_SLOTS / DMMA_MERGE_PG;
+    __shared__ float w_s[DMMA_MAX_SLOTS];
+    __shared__ __align__(16) float sums[PG][DMMA_MERGE_DIMS];
+    __shared__ float inv_s;
+    const int head = blockIdx.x;
+    const long row_y = blockIdx.y;
+    const long t = q_index ? q_index[row_y] : row_y;
+    const int ctx = q_pos[t] + 1;
+    const int part_len = dmma_part_len(ctx, single_keys, min_part, max_parts);
+    const int n_active = (ctx + part_len - 1) / part_len;
+    // The partials are the previous grid's (launched with PDL: wait for it before reading them).
+    dmma_pdl_wait();
+    dmma_pdl_launch_dependents();
+    if (n_active <= 1 || n_active > DMMA_MAX_SLOTS) return;  // one part: written by the main kernel
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE;
+    const int col = tid % (DMMA_MERGE_DIMS / 4), g = tid / (DMMA_MERGE_DIMS / 4);
+    const int d0 = blockIdx.z * DMMA_MERGE_DIMS + 4 * col;
+    const long ph0 = (row_y * n_heads + head) * (long)n_slots;
+    // Parts g + 16 i in batches of NB (the first batch in flight with the weights' loads).
+    constexpr int NB = 4;
+    auto load = [&](int i) {
+        const int p = g + PG * i;
+        return p < n_active ? __ldcg(reinterpret_cast<const float4*>(part_acc + (ph0 + p) * head_dim + d0))
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    };
+    float4 a[NB];
+#pragma unroll
+    for (int i = 0; i < NB; ++i) a[i] = load(i);
+    if (tid < WARP_SIZE) {
+        // Lane's parts lane, lane + 32, ...: (m, l) loaded once, all in flight.
+        constexpr int NL = DMMA_MAX_SLOTS / WARP_SIZE;
+        float pm[NL], pl[NL];
+        float mx = KILN_NEG_INF;
+#pragma unroll
+        for (int i = 0; i < NL; ++i) {
+            const int p = lane + WARP_SIZE * i;
+            pm[i] = p < n_active ? __ldcg(part_m + ph0 + p) : KILN_NEG_INF;
+            pl[i] = p < n_active ? __ldcg(part_l + ph0 + p) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < NL; ++i) mx = fmaxf(mx, pm[i]);
+        mx = warp_max(mx);
+        float lsum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NL; ++i) {
+            const int p = lane + WARP_SIZE * i;
+            if (p < n_active) {
+                const float w = pm[i] == KILN_NEG_INF ? 0.0f : exp2f(pm[i] - mx);
+                w_s[p] = w;
+                lsum = fmaf(pl[i], w, lsum);
+            }
+        }
+        lsum = warp_sum(lsum);
+        if (lane == 0) inv_s = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    }
+    __syncthreads();
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i0 = 0; i0 < NI && g + PG * i0 < n_active; i0 += NB) {
+        if (i0 > 0) {
+#pragma unroll
+            for (int i = 0; i < NB; ++i) a[i] = load(i0 + i);
+        }
+#pragma unroll
+        for (int i = 0; i < NB; ++i) {
+            const int p = g + PG * (i0 + i);
+            if (p < n_active) {
+                const float w = w_s[p];
+                acc.x = fmaf(a[i].x, w, acc.x);
+                acc.y = fmaf(a[i].y, w, acc.y);
+                acc.z = fmaf(a[i].z, w, acc.z);
+                acc.w = fmaf(a[i].w, w, acc.w);
+            }
+        }
+    }
+    *reinterpret_cast<float4*>(&sums[g][4 * col]) = acc;
+    __syncthreads();
+    if (tid < DMMA_MERGE_DIMS) {
+        float o = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PG; ++k) o += sums[k][tid];
+        o *= inv_s;
+        const int d = blockIdx.z * DMMA_MERGE_DIMS + tid;
+        Io<T>::store(out, (t * n_heads + head) * (long)head_dim + d,
+                     dmma_gated<T>(o, gate, t, head, d, gate_row, gate_head));
+    }
+}
+
 #define DMMA_BODY(T, C, DV)                                                                         \
     attention_decode_mma<T, C, DV>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,         \
                                    n_heads, n_kv_heads, head_dim, block_size, max_blocks, n_slots,  \
-                                   scale, gate, gate_row, gate_head);
+                                   single_keys, min_part, max_parts, prefetch, scale, gate,         \
+                                   gate_row, gate_head);
+#define DMMA_COMBINE_BODY(T)                                                                        \
+    attention_decode_mma_combine<T>(pm, pl, pacc, q_pos, q_index, out, n_heads, head_dim, n_slots,  \
+                                    single_keys, min_part, max_parts, gate, gate_row, gate_head);
 #else
 #define DMMA_BODY(T, C, DV) __trap();
+#define DMMA_COMBINE_BODY(T) __trap();
 #endif
 
 #define ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, DV)                                               \
@@ -464,8 +651,17 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
             const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq,                  \
             const int* q_pos, const int* q_index, T* out, float* pm, float* pl, float* pacc,        \
             int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,             \
-            int n_slots, float scale, const T* gate, int gate_row, int gate_head) {                 \
+            int n_slots, int single_keys, int min_part, int max_parts, int prefetch, float scale,  \
+            const T* gate, int gate_row, int gate_head) {                                           \
         DMMA_BODY(T, C, DV)                                                                         \
+    }
+#define ATTENTION_DECODE_MMA_COMBINE(SUF, T)                                                        \
+    extern "C" __global__ void __launch_bounds__(DMMA_MERGE_THREADS)                                \
+        attention_decode_mma_combine_##SUF(                                                         \
+            const float* pm, const float* pl, const float* pacc, const int* q_pos,                  \
+            const int* q_index, T* out, int n_heads, int head_dim, int n_slots, int single_keys,    \
+            int min_part, int max_parts, const T* gate, int gate_row, int gate_head) {              \
+        DMMA_COMBINE_BODY(T)                                                                        \
     }
 #define ATTENTION_DECODE_MMA_STORAGE(SUF, T, CSUF, C)                                               \
     ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 64)                                                   \
@@ -491,5 +687,11 @@ ATTENTION_DECODE_MMA_STORAGE(bf16, bf16_t, e5m2, E5M2)
 #endif
 #if !defined(KILN_DMMA_ONLY) || (defined(KILN_DMMA_T_bf16) && defined(KILN_DMMA_C_e4m3))
 ATTENTION_DECODE_MMA_STORAGE(bf16, bf16_t, e4m3, E4M3)
+#endif
+#if !defined(KILN_DMMA_ONLY) || defined(KILN_DMMA_T_f16)
+ATTENTION_DECODE_MMA_COMBINE(f16, __half)
+#endif
+#if !defined(KILN_DMMA_ONLY) || defined(KILN_DMMA_T_bf16)
+ATTENTION_DECODE_MMA_COMBINE(bf16, bf16_t)
 #endif
 // An f32-compute backend builds this module with no instantiation (it keeps attention_decode.cu).

@@ -451,12 +451,14 @@ fn decode_launch_options_give_the_two_pass_bits() {
         merge_in_launch: false,
         pdl: false,
         prefetch: false,
+        ..DecodeOptions::TWO_PASS
     };
     let in_launch = |single_part_keys| DecodeOptions {
         single_part_keys,
         merge_in_launch: true,
         pdl: true,
         prefetch: true,
+        ..DecodeOptions::default()
     };
     let mut failures = Vec::new();
     for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (24, 4, 256)] {

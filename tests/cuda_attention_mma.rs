@@ -1,7 +1,9 @@
 //! The tensor-core decode attention kernel (kernels/attention_decode_mma.cu, sm_80+, 16-bit
 //! compute) on a GPU: against the CPU backend (f32) at head dims 64 / 128 / 256, GQA groups 1 / 3 /
 //! 4 / 6 / 8, contexts on both sides of the part boundaries, bf16 / fp8 e5m2 / e4m3 KV, with and
-//! without Qwen3.5's fused sigmoid gate; a row's bits against the same row in another batch;
+//! without Qwen3.5's fused sigmoid gate; a row's bits against the same row in another batch; its
+//! launch options (PDL, the prefetch before the wait, the split of the keys, the e4m3 widening)
+//! against each other bit for bit and against the CPU;
 //! and its speed over the long-context table of `cuda_long_context` (8K / 32K keys × 1 / 16 / 64
 //! sequences), with the older decode kernel (`KILN_DECODE_MMA=0`) and the copy bandwidth in the
 //! same run.
@@ -9,7 +11,9 @@
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run --test
 //! cuda_attention_mma`): `cuda_attention_mma-<hash> --ignored --test-threads=1 --nocapture`.
 //! (`mma_decode_matches_the_cpu_backend` needs more than 42 s on the H200 machine: 54 cases, each
-//! with its CPU reference; the bench ~35 s.)
+//! with its CPU reference; the bench ~35 s.) The launch options and splits alone (~10 s with the
+//! kernels cached): `cuda_attention_mma-<hash> --ignored --exact
+//! mma_decode_launch_options_and_splits --nocapture`.
 //! `fill_kernel_cache_bf16_f16` (no GPU) fills `$KILN_KERNEL_CACHE` for `$KILN_CUDA_ARCH` with
 //! what these tests load: `KILN_CUDA_ARCH=sm_90 KILN_KERNEL_CACHE=<dir> cuda_attention_mma-<hash>
 //! --ignored --exact fill_kernel_cache_bf16_f16`.
@@ -20,10 +24,11 @@ mod common;
 use std::time::Instant;
 
 use common::*;
+use kiln::backend::cuda::attention_plan::{DecodeOptions, DecodeSplit};
 use kiln::backend::cuda::backend::OutputGate;
 use kiln::backend::cuda::kernel_cache::KernelCache;
 use kiln::backend::cuda::{nvrtc, CudaBackend, KernelModule};
-use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec};
+use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec, PinnedShape};
 use kiln::backend::{StepInput, StepSeq};
 
 /// Decode rows of one step: every sequence has `ctx - 1` cached keys and one new token. 128 / 129
@@ -35,6 +40,8 @@ const CONTEXTS: [usize; 11] = [1, 15, 16, 17, 128, 129, 300, 1000, 4097, 8193, 1
 struct Setup<B: Backend> {
     cache: B::KvCache,
     step: B::Step,
+    /// The decode step's input (to pin the step to a graph's context).
+    input: StepInput,
     q: B::Buffer,
     gate: Vec<f32>,
     gate_buf: B::Buffer,
@@ -125,6 +132,7 @@ fn setup<B: Backend>(
     Setup {
         cache,
         step,
+        input,
         q: b.upload(&qv).unwrap(),
         gate_buf: b.upload(&gate).unwrap(),
         gate,
@@ -252,6 +260,182 @@ fn mma_decode_matches_the_cpu_backend() {
                     failures.push(format!(
                         "{heads}/{kv_heads}x{hd} {dtype} {kv}: batch invariance"
                     ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// Splits the launch tests and the speed table compare: the default and the candidates for it.
+const SPLITS: [(&str, DecodeSplit); 6] = [
+    ("p128x128", DecodeSplit::OLD),
+    (
+        "p128x64",
+        DecodeSplit {
+            min_part: 128,
+            max_parts: 64,
+        },
+    ),
+    (
+        "p128x32",
+        DecodeSplit {
+            min_part: 128,
+            max_parts: 32,
+        },
+    ),
+    (
+        "p128x96",
+        DecodeSplit {
+            min_part: 128,
+            max_parts: 96,
+        },
+    ),
+    (
+        "p128x256",
+        DecodeSplit {
+            min_part: 128,
+            max_parts: 256,
+        },
+    ),
+    (
+        "p64x256",
+        DecodeSplit {
+            min_part: 64,
+            max_parts: 256,
+        },
+    ),
+];
+
+/// The tensor-core kernel's launch options (`DecodeOptions`) on the 128- and 256-wide shapes,
+/// bf16 and e4m3 KV, rows of 1 … 20 000 keys: the default launch (PDL, prefetch before the wait,
+/// the tensor-core combine, the per-shape split) twice, without the prefetch, without PDL
+/// (`TWO_PASS`), with the step pinned to a 32K context (a graph's shapes) and with the per-shape
+/// split named explicitly — the same bits every time; every split of [`SPLITS`] (default launch
+/// and `TWO_PASS`, same bits) and the launch before this branch (`MMA_LEGACY`) against the CPU
+/// backend; the gated output of the default launch against the CPU's attention ·
+/// sigmoid(gate); e4m3 widened without the sm_89+ conversion (`KILN_DMMA_FP8_CVT=0`) against the
+/// default, bit for bit. Fails when the shapes did not take the tensor-core kernel.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn mma_decode_launch_options_and_splits() {
+    let cpu = CpuBackend::new(0).expect("cpu");
+    let ctxs = [1usize, 150, 256, 257, 1000, 8193, 20000];
+    let mut failures = Vec::new();
+    for (heads, kv_heads, hd) in [(32, 8, 128), (24, 4, 256)] {
+        for kv in ["auto", "fp8_e4m3"] {
+            let cs = setup(&cpu, &ctxs, heads, kv_heads, hd, kv);
+            let want = attend(&cpu, &cs);
+            let want_gated: Vec<f32> = want
+                .iter()
+                .zip(&cs.gate)
+                .map(|(a, g)| a * (1.0 / (1.0 + (-g).exp())))
+                .collect();
+            let g = gpu("bf16", kv);
+            if !g.uses_decode_mma(hd, heads / kv_heads) {
+                failures.push(format!(
+                    "{heads}/{kv_heads}x{hd} {kv}: not on the tensor-core kernel"
+                ));
+                continue;
+            }
+            let mut gs = setup(&g, &ctxs, heads, kv_heads, hd, kv);
+            let n = want.len();
+            let run = |s: &Setup<CudaBackend>, o: Option<DecodeOptions>| {
+                let mut out = g.upload(&vec![f32::NAN; n]).unwrap();
+                match o {
+                    Some(o) => g.paged_attention_decode_with(
+                        &s.q, &s.cache, 0, &s.step, &s.params, &mut out, o,
+                    ),
+                    None => g.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, &mut out),
+                }
+                .unwrap();
+                down(&g, &out, n)
+            };
+            let same = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .all(|(x, y)| x.to_bits() == y.to_bits() && x.is_finite())
+            };
+            let limit = tol("bf16");
+            let label = format!("heads={heads}/{kv_heads}x{hd} kv={kv}");
+            let default1 = run(&gs, None);
+            let default2 = run(&gs, None);
+            let no_prefetch = run(
+                &gs,
+                Some(DecodeOptions {
+                    prefetch: false,
+                    ..DecodeOptions::default()
+                }),
+            );
+            let two_pass = run(
+                &gs,
+                Some(DecodeOptions {
+                    single_part_keys: DecodeOptions::default().single_part_keys,
+                    ..DecodeOptions::TWO_PASS
+                }),
+            );
+            let legacy = run(&gs, Some(DecodeOptions::MMA_LEGACY));
+            // e4m3 widened by the byte tricks instead of the conversion instruction: same bits.
+            let nocvt = (kv == "fp8_e4m3").then(|| {
+                std::env::set_var("KILN_DMMA_FP8_CVT", "0");
+                let h = gpu("bf16", kv);
+                std::env::remove_var("KILN_DMMA_FP8_CVT");
+                let hs = setup(&h, &ctxs, heads, kv_heads, hd, kv);
+                let mut out = h.upload(&vec![f32::NAN; n]).unwrap();
+                h.paged_attention(&hs.q, &hs.cache, 0, &hs.step, &hs.params, &mut out)
+                    .unwrap();
+                down(&h, &out, n)
+            });
+            let gated = gated_cuda(&g, &gs);
+            let mut checks = vec![
+                ("default_twice", same(&default1, &default2)),
+                ("no_prefetch=default", same(&no_prefetch, &default1)),
+                ("no_pdl=default", same(&two_pass, &default1)),
+            ];
+            if let Some(v) = &nocvt {
+                checks.push(("e4m3_no_cvt=default", same(v, &default1)));
+            }
+            let mut diffs = vec![
+                ("default", max_diff(&want, &default1)),
+                ("legacy", max_diff(&want, &legacy)),
+                ("gated", max_diff(&want_gated, &gated)),
+            ];
+            for (name, split) in SPLITS {
+                let with = |base: DecodeOptions| DecodeOptions {
+                    mma_split: Some(split),
+                    ..base
+                };
+                let a = run(&gs, Some(with(DecodeOptions::default())));
+                let b = run(
+                    &gs,
+                    Some(with(DecodeOptions {
+                        single_part_keys: DecodeOptions::default().single_part_keys,
+                        ..DecodeOptions::TWO_PASS
+                    })),
+                );
+                checks.push((name, same(&a, &b)));
+                diffs.push((name, max_diff(&want, &a)));
+                if split == DecodeSplit::for_shape(kv_heads, hd, if kv == "auto" { 2 } else { 1 }) {
+                    checks.push(("default_split", same(&a, &default1)));
+                }
+            }
+            g.update_step_pinned(&mut gs.step, &gs.input, &PinnedShape { max_context: 32768 })
+                .unwrap();
+            checks.push(("pinned_32k=eager", same(&run(&gs, None), &default1)));
+            for (name, ok) in &checks {
+                println!("RESULT mma_decode_options {label} {name} bit_identical={ok}");
+                if !ok {
+                    failures.push(format!("{label} {name}"));
+                }
+            }
+            for (name, d) in &diffs {
+                let ok = *d <= limit;
+                println!(
+                    "RESULT mma_decode_options {label} {name} max_abs_diff={d:.3e} tol={limit:.0e} {}",
+                    if ok { "ok" } else { "FAIL" }
+                );
+                if !ok {
+                    failures.push(format!("{label} {name}: {d}"));
                 }
             }
         }

@@ -13,8 +13,16 @@
 //! (`decode_kernel_registers_and_occupancy` alone: `cuda_long_context-<hash> --ignored --exact
 //! decode_kernel_registers_and_occupancy --nocapture`; it honours `KILN_CUDA_ARCH`).
 //!
-//! `KILN_LONGCTX_ONLY=<label substring>` limits the bandwidth test to matching rows (for a profiler;
-//! it also drops the short-context rows unless `KILN_LONGCTX_SHORT=1`).
+//! `KILN_LONGCTX_ONLY=<label substring>[|<another>...]` limits the bandwidth test to rows matching
+//! one of them (for a profiler; it also drops the short-context rows unless `KILN_LONGCTX_SHORT=1`).
+//!
+//! Rows on the tensor-core kernel (head_dim 128 / 256) also time, on the same data in the same
+//! run, the launch before the tensor-core combine and PDL (`DecodeOptions::MMA_LEGACY`:
+//! `legacy_us`); at 1 and 64 sequences the default without PDL (`no_pdl_us`) and, for bf16 and
+//! e4m3 KV, the default with each other candidate split of the keys (`p<min part>x<max
+//! parts>_us`, `DecodeSplit`); e4m3 KV also widened without the sm_89+ conversion instruction
+//! (`KILN_DMMA_FP8_CVT=0`: `nocvt_us`, and with the launch before as well: `legacy_nocvt_us`, the
+//! "before" of e4m3 rows, since `legacy_us` there runs this branch's widening).
 //!
 //! `fill_kernel_cache` needs no GPU: it compiles every module (the decode module for every
 //! compute dtype and KV storage) for `$KILN_CUDA_ARCH` into `$KILN_KERNEL_CACHE`, so that a GPU
@@ -34,7 +42,9 @@ mod common;
 use std::time::Instant;
 
 use common::*;
-use kiln::backend::cuda::attention_plan::{DecodeOptions, DecodeVariant, DECODE_THREADS};
+use kiln::backend::cuda::attention_plan::{
+    DecodeOptions, DecodeSplit, DecodeVariant, DECODE_THREADS,
+};
 use kiln::backend::cuda::kernel_cache::KernelCache;
 use kiln::backend::cuda::{nvrtc, Arch, KernelModule};
 use kiln::backend::{AttentionParams, Backend, KvCacheSpec, StepInput, StepSeq};
@@ -168,8 +178,27 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
     // ctx=32768 seqs=16 kv=auto") contains it, no short-context rows and no older kernel (to put
     // one shape under a profiler).
     let only = std::env::var("KILN_LONGCTX_ONLY").ok();
+    let matches = |label: &str| {
+        only.as_ref()
+            .is_none_or(|o| o.split('|').any(|x| label.contains(x)))
+    };
+    // Candidate splits for the tensor-core kernel (the default's is printed as `us`).
+    let splits =
+        [(128usize, 128usize), (128, 64), (128, 32), (256, 64)].map(|(min_part, max_parts)| {
+            DecodeSplit {
+                min_part,
+                max_parts,
+            }
+        });
     for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
         let b = gpu(wide, kv);
+        // e4m3 also without the tensor-core kernel's hardware widening (`KILN_DMMA_FP8_CVT=0`).
+        let cvt = (kv == "fp8_e4m3").then(|| {
+            std::env::set_var("KILN_DMMA_FP8_CVT", "0");
+            let c = gpu(wide, kv);
+            std::env::remove_var("KILN_DMMA_FP8_CVT");
+            c
+        });
         let elem = if kv == "auto" { 2 } else { 1 };
         // Short context (SmolLM2's ~150 keys; 1 000): launch and latency bound. "two_pass" is
         // the decode launch before the single-pass rule, the in-launch merge and PDL
@@ -218,12 +247,66 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                 for seqs in [1usize, 16, 64] {
                     let label =
                         format!("heads={heads}/{kv_heads}x{hd} ctx={ctx} seqs={seqs} kv={kv}");
-                    if only.as_ref().is_some_and(|o| !label.contains(o.as_str())) {
+                    if !matches(&label) {
                         continue;
                     }
                     let secs = attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::Default);
                     let bytes = (2 * seqs * ctx * kv_heads * hd * elem) as f64;
                     let gbps = bytes / secs / 1e9;
+                    // The tensor-core kernel's launch before this branch, and the variants.
+                    let mut mma = String::new();
+                    if b.uses_decode_mma(hd, heads / kv_heads) {
+                        let t = |o| {
+                            attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::With(o))
+                        };
+                        let legacy = t(DecodeOptions::MMA_LEGACY);
+                        mma = format!(
+                            " legacy_us={:.1} legacy_of_copy={:.0}% speedup={:.2}",
+                            legacy * 1e6,
+                            100.0 * bytes / legacy / 1e9 / copy,
+                            legacy / secs
+                        );
+                        if let Some(c) = &cvt {
+                            let v =
+                                attention_seconds(c, seqs, ctx, heads, kv_heads, hd, Mode::Default);
+                            // The launch and the widening before this branch together.
+                            let w = attention_seconds(
+                                c,
+                                seqs,
+                                ctx,
+                                heads,
+                                kv_heads,
+                                hd,
+                                Mode::With(DecodeOptions::MMA_LEGACY),
+                            );
+                            mma += &format!(
+                                " nocvt_us={:.1} nocvt_of_copy={:.0}% legacy_nocvt_us={:.1} legacy_nocvt_of_copy={:.0}%",
+                                v * 1e6,
+                                100.0 * bytes / v / 1e9 / copy,
+                                w * 1e6,
+                                100.0 * bytes / w / 1e9 / copy
+                            );
+                        }
+                        if seqs != 16 {
+                            let no_pdl = t(DecodeOptions {
+                                pdl: false,
+                                prefetch: false,
+                                ..DecodeOptions::default()
+                            });
+                            mma += &format!(" no_pdl_us={:.1}", no_pdl * 1e6);
+                        }
+                        if seqs != 16 && kv != "fp8_e5m2" {
+                            let own = DecodeSplit::for_shape(kv_heads, hd, elem);
+                            for s in splits.iter().filter(|&&s| s != own) {
+                                let v = t(DecodeOptions {
+                                    mma_split: Some(*s),
+                                    ..DecodeOptions::default()
+                                });
+                                mma +=
+                                    &format!(" p{}x{}_us={:.1}", s.min_part, s.max_parts, v * 1e6);
+                            }
+                        }
+                    }
                     // The older kernel once per shape and context (it is slow: 16 rows only).
                     let before = if seqs == 16 && kv != "fp8_e4m3" && only.is_none() {
                         let old =
@@ -234,7 +317,7 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                     };
                     println!(
                         "RESULT long_context heads={heads}/{kv_heads}x{hd} ctx={ctx} seqs={seqs} \
-                         dtype={wide} kv={kv} us={:.1} kv_mb={:.1} gbps={gbps:.0} of_copy={:.0}%{before}",
+                         dtype={wide} kv={kv} us={:.1} kv_mb={:.1} gbps={gbps:.0} of_copy={:.0}%{before}{mma}",
                         secs * 1e6,
                         bytes / 1e6,
                         100.0 * gbps / copy

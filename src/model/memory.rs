@@ -218,7 +218,8 @@ pub fn decode_partial_rows(
 
 /// Parts the decode kernel splits a row of `max_ctx` keys into: the host copy of
 /// `attention_plan::decode_slots` (CUDA backend; equal by a test there), repeated here because
-/// the planner is built without the `cuda` feature too.
+/// the planner is built without the `cuda` feature too. The tensor-core kernel's per-shape split
+/// (`DecodeSplit::for_shape`) never needs more slots (a test in `attention_plan`).
 pub fn decode_attention_slots(max_ctx: usize) -> usize {
     // The decode kernel's fewest keys per part and most parts per row.
     const MIN_PART: usize = 128;

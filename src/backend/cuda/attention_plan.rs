@@ -10,8 +10,10 @@
 //! One-token sequences (and, for [`crate::backend::cuda::CudaBackend::paged_attention_split_k`],
 //! every token) go to the decode kernel of `kernels/attention_decode.cu` when the shapes fit
 //! [`DecodeVariant`], else to the older split-K kernels; its split of the keys is
-//! [`decode_part_len`] (rows up to [`DECODE_SINGLE_PART_KEYS`] keys in one part), and
-//! [`DecodeOptions`] says how it is launched (the merge of a row's parts in the same launch, PDL).
+//! [`decode_part_len`] (rows up to [`DECODE_SINGLE_PART_KEYS`] keys in one part), that of its
+//! tensor-core twin (attention_decode_mma.cu) [`DecodeSplit`] ([`DecodeSplit::for_shape`] by
+//! default), and [`DecodeOptions`] says how it is launched (the merge of a row's parts in the same
+//! launch, PDL, the split).
 //!
 //! Everything here is host-side and built once per step in `prepare_step`: the tile table and the
 //! split-K token list are uploaded together as one `i32` buffer (tiles first).
@@ -195,6 +197,99 @@ pub struct DecodeOptions {
     /// Under PDL, stage a block's first K/V tile before `griddepcontrol.wait` when it holds only
     /// earlier steps' keys (attention_decode.cu's header). Same bits either way.
     pub prefetch: bool,
+    /// The split of long rows for the tensor-core kernel (attention_decode_mma.cu;
+    /// attention_decode.cu keeps its compile-time rule, [`DecodeSplit::OLD`]); `None` is
+    /// [`DecodeSplit::for_shape`] of the launch's shapes. A constant of a model's launches:
+    /// every row's split follows its context alone.
+    pub mma_split: Option<DecodeSplit>,
+    /// Launch the tensor-core kernel as before this option existed, whatever the fields above
+    /// say: [`DecodeSplit::OLD`] with no single-part bound, no PDL, no prefetch, partials merged
+    /// by attention_decode.cu's combine. For the before / after timings only (its merge sums in
+    /// another order: not the bits of the other launches). No effect on attention_decode.cu.
+    pub mma_legacy: bool,
+}
+
+/// How a long row's keys are cut into parts (the tensor-core decode kernel's `dmma_part_len`): a
+/// row of at most `single_keys` keys (the launch's `single_part_keys`) is one part, a longer one
+/// `ceil(ctx / max_parts)` keys rounded up to [`DECODE_PART_ALIGN`], at least `min_part` each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSplit {
+    /// Fewest keys per part.
+    pub min_part: usize,
+    /// Most parts per row (at most [`DECODE_MMA_MAX_SLOTS`]).
+    pub max_parts: usize,
+}
+
+/// Most parts a row of the tensor-core kernel may have (`DMMA_MAX_SLOTS`: its combine's registers).
+pub const DECODE_MMA_MAX_SLOTS: usize = 256;
+
+/// Blocks one long row of the tensor-core kernel aims for over all its KV heads
+/// ([`DecodeSplit::for_shape`]).
+pub const DECODE_MMA_ROW_BLOCKS: usize = 256;
+
+impl DecodeSplit {
+    /// attention_decode.cu's rule ([`DECODE_MIN_PART`], [`DECODE_MAX_PARTS`]), the tensor-core
+    /// kernel's before this type existed.
+    pub const OLD: DecodeSplit = DecodeSplit {
+        min_part: DECODE_MIN_PART,
+        max_parts: DECODE_MAX_PARTS,
+    };
+    /// The tensor-core kernel's split for a model with `n_kv_heads` KV heads of `head_dim` and KV
+    /// elements of `kv_bytes` (the default): parts of at least [`DECODE_MIN_PART`] keys, at most
+    /// `blocks / n_kv_heads` parts per row rounded down to a power of two (8..=128), where
+    /// `blocks` is [`DECODE_MMA_ROW_BLOCKS`] (256: two blocks per SM of an H100 / H200, one wave),
+    /// twice that for fp8 at head_dim 256 (blocks of 2 warps that fit 4 per SM, and whose fp8
+    /// widening wants more warps in flight). A function of the model's shapes alone (never of the
+    /// batch or the device), so a row's bits still follow its context only. On the H200
+    /// (docs/benchmarks.md, `lctx`, one row): the 27B shape (4 KV heads) at 32K keys, bf16, 41 µs
+    /// in 64 parts against 51 µs in the 128 of [`DecodeSplit::OLD`] (512 blocks: two waves at 3
+    /// blocks per SM), e5m2 27 µs in 128 parts against 37 µs in 64; the Qwen3-like 8 KV heads at
+    /// 8K 13 µs in 32 parts against 16 µs in 64. Fewer, longer parts also write fewer partials at
+    /// 16 / 64 rows.
+    pub fn for_shape(n_kv_heads: usize, head_dim: usize, kv_bytes: usize) -> DecodeSplit {
+        let blocks = if kv_bytes == 1 && head_dim >= 256 {
+            2 * DECODE_MMA_ROW_BLOCKS
+        } else {
+            DECODE_MMA_ROW_BLOCKS
+        };
+        let per = (blocks / n_kv_heads.max(1)).clamp(8, 128);
+        DecodeSplit {
+            min_part: DECODE_MIN_PART,
+            max_parts: 1 << per.ilog2(),
+        }
+    }
+
+    /// Keys per part for a row of `ctx` keys (rows of at most `single_keys` keys: one part).
+    pub fn part_len(&self, ctx: usize, single_keys: usize) -> usize {
+        if ctx <= single_keys {
+            return ctx.max(1);
+        }
+        ctx.div_ceil(self.max_parts)
+            .div_ceil(DECODE_PART_ALIGN)
+            .saturating_mul(DECODE_PART_ALIGN)
+            .max(self.min_part)
+    }
+
+    /// Parts of a row of `ctx` keys.
+    pub fn parts(&self, ctx: usize, single_keys: usize) -> usize {
+        ctx.div_ceil(self.part_len(ctx, single_keys)).max(1)
+    }
+
+    /// Partial slots per (row, head) for rows of at most `max_ctx` keys: `ceil(max_ctx /
+    /// min_part)` capped at `max_parts` (a bound on every row's parts; the count itself is not
+    /// monotonic in the context), 1 when every row is one part.
+    pub fn slots(&self, max_ctx: usize, single_keys: usize) -> usize {
+        if max_ctx <= single_keys {
+            return 1;
+        }
+        max_ctx.div_ceil(self.min_part).clamp(1, self.max_parts)
+    }
+
+    /// Whether the tensor-core kernel and its combine take this split (0 < min_part, 1 ≤ max_parts
+    /// ≤ [`DECODE_MMA_MAX_SLOTS`]).
+    pub fn is_valid(&self) -> bool {
+        self.min_part > 0 && (1..=DECODE_MMA_MAX_SLOTS).contains(&self.max_parts)
+    }
 }
 
 impl Default for DecodeOptions {
@@ -204,6 +299,8 @@ impl Default for DecodeOptions {
             merge_in_launch: true,
             pdl: true,
             prefetch: true,
+            mma_split: None,
+            mma_legacy: false,
         }
     }
 }
@@ -216,6 +313,19 @@ impl DecodeOptions {
         merge_in_launch: false,
         pdl: false,
         prefetch: false,
+        mma_split: None,
+        mma_legacy: false,
+    };
+
+    /// The default launch with the tensor-core kernel launched as before this branch
+    /// ([`DecodeOptions::mma_legacy`]): the "before" of the speed comparisons.
+    pub const MMA_LEGACY: DecodeOptions = DecodeOptions {
+        single_part_keys: DECODE_SINGLE_PART_KEYS,
+        merge_in_launch: true,
+        pdl: true,
+        prefetch: true,
+        mma_split: Some(DecodeSplit::OLD),
+        mma_legacy: true,
     };
 }
 
@@ -455,6 +565,96 @@ mod tests {
         assert_eq!(decode_parts(100_000, 0), 121);
         assert_eq!((decode_parts(16384, 0), decode_parts(16385, 0)), (128, 86));
         assert_eq!(decode_slots(16385), 128);
+    }
+
+    #[test]
+    fn decode_splits_cover_the_context_and_old_is_the_decode_rule() {
+        let splits = [
+            DecodeSplit::OLD,
+            DecodeSplit::for_shape(4, 256, 2),
+            DecodeSplit::for_shape(4, 256, 1),
+            DecodeSplit::for_shape(8, 128, 1),
+            DecodeSplit {
+                min_part: 128,
+                max_parts: 96,
+            },
+            DecodeSplit {
+                min_part: 64,
+                max_parts: 256,
+            },
+            DecodeSplit {
+                min_part: 256,
+                max_parts: 64,
+            },
+        ];
+        for split in splits {
+            assert!(split.is_valid());
+            for single in [0, DECODE_SINGLE_PART_KEYS] {
+                for ctx in (1..3000).chain([8191, 8192, 8193, 32768, 100_000, 262_144]) {
+                    let (len, parts) = (split.part_len(ctx, single), split.parts(ctx, single));
+                    assert!(
+                        (1..=split.max_parts).contains(&parts),
+                        "{split:?} ctx {ctx}"
+                    );
+                    assert!(
+                        (parts - 1) * len < ctx && parts * len >= ctx,
+                        "{split:?} ctx {ctx}"
+                    );
+                    if ctx <= single {
+                        assert_eq!(parts, 1);
+                    } else {
+                        assert!(len >= split.min_part && len.is_multiple_of(DECODE_PART_ALIGN));
+                    }
+                    // Slots for a bound cover every row up to it.
+                    assert!(split.slots(ctx, single) >= parts, "{split:?} ctx {ctx}");
+                    assert!(split.slots(ctx + 1, single) >= split.slots(ctx, single));
+                }
+            }
+        }
+        // OLD is attention_decode.cu's rule, part for part and slot for slot.
+        for ctx in (1..5000).chain([8192, 16385, 32768, 131_072]) {
+            for single in [0, DECODE_SINGLE_PART_KEYS] {
+                let old = DecodeSplit::OLD;
+                assert_eq!(old.part_len(ctx, single), decode_part_len(ctx, single));
+                let slots = if ctx <= single { 1 } else { decode_slots(ctx) };
+                assert_eq!(old.slots(ctx, single), slots);
+            }
+        }
+        let p = |min_part, max_parts, ctx| {
+            DecodeSplit {
+                min_part,
+                max_parts,
+            }
+            .parts(ctx, 0)
+        };
+        assert_eq!((p(128, 96, 8192), p(128, 96, 32768)), (64, 86));
+        assert_eq!((p(64, 256, 8192), p(64, 256, 32768)), (128, 256));
+        assert!(!DecodeSplit {
+            min_part: 64,
+            max_parts: 257
+        }
+        .is_valid());
+        // The per-shape default: 27B (4 KV heads × 256) 64 parts (fp8: 128), Qwen3-like (8 ×
+        // 128) 32, MQA 128.
+        let f = |h, d, b| DecodeSplit::for_shape(h, d, b).max_parts;
+        assert_eq!(
+            (f(4, 256, 2), f(4, 256, 1), f(8, 128, 2), f(8, 128, 1)),
+            (64, 128, 32, 32)
+        );
+        assert_eq!(
+            (f(1, 128, 2), f(3, 128, 2), f(32, 128, 2), f(64, 256, 1)),
+            (128, 64, 8, 8)
+        );
+        for h in 1..100 {
+            for (d, b) in [(128, 2), (256, 2), (128, 1), (256, 1)] {
+                let s = DecodeSplit::for_shape(h, d, b);
+                assert!(s.is_valid() && s.min_part == DECODE_MIN_PART);
+                // Never more partial slots than the memory planner's bound (the old rule's).
+                for ctx in [1000, 8192, 32768, 131_072] {
+                    assert!(s.slots(ctx, 0) <= decode_slots(ctx));
+                }
+            }
+        }
     }
 
     #[test]

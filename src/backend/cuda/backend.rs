@@ -54,7 +54,8 @@ mod w4a16;
 pub use attention::OutputGate;
 pub(crate) use attention_mma::DecodeMmaKernels;
 pub use attention_mma::{
-    decode_mma_geometry, decode_mma_name, decode_mma_stage_budget, DECODE_MMA_DIMS,
+    decode_mma_combine_name, decode_mma_geometry, decode_mma_name, decode_mma_stage_budget,
+    DECODE_MMA_DIMS,
 };
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};

@@ -169,6 +169,12 @@ impl KernelModule {
                 if let Some(b) = super::backend::decode_mma_stage_budget() {
                     d.push(format!("-DDMMA_STAGE_BUDGET={b}"));
                 }
+                // e4m3 widened by the sm_89+ conversion instruction (no effect below sm_89);
+                // `KILN_DMMA_FP8_CVT=0` (read at each backend's creation, so one process can
+                // compare both) keeps the byte tricks. Same bits either way.
+                if c == "e4m3" && !std::env::var("KILN_DMMA_FP8_CVT").is_ok_and(|v| v == "0") {
+                    d.push("-DDMMA_FP8_CVT".into());
+                }
                 d
             }
             // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
@@ -196,7 +202,10 @@ impl KernelModule {
             }
             KernelModule::AttentionDecodeMma => {
                 let pair = format!("attention_decode_mma_{t}_{c}_");
-                all.into_iter().filter(|n| n.starts_with(&pair)).collect()
+                let combine = super::backend::decode_mma_combine_name(t);
+                all.into_iter()
+                    .filter(|n| n.starts_with(&pair) || *n == combine)
+                    .collect()
             }
             _ => all,
         }
@@ -262,6 +271,7 @@ impl KernelModule {
                                     .map(|d| super::backend::decode_mma_name(t, c, *d)),
                             );
                         }
+                        names.push(super::backend::decode_mma_combine_name(t));
                     }
                 }
                 KernelModule::Dequant => {
@@ -382,13 +392,14 @@ mod tests {
             ]
         );
         let mma = KernelModule::AttentionDecodeMma;
-        assert_eq!(mma.entry_points().len(), 2 * 3 * 3);
+        assert_eq!(mma.entry_points().len(), 2 * (3 * 3 + 1));
         assert_eq!(
             mma.entry_points_for("bf16", "e4m3"),
             [
                 "attention_decode_mma_bf16_e4m3_d64",
                 "attention_decode_mma_bf16_e4m3_d128",
-                "attention_decode_mma_bf16_e4m3_d256"
+                "attention_decode_mma_bf16_e4m3_d256",
+                "attention_decode_mma_combine_bf16"
             ]
         );
         assert!(mma.entry_points_for("f32", "same").is_empty());

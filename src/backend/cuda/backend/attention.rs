@@ -14,8 +14,11 @@ use std::ffi::c_void;
 
 use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
+use super::attention_mma::{DECODE_MMA_MERGE_DIMS, DECODE_MMA_MERGE_THREADS};
 use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaKvCache, CudaStep};
-use crate::backend::cuda::attention_plan::{self, DecodeOptions, DecodeVariant, PrefillVariant};
+use crate::backend::cuda::attention_plan::{
+    self, DecodeOptions, DecodeSplit, DecodeVariant, PrefillVariant,
+};
 use crate::backend::{AttentionParams, BackendError};
 
 /// Threads per block of the split-K attention kernel; must equal `ATTN_WARPS * 32` in attention.cu.
@@ -345,6 +348,14 @@ impl CudaBackend {
         let group = params.num_heads / params.num_kv_heads;
         let variant = DecodeVariant::for_shape(params.head_dim, group).filter(|_| !legacy);
         if let Some(variant) = variant {
+            // The prefetch before `griddepcontrol.wait` reads keys below a row's own position,
+            // which are earlier steps' only when every row is its sequence's only token. With
+            // every token a row (`index` None) a sequence may have several rows in this step,
+            // whose keys the previous kernel may still be writing: no prefetch then (same bits).
+            let mut opts = DecodeOptions::default();
+            if index.is_none() && step.num_tokens > step.num_seqs {
+                opts.prefetch = false;
+            }
             return self.launch_decode(
                 variant,
                 q,
@@ -356,7 +367,7 @@ impl CudaBackend {
                 index,
                 (n_rows, max_context),
                 gate,
-                DecodeOptions::default(),
+                opts,
             );
         }
         if gate.is_some() {
@@ -483,26 +494,49 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
         let (g_row, g_head) = gate.map(|g| g.strides()).transpose()?.unwrap_or((0, 0));
-        // The tensor-core kernel (attention_mma.rs) where it takes the shapes. It splits rows by
-        // the split rule alone (its copy of decode_part_len has no single-part bound), merges in
-        // the second launch and has no griddepcontrol.wait: the two-pass plan, without PDL.
+        // The tensor-core kernel (attention_mma.rs) where it takes the shapes: its split is
+        // `opts.mma_split` (by default `DecodeSplit::for_shape`: a constant of the model's
+        // shapes) with the single-part bound, its partials are merged by its own
+        // combine in a second launch (never in the same launch), both launched with PDL when
+        // `opts.pdl`. `opts.mma_legacy` launches it as before: the old split with no single-part
+        // bound, no PDL, attention_decode.cu's combine.
         let mma = self.decode_mma(params.head_dim, params.num_heads / params.num_kv_heads);
-        let opts = if mma.is_some() {
-            DecodeOptions::TWO_PASS
+        let legacy = mma.is_some() && opts.mma_legacy;
+        let (opts, split) = if legacy {
+            (DecodeOptions::TWO_PASS, DecodeSplit::OLD)
+        } else if let Some(m) = &mma {
+            let split = opts.mma_split.unwrap_or_else(|| {
+                DecodeSplit::for_shape(params.num_kv_heads, params.head_dim, m.kv_bytes)
+            });
+            (
+                DecodeOptions {
+                    merge_in_launch: false,
+                    ..opts
+                },
+                split,
+            )
         } else {
-            opts
+            (opts, DecodeSplit::OLD)
         };
+        if !split.is_valid() {
+            return Err(BackendError::InvalidArgument(format!(
+                "decode split {split:?}: max_parts must be 1..={}",
+                attention_plan::DECODE_MMA_MAX_SLOTS
+            )));
+        }
         // Sized for the pinned context in a graph (shapes fixed per bucket); the split of each
         // row's keys depends on its own context only, so the bits are those of an eager step.
         let bound = max_context.max(step.pinned_context).max(1);
         let single = opts.single_part_keys;
         // Partials only when some row can have two parts.
-        let slots = if bound <= single {
+        let slots = split.slots(bound, single);
+        let grid_z = if slots == 1 {
             1
         } else {
-            attention_plan::decode_slots(bound)
+            attention_plan::DECODE_TARGET_BLOCKS
+                .div_ceil((n_rows * params.num_kv_heads).max(1))
+                .clamp(1, slots)
         };
-        let grid_z = attention_plan::decode_grid_z(n_rows, params.num_kv_heads, bound, single);
         let mut guard = if slots > 1 {
             Some(step.partials(
                 &self.stream,
@@ -534,6 +568,10 @@ impl CudaBackend {
             step.max_blocks as i32,
             slots as i32,
             i32::try_from(single).unwrap_or(i32::MAX),
+        );
+        let (min_part, max_parts) = (
+            i32::try_from(split.min_part).unwrap_or(i32::MAX),
+            split.max_parts as i32,
         );
         // The first tile before griddepcontrol.wait (attention_decode.cu's header): only when
         // this launch may overlap its predecessor, where it pays.
@@ -624,6 +662,10 @@ impl CudaBackend {
                 int(&bs),
                 int(&mb),
                 int(&ns),
+                int(&sk),
+                int(&min_part),
+                int(&max_parts),
+                int(&prefetch),
                 &scale as *const f32 as *mut c_void,
                 ptr(&gate_p),
                 int(&g_row),
@@ -636,12 +678,15 @@ impl CudaBackend {
             };
             // SAFETY: the arguments match attention_decode_mma_*'s parameter list in number,
             // order and types and outlive the call (the guards above); the same table, position,
-            // index, partial and gate bounds as the kernel below (single_keys 0: partials for
-            // every row the split rule cuts, the combine below merges them); the tensor-core
-            // kernel needs head_dim equal to its width and the group ≤ 8 (decode_mma) and
-            // `smem` bytes of dynamic shared memory, its limit raised when it was resolved; no
-            // PDL (it has no griddepcontrol.wait).
-            unsafe { self.launch_kernel(m.func, cfg, &mut args, false) }?;
+            // index, partial and gate bounds as the kernel below, with `split` (valid: checked
+            // above) and `single` giving the part counts and `slots` bounding them (the combine
+            // below merges them); the tensor-core kernel needs head_dim equal to its width and
+            // the group ≤ 8 (decode_mma) and `smem` bytes of dynamic shared memory, its limit
+            // raised when it was resolved. Before griddepcontrol.wait it reads step metadata and,
+            // with `prefetch`, K/V of positions before each row's own (earlier steps' writes:
+            // every row is its sequence's only token in the step), and writes only its own shared
+            // memory, so it may be launched with PDL.
+            unsafe { self.launch_kernel(m.func, cfg, &mut args, opts.pdl && self.pdl) }?;
         } else {
             let cfg = LaunchConfig {
                 grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
@@ -666,6 +711,45 @@ impl CudaBackend {
             unsafe {
                 self.launch_kernel(self.k.decode(variant), cfg, &mut args, opts.pdl && self.pdl)
             }?;
+        }
+        if slots > 1 && !legacy {
+            if let Some(m) = &mma {
+                let mut args = [
+                    ptr(&pm_p),
+                    ptr(&pl_p),
+                    ptr(&pacc_p),
+                    ptr(&pos_p),
+                    ptr(&ix_p),
+                    ptr(&out_p),
+                    int(&nh),
+                    int(&hd),
+                    int(&ns),
+                    int(&sk),
+                    int(&min_part),
+                    int(&max_parts),
+                    ptr(&gate_p),
+                    int(&g_row),
+                    int(&g_head),
+                ];
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        params.num_heads as u32,
+                        n_rows as u32,
+                        (params.head_dim / DECODE_MMA_MERGE_DIMS) as u32,
+                    ),
+                    block_dim: (DECODE_MMA_MERGE_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: the arguments match attention_decode_mma_combine_*'s parameter list
+                // and outlive the call; it reads the partials of the rows with more than one part
+                // (the same split and single-part bound as the launch above, so the same part
+                // counts, each ≤ slots ≤ DMMA_MAX_SLOTS) and writes `out` rows of head_dim (a
+                // multiple of 64: the tensor-core widths) at the same token indices, the gate as
+                // above. It waits (griddepcontrol.wait) before reading anything the kernel above
+                // writes, so it may be launched with PDL.
+                unsafe { self.launch_kernel(m.combine, cfg, &mut args, opts.pdl && self.pdl) }?;
+                return Ok(());
+            }
         }
         if slots > 1 && !in_launch {
             let mut b = self.stream.launch_builder(&self.k.attention_decode_combine);

@@ -20,6 +20,11 @@ pub const DECODE_MMA_DIMS: [usize; 3] = [64, 128, 256];
 pub const DECODE_MMA_MAX_GROUP: usize = 8;
 /// Keys per warp step (`DMMA_CHUNK`).
 const CHUNK: usize = 16;
+/// Dims of one head a block of `attention_decode_mma_combine_*` merges (`DMMA_MERGE_DIMS`): its
+/// grid is (heads, rows, head_dim / this).
+pub const DECODE_MMA_MERGE_DIMS: usize = 64;
+/// Threads per block of the combine (`DMMA_MERGE_THREADS`: 16 part groups × 16 float4 columns).
+pub const DECODE_MMA_MERGE_THREADS: u32 = 256;
 /// Shared memory the stage ring of a block aims for (`DMMA_STAGE_BUDGET`) unless
 /// `KILN_DMMA_STAGE_BUDGET` says otherwise (71 000: measured against 106 496 in
 /// docs/benchmarks.md, seventh session).
@@ -56,6 +61,11 @@ pub fn decode_mma_name(t: &str, c: &str, dim: usize) -> String {
     format!("attention_decode_mma_{t}_{c}_d{dim}")
 }
 
+/// Entry point name of the tensor-core kernel's combine for compute dtype `t`.
+pub fn decode_mma_combine_name(t: &str) -> String {
+    format!("attention_decode_mma_combine_{t}")
+}
+
 /// (threads per block, dynamic shared memory bytes) of the variant for head width `dim` and KV
 /// element bytes `kv_bytes` (2 or 1): `DmmaShape<DV, CB>::NW * 32` and `::SMEM`.
 pub fn decode_mma_geometry(dim: usize, kv_bytes: usize) -> (u32, u32) {
@@ -83,6 +93,8 @@ fn decode_mma_geometry_for(dim: usize, kv_bytes: usize, budget: usize) -> (u32, 
 #[derive(Debug, Clone)]
 pub(crate) struct DecodeMmaKernels {
     funcs: Vec<CudaFunction>,
+    /// `attention_decode_mma_combine_{t}`.
+    combine: CudaFunction,
     kv_bytes: usize,
     /// Narrowest head that takes these kernels (128, or 64 with `KILN_DECODE_MMA=all`).
     min_dim: usize,
@@ -105,6 +117,9 @@ impl DecodeMmaKernels {
             .map(|&d| all.get(&decode_mma_name(t, c, d)).cloned())
             .collect::<Option<Vec<_>>>()
         else {
+            return Ok(None);
+        };
+        let Some(combine) = all.get(&decode_mma_combine_name(t)).cloned() else {
             return Ok(None);
         };
         for (f, &d) in funcs.iter().zip(&DECODE_MMA_DIMS) {
@@ -130,6 +145,7 @@ impl DecodeMmaKernels {
         );
         Ok(Some(DecodeMmaKernels {
             funcs,
+            combine,
             kv_bytes,
             min_dim,
         }))
@@ -139,6 +155,10 @@ impl DecodeMmaKernels {
 /// A tensor-core decode launch: the function, threads per block and dynamic shared memory.
 pub(crate) struct DecodeMmaLaunch<'a> {
     pub func: &'a CudaFunction,
+    /// The merge of the parts (`attention_decode_mma_combine_{t}`).
+    pub combine: &'a CudaFunction,
+    /// Bytes of a KV element (2, or 1 for fp8).
+    pub kv_bytes: usize,
     pub threads: u32,
     pub smem: u32,
 }
@@ -158,6 +178,8 @@ impl CudaBackend {
         let (threads, smem) = decode_mma_geometry(head_dim, k.kv_bytes);
         Some(DecodeMmaLaunch {
             func: &k.funcs[i],
+            combine: &k.combine,
+            kv_bytes: k.kv_bytes,
             threads,
             smem,
         })
