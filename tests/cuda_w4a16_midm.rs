@@ -4,8 +4,10 @@
 //! over one decode step's linears (48 Gated DeltaNet layers, 16 gated-attention layers, 64 MLPs)
 //! for each choice. The kernels agree bit for bit (the one numeric path of `kernels/w4a16.cu`), so
 //! the switch point is a speed question only; this test checks that equality at every row count it
-//! times and prints the figures (`RESULT` lines) that set `GEMV_MAX_ROWS` in
-//! `src/backend/cuda/backend/w4a16.rs` (docs/benchmarks.md).
+//! times and prints the figures (`RESULT` lines) that set `GEMV_MID_ROWS` in
+//! `src/backend/cuda/backend/w4a16.rs` (the rule where the sm_90 mid-M GEMMs `w4g_split` /
+//! `w4g_tile` do not run; their own sweep is `cuda_w4a16_bench`'s `w4a16_wide_gemm_speed`;
+//! docs/benchmarks.md).
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `LD_LIBRARY_PATH=/usr/local/cuda/lib64 cuda_w4a16_midm-<hash> --ignored --test-threads=1 --nocapture`
