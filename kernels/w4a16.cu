@@ -576,6 +576,213 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
     }
 }
 
+// The x-staged GEMV (`w4_gemv16_*`, RG = 2: 9..16 rows; `w4_gemv32_*` on the fast layouts, RG =
+// 4: 17..32 rows): the fast GEMV's fragments, k order and slice sum, with x read from shared
+// memory. In `w4_gemv_fast` each lane loads its x words from L1 / L2 in the step that uses them,
+// and a 128-bit load of a quad is four 16-byte pieces 64 bytes apart (half of every sector
+// wasted); at 16 rows the mma waits on them (docs/benchmarks.md, the Nsight section). Here the
+// x of a K slice is copied by cp.async, whole sectors, `ns` - 1 half k blocks ahead of use, into a
+// ring of `ns` stages per slice, and read back as B fragments without bank conflicts.
+// - A stage is half a k block (columns 32t + 16h + [0, 16) of every lane quad t, h = 0 / 1: the
+//   x words q = 2h, 2h + 1) of the block's 8 RG rows: row r at r * 128 bytes, its 16-byte unit v
+//   (= 2t + (q & 1), columns 32t + 16h + 8(q & 1)) at slot v ^ (r & 1) (8 lanes of one 128-bit
+//   load phase: rows g, g + 1 with opposite parities, 8 distinct slots, all 32 banks).
+// - A block runs P = 1 << plog m16 output tiles (P x ks warps: warp w = P s + p runs K slice s of
+//   tile p); the P warps of a slice share its stages (named barrier 1 + s over 32 P threads, or
+//   __syncwarp for P = 1), so x is fetched once for 16 P outputs.
+// - `nrt` > 1: the block's row tile is blockIdx.x % nrt (grid.y = 1), so that the row tiles of one
+//   weight tile run side by side and the weights' second read comes from the L2.
+// - `ca`: cp.async.ca (x allocated in the L1, where the SM's other blocks read it again) or .cg.
+// - After the main loop the stages hold the slice sums [P][ks][RG][4][32] f32; they are added
+//   per output in slice order 0..ks-1 (the GEMV = GEMM contract).
+// Dynamic shared memory: max(ks * ns * RG * 1 KB, P * ks * RG * 512 B); the host checks it fits.
+// The host launches it only where `w4_gemv_fast` runs (k % 128 == 0, no perm, NVFP4 or groups of
+// >= 32 columns), with one warp per slice per tile.
+__device__ __forceinline__ void w4x_cp16(unsigned dst, const void* src, int bytes, int ca) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (ca) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    } else {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    }
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void w4x_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Wait until at most ns - 2 committed groups of this thread are in flight (ns = 2..4).
+__device__ __forceinline__ void w4x_wait(int ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (ns <= 2) {
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    } else if (ns == 3) {
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else {
+        asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+    }
+#endif
+}
+
+template <typename T, int RG, bool FP4, bool ZP, bool PF>
+__device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                           const T* scales, const unsigned char* zeros,
+                                           int kblocks, int ks, int gshift, int gstore, int n,
+                                           void* out, int out_f32, int plog, int ns, int ca,
+                                           int nrt) {
+    extern __shared__ __align__(16) unsigned char w4_smem[];
+    constexpr bool G16 = FP4;
+    constexpr unsigned XB = RG * 8 * 128;  // bytes of one stage
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int P = 1 << plog, p = w & (P - 1), s = w >> plog;
+    const int bx = nrt > 1 ? blockIdx.x / nrt : blockIdx.x;
+    const int by = nrt > 1 ? blockIdx.x - bx * nrt : blockIdx.y;
+    const int tile = bx * P + p;  // m16 output tile: n8 tiles 2 tile, 2 tile + 1
+    const int nt0 = tile * 2;
+    const int r0 = by * 8 * RG;
+    const int per = kblocks / ks, kb0 = s * per;
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
+    const unsigned sbase = (unsigned)s * (unsigned)ns * XB;  // the slice's stage ring (bytes)
+    // Copy role: thread p * 32 + lane of the slice's P warps copies the pieces (row, unit v) with
+    // v = lane & 7 and row = 4p + (lane >> 3) + 4P i, i < 2 RG / P (4 rows x 128 bytes per warp
+    // instruction, whole sectors).
+    const int cv = lane & 7, crow = 4 * p + (lane >> 3);
+    const int ccol = 32 * (cv >> 1) + 8 * (cv & 1);  // + kb * 128 + 16 h
+    const unsigned cdst = (unsigned)crow * 128u + ((unsigned)(cv ^ (crow & 1)) << 4);
+    const int ncp = 2 * RG >> plog;
+    auto copy = [&](int j, unsigned buf) {
+        const int col = (kb0 + (j >> 1)) * W4_KB + 16 * (j & 1) + ccol;
+        for (int i = 0; i < ncp; ++i) {
+            const int row = crow + 4 * P * i, r = r0 + row;
+            const bool in = r < m;
+            w4x_cp16(sm0 + sbase + buf * XB + cdst + (unsigned)(4 * P * i) * 128u,
+                     in ? (const void*)(xs + (size_t)r * k + col) : (const void*)xs, in ? 16 : 0, ca);
+        }
+    };
+    auto gsync = [&]() {
+        if (P == 1) {
+            __syncwarp();
+        } else {
+            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + s), "r"(32 * P) : "memory");
+        }
+    };
+    // The lane's B fragment words q = 2h + e of row group rg in a stage: + rg * 1024.
+    const unsigned lofs0 = (unsigned)g * 128u + ((unsigned)((2 * t) ^ (g & 1)) << 4);
+    const unsigned lofs1 = (unsigned)g * 128u + ((unsigned)((2 * t + 1) ^ (g & 1)) << 4);
+
+    const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
+    const uint4* wp1 = wp0 + (size_t)kblocks * 32;
+    const unsigned sstride = (unsigned)gstore * 8u;
+    const size_t sb = (size_t)nt0 * sstride + g;
+    const unsigned short* sp0 = reinterpret_cast<const unsigned short*>(scales) + sb;
+    const unsigned char* zp0 = ZP ? zeros + sb : nullptr;
+    asm("" : "+l"(sp0));
+    asm("" : "+l"(zp0));
+    unsigned gq = (unsigned)(kb0 * 8 + 2 * t);
+    float acc[RG][4];
+#pragma unroll
+    for (int h = 0; h < RG; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+
+    const int nst = 2 * per;  // stages of the slice
+    for (int j = 0; j < ns - 1; ++j) {
+        if (j < nst) copy(j, (unsigned)j);
+        w4x_commit();
+    }
+    unsigned rb = 0, wb = (unsigned)(ns - 1);
+    // Weights and (scale, zero) of the next k block (a ring of depth 1).
+    uint4 w0 = __ldg(wp0), w1 = __ldg(wp1);
+    unsigned sz0, sz1, szh0 = 0, szh1 = 0;
+    {
+        const unsigned glo = gq >> gshift;
+        sz0 = w4_szf<ZP>(sp0, zp0, glo * 8u);
+        sz1 = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
+        if (G16) {
+            const unsigned ghi = (gq + 1u) >> gshift;
+            szh0 = w4_szf<ZP>(sp0, zp0, ghi * 8u);
+            szh1 = w4_szf<ZP>(sp0, zp0, ghi * 8u + sstride);
+        }
+    }
+    for (int i = 0; i < per; ++i) {
+        const uint4 c0 = w0, c1 = w1;
+        const unsigned zc = W4Dec<T>::bias(8);
+        const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
+        const unsigned z0 = ZP ? W4Dec<T>::bias((int)(sz0 >> 16)) : zc;
+        const unsigned z1 = ZP ? W4Dec<T>::bias((int)(sz1 >> 16)) : zc;
+        const unsigned s0h = G16 ? __byte_perm(szh0, 0u, 0x1010) : s0l;
+        const unsigned s1h = G16 ? __byte_perm(szh1, 0u, 0x1010) : s1l;
+        auto next = [&]() {
+            wp0 += 32;
+            wp1 += 32;
+            gq += 8u;
+            w0 = __ldg(wp0);
+            w1 = __ldg(wp1);
+            const unsigned glo = gq >> gshift;
+            sz0 = w4_szf<ZP>(sp0, zp0, glo * 8u);
+            sz1 = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
+            if (G16) {
+                const unsigned ghi = (gq + 1u) >> gshift;
+                szh0 = w4_szf<ZP>(sp0, zp0, ghi * 8u);
+                szh1 = w4_szf<ZP>(sp0, zp0, ghi * 8u + sstride);
+            }
+        };
+        // PF: the next k block's loads go out before this one's decode (more registers).
+        if (PF && i + 1 < per) next();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * i + h;
+            w4x_wait(ns);
+            gsync();
+            if (j + ns - 1 < nst) copy(j + ns - 1, wb);
+            w4x_commit();
+            wb = wb + 1 == (unsigned)ns ? 0u : wb + 1;
+            const unsigned st = sbase + rb * XB;
+            rb = rb + 1 == (unsigned)ns ? 0u : rb + 1;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int q = 2 * h + e;
+                unsigned d0[4], d1[4];
+                w4_decode_any<T, FP4>(w4_word(c0, q), h == 0 ? s0l : s0h, z0, d0);
+                w4_decode_any<T, FP4>(w4_word(c1, q), h == 0 ? s1l : s1h, z1, d1);
+                const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+                const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+#pragma unroll
+                for (int rg = 0; rg < RG; ++rg) {
+                    const uint4 xr = *reinterpret_cast<const uint4*>(
+                        w4_smem + st + (e == 0 ? lofs0 : lofs1) + rg * 1024u);
+                    w4_mma<T>(acc[rg], a0, xr.x, xr.y);
+                    w4_mma<T>(acc[rg], a1, xr.z, xr.w);
+                }
+            }
+        }
+        if (!PF && i + 1 < per) next();
+    }
+    w4x_wait(2);  // all groups (the last ones are empty)
+    __syncthreads();
+    float* part = reinterpret_cast<float*>(w4_smem);
+    // part [P][ks][RG][4][32]
+#pragma unroll
+    for (int h = 0; h < RG; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[(((p * ks + s) * RG + h) * 4 + e) * 32 + lane] = acc[h][e];
+    __syncthreads();
+    const int nw = blockDim.x >> 5;
+    for (int he = w; he < P * RG * 4; he += nw) {
+        const int pp = he / (RG * 4), h = (he >> 2) % RG, e = he & 3;
+        float total = 0.0f;
+        for (int q = 0; q < ks; ++q) total += part[(((pp * ks + q) * RG + h) * 4 + e) * 32 + lane];
+        const int row = r0 + 8 * h + 2 * t + (e & 1);
+        const int col = (bx * P + pp) * 16 + g + (e >= 2 ? 8 : 0);
+        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+    }
+}
+
 // GEMM: grid (ceil(Np / 128), ceil(m / 128)), block 256 threads = 2 (rows) x 4 (outputs) warps,
 // each 64 rows x 32 outputs; dynamic shared memory `stages` x W4_GEMM_STAGE_BYTES. Each k block
 // (128 columns) of the CTA's x rows (128 x 128, 32 KB) and weight tiles (16 n8 tiles, 8 KB) is
@@ -881,6 +1088,34 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
     }
 W4_TC_ENTRIES(f16, __half)
 W4_TC_ENTRIES(bf16, bf16_t)
+
+// The x-staged GEMV (`w4_gemv_xs`): RG = 2 for 9..16 rows, RG = 4 for 17..32 (fast layouts only),
+// blocks of 32 ks P threads (P <= 2), ptxas capped at 64 registers (2 blocks of 512 per SM).
+#define W4_XS(T, RG, PF)                                                                          \
+    if (fp4) w4_gemv_xs<T, RG, true, false, PF>(W4_FAST_PASS, plog, ns, ca, nrt);               \
+    else if (zeros) w4_gemv_xs<T, RG, false, true, PF>(W4_FAST_PASS, plog, ns, ca, nrt);         \
+    else w4_gemv_xs<T, RG, false, false, PF>(W4_FAST_PASS, plog, ns, ca, nrt);
+#define W4_XS_ENTRIES(SUF, T)                                                                     \
+    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemv16x_##SUF(                        \
+        W4_ARGS(T), int plog, int ns, int ca, int nrt) {                                          \
+        W4_XS(T, 2, true)                                                                         \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemv32x_##SUF(                        \
+        W4_ARGS(T), int plog, int ns, int ca, int nrt) {                                          \
+        W4_XS(T, 4, false)                                                                        \
+    }
+W4_XS_ENTRIES(f16, __half)
+W4_XS_ENTRIES(bf16, bf16_t)
+// Measurement variants (bf16, symmetric; removed once the sweep has chosen).
+#define W4_XS_SWEEP(NAME, LB, RG, PF)                                                             \
+    extern "C" __global__ void __launch_bounds__ LB NAME(W4_ARGS(bf16_t), int plog, int ns,      \
+                                                         int ca, int nrt) {                       \
+        w4_gemv_xs<bf16_t, RG, false, false, PF>(W4_FAST_PASS, plog, ns, ca, nrt);               \
+    }
+W4_XS_SWEEP(w4x_v0_bf16, (256, 3), 4, true)
+W4_XS_SWEEP(w4x_v1_bf16, (256, 5), 2, false)
+W4_XS_SWEEP(w4x_v2_bf16, (512, 2), 2, false)
+W4_XS_SWEEP(w4x_v3_bf16, (256, 2), 4, true)
 
 #define W4_FMA_ENTRY(SUF, T)                                                                    \
     extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }

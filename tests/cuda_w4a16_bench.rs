@@ -232,7 +232,7 @@ fn synthetic_27b(label: &str, quant: SyntheticQuant) {
 /// The launches the profiler reads (`w4gemv`, sixth session): the 1-row and the 16-row GEMV on
 /// 17408×5120 and 5120×17408 (CT W4A16 symmetric g128, bf16), each launched twice (the first a
 /// warm-up; `ncu -k regex:w4_gemv --launch-count 8` profiles these 8 launches, the report reads
-/// the second of each pair), then the same four steps timed twice: on one weight (back to back, as `w4a16_gemv_and_gemm_speed`: part of
+/// the second of each pair), then 1 / 8 / 12 / 16 / 24 / 32 rows timed twice: on one weight (back to back, as `w4a16_gemv_and_gemm_speed`: part of
 /// its 45.96 MB may still be in the 50 MB L2 from the previous launch) and rotating over 4
 /// distinct weights of the shape (184 MB: every launch reads its weights from DRAM, as a decode
 /// step's layers do). Figures, not pass/fail checks. Run (GPU machine, under ncu or alone):
@@ -256,8 +256,8 @@ fn w4a16_gemv_profile_launches() {
                         .expect("upload")
                 })
                 .collect();
-            let x = b.upload(&data(16 * k, 3)).expect("x");
-            let out = b.alloc(16 * n).expect("out");
+            let x = b.upload(&data(32 * k, 3)).expect("x");
+            let out = b.alloc(32 * n).expect("out");
             (n, k, ws, x, out)
         })
         .collect();
@@ -273,7 +273,7 @@ fn w4a16_gemv_profile_launches() {
     }
     for (n, k, ws, x, out) in sets.iter_mut() {
         let bytes = b.weight_bytes(&ws[0]) as f64;
-        for rows in [1usize, 16] {
+        for rows in [1usize, 8, 12, 16, 24, 32] {
             let warm = time(&b, || {
                 b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
                     .expect("gemv")
@@ -346,6 +346,246 @@ fn w4a16_wide_gemm_speed() {
                 td / tw,
                 td / tb
             );
+        }
+    }
+}
+
+/// Measurement scaffolding of the x-staged GEMV (removed once the sweep has chosen): every
+/// launch configuration of `w4_gemv_xs` against the old `w4_gemv16` / `w4_gemv32`, bit for bit,
+/// on the fast layouts (sym / asym / AWQ / group 32 / NVFP4), bf16 and fp16, slice counts 8 / 4 /
+/// 2 / 1, rows 9..=32. Run: `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1
+/// --nocapture w4a16_gemv_xs_bits`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_xs_bits() {
+    use kiln::backend::cuda::{GemvTune, GEMV_TUNE};
+    let set = |t: Option<GemvTune>| *GEMV_TUNE.lock().expect("tune") = t;
+    let cfg = |entry, rg, plog, ns, ca, interleave| GemvTune {
+        entry,
+        rg,
+        plog,
+        ns,
+        ca,
+        interleave,
+        extra_smem: 0,
+    };
+    let fmts = [
+        (
+            "ct-sym-g128",
+            Fmt::Ct {
+                group: 128,
+                symmetric: true,
+                act_order: false,
+            },
+        ),
+        (
+            "ct-asym-g128",
+            Fmt::Ct {
+                group: 128,
+                symmetric: false,
+                act_order: false,
+            },
+        ),
+        (
+            "ct-sym-g32",
+            Fmt::Ct {
+                group: 32,
+                symmetric: true,
+                act_order: false,
+            },
+        ),
+        ("awq-g64", Fmt::Awq { group: 64 }),
+        ("nvfp4", Fmt::Nvfp4),
+    ];
+    let mut bad = Vec::new();
+    let mut checks = 0usize;
+    for dtype in ["bf16", "fp16"] {
+        let b = gpu(dtype, "auto");
+        // (N, K): slices 8 (K 5120: 40 k blocks), 4 (512), 2 (768), 1 (640).
+        for (fi, (label, fmt)) in fmts.iter().enumerate() {
+            for (n, k) in [(1024usize, 5120usize), (192, 512), (320, 768), (64, 640)] {
+                let o = Owned::random(*fmt, n, k, 900 + fi as u64 + n as u64 + k as u64);
+                let w = b
+                    .upload_linear("bits", &LinearView::Packed(o.linear()))
+                    .expect("upload");
+                let x = b.upload(&data(32 * k, 5 + k as u64)).expect("x");
+                let nan = b.upload(&vec![f32::NAN; 32 * n]).expect("nan");
+                let run = |rows: usize, t: Option<GemvTune>| {
+                    set(t);
+                    let mut out = b.alloc(32 * n).expect("out");
+                    b.add(&mut out, &nan, 32 * n).expect("poison");
+                    b.matmul_w4_with(&x, rows, &w, &mut out, W4Kernel::Gemv)
+                        .expect("gemv");
+                    b.synchronize().expect("sync");
+                    set(None);
+                    down(&b, &out, rows * n)
+                };
+                for rows in [9usize, 12, 16, 17, 24, 31, 32] {
+                    let old = run(rows, Some(cfg(1, 2, 0, 3, true, false)));
+                    let mut cfgs = vec![None];
+                    if rows <= 16 {
+                        for (plog, ns, ca) in
+                            [(0, 2, true), (0, 4, false), (1, 3, true), (1, 2, true)]
+                        {
+                            cfgs.push(Some(cfg(0, 2, plog, ns, ca, false)));
+                        }
+                    } else {
+                        for (plog, ns, ca) in [(0, 2, true), (1, 3, false), (1, 4, true)] {
+                            cfgs.push(Some(cfg(0, 4, plog, ns, ca, false)));
+                        }
+                        cfgs.push(Some(cfg(0, 2, 0, 3, true, true)));
+                        cfgs.push(Some(cfg(0, 2, 1, 3, true, false)));
+                    }
+                    if dtype == "bf16" && *label == "ct-sym-g128" {
+                        for e in 2..6u8 {
+                            cfgs.push(Some(cfg(e, 0, 0, 3, true, false)));
+                        }
+                        cfgs.push(Some(cfg(4, 0, 1, 2, true, true)));
+                    }
+                    for c in cfgs {
+                        let got = run(rows, c);
+                        checks += 1;
+                        if !bits_equal(&got, &old) || !got.iter().all(|v| v.is_finite()) {
+                            bad.push(format!("{dtype} {label} {n}x{k} rows {rows} {c:?}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "RESULT gemv-xs bits checks={checks} differ={} {}",
+        bad.len(),
+        if bad.is_empty() { "ok" } else { "FAIL" }
+    );
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Measurement scaffolding: the x-staged GEMV's launch configurations against the old kernels
+/// on the two 27B MLP shapes (CT W4A16 symmetric g128, bf16), rotating over 4 weights (every
+/// launch from DRAM), µs. Run: `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1
+/// --nocapture w4a16_gemv_xs_sweep`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_xs_sweep() {
+    use kiln::backend::cuda::{GemvTune, GEMV_TUNE};
+    let b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    let copy = copy_bandwidth();
+    println!("RESULT sweep copy_bandwidth_GBps={:.0}", copy / 1e9);
+    let cfg = |entry, rg, plog, ns, ca, interleave, extra_smem| GemvTune {
+        entry,
+        rg,
+        plog,
+        ns,
+        ca,
+        interleave,
+        extra_smem,
+    };
+    // (label, config) for 9..16 rows and for 17..32 rows; None = the default.
+    let c16: Vec<(&str, Option<GemvTune>)> = vec![
+        ("old", Some(cfg(1, 2, 0, 3, true, false, 0))),
+        ("default", None),
+        ("rg2-p0-ns2", Some(cfg(0, 2, 0, 2, true, false, 0))),
+        ("rg2-p0-ns4", Some(cfg(0, 2, 0, 4, true, false, 0))),
+        ("rg2-p0-ns3-cg", Some(cfg(0, 2, 0, 3, false, false, 0))),
+        ("rg2-p1-ns2", Some(cfg(0, 2, 1, 2, true, false, 0))),
+        ("rg2-p1-ns3", Some(cfg(0, 2, 1, 3, true, false, 0))),
+        ("rg2-p1-ns4", Some(cfg(0, 2, 1, 4, true, false, 0))),
+        ("v1(c48,nopf)-p0-ns2", Some(cfg(3, 0, 0, 2, true, false, 0))),
+        ("v2(c64,nopf)-p0-ns3", Some(cfg(4, 0, 0, 3, true, false, 0))),
+        ("v2(c64,nopf)-p1-ns3", Some(cfg(4, 0, 1, 3, true, false, 0))),
+        (
+            "rg2-p0-ns3-3blk",
+            Some(cfg(0, 2, 0, 3, true, false, 40 << 10)),
+        ),
+    ];
+    let c32: Vec<(&str, Option<GemvTune>)> = vec![
+        ("old", Some(cfg(1, 4, 0, 3, true, false, 0))),
+        ("default", None),
+        ("rg4-p0-ns2", Some(cfg(0, 4, 0, 2, true, false, 0))),
+        ("rg4-p1-ns2", Some(cfg(0, 4, 1, 2, true, false, 0))),
+        ("rg4-p1-ns3", Some(cfg(0, 4, 1, 3, true, false, 0))),
+        ("rg4-p0-ns3-cg", Some(cfg(0, 4, 0, 3, false, false, 0))),
+        (
+            "v0(rg4,c80,pf)-p0-ns3",
+            Some(cfg(2, 0, 0, 3, true, false, 0)),
+        ),
+        (
+            "v0(rg4,c80,pf)-p0-ns2",
+            Some(cfg(2, 0, 0, 2, true, false, 0)),
+        ),
+        (
+            "v3(rg4,c128,pf)-p0-ns3",
+            Some(cfg(5, 0, 0, 3, true, false, 0)),
+        ),
+        (
+            "v3(rg4,c128,pf)-p0-ns2",
+            Some(cfg(5, 0, 0, 2, true, false, 0)),
+        ),
+        (
+            "rg2x2-interleave-p0-ns3",
+            Some(cfg(0, 2, 0, 3, true, true, 0)),
+        ),
+        (
+            "rg2x2-interleave-p1-ns3",
+            Some(cfg(0, 2, 1, 3, true, true, 0)),
+        ),
+        ("rg2x2-p0-ns3", Some(cfg(0, 2, 0, 3, true, false, 0))),
+    ];
+    for (i, (n, k)) in [(17408usize, 5120usize), (5120, 17408)]
+        .into_iter()
+        .enumerate()
+    {
+        let ws: Vec<_> = (0..4u64)
+            .map(|j| {
+                let o = ct_g128(n, k, 300 + 10 * i as u64 + j);
+                b.upload_linear("sweep", &LinearView::Packed(o.linear()))
+                    .expect("upload")
+            })
+            .collect();
+        let bytes = b.weight_bytes(&ws[0]) as f64;
+        let x = b.upload(&data(32 * k, 3)).expect("x");
+        let mut out = b.alloc(32 * n).expect("out");
+        let mut timed = |rows: usize, t: Option<GemvTune>| -> Option<f64> {
+            *GEMV_TUNE.lock().expect("tune") = t;
+            let mut j = 0usize;
+            let ok = b
+                .matmul_w4_with(&x, rows, &ws[0], &mut out, W4Kernel::Gemv)
+                .is_ok();
+            let r = ok.then(|| {
+                time(&b, || {
+                    j = (j + 1) % ws.len();
+                    b.matmul_w4_with(&x, rows, &ws[j], &mut out, W4Kernel::Gemv)
+                        .expect("gemv")
+                })
+            });
+            *GEMV_TUNE.lock().expect("tune") = None;
+            r
+        };
+        let t1 = timed(1, None).expect("1 row");
+        let t8 = timed(8, None).expect("8 rows");
+        println!(
+            "RESULT sweep N={n} K={k} rows=1 us={:.2} ({:.3} of copy) rows=8 us={:.2} ({:.2}x)",
+            t1 * 1e6,
+            bytes / t1 / copy,
+            t8 * 1e6,
+            t8 / t1
+        );
+        for (rows_set, cfgs) in [
+            (&[9usize, 12, 16][..], &c16),
+            (&[17usize, 24, 32][..], &c32),
+        ] {
+            for (label, c) in cfgs.iter() {
+                let mut line = String::new();
+                for &rows in rows_set {
+                    match timed(rows, *c) {
+                        Some(t) => line += &format!(" {rows}:{:.2}us={:.2}x", t * 1e6, t / t1),
+                        None => line += &format!(" {rows}:n/a"),
+                    }
+                }
+                println!("RESULT sweep N={n} K={k} {label}:{line}");
+            }
         }
     }
 }

@@ -43,6 +43,34 @@ const GEMV16_ROWS: usize = 16;
 /// Rows of one `w4_gemv32` block (RG = 4).
 const GEMV32_ROWS: usize = 32;
 
+/// Measurement scaffolding of the x-staged GEMV sweep (removed once it has chosen): the number
+/// of `w4x_v{i}_bf16` entries.
+pub const SWEEP_VARIANTS: usize = 4;
+
+/// Measurement scaffolding: how a 9–32-row GEMV step on a fast layout is launched (tests set
+/// [`GEMV_TUNE`]; `None` = the defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemvTune {
+    /// 0: `w4_gemv16x` / `w4_gemv32x` by `rg`; 1: the old `w4_gemv16` / `w4_gemv32`; 2 + i: the
+    /// sweep entry `w4x_v{i}_bf16` (RG 4, 2, 2, 4).
+    pub entry: u8,
+    /// Row groups of 8 per block (2 or 4) for entry 0.
+    pub rg: u8,
+    /// log2 of the m16 tiles per block (0 or 1).
+    pub plog: u8,
+    /// x stages per slice (2..4).
+    pub ns: u8,
+    /// cp.async.ca (else .cg).
+    pub ca: bool,
+    /// Row tiles of one weight tile side by side along grid.x.
+    pub interleave: bool,
+    /// Dynamic shared memory added per block (to cap the blocks per SM).
+    pub extra_smem: u32,
+}
+
+/// See [`GemvTune`].
+pub static GEMV_TUNE: std::sync::Mutex<Option<GemvTune>> = std::sync::Mutex::new(None);
+
 /// Shared memory of one GEMM pipeline stage: 128 x rows of one 128-column k block (32 KB) and
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
 const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
@@ -269,6 +297,17 @@ impl CudaBackend {
                 self.packed_matmul_sm70(s70, w, parts, rows, xp, op, out_f32, kernel)
             };
         }
+        if kernel == W4Kernel::Gemv
+            && self.w4_tensor_cores()
+            && parts.gemv_fast_ok(w.k)
+            && rows > GEMV8_ROWS
+        {
+            let tune = *GEMV_TUNE.lock().expect("tune");
+            if tune.is_none_or(|t| t.entry != 1) {
+                // SAFETY: the caller's guarantees, passed on unchanged.
+                return unsafe { self.packed_gemv_xs(w, parts, rows, xp, op, out_f32, tune) };
+            }
+        }
         // Rows of one GEMV block: 8 / 16 (fast layouts) or 32.
         let gemv_rows = if parts.gemv_fast_ok(w.k) && rows <= GEMV8_ROWS {
             GEMV8_ROWS
@@ -366,6 +405,120 @@ impl CudaBackend {
         // blocks, groups stored groups, perm of k entries); the grid covers n_pad outputs and
         // ceil(rows / tile) row tiles, and the kernels read x only below (rows, k) and write out
         // only below (rows, n) — the caller vouches for x and out.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    /// Most dynamic shared memory one block may opt into here (bytes).
+    fn w4_smem_max(&self) -> usize {
+        match (self.arch.major, self.arch.minor) {
+            (8, 0) => 163 * 1024,
+            (9, 0) | (10, 0) => 227 * 1024,
+            _ => 99 * 1024,
+        }
+    }
+
+    /// Launch the x-staged GEMV (`w4_gemv16x` / `w4_gemv32x`, `kernels/w4a16.cu` `w4_gemv_xs`)
+    /// for a step of 9..=32 rows on a fast layout.
+    ///
+    /// # Safety
+    /// As [`Self::packed_matmul`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn packed_gemv_xs(
+        &self,
+        w: &CudaWeight,
+        parts: &CudaPackedParts,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        out_f32: bool,
+        tune: Option<GemvTune>,
+    ) -> Result<(), BackendError> {
+        let t = tune.unwrap_or(GemvTune {
+            entry: 0,
+            rg: if rows <= GEMV16_ROWS { 2 } else { 4 },
+            plog: 0,
+            ns: 3,
+            ca: true,
+            interleave: false,
+            extra_smem: 0,
+        });
+        let (f, rg) = match t.entry {
+            0 => (
+                if t.rg == 2 {
+                    self.k.w4_gemv16x.as_ref()
+                } else {
+                    self.k.w4_gemv32x.as_ref()
+                },
+                t.rg as usize,
+            ),
+            e => (
+                self.k.w4x_sweep.get(e as usize - 2),
+                [4, 2, 2, 4][e as usize - 2],
+            ),
+        };
+        let f = f.ok_or_else(|| BackendError::Unsupported("w4 gemv xs entry".into()))?;
+        let ks = parts.k_slices;
+        let p = 1usize << t.plog;
+        let tiles16 = parts.n_pad / (2 * TILE_N);
+        let row_tiles = rows.div_ceil(8 * rg);
+        let (grid, nrt) = if t.interleave && row_tiles > 1 {
+            ((tiles16 / p * row_tiles, 1), row_tiles)
+        } else {
+            ((tiles16 / p, row_tiles), 1)
+        };
+        let ns = t.ns as usize;
+        let shared = (ks * ns * rg * 1024).max(p * ks * rg * 512) + t.extra_smem as usize;
+        if shared > self.w4_smem_max() {
+            return Err(BackendError::Unsupported(format!(
+                "w4 gemv xs: {shared} bytes of shared memory"
+            )));
+        }
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(dev_err)?;
+        let (qp, _q) = w.data.device_ptr(&self.stream);
+        let (sp, _s) = parts.scales.device_ptr(&self.stream);
+        let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
+        let zp: u64 = zg.as_ref().map_or(0, |(p, _)| *p);
+        let pp: u64 = 0;
+        let (m, k, n) = (rows as i32, w.k as i32, w.n as i32);
+        let (kb, ksi, gc, gs) = (
+            parts.k_blocks as i32,
+            ks as i32,
+            parts.group_shift as i32,
+            parts.groups as i32,
+        );
+        let of32 = i32::from(out_f32);
+        let fp4 = i32::from(parts.values == W4Values::E2m1);
+        let (plog, nsi, ca, nrti) = (i32::from(t.plog), ns as i32, i32::from(t.ca), nrt as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&xp)
+            .arg(&m)
+            .arg(&k)
+            .arg(&qp)
+            .arg(&sp)
+            .arg(&zp)
+            .arg(&pp);
+        b.arg(&kb)
+            .arg(&ksi)
+            .arg(&gc)
+            .arg(&gs)
+            .arg(&n)
+            .arg(&op)
+            .arg(&of32)
+            .arg(&fp4);
+        b.arg(&plog).arg(&nsi).arg(&ca).arg(&nrti);
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+            block_dim: ((32 * ks * p) as u32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        // SAFETY: as in `packed_matmul`: the parts match the weight (a fast layout: no perm,
+        // k % 128 == 0), the grid covers n_pad outputs in tiles of 16 P and ceil(rows / 8 rg)
+        // row tiles, the kernel reads x only below (rows, k) and writes out only below (rows, n).
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
