@@ -412,8 +412,8 @@ fn w4a16_gemv_xs_bits() {
                 let nan = b.upload(&vec![f32::NAN; 32 * n]).expect("nan");
                 let run = |rows: usize, t: Option<GemvTune>| {
                     set(t);
-                    let mut out = b.alloc(32 * n).expect("out");
-                    b.add(&mut out, &nan, 32 * n).expect("poison");
+                    let mut out = b.alloc(rows * n).expect("out");
+                    b.add(&mut out, &nan, rows * n).expect("poison");
                     b.matmul_w4_with(&x, rows, &w, &mut out, W4Kernel::Gemv)
                         .expect("gemv");
                     b.synchronize().expect("sync");
@@ -587,5 +587,52 @@ fn w4a16_gemv_xs_sweep() {
                 println!("RESULT sweep N={n} K={k} {label}:{line}");
             }
         }
+    }
+}
+
+/// Measurement scaffolding: the launches `ncu -k regex:"w4_gemv(16|32)x?_bf16" --launch-count
+/// 16` profiles: on 17408×5120 then 5120×17408 (CT W4A16 symmetric g128, bf16), the old 16-row
+/// kernel, the x-staged one at 16 rows (default), the old 32-row kernel, the x-staged one at 32
+/// rows (RG 4, P 2, 2 stages), each twice (read the second). Run: `cuda_w4a16_bench-<hash>
+/// --ignored --exact --test-threads=1 --nocapture w4a16_gemv_xs_profile`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_xs_profile() {
+    use kiln::backend::cuda::{GemvTune, GEMV_TUNE};
+    let b = gpu("bf16", "auto");
+    let cfg = |entry, rg, plog, ns| GemvTune {
+        entry,
+        rg,
+        plog,
+        ns,
+        ca: true,
+        interleave: false,
+        extra_smem: 0,
+    };
+    for (i, (n, k)) in [(17408usize, 5120usize), (5120, 17408)]
+        .into_iter()
+        .enumerate()
+    {
+        let o = ct_g128(n, k, 500 + i as u64);
+        let w = b
+            .upload_linear("profile", &LinearView::Packed(o.linear()))
+            .expect("upload");
+        let x = b.upload(&data(32 * k, 3)).expect("x");
+        let mut out = b.alloc(32 * n).expect("out");
+        for (rows, t) in [
+            (16usize, Some(cfg(1, 2, 0, 3))),
+            (16, None),
+            (32, Some(cfg(1, 4, 0, 3))),
+            (32, Some(cfg(0, 4, 1, 2))),
+        ] {
+            *GEMV_TUNE.lock().expect("tune") = t;
+            for _ in 0..2 {
+                b.matmul_w4_with(&x, rows, &w, &mut out, W4Kernel::Gemv)
+                    .expect("gemv");
+                b.synchronize().expect("sync");
+            }
+            *GEMV_TUNE.lock().expect("tune") = None;
+        }
+        println!("RESULT xs-profile N={n} K={k} launched");
     }
 }
