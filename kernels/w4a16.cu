@@ -600,7 +600,7 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
 // >= 32 columns), with one warp per slice per tile.
 __device__ __forceinline__ void w4x_cp16(unsigned dst, const void* src, int bytes, int ca) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (ca) {
+    if (ca & 1) {
         asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
     } else {
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
@@ -691,7 +691,14 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
 
     const int nst = 2 * per;  // stages of the slice
-    for (int j = 0; j < ns - 1; ++j) {
+    // Measurement flag (ca bit 1): x read from global memory at use, as `w4_gemv_fast` does.
+    const bool xg = (ca & 2) != 0;
+    const uint4* xgp[RG];
+#pragma unroll
+    for (int rg = 0; rg < RG; ++rg)
+        xgp[rg] = reinterpret_cast<const uint4*>(xs + (size_t)min(r0 + 8 * rg + g, m - 1) * k + 32 * t) +
+                  (size_t)kb0 * 16;
+    for (int j = 0; j < ns - 1 && !xg; ++j) {
         if (j < nst) copy(j, (unsigned)j);
         w4x_commit();
     }
@@ -737,10 +744,12 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int j = 2 * i + h;
-            w4x_wait(ns);
-            gsync();
-            if (j + ns - 1 < nst) copy(j + ns - 1, wb);
-            w4x_commit();
+            if (!xg) {
+                w4x_wait(ns);
+                gsync();
+                if (j + ns - 1 < nst) copy(j + ns - 1, wb);
+                w4x_commit();
+            }
             wb = wb + 1 == (unsigned)ns ? 0u : wb + 1;
             const unsigned st = sbase + rb * XB;
             rb = rb + 1 == (unsigned)ns ? 0u : rb + 1;
@@ -754,8 +763,9 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
                 const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
 #pragma unroll
                 for (int rg = 0; rg < RG; ++rg) {
-                    const uint4 xr = *reinterpret_cast<const uint4*>(
-                        w4_smem + st + (e == 0 ? lofs0 : lofs1) + rg * 1024u);
+                    const uint4 xr = xg ? __ldg(xgp[rg] + i * 16 + q)
+                                        : *reinterpret_cast<const uint4*>(
+                                              w4_smem + st + (e == 0 ? lofs0 : lofs1) + rg * 1024u);
                     w4_mma<T>(acc[rg], a0, xr.x, xr.y);
                     w4_mma<T>(acc[rg], a1, xr.z, xr.w);
                 }

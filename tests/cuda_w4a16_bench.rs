@@ -366,6 +366,8 @@ fn w4a16_gemv_xs_bits() {
         plog,
         ns,
         ca,
+        xg: false,
+        carveout: -1,
         interleave,
         extra_smem: 0,
     };
@@ -436,6 +438,10 @@ fn w4a16_gemv_xs_bits() {
                         cfgs.push(Some(cfg(0, 2, 0, 3, true, true)));
                         cfgs.push(Some(cfg(0, 2, 1, 3, true, false)));
                     }
+                    cfgs.push(Some(GemvTune {
+                        xg: true,
+                        ..cfg(0, if rows <= 16 { 2 } else { 4 }, 1, 2, true, false)
+                    }));
                     if dtype == "bf16" && *label == "ct-sym-g128" {
                         for e in 2..6u8 {
                             cfgs.push(Some(cfg(e, 0, 0, 3, true, false)));
@@ -479,6 +485,8 @@ fn w4a16_gemv_xs_sweep() {
         plog,
         ns,
         ca,
+        xg: false,
+        carveout: -1,
         interleave,
         extra_smem,
     };
@@ -498,6 +506,34 @@ fn w4a16_gemv_xs_sweep() {
         (
             "rg2-p0-ns3-3blk",
             Some(cfg(0, 2, 0, 3, true, false, 40 << 10)),
+        ),
+        (
+            "rg2-p0-xglobal",
+            Some(GemvTune {
+                xg: true,
+                ..cfg(0, 2, 0, 2, true, false, 0)
+            }),
+        ),
+        (
+            "rg2-p1-xglobal",
+            Some(GemvTune {
+                xg: true,
+                ..cfg(0, 2, 1, 2, true, false, 0)
+            }),
+        ),
+        (
+            "rg2-p0-ns3-carve50",
+            Some(GemvTune {
+                carveout: 50,
+                ..cfg(0, 2, 0, 3, true, false, 0)
+            }),
+        ),
+        (
+            "rg2-p1-ns2-carve50",
+            Some(GemvTune {
+                carveout: 50,
+                ..cfg(0, 2, 1, 2, true, false, 0)
+            }),
         ),
     ];
     let c32: Vec<(&str, Option<GemvTune>)> = vec![
@@ -532,6 +568,27 @@ fn w4a16_gemv_xs_sweep() {
             Some(cfg(0, 2, 1, 3, true, true, 0)),
         ),
         ("rg2x2-p0-ns3", Some(cfg(0, 2, 0, 3, true, false, 0))),
+        (
+            "rg4-p1-xglobal",
+            Some(GemvTune {
+                xg: true,
+                ..cfg(0, 4, 1, 2, true, false, 0)
+            }),
+        ),
+        (
+            "rg4-p0-xglobal",
+            Some(GemvTune {
+                xg: true,
+                ..cfg(0, 4, 0, 2, true, false, 0)
+            }),
+        ),
+        (
+            "rg4-p1-ns2-carve70",
+            Some(GemvTune {
+                carveout: 70,
+                ..cfg(0, 4, 1, 2, true, false, 0)
+            }),
+        ),
     ];
     for (i, (n, k)) in [(17408usize, 5120usize), (5120, 17408)]
         .into_iter()
@@ -606,6 +663,8 @@ fn w4a16_gemv_xs_profile() {
         plog,
         ns,
         ca: true,
+        xg: false,
+        carveout: -1,
         interleave: false,
         extra_smem: 0,
     };

@@ -62,6 +62,10 @@ pub struct GemvTune {
     pub ns: u8,
     /// cp.async.ca (else .cg).
     pub ca: bool,
+    /// Experiment: x read from global memory at use (no staging).
+    pub xg: bool,
+    /// Preferred shared-memory carveout in percent (-1: the driver's choice).
+    pub carveout: i32,
     /// Row tiles of one weight tile side by side along grid.x.
     pub interleave: bool,
     /// Dynamic shared memory added per block (to cap the blocks per SM).
@@ -440,6 +444,8 @@ impl CudaBackend {
             plog: 0,
             ns: 3,
             ca: true,
+            xg: false,
+            carveout: -1,
             interleave: false,
             extra_smem: 0,
         });
@@ -479,6 +485,11 @@ impl CudaBackend {
             shared as i32,
         )
         .map_err(dev_err)?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            t.carveout,
+        )
+        .map_err(dev_err)?;
         let (qp, _q) = w.data.device_ptr(&self.stream);
         let (sp, _s) = parts.scales.device_ptr(&self.stream);
         let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
@@ -493,7 +504,12 @@ impl CudaBackend {
         );
         let of32 = i32::from(out_f32);
         let fp4 = i32::from(parts.values == W4Values::E2m1);
-        let (plog, nsi, ca, nrti) = (i32::from(t.plog), ns as i32, i32::from(t.ca), nrt as i32);
+        let (plog, nsi, ca, nrti) = (
+            i32::from(t.plog),
+            ns as i32,
+            i32::from(t.ca) | (i32::from(t.xg) << 1),
+            nrt as i32,
+        );
         let mut b = self.stream.launch_builder(f);
         b.arg(&xp)
             .arg(&m)
