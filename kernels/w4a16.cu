@@ -598,13 +598,9 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
 // Dynamic shared memory: max(ks * ns * RG * 1 KB, P * ks * RG * 512 B); the host checks it fits.
 // The host launches it only where `w4_gemv_fast` runs (k % 128 == 0, no perm, NVFP4 or groups of
 // >= 32 columns), with one warp per slice per tile.
-__device__ __forceinline__ void w4x_cp16(unsigned dst, const void* src, int bytes, int ca) {
+__device__ __forceinline__ void w4x_cp16(unsigned dst, const void* src, int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (ca & 1) {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-    } else {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-    }
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 #else
     __trap();
 #endif
@@ -614,54 +610,56 @@ __device__ __forceinline__ void w4x_commit() {
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
-// Wait until at most ns - 2 committed groups of this thread are in flight (ns = 2..4).
-__device__ __forceinline__ void w4x_wait(int ns) {
+// Wait until at most N committed groups of this thread are still in flight.
+template <int N>
+__device__ __forceinline__ void w4x_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (ns <= 2) {
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    } else if (ns == 3) {
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    } else {
-        asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-    }
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
-template <typename T, int RG, bool FP4, bool ZP, bool PF>
+template <typename T, int RG, bool FP4, bool ZP, int P, int NS, bool PF>
 __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int ks, int gshift, int gstore, int n,
-                                           void* out, int out_f32, int plog, int ns, int ca,
-                                           int nrt) {
+                                           void* out, int out_f32) {
+    static_assert(P == 1 || P == 2, "tiles per block");
+    static_assert(NS >= 2 && NS <= 4, "x stages");
     extern __shared__ __align__(16) unsigned char w4_smem[];
     constexpr bool G16 = FP4;
     constexpr unsigned XB = RG * 8 * 128;  // bytes of one stage
+    constexpr int NCP = 2 * RG / P;        // 16-byte pieces a thread copies per stage
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int P = 1 << plog, p = w & (P - 1), s = w >> plog;
-    const int bx = nrt > 1 ? blockIdx.x / nrt : blockIdx.x;
-    const int by = nrt > 1 ? blockIdx.x - bx * nrt : blockIdx.y;
-    const int tile = bx * P + p;  // m16 output tile: n8 tiles 2 tile, 2 tile + 1
-    const int nt0 = tile * 2;
-    const int r0 = by * 8 * RG;
+    const int p = w & (P - 1), s = w / P;
+    const int nt0 = (blockIdx.x * P + p) * 2;  // the warp's m16 tile: n8 tiles nt0, nt0 + 1
+    const int r0 = blockIdx.y * 8 * RG;
     const int per = kblocks / ks, kb0 = s * per;
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
-    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
-    const unsigned sbase = (unsigned)s * (unsigned)ns * XB;  // the slice's stage ring (bytes)
     // Copy role: thread p * 32 + lane of the slice's P warps copies the pieces (row, unit v) with
-    // v = lane & 7 and row = 4p + (lane >> 3) + 4P i, i < 2 RG / P (4 rows x 128 bytes per warp
-    // instruction, whole sectors).
+    // v = lane & 7 and row = 4p + (lane >> 3) + 4P i, i < NCP (a warp instruction moves 4 rows x
+    // 128 bytes: whole sectors). Rows past m copy 0 bytes (zero fill) from an in-range address.
     const int cv = lane & 7, crow = 4 * p + (lane >> 3);
-    const int ccol = 32 * (cv >> 1) + 8 * (cv & 1);  // + kb * 128 + 16 h
-    const unsigned cdst = (unsigned)crow * 128u + ((unsigned)(cv ^ (crow & 1)) << 4);
-    const int ncp = 2 * RG >> plog;
+    // Piece i's source: xb + i * xstride (rows past m: xb itself, 0 bytes).
+    const unsigned short* xb =
+        xs + (size_t)min(r0 + crow, m - 1) * k + 32 * (cv >> 1) + 8 * (cv & 1) + kb0 * W4_KB;
+    unsigned xstride = (unsigned)(4 * P) * (unsigned)k;
+    int xrows = m - r0 - crow;  // piece i is in range when 4 P i < xrows
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
+    const unsigned sring = (unsigned)(s * NS) * XB;  // the slice's stage ring (bytes from w4_smem)
+    unsigned cdst = sm0 + sring + (unsigned)crow * 128u + ((unsigned)(cv ^ (crow & 1)) << 4);
+    // Opaque to the optimiser: kept in registers rather than re-derived from the kernel
+    // parameters at every copy (which it otherwise does under the 64-register cap).
+    asm("" : "+l"(xb));
+    asm("" : "+r"(xstride), "+r"(xrows), "+r"(cdst));
+    // Stage j of the slice (k block kb0 + j / 2, half j % 2) into ring slot `buf`.
     auto copy = [&](int j, unsigned buf) {
-        const int col = (kb0 + (j >> 1)) * W4_KB + 16 * (j & 1) + ccol;
-        for (int i = 0; i < ncp; ++i) {
-            const int row = crow + 4 * P * i, r = r0 + row;
-            const bool in = r < m;
-            w4x_cp16(sm0 + sbase + buf * XB + cdst + (unsigned)(4 * P * i) * 128u,
-                     in ? (const void*)(xs + (size_t)r * k + col) : (const void*)xs, in ? 16 : 0, ca);
+        const unsigned col = (unsigned)((j >> 1) * W4_KB + 16 * (j & 1));
+#pragma unroll
+        for (int i = 0; i < NCP; ++i) {
+            const bool in = 4 * P * i < xrows;
+            w4x_cp16(cdst + buf * XB + (unsigned)(4 * P * i) * 128u,
+                     xb + (in ? (unsigned)i * xstride : 0u) + col, in ? 16 : 0);
         }
     };
     auto gsync = [&]() {
@@ -672,8 +670,8 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         }
     };
     // The lane's B fragment words q = 2h + e of row group rg in a stage: + rg * 1024.
-    const unsigned lofs0 = (unsigned)g * 128u + ((unsigned)((2 * t) ^ (g & 1)) << 4);
-    const unsigned lofs1 = (unsigned)g * 128u + ((unsigned)((2 * t + 1) ^ (g & 1)) << 4);
+    const unsigned lofs0 = sring + (unsigned)g * 128u + ((unsigned)((2 * t) ^ (g & 1)) << 4);
+    const unsigned lofs1 = sring + (unsigned)g * 128u + ((unsigned)((2 * t + 1) ^ (g & 1)) << 4);
 
     const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
     const uint4* wp1 = wp0 + (size_t)kblocks * 32;
@@ -691,22 +689,16 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
 
     const int nst = 2 * per;  // stages of the slice
-    // Measurement flag (ca bit 1): x read from global memory at use, as `w4_gemv_fast` does.
-    const bool xg = (ca & 2) != 0;
-    const uint4* xgp[RG];
 #pragma unroll
-    for (int rg = 0; rg < RG; ++rg)
-        xgp[rg] = reinterpret_cast<const uint4*>(xs + (size_t)min(r0 + 8 * rg + g, m - 1) * k + 32 * t) +
-                  (size_t)kb0 * 16;
-    for (int j = 0; j < ns - 1 && !xg; ++j) {
+    for (int j = 0; j < NS - 1; ++j) {
         if (j < nst) copy(j, (unsigned)j);
         w4x_commit();
     }
-    unsigned rb = 0, wb = (unsigned)(ns - 1);
-    // Weights and (scale, zero) of the next k block (a ring of depth 1).
+    unsigned rb = 0, wb = NS - 1;
+    // Weights and (scale, zero) words of the next k block, loaded before this one's decode.
     uint4 w0 = __ldg(wp0), w1 = __ldg(wp1);
     unsigned sz0, sz1, szh0 = 0, szh1 = 0;
-    {
+    auto load_sz = [&]() {
         const unsigned glo = gq >> gshift;
         sz0 = w4_szf<ZP>(sp0, zp0, glo * 8u);
         sz1 = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
@@ -715,8 +707,11 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
             szh0 = w4_szf<ZP>(sp0, zp0, ghi * 8u);
             szh1 = w4_szf<ZP>(sp0, zp0, ghi * 8u + sstride);
         }
-    }
+    };
+    load_sz();
     for (int i = 0; i < per; ++i) {
+        // PF: the next k block's weights are loaded before this one's decode (8 more registers);
+        // else after it, as the 8-row GEMV does.
         const uint4 c0 = w0, c1 = w1;
         const unsigned zc = W4Dec<T>::bias(8);
         const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
@@ -730,32 +725,27 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
             gq += 8u;
             w0 = __ldg(wp0);
             w1 = __ldg(wp1);
-            const unsigned glo = gq >> gshift;
-            sz0 = w4_szf<ZP>(sp0, zp0, glo * 8u);
-            sz1 = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
-            if (G16) {
-                const unsigned ghi = (gq + 1u) >> gshift;
-                szh0 = w4_szf<ZP>(sp0, zp0, ghi * 8u);
-                szh1 = w4_szf<ZP>(sp0, zp0, ghi * 8u + sstride);
-            }
+            load_sz();
         };
-        // PF: the next k block's loads go out before this one's decode (more registers).
         if (PF && i + 1 < per) next();
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int j = 2 * i + h;
-            if (!xg) {
-                w4x_wait(ns);
-                gsync();
-                if (j + ns - 1 < nst) copy(j + ns - 1, wb);
-                w4x_commit();
-            }
-            wb = wb + 1 == (unsigned)ns ? 0u : wb + 1;
-            const unsigned st = sbase + rb * XB;
-            rb = rb + 1 == (unsigned)ns ? 0u : rb + 1;
+            w4x_wait<NS - 2>();
+            gsync();
+            if (j + NS - 1 < nst) copy(j + NS - 1, wb);
+            w4x_commit();
+            wb = wb + 1 == NS ? 0u : wb + 1;
+            const unsigned st = rb * XB;
+            rb = rb + 1 == NS ? 0u : rb + 1;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int q = 2 * h + e;
+                uint4 xr[RG];
+#pragma unroll
+                for (int rg = 0; rg < RG; ++rg)
+                    xr[rg] = *reinterpret_cast<const uint4*>(w4_smem + st + (e == 0 ? lofs0 : lofs1) +
+                                                             rg * 1024u);
                 unsigned d0[4], d1[4];
                 w4_decode_any<T, FP4>(w4_word(c0, q), h == 0 ? s0l : s0h, z0, d0);
                 w4_decode_any<T, FP4>(w4_word(c1, q), h == 0 ? s1l : s1h, z1, d1);
@@ -763,20 +753,17 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
                 const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
 #pragma unroll
                 for (int rg = 0; rg < RG; ++rg) {
-                    const uint4 xr = xg ? __ldg(xgp[rg] + i * 16 + q)
-                                        : *reinterpret_cast<const uint4*>(
-                                              w4_smem + st + (e == 0 ? lofs0 : lofs1) + rg * 1024u);
-                    w4_mma<T>(acc[rg], a0, xr.x, xr.y);
-                    w4_mma<T>(acc[rg], a1, xr.z, xr.w);
+                    w4_mma<T>(acc[rg], a0, xr[rg].x, xr[rg].y);
+                    w4_mma<T>(acc[rg], a1, xr[rg].z, xr[rg].w);
                 }
             }
         }
         if (!PF && i + 1 < per) next();
     }
-    w4x_wait(2);  // all groups (the last ones are empty)
+    w4x_wait<0>();  // all groups (the last ones are empty)
     __syncthreads();
+    // The slice sums [P][ks][RG][4][32] over the stages, then each output's sum in slice order.
     float* part = reinterpret_cast<float*>(w4_smem);
-    // part [P][ks][RG][4][32]
 #pragma unroll
     for (int h = 0; h < RG; ++h)
 #pragma unroll
@@ -788,7 +775,7 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         float total = 0.0f;
         for (int q = 0; q < ks; ++q) total += part[(((pp * ks + q) * RG + h) * 4 + e) * 32 + lane];
         const int row = r0 + 8 * h + 2 * t + (e & 1);
-        const int col = (bx * P + pp) * 16 + g + (e >= 2 ? 8 : 0);
+        const int col = (blockIdx.x * P + pp) * 16 + g + (e >= 2 ? 8 : 0);
         if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
     }
 }
@@ -1100,32 +1087,36 @@ W4_TC_ENTRIES(f16, __half)
 W4_TC_ENTRIES(bf16, bf16_t)
 
 // The x-staged GEMV (`w4_gemv_xs`): RG = 2 for 9..16 rows, RG = 4 for 17..32 (fast layouts only),
-// blocks of 32 ks P threads (P <= 2), ptxas capped at 64 registers (2 blocks of 512 per SM).
-#define W4_XS(T, RG, PF)                                                                          \
-    if (fp4) w4_gemv_xs<T, RG, true, false, PF>(W4_FAST_PASS, plog, ns, ca, nrt);               \
-    else if (zeros) w4_gemv_xs<T, RG, false, true, PF>(W4_FAST_PASS, plog, ns, ca, nrt);         \
-    else w4_gemv_xs<T, RG, false, false, PF>(W4_FAST_PASS, plog, ns, ca, nrt);
+// ptxas capped at 64 registers.
+#define W4_XS(T, RG, P, NS, PF)                                                                   \
+    if (fp4) w4_gemv_xs<T, RG, true, false, P, NS, PF>(W4_FAST_PASS);                            \
+    else if (zeros) w4_gemv_xs<T, RG, false, true, P, NS, PF>(W4_FAST_PASS);                      \
+    else w4_gemv_xs<T, RG, false, false, P, NS, PF>(W4_FAST_PASS);
 #define W4_XS_ENTRIES(SUF, T)                                                                     \
-    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemv16x_##SUF(                        \
-        W4_ARGS(T), int plog, int ns, int ca, int nrt) {                                          \
-        W4_XS(T, 2, true)                                                                         \
+    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemv16x_##SUF(W4_ARGS(T)) {           \
+        W4_XS(T, 2, 1, 2, false)                                                                  \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemv32x_##SUF(                        \
-        W4_ARGS(T), int plog, int ns, int ca, int nrt) {                                          \
-        W4_XS(T, 4, false)                                                                        \
+    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemv32x_##SUF(W4_ARGS(T)) {           \
+        W4_XS(T, 4, 2, 2, false)                                                                  \
     }
 W4_XS_ENTRIES(f16, __half)
 W4_XS_ENTRIES(bf16, bf16_t)
-// Measurement variants (bf16, symmetric; removed once the sweep has chosen).
-#define W4_XS_SWEEP(NAME, LB, RG, PF)                                                             \
-    extern "C" __global__ void __launch_bounds__ LB NAME(W4_ARGS(bf16_t), int plog, int ns,      \
-                                                         int ca, int nrt) {                       \
-        w4_gemv_xs<bf16_t, RG, false, false, PF>(W4_FAST_PASS, plog, ns, ca, nrt);               \
+// Measurement variants (bf16, symmetric; removed once the sweep has chosen): w4x_v{i}, the
+// (RG, P, NS, PF) and the bounds of `GemvTune::entry` 2 + i in w4a16.rs.
+#define W4_XS_SWEEP(NAME, LB, RG, P, NS, PF)                                                      \
+    extern "C" __global__ void __launch_bounds__ LB NAME(W4_ARGS(bf16_t)) {                       \
+        w4_gemv_xs<bf16_t, RG, false, false, P, NS, PF>(W4_FAST_PASS);                           \
     }
-W4_XS_SWEEP(w4x_v0_bf16, (256, 3), 4, true)
-W4_XS_SWEEP(w4x_v1_bf16, (256, 5), 2, false)
-W4_XS_SWEEP(w4x_v2_bf16, (512, 2), 2, false)
-W4_XS_SWEEP(w4x_v3_bf16, (256, 2), 4, true)
+W4_XS_SWEEP(w4x_v0_bf16, (256, 4), 2, 1, 2, false)
+W4_XS_SWEEP(w4x_v1_bf16, (256, 4), 2, 1, 2, true)
+W4_XS_SWEEP(w4x_v2_bf16, (256, 3), 2, 1, 2, true)
+W4_XS_SWEEP(w4x_v3_bf16, (256, 5), 2, 1, 2, false)
+W4_XS_SWEEP(w4x_v4_bf16, (512, 2), 2, 2, 2, false)
+W4_XS_SWEEP(w4x_v5_bf16, (256, 4), 2, 1, 3, false)
+W4_XS_SWEEP(w4x_v6_bf16, (256, 4), 4, 1, 2, false)
+W4_XS_SWEEP(w4x_v7_bf16, (256, 3), 4, 1, 2, true)
+W4_XS_SWEEP(w4x_v8_bf16, (512, 2), 4, 2, 2, false)
+W4_XS_SWEEP(w4x_v9_bf16, (512, 1), 4, 2, 2, true)
 
 #define W4_FMA_ENTRY(SUF, T)                                                                    \
     extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }

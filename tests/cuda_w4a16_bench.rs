@@ -351,25 +351,20 @@ fn w4a16_wide_gemm_speed() {
 }
 
 /// Measurement scaffolding of the x-staged GEMV (removed once the sweep has chosen): every
-/// launch configuration of `w4_gemv_xs` against the old `w4_gemv16` / `w4_gemv32`, bit for bit,
-/// on the fast layouts (sym / asym / AWQ / group 32 / NVFP4), bf16 and fp16, slice counts 8 / 4 /
-/// 2 / 1, rows 9..=32. Run: `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1
-/// --nocapture w4a16_gemv_xs_bits`
+/// entry of `w4_gemv_xs` against the old `w4_gemv16` / `w4_gemv32`, bit for bit, on the fast
+/// layouts (sym / asym / AWQ / group 32 / NVFP4), bf16 and fp16, slice counts 8 / 4 / 2 / 1,
+/// rows 9..=32. Run: `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture
+/// w4a16_gemv_xs_bits`
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_gemv_xs_bits() {
     use kiln::backend::cuda::{GemvTune, GEMV_TUNE};
     let set = |t: Option<GemvTune>| *GEMV_TUNE.lock().expect("tune") = t;
-    let cfg = |entry, rg, plog, ns, ca, interleave| GemvTune {
+    let cfg = |entry, rg| GemvTune {
         entry,
         rg,
-        plog,
-        ns,
-        ca,
-        xg: false,
-        carveout: -1,
-        interleave,
         extra_smem: 0,
+        carveout: -1,
     };
     let fmts = [
         (
@@ -423,30 +418,12 @@ fn w4a16_gemv_xs_bits() {
                     down(&b, &out, rows * n)
                 };
                 for rows in [9usize, 12, 16, 17, 24, 31, 32] {
-                    let old = run(rows, Some(cfg(1, 2, 0, 3, true, false)));
-                    let mut cfgs = vec![None];
-                    if rows <= 16 {
-                        for (plog, ns, ca) in
-                            [(0, 2, true), (0, 4, false), (1, 3, true), (1, 2, true)]
-                        {
-                            cfgs.push(Some(cfg(0, 2, plog, ns, ca, false)));
-                        }
-                    } else {
-                        for (plog, ns, ca) in [(0, 2, true), (1, 3, false), (1, 4, true)] {
-                            cfgs.push(Some(cfg(0, 4, plog, ns, ca, false)));
-                        }
-                        cfgs.push(Some(cfg(0, 2, 0, 3, true, true)));
-                        cfgs.push(Some(cfg(0, 2, 1, 3, true, false)));
-                    }
-                    cfgs.push(Some(GemvTune {
-                        xg: true,
-                        ..cfg(0, if rows <= 16 { 2 } else { 4 }, 1, 2, true, false)
-                    }));
+                    let old = run(rows, Some(cfg(1, 2)));
+                    let mut cfgs = vec![None, Some(cfg(0, 2)), Some(cfg(0, 4))];
                     if dtype == "bf16" && *label == "ct-sym-g128" {
-                        for e in 2..6u8 {
-                            cfgs.push(Some(cfg(e, 0, 0, 3, true, false)));
+                        for e in 0..10u8 {
+                            cfgs.push(Some(cfg(2 + e, 0)));
                         }
-                        cfgs.push(Some(cfg(4, 0, 1, 2, true, true)));
                     }
                     for c in cfgs {
                         let got = run(rows, c);
@@ -467,10 +444,10 @@ fn w4a16_gemv_xs_bits() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// Measurement scaffolding: the x-staged GEMV's launch configurations against the old kernels
-/// on the two 27B MLP shapes (CT W4A16 symmetric g128, bf16), rotating over 4 weights (every
-/// launch from DRAM), µs. Run: `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1
-/// --nocapture w4a16_gemv_xs_sweep`
+/// Measurement scaffolding: the x-staged GEMV's entries against the old kernels on the two 27B
+/// MLP shapes (CT W4A16 symmetric g128, bf16), rotating over 4 weights (every launch from
+/// DRAM), µs. Run: `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture
+/// w4a16_gemv_xs_sweep`
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_gemv_xs_sweep() {
@@ -479,116 +456,39 @@ fn w4a16_gemv_xs_sweep() {
     println!("device: {}", b.name());
     let copy = copy_bandwidth();
     println!("RESULT sweep copy_bandwidth_GBps={:.0}", copy / 1e9);
-    let cfg = |entry, rg, plog, ns, ca, interleave, extra_smem| GemvTune {
-        entry,
-        rg,
-        plog,
-        ns,
-        ca,
-        xg: false,
-        carveout: -1,
-        interleave,
-        extra_smem,
+    let cfg = |entry, rg, extra_smem, carveout| {
+        Some(GemvTune {
+            entry,
+            rg,
+            extra_smem,
+            carveout,
+        })
     };
     // (label, config) for 9..16 rows and for 17..32 rows; None = the default.
     let c16: Vec<(&str, Option<GemvTune>)> = vec![
-        ("old", Some(cfg(1, 2, 0, 3, true, false, 0))),
+        ("old", cfg(1, 2, 0, -1)),
         ("default", None),
-        ("rg2-p0-ns2", Some(cfg(0, 2, 0, 2, true, false, 0))),
-        ("rg2-p0-ns4", Some(cfg(0, 2, 0, 4, true, false, 0))),
-        ("rg2-p0-ns3-cg", Some(cfg(0, 2, 0, 3, false, false, 0))),
-        ("rg2-p1-ns2", Some(cfg(0, 2, 1, 2, true, false, 0))),
-        ("rg2-p1-ns3", Some(cfg(0, 2, 1, 3, true, false, 0))),
-        ("rg2-p1-ns4", Some(cfg(0, 2, 1, 4, true, false, 0))),
-        ("v1(c48,nopf)-p0-ns2", Some(cfg(3, 0, 0, 2, true, false, 0))),
-        ("v2(c64,nopf)-p0-ns3", Some(cfg(4, 0, 0, 3, true, false, 0))),
-        ("v2(c64,nopf)-p1-ns3", Some(cfg(4, 0, 1, 3, true, false, 0))),
-        (
-            "rg2-p0-ns3-3blk",
-            Some(cfg(0, 2, 0, 3, true, false, 40 << 10)),
-        ),
-        (
-            "rg2-p0-xglobal",
-            Some(GemvTune {
-                xg: true,
-                ..cfg(0, 2, 0, 2, true, false, 0)
-            }),
-        ),
-        (
-            "rg2-p1-xglobal",
-            Some(GemvTune {
-                xg: true,
-                ..cfg(0, 2, 1, 2, true, false, 0)
-            }),
-        ),
-        (
-            "rg2-p0-ns3-carve50",
-            Some(GemvTune {
-                carveout: 50,
-                ..cfg(0, 2, 0, 3, true, false, 0)
-            }),
-        ),
-        (
-            "rg2-p1-ns2-carve50",
-            Some(GemvTune {
-                carveout: 50,
-                ..cfg(0, 2, 1, 2, true, false, 0)
-            }),
-        ),
+        ("v0 rg2 p1 ns2 c64", cfg(2, 0, 0, -1)),
+        ("v1 rg2 p1 ns2 pf c64", cfg(3, 0, 0, -1)),
+        ("v2 rg2 p1 ns2 pf c80", cfg(4, 0, 0, -1)),
+        ("v3 rg2 p1 ns2 c48", cfg(5, 0, 0, -1)),
+        ("v4 rg2 p2 ns2 c64", cfg(6, 0, 0, -1)),
+        ("v5 rg2 p1 ns3 c64", cfg(7, 0, 0, -1)),
+        ("v0 3 blocks/SM", cfg(2, 0, 48 << 10, -1)),
+        ("v0 carveout 50", cfg(2, 0, 0, 50)),
+        ("v6 rg4 p1 ns2 c64", cfg(8, 0, 0, -1)),
+        ("v8 rg4 p2 ns2 c64", cfg(10, 0, 0, -1)),
     ];
     let c32: Vec<(&str, Option<GemvTune>)> = vec![
-        ("old", Some(cfg(1, 4, 0, 3, true, false, 0))),
+        ("old", cfg(1, 4, 0, -1)),
         ("default", None),
-        ("rg4-p0-ns2", Some(cfg(0, 4, 0, 2, true, false, 0))),
-        ("rg4-p1-ns2", Some(cfg(0, 4, 1, 2, true, false, 0))),
-        ("rg4-p1-ns3", Some(cfg(0, 4, 1, 3, true, false, 0))),
-        ("rg4-p0-ns3-cg", Some(cfg(0, 4, 0, 3, false, false, 0))),
-        (
-            "v0(rg4,c80,pf)-p0-ns3",
-            Some(cfg(2, 0, 0, 3, true, false, 0)),
-        ),
-        (
-            "v0(rg4,c80,pf)-p0-ns2",
-            Some(cfg(2, 0, 0, 2, true, false, 0)),
-        ),
-        (
-            "v3(rg4,c128,pf)-p0-ns3",
-            Some(cfg(5, 0, 0, 3, true, false, 0)),
-        ),
-        (
-            "v3(rg4,c128,pf)-p0-ns2",
-            Some(cfg(5, 0, 0, 2, true, false, 0)),
-        ),
-        (
-            "rg2x2-interleave-p0-ns3",
-            Some(cfg(0, 2, 0, 3, true, true, 0)),
-        ),
-        (
-            "rg2x2-interleave-p1-ns3",
-            Some(cfg(0, 2, 1, 3, true, true, 0)),
-        ),
-        ("rg2x2-p0-ns3", Some(cfg(0, 2, 0, 3, true, false, 0))),
-        (
-            "rg4-p1-xglobal",
-            Some(GemvTune {
-                xg: true,
-                ..cfg(0, 4, 1, 2, true, false, 0)
-            }),
-        ),
-        (
-            "rg4-p0-xglobal",
-            Some(GemvTune {
-                xg: true,
-                ..cfg(0, 4, 0, 2, true, false, 0)
-            }),
-        ),
-        (
-            "rg4-p1-ns2-carve70",
-            Some(GemvTune {
-                carveout: 70,
-                ..cfg(0, 4, 1, 2, true, false, 0)
-            }),
-        ),
+        ("v6 rg4 p1 ns2 c64", cfg(8, 0, 0, -1)),
+        ("v7 rg4 p1 ns2 pf c80", cfg(9, 0, 0, -1)),
+        ("v8 rg4 p2 ns2 c64", cfg(10, 0, 0, -1)),
+        ("v9 rg4 p2 ns2 pf c128", cfg(11, 0, 0, -1)),
+        ("v0 rg2 p1 ns2 c64 (2 row tiles)", cfg(2, 0, 0, -1)),
+        ("v4 rg2 p2 ns2 c64 (2 row tiles)", cfg(6, 0, 0, -1)),
+        ("v2 rg2 p1 ns2 pf c80 (2 row tiles)", cfg(4, 0, 0, -1)),
     ];
     for (i, (n, k)) in [(17408usize, 5120usize), (5120, 17408)]
         .into_iter()
@@ -649,25 +549,20 @@ fn w4a16_gemv_xs_sweep() {
 
 /// Measurement scaffolding: the launches `ncu -k regex:"w4_gemv(16|32)x?_bf16" --launch-count
 /// 16` profiles: on 17408×5120 then 5120×17408 (CT W4A16 symmetric g128, bf16), the old 16-row
-/// kernel, the x-staged one at 16 rows (default), the old 32-row kernel, the x-staged one at 32
-/// rows (RG 4, P 2, 2 stages), each twice (read the second). Run: `cuda_w4a16_bench-<hash>
-/// --ignored --exact --test-threads=1 --nocapture w4a16_gemv_xs_profile`
+/// kernel, the x-staged one at 16 rows, the old 32-row kernel, the x-staged one at 32 rows (the
+/// defaults), each twice (read the second). Run: `cuda_w4a16_bench-<hash> --ignored --exact
+/// --test-threads=1 --nocapture w4a16_gemv_xs_profile`
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_gemv_xs_profile() {
     use kiln::backend::cuda::{GemvTune, GEMV_TUNE};
     let b = gpu("bf16", "auto");
-    let cfg = |entry, rg, plog, ns| GemvTune {
-        entry,
-        rg,
-        plog,
-        ns,
-        ca: true,
-        xg: false,
-        carveout: -1,
-        interleave: false,
+    let old = Some(GemvTune {
+        entry: 1,
+        rg: 2,
         extra_smem: 0,
-    };
+        carveout: -1,
+    });
     for (i, (n, k)) in [(17408usize, 5120usize), (5120, 17408)]
         .into_iter()
         .enumerate()
@@ -678,12 +573,7 @@ fn w4a16_gemv_xs_profile() {
             .expect("upload");
         let x = b.upload(&data(32 * k, 3)).expect("x");
         let mut out = b.alloc(32 * n).expect("out");
-        for (rows, t) in [
-            (16usize, Some(cfg(1, 2, 0, 3))),
-            (16, None),
-            (32, Some(cfg(1, 4, 0, 3))),
-            (32, Some(cfg(0, 4, 1, 2))),
-        ] {
+        for (rows, t) in [(16usize, old), (16, None), (32, old), (32, None)] {
             *GEMV_TUNE.lock().expect("tune") = t;
             for _ in 0..2 {
                 b.matmul_w4_with(&x, rows, &w, &mut out, W4Kernel::Gemv)

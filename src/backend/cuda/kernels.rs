@@ -279,7 +279,7 @@ impl KernelModule {
                         names.push(format!("w4_gemv16x_{t}"));
                         names.push(format!("w4_gemv32x_{t}"));
                         if t == "bf16" {
-                            names.extend((0..4).map(|i| format!("w4x_v{i}_bf16")));
+                            names.extend((0..10).map(|i| format!("w4x_v{i}_bf16")));
                         }
                         names.push(format!("w4_gemm_{t}"));
                     }

@@ -165,7 +165,7 @@ impl Kernels {
             w4_gemv16x: opt(format!("w4_gemv16x_{t}"))?,
             w4_gemv32x: opt(format!("w4_gemv32x_{t}"))?,
             w4x_sweep: if t == "bf16" {
-                (0..super::w4a16::SWEEP_VARIANTS)
+                (0..super::w4a16::SWEEP_VARIANTS.len())
                     .map(|i| get(format!("w4x_v{i}_bf16")))
                     .collect::<Result<_, _>>()?
             } else {

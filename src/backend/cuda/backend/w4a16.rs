@@ -43,33 +43,34 @@ const GEMV16_ROWS: usize = 16;
 /// Rows of one `w4_gemv32` block (RG = 4).
 const GEMV32_ROWS: usize = 32;
 
-/// Measurement scaffolding of the x-staged GEMV sweep (removed once it has chosen): the number
-/// of `w4x_v{i}_bf16` entries.
-pub const SWEEP_VARIANTS: usize = 4;
+/// Measurement scaffolding of the x-staged GEMV sweep (removed once it has chosen): the
+/// `w4x_v{i}_bf16` entries' (row groups, tiles per block, x stages).
+pub const SWEEP_VARIANTS: [(usize, usize, usize); 10] = [
+    (2, 1, 2),
+    (2, 1, 2),
+    (2, 1, 2),
+    (2, 1, 2),
+    (2, 2, 2),
+    (2, 1, 3),
+    (4, 1, 2),
+    (4, 1, 2),
+    (4, 2, 2),
+    (4, 2, 2),
+];
 
 /// Measurement scaffolding: how a 9–32-row GEMV step on a fast layout is launched (tests set
 /// [`GEMV_TUNE`]; `None` = the defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvTune {
     /// 0: `w4_gemv16x` / `w4_gemv32x` by `rg`; 1: the old `w4_gemv16` / `w4_gemv32`; 2 + i: the
-    /// sweep entry `w4x_v{i}_bf16` (RG 4, 2, 2, 4).
+    /// sweep entry `w4x_v{i}_bf16` ([`SWEEP_VARIANTS`]).
     pub entry: u8,
     /// Row groups of 8 per block (2 or 4) for entry 0.
     pub rg: u8,
-    /// log2 of the m16 tiles per block (0 or 1).
-    pub plog: u8,
-    /// x stages per slice (2..4).
-    pub ns: u8,
-    /// cp.async.ca (else .cg).
-    pub ca: bool,
-    /// Experiment: x read from global memory at use (no staging).
-    pub xg: bool,
-    /// Preferred shared-memory carveout in percent (-1: the driver's choice).
-    pub carveout: i32,
-    /// Row tiles of one weight tile side by side along grid.x.
-    pub interleave: bool,
     /// Dynamic shared memory added per block (to cap the blocks per SM).
     pub extra_smem: u32,
+    /// Preferred shared-memory carveout in percent (-1: the driver's choice).
+    pub carveout: i32,
 }
 
 /// See [`GemvTune`].
@@ -441,39 +442,22 @@ impl CudaBackend {
         let t = tune.unwrap_or(GemvTune {
             entry: 0,
             rg: if rows <= GEMV16_ROWS { 2 } else { 4 },
-            plog: 0,
-            ns: 3,
-            ca: true,
-            xg: false,
-            carveout: -1,
-            interleave: false,
             extra_smem: 0,
+            carveout: -1,
         });
-        let (f, rg) = match t.entry {
-            0 => (
-                if t.rg == 2 {
-                    self.k.w4_gemv16x.as_ref()
-                } else {
-                    self.k.w4_gemv32x.as_ref()
-                },
-                t.rg as usize,
-            ),
+        // (row groups, tiles per block, x stages) of the production entries:
+        // `kernels/w4a16.cu` W4_XS_ENTRIES.
+        let (f, (rg, p, ns)) = match t.entry {
+            0 if t.rg == 2 => (self.k.w4_gemv16x.as_ref(), (2, 1, 2)),
+            0 => (self.k.w4_gemv32x.as_ref(), (4, 2, 2)),
             e => (
                 self.k.w4x_sweep.get(e as usize - 2),
-                [4, 2, 2, 4][e as usize - 2],
+                SWEEP_VARIANTS[e as usize - 2],
             ),
         };
         let f = f.ok_or_else(|| BackendError::Unsupported("w4 gemv xs entry".into()))?;
         let ks = parts.k_slices;
-        let p = 1usize << t.plog;
-        let tiles16 = parts.n_pad / (2 * TILE_N);
-        let row_tiles = rows.div_ceil(8 * rg);
-        let (grid, nrt) = if t.interleave && row_tiles > 1 {
-            ((tiles16 / p * row_tiles, 1), row_tiles)
-        } else {
-            ((tiles16 / p, row_tiles), 1)
-        };
-        let ns = t.ns as usize;
+        let grid = (parts.n_pad / (2 * TILE_N) / p, rows.div_ceil(8 * rg));
         let shared = (ks * ns * rg * 1024).max(p * ks * rg * 512) + t.extra_smem as usize;
         if shared > self.w4_smem_max() {
             return Err(BackendError::Unsupported(format!(
@@ -504,12 +488,6 @@ impl CudaBackend {
         );
         let of32 = i32::from(out_f32);
         let fp4 = i32::from(parts.values == W4Values::E2m1);
-        let (plog, nsi, ca, nrti) = (
-            i32::from(t.plog),
-            ns as i32,
-            i32::from(t.ca) | (i32::from(t.xg) << 1),
-            nrt as i32,
-        );
         let mut b = self.stream.launch_builder(f);
         b.arg(&xp)
             .arg(&m)
@@ -526,7 +504,6 @@ impl CudaBackend {
             .arg(&op)
             .arg(&of32)
             .arg(&fp4);
-        b.arg(&plog).arg(&nsi).arg(&ca).arg(&nrti);
         let cfg = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
             block_dim: ((32 * ks * p) as u32, 1, 1),
