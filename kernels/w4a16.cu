@@ -31,10 +31,10 @@
 // mma.sync.m16n8k16 with f32 accumulation over the same fragments: K is cut into `ks` slices
 // (a function of K alone, chosen by the host); slice s accumulates its k blocks in ascending
 // order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
-// f32. The GEMV (rows 1..32: `w4_gemv`, blocks of one n8 row group, for 1..8 rows; `w4_gemv16`,
-// two row groups sharing one weight decode, for 9..16 rows; `w4_gemv32`, four row groups, for
-// 17..32 rows and the generic layouts; one warp per slice, P_s summed through shared memory
-// after the main loop) and `w4_gemm`
+// f32. The GEMV (rows 1..32: `w4_gemv`, blocks of one n8 row group, for 1..8 rows;
+// `w4_gemvx1` / `w4_gemvx2`, two row groups sharing one weight decode with x staged in shared
+// memory, for 9..32 rows; `w4_gemv32`, four row groups, for 9..32 rows of the generic layouts;
+// one warp per slice, P_s summed through shared memory after the main loop) and `w4_gemm`
 // (larger steps: the slices one after another, each added into the total at its end) perform
 // exactly these operations per output element, so a row's result does not depend on its batch and the two
 // kernels agree bit for bit (tests/cuda_w4a16.rs checks it). `w4_fma` is the path for sm_70 /
@@ -54,7 +54,6 @@
 // RG = 4 `w4_gemv` above keeps a 2-deep ring.
 #define W4_GEMV_DEPTH 1
 #define W4_GEMV_BLOCKS 5
-#define W4_GEMV16_BLOCKS 3 // resident blocks per SM of the 16-row GEMV (__launch_bounds__)
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
 // D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
@@ -322,11 +321,11 @@ __device__ __forceinline__ unsigned w4_sz_at(const unsigned short* __restrict__ 
 
 // GEMV: grid (Np / 16, ceil(m / (8 RG))), block 32 * ks threads (warp s = K slice s), one m16
 // output tile (n8 tiles 2 * blockIdx.x, + 1) and 8 RG rows (r0 = 8 RG blockIdx.y) per block;
-// RG = 1 (steps of 1..8 rows, `w4_gemv_*`), 2 (9..16 rows, `w4_gemv16_*`) or 4 (17..32 rows
-// and the generic layouts, `w4_gemv32_*`): the weights are read and decoded once for 8 RG rows.
+// RG = 4 (9..32 rows of the generic layouts, `w4_gemv32_*`): the weights are read and decoded
+// once for 8 RG rows.
 // Each warp keeps D k blocks of its tiles' weights and (scale, zero) words in flight in a
-// register ring (D = 2; RG = 1 and 2 now run `w4_gemv_fast` below, which is this kernel with
-// less bookkeeping); x is read through the L1 (every warp of the
+// register ring (D = 2; the fast layouts run `w4_gemv_fast` and `w4_gemv_xs` below, which are
+// this kernel with less bookkeeping); x is read through the L1 (every warp of the
 // grid reads the same rows). Row groups past m (nrg of RG present, uniform per block) are
 // skipped.
 // FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads
@@ -418,9 +417,9 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
     }
 }
 
-// The fast GEMV (`w4_gemv_*`, RG = 1: 1..8 rows; `w4_gemv16_*`, RG = 2: 9..16 rows; the host
-// launches them only on layouts with k % 128 == 0, no perm, and NVFP4 or groups of >= 32
-// columns, and only with m <= 8 RG, so every row group of the block exists): the same fragments,
+// The fast GEMV (`w4_gemv_*`, RG = 1: 1..8 rows; the host launches it only on layouts with
+// k % 128 == 0, no perm, and NVFP4 or groups of >= 32 columns, and only with m <= 8 RG, so every
+// row group of the block exists): the same fragments,
 // k order and slice sum as `w4_gemv` above, with the per-block overhead cut (issue 10: 224 warp
 // instructions per KB of weights, 38% of them address, guard and zero-point work, in the
 // profile of docs/benchmarks.md). The differences are in the bookkeeping only:
@@ -576,28 +575,28 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
     }
 }
 
-// The x-staged GEMV (`w4_gemv16_*`, RG = 2: 9..16 rows; `w4_gemv32_*` on the fast layouts, RG =
-// 4: 17..32 rows): the fast GEMV's fragments, k order and slice sum, with x read from shared
-// memory. In `w4_gemv_fast` each lane loads its x words from L1 / L2 in the step that uses them,
-// and a 128-bit load of a quad is four 16-byte pieces 64 bytes apart (half of every sector
-// wasted); at 16 rows the mma waits on them (docs/benchmarks.md, the Nsight section). Here the
-// x of a K slice is copied by cp.async, whole sectors, `ns` - 1 half k blocks ahead of use, into a
-// ring of `ns` stages per slice, and read back as B fragments without bank conflicts.
+// The x-staged GEMV (`w4_gemvx1_*` / `w4_gemvx2_*`: steps of 9..32 rows on the fast layouts, in
+// blocks of 8 RG = 16 rows): the fast GEMV's fragments, k order and slice sum, with x read from
+// shared memory. In `w4_gemv_fast` each lane loads its x words from L1 / L2 in the step that uses
+// them, and one 128-bit load of a quad is four 16-byte pieces 64 bytes apart (half of every
+// sector wasted); at 16 rows the mma waited on them (docs/benchmarks.md, the Nsight section).
+// Here the x of a K slice is copied by cp.async, whole sectors, NS - 1 half k blocks ahead of
+// use, into a ring of NS stages per slice, and read back as B fragments without bank conflicts.
 // - A stage is half a k block (columns 32t + 16h + [0, 16) of every lane quad t, h = 0 / 1: the
 //   x words q = 2h, 2h + 1) of the block's 8 RG rows: row r at r * 128 bytes, its 16-byte unit v
-//   (= 2t + (q & 1), columns 32t + 16h + 8(q & 1)) at slot v ^ (r & 1) (8 lanes of one 128-bit
-//   load phase: rows g, g + 1 with opposite parities, 8 distinct slots, all 32 banks).
-// - A block runs P = 1 << plog m16 output tiles (P x ks warps: warp w = P s + p runs K slice s of
-//   tile p); the P warps of a slice share its stages (named barrier 1 + s over 32 P threads, or
-//   __syncwarp for P = 1), so x is fetched once for 16 P outputs.
-// - `nrt` > 1: the block's row tile is blockIdx.x % nrt (grid.y = 1), so that the row tiles of one
-//   weight tile run side by side and the weights' second read comes from the L2.
-// - `ca`: cp.async.ca (x allocated in the L1, where the SM's other blocks read it again) or .cg.
-// - After the main loop the stages hold the slice sums [P][ks][RG][4][32] f32; they are added
-//   per output in slice order 0..ks-1 (the GEMV = GEMM contract).
-// Dynamic shared memory: max(ks * ns * RG * 1 KB, P * ks * RG * 512 B); the host checks it fits.
-// The host launches it only where `w4_gemv_fast` runs (k % 128 == 0, no perm, NVFP4 or groups of
-// >= 32 columns), with one warp per slice per tile.
+//   (= 2t + (q & 1), columns 32t + 16h + 8(q & 1)) at slot v ^ (r & 1) (the 8 lanes of one
+//   128-bit load phase read rows g, g + 1 of opposite parities: 8 distinct slots, all 32 banks).
+// - A block runs P m16 output tiles (P x ks warps: warp w = P s + p runs K slice s of tile p);
+//   the P warps of a slice share its stages (named barrier 1 + s over 32 P threads, __syncwarp
+//   for P = 1), so x is fetched once for 16 P outputs.
+// - Rows past m are zero-filled (0-byte copies); their outputs are not stored.
+// - After the main loop the stages hold the slice sums [P][ks][RG][4][32] f32, added per output
+//   in slice order 0..ks-1 (the GEMV = GEMM contract).
+// Dynamic shared memory: max(ks * NS * RG KB, P * ks * RG * 512 B) (RG = 2, NS = 2, ks <= 8:
+// 32 KB). Measured on the H200 (docs/benchmarks.md): RG 4 blocks (32 rows) lost to two 16-row
+// tiles of P = 2; 3 stages, the next k block's weights loaded before the decode, and 48 / 80
+// register caps were all slower than this build; the GEMV is issue-bound (the decode is ~120 of
+// its ~220 SASS instructions per k block), so the instruction count is what the layout trims.
 __device__ __forceinline__ void w4x_cp16(unsigned dst, const void* src, int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
@@ -618,7 +617,7 @@ __device__ __forceinline__ void w4x_wait() {
 #endif
 }
 
-template <typename T, int RG, bool FP4, bool ZP, int P, int NS, bool PF>
+template <typename T, int RG, bool FP4, bool ZP, int P, int NS>
 __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int ks, int gshift, int gstore, int n,
@@ -710,8 +709,8 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
     };
     load_sz();
     for (int i = 0; i < per; ++i) {
-        // PF: the next k block's weights are loaded before this one's decode (8 more registers);
-        // else after it, as the 8-row GEMV does.
+        // The next k block's weights are loaded after this one's decode, as in the 8-row GEMV
+        // (loading them before it, 8 more registers, was 2-6% slower on the H200).
         const uint4 c0 = w0, c1 = w1;
         const unsigned zc = W4Dec<T>::bias(8);
         const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
@@ -727,7 +726,6 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
             w1 = __ldg(wp1);
             load_sz();
         };
-        if (PF && i + 1 < per) next();
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int j = 2 * i + h;
@@ -758,7 +756,7 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
                 }
             }
         }
-        if (!PF && i + 1 < per) next();
+        if (i + 1 < per) next();
     }
     w4x_wait<0>();  // all groups (the last ones are empty)
     __syncthreads();
@@ -1046,10 +1044,10 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         int out_f32, int fp4
 #define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
 
-// `w4_gemv_*` (RG 1: steps of 1..8 rows, 3 blocks per SM) and `w4_gemv16_*` (RG 2: 9..16 rows,
-// 3 blocks per SM) run only the fast variants: the host launches them when k % 128 == 0, no
-// perm, and (NVFP4 or groups of >= 32 columns); everything else, and steps of 17+ rows, run
-// `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
+// `w4_gemv_*` (RG 1: steps of 1..8 rows, 5 blocks per SM) and the x-staged `w4_gemvx1_*` /
+// `w4_gemvx2_*` (9..32 rows, below) run only the fast variants: the host launches them when
+// k % 128 == 0, no perm, and (NVFP4 or groups of >= 32 columns); everything else (9+ rows)
+// runs `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
 // The fast GEMV's variant by the format: NVFP4, int4 with zero points, symmetric int4.
 #define W4_FAST(T, RG, D)                                                                        \
     if (fp4) w4_gemv_fast<T, RG, true, false, D>(W4_FAST_PASS, part);                           \
@@ -1061,11 +1059,6 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
     extern "C" __global__ void __launch_bounds__(256, W4_GEMV_BLOCKS) w4_gemv_##SUF(W4_ARGS(T)) { \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
         W4_FAST(T, 1, W4_GEMV_DEPTH)                                                             \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, W4_GEMV16_BLOCKS) w4_gemv16_##SUF(          \
-        W4_ARGS(T)) {                                                                            \
-        __shared__ float part[W4_MAX_KS * 2 * 4 * 32];                                           \
-        W4_FAST(T, 2, 2)                                                                         \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv32_##SUF(W4_ARGS(T)) {            \
         __shared__ float part[W4_MAX_KS * 4 * 4 * 32];                                           \
@@ -1086,37 +1079,23 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 W4_TC_ENTRIES(f16, __half)
 W4_TC_ENTRIES(bf16, bf16_t)
 
-// The x-staged GEMV (`w4_gemv_xs`): RG = 2 for 9..16 rows, RG = 4 for 17..32 (fast layouts only),
-// ptxas capped at 64 registers.
-#define W4_XS(T, RG, P, NS, PF)                                                                   \
-    if (fp4) w4_gemv_xs<T, RG, true, false, P, NS, PF>(W4_FAST_PASS);                            \
-    else if (zeros) w4_gemv_xs<T, RG, false, true, P, NS, PF>(W4_FAST_PASS);                      \
-    else w4_gemv_xs<T, RG, false, false, P, NS, PF>(W4_FAST_PASS);
+// The x-staged GEMV (`w4_gemv_xs`, steps of 9..32 rows on the fast layouts, 16-row blocks: RG =
+// 2, 2 x stages per slice, ptxas capped at 64 registers): one m16 tile per block (`w4_gemvx1_*`,
+// 4 blocks of 256 per SM) or two sharing the x stages (`w4_gemvx2_*`, 2 blocks of 512). The
+// H200 measurements behind the choice are in docs/benchmarks.md ("the x-staged W4A16 GEMV").
+#define W4_XS(T, P)                                                                               \
+    if (fp4) w4_gemv_xs<T, 2, true, false, P, 2>(W4_FAST_PASS);                                  \
+    else if (zeros) w4_gemv_xs<T, 2, false, true, P, 2>(W4_FAST_PASS);                            \
+    else w4_gemv_xs<T, 2, false, false, P, 2>(W4_FAST_PASS);
 #define W4_XS_ENTRIES(SUF, T)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemv16x_##SUF(W4_ARGS(T)) {           \
-        W4_XS(T, 2, 1, 2, false)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemvx1_##SUF(W4_ARGS(T)) {            \
+        W4_XS(T, 1)                                                                               \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemv32x_##SUF(W4_ARGS(T)) {           \
-        W4_XS(T, 4, 2, 2, false)                                                                  \
+    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemvx2_##SUF(W4_ARGS(T)) {            \
+        W4_XS(T, 2)                                                                               \
     }
 W4_XS_ENTRIES(f16, __half)
 W4_XS_ENTRIES(bf16, bf16_t)
-// Measurement variants (bf16, symmetric; removed once the sweep has chosen): w4x_v{i}, the
-// (RG, P, NS, PF) and the bounds of `GemvTune::entry` 2 + i in w4a16.rs.
-#define W4_XS_SWEEP(NAME, LB, RG, P, NS, PF)                                                      \
-    extern "C" __global__ void __launch_bounds__ LB NAME(W4_ARGS(bf16_t)) {                       \
-        w4_gemv_xs<bf16_t, RG, false, false, P, NS, PF>(W4_FAST_PASS);                           \
-    }
-W4_XS_SWEEP(w4x_v0_bf16, (256, 4), 2, 1, 2, false)
-W4_XS_SWEEP(w4x_v1_bf16, (256, 4), 2, 1, 2, true)
-W4_XS_SWEEP(w4x_v2_bf16, (256, 3), 2, 1, 2, true)
-W4_XS_SWEEP(w4x_v3_bf16, (256, 5), 2, 1, 2, false)
-W4_XS_SWEEP(w4x_v4_bf16, (512, 2), 2, 2, 2, false)
-W4_XS_SWEEP(w4x_v5_bf16, (256, 4), 2, 1, 3, false)
-W4_XS_SWEEP(w4x_v6_bf16, (256, 4), 4, 1, 2, false)
-W4_XS_SWEEP(w4x_v7_bf16, (256, 3), 4, 1, 2, true)
-W4_XS_SWEEP(w4x_v8_bf16, (512, 2), 4, 2, 2, false)
-W4_XS_SWEEP(w4x_v9_bf16, (512, 1), 4, 2, 2, true)
 
 #define W4_FMA_ENTRY(SUF, T)                                                                    \
     extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }

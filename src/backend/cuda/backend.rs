@@ -62,7 +62,7 @@ pub use gdn_chunk::{DEFAULT_CHUNKED_MIN_LEN, GDN_CHUNK_OPS};
 pub use gguf::{GgufKernel, GEMV_MAX_ROWS as GGUF_GEMV_MAX_ROWS};
 pub use sampling::{CudaLogits, CudaPendingSamples};
 pub use step::CudaStep;
-pub use w4a16::{GemvTune, W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS, GEMV_TUNE};
+pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};
 
 use handles::Kernels;
 

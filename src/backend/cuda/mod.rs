@@ -12,8 +12,8 @@ pub mod kernels;
 pub mod nvrtc;
 
 pub use backend::{
-    ComputeDType, CudaBackend, CudaLogits, DenseMatmul, GemvTune, GgufKernel, KvStorage, MmaKernel,
-    W4Kernel, DEFAULT_CHUNKED_MIN_LEN, GEMV_TUNE,
+    ComputeDType, CudaBackend, CudaLogits, DenseMatmul, GgufKernel, KvStorage, MmaKernel, W4Kernel,
+    DEFAULT_CHUNKED_MIN_LEN,
 };
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;

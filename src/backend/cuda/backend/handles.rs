@@ -66,17 +66,13 @@ pub(crate) struct Kernels {
     pub argmax_rows: CudaFunction,
     /// `w4_gemv_{t}`: packed 4-bit GEMV (tensor cores); `None` when `t` is f32.
     pub w4_gemv: Option<CudaFunction>,
-    /// `w4_gemv16_{t}`: packed 4-bit GEMV over 16-row blocks (9–16 rows, the common layouts); `None` when `t` is f32.
-    pub w4_gemv16: Option<CudaFunction>,
-    /// `w4_gemv32_{t}`: packed 4-bit GEMV over 32-row blocks (9–32 rows, any layout); `None` when `t` is f32.
+    /// `w4_gemv32_{t}`: packed 4-bit GEMV over 32-row blocks (9–32 rows of the generic layouts); `None` when `t` is f32.
     pub w4_gemv32: Option<CudaFunction>,
-    /// `w4_gemv16x_{t}` / `w4_gemv32x_{t}`: the x-staged packed 4-bit GEMV over 16- / 32-row
-    /// blocks (9–16 / 17–32 rows, the common layouts); `None` when `t` is f32.
-    pub w4_gemv16x: Option<CudaFunction>,
-    /// See `w4_gemv16x`.
-    pub w4_gemv32x: Option<CudaFunction>,
-    /// Measurement variants `w4x_v{i}_bf16` (bf16 only; scaffolding of the GEMV sweep).
-    pub w4x_sweep: Vec<CudaFunction>,
+    /// `w4_gemvx1_{t}` / `w4_gemvx2_{t}`: the x-staged packed 4-bit GEMV (9–32 rows of the
+    /// common layouts, 16-row tiles, one / two m16 output tiles per block); `None` when `t` is f32.
+    pub w4_gemvx1: Option<CudaFunction>,
+    /// See `w4_gemvx1`.
+    pub w4_gemvx2: Option<CudaFunction>,
     /// `w4_gemm_{t}`: packed 4-bit GEMM (tensor cores); `None` when `t` is f32.
     pub w4_gemm: Option<CudaFunction>,
     /// `w4g_gemm_{t}`: the wide packed 4-bit GEMM of `kernels/w4a16_gemm.cu`; `None` below sm_90
@@ -160,17 +156,9 @@ impl Kernels {
             sample_rows: get("sample_rows".into())?,
             argmax_rows: get("argmax_rows".into())?,
             w4_gemv: opt(format!("w4_gemv_{t}"))?,
-            w4_gemv16: opt(format!("w4_gemv16_{t}"))?,
             w4_gemv32: opt(format!("w4_gemv32_{t}"))?,
-            w4_gemv16x: opt(format!("w4_gemv16x_{t}"))?,
-            w4_gemv32x: opt(format!("w4_gemv32x_{t}"))?,
-            w4x_sweep: if t == "bf16" {
-                (0..super::w4a16::SWEEP_VARIANTS.len())
-                    .map(|i| get(format!("w4x_v{i}_bf16")))
-                    .collect::<Result<_, _>>()?
-            } else {
-                Vec::new()
-            },
+            w4_gemvx1: opt(format!("w4_gemvx1_{t}"))?,
+            w4_gemvx2: opt(format!("w4_gemvx2_{t}"))?,
             w4_gemm: opt(format!("w4_gemm_{t}"))?,
             // Only where its module is built (KernelModule::builds_for: sm_90+), whose entry
             // points are checked at load.

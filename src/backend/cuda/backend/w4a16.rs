@@ -3,9 +3,9 @@
 //! kernels' `fp4` flag selects the e2m1 decode).
 //!
 //! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, the GEMV for steps of
-//! 1–32 rows (on the common layouts `w4_gemv`, 8-row blocks, for 1–8 rows and `w4_gemv16`,
-//! 16-row blocks, for 9–16; `w4_gemv32`, 32-row blocks, otherwise) and `w4_gemm` for larger
-//! ones, both `mma.sync.m16n8k16` over the same fragments and
+//! 1–32 rows (on the common layouts `w4_gemv`, 8-row blocks, for 1–8 rows and the x-staged
+//! `w4_gemvx1` / `w4_gemvx2`, 16-row tiles, for 9–32; `w4_gemv32`, 32-row blocks, otherwise)
+//! and `w4_gemm` for larger ones, both `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; on sm_70 / sm_75 with fp16 the mma m8n8k4 kernels of the child module
 //! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
@@ -36,45 +36,18 @@ pub const GEMV_MAX_ROWS: usize = 32;
 /// when the layout allows ([`CudaPackedParts::gemv_fast_ok`]).
 const GEMV8_ROWS: usize = 8;
 
-/// Rows of one `w4_gemv16` block (RG = 2); steps of 9 up to this many rows run it when the
-/// layout allows ([`CudaPackedParts::gemv_fast_ok`]).
-const GEMV16_ROWS: usize = 16;
+/// Rows of one x-staged `w4_gemvx1` / `w4_gemvx2` block (RG = 2); steps of 9 to
+/// [`GEMV_MAX_ROWS`] rows run them, in row tiles of this many, when the layout allows
+/// ([`CudaPackedParts::gemv_fast_ok`]).
+const GEMVX_ROWS: usize = 16;
+
+/// `w4_gemvx2` (two m16 tiles per block sharing the x stages) runs when its grid has at least
+/// this many blocks (2 per SM on the H200's 132); smaller grids run `w4_gemvx1` (one tile per
+/// block), which fills more SMs (docs/benchmarks.md, "the x-staged W4A16 GEMV").
+const GEMVX2_MIN_BLOCKS: usize = 256;
 
 /// Rows of one `w4_gemv32` block (RG = 4).
 const GEMV32_ROWS: usize = 32;
-
-/// Measurement scaffolding of the x-staged GEMV sweep (removed once it has chosen): the
-/// `w4x_v{i}_bf16` entries' (row groups, tiles per block, x stages).
-pub const SWEEP_VARIANTS: [(usize, usize, usize); 10] = [
-    (2, 1, 2),
-    (2, 1, 2),
-    (2, 1, 2),
-    (2, 1, 2),
-    (2, 2, 2),
-    (2, 1, 3),
-    (4, 1, 2),
-    (4, 1, 2),
-    (4, 2, 2),
-    (4, 2, 2),
-];
-
-/// Measurement scaffolding: how a 9–32-row GEMV step on a fast layout is launched (tests set
-/// [`GEMV_TUNE`]; `None` = the defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GemvTune {
-    /// 0: `w4_gemv16x` / `w4_gemv32x` by `rg`; 1: the old `w4_gemv16` / `w4_gemv32`; 2 + i: the
-    /// sweep entry `w4x_v{i}_bf16` ([`SWEEP_VARIANTS`]).
-    pub entry: u8,
-    /// Row groups of 8 per block (2 or 4) for entry 0.
-    pub rg: u8,
-    /// Dynamic shared memory added per block (to cap the blocks per SM).
-    pub extra_smem: u32,
-    /// Preferred shared-memory carveout in percent (-1: the driver's choice).
-    pub carveout: i32,
-}
-
-/// See [`GemvTune`].
-pub static GEMV_TUNE: std::sync::Mutex<Option<GemvTune>> = std::sync::Mutex::new(None);
 
 /// Shared memory of one GEMM pipeline stage: 128 x rows of one 128-column k block (32 KB) and
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
@@ -117,8 +90,8 @@ pub struct CudaPackedParts {
 }
 
 impl CudaPackedParts {
-    /// Whether the 8- and 16-row `w4_gemv` / `w4_gemv16` (fast variants only) can run this
-    /// layout: whole 128-column k blocks of x (k % 128 == 0), no act-order permutation, and
+    /// Whether the 8-row `w4_gemv` and the x-staged `w4_gemvx1` / `w4_gemvx2` (fast variants
+    /// only) can run this layout: whole 128-column k blocks of x (k % 128 == 0), no act-order permutation, and
     /// NVFP4 or groups of ≥ 32 columns (`kernels/w4a16.cu` `W4_TC_ENTRIES`; the same test the
     /// 32-row kernel makes).
     fn gemv_fast_ok(&self, k: usize) -> bool {
@@ -307,24 +280,18 @@ impl CudaBackend {
             && parts.gemv_fast_ok(w.k)
             && rows > GEMV8_ROWS
         {
-            let tune = *GEMV_TUNE.lock().expect("tune");
-            if tune.is_none_or(|t| t.entry != 1) {
-                // SAFETY: the caller's guarantees, passed on unchanged.
-                return unsafe { self.packed_gemv_xs(w, parts, rows, xp, op, out_f32, tune) };
-            }
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe { self.packed_gemv_xs(w, parts, rows, xp, op, out_f32) };
         }
-        // Rows of one GEMV block: 8 / 16 (fast layouts) or 32.
+        // Rows of one GEMV block: 8 (fast layouts, up to 8 rows) or 32.
         let gemv_rows = if parts.gemv_fast_ok(w.k) && rows <= GEMV8_ROWS {
             GEMV8_ROWS
-        } else if parts.gemv_fast_ok(w.k) && rows <= GEMV16_ROWS {
-            GEMV16_ROWS
         } else {
             GEMV32_ROWS
         };
         let f = match kernel {
             W4Kernel::Gemv => match gemv_rows {
                 GEMV8_ROWS => self.k.w4_gemv.as_ref(),
-                GEMV16_ROWS => self.k.w4_gemv16.as_ref(),
                 _ => self.k.w4_gemv32.as_ref(),
             }
             .filter(|_| self.w4_tensor_cores()),
@@ -414,21 +381,12 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Most dynamic shared memory one block may opt into here (bytes).
-    fn w4_smem_max(&self) -> usize {
-        match (self.arch.major, self.arch.minor) {
-            (8, 0) => 163 * 1024,
-            (9, 0) | (10, 0) => 227 * 1024,
-            _ => 99 * 1024,
-        }
-    }
-
-    /// Launch the x-staged GEMV (`w4_gemv16x` / `w4_gemv32x`, `kernels/w4a16.cu` `w4_gemv_xs`)
-    /// for a step of 9..=32 rows on a fast layout.
+    /// Launch the x-staged GEMV (`kernels/w4a16.cu` `w4_gemv_xs`: `w4_gemvx2`, two m16 tiles
+    /// per block, when that grid has at least [`GEMVX2_MIN_BLOCKS`] blocks, else `w4_gemvx1`)
+    /// for a step of 9..=32 rows on a fast layout, in row tiles of [`GEMVX_ROWS`].
     ///
     /// # Safety
     /// As [`Self::packed_matmul`].
-    #[allow(clippy::too_many_arguments)]
     unsafe fn packed_gemv_xs(
         &self,
         w: &CudaWeight,
@@ -437,43 +395,29 @@ impl CudaBackend {
         xp: u64,
         op: u64,
         out_f32: bool,
-        tune: Option<GemvTune>,
     ) -> Result<(), BackendError> {
-        let t = tune.unwrap_or(GemvTune {
-            entry: 0,
-            rg: if rows <= GEMV16_ROWS { 2 } else { 4 },
-            extra_smem: 0,
-            carveout: -1,
-        });
-        // (row groups, tiles per block, x stages) of the production entries:
-        // `kernels/w4a16.cu` W4_XS_ENTRIES.
-        let (f, (rg, p, ns)) = match t.entry {
-            0 if t.rg == 2 => (self.k.w4_gemv16x.as_ref(), (2, 1, 2)),
-            0 => (self.k.w4_gemv32x.as_ref(), (4, 2, 2)),
-            e => (
-                self.k.w4x_sweep.get(e as usize - 2),
-                SWEEP_VARIANTS[e as usize - 2],
-            ),
+        let (tiles, row_tiles) = (parts.n_pad / (2 * TILE_N), rows.div_ceil(GEMVX_ROWS));
+        let p = if tiles / 2 * row_tiles >= GEMVX2_MIN_BLOCKS {
+            2
+        } else {
+            1
         };
-        let f = f.ok_or_else(|| BackendError::Unsupported("w4 gemv xs entry".into()))?;
-        let ks = parts.k_slices;
-        let grid = (parts.n_pad / (2 * TILE_N) / p, rows.div_ceil(8 * rg));
-        let shared = (ks * ns * rg * 1024).max(p * ks * rg * 512) + t.extra_smem as usize;
-        if shared > self.w4_smem_max() {
-            return Err(BackendError::Unsupported(format!(
-                "w4 gemv xs: {shared} bytes of shared memory"
-            )));
+        let f = if p == 2 {
+            self.k.w4_gemvx2.as_ref()
+        } else {
+            self.k.w4_gemvx1.as_ref()
         }
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
-        )
-        .map_err(dev_err)?;
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            t.carveout,
-        )
-        .map_err(dev_err)?;
+        .ok_or_else(|| {
+            BackendError::Unsupported(format!(
+                "the x-staged packed GEMV needs sm_80+ and a 16-bit dtype ({})",
+                self.device_name
+            ))
+        })?;
+        let ks = parts.k_slices;
+        // x stages: ks slices x 2 stages x 16 rows x 128 bytes (the slice sums, P ks x 16 rows
+        // x 16 outputs x 4 bytes, reuse them). At most 32 KB: under every arch's default 48 KB.
+        let shared = ks * 2 * GEMVX_ROWS * 128;
+        debug_assert!(p * ks * GEMVX_ROWS * 16 * 4 <= shared);
         let (qp, _q) = w.data.device_ptr(&self.stream);
         let (sp, _s) = parts.scales.device_ptr(&self.stream);
         let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
@@ -505,13 +449,14 @@ impl CudaBackend {
             .arg(&of32)
             .arg(&fp4);
         let cfg = LaunchConfig {
-            grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+            grid_dim: ((tiles / p) as u32, row_tiles as u32, 1),
             block_dim: ((32 * ks * p) as u32, 1, 1),
             shared_mem_bytes: shared as u32,
         };
         // SAFETY: as in `packed_matmul`: the parts match the weight (a fast layout: no perm,
-        // k % 128 == 0), the grid covers n_pad outputs in tiles of 16 P and ceil(rows / 8 rg)
-        // row tiles, the kernel reads x only below (rows, k) and writes out only below (rows, n).
+        // k % 128 == 0; n_pad is a multiple of 64, so tiles is even), the grid covers n_pad
+        // outputs in tiles of 16 P and ceil(rows / 16) row tiles, and the kernel reads x only
+        // below (rows, k) and writes out only below (rows, n).
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
