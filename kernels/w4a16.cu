@@ -31,10 +31,10 @@
 // mma.sync.m16n8k16 with f32 accumulation over the same fragments: K is cut into `ks` slices
 // (a function of K alone, chosen by the host); slice s accumulates its k blocks in ascending
 // order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
-// f32. The GEMV (rows 1..32: `w4_gemv`, blocks of one n8 row group, for 1..8 rows; `w4_gemv16`,
-// two row groups sharing one weight decode, for 9..16 rows; `w4_gemv32`, four row groups, for
-// 17..32 rows and the generic layouts; one warp per slice, P_s summed through shared memory
-// after the main loop) and `w4_gemm`
+// f32. The GEMV (rows 1..32: `w4_gemv`, blocks of one n8 row group, for 1..8 rows;
+// `w4_gemvx1` / `w4_gemvx2`, two row groups sharing one weight decode with x staged in shared
+// memory, for 9..32 rows; `w4_gemv32`, four row groups, for 9..32 rows of the generic layouts;
+// one warp per slice, P_s summed through shared memory after the main loop) and `w4_gemm`
 // (larger steps: the slices one after another, each added into the total at its end) perform
 // exactly these operations per output element, so a row's result does not depend on its batch and the two
 // kernels agree bit for bit (tests/cuda_w4a16.rs checks it). `w4_fma` is the path for sm_70 /
@@ -54,7 +54,6 @@
 // RG = 4 `w4_gemv` above keeps a 2-deep ring.
 #define W4_GEMV_DEPTH 1
 #define W4_GEMV_BLOCKS 5
-#define W4_GEMV16_BLOCKS 3 // resident blocks per SM of the 16-row GEMV (__launch_bounds__)
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
 // D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
@@ -322,11 +321,11 @@ __device__ __forceinline__ unsigned w4_sz_at(const unsigned short* __restrict__ 
 
 // GEMV: grid (Np / 16, ceil(m / (8 RG))), block 32 * ks threads (warp s = K slice s), one m16
 // output tile (n8 tiles 2 * blockIdx.x, + 1) and 8 RG rows (r0 = 8 RG blockIdx.y) per block;
-// RG = 1 (steps of 1..8 rows, `w4_gemv_*`), 2 (9..16 rows, `w4_gemv16_*`) or 4 (17..32 rows
-// and the generic layouts, `w4_gemv32_*`): the weights are read and decoded once for 8 RG rows.
+// RG = 4 (9..32 rows of the generic layouts, `w4_gemv32_*`): the weights are read and decoded
+// once for 8 RG rows.
 // Each warp keeps D k blocks of its tiles' weights and (scale, zero) words in flight in a
-// register ring (D = 2; RG = 1 and 2 now run `w4_gemv_fast` below, which is this kernel with
-// less bookkeeping); x is read through the L1 (every warp of the
+// register ring (D = 2; the fast layouts run `w4_gemv_fast` and `w4_gemv_xs` below, which are
+// this kernel with less bookkeeping); x is read through the L1 (every warp of the
 // grid reads the same rows). Row groups past m (nrg of RG present, uniform per block) are
 // skipped.
 // FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads
@@ -418,9 +417,9 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
     }
 }
 
-// The fast GEMV (`w4_gemv_*`, RG = 1: 1..8 rows; `w4_gemv16_*`, RG = 2: 9..16 rows; the host
-// launches them only on layouts with k % 128 == 0, no perm, and NVFP4 or groups of >= 32
-// columns, and only with m <= 8 RG, so every row group of the block exists): the same fragments,
+// The fast GEMV (`w4_gemv_*`, RG = 1: 1..8 rows; the host launches it only on layouts with
+// k % 128 == 0, no perm, and NVFP4 or groups of >= 32 columns, and only with m <= 8 RG, so every
+// row group of the block exists): the same fragments,
 // k order and slice sum as `w4_gemv` above, with the per-block overhead cut (issue 10: 224 warp
 // instructions per KB of weights, 38% of them address, guard and zero-point work, in the
 // profile of docs/benchmarks.md). The differences are in the bookkeeping only:
@@ -572,6 +571,209 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
         for (int q = 0; q < ks; ++q) total += pp[q][h][e][lane];
         const int row = r0 + 8 * h + 2 * t + (e & 1);
         const int col = nt0 * 8 + g + (e >= 2 ? 8 : 0);
+        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+    }
+}
+
+// The x-staged GEMV (`w4_gemvx1_*` / `w4_gemvx2_*`: steps of 9..32 rows on the fast layouts, in
+// blocks of 8 RG = 16 rows): the fast GEMV's fragments, k order and slice sum, with x read from
+// shared memory. In `w4_gemv_fast` each lane loads its x words from L1 / L2 in the step that uses
+// them, and one 128-bit load of a quad is four 16-byte pieces 64 bytes apart (half of every
+// sector wasted); at 16 rows the mma waited on them (docs/benchmarks.md, the Nsight section).
+// Here the x of a K slice is copied by cp.async, whole sectors, NS - 1 half k blocks ahead of
+// use, into a ring of NS stages per slice, and read back as B fragments without bank conflicts.
+// - A stage is half a k block (columns 32t + 16h + [0, 16) of every lane quad t, h = 0 / 1: the
+//   x words q = 2h, 2h + 1) of the block's 8 RG rows: row r at r * 128 bytes, its 16-byte unit v
+//   (= 2t + (q & 1), columns 32t + 16h + 8(q & 1)) at slot v ^ (r & 1) (the 8 lanes of one
+//   128-bit load phase read rows g, g + 1 of opposite parities: 8 distinct slots, all 32 banks).
+// - A block runs P m16 output tiles (P x ks warps: warp w = P s + p runs K slice s of tile p);
+//   the P warps of a slice share its stages (named barrier 1 + s over 32 P threads, __syncwarp
+//   for P = 1), so x is fetched once for 16 P outputs.
+// - Rows past m are zero-filled (0-byte copies); their outputs are not stored.
+// - After the main loop the stages hold the slice sums [P][ks][RG][4][32] f32, added per output
+//   in slice order 0..ks-1 (the GEMV = GEMM contract).
+// Dynamic shared memory: max(ks * NS * RG KB, P * ks * RG * 512 B) (RG = 2, NS = 2, ks <= 8:
+// 32 KB). Measured on the H200 (docs/benchmarks.md): RG 4 blocks (32 rows) lost to two 16-row
+// tiles of P = 2; 3 stages, the next k block's weights loaded before the decode, and 48 / 80
+// register caps were all slower than this build; the GEMV is issue-bound (the decode is ~120 of
+// its ~220 SASS instructions per k block), so the instruction count is what the layout trims.
+__device__ __forceinline__ void w4x_cp16(unsigned dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void w4x_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Wait until at most N committed groups of this thread are still in flight.
+template <int N>
+__device__ __forceinline__ void w4x_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+template <typename T, int RG, bool FP4, bool ZP, int P, int NS>
+__device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                           const T* scales, const unsigned char* zeros,
+                                           int kblocks, int ks, int gshift, int gstore, int n,
+                                           void* out, int out_f32) {
+    static_assert(P == 1 || P == 2, "tiles per block");
+    static_assert(NS >= 2 && NS <= 4, "x stages");
+    extern __shared__ __align__(16) unsigned char w4_smem[];
+    constexpr bool G16 = FP4;
+    constexpr unsigned XB = RG * 8 * 128;  // bytes of one stage
+    constexpr int NCP = 2 * RG / P;        // 16-byte pieces a thread copies per stage
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int p = w & (P - 1), s = w / P;
+    const int nt0 = (blockIdx.x * P + p) * 2;  // the warp's m16 tile: n8 tiles nt0, nt0 + 1
+    const int r0 = blockIdx.y * 8 * RG;
+    const int per = kblocks / ks, kb0 = s * per;
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    // Copy role: thread p * 32 + lane of the slice's P warps copies the pieces (row, unit v) with
+    // v = lane & 7 and row = 4p + (lane >> 3) + 4P i, i < NCP (a warp instruction moves 4 rows x
+    // 128 bytes: whole sectors). Rows past m copy 0 bytes (zero fill) from an in-range address.
+    const int cv = lane & 7, crow = 4 * p + (lane >> 3);
+    // Piece i's source: xb + i * xstride (rows past m: xb itself, 0 bytes).
+    const unsigned short* xb =
+        xs + (size_t)min(r0 + crow, m - 1) * k + 32 * (cv >> 1) + 8 * (cv & 1) + kb0 * W4_KB;
+    unsigned xstride = (unsigned)(4 * P) * (unsigned)k;
+    int xrows = m - r0 - crow;  // piece i is in range when 4 P i < xrows
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
+    const unsigned sring = (unsigned)(s * NS) * XB;  // the slice's stage ring (bytes from w4_smem)
+    unsigned cdst = sm0 + sring + (unsigned)crow * 128u + ((unsigned)(cv ^ (crow & 1)) << 4);
+    // Opaque to the optimiser: kept in registers rather than re-derived from the kernel
+    // parameters at every copy (which it otherwise does under the 64-register cap).
+    asm("" : "+l"(xb));
+    asm("" : "+r"(xstride), "+r"(xrows), "+r"(cdst));
+    // Stage j of the slice (k block kb0 + j / 2, half j % 2) into ring slot `buf`.
+    auto copy = [&](int j, unsigned buf) {
+        const unsigned col = (unsigned)((j >> 1) * W4_KB + 16 * (j & 1));
+#pragma unroll
+        for (int i = 0; i < NCP; ++i) {
+            const bool in = 4 * P * i < xrows;
+            w4x_cp16(cdst + buf * XB + (unsigned)(4 * P * i) * 128u,
+                     xb + (in ? (unsigned)i * xstride : 0u) + col, in ? 16 : 0);
+        }
+    };
+    auto gsync = [&]() {
+        if (P == 1) {
+            __syncwarp();
+        } else {
+            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + s), "r"(32 * P) : "memory");
+        }
+    };
+    // The lane's B fragment words q = 2h + e of row group rg in a stage: + rg * 1024.
+    const unsigned lofs0 = sring + (unsigned)g * 128u + ((unsigned)((2 * t) ^ (g & 1)) << 4);
+    const unsigned lofs1 = sring + (unsigned)g * 128u + ((unsigned)((2 * t + 1) ^ (g & 1)) << 4);
+
+    const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
+    const uint4* wp1 = wp0 + (size_t)kblocks * 32;
+    const unsigned sstride = (unsigned)gstore * 8u;
+    const size_t sb = (size_t)nt0 * sstride + g;
+    const unsigned short* sp0 = reinterpret_cast<const unsigned short*>(scales) + sb;
+    const unsigned char* zp0 = ZP ? zeros + sb : nullptr;
+    asm("" : "+l"(sp0));
+    asm("" : "+l"(zp0));
+    unsigned gq = (unsigned)(kb0 * 8 + 2 * t);
+    float acc[RG][4];
+#pragma unroll
+    for (int h = 0; h < RG; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+
+    const int nst = 2 * per;  // stages of the slice
+#pragma unroll
+    for (int j = 0; j < NS - 1; ++j) {
+        if (j < nst) copy(j, (unsigned)j);
+        w4x_commit();
+    }
+    unsigned rb = 0, wb = NS - 1;
+    // Weights and (scale, zero) words of the next k block, loaded before this one's decode.
+    uint4 w0 = __ldg(wp0), w1 = __ldg(wp1);
+    unsigned sz0, sz1, szh0 = 0, szh1 = 0;
+    auto load_sz = [&]() {
+        const unsigned glo = gq >> gshift;
+        sz0 = w4_szf<ZP>(sp0, zp0, glo * 8u);
+        sz1 = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
+        if (G16) {
+            const unsigned ghi = (gq + 1u) >> gshift;
+            szh0 = w4_szf<ZP>(sp0, zp0, ghi * 8u);
+            szh1 = w4_szf<ZP>(sp0, zp0, ghi * 8u + sstride);
+        }
+    };
+    load_sz();
+    for (int i = 0; i < per; ++i) {
+        // The next k block's weights are loaded after this one's decode, as in the 8-row GEMV
+        // (loading them before it, 8 more registers, was 2-6% slower on the H200).
+        const uint4 c0 = w0, c1 = w1;
+        const unsigned zc = W4Dec<T>::bias(8);
+        const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
+        const unsigned z0 = ZP ? W4Dec<T>::bias((int)(sz0 >> 16)) : zc;
+        const unsigned z1 = ZP ? W4Dec<T>::bias((int)(sz1 >> 16)) : zc;
+        const unsigned s0h = G16 ? __byte_perm(szh0, 0u, 0x1010) : s0l;
+        const unsigned s1h = G16 ? __byte_perm(szh1, 0u, 0x1010) : s1l;
+        auto next = [&]() {
+            wp0 += 32;
+            wp1 += 32;
+            gq += 8u;
+            w0 = __ldg(wp0);
+            w1 = __ldg(wp1);
+            load_sz();
+        };
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * i + h;
+            w4x_wait<NS - 2>();
+            gsync();
+            if (j + NS - 1 < nst) copy(j + NS - 1, wb);
+            w4x_commit();
+            wb = wb + 1 == NS ? 0u : wb + 1;
+            const unsigned st = rb * XB;
+            rb = rb + 1 == NS ? 0u : rb + 1;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int q = 2 * h + e;
+                uint4 xr[RG];
+#pragma unroll
+                for (int rg = 0; rg < RG; ++rg)
+                    xr[rg] = *reinterpret_cast<const uint4*>(w4_smem + st + (e == 0 ? lofs0 : lofs1) +
+                                                             rg * 1024u);
+                unsigned d0[4], d1[4];
+                w4_decode_any<T, FP4>(w4_word(c0, q), h == 0 ? s0l : s0h, z0, d0);
+                w4_decode_any<T, FP4>(w4_word(c1, q), h == 0 ? s1l : s1h, z1, d1);
+                const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+                const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+#pragma unroll
+                for (int rg = 0; rg < RG; ++rg) {
+                    w4_mma<T>(acc[rg], a0, xr[rg].x, xr[rg].y);
+                    w4_mma<T>(acc[rg], a1, xr[rg].z, xr[rg].w);
+                }
+            }
+        }
+        if (i + 1 < per) next();
+    }
+    w4x_wait<0>();  // all groups (the last ones are empty)
+    __syncthreads();
+    // The slice sums [P][ks][RG][4][32] over the stages, then each output's sum in slice order.
+    float* part = reinterpret_cast<float*>(w4_smem);
+#pragma unroll
+    for (int h = 0; h < RG; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[(((p * ks + s) * RG + h) * 4 + e) * 32 + lane] = acc[h][e];
+    __syncthreads();
+    const int nw = blockDim.x >> 5;
+    for (int he = w; he < P * RG * 4; he += nw) {
+        const int pp = he / (RG * 4), h = (he >> 2) % RG, e = he & 3;
+        float total = 0.0f;
+        for (int q = 0; q < ks; ++q) total += part[(((pp * ks + q) * RG + h) * 4 + e) * 32 + lane];
+        const int row = r0 + 8 * h + 2 * t + (e & 1);
+        const int col = (blockIdx.x * P + pp) * 16 + g + (e >= 2 ? 8 : 0);
         if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
     }
 }
@@ -842,10 +1044,10 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         int out_f32, int fp4
 #define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
 
-// `w4_gemv_*` (RG 1: steps of 1..8 rows, 3 blocks per SM) and `w4_gemv16_*` (RG 2: 9..16 rows,
-// 3 blocks per SM) run only the fast variants: the host launches them when k % 128 == 0, no
-// perm, and (NVFP4 or groups of >= 32 columns); everything else, and steps of 17+ rows, run
-// `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
+// `w4_gemv_*` (RG 1: steps of 1..8 rows, 5 blocks per SM) and the x-staged `w4_gemvx1_*` /
+// `w4_gemvx2_*` (9..32 rows, below) run only the fast variants: the host launches them when
+// k % 128 == 0, no perm, and (NVFP4 or groups of >= 32 columns); everything else (9+ rows)
+// runs `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
 // The fast GEMV's variant by the format: NVFP4, int4 with zero points, symmetric int4.
 #define W4_FAST(T, RG, D)                                                                        \
     if (fp4) w4_gemv_fast<T, RG, true, false, D>(W4_FAST_PASS, part);                           \
@@ -857,11 +1059,6 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
     extern "C" __global__ void __launch_bounds__(256, W4_GEMV_BLOCKS) w4_gemv_##SUF(W4_ARGS(T)) { \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
         W4_FAST(T, 1, W4_GEMV_DEPTH)                                                             \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, W4_GEMV16_BLOCKS) w4_gemv16_##SUF(          \
-        W4_ARGS(T)) {                                                                            \
-        __shared__ float part[W4_MAX_KS * 2 * 4 * 32];                                           \
-        W4_FAST(T, 2, 2)                                                                         \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv32_##SUF(W4_ARGS(T)) {            \
         __shared__ float part[W4_MAX_KS * 4 * 4 * 32];                                           \
@@ -881,6 +1078,24 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
     }
 W4_TC_ENTRIES(f16, __half)
 W4_TC_ENTRIES(bf16, bf16_t)
+
+// The x-staged GEMV (`w4_gemv_xs`, steps of 9..32 rows on the fast layouts, 16-row blocks: RG =
+// 2, 2 x stages per slice, ptxas capped at 64 registers): one m16 tile per block (`w4_gemvx1_*`,
+// 4 blocks of 256 per SM) or two sharing the x stages (`w4_gemvx2_*`, 2 blocks of 512). The
+// H200 measurements behind the choice are in docs/benchmarks.md ("the x-staged W4A16 GEMV").
+#define W4_XS(T, P)                                                                               \
+    if (fp4) w4_gemv_xs<T, 2, true, false, P, 2>(W4_FAST_PASS);                                  \
+    else if (zeros) w4_gemv_xs<T, 2, false, true, P, 2>(W4_FAST_PASS);                            \
+    else w4_gemv_xs<T, 2, false, false, P, 2>(W4_FAST_PASS);
+#define W4_XS_ENTRIES(SUF, T)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemvx1_##SUF(W4_ARGS(T)) {            \
+        W4_XS(T, 1)                                                                               \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemvx2_##SUF(W4_ARGS(T)) {            \
+        W4_XS(T, 2)                                                                               \
+    }
+W4_XS_ENTRIES(f16, __half)
+W4_XS_ENTRIES(bf16, bf16_t)
 
 #define W4_FMA_ENTRY(SUF, T)                                                                    \
     extern "C" __global__ void w4_fma_##SUF(W4_ARGS(T)) { w4_fma<T>(W4_PASS, fp4); }

@@ -45,8 +45,8 @@ const SHAPES_27B: [(usize, usize); 9] = [
     (248320, 5120),
 ];
 /// Row counts of a step: the 8-row GEMV (1, 2, 7), the 16-row GEMV (9, 12, 16; the 32-row one
-/// for the generic layouts), the 32-row GEMV (32), the GEMM (64, 257).
-const ROWS: [usize; 9] = [1, 2, 7, 9, 12, 16, 32, 64, 257];
+/// for the generic layouts), the 32-row GEMV (17, 24, 32), the GEMM (64, 257).
+const ROWS: [usize; 11] = [1, 2, 7, 9, 12, 16, 17, 24, 32, 64, 257];
 const REL_TOL: f64 = 1e-2;
 
 /// The reference outputs `[rows][cols.len()]` for columns `cols` of `o` on input `x` (`[rows, K]`).
@@ -148,12 +148,12 @@ fn check_linear(b: &CudaBackend, dtype: &str, label: &str, o: &Owned, subset: bo
     }
     let mut gemv_gemm = "n/a (FMA path)".to_string();
     if b.w4_tensor_cores() {
-        // 64 rows: the GEMV runs its 32-row blocks; 7 and 12 rows: its 8- and 16-row blocks
-        // where the layout allows them (else the 32-row ones again).
+        // 64 and 24 rows: the GEMV runs its 32-row blocks; 7 and 12 rows: its 8- and 16-row
+        // blocks where the layout allows them (else the 32-row ones again).
         // The GEMM both as the backend picks it above 32 rows (`Gemm`: on sm_90 the GEMMs of
         // `kernels/w4a16_gemm.cu` where they apply) and as `w4_gemm` (`GemmBase`).
         let mut same_all = true;
-        for rows in [64usize, 7, 12] {
+        for rows in [64usize, 7, 12, 24] {
             let gv = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
             for gk in [W4Kernel::Gemm, W4Kernel::GemmBase] {
                 let gm = run(b, &w, &x, rows, n, k, Some(gk));
@@ -168,7 +168,7 @@ fn check_linear(b: &CudaBackend, dtype: &str, label: &str, o: &Owned, subset: bo
         gemv_gemm = if same_all { "equal" } else { "DIFFER" }.into();
     }
     println!(
-        "RESULT w4a16 {dtype} {label} N={n} K={k} rows={ROWS:?} checked_cols={} rel_err_max={worst:.3e} batch_invariant={invariant} gemv_vs_gemm_64_7_12={gemv_gemm} upload_s={upload_s:.2} {}",
+        "RESULT w4a16 {dtype} {label} N={n} K={k} rows={ROWS:?} checked_cols={} rel_err_max={worst:.3e} batch_invariant={invariant} gemv_vs_gemm_64_7_12_24={gemv_gemm} upload_s={upload_s:.2} {}",
         if subset { format!("{} (seeded subset)", cols.len()) } else { format!("{n} (all)") },
         if failures.is_empty() { "ok" } else { "FAIL" }
     );

@@ -253,7 +253,7 @@ fn synthetic_27b(label: &str, quant: SyntheticQuant) {
 /// The launches the profiler reads (`w4gemv`, sixth session): the 1-row and the 16-row GEMV on
 /// 17408×5120 and 5120×17408 (CT W4A16 symmetric g128, bf16), each launched twice (the first a
 /// warm-up; `ncu -k regex:w4_gemv --launch-count 8` profiles these 8 launches, the report reads
-/// the second of each pair), then the same four steps timed twice: on one weight (back to back, as `w4a16_gemv_and_gemm_speed`: part of
+/// the second of each pair), then 1 / 8 / 12 / 16 / 24 / 32 rows timed twice: on one weight (back to back, as `w4a16_gemv_and_gemm_speed`: part of
 /// its 45.96 MB may still be in the 50 MB L2 from the previous launch) and rotating over 4
 /// distinct weights of the shape (184 MB: every launch reads its weights from DRAM, as a decode
 /// step's layers do). Figures, not pass/fail checks. Run (GPU machine, under ncu or alone):
@@ -277,8 +277,8 @@ fn w4a16_gemv_profile_launches() {
                         .expect("upload")
                 })
                 .collect();
-            let x = b.upload(&data(16 * k, 3)).expect("x");
-            let out = b.alloc(16 * n).expect("out");
+            let x = b.upload(&data(32 * k, 3)).expect("x");
+            let out = b.alloc(32 * n).expect("out");
             (n, k, ws, x, out)
         })
         .collect();
@@ -294,7 +294,7 @@ fn w4a16_gemv_profile_launches() {
     }
     for (n, k, ws, x, out) in sets.iter_mut() {
         let bytes = b.weight_bytes(&ws[0]) as f64;
-        for rows in [1usize, 16] {
+        for rows in [1usize, 8, 12, 16, 24, 32] {
             let warm = time(&b, || {
                 b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
                     .expect("gemv")

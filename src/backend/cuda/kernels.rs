@@ -285,8 +285,9 @@ impl KernelModule {
                 KernelModule::W4a16 => {
                     if t != "f32" {
                         names.push(format!("w4_gemv_{t}"));
-                        names.push(format!("w4_gemv16_{t}"));
                         names.push(format!("w4_gemv32_{t}"));
+                        names.push(format!("w4_gemvx1_{t}"));
+                        names.push(format!("w4_gemvx2_{t}"));
                         names.push(format!("w4_gemm_{t}"));
                     }
                     names.push(format!("w4_fma_{t}"));

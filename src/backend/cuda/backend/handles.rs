@@ -66,10 +66,13 @@ pub(crate) struct Kernels {
     pub argmax_rows: CudaFunction,
     /// `w4_gemv_{t}`: packed 4-bit GEMV (tensor cores); `None` when `t` is f32.
     pub w4_gemv: Option<CudaFunction>,
-    /// `w4_gemv16_{t}`: packed 4-bit GEMV over 16-row blocks (9–16 rows, the common layouts); `None` when `t` is f32.
-    pub w4_gemv16: Option<CudaFunction>,
-    /// `w4_gemv32_{t}`: packed 4-bit GEMV over 32-row blocks (9–32 rows, any layout); `None` when `t` is f32.
+    /// `w4_gemv32_{t}`: packed 4-bit GEMV over 32-row blocks (9–32 rows of the generic layouts); `None` when `t` is f32.
     pub w4_gemv32: Option<CudaFunction>,
+    /// `w4_gemvx1_{t}` / `w4_gemvx2_{t}`: the x-staged packed 4-bit GEMV (9–32 rows of the
+    /// common layouts, 16-row tiles, one / two m16 output tiles per block); `None` when `t` is f32.
+    pub w4_gemvx1: Option<CudaFunction>,
+    /// See `w4_gemvx1`.
+    pub w4_gemvx2: Option<CudaFunction>,
     /// `w4_gemm_{t}`: packed 4-bit GEMM (tensor cores); `None` when `t` is f32.
     pub w4_gemm: Option<CudaFunction>,
     /// `w4g_{gemm,tile,split}_{t}`: the sm_90 packed 4-bit GEMMs of `kernels/w4a16_gemm.cu`;
@@ -153,8 +156,9 @@ impl Kernels {
             sample_rows: get("sample_rows".into())?,
             argmax_rows: get("argmax_rows".into())?,
             w4_gemv: opt(format!("w4_gemv_{t}"))?,
-            w4_gemv16: opt(format!("w4_gemv16_{t}"))?,
             w4_gemv32: opt(format!("w4_gemv32_{t}"))?,
+            w4_gemvx1: opt(format!("w4_gemvx1_{t}"))?,
+            w4_gemvx2: opt(format!("w4_gemvx2_{t}"))?,
             w4_gemm: opt(format!("w4_gemm_{t}"))?,
             // Only where its module is built (KernelModule::builds_for: sm_90+), whose entry
             // points are checked at load.

@@ -3,11 +3,11 @@
 //! kernels' `fp4` flag selects the e2m1 decode).
 //!
 //! Kernel choice ([`W4Kernel`]): on sm_80+ with a 16-bit compute dtype, the GEMV for steps of
-//! 1–[`GEMV_MAX_ROWS`] rows (on the common layouts `w4_gemv`, 8-row blocks, for 1–8 rows and
-//! `w4_gemv16`, 16-row blocks, for 9–16; `w4_gemv32`, 32-row blocks, otherwise) and a GEMM for
-//! larger ones (on sm_90 / sm_100 the GEMMs of the child module `w4a16_gemm.rs`, chosen by the
-//! row count; elsewhere the GEMV's 32-row blocks to [`GEMV_MID_ROWS`] rows, then `w4_gemm`),
-//! all `mma.sync.m16n8k16` over the same fragments and
+//! 1–[`GEMV_MAX_ROWS`] rows (on the common layouts `w4_gemv`, 8-row blocks, for 1–8 rows and the
+//! x-staged `w4_gemvx1` / `w4_gemvx2`, 16-row tiles, for 9–32; `w4_gemv32`, 32-row blocks,
+//! otherwise) and a GEMM for larger ones (on sm_90 / sm_100 the GEMMs of the child module
+//! `w4a16_gemm.rs`, chosen by the row count; elsewhere the GEMV's 32-row blocks to
+//! [`GEMV_MID_ROWS`] rows, then `w4_gemm`), all `mma.sync.m16n8k16` over the same fragments and
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; on sm_70 / sm_75 with fp16 the mma m8n8k4 kernels of the child module
 //! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
@@ -49,9 +49,15 @@ pub const GEMV_MID_ROWS: usize = 128;
 /// when the layout allows ([`CudaPackedParts::gemv_fast_ok`]).
 const GEMV8_ROWS: usize = 8;
 
-/// Rows of one `w4_gemv16` block (RG = 2); steps of 9 up to this many rows run it when the
-/// layout allows ([`CudaPackedParts::gemv_fast_ok`]).
-const GEMV16_ROWS: usize = 16;
+/// Rows of one x-staged `w4_gemvx1` / `w4_gemvx2` block (RG = 2); steps of 9 to
+/// [`GEMV_MAX_ROWS`] rows run them, in row tiles of this many, when the layout allows
+/// ([`CudaPackedParts::gemv_fast_ok`]).
+const GEMVX_ROWS: usize = 16;
+
+/// `w4_gemvx2` (two m16 tiles per block sharing the x stages) runs when its grid has at least
+/// this many blocks (2 per SM on the H200's 132); smaller grids run `w4_gemvx1` (one tile per
+/// block), which fills more SMs (docs/benchmarks.md, "the x-staged W4A16 GEMV").
+const GEMVX2_MIN_BLOCKS: usize = 256;
 
 /// Rows of one `w4_gemv32` block (RG = 4).
 const GEMV32_ROWS: usize = 32;
@@ -106,8 +112,8 @@ pub struct CudaPackedParts {
 }
 
 impl CudaPackedParts {
-    /// Whether the 8- and 16-row `w4_gemv` / `w4_gemv16` (fast variants only) can run this
-    /// layout: whole 128-column k blocks of x (k % 128 == 0), no act-order permutation, and
+    /// Whether the 8-row `w4_gemv` and the x-staged `w4_gemvx1` / `w4_gemvx2` (fast variants
+    /// only) can run this layout: whole 128-column k blocks of x (k % 128 == 0), no act-order permutation, and
     /// NVFP4 or groups of ≥ 32 columns (`kernels/w4a16.cu` `W4_TC_ENTRIES`; the same test the
     /// 32-row kernel makes).
     fn gemv_fast_ok(&self, k: usize) -> bool {
@@ -300,18 +306,23 @@ impl CudaBackend {
                 self.packed_matmul_sm70(s70, w, parts, rows, xp, op, out_f32, kernel)
             };
         }
-        // Rows of one GEMV block: 8 / 16 (fast layouts) or 32.
+        if kernel == W4Kernel::Gemv
+            && self.w4_tensor_cores()
+            && parts.gemv_fast_ok(w.k)
+            && rows > GEMV8_ROWS
+        {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe { self.packed_gemv_xs(w, parts, rows, xp, op, out_f32) };
+        }
+        // Rows of one GEMV block: 8 (fast layouts, up to 8 rows) or 32.
         let gemv_rows = if parts.gemv_fast_ok(w.k) && rows <= GEMV8_ROWS {
             GEMV8_ROWS
-        } else if parts.gemv_fast_ok(w.k) && rows <= GEMV16_ROWS {
-            GEMV16_ROWS
         } else {
             GEMV32_ROWS
         };
         let f = match kernel {
             W4Kernel::Gemv => match gemv_rows {
                 GEMV8_ROWS => self.k.w4_gemv.as_ref(),
-                GEMV16_ROWS => self.k.w4_gemv16.as_ref(),
                 _ => self.k.w4_gemv32.as_ref(),
             }
             .filter(|_| self.w4_tensor_cores()),
@@ -401,6 +412,86 @@ impl CudaBackend {
         // blocks, groups stored groups, perm of k entries); the grid covers n_pad outputs and
         // ceil(rows / tile) row tiles, and the kernels read x only below (rows, k) and write out
         // only below (rows, n) — the caller vouches for x and out.
+        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    /// Launch the x-staged GEMV (`kernels/w4a16.cu` `w4_gemv_xs`: `w4_gemvx2`, two m16 tiles
+    /// per block, when that grid has at least [`GEMVX2_MIN_BLOCKS`] blocks, else `w4_gemvx1`)
+    /// for a step of 9..=32 rows on a fast layout, in row tiles of [`GEMVX_ROWS`].
+    ///
+    /// # Safety
+    /// As [`Self::packed_matmul`].
+    unsafe fn packed_gemv_xs(
+        &self,
+        w: &CudaWeight,
+        parts: &CudaPackedParts,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        out_f32: bool,
+    ) -> Result<(), BackendError> {
+        let (tiles, row_tiles) = (parts.n_pad / (2 * TILE_N), rows.div_ceil(GEMVX_ROWS));
+        let p = if tiles / 2 * row_tiles >= GEMVX2_MIN_BLOCKS {
+            2
+        } else {
+            1
+        };
+        let f = if p == 2 {
+            self.k.w4_gemvx2.as_ref()
+        } else {
+            self.k.w4_gemvx1.as_ref()
+        }
+        .ok_or_else(|| {
+            BackendError::Unsupported(format!(
+                "the x-staged packed GEMV needs sm_80+ and a 16-bit dtype ({})",
+                self.device_name
+            ))
+        })?;
+        let ks = parts.k_slices;
+        // x stages: ks slices x 2 stages x 16 rows x 128 bytes (the slice sums, P ks x 16 rows
+        // x 16 outputs x 4 bytes, reuse them). At most 32 KB: under every arch's default 48 KB.
+        let shared = ks * 2 * GEMVX_ROWS * 128;
+        debug_assert!(p * ks * GEMVX_ROWS * 16 * 4 <= shared);
+        let (qp, _q) = w.data.device_ptr(&self.stream);
+        let (sp, _s) = parts.scales.device_ptr(&self.stream);
+        let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
+        let zp: u64 = zg.as_ref().map_or(0, |(p, _)| *p);
+        let pp: u64 = 0;
+        let (m, k, n) = (rows as i32, w.k as i32, w.n as i32);
+        let (kb, ksi, gc, gs) = (
+            parts.k_blocks as i32,
+            ks as i32,
+            parts.group_shift as i32,
+            parts.groups as i32,
+        );
+        let of32 = i32::from(out_f32);
+        let fp4 = i32::from(parts.values == W4Values::E2m1);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&xp)
+            .arg(&m)
+            .arg(&k)
+            .arg(&qp)
+            .arg(&sp)
+            .arg(&zp)
+            .arg(&pp);
+        b.arg(&kb)
+            .arg(&ksi)
+            .arg(&gc)
+            .arg(&gs)
+            .arg(&n)
+            .arg(&op)
+            .arg(&of32)
+            .arg(&fp4);
+        let cfg = LaunchConfig {
+            grid_dim: ((tiles / p) as u32, row_tiles as u32, 1),
+            block_dim: ((32 * ks * p) as u32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        // SAFETY: as in `packed_matmul`: the parts match the weight (a fast layout: no perm,
+        // k % 128 == 0; n_pad is a multiple of 64, so tiles is even), the grid covers n_pad
+        // outputs in tiles of 16 P and ceil(rows / 16) row tiles, and the kernel reads x only
+        // below (rows, k) and writes out only below (rows, n).
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }
