@@ -61,14 +61,14 @@
 //     (dec_merge_weights / dec_merge_out), so both ways give the same bits.
 // PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below): the host may launch this kernel with PDL
 // (launch.rs). Before griddepcontrol.wait a block reads step metadata (q_index, q_pos, q_seq, the
-// block table: uploaded by copies, never written by a kernel) and, when the first tile of its
-// first part holds only keys before the row's own position (ctx - 1), it issues that tile's
-// staging (K/V bytes into its own shared memory) too: those keys were written by earlier steps.
-// The key at ctx - 1 is this step's (the previous kernel writes it), so a tile holding it is
-// staged after the wait as before. This relies on every row of this kernel being its sequence's
-// only token in the step (AttentionPlan sends every longer sequence to the prefill tiles, and
-// the decode kernel runs only where a prefill variant exists); a verification step of several
-// tokens per sequence must lower the bound to the sequence's first new position. q, the gate,
+// block table, pf_meta: uploaded by copies, never written by a kernel) and, when `pf_meta` (the
+// step's per-sequence [token_start, len, cached_len, slot] rows; null: no prefetch) is given and
+// the first tile of its first part holds only keys below its sequence's cached length, it issues
+// that tile's staging (K/V bytes into its own shared memory) too: those keys were written by
+// earlier steps. This step's keys (from the cached length on: one per new token of the sequence,
+// the previous kernels write them) are staged after the wait as before, whether the sequence has
+// one row here or several (a prefill chunk sent through this kernel, or the 2–16 tokens of a
+// speculative verification step), so the bound is the sequence's, not the row's. q, the gate,
 // out and the partials come after the wait. The block then lets the next kernel launch early
 // (griddepcontrol.launch_dependents; that kernel waits for this grid's completion before it
 // reads `out`). The same bytes are staged either way, so the bits do not change.
@@ -285,7 +285,7 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
                                  const int* q_index, T* out, float* part_m, float* part_l,
                                  float* part_acc, unsigned int* counters, int n_heads,
                                  int n_kv_heads, int head_dim, int block_size, int max_blocks,
-                                 int n_slots, int single_keys, int prefetch, float scale,
+                                 int n_slots, int single_keys, const int* pf_meta, float scale,
                                  const T* gate, int gate_row, int gate_head) {
     constexpr int CB = DecStore<C>::BYTES;
     typedef DecShape<DV, CB> Sh;
@@ -342,10 +342,12 @@ __device__ void attention_decode(const T* q, const C* k_cache, const C* v_cache,
     };
 
     // The first tile of the block's first part before the wait when it holds only earlier steps'
-    // keys (see the header); block-uniform.
+    // keys, below the sequence's cached length (pf_meta row q_seq[t], field 2; see the header);
+    // block-uniform.
     const int first_start = (int)blockIdx.z * part_len;
     const int first_end = min(ctx, first_start + part_len);
-    const bool prefetched = prefetch && min(first_end, first_start + TK) <= ctx - 1;
+    const int pf_lim = pf_meta ? min(ctx - 1, pf_meta[4 * (long)q_seq[t] + 2]) : 0;
+    const bool prefetched = min(first_end, first_start + TK) <= pf_lim;
     if (prefetched) stage_tile(first_start, first_end, 0);
     // Metadata and earlier steps' K/V only above (see the header); q, this step's key and every
     // output below.
@@ -594,11 +596,11 @@ __device__ void attention_decode_combine(const float* part_m, const float* part_
             const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq,                  \
             const int* q_pos, const int* q_index, T* out, float* pm, float* pl, float* pacc,        \
             unsigned int* counters, int n_heads, int n_kv_heads, int head_dim, int block_size,     \
-            int max_blocks, int n_slots, int single_keys, int prefetch, float scale,               \
+            int max_blocks, int n_slots, int single_keys, const int* pf_meta, float scale,         \
             const T* gate, int gate_row, int gate_head) {                                           \
         attention_decode<T, C, DV, GB>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,     \
                                        counters, n_heads, n_kv_heads, head_dim, block_size,         \
-                                       max_blocks, n_slots, single_keys, prefetch, scale, gate,     \
+                                       max_blocks, n_slots, single_keys, pf_meta, scale, gate,      \
                                        gate_row, gate_head);                                        \
     }
 #define ATTENTION_DECODE_DIMS(SUF, T, CSUF, C, DV)                                                  \

@@ -430,6 +430,97 @@ fn decode_attention_matches_the_cpu_backend() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
+/// Several decode rows per sequence in one launch (every token a decode-kernel row, as a
+/// speculative verification step of 2–16 draft tokens would run) with the K/V prefetch before
+/// `griddepcontrol.wait` on: the kernels bound the prefetch by each sequence's cached length
+/// (this step's keys, just written by `write_kv`, are read after the wait), so the rows match the
+/// CPU backend, and the default launch gives the same bits as the launch without the prefetch,
+/// without PDL and (tensor-core shapes) with either stage ring. Long rows (8K + 16 draft tokens,
+/// 4K + 2, 300 + 5, 20 + 3), SmolLM2's 9/3 × 64 (attention_decode.cu), a Qwen3-like 32/8 × 128 and
+/// the 27B's 24/4 × 256 (attention_decode_mma.cu), 16-bit and e4m3 KV, every compute dtype.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn multi_row_decode_with_prefetch_matches_the_cpu_backend() {
+    let cpu = CpuBackend::new(0).expect("cpu");
+    let seqs = [(8000usize, 16usize), (4000, 2), (300, 5), (20, 3)];
+    let mut failures = Vec::new();
+    for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (24, 4, 256)] {
+        let c = AttnCase::new(&seqs, heads, kv_heads, hd, 16);
+        let n = c.num_tokens() * heads * hd;
+        for kv in ["auto", "fp8_e4m3"] {
+            let want = {
+                let s = attn_setup(&cpu, &c, kv);
+                let mut out = cpu.alloc(n).unwrap();
+                cpu.paged_attention(&s.q, &s.cache, 0, &s.step, &s.params, &mut out)
+                    .unwrap();
+                down(&cpu, &out, n)
+            };
+            for dtype in dtypes() {
+                let g = gpu(dtype, kv);
+                let s = attn_setup(&g, &c, kv);
+                let run = |opts: DecodeOptions| {
+                    let mut out = g.upload(&vec![f32::NAN; n]).unwrap();
+                    g.paged_attention_decode_with(
+                        &s.q, &s.cache, 0, &s.step, &s.params, &mut out, opts,
+                    )
+                    .unwrap();
+                    down(&g, &out, n)
+                };
+                let same = |a: &[f32], b: &[f32]| {
+                    a.iter()
+                        .zip(b)
+                        .all(|(x, y)| x.to_bits() == y.to_bits() && x.is_finite())
+                };
+                // Through the public path too (paged_attention_split_k: every token a row).
+                let mut split = g.upload(&vec![f32::NAN; n]).unwrap();
+                g.paged_attention_split_k(&s.q, &s.cache, 0, &s.step, &s.params, &mut split)
+                    .unwrap();
+                let split = down(&g, &split, n);
+                let default = run(DecodeOptions::default());
+                let no_prefetch = run(DecodeOptions {
+                    prefetch: false,
+                    ..DecodeOptions::default()
+                });
+                let no_pdl = run(DecodeOptions {
+                    pdl: false,
+                    prefetch: false,
+                    ..DecodeOptions::default()
+                });
+                let mut checks = vec![
+                    ("split_k=default", same(&split, &default)),
+                    ("no_prefetch=default", same(&no_prefetch, &default)),
+                    ("no_pdl=default", same(&no_pdl, &default)),
+                ];
+                if g.uses_decode_mma(hd, heads / kv_heads) {
+                    let ring = |deep| {
+                        run(DecodeOptions {
+                            mma_deep: Some(deep),
+                            ..DecodeOptions::default()
+                        })
+                    };
+                    checks.push(("deep_ring=default", same(&ring(true), &default)));
+                    checks.push(("default_ring=default", same(&ring(false), &default)));
+                }
+                let d = max_diff(&want, &default);
+                let limit = tol(dtype);
+                let close = d <= limit;
+                let bits: Vec<String> = checks.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+                let ok = close && checks.iter().all(|c| c.1);
+                println!(
+                    "RESULT attention_decode_multi_row_prefetch {} dtype={dtype} kv={kv} max_abs_diff={d:.3e} tol={limit:.0e} bits=[{}] {}",
+                    c.label(),
+                    bits.join(" "),
+                    if ok { "ok" } else { "FAIL" }
+                );
+                if !ok {
+                    failures.push(format!("{} {dtype} {kv}: {d} {bits:?}", c.label()));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
 /// The decode kernel's launch options give the same bits as the launch before them
 /// (`DecodeOptions::TWO_PASS`: partials merged by a second kernel, no PDL, no prefetch): the
 /// in-launch merge (the last block of a (row, KV head) merges) with PDL and the first K/V tile

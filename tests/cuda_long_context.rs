@@ -15,6 +15,11 @@
 //!
 //! `KILN_LONGCTX_ONLY=<label substring>[|<another>...]` limits the bandwidth test to rows matching
 //! one of them (for a profiler; it also drops the short-context rows unless `KILN_LONGCTX_SHORT=1`).
+//! `KILN_LONGCTX_LEAN=1` times, on the tensor-core rows, only the launch before branch `lctx2`
+//! (`DecodeOptions::LCTX` on a backend built with `KILN_DMMA_XPART=0`: `lctx_us`, its "before"),
+//! each stage ring forced (`deep_us`, `default_ring_us`) and the default launch without the
+//! next part's chunks issued ahead of the merge (`no_xpart_us`) and, for fp8 KV, with f32
+//! partials (`f32_partials_us`) beside the default (`us`).
 //!
 //! Rows on the tensor-core kernel (head_dim 128 / 256) also time, on the same data in the same
 //! run, the launch before the tensor-core combine and PDL (`DecodeOptions::MMA_LEGACY`:
@@ -178,6 +183,9 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
     // ctx=32768 seqs=16 kv=auto") contains it, no short-context rows and no older kernel (to put
     // one shape under a profiler).
     let only = std::env::var("KILN_LONGCTX_ONLY").ok();
+    // `KILN_LONGCTX_LEAN=1`: on the tensor-core rows only this branch's before / after columns
+    // (not the older launches, splits and widenings), to fit a short GPU call.
+    let lean = std::env::var("KILN_LONGCTX_LEAN").is_ok_and(|v| v == "1");
     let matches = |label: &str| {
         only.as_ref()
             .is_none_or(|o| o.split('|').any(|x| label.contains(x)))
@@ -193,13 +201,21 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
     for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
         let b = gpu(wide, kv);
         // e4m3 also without the tensor-core kernel's hardware widening (`KILN_DMMA_FP8_CVT=0`).
-        let cvt = (kv == "fp8_e4m3").then(|| {
+        let cvt = (kv == "fp8_e4m3" && !lean).then(|| {
             std::env::set_var("KILN_DMMA_FP8_CVT", "0");
             let c = gpu(wide, kv);
             std::env::remove_var("KILN_DMMA_FP8_CVT");
             c
         });
         let elem = if kv == "auto" { 2 } else { 1 };
+        // Lean runs: a backend whose tensor-core kernel drains its ring at each part's end
+        // (`KILN_DMMA_XPART=0`), for the "before" of branch `lctx2`.
+        let no_xpart = lean.then(|| {
+            std::env::set_var("KILN_DMMA_XPART", "0");
+            let c = gpu(wide, kv);
+            std::env::remove_var("KILN_DMMA_XPART");
+            c
+        });
         // Short context (SmolLM2's ~150 keys; 1 000): launch and latency bound. "two_pass" is
         // the decode launch before the single-pass rule, the in-launch merge and PDL
         // (DecodeOptions::TWO_PASS); "single" adds the single-pass rule only; "merge" the
@@ -255,7 +271,38 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                     let gbps = bytes / secs / 1e9;
                     // The tensor-core kernel's launch before this branch, and the variants.
                     let mut mma = String::new();
-                    if b.uses_decode_mma(hd, heads / kv_heads) {
+                    if lean && b.uses_decode_mma(hd, heads / kv_heads) {
+                        // `KILN_LONGCTX_LEAN=1`: main's launch before the deep ring
+                        // (DecodeOptions::LCTX, `lctx_us`) and each ring forced.
+                        let t = |o| {
+                            attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::With(o))
+                                * 1e6
+                        };
+                        let ring = |deep| DecodeOptions {
+                            mma_deep: Some(deep),
+                            ..DecodeOptions::default()
+                        };
+                        let nx = no_xpart.as_ref().expect("lean backend");
+                        let tn = |o| {
+                            attention_seconds(nx, seqs, ctx, heads, kv_heads, hd, Mode::With(o))
+                                * 1e6
+                        };
+                        let lctx = tn(DecodeOptions::LCTX);
+                        mma = format!(
+                            " lctx_us={lctx:.1} lctx_of_copy={:.0}% deep_us={:.1} default_ring_us={:.1} no_xpart_us={:.1}",
+                            100.0 * bytes / (lctx * 1e-6) / 1e9 / copy,
+                            t(ring(true)),
+                            t(ring(false)),
+                            tn(DecodeOptions::default())
+                        );
+                        if elem == 1 {
+                            let f32p = t(DecodeOptions {
+                                mma_half_partials: false,
+                                ..DecodeOptions::default()
+                            });
+                            mma += &format!(" f32_partials_us={f32p:.1}");
+                        }
+                    } else if b.uses_decode_mma(hd, heads / kv_heads) {
                         let t = |o| {
                             attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::With(o))
                         };

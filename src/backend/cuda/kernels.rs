@@ -175,6 +175,12 @@ impl KernelModule {
                 if c == "e4m3" && !std::env::var("KILN_DMMA_FP8_CVT").is_ok_and(|v| v == "0") {
                     d.push("-DDMMA_FP8_CVT".into());
                 }
+                // `KILN_DMMA_XPART=0` (read at each backend's creation): the ring drained at each
+                // part's end, as before the next part's chunks were issued ahead of the merge.
+                // Same bits either way.
+                if std::env::var("KILN_DMMA_XPART").is_ok_and(|v| v == "0") {
+                    d.push("-DDMMA_NO_XPART".into());
+                }
                 d
             }
             // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
@@ -269,6 +275,11 @@ impl KernelModule {
                                 super::backend::DECODE_MMA_DIMS
                                     .iter()
                                     .map(|d| super::backend::decode_mma_name(t, c, *d)),
+                            );
+                            names.extend(
+                                super::backend::DECODE_MMA_DIMS
+                                    .iter()
+                                    .map(|d| super::backend::decode_mma_deep_name(t, c, *d)),
                             );
                         }
                         names.push(super::backend::decode_mma_combine_name(t));
@@ -393,13 +404,16 @@ mod tests {
             ]
         );
         let mma = KernelModule::AttentionDecodeMma;
-        assert_eq!(mma.entry_points().len(), 2 * (3 * 3 + 1));
+        assert_eq!(mma.entry_points().len(), 2 * (3 * 3 * 2 + 1));
         assert_eq!(
             mma.entry_points_for("bf16", "e4m3"),
             [
                 "attention_decode_mma_bf16_e4m3_d64",
                 "attention_decode_mma_bf16_e4m3_d128",
                 "attention_decode_mma_bf16_e4m3_d256",
+                "attention_decode_mma_bf16_e4m3_d64_deep",
+                "attention_decode_mma_bf16_e4m3_d128_deep",
+                "attention_decode_mma_bf16_e4m3_d256_deep",
                 "attention_decode_mma_combine_bf16"
             ]
         );

@@ -348,14 +348,9 @@ impl CudaBackend {
         let group = params.num_heads / params.num_kv_heads;
         let variant = DecodeVariant::for_shape(params.head_dim, group).filter(|_| !legacy);
         if let Some(variant) = variant {
-            // The prefetch before `griddepcontrol.wait` reads keys below a row's own position,
-            // which are earlier steps' only when every row is its sequence's only token. With
-            // every token a row (`index` None) a sequence may have several rows in this step,
-            // whose keys the previous kernel may still be writing: no prefetch then (same bits).
-            let mut opts = DecodeOptions::default();
-            if index.is_none() && step.num_tokens > step.num_seqs {
-                opts.prefetch = false;
-            }
+            // The prefetch before `griddepcontrol.wait` is bounded by each sequence's cached
+            // length in the kernels, so rows of a sequence with several tokens in this step (every
+            // token a row: `index` None) keep it too.
             return self.launch_decode(
                 variant,
                 q,
@@ -367,7 +362,7 @@ impl CudaBackend {
                 index,
                 (n_rows, max_context),
                 gate,
-                opts,
+                DecodeOptions::default(),
             );
         }
         if gate.is_some() {
@@ -573,9 +568,15 @@ impl CudaBackend {
             i32::try_from(split.min_part).unwrap_or(i32::MAX),
             split.max_parts as i32,
         );
-        // The first tile before griddepcontrol.wait (attention_decode.cu's header): only when
-        // this launch may overlap its predecessor, where it pays.
-        let prefetch = i32::from(opts.prefetch && opts.pdl && self.pdl);
+        // f16 partials (acc / l) for fp8 KV on the tensor-core kernel and its own combine.
+        let part16 = i32::from(
+            !legacy && opts.mma_half_partials && mma.as_ref().is_some_and(|m| m.kv_bytes == 1),
+        );
+        // The first tile before griddepcontrol.wait (attention_decode.cu's header), bounded by
+        // each sequence's cached length read from the step's `seq_meta`: only when this launch
+        // may overlap its predecessor, where it pays (null: no prefetch).
+        let prefetch = opts.prefetch && opts.pdl && self.pdl;
+        let seq_meta = step.seq_meta();
         let scale = params.scale;
         let st = &self.stream;
         let (q_p, _s0) = q.data.device_ptr(st);
@@ -590,6 +591,12 @@ impl CudaBackend {
                 (p, Some(s))
             }
             None => (null, None),
+        };
+        let (pf_p, _s11) = if prefetch {
+            let (p, s) = seq_meta.device_ptr(st);
+            (p, Some(s))
+        } else {
+            (null, None)
         };
         let (out_p, _s7) = out.data.device_ptr_mut(st);
         let ((pm_p, pl_p, pacc_p), _s8) = match partials {
@@ -637,7 +644,7 @@ impl CudaBackend {
             int(&mb),
             int(&ns),
             int(&sk),
-            int(&prefetch),
+            ptr(&pf_p),
             &scale as *const f32 as *mut c_void,
             ptr(&gate_p),
             int(&g_row),
@@ -665,28 +672,43 @@ impl CudaBackend {
                 int(&sk),
                 int(&min_part),
                 int(&max_parts),
-                int(&prefetch),
+                int(&part16),
+                ptr(&pf_p),
                 &scale as *const f32 as *mut c_void,
                 ptr(&gate_p),
                 int(&g_row),
                 int(&g_head),
             ];
+            // The deep stage ring when the launch's blocks fit one wave at its occupancy (one
+            // long row), unless `opts.mma_deep` says which: a function of the shapes, the grid
+            // and the device (graph-safe), never of the data; the same bits either way.
+            let blocks = params.num_kv_heads * n_rows * grid_z;
+            let deep = opts.mma_deep.unwrap_or_else(|| {
+                attention_plan::decode_mma_deep_ring(
+                    blocks,
+                    m.sms,
+                    super::attention_mma::DECODE_MMA_DEEP_BLOCKS_PER_SM,
+                )
+            });
+            let (func, smem) = if deep { m.deep } else { (m.func, m.smem) };
             let cfg = LaunchConfig {
                 grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
                 block_dim: (m.threads, 1, 1),
-                shared_mem_bytes: m.smem,
+                shared_mem_bytes: smem,
             };
             // SAFETY: the arguments match attention_decode_mma_*'s parameter list in number,
             // order and types and outlive the call (the guards above); the same table, position,
             // index, partial and gate bounds as the kernel below, with `split` (valid: checked
             // above) and `single` giving the part counts and `slots` bounding them (the combine
             // below merges them); the tensor-core kernel needs head_dim equal to its width and
-            // the group ≤ 8 (decode_mma) and `smem` bytes of dynamic shared memory, its limit
-            // raised when it was resolved. Before griddepcontrol.wait it reads step metadata and,
-            // with `prefetch`, K/V of positions before each row's own (earlier steps' writes:
-            // every row is its sequence's only token in the step), and writes only its own shared
-            // memory, so it may be launched with PDL.
-            unsafe { self.launch_kernel(m.func, cfg, &mut args, opts.pdl && self.pdl) }?;
+            // the group ≤ 8 (decode_mma) and `smem` bytes of dynamic shared memory (its ring's:
+            // default or deep), its limit raised when it was resolved. Before
+            // griddepcontrol.wait it reads step metadata and, with `pf_p` (the step's seq_meta,
+            // [num_seqs, 4]), K/V of positions below each row's sequence's cached length
+            // (earlier steps' writes), and writes only its own shared memory, so it may be
+            // launched with PDL. With `part16` it writes f16 partial values at the f32 ones'
+            // element indices: half the bytes of the same buffer.
+            unsafe { self.launch_kernel(func, cfg, &mut args, opts.pdl && self.pdl) }?;
         } else {
             let cfg = LaunchConfig {
                 grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
@@ -705,9 +727,9 @@ impl CudaBackend {
             // counters (or null) hold n_rows × num_kv_heads zeros, which the kernel leaves zero; the
             // gate (or null) holds every (token, head, dim) of the rows at its strides
             // (paged_attention_gated). Before griddepcontrol.wait the kernel reads step metadata and,
-            // with `prefetch`, the K/V of positions before each row's own (earlier steps' writes:
-            // every row here is its sequence's only token in the step, AttentionPlan), and writes
-            // only its own shared memory, so it may be launched with PDL.
+            // with `pf_p` (the step's seq_meta), the K/V of positions below each row's sequence's
+            // cached length (earlier steps' writes), and writes only its own shared memory, so
+            // it may be launched with PDL.
             unsafe {
                 self.launch_kernel(self.k.decode(variant), cfg, &mut args, opts.pdl && self.pdl)
             }?;
@@ -727,6 +749,7 @@ impl CudaBackend {
                     int(&sk),
                     int(&min_part),
                     int(&max_parts),
+                    int(&part16),
                     ptr(&gate_p),
                     int(&g_row),
                     int(&g_head),
