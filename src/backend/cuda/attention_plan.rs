@@ -713,6 +713,16 @@ mod tests {
     }
 
     #[test]
+    fn the_deep_ring_takes_launches_of_one_wave() {
+        // An H200 (132 SMs) at 2 blocks per SM: one 27B row at 8K / 32K (4 KV heads × 64 parts)
+        // and one Qwen3-like row (8 × 32) fit; fp8 27B at 32K (4 × 128) and 16 rows do not.
+        let f = |blocks| decode_mma_deep_ring(blocks, 132, 2);
+        assert!(f(4 * 64) && f(8 * 32) && f(264));
+        assert!(!f(4 * 128) && !f(265) && !f(1024) && !f(0));
+        assert!(!decode_mma_deep_ring(256, 0, 2), "unknown SM count: never");
+    }
+
+    #[test]
     fn in_launch_merge_takes_small_groups_not_the_27b_shape_at_8k() {
         // SmolLM2 (3 × 64) at any pinned context up to 32K keys (128 slots), Qwen3-like 4 × 128
         // at 8K (64 slots); not the 27B's 6 × 256 at 8K.
