@@ -42,10 +42,7 @@
 // and data (not on the batch, the grid's Z or a graph's pinned context). One part: out directly;
 // else part_m / part_l / part_acc as attention_decode.cu ([n_rows, n_heads, n_slots] and
 // [.., head_dim], by block row y), merged by attention_decode_mma_combine_* (below) or, for the
-// launch before it, attention_decode.cu's combine. With `part16` (fp8 KV only: the host passes 0
-// otherwise, and always for attention_decode.cu's combine) part_acc holds, as f16 at the same
-// element indices (the first half of its bytes), the part's output acc / l instead of acc: |acc /
-// l| ≤ the largest |V| ≤ 57 344 fits f16, and the partials traffic halves.
+// launch before it, attention_decode.cu's combine.
 //
 // PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below), as attention_decode.cu: before
 // griddepcontrol.wait a block reads only step metadata (q_index, q_pos, q_seq, the block table,
@@ -64,8 +61,7 @@
 // attention_decode.cu's dec_merge_weights (one warp: lane-strided max and sum in part order, then
 // the xor-shuffle tree); output dim d = inv · Σ_{g < 16} S_g[d], S_g = Σ_{p ≡ g mod 16} acc_p[d]
 // w_p in increasing p, the 16 sums added in order g = 0..15. The order is a function of n_active
-// alone (bits independent of the grid and of scheduling). With `part16` the partials are f16
-// acc_p / l_p and w_p · l_p weighs them (same order). A block's loads of the partials are in
+// alone (bits independent of the grid and of scheduling). A block's loads of the partials are in
 // flight together (16 part groups × 16 float4 columns, 4 parts per thread at a time: one round
 // trip up to 64 parts, the first with the weights' (m, l) loads), where attention_decode.cu's
 // combine has 24 blocks for a 1-row 27B step and each thread walks the parts one after another.
@@ -97,10 +93,13 @@
 #ifndef DMMA_STAGE_BUDGET
 #define DMMA_STAGE_BUDGET 71000
 #endif
-// A block that takes several parts (rows enough for Z < n_active) issues the next part's first
-// NST - 1 chunks before the end-of-part merge instead of after it, its merge rows moved into each
-// warp's last stage (see `red_row`); -DDMMA_NO_XPART (`KILN_DMMA_XPART=0`, attention_mma.rs)
-// keeps the ring drained at each part's end. Same chunks, same order, same bits.
+// A block of 4 warps (head widths 64 / 128) that takes several parts (rows enough for Z <
+// n_active) issues the next part's first NST - 1 chunks before the end-of-part merge instead of
+// after it, its merge rows moved into each warp's last stage (see `red_row`); -DDMMA_NO_XPART
+// (`KILN_DMMA_XPART=0`, kernels.rs) keeps the ring drained at each part's end, as head width 256
+// (2 warps) always does. Same chunks, same order, same bits. H200 (docs/benchmarks.md, `lctx2`):
+// the Qwen3-like 32/8 x 128 with fp8 KV at 8K keys x 16 / 64 rows 5-8% faster; at head width 256
+// it cost the fp8 kernels 3-8% (and a 4-byte register spill), so it is off there.
 #ifdef DMMA_NO_XPART
 #define DMMA_XPART 0
 #else
@@ -125,27 +124,15 @@ __device__ __forceinline__ void dmma_pdl_launch_dependents() {
 #endif
 }
 
-// The deep ring (entry points `_deep`): a stage budget that keeps two blocks per SM (228 KB, 1 KB
-// reserved per block) and up to DMMA_DEEP_MAX_STAGES stages per warp, for launches whose blocks
-// all fit in one wave at two per SM (one long row: attention_mma.rs picks it). More of each
-// warp's chunks are in flight, and NST - 1 of them are issued before griddepcontrol.wait. The
-// ring is a ring of copies: the same chunks, the same order, the same bits as the default ring.
-#ifndef DMMA_DEEP_BUDGET
-#define DMMA_DEEP_BUDGET 114000
-#endif
-#define DMMA_MAX_STAGES 4
-#define DMMA_DEEP_MAX_STAGES 6
-
-// Geometry of one (DV, storage bytes CB, ring) class; attention_mma.rs mirrors NW and SMEM.
-template <int DV, int CB, bool DEEP = false> struct DmmaShape {
+// Geometry of one (DV, storage bytes CB) class; attention_mma.rs mirrors NW and SMEM.
+template <int DV, int CB> struct DmmaShape {
     static constexpr int NW = DV == 256 ? 2 : 4;                 // warps per block
     static constexpr int RB = DV * CB;                           // bytes of a K or V row
     static constexpr int KS = RB + (CB == 1 ? 32 : 64);          // K row stride in a stage
     static constexpr int VS = RB + 16;                           // V row stride in a stage
     static constexpr int SB = DMMA_CHUNK * (KS + VS);            // one stage (K + V chunk)
-    static constexpr int NST_RAW = (DEEP ? DMMA_DEEP_BUDGET : DMMA_STAGE_BUDGET) / (NW * SB);
-    static constexpr int NST_MAX = DEEP ? DMMA_DEEP_MAX_STAGES : DMMA_MAX_STAGES;
-    static constexpr int NST = NST_RAW < 2 ? 2 : (NST_RAW > NST_MAX ? NST_MAX : NST_RAW);  // stages per warp
+    static constexpr int NST_RAW = DMMA_STAGE_BUDGET / (NW * SB);
+    static constexpr int NST = NST_RAW < 2 ? 2 : (NST_RAW > 4 ? 4 : NST_RAW);  // stages per warp
     static constexpr int UPR = RB / 16;                          // 16-byte units per row
     static constexpr int UPL = DMMA_CHUNK * UPR / WARP_SIZE;     // units per lane, K or V
     static constexpr int RED = (NW * 8 * (DV + 2) + 8) * 4;      // end-of-part merge buffer
@@ -259,17 +246,16 @@ __device__ __forceinline__ float dmma_gated(float v, const T* gate, long t, int 
     return v * (1.0f / (1.0f + expf(-g)));
 }
 
-template <typename T, typename C, int DV, bool DEEP>
+template <typename T, typename C, int DV>
 __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_cache,
                                      const int* block_tables, const int* q_seq, const int* q_pos,
                                      const int* q_index, T* out, float* part_m, float* part_l,
                                      float* part_acc, int n_heads, int n_kv_heads, int head_dim,
                                      int block_size, int max_blocks, int n_slots, int single_keys,
-                                     int min_part, int max_parts, int part16,
-                                     const int* pf_meta, float scale, const T* gate, int gate_row,
-                                     int gate_head) {
+                                     int min_part, int max_parts, const int* pf_meta, float scale,
+                                     const T* gate, int gate_row, int gate_head) {
     constexpr int CB = (int)sizeof(C);
-    typedef DmmaShape<DV, CB, DEEP> Sh;
+    typedef DmmaShape<DV, CB> Sh;
     typedef typename DmmaType<C>::T MT;
     typedef DmmaOp<MT> Op;
     constexpr int NW = Sh::NW, NST = Sh::NST, NKB = Sh::NKB;
@@ -335,17 +321,17 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
     // the 8 per-head maxima. With DMMA_XPART warp w's rows are in its own last stage (NST - 1)
     // and the maxima after warp 0's rows there, so the next part's first NST - 1 chunks (stages
     // 0 .. NST - 2) can be in flight during the merge; else everything from the ring's start.
-#if DMMA_XPART
-    static_assert(8 * (DV + 2) * 4 + 8 * 4 <= Sh::SB, "merge rows fit a stage");
+    constexpr bool XP = DMMA_XPART && NW == 4;
+    static_assert(!XP || 8 * (DV + 2) * 4 + 8 * 4 <= Sh::SB, "merge rows fit a stage");
     auto red_row = [&](int w, int g) {
-        return reinterpret_cast<float*>(dmma_sm + (w * NST + NST - 1) * Sh::SB) + g * (DV + 2);
+        if constexpr (XP) {
+            return reinterpret_cast<float*>(dmma_sm + (w * NST + NST - 1) * Sh::SB) + g * (DV + 2);
+        } else {
+            return reinterpret_cast<float*>(dmma_sm) + (w * 8 + g) * (DV + 2);
+        }
     };
-    float* const red_max = reinterpret_cast<float*>(dmma_sm + (NST - 1) * Sh::SB) + 8 * (DV + 2);
-#else
-    float* const red = reinterpret_cast<float*>(dmma_sm);
-    auto red_row = [&](int w, int g) { return red + (w * 8 + g) * (DV + 2); };
-    float* const red_max = red + NW * 8 * (DV + 2);
-#endif
+    float* const red_max = XP ? reinterpret_cast<float*>(dmma_sm + (NST - 1) * Sh::SB) + 8 * (DV + 2)
+                              : reinterpret_cast<float*>(dmma_sm) + NW * 8 * (DV + 2);
 
     // This warp's first NST - 1 chunks of the block's first part before the wait when they hold
     // only earlier steps' keys: below the sequence's cached length (its first position in this
@@ -501,10 +487,9 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
 
         // End of the part. Every copy of this warp's chunks has completed (the loop waited for
         // each; the groups still pending are empty).
-#if DMMA_XPART
-        // The next part's first NST - 1 chunks into stages 0 .. NST - 2 (this warp's own, read),
-        // in flight during the merge below (which uses the stages NST - 1).
-        {
+        if constexpr (XP) {
+            // The next part's first NST - 1 chunks into stages 0 .. NST - 2 (this warp's own,
+            // read), in flight during the merge below (which uses the stages NST - 1).
             const int next = part + (int)gridDim.z;
             issued = next < n_active;
             if (issued) {
@@ -512,11 +497,10 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
 #pragma unroll
                 for (int i = 0; i < NST - 1; ++i) issue(warp + i * NW, ns, ne, i);
             }
+        } else {
+            issued = false;
+            asm volatile("cp.async.wait_group 0;\n" ::);
         }
-#else
-        issued = false;
-        asm volatile("cp.async.wait_group 0;\n" ::);
-#endif
         // The warps' (m, l, O) into shared memory.
         __syncthreads();
 #pragma unroll
@@ -585,14 +569,7 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                              dmma_gated<T>(v, gate, t, head, d, gate_row, gate_head));
             } else {
                 const long ph = (row_y * n_heads + head) * (long)n_slots + part;
-                if (CB == 1 && part16) {
-                    // fp8 KV: the part's output acc / l (|value| ≤ the largest |V| ≤ 57 344, an
-                    // f16) as an f16; the combine weighs it by l.
-                    reinterpret_cast<__half*>(part_acc)[ph * DV + d] =
-                        __float2half_rn(lsum > 0.0f ? acc / lsum : 0.0f);
-                } else {
-                    part_acc[ph * DV + d] = acc;
-                }
+                part_acc[ph * DV + d] = acc;
                 if (d == 0) {
                     part_m[ph] = mx;
                     part_l[ph] = lsum;
@@ -611,8 +588,8 @@ __device__ void attention_decode_mma_combine(const float* part_m, const float* p
                                              const float* part_acc, const int* q_pos,
                                              const int* q_index, T* out, int n_heads, int head_dim,
                                              int n_slots, int single_keys, int min_part,
-                                             int max_parts, int part16, const T* gate,
-                                             int gate_row, int gate_head) {
+                                             int max_parts, const T* gate, int gate_row,
+                                             int gate_head) {
     constexpr int PG = DMMA_MERGE_PG, NI = DMMA_MAX_SLOTS / DMMA_MERGE_PG;
     __shared__ float w_s[DMMA_MAX_SLOTS];
     __shared__ __align__(16) float sums[PG][DMMA_MERGE_DIMS];
@@ -635,15 +612,8 @@ __device__ void attention_decode_mma_combine(const float* part_m, const float* p
     constexpr int NB = 4;
     auto load = [&](int i) {
         const int p = g + PG * i;
-        if (p >= n_active) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (part16) {
-            const uint2 u = __ldcg(reinterpret_cast<const uint2*>(
-                reinterpret_cast<const __half*>(part_acc) + (ph0 + p) * head_dim + d0));
-            const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-            const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-            return make_float4(lo.x, lo.y, hi.x, hi.y);
-        }
-        return __ldcg(reinterpret_cast<const float4*>(part_acc + (ph0 + p) * head_dim + d0));
+        return p < n_active ? __ldcg(reinterpret_cast<const float4*>(part_acc + (ph0 + p) * head_dim + d0))
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     };
     float4 a[NB];
 #pragma unroll
@@ -668,7 +638,7 @@ __device__ void attention_decode_mma_combine(const float* part_m, const float* p
             const int p = lane + WARP_SIZE * i;
             if (p < n_active) {
                 const float w = pm[i] == KILN_NEG_INF ? 0.0f : exp2f(pm[i] - mx);
-                w_s[p] = part16 ? w * pl[i] : w;  // f16 partials are acc / l
+                w_s[p] = w;
                 lsum = fmaf(pl[i], w, lsum);
             }
         }
@@ -707,40 +677,35 @@ __device__ void attention_decode_mma_combine(const float* part_m, const float* p
     }
 }
 
-#define DMMA_BODY(T, C, DV, DEEP)                                                                   \
-    attention_decode_mma<T, C, DV, DEEP>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,   \
-                                         n_heads, n_kv_heads, head_dim, block_size, max_blocks,     \
-                                         n_slots, single_keys, min_part, max_parts, part16,         \
-                                         pf_meta, scale, gate, gate_row, gate_head);
+#define DMMA_BODY(T, C, DV)                                                                         \
+    attention_decode_mma<T, C, DV>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,         \
+                                   n_heads, n_kv_heads, head_dim, block_size, max_blocks, n_slots,  \
+                                   single_keys, min_part, max_parts, pf_meta, scale, gate,          \
+                                   gate_row, gate_head);
 #define DMMA_COMBINE_BODY(T)                                                                        \
     attention_decode_mma_combine<T>(pm, pl, pacc, q_pos, q_index, out, n_heads, head_dim, n_slots,  \
-                                    single_keys, min_part, max_parts, part16, gate, gate_row,       \
-                                    gate_head);
+                                    single_keys, min_part, max_parts, gate, gate_row, gate_head);
 #else
-#define DMMA_BODY(T, C, DV, DEEP) __trap();
+#define DMMA_BODY(T, C, DV) __trap();
 #define DMMA_COMBINE_BODY(T) __trap();
 #endif
 
-#define ATTENTION_DECODE_MMA_RING(SUF, T, CSUF, C, DV, NAME, DEEP)                                  \
-    extern "C" __global__ void __launch_bounds__(DmmaShape<DV, (int)sizeof(C)>::NW * WARP_SIZE)     \
-        NAME(const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq,                 \
-             const int* q_pos, const int* q_index, T* out, float* pm, float* pl, float* pacc,       \
-             int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,            \
-             int n_slots, int single_keys, int min_part, int max_parts, int part16,                \
-             const int* pf_meta, float scale, const T* gate, int gate_row, int gate_head) {         \
-        DMMA_BODY(T, C, DV, DEEP)                                                                   \
-    }
 #define ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, DV)                                               \
-    ATTENTION_DECODE_MMA_RING(SUF, T, CSUF, C, DV, attention_decode_mma_##SUF##_##CSUF##_d##DV,     \
-                              false)                                                                \
-    ATTENTION_DECODE_MMA_RING(SUF, T, CSUF, C, DV,                                                  \
-                              attention_decode_mma_##SUF##_##CSUF##_d##DV##_deep, true)
+    extern "C" __global__ void __launch_bounds__(DmmaShape<DV, (int)sizeof(C)>::NW * WARP_SIZE)     \
+        attention_decode_mma_##SUF##_##CSUF##_d##DV(                                                \
+            const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq,                  \
+            const int* q_pos, const int* q_index, T* out, float* pm, float* pl, float* pacc,        \
+            int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,             \
+            int n_slots, int single_keys, int min_part, int max_parts, const int* pf_meta,         \
+            float scale, const T* gate, int gate_row, int gate_head) {                              \
+        DMMA_BODY(T, C, DV)                                                                         \
+    }
 #define ATTENTION_DECODE_MMA_COMBINE(SUF, T)                                                        \
     extern "C" __global__ void __launch_bounds__(DMMA_MERGE_THREADS)                                \
         attention_decode_mma_combine_##SUF(                                                         \
             const float* pm, const float* pl, const float* pacc, const int* q_pos,                  \
             const int* q_index, T* out, int n_heads, int head_dim, int n_slots, int single_keys,    \
-            int min_part, int max_parts, int part16, const T* gate, int gate_row, int gate_head) {  \
+            int min_part, int max_parts, const T* gate, int gate_row, int gate_head) {              \
         DMMA_COMBINE_BODY(T)                                                                        \
     }
 #define ATTENTION_DECODE_MMA_STORAGE(SUF, T, CSUF, C)                                               \

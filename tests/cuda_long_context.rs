@@ -15,11 +15,9 @@
 //!
 //! `KILN_LONGCTX_ONLY=<label substring>[|<another>...]` limits the bandwidth test to rows matching
 //! one of them (for a profiler; it also drops the short-context rows unless `KILN_LONGCTX_SHORT=1`).
-//! `KILN_LONGCTX_LEAN=1` times, on the tensor-core rows, only the launch before branch `lctx2`
-//! (`DecodeOptions::LCTX` on a backend built with `KILN_DMMA_XPART=0`: `lctx_us`, its "before"),
-//! each stage ring forced (`deep_us`, `default_ring_us`) and the default launch without the
-//! next part's chunks issued ahead of the merge (`no_xpart_us`) and, for fp8 KV, with f32
-//! partials (`f32_partials_us`) beside the default (`us`).
+//! `KILN_LONGCTX_LEAN=1` times, on the tensor-core rows, only the default launch on a backend built
+//! with `KILN_DMMA_XPART=0` (`lctx_us`: the tensor-core kernel as main had it before branch
+//! `lctx2`, its ring drained at each part's end) beside the default (`us`).
 //!
 //! Rows on the tensor-core kernel (head_dim 128 / 256) also time, on the same data in the same
 //! run, the launch before the tensor-core combine and PDL (`DecodeOptions::MMA_LEGACY`:
@@ -272,36 +270,17 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                     // The tensor-core kernel's launch before this branch, and the variants.
                     let mut mma = String::new();
                     if lean && b.uses_decode_mma(hd, heads / kv_heads) {
-                        // `KILN_LONGCTX_LEAN=1`: main's launch before the deep ring
-                        // (DecodeOptions::LCTX, `lctx_us`) and each ring forced.
-                        let t = |o| {
-                            attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::With(o))
-                                * 1e6
-                        };
-                        let ring = |deep| DecodeOptions {
-                            mma_deep: Some(deep),
-                            ..DecodeOptions::default()
-                        };
+                        // `KILN_LONGCTX_LEAN=1`: the default launch on a backend whose kernel
+                        // drains its ring at each part's end (main's before branch `lctx2`).
                         let nx = no_xpart.as_ref().expect("lean backend");
-                        let tn = |o| {
-                            attention_seconds(nx, seqs, ctx, heads, kv_heads, hd, Mode::With(o))
-                                * 1e6
-                        };
-                        let lctx = tn(DecodeOptions::LCTX);
+                        let lctx =
+                            attention_seconds(nx, seqs, ctx, heads, kv_heads, hd, Mode::Default);
                         mma = format!(
-                            " lctx_us={lctx:.1} lctx_of_copy={:.0}% deep_us={:.1} default_ring_us={:.1} no_xpart_us={:.1}",
-                            100.0 * bytes / (lctx * 1e-6) / 1e9 / copy,
-                            t(ring(true)),
-                            t(ring(false)),
-                            tn(DecodeOptions::default())
+                            " lctx_us={:.1} lctx_of_copy={:.0}% speedup={:.2}",
+                            lctx * 1e6,
+                            100.0 * bytes / lctx / 1e9 / copy,
+                            lctx / secs
                         );
-                        if elem == 1 {
-                            let f32p = t(DecodeOptions {
-                                mma_half_partials: false,
-                                ..DecodeOptions::default()
-                            });
-                            mma += &format!(" f32_partials_us={f32p:.1}");
-                        }
                     } else if b.uses_decode_mma(hd, heads / kv_heads) {
                         let t = |o| {
                             attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::With(o))

@@ -207,26 +207,6 @@ pub struct DecodeOptions {
     /// by attention_decode.cu's combine. For the before / after timings only (its merge sums in
     /// another order: not the bits of the other launches). No effect on attention_decode.cu.
     pub mma_legacy: bool,
-    /// The tensor-core kernel's stage ring: `Some(true)` the deep ring (attention_mma.rs),
-    /// `Some(false)` the default one, `None` by [`decode_mma_deep_ring`] of the launch's blocks.
-    /// Same bits either way (a ring of copies of the same chunks).
-    pub mma_deep: Option<bool>,
-    /// With fp8 KV, the tensor-core kernel writes each part's output (acc / l) as f16 partials
-    /// (half the bytes of f32 acc; |value| ≤ the largest |V|, an f16) and its combine weighs them
-    /// by l; `false` keeps f32 acc. Not the same bits as f32 partials (one more rounding of each
-    /// part's output): a model's launches keep one setting. No effect on 16-bit KV, on
-    /// attention_decode.cu or on [`DecodeOptions::mma_legacy`] launches (always f32).
-    pub mma_half_partials: bool,
-}
-
-/// Whether a tensor-core decode launch of `blocks` blocks takes the deep stage ring on a device of
-/// `sms` SMs: when every block fits in one wave at the deep ring's `per_sm` blocks per SM (one
-/// long row: its blocks then hold more of their keys in flight, and issue more of them before
-/// `griddepcontrol.wait`); more blocks keep the default ring's occupancy. A function of the
-/// launch's shapes (rows, KV heads, the grid's z from the slot bound) and the device, never of
-/// the data, so a captured graph keeps it.
-pub fn decode_mma_deep_ring(blocks: usize, sms: usize, per_sm: usize) -> bool {
-    blocks > 0 && blocks <= sms * per_sm
 }
 
 /// How a long row's keys are cut into parts (the tensor-core decode kernel's `dmma_part_len`): a
@@ -321,8 +301,6 @@ impl Default for DecodeOptions {
             prefetch: true,
             mma_split: None,
             mma_legacy: false,
-            mma_deep: None,
-            mma_half_partials: true,
         }
     }
 }
@@ -337,8 +315,6 @@ impl DecodeOptions {
         prefetch: false,
         mma_split: None,
         mma_legacy: false,
-        mma_deep: Some(false),
-        mma_half_partials: true,
     };
 
     /// The default launch with the tensor-core kernel launched as before this branch
@@ -350,22 +326,6 @@ impl DecodeOptions {
         prefetch: true,
         mma_split: Some(DecodeSplit::OLD),
         mma_legacy: true,
-        mma_deep: Some(false),
-        mma_half_partials: false,
-    };
-
-    /// The default launch as main had it before branch `lctx2` (after `lctx`): the default
-    /// stage ring always and f32 partials (with a backend built with `KILN_DMMA_XPART=0`, also the
-    /// ring drained at each part's end). The "before" of this branch's timings.
-    pub const LCTX: DecodeOptions = DecodeOptions {
-        single_part_keys: DECODE_SINGLE_PART_KEYS,
-        merge_in_launch: true,
-        pdl: true,
-        prefetch: true,
-        mma_split: None,
-        mma_legacy: false,
-        mma_deep: Some(false),
-        mma_half_partials: false,
     };
 }
 
@@ -710,16 +670,6 @@ mod tests {
         assert_eq!(decode_grid_z(1, 3, 150, s), 1);
         assert_eq!(decode_grid_z(1, 3, 1000, s), 8);
         assert_eq!(decode_grid_z(1000, 8, 32768, s), 1);
-    }
-
-    #[test]
-    fn the_deep_ring_takes_launches_of_one_wave() {
-        // An H200 (132 SMs) at 2 blocks per SM: one 27B row at 8K / 32K (4 KV heads × 64 parts)
-        // and one Qwen3-like row (8 × 32) fit; fp8 27B at 32K (4 × 128) and 16 rows do not.
-        let f = |blocks| decode_mma_deep_ring(blocks, 132, 2);
-        assert!(f(4 * 64) && f(8 * 32) && f(264));
-        assert!(!f(4 * 128) && !f(265) && !f(1024) && !f(0));
-        assert!(!decode_mma_deep_ring(256, 0, 2), "unknown SM count: never");
     }
 
     #[test]

@@ -54,8 +54,8 @@ mod w4a16;
 pub use attention::OutputGate;
 pub(crate) use attention_mma::DecodeMmaKernels;
 pub use attention_mma::{
-    decode_mma_combine_name, decode_mma_deep_name, decode_mma_geometry, decode_mma_name,
-    decode_mma_stage_budget, DECODE_MMA_DIMS,
+    decode_mma_combine_name, decode_mma_geometry, decode_mma_name, decode_mma_stage_budget,
+    DECODE_MMA_DIMS,
 };
 pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
@@ -315,13 +315,7 @@ impl CudaBackend {
             KvStorage::Same => dtype.size(),
             KvStorage::E5M2 | KvStorage::E4M3 => 1,
         };
-        let mut k = Kernels::resolve(&functions, dtype.suffix(), kv.suffix(), kv_bytes)?;
-        if let Some(m) = k.attention_decode_mma.as_mut() {
-            // The deep decode ring is for launches that fit one wave (attention_mma.rs).
-            m.sms = ctx.attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )? as usize;
-        }
+        let k = Kernels::resolve(&functions, dtype.suffix(), kv.suffix(), kv_bytes)?;
         let blas = CudaBlas::new(stream.clone())?;
         // cuBLAS gets a fixed workspace of its own, so it never allocates inside a graph capture
         // and picks its kernels with the same workspace eagerly and captured.

@@ -276,11 +276,6 @@ impl KernelModule {
                                     .iter()
                                     .map(|d| super::backend::decode_mma_name(t, c, *d)),
                             );
-                            names.extend(
-                                super::backend::DECODE_MMA_DIMS
-                                    .iter()
-                                    .map(|d| super::backend::decode_mma_deep_name(t, c, *d)),
-                            );
                         }
                         names.push(super::backend::decode_mma_combine_name(t));
                     }
@@ -404,16 +399,13 @@ mod tests {
             ]
         );
         let mma = KernelModule::AttentionDecodeMma;
-        assert_eq!(mma.entry_points().len(), 2 * (3 * 3 * 2 + 1));
+        assert_eq!(mma.entry_points().len(), 2 * (3 * 3 + 1));
         assert_eq!(
             mma.entry_points_for("bf16", "e4m3"),
             [
                 "attention_decode_mma_bf16_e4m3_d64",
                 "attention_decode_mma_bf16_e4m3_d128",
                 "attention_decode_mma_bf16_e4m3_d256",
-                "attention_decode_mma_bf16_e4m3_d64_deep",
-                "attention_decode_mma_bf16_e4m3_d128_deep",
-                "attention_decode_mma_bf16_e4m3_d256_deep",
                 "attention_decode_mma_combine_bf16"
             ]
         );

@@ -568,10 +568,6 @@ impl CudaBackend {
             i32::try_from(split.min_part).unwrap_or(i32::MAX),
             split.max_parts as i32,
         );
-        // f16 partials (acc / l) for fp8 KV on the tensor-core kernel and its own combine.
-        let part16 = i32::from(
-            !legacy && opts.mma_half_partials && mma.as_ref().is_some_and(|m| m.kv_bytes == 1),
-        );
         // The first tile before griddepcontrol.wait (attention_decode.cu's header), bounded by
         // each sequence's cached length read from the step's `seq_meta`: only when this launch
         // may overlap its predecessor, where it pays (null: no prefetch).
@@ -672,43 +668,29 @@ impl CudaBackend {
                 int(&sk),
                 int(&min_part),
                 int(&max_parts),
-                int(&part16),
                 ptr(&pf_p),
                 &scale as *const f32 as *mut c_void,
                 ptr(&gate_p),
                 int(&g_row),
                 int(&g_head),
             ];
-            // The deep stage ring when the launch's blocks fit one wave at its occupancy (one
-            // long row), unless `opts.mma_deep` says which: a function of the shapes, the grid
-            // and the device (graph-safe), never of the data; the same bits either way.
-            let blocks = params.num_kv_heads * n_rows * grid_z;
-            let deep = opts.mma_deep.unwrap_or_else(|| {
-                attention_plan::decode_mma_deep_ring(
-                    blocks,
-                    m.sms,
-                    super::attention_mma::DECODE_MMA_DEEP_BLOCKS_PER_SM,
-                )
-            });
-            let (func, smem) = if deep { m.deep } else { (m.func, m.smem) };
             let cfg = LaunchConfig {
                 grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
                 block_dim: (m.threads, 1, 1),
-                shared_mem_bytes: smem,
+                shared_mem_bytes: m.smem,
             };
             // SAFETY: the arguments match attention_decode_mma_*'s parameter list in number,
             // order and types and outlive the call (the guards above); the same table, position,
             // index, partial and gate bounds as the kernel below, with `split` (valid: checked
             // above) and `single` giving the part counts and `slots` bounding them (the combine
             // below merges them); the tensor-core kernel needs head_dim equal to its width and
-            // the group ≤ 8 (decode_mma) and `smem` bytes of dynamic shared memory (its ring's:
-            // default or deep), its limit raised when it was resolved. Before
+            // the group ≤ 8 (decode_mma) and `smem` bytes of dynamic shared memory, its limit
+            // raised when it was resolved. Before
             // griddepcontrol.wait it reads step metadata and, with `pf_p` (the step's seq_meta,
             // [num_seqs, 4]), K/V of positions below each row's sequence's cached length
             // (earlier steps' writes), and writes only its own shared memory, so it may be
-            // launched with PDL. With `part16` it writes f16 partial values at the f32 ones'
-            // element indices: half the bytes of the same buffer.
-            unsafe { self.launch_kernel(func, cfg, &mut args, opts.pdl && self.pdl) }?;
+            // launched with PDL.
+            unsafe { self.launch_kernel(m.func, cfg, &mut args, opts.pdl && self.pdl) }?;
         } else {
             let cfg = LaunchConfig {
                 grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
@@ -749,7 +731,6 @@ impl CudaBackend {
                     int(&sk),
                     int(&min_part),
                     int(&max_parts),
-                    int(&part16),
                     ptr(&gate_p),
                     int(&g_row),
                     int(&g_head),

@@ -4,10 +4,6 @@
 //! the keys and partials as the decode kernel of `attention_decode.cu`, so `launch_decode` only
 //! swaps the function, the block size and the shared memory (see [`CudaBackend::decode_mma`]).
 //!
-//! Each width has two entry points with the same arguments and bits: the default stage ring and a
-//! deep one (`_deep`: up to 6 stages per warp within two blocks per SM), which a launch takes when
-//! all its blocks fit in one wave at two per SM (`launch_decode`: one long row).
-//!
 //! `KILN_DECODE_MMA=0` (read when a backend is created) keeps the older decode kernel for every
 //! shape, e.g. to compare the two in one process.
 
@@ -33,15 +29,6 @@ pub const DECODE_MMA_MERGE_THREADS: u32 = 256;
 /// `KILN_DMMA_STAGE_BUDGET` says otherwise (71 000: measured against 106 496 in
 /// docs/benchmarks.md, seventh session).
 const STAGE_BUDGET: usize = 71_000;
-/// Most stages per warp of the default ring (`DMMA_MAX_STAGES`).
-const MAX_STAGES: usize = 4;
-/// Shared memory the deep ring of a block aims for (`DMMA_DEEP_BUDGET`): two blocks per SM of an
-/// H100 / H200 (228 KB, 1 KB reserved per block).
-const DEEP_BUDGET: usize = 114_000;
-/// Most stages per warp of the deep ring (`DMMA_DEEP_MAX_STAGES`).
-const DEEP_MAX_STAGES: usize = 6;
-/// Resident blocks per SM the deep ring is sized for.
-pub const DECODE_MMA_DEEP_BLOCKS_PER_SM: usize = 2;
 
 /// The stage budget set by `KILN_DMMA_STAGE_BUDGET` (bytes, 16 KiB..=220 KiB, read once per
 /// process; to measure fewer stages per warp against more blocks per SM), `None` when unset: the
@@ -69,14 +56,9 @@ pub fn decode_mma_stage_budget() -> Option<usize> {
     })
 }
 
-/// Entry point name for compute dtype `t`, KV storage `c` and head width `dim` (default ring).
+/// Entry point name for compute dtype `t`, KV storage `c` and head width `dim`.
 pub fn decode_mma_name(t: &str, c: &str, dim: usize) -> String {
     format!("attention_decode_mma_{t}_{c}_d{dim}")
-}
-
-/// The same kernel with the deep stage ring (`_deep`).
-pub fn decode_mma_deep_name(t: &str, c: &str, dim: usize) -> String {
-    format!("attention_decode_mma_{t}_{c}_d{dim}_deep")
 }
 
 /// Entry point name of the tensor-core kernel's combine for compute dtype `t`.
@@ -85,33 +67,23 @@ pub fn decode_mma_combine_name(t: &str) -> String {
 }
 
 /// (threads per block, dynamic shared memory bytes) of the variant for head width `dim` and KV
-/// element bytes `kv_bytes` (2 or 1), default ring (`deep` false) or deep:
-/// `DmmaShape<DV, CB, DEEP>::NW * 32` and `::SMEM`.
-pub fn decode_mma_geometry(dim: usize, kv_bytes: usize, deep: bool) -> (u32, u32) {
-    if deep {
-        return decode_mma_geometry_for(dim, kv_bytes, DEEP_BUDGET, DEEP_MAX_STAGES);
-    }
+/// element bytes `kv_bytes` (2 or 1): `DmmaShape<DV, CB>::NW * 32` and `::SMEM`.
+pub fn decode_mma_geometry(dim: usize, kv_bytes: usize) -> (u32, u32) {
     decode_mma_geometry_for(
         dim,
         kv_bytes,
         decode_mma_stage_budget().unwrap_or(STAGE_BUDGET),
-        MAX_STAGES,
     )
 }
 
-/// [`decode_mma_geometry`] for stage budget `budget` bytes and at most `max_stages` stages.
-fn decode_mma_geometry_for(
-    dim: usize,
-    kv_bytes: usize,
-    budget: usize,
-    max_stages: usize,
-) -> (u32, u32) {
+/// [`decode_mma_geometry`] for stage budget `budget` bytes.
+fn decode_mma_geometry_for(dim: usize, kv_bytes: usize, budget: usize) -> (u32, u32) {
     let warps = if dim == 256 { 2 } else { 4 };
     let rb = dim * kv_bytes;
     let ks = rb + if kv_bytes == 1 { 32 } else { 64 };
     let vs = rb + 16;
     let stage = CHUNK * (ks + vs);
-    let nst = (budget / (warps * stage)).clamp(2, max_stages);
+    let nst = (budget / (warps * stage)).clamp(2, 4);
     let red = (warps * 8 * (dim + 2) + 8) * 4;
     let smem = (warps * nst * stage).max(red);
     ((warps * 32) as u32, smem as u32)
@@ -121,10 +93,6 @@ fn decode_mma_geometry_for(
 #[derive(Debug, Clone)]
 pub(crate) struct DecodeMmaKernels {
     funcs: Vec<CudaFunction>,
-    /// The same kernels with the deep ring, same order.
-    deep: Vec<CudaFunction>,
-    /// The device's SMs (set by the backend after loading; 0 = unknown: never the deep ring).
-    pub(crate) sms: usize,
     /// `attention_decode_mma_combine_{t}`.
     combine: CudaFunction,
     kv_bytes: usize,
@@ -144,26 +112,22 @@ impl DecodeMmaKernels {
         if std::env::var("KILN_DECODE_MMA").is_ok_and(|v| v == "0") {
             return Ok(None);
         }
-        let get = |name: fn(&str, &str, usize) -> String| {
-            DECODE_MMA_DIMS
-                .iter()
-                .map(|&d| all.get(&name(t, c, d)).cloned())
-                .collect::<Option<Vec<_>>>()
-        };
-        let (Some(funcs), Some(deep)) = (get(decode_mma_name), get(decode_mma_deep_name)) else {
+        let Some(funcs) = DECODE_MMA_DIMS
+            .iter()
+            .map(|&d| all.get(&decode_mma_name(t, c, d)).cloned())
+            .collect::<Option<Vec<_>>>()
+        else {
             return Ok(None);
         };
         let Some(combine) = all.get(&decode_mma_combine_name(t)).cloned() else {
             return Ok(None);
         };
-        for (fs, is_deep) in [(&funcs, false), (&deep, true)] {
-            for (f, &d) in fs.iter().zip(&DECODE_MMA_DIMS) {
-                let (_, smem) = decode_mma_geometry(d, kv_bytes, is_deep);
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )?;
-            }
+        for (f, &d) in funcs.iter().zip(&DECODE_MMA_DIMS) {
+            let (_, smem) = decode_mma_geometry(d, kv_bytes);
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
         }
         // Head width 64 stays on attention_decode.cu by default: at long contexts the two kernels
         // measured alike there (SmolLM2's 9/3 x 64, bf16 KV: 0.94-1.19x), and for short rows
@@ -181,8 +145,6 @@ impl DecodeMmaKernels {
         );
         Ok(Some(DecodeMmaKernels {
             funcs,
-            deep,
-            sms: 0,
             combine,
             kv_bytes,
             min_dim,
@@ -190,14 +152,9 @@ impl DecodeMmaKernels {
     }
 }
 
-/// A tensor-core decode launch: the function, threads per block and dynamic shared memory, for
-/// the default ring and the deep one.
+/// A tensor-core decode launch: the function, threads per block and dynamic shared memory.
 pub(crate) struct DecodeMmaLaunch<'a> {
     pub func: &'a CudaFunction,
-    /// The deep-ring kernel and its dynamic shared memory.
-    pub deep: (&'a CudaFunction, u32),
-    /// The device's SMs (0: unknown).
-    pub sms: usize,
     /// The merge of the parts (`attention_decode_mma_combine_{t}`).
     pub combine: &'a CudaFunction,
     /// Bytes of a KV element (2, or 1 for fp8).
@@ -218,12 +175,9 @@ impl CudaBackend {
             return None;
         }
         let i = DECODE_MMA_DIMS.iter().position(|&d| d == head_dim)?;
-        let (threads, smem) = decode_mma_geometry(head_dim, k.kv_bytes, false);
-        let (_, deep_smem) = decode_mma_geometry(head_dim, k.kv_bytes, true);
+        let (threads, smem) = decode_mma_geometry(head_dim, k.kv_bytes);
         Some(DecodeMmaLaunch {
             func: &k.funcs[i],
-            deep: (&k.deep[i], deep_smem),
-            sms: k.sms,
             combine: &k.combine,
             kv_bytes: k.kv_bytes,
             threads,
@@ -250,7 +204,7 @@ mod tests {
         let at = |budget| -> Vec<(u32, u32)> {
             shapes
                 .iter()
-                .map(|&(d, b)| decode_mma_geometry_for(d, b, budget, MAX_STAGES))
+                .map(|&(d, b)| decode_mma_geometry_for(d, b, budget))
                 .collect()
         };
         assert_eq!(STAGE_BUDGET, 71_000);
@@ -278,25 +232,9 @@ mod tests {
                 (64, 71_680)
             ]
         );
-        // The deep ring: 3-6 stages per warp, still two blocks per SM.
-        let deep: Vec<(u32, u32)> = shapes
-            .iter()
-            .map(|&(d, b)| decode_mma_geometry(d, b, true))
-            .collect();
-        assert_eq!(
-            deep,
-            vec![
-                (128, 107_520),
-                (128, 113_664),
-                (64, 105_984),
-                (128, 67_584),
-                (128, 97_280),
-                (64, 107_520)
-            ]
-        );
         // At least two blocks per SM within an H100 / H200's 228 KB (1 KB reserved per block),
         // and under the 227 KB one block may have.
-        for (_, smem) in got.into_iter().chain(old).chain(deep) {
+        for (_, smem) in got.into_iter().chain(old) {
             assert!(2 * (smem as usize + 1024) <= 228 * 1024);
         }
         assert_eq!(
