@@ -32,6 +32,7 @@ use super::attention_plan::{self, PrefillVariant};
 mod attention;
 mod attention_mma;
 mod dense;
+mod dense_mlp;
 mod dense_rope;
 pub(crate) use dense::MmaKernels;
 pub use dense::{DenseMatmul, MmaKernel, DEFAULT_FUSED_DECODE_ROWS, MMA_SMALL_MAX_ROWS};
@@ -148,6 +149,8 @@ pub struct CudaBackend {
     /// Launch the small `mma` kernels with programmatic dependent launch (`KILN_PDL`, sm_90+
     /// kernels only; see `launch.rs`).
     pdl: bool,
+    /// Run the decode layer's MLP as one kernel (`KILN_FUSED_MLP`, sm_90+; see `dense_mlp.rs`).
+    fused_mlp: bool,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -354,6 +357,10 @@ impl CudaBackend {
             0
         };
         let pdl = mma && arch.major >= 9 && dense::pdl_from_env().map_err(env_err)?;
+        let fused_mlp = fused_rows > 0
+            && arch.major >= 9
+            && k.dense_mlp.is_some()
+            && dense_mlp::fused_mlp_from_env().map_err(env_err)?;
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -368,8 +375,9 @@ impl CudaBackend {
             }
             + &if fused_rows > 0 {
                 format!(
-                    " [fused decode <= {fused_rows} rows{}]",
-                    if pdl { ", pdl" } else { "" }
+                    " [fused decode <= {fused_rows} rows{}{}]",
+                    if pdl { ", pdl" } else { "" },
+                    if fused_mlp { ", mlp" } else { "" }
                 )
             } else {
                 String::new()
@@ -385,6 +393,7 @@ impl CudaBackend {
             dense,
             fused_rows,
             pdl,
+            fused_mlp,
             arch,
             dtype,
             kv,
@@ -673,6 +682,31 @@ impl Backend for CudaBackend {
         }
         let _t = self.prof.op(&self.stream, "matmul_residual");
         self.mma_matmul_residual(x, rows, w, residual)
+    }
+
+    fn fused_mlp_scratch_len(&self, hidden: usize, inter: usize) -> usize {
+        self.mlp_scratch_len(hidden, inter)
+    }
+
+    fn norm_mlp_residual(
+        &self,
+        x: &mut CudaBuffer,
+        weight: &CudaBuffer,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        gate_up: &CudaWeight,
+        down: &CudaWeight,
+        h: &mut CudaBuffer,
+        scratch: &mut CudaBuffer,
+        act: &mut CudaBuffer,
+        delta: &mut CudaBuffer,
+        inter: usize,
+        part: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        self.mlp_residual(
+            x, weight, eps, rows, dim, gate_up, down, h, scratch, act, delta, inter, part,
+        )
     }
 
     fn upload_vector(&self, name: &str, view: &TensorView<'_>) -> Result<CudaBuffer, BackendError> {
