@@ -607,10 +607,44 @@ __device__ __forceinline__ uint4 dmlp_dsmem_u4(const void* local, int rank) {
     return v;
 }
 
-template <typename T>
+// x loads of dense_mlp: through L2 (ld.global.cg) when OPROJ, since other blocks of the grid wrote
+// x in this launch and L1 is not coherent; the same values and arithmetic either way.
+template <bool OPROJ>
+__device__ __forceinline__ float4 dmlp_ld_x(const float* p) {
+    return OPROJ ? __ldcg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
+}
+
+// dmma_ld_norm with the x loads of dmlp_ld_x.
+template <typename T, bool OPROJ>
+__device__ __forceinline__ uint4 dmlp_ld_norm(const float* x, const unsigned short* __restrict__ nw,
+                                              int r, int rows, int col, int k, float inv) {
+    if (r >= rows || col >= k) return make_uint4(0u, 0u, 0u, 0u);
+    const float4 x0 = dmlp_ld_x<OPROJ>(x + (long)r * k + col);
+    const float4 x1 = dmlp_ld_x<OPROJ>(x + (long)r * k + col + 4);
+    float wf[8];
+    unpack8(__ldg(reinterpret_cast<const uint4*>(nw + col)), wf, T());
+    const float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    unsigned int u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        u[i] = dmma_bits<T>(wf[2 * i] * (xf[2 * i] * inv)) |
+               (dmma_bits<T>(wf[2 * i + 1] * (xf[2 * i + 1] * inv)) << 16);
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+// OPROJ (dense_mlp_oproj_{t}): the attention output projection first, x += T(a · W_o ᵀ) with a
+// [m, qdim], W_o [hidden, qdim], exactly as the RES small kernel computes it: output tile j
+// (of hidden / 16) by block j, its K slices (Sh_o = ceil(qdim / 32 / sbo) <= 2 Sh) by warps
+// 0 .. Sh_o, summed in slice order through shared memory. Then a grid barrier (bar[0]: the
+// tiles written, fenced; every block waits for hidden / 16 of them; bar[1] counts the blocks
+// past it and the last one sets both back to 0): all blocks of the grid are resident at once
+// (inter / 16 <= 128 blocks of one per SM, and the next kernel cannot start before every block
+// has passed pdl_launch_dependents), so the wait ends. Then the MLP as above.
+template <typename T, bool OPROJ>
 __device__ void dense_mlp(float* x, const T* __restrict__ wgu, const T* __restrict__ wd,
                           const T* __restrict__ nw, float eps, int m, int hidden, int inter,
-                          int sbh, float* __restrict__ part, unsigned int* __restrict__ cnt) {
+                          int sbh, float* __restrict__ part, unsigned int* __restrict__ cnt,
+                          const T* __restrict__ a, const T* __restrict__ wo, int qdim, int sbo) {
     extern __shared__ float dmlp_part[];  // [2 Sh][4][32]
     __shared__ float dmlp_inv[8];
     __shared__ __align__(16) unsigned short dmlp_act[8 * 16];  // [row][16 features]
@@ -644,15 +678,83 @@ __device__ void dense_mlp(float* x, const T* __restrict__ wgu, const T* __restri
         d_lo[j] = dmma_ld(ds, dtile * 16 + g, hidden, col, inter);
         d_hi[j] = dmma_ld(ds, dtile * 16 + g + 8, hidden, col, inter);
     }
+    // OPROJ: this warp's K slice of output tile blockIdx.x of W_o (if any), before the wait too.
+    const int kbo = (qdim + 31) / 32, sho = (kbo + sbo - 1) / sbo;
+    const int ko0 = warp * sbo, ko1 = min(ko0 + sbo, kbo);
+    const bool o_warp = OPROJ && (int)blockIdx.x < tiles && warp < sho;
+    const unsigned short* wos = reinterpret_cast<const unsigned short*>(wo);
+    uint4 o_lo[4], o_hi[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int col = (ko0 + j) * 32 + 8 * t;
+        const bool in = o_warp && ko0 + j < ko1;
+        o_lo[j] = in ? dmma_ld(wos, blockIdx.x * 16 + g, hidden, col, qdim) : make_uint4(0u, 0u, 0u, 0u);
+        o_hi[j] = in ? dmma_ld(wos, blockIdx.x * 16 + g + 8, hidden, col, qdim)
+                     : make_uint4(0u, 0u, 0u, 0u);
+    }
     pdl_wait();
     pdl_launch_dependents();
+    if (OPROJ) {
+        const unsigned short* as = reinterpret_cast<const unsigned short*>(a);
+        if (o_warp) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int c0 = ko0; c0 < ko1; c0 += 4) {
+                if (c0 != ko0) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int col = (c0 + j) * 32 + 8 * t;
+                        const bool in = c0 + j < ko1;
+                        o_lo[j] = in ? dmma_ld(wos, blockIdx.x * 16 + g, hidden, col, qdim)
+                                     : make_uint4(0u, 0u, 0u, 0u);
+                        o_hi[j] = in ? dmma_ld(wos, blockIdx.x * 16 + g + 8, hidden, col, qdim)
+                                     : make_uint4(0u, 0u, 0u, 0u);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    if (c0 + j < ko1) {
+                        const int col = (c0 + j) * 32 + 8 * t;
+                        dmma_block<T>(acc, o_lo[j], o_hi[j], dmma_ld(as, g, m, col, qdim));
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dmlp_part[(warp * 4 + i) * 32 + lane] = acc[i];
+        }
+        __syncthreads();
+        if ((int)blockIdx.x < tiles) {
+            for (int q = threadIdx.x; q < 128; q += blockDim.x) {
+                float v = 0.0f;
+                for (int s = 0; s < sho; ++s) v += dmlp_part[s * 128 + q];
+                const int i = q / 32, l = q % 32;
+                const int row = 2 * (l & 3) + (i & 1), col = blockIdx.x * 16 + (l >> 2) + 8 * (i >> 1);
+                if (row < m) {
+                    const long at = (long)row * hidden + col;
+                    x[at] = __ldcg(x + at) + round_to<T>(v);
+                }
+            }
+            __threadfence();
+        }
+        __syncthreads();
+        unsigned int* bar = cnt + tiles;
+        if (threadIdx.x == 0) {
+            if ((int)blockIdx.x < tiles) atomicAdd(bar, 1u);
+            while (atomicAdd(bar, 0u) < (unsigned int)tiles) __nanosleep(20);
+            __threadfence();
+            if (atomicAdd(bar + 1, 1u) == gridDim.x - 1) {
+                atomicExch(bar, 0u);
+                atomicExch(bar + 1, 0u);
+            }
+        }
+        __syncthreads();
+    }
     // The NORM prologue (each row's squares summed by one warp, as the small kernel does).
     const float* xf = x;
     for (int r = warp; r < 8; r += warps) {
         float ss = 0.0f;
         if (r < m) {
             for (int i = lane * 4; i < hidden; i += WARP_SIZE * 4) {
-                const float4 v = *reinterpret_cast<const float4*>(xf + (long)r * hidden + i);
+                const float4 v = dmlp_ld_x<OPROJ>(xf + (long)r * hidden + i);
                 ss += v.x * v.x;
                 ss += v.y * v.y;
                 ss += v.z * v.z;
@@ -678,11 +780,12 @@ __device__ void dense_mlp(float* x, const T* __restrict__ wgu, const T* __restri
         for (int j = 0; j < 4; ++j) {
             if (c0 + j < kb1) {
                 const int col = (c0 + j) * 32 + 8 * t;
-                const uint4 b = dmma_ld_norm<T>(xf, nws, g, m, col, hidden, dmlp_inv[g]);
+                const uint4 b = dmlp_ld_norm<T, OPROJ>(xf, nws, g, m, col, hidden, dmlp_inv[g]);
                 dmma_block<T>(acc, a_lo[j], a_hi[j], b);
             }
         }
     }
+    // (OPROJ: every warp is past its phase-0 reads of dmlp_part: the barrier above.)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dmlp_part[(warp * 4 + i) * 32 + lane] = acc[i];
     __syncthreads();
@@ -739,10 +842,15 @@ __device__ void dense_mlp(float* x, const T* __restrict__ wgu, const T* __restri
 #pragma unroll
                 for (int i = 0; i < 4; ++i) sum[i] += __ldcg(p + i * 32 + lane);
             }
+            // The RES epilogue (dmma_store's residual add, x read through L2).
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-                dmma_store<T, float, false, true>(x, m, hidden, dtile * 16, 0, lane, i, sum[i],
-                                                  0.0f);
+            for (int i = 0; i < 4; ++i) {
+                const int row = 2 * t + (i & 1), col = dtile * 16 + g + 8 * (i >> 1);
+                if (row < m) {
+                    const long at = (long)row * hidden + col;
+                    x[at] = __ldcg(x + at) + round_to<T>(sum[i]);
+                }
+            }
             if (lane == 0) atomicExch(&cnt[dtile], 0u);
         }
     }
@@ -759,7 +867,14 @@ __device__ void dense_mlp(float* x, const T* __restrict__ wgu, const T* __restri
     extern "C" __global__ void DMLP_CLUSTER_DIMS dense_mlp_##SUF(                                  \
         float* x, const T* wgu, const T* wd, const T* nw, float eps, int m, int hidden, int inter, \
         int sbh, float* part, unsigned int* cnt) {                                                 \
-        dense_mlp<T>(x, wgu, wd, nw, eps, m, hidden, inter, sbh, part, cnt);                       \
+        dense_mlp<T, false>(x, wgu, wd, nw, eps, m, hidden, inter, sbh, part, cnt, nullptr,        \
+                            nullptr, 0, 4);                                                        \
+    }                                                                                              \
+    extern "C" __global__ void DMLP_CLUSTER_DIMS dense_mlp_oproj_##SUF(                            \
+        float* x, const T* wgu, const T* wd, const T* nw, float eps, int m, int hidden, int inter, \
+        int sbh, float* part, unsigned int* cnt, const T* a, const T* wo, int qdim, int sbo) {     \
+        dense_mlp<T, true>(x, wgu, wd, nw, eps, m, hidden, inter, sbh, part, cnt, a, wo, qdim,     \
+                           sbo);                                                                   \
     }
 DENSE_MLP(f16, __half)
 DENSE_MLP(bf16, bf16_t)

@@ -469,10 +469,12 @@ fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
 }
 
 /// The fused MLP of the decode layer (`norm_mlp_residual`, dense.cu's `dense_mlp`: one kernel
-/// with thread-block clusters on sm_90+): the residual it leaves equals `norm_gate_up_swiglu`
-/// then `matmul_residual` (the pair it replaces, `KILN_FUSED_MLP=0`) bit for bit at 1, 2, 5 and
-/// 8 rows, on the `mma` and default backends, bf16 and fp16, SmolLM2's MLP shape (576 → 1 536
-/// → 576); 9 and 16 rows take the pair. It is repeated 20 times on the same scratch (the
+/// with thread-block clusters on sm_90+; with the o_proj before it, `dense_mlp_oproj`, its grid
+/// barrier too): the residual it leaves equals `norm_gate_up_swiglu` then `matmul_residual`
+/// (the pair it replaces, `KILN_FUSED_MLP=0`), after `matmul_residual` of the o_proj in the
+/// second form, bit for bit at 1, 2, 5 and 8 rows, on the `mma` and default backends, bf16 and
+/// fp16, SmolLM2's shapes (o_proj 576 → 576, MLP 576 → 1 536 → 576); 9 and 16 rows take the
+/// separate ops. It is repeated 20 times on the same scratch (the
 /// per-tile tickets must come back to zero; a timing-dependent sum order would show as other
 /// bits), rows 0..r of the 8-row step equal the r-row step's, and it is close to the CPU twin
 /// (the trait's default, f32) within the 16-bit rounding. That the one kernel ran (sm_90) is
@@ -530,97 +532,125 @@ fn the_fused_mlp_equals_the_norm_swiglu_and_residual_pair_bit_for_bit() {
                 )
                 .unwrap();
             let cpu_nw = cpu.upload(&rnd(nw_host.clone())).unwrap();
+            let oh = rnd(data(hidden * hidden, 75));
+            let o_w = weight_from(&b, &oh, hidden, hidden);
+            let oshape = [hidden, hidden];
+            let cpu_o = cpu
+                .upload_weight(
+                    "o",
+                    &TensorView {
+                        dtype: WeightDType::F32,
+                        shape: &oshape,
+                        data: bytemuck::cast_slice(&oh),
+                    },
+                )
+                .unwrap();
+            let a_host = rnd(data(16 * hidden, 76));
             let scratch_len = b.fused_mlp_scratch_len(hidden, inter);
             let mut part = b.alloc_f32(scratch_len.max(1)).unwrap();
             let sentinel = vec![7.0f32; 16 * inter];
-            let mut full8: Option<Vec<f32>> = None;
-            let mut per_rows = Vec::new();
-            for rows in ROWS {
-                let xr = &x_host[..rows * hidden];
-                let mut h = b.alloc(rows * hidden).unwrap();
-                let mut scr = b.alloc(rows * 2 * inter).unwrap();
-                let mut delta = b.alloc(rows * hidden).unwrap();
-                // The fused op, 20 times from the same input on the same scratch.
-                let mut first: Option<Vec<f32>> = None;
-                let mut repeat_ok = true;
-                let mut act = b.upload(&sentinel[..rows * inter]).unwrap();
-                for _ in 0..20 {
+            for with_o in [false, true] {
+                let mut full8: Option<Vec<f32>> = None;
+                let mut per_rows = Vec::new();
+                for rows in ROWS {
+                    let a_in = b.upload(&a_host[..rows * hidden]).unwrap();
+                    let o = with_o.then_some((&a_in, &o_w));
+                    let xr = &x_host[..rows * hidden];
+                    let mut h = b.alloc(rows * hidden).unwrap();
+                    let mut scr = b.alloc(rows * 2 * inter).unwrap();
+                    let mut delta = b.alloc(rows * hidden).unwrap();
+                    // The fused op, 20 times from the same input on the same scratch.
+                    let mut first: Option<Vec<f32>> = None;
+                    let mut repeat_ok = true;
+                    let mut act = b.upload(&sentinel[..rows * inter]).unwrap();
+                    for _ in 0..20 {
+                        let mut x = residual_from(&b, xr, rows, hidden);
+                        b.norm_mlp_residual(
+                            o, &mut x, &norm_w, 1e-5, rows, hidden, &gu, &down_w, &mut h, &mut scr,
+                            &mut act, &mut delta, inter, &mut part,
+                        )
+                        .unwrap();
+                        let got = down(&b, &x, rows * hidden);
+                        match &first {
+                            None => first = Some(got),
+                            Some(f) => repeat_ok &= bits(f) == bits(&got),
+                        }
+                    }
+                    let got = first.expect("ran");
+                    let act_untouched =
+                        bits(&down(&b, &act, rows * inter)) == bits(&sentinel[..rows * inter]);
+                    // The separate ops.
                     let mut x = residual_from(&b, xr, rows, hidden);
-                    b.norm_mlp_residual(
-                        &mut x, &norm_w, 1e-5, rows, hidden, &gu, &down_w, &mut h, &mut scr,
-                        &mut act, &mut delta, inter, &mut part,
+                    if with_o {
+                        b.matmul_residual(&a_in, rows, &o_w, &mut delta, &mut x, hidden)
+                            .unwrap();
+                    }
+                    let mut act2 = b.alloc(rows * inter).unwrap();
+                    b.norm_gate_up_swiglu(
+                        &x, &norm_w, 1e-5, rows, hidden, &gu, &mut h, &mut scr, &mut act2, inter,
                     )
                     .unwrap();
-                    let got = down(&b, &x, rows * hidden);
-                    match &first {
-                        None => first = Some(got),
-                        Some(f) => repeat_ok &= bits(f) == bits(&got),
-                    }
-                }
-                let got = first.expect("ran");
-                let act_untouched =
-                    bits(&down(&b, &act, rows * inter)) == bits(&sentinel[..rows * inter]);
-                // The pair.
-                let mut x = residual_from(&b, xr, rows, hidden);
-                let mut act2 = b.alloc(rows * inter).unwrap();
-                b.norm_gate_up_swiglu(
-                    &x, &norm_w, 1e-5, rows, hidden, &gu, &mut h, &mut scr, &mut act2, inter,
-                )
-                .unwrap();
-                b.matmul_residual(&act2, rows, &down_w, &mut delta, &mut x, hidden)
+                    b.matmul_residual(&act2, rows, &down_w, &mut delta, &mut x, hidden)
+                        .unwrap();
+                    let want = down(&b, &x, rows * hidden);
+                    let equal = bits(&got) == bits(&want);
+                    // The CPU twin (f32 compute) on the same (rounded) inputs.
+                    let xin: Vec<f32> = xr.iter().map(|v| round(dtype, *v)).collect();
+                    let mut cx = cpu.upload(&xin).unwrap();
+                    let mut ch = cpu.alloc(rows * hidden).unwrap();
+                    let mut cscr = cpu.alloc(rows * 2 * inter).unwrap();
+                    let mut cact = cpu.alloc(rows * inter).unwrap();
+                    let mut cdelta = cpu.alloc(rows * hidden).unwrap();
+                    let mut cpart = cpu.alloc_f32(1).unwrap();
+                    let ca = cpu.upload(&a_host[..rows * hidden]).unwrap();
+                    cpu.norm_mlp_residual(
+                        with_o.then_some((&ca, &cpu_o)),
+                        &mut cx,
+                        &cpu_nw,
+                        1e-5,
+                        rows,
+                        hidden,
+                        &cpu_gu,
+                        &cpu_down,
+                        &mut ch,
+                        &mut cscr,
+                        &mut cact,
+                        &mut cdelta,
+                        inter,
+                        &mut cpart,
+                    )
                     .unwrap();
-                let want = down(&b, &x, rows * hidden);
-                let equal = bits(&got) == bits(&want);
-                // The CPU twin (f32 compute) on the same (rounded) inputs.
-                let xin: Vec<f32> = xr.iter().map(|v| round(dtype, *v)).collect();
-                let mut cx = cpu.upload(&xin).unwrap();
-                let mut ch = cpu.alloc(rows * hidden).unwrap();
-                let mut cscr = cpu.alloc(rows * 2 * inter).unwrap();
-                let mut cact = cpu.alloc(rows * inter).unwrap();
-                let mut cdelta = cpu.alloc(rows * hidden).unwrap();
-                let mut cpart = cpu.alloc_f32(1).unwrap();
-                cpu.norm_mlp_residual(
-                    &mut cx,
-                    &cpu_nw,
-                    1e-5,
-                    rows,
-                    hidden,
-                    &cpu_gu,
-                    &cpu_down,
-                    &mut ch,
-                    &mut cscr,
-                    &mut cact,
-                    &mut cdelta,
-                    inter,
-                    &mut cpart,
-                )
-                .unwrap();
-                let cpu_x = down(&cpu, &cx, rows * hidden);
-                let rel_cpu = rel_diff(&got, &cpu_x);
-                let fused_expected = fused_here && rows <= 8;
-                let ran_ok = act_untouched == fused_expected;
-                let ok = equal && repeat_ok && ran_ok && rel_cpu <= limit;
-                println!(
-                    "RESULT mlp kind={kind} dtype={dtype} rows={rows} fused={act_untouched} \
+                    let cpu_x = down(&cpu, &cx, rows * hidden);
+                    let rel_cpu = rel_diff(&got, &cpu_x);
+                    let fused_expected = fused_here && rows <= 8;
+                    let ran_ok = act_untouched == fused_expected;
+                    let ok = equal && repeat_ok && ran_ok && rel_cpu <= limit;
+                    println!(
+                    "RESULT mlp kind={kind} dtype={dtype} o_proj={with_o} rows={rows} fused={act_untouched} \
                      eq_pair={equal} repeat20_equal={repeat_ok} cpu_rel={rel_cpu:e} ok={ok}"
                 );
-                if !ok {
-                    failures.push(format!(
-                        "{kind} {dtype} rows {rows}: eq_pair {equal} repeat {repeat_ok} \
+                    if !ok {
+                        failures.push(format!(
+                        "{kind} {dtype} o_proj {with_o} rows {rows}: eq_pair {equal} repeat {repeat_ok} \
                          fused {act_untouched} (expected {fused_expected}) cpu_rel {rel_cpu:e}"
                     ));
+                    }
+                    if rows == 8 {
+                        full8 = Some(got.clone());
+                    }
+                    per_rows.push((rows, got));
                 }
-                if rows == 8 {
-                    full8 = Some(got.clone());
-                }
-                per_rows.push((rows, got));
-            }
-            let full8 = full8.expect("8 rows ran");
-            for (rows, got) in per_rows.iter().filter(|(r, _)| *r <= 8) {
-                let inv = bits(got) == bits(&full8[..rows * hidden]);
-                println!("RESULT mlp kind={kind} dtype={dtype} rows={rows} eq_rows_of_8={inv}");
-                if !inv {
-                    failures.push(format!("{kind} {dtype} rows {rows}: not batch-invariant"));
+                let full8 = full8.expect("8 rows ran");
+                for (rows, got) in per_rows.iter().filter(|(r, _)| *r <= 8) {
+                    let inv = bits(got) == bits(&full8[..rows * hidden]);
+                    println!(
+                    "RESULT mlp kind={kind} dtype={dtype} o_proj={with_o} rows={rows} eq_rows_of_8={inv}"
+                );
+                    if !inv {
+                        failures.push(format!(
+                            "{kind} {dtype} o_proj {with_o} rows {rows}: not batch-invariant"
+                        ));
+                    }
                 }
             }
         }

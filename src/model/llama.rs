@@ -449,11 +449,11 @@ impl<B: Backend> LlamaWeights<B> {
 
     /// [`LlamaWeights::queue`] for a step of at most [`LlamaWeights::fused_decode_rows`] tokens:
     /// per layer the input norm, the q|k|v matmul and the attention input (RoPE, KV write) in one
-    /// op ([`Backend::norm_matmul_rope_write`]), attention, o_proj adding into the residual
-    /// ([`Backend::matmul_residual`]), and the MLP (the post-attention norm in the gate|up
-    /// matmul with its SwiGLU, down_proj adding into the residual) as one op
-    /// ([`Backend::norm_mlp_residual`]: one kernel on sm_90, else two): 3 ops (plus attention's)
-    /// where the unfused layer has 7. The same values as the unfused layer
+    /// op ([`Backend::norm_matmul_rope_write`]), attention, then o_proj adding into the
+    /// residual and the MLP (the post-attention norm in the gate|up matmul with its SwiGLU,
+    /// down_proj adding into the residual) as one op ([`Backend::norm_mlp_residual`]: one
+    /// kernel on sm_90, else three): 2 ops (plus attention's) where the unfused layer has 7.
+    /// The same values as the unfused layer
     /// but for the norms' sums of squares, which the fused form may add in another order.
     #[allow(clippy::too_many_arguments)]
     fn queue_fused(
@@ -492,8 +492,8 @@ impl<B: Backend> LlamaWeights<B> {
                 &attn,
             )?;
             b.paged_attention(&ws.q, kv_cache, i, step, &attn, &mut ws.a)?;
-            b.matmul_residual(&ws.a, t, &layer.o_proj, &mut ws.delta, &mut ws.x, hidden)?;
             b.norm_mlp_residual(
+                Some((&ws.a, &layer.o_proj)),
                 &mut ws.x,
                 &layer.post_attention_layernorm,
                 eps,

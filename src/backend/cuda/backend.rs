@@ -149,8 +149,11 @@ pub struct CudaBackend {
     /// Launch the small `mma` kernels with programmatic dependent launch (`KILN_PDL`, sm_90+
     /// kernels only; see `launch.rs`).
     pdl: bool,
-    /// Run the decode layer's MLP as one kernel (`KILN_FUSED_MLP`, sm_90+; see `dense_mlp.rs`).
-    fused_mlp: bool,
+    /// Run the decode layer's MLP (and its o_proj) as one kernel (`KILN_FUSED_MLP`, sm_90+;
+    /// see `dense_mlp.rs`).
+    fused_mlp: dense_mlp::FusedMlp,
+    /// Whether `dense_mlp_oproj`'s grid (of the size noted) is resident at once (asked once).
+    mlp_resident: Mutex<Option<(u32, bool)>>,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -357,10 +360,11 @@ impl CudaBackend {
             0
         };
         let pdl = mma && arch.major >= 9 && dense::pdl_from_env().map_err(env_err)?;
-        let fused_mlp = fused_rows > 0
-            && arch.major >= 9
-            && k.dense_mlp.is_some()
-            && dense_mlp::fused_mlp_from_env().map_err(env_err)?;
+        let fused_mlp = if fused_rows > 0 && arch.major >= 9 && k.dense_mlp.is_some() {
+            dense_mlp::FusedMlp::from_env().map_err(env_err)?
+        } else {
+            dense_mlp::FusedMlp::Off
+        };
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -377,7 +381,7 @@ impl CudaBackend {
                 format!(
                     " [fused decode <= {fused_rows} rows{}{}]",
                     if pdl { ", pdl" } else { "" },
-                    if fused_mlp { ", mlp" } else { "" }
+                    fused_mlp.label()
                 )
             } else {
                 String::new()
@@ -394,6 +398,7 @@ impl CudaBackend {
             fused_rows,
             pdl,
             fused_mlp,
+            mlp_resident: Mutex::new(None),
             arch,
             dtype,
             kv,
@@ -690,6 +695,7 @@ impl Backend for CudaBackend {
 
     fn norm_mlp_residual(
         &self,
+        o: Option<(&CudaBuffer, &CudaWeight)>,
         x: &mut CudaBuffer,
         weight: &CudaBuffer,
         eps: f32,
@@ -705,7 +711,7 @@ impl Backend for CudaBackend {
         part: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
         self.mlp_residual(
-            x, weight, eps, rows, dim, gate_up, down, h, scratch, act, delta, inter, part,
+            o, x, weight, eps, rows, dim, gate_up, down, h, scratch, act, delta, inter, part,
         )
     }
 

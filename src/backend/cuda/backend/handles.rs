@@ -93,9 +93,9 @@ pub(crate) struct Kernels {
     /// `dense_mma_small_rg{1,2,4}_norm_rope_{t}_{c}`: the q|k|v matmul with the RMSNorm prologue
     /// and the RoPE + KV-write epilogue (16-bit compute dtypes only).
     pub dense_rope: Option<[CudaFunction; 3]>,
-    /// `dense_mlp_{t}`: the fused MLP of the decode layer (`dense_mlp.rs`; 16-bit compute dtypes
-    /// only, launched on sm_90+).
-    pub dense_mlp: Option<CudaFunction>,
+    /// `dense_mlp_{t}` and `dense_mlp_oproj_{t}`: the fused MLP of the decode layer, alone and
+    /// with the o_proj before it (`dense_mlp.rs`; 16-bit compute dtypes only, launched on sm_90+).
+    pub dense_mlp: Option<[CudaFunction; 2]>,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
     /// `gated_qkv_rope_write_{t}_{c}`: Qwen3.5's fused pre-attention (`gated_attention.cu`).
@@ -193,7 +193,10 @@ impl Kernels {
                 None
             },
             dense_mlp: if wide {
-                Some(get(super::dense_mlp::kernel_name(t))?)
+                Some([
+                    get(super::dense_mlp::kernel_name(t, false))?,
+                    get(super::dense_mlp::kernel_name(t, true))?,
+                ])
             } else {
                 None
             },
