@@ -154,6 +154,8 @@ pub struct CudaBackend {
     fused_mlp: dense_mlp::FusedMlp,
     /// Whether `dense_mlp_oproj`'s grid (of the size noted) is resident at once (asked once).
     mlp_resident: Mutex<Option<(u32, bool)>>,
+    /// Set when the driver refused a fused MLP launch: the separate ops run from then on.
+    mlp_refused: std::sync::atomic::AtomicBool,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -399,6 +401,7 @@ impl CudaBackend {
             pdl,
             fused_mlp,
             mlp_resident: Mutex::new(None),
+            mlp_refused: std::sync::atomic::AtomicBool::new(false),
             arch,
             dtype,
             kv,

@@ -142,6 +142,7 @@ impl CudaBackend {
         part: &CudaBuffer,
     ) -> bool {
         self.fused_mlp != FusedMlp::Off
+            && !self.mlp_refused.load(std::sync::atomic::Ordering::Relaxed)
             && self.k.dense_mlp.is_some()
             && self.arch.major >= 9
             && shape_fits(rows, hidden, inter)
@@ -265,68 +266,84 @@ impl CudaBackend {
         let slices_h = dim.div_ceil(32).div_ceil(sbh);
         let tiles = dim / 16;
         let parts = (inter / 128) * tiles * 128;
-        let (xp, _s0) = x.data.device_ptr_mut(&self.stream);
-        let (np, _s1) = weight.data.device_ptr(&self.stream);
-        let (gp, _s2) = gate_up.data.device_ptr(&self.stream);
-        let (dp, _s3) = down.data.device_ptr(&self.stream);
-        let (pp, _s4) = part.data.device_ptr_mut(&self.stream);
-        let cp = pp + (parts * 4) as u64;
-        if !xp.is_multiple_of(16) || !np.is_multiple_of(16) {
-            return Err(BackendError::InvalidArgument(
-                "fused MLP: residual or norm weight not 16-byte aligned".into(),
-            ));
+        // The device pointers' guards end with this block (the fallback below borrows again).
+        let launched = {
+            let (xp, _s0) = x.data.device_ptr_mut(&self.stream);
+            let (np, _s1) = weight.data.device_ptr(&self.stream);
+            let (gp, _s2) = gate_up.data.device_ptr(&self.stream);
+            let (dp, _s3) = down.data.device_ptr(&self.stream);
+            let (pp, _s4) = part.data.device_ptr_mut(&self.stream);
+            let cp = pp + (parts * 4) as u64;
+            if !xp.is_multiple_of(16) || !np.is_multiple_of(16) {
+                return Err(BackendError::InvalidArgument(
+                    "fused MLP: residual or norm weight not 16-byte aligned".into(),
+                ));
+            }
+            let (m, hi, ii, sbi) = (rows as i32, dim as i32, inter as i32, sbh as i32);
+            // The o_proj phase's input, weight, K and K slice (unused by dense_mlp).
+            let (ap, op, qdim, sbo) = match o_in {
+                Some((a, w)) => (
+                    a.data.device_ptr(&self.stream).0,
+                    w.data.device_ptr(&self.stream).0,
+                    w.k as i32,
+                    slice_blocks(w.k) as i32,
+                ),
+                None => (0, 0, 0, 4),
+            };
+            let mut p = [
+                &xp as *const u64 as *mut c_void,
+                &gp as *const u64 as *mut c_void,
+                &dp as *const u64 as *mut c_void,
+                &np as *const u64 as *mut c_void,
+                &eps as *const f32 as *mut c_void,
+                &m as *const i32 as *mut c_void,
+                &hi as *const i32 as *mut c_void,
+                &ii as *const i32 as *mut c_void,
+                &sbi as *const i32 as *mut c_void,
+                &pp as *const u64 as *mut c_void,
+                &cp as *const u64 as *mut c_void,
+                &ap as *const u64 as *mut c_void,
+                &op as *const u64 as *mut c_void,
+                &qdim as *const i32 as *mut c_void,
+                &sbo as *const i32 as *mut c_void,
+            ];
+            let np_params = if o_in.is_some() { p.len() } else { 11 };
+            let cfg = LaunchConfig {
+                // inter / 16 blocks (a multiple of the cluster size 8: inter % 128 == 0).
+                grid_dim: ((inter / 16) as u32, 1, 1),
+                block_dim: (32 * block_warps(dim) as u32, 1, 1),
+                shared_mem_bytes: (2 * slices_h * 128 * 4) as u32,
+            };
+            debug_assert!((inter / 16).is_multiple_of(CLUSTER));
+            // SAFETY: the parameters match dense_mlp's (x, wgu, wd, nw, eps, m, hidden, inter, sbh,
+            // part, cnt) signature, and dense_mlp_oproj's (the same, then a, wo, qdim, sbo), in
+            // order, and outlive the call (the sync guards keep every buffer in use on this stream;
+            // the o_proj pointers are read from buffers borrowed for this call); x holds rows × dim
+            // f32 (checked), nw dim elements, the weights are the interleaved [2 inter, dim] gate|up
+            // and the [dim, inter] down (mlp_takes), o_proj [dim, q_dim] with a holding rows × q_dim
+            // compute-dtype elements (o_in); part holds the partials, the tickets and the barrier
+            // counters (scratch_len, checked in mlp_takes; zero-filled at allocation and reset by the
+            // kernel), rows ≤ 8 (one tile); the grid is a multiple of the kernel's compile-time
+            // cluster (8), at most 128 blocks of one per SM (inter ≤ 2048), all resident together
+            // (the o_proj phase's grid barrier), its block 2 × slices_h ≤ 32 warps with exactly
+            // 2 × slices_h × 128 floats of shared memory (≥ the o_proj phase's slices × 128:
+            // oproj_fits); the kernel waits (griddepcontrol) before touching activations, so it
+            // may use PDL.
+            unsafe { self.launch_kernel(f, cfg, &mut p[..np_params], self.pdl) }
+        };
+        if let Err(e) = launched {
+            // A launch the driver refuses (a configuration error, reported at once, before
+            // anything ran): the separate ops from now on, with a warning.
+            tracing::warn!("the fused MLP kernel was refused ({e}); running the separate ops");
+            self.mlp_refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Some((a, w)) = o_in {
+                self.matmul_residual(a, rows, w, delta, x, dim)?;
+            }
+            self.norm_gate_up_swiglu(x, weight, eps, rows, dim, gate_up, h, scratch, act, inter)?;
+            return self.matmul_residual(act, rows, down, delta, x, dim);
         }
-        let (m, hi, ii, sbi) = (rows as i32, dim as i32, inter as i32, sbh as i32);
-        // The o_proj phase's input, weight, K and K slice (unused by dense_mlp).
-        let (ap, op, qdim, sbo) = match o_in {
-            Some((a, w)) => (
-                a.data.device_ptr(&self.stream).0,
-                w.data.device_ptr(&self.stream).0,
-                w.k as i32,
-                slice_blocks(w.k) as i32,
-            ),
-            None => (0, 0, 0, 4),
-        };
-        let mut p = [
-            &xp as *const u64 as *mut c_void,
-            &gp as *const u64 as *mut c_void,
-            &dp as *const u64 as *mut c_void,
-            &np as *const u64 as *mut c_void,
-            &eps as *const f32 as *mut c_void,
-            &m as *const i32 as *mut c_void,
-            &hi as *const i32 as *mut c_void,
-            &ii as *const i32 as *mut c_void,
-            &sbi as *const i32 as *mut c_void,
-            &pp as *const u64 as *mut c_void,
-            &cp as *const u64 as *mut c_void,
-            &ap as *const u64 as *mut c_void,
-            &op as *const u64 as *mut c_void,
-            &qdim as *const i32 as *mut c_void,
-            &sbo as *const i32 as *mut c_void,
-        ];
-        let np_params = if o_in.is_some() { p.len() } else { 11 };
-        let cfg = LaunchConfig {
-            // inter / 16 blocks (a multiple of the cluster size 8: inter % 128 == 0).
-            grid_dim: ((inter / 16) as u32, 1, 1),
-            block_dim: (32 * block_warps(dim) as u32, 1, 1),
-            shared_mem_bytes: (2 * slices_h * 128 * 4) as u32,
-        };
-        debug_assert!((inter / 16).is_multiple_of(CLUSTER));
-        // SAFETY: the parameters match dense_mlp's (x, wgu, wd, nw, eps, m, hidden, inter, sbh,
-        // part, cnt) signature, and dense_mlp_oproj's (the same, then a, wo, qdim, sbo), in
-        // order, and outlive the call (the sync guards keep every buffer in use on this stream;
-        // the o_proj pointers are read from buffers borrowed for this call); x holds rows × dim
-        // f32 (checked), nw dim elements, the weights are the interleaved [2 inter, dim] gate|up
-        // and the [dim, inter] down (mlp_takes), o_proj [dim, q_dim] with a holding rows × q_dim
-        // compute-dtype elements (o_in); part holds the partials, the tickets and the barrier
-        // counters (scratch_len, checked in mlp_takes; zero-filled at allocation and reset by the
-        // kernel), rows ≤ 8 (one tile); the grid is a multiple of the kernel's compile-time
-        // cluster (8), at most 128 blocks of one per SM (inter ≤ 2048), all resident together
-        // (the o_proj phase's grid barrier), its block 2 × slices_h ≤ 32 warps with exactly
-        // 2 × slices_h × 128 floats of shared memory (≥ the o_proj phase's slices × 128:
-        // oproj_fits); the kernel waits (griddepcontrol) before touching activations, so it
-        // may use PDL.
-        unsafe { self.launch_kernel(f, cfg, &mut p[..np_params], self.pdl) }
+        Ok(())
     }
 }
 
