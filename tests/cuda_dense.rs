@@ -474,7 +474,7 @@ fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
 /// (the pair it replaces, `KILN_FUSED_MLP=0`), after `matmul_residual` of the o_proj in the
 /// second form, bit for bit at 1, 2, 5 and 8 rows, on the `mma` and default backends, bf16 and
 /// fp16, SmolLM2's shapes (o_proj 576 → 576, MLP 576 → 1 536 → 576); 9 and 16 rows take the
-/// separate ops. It is repeated 20 times on the same scratch (the
+/// separate ops. The backend is made with `KILN_FUSED_MLP=oproj`. It is repeated 20 times on the same scratch (the
 /// per-tile tickets must come back to zero; a timing-dependent sum order would show as other
 /// bits), rows 0..r of the 8-row step equal the r-row step's, and it is close to the CPU twin
 /// (the trait's default, f32) within the 16-bit rounding. That the one kernel ran (sm_90) is
@@ -490,8 +490,10 @@ fn the_fused_mlp_equals_the_norm_swiglu_and_residual_pair_bit_for_bit() {
     for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
         for kind in ["mma", "cublas"] {
             std::env::set_var("KILN_FUSED_DECODE_ROWS", "64");
+            std::env::set_var("KILN_FUSED_MLP", "oproj");
             let b = backend(dtype, kind);
             std::env::remove_var("KILN_FUSED_DECODE_ROWS");
+            std::env::remove_var("KILN_FUSED_MLP");
             if b.fused_decode_limit() == 0 {
                 println!("RESULT mlp dtype={dtype} kind={kind} skipped: no tensor-core kernels");
                 continue;

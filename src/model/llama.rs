@@ -451,7 +451,7 @@ impl<B: Backend> LlamaWeights<B> {
     /// per layer the input norm, the q|k|v matmul and the attention input (RoPE, KV write) in one
     /// op ([`Backend::norm_matmul_rope_write`]), attention, then o_proj adding into the
     /// residual and the MLP (the post-attention norm in the gate|up matmul with its SwiGLU,
-    /// down_proj adding into the residual) as one op ([`Backend::norm_mlp_residual`]: one
+    /// down_proj adding into the residual) as one op ([`Backend::norm_mlp_residual`]: with `KILN_FUSED_MLP=oproj` one
     /// kernel on sm_90, else three): 2 ops (plus attention's) where the unfused layer has 7.
     /// The same values as the unfused layer
     /// but for the norms' sums of squares, which the fused form may add in another order.

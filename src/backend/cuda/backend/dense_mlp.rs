@@ -22,7 +22,8 @@
 //! up to 2048 (the down matmul's K slices are then 128 features); the o_proj too when its output
 //! tiles (`hidden / 16`) are no more than the grid's blocks (`inter / 16`) and its K slices no
 //! more than a block's warps. Otherwise the separate ops run. `KILN_FUSED_MLP` ([`FusedMlp`]):
-//! `oproj` (the default), `mlp` (o_proj separate), `0` (the separate ops; the same bits).
+//! `oproj`, `mlp` (o_proj separate), `0` (the separate ops; the same bits); unset:
+//! [`DEFAULT_FUSED_MLP`].
 
 use std::ffi::c_void;
 
@@ -54,22 +55,26 @@ pub(super) enum FusedMlp {
     Off,
     /// `mlp` / `1`: `matmul_residual` for o_proj, then `dense_mlp`.
     Mlp,
-    /// `oproj` / `2` (unset: the default): `dense_mlp_oproj`.
+    /// `oproj` / `2`: `dense_mlp_oproj`.
     Oproj,
 }
 
+/// What an unset `KILN_FUSED_MLP` means.
+const DEFAULT_FUSED_MLP: FusedMlp = FusedMlp::Off;
+
 impl FusedMlp {
-    /// The choice of `KILN_FUSED_MLP` (unset or empty: [`FusedMlp::Oproj`]).
+    /// The choice of `KILN_FUSED_MLP` (unset or empty: [`DEFAULT_FUSED_MLP`]).
     pub fn from_env() -> Result<FusedMlp, BackendError> {
         match std::env::var("KILN_FUSED_MLP") {
-            Err(_) => Ok(FusedMlp::Oproj),
+            Err(_) => Ok(DEFAULT_FUSED_MLP),
             Ok(v) => Self::parse(&v),
         }
     }
 
     fn parse(v: &str) -> Result<FusedMlp, BackendError> {
         match v.trim().to_ascii_lowercase().as_str() {
-            "" | "2" | "oproj" => Ok(FusedMlp::Oproj),
+            "" => Ok(DEFAULT_FUSED_MLP),
+            "2" | "oproj" => Ok(FusedMlp::Oproj),
             "1" | "mlp" => Ok(FusedMlp::Mlp),
             "0" | "false" | "off" => Ok(FusedMlp::Off),
             other => Err(BackendError::InvalidArgument(format!(
@@ -365,7 +370,7 @@ mod tests {
 
     #[test]
     fn the_switch_parses_its_documented_values_and_refuses_others() {
-        assert_eq!(FusedMlp::parse("").unwrap(), FusedMlp::Oproj);
+        assert_eq!(FusedMlp::parse("").unwrap(), DEFAULT_FUSED_MLP);
         assert_eq!(FusedMlp::parse("oproj").unwrap(), FusedMlp::Oproj);
         assert_eq!(FusedMlp::parse("MLP").unwrap(), FusedMlp::Mlp);
         assert_eq!(FusedMlp::parse("1").unwrap(), FusedMlp::Mlp);
