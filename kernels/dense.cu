@@ -217,6 +217,24 @@ __device__ __forceinline__ unsigned int dmma_bits(float v) {
 // NORM's B operand: columns col .. col + 8 of row r of h = rms_norm(x) · nw, computed from the f32
 // residual row x[r] and its 1 / rms `inv` exactly as rms_norm.cu writes h (T(nw · (x · inv)));
 // 0 outside [rows, k].
+// dmma_ld_norm_w: the same with the norm weight's word nw[col .. col + 8] already loaded.
+template <typename T>
+__device__ __forceinline__ uint4 dmma_ld_norm_w(const float* __restrict__ x, uint4 nwv, int r,
+                                                int rows, int col, int k, float inv) {
+    if (r >= rows || col >= k) return make_uint4(0u, 0u, 0u, 0u);
+    const float4 x0 = *reinterpret_cast<const float4*>(x + (long)r * k + col);
+    const float4 x1 = *reinterpret_cast<const float4*>(x + (long)r * k + col + 4);
+    float wf[8];
+    unpack8(nwv, wf, T());
+    const float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    unsigned int u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        u[i] = dmma_bits<T>(wf[2 * i] * (xf[2 * i] * inv)) |
+               (dmma_bits<T>(wf[2 * i + 1] * (xf[2 * i + 1] * inv)) << 16);
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
 template <typename T>
 __device__ __forceinline__ uint4 dmma_ld_norm(const float* __restrict__ x,
                                               const unsigned short* __restrict__ nw, int r,
@@ -337,16 +355,30 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     const int wr_hi = ROPE ? dmma_rope_row(rp, blockIdx.x, g + 8) : n0 + g + 8;
     // The weight fragments of the slice's first 4 k blocks (all of it for K <= 2048) are loaded
     // before waiting for the previous kernel: a step never writes weights.
-    uint4 a_lo[4], a_hi[4];
+    // NORM: the norm weight's words of those k blocks too (a weight as well).
+    uint4 a_lo[4], a_hi[4], nwv[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int col = (kb0 + j) * 32 + 8 * t;
         const bool in = kb0 + j < kb1;
         a_lo[j] = in ? dmma_ld(ws, wr_lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
         a_hi[j] = in ? dmma_ld(ws, wr_hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+        nwv[j] = NORM && in && col < k ? __ldg(reinterpret_cast<const uint4*>(nws + col))
+                                       : make_uint4(0u, 0u, 0u, 0u);
     }
     pdl_wait();
     pdl_launch_dependents();
+    // RES: when the epilogue gives each thread at most one element (RG · 128 <= threads), its
+    // residual value is read now, beside the product's loads, not after the sum.
+    const bool res_early = MODE == DMMA_RES && RG * 128 <= (int)blockDim.x;
+    float res_pre = 0.0f;
+    if (res_early && (int)threadIdx.x < RG * 128) {
+        const int q = threadIdx.x, l = q % 32, i = (q / 32) % 4;
+        const int row = row0 + 8 * (q / 128) + 2 * (l & 3) + (i & 1);
+        const int col = n0 + (l >> 2) + 8 * (i >> 1);
+        if (row < m && col < n)
+            res_pre = reinterpret_cast<const float*>(out)[(long)row * n + col];
+    }
     if (NORM) {
         for (int r = warp; r < 8 * RG; r += slices) {
             const int row = row0 + r;
@@ -387,9 +419,11 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
 #pragma unroll
                 for (int r = 0; r < RG; ++r) {
                     const int row = row0 + 8 * r + g;
-                    const uint4 b = NORM
-                                        ? dmma_ld_norm<T>(xf, nws, row, m, col, k, dmma_inv[8 * r + g])
-                                        : dmma_ld(xs, row, m, col, k);
+                    const uint4 b =
+                        !NORM ? dmma_ld(xs, row, m, col, k)
+                        : c0 == kb0
+                            ? dmma_ld_norm_w<T>(xf, nwv[j], row, m, col, k, dmma_inv[8 * r + g])
+                            : dmma_ld_norm<T>(xf, nws, row, m, col, k, dmma_inv[8 * r + g]);
                     dmma_block<T>(acc[r], a_lo[j], a_hi[j], b);
                 }
             }
@@ -422,7 +456,11 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
         if (ROPE)
             dmma_store_rope<T, C>(reinterpret_cast<T*>(out), rp, m, blockIdx.x, row0 + 8 * r, l, i,
                                   v, u);
-        else
+        else if (MODE == DMMA_RES && res_early) {  // dmma_store's RES add, residual read early
+            const int row = row0 + 8 * r + 2 * (l & 3) + (i & 1), col = n0 + (l >> 2) + 8 * (i >> 1);
+            if (row < m && col < n)
+                Io<O>::store(out, (long)row * n + col, res_pre + round_to<T>(v));
+        } else
             dmma_store<T, O, SWIGLU, MODE == DMMA_RES>(out, m, n, n0, row0 + 8 * r, l, i, v, u);
     }
 }
