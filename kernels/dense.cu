@@ -330,6 +330,14 @@ __device__ __forceinline__ void dmma_store_rope(T* __restrict__ q_out, const Dmm
     }
 }
 
+// The small kernel's early loads of the norm weight (NORM) and of the residual (RES); off with
+// -DKILN_DENSE_NO_PREFETCH (KILN_DENSE_PREFETCH=0, a measurement switch: the same bits).
+#ifdef KILN_DENSE_NO_PREFETCH
+#define DMMA_PREFETCH false
+#else
+#define DMMA_PREFETCH true
+#endif
+
 template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN, typename C = T>
 __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w,
                                 O* __restrict__ out, int m, int n, int k, int sb,
@@ -363,14 +371,14 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
         const bool in = kb0 + j < kb1;
         a_lo[j] = in ? dmma_ld(ws, wr_lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
         a_hi[j] = in ? dmma_ld(ws, wr_hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-        nwv[j] = NORM && in && col < k ? __ldg(reinterpret_cast<const uint4*>(nws + col))
+        nwv[j] = DMMA_PREFETCH && NORM && in && col < k ? __ldg(reinterpret_cast<const uint4*>(nws + col))
                                        : make_uint4(0u, 0u, 0u, 0u);
     }
     pdl_wait();
     pdl_launch_dependents();
     // RES: when the epilogue gives each thread at most one element (RG · 128 <= threads), its
     // residual value is read now, beside the product's loads, not after the sum.
-    const bool res_early = MODE == DMMA_RES && RG * 128 <= (int)blockDim.x;
+    const bool res_early = DMMA_PREFETCH && MODE == DMMA_RES && RG * 128 <= (int)blockDim.x;
     float res_pre = 0.0f;
     if (res_early && (int)threadIdx.x < RG * 128) {
         const int q = threadIdx.x, l = q % 32, i = (q / 32) % 4;
@@ -421,7 +429,7 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
                     const int row = row0 + 8 * r + g;
                     const uint4 b =
                         !NORM ? dmma_ld(xs, row, m, col, k)
-                        : c0 == kb0
+                        : DMMA_PREFETCH && c0 == kb0
                             ? dmma_ld_norm_w<T>(xf, nwv[j], row, m, col, k, dmma_inv[8 * r + g])
                             : dmma_ld_norm<T>(xf, nws, row, m, col, k, dmma_inv[8 * r + g]);
                     dmma_block<T>(acc[r], a_lo[j], a_hi[j], b);
