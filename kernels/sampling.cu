@@ -399,11 +399,25 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 // the radix machinery. out[r] = that id, or -1 when the row has no finite maximum: exactly what
 // sample_rows gives for such a row. rows[r]: the logits row of output r.
 // grid (n_rows), block SAMPLE_THREADS.
+#define ARGMAX_BATCH 16
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     argmax_rows(const float* logits, int vocab, const int* rows, int* out) {
     const float* l = logits + (long)rows[blockIdx.x] * vocab;
     u64 best = 0;
-    for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS) {
+    // ARGMAX_BATCH loads in flight per thread before their keys are compared (a max, so the
+    // order does not matter): a 49 152-entry row is 6 round trips to L2, not 96.
+    int i = threadIdx.x;
+    for (; i + (ARGMAX_BATCH - 1) * SAMPLE_THREADS < vocab; i += ARGMAX_BATCH * SAMPLE_THREADS) {
+        float v[ARGMAX_BATCH];
+#pragma unroll
+        for (int j = 0; j < ARGMAX_BATCH; ++j) v[j] = l[i + j * SAMPLE_THREADS];
+#pragma unroll
+        for (int j = 0; j < ARGMAX_BATCH; ++j) {
+            const u64 k = rank_key(canon(v[j]), i + j * SAMPLE_THREADS);
+            best = k > best ? k : best;
+        }
+    }
+    for (; i < vocab; i += SAMPLE_THREADS) {
         u64 k = rank_key(canon(l[i]), i);
         best = k > best ? k : best;
     }

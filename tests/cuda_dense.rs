@@ -4,7 +4,9 @@
 //! (small and large) agree with each other bit for bit at 1, 2, 7, 16, 17, 64 and 257 rows and
 //! with a CPU reference on the 16-bit inputs; all timed against cuBLAS at decode and prefill row
 //! counts (`RESULT` lines for docs/gpu-validation.md and docs/benchmarks.md). The fused q|k|v +
-//! RoPE + KV write (`norm_matmul_rope_write`) equals `norm_matmul` + `qkv_rope_write` bit for bit.
+//! RoPE + KV write (`norm_matmul_rope_write`) equals `norm_matmul` + `qkv_rope_write` bit for bit,
+//! and the one-kernel MLP (`norm_mlp_residual`) the `norm_gate_up_swiglu` + `matmul_residual`
+//! pair.
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `cuda_dense-<hash> --ignored --test-threads=1 --nocapture` (and `source .gpu/shared/env70.sh`
@@ -459,6 +461,198 @@ fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
                 println!("RESULT fused kind={kind} dtype={dtype} rows={rows} eq_rows_of_64={inv}");
                 if !inv {
                     failures.push(format!("{kind} {dtype} rows {rows}: not batch-invariant"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// The fused MLP of the decode layer (`norm_mlp_residual`, dense.cu's `dense_mlp`: one kernel
+/// with thread-block clusters on sm_90+; with the o_proj before it, `dense_mlp_oproj`, its grid
+/// barrier too): the residual it leaves equals `norm_gate_up_swiglu` then `matmul_residual`
+/// (the pair it replaces, `KILN_FUSED_MLP=0`), after `matmul_residual` of the o_proj in the
+/// second form, bit for bit at 1, 2, 5 and 8 rows, on the `mma` and default backends, bf16 and
+/// fp16, SmolLM2's shapes (o_proj 576 → 576, MLP 576 → 1 536 → 576); 9 and 16 rows take the
+/// separate ops. The backend is made with `KILN_FUSED_MLP=oproj`. It is repeated 20 times on the same scratch (the
+/// per-tile tickets must come back to zero; a timing-dependent sum order would show as other
+/// bits), rows 0..r of the 8-row step equal the r-row step's, and it is close to the CPU twin
+/// (the trait's default, f32) within the 16-bit rounding. That the one kernel ran (sm_90) is
+/// checked too: it leaves the pair's `act` buffer untouched (a sentinel).
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn the_fused_mlp_equals_the_norm_swiglu_and_residual_pair_bit_for_bit() {
+    use kiln::backend::CpuBackend;
+    const ROWS: [usize; 6] = [1, 2, 5, 8, 9, 16];
+    let (hidden, inter) = (576usize, 1536usize);
+    let cpu = CpuBackend::new(0).expect("cpu");
+    let mut failures = Vec::new();
+    for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
+        for kind in ["mma", "cublas"] {
+            std::env::set_var("KILN_FUSED_DECODE_ROWS", "64");
+            std::env::set_var("KILN_FUSED_MLP", "oproj");
+            let b = backend(dtype, kind);
+            std::env::remove_var("KILN_FUSED_DECODE_ROWS");
+            std::env::remove_var("KILN_FUSED_MLP");
+            if b.fused_decode_limit() == 0 {
+                println!("RESULT mlp dtype={dtype} kind={kind} skipped: no tensor-core kernels");
+                continue;
+            }
+            let fused_here = b.arch().major >= 9 && b.fused_mlp_scratch_len(hidden, inter) > 0;
+            let limit = if dtype == "bf16" { 3e-2 } else { 6e-3 };
+            let x_host: Vec<f32> = data(16 * hidden, 70).iter().map(|v| 3.0 * v).collect();
+            let nw_host = data(hidden, 71);
+            let norm_w = b.upload(&nw_host).unwrap();
+            // Weights rounded to the compute dtype first, so the CPU twin sees the same values.
+            let rnd = |v: Vec<f32>| v.into_iter().map(|x| round(dtype, x)).collect::<Vec<f32>>();
+            let (gh, uh) = (rnd(data(inter * hidden, 72)), rnd(data(inter * hidden, 73)));
+            let dh = rnd(data(hidden * inter, 74));
+            let shape = [inter, hidden];
+            fn view<'a>(d: &'a [f32], shape: &'a [usize]) -> TensorView<'a> {
+                TensorView {
+                    dtype: WeightDType::F32,
+                    shape,
+                    data: bytemuck::cast_slice(d),
+                }
+            }
+            let gu = b
+                .upload_gate_up("gu", &[view(&gh, &shape), view(&uh, &shape)])
+                .unwrap();
+            let down_w = weight_from(&b, &dh, hidden, inter);
+            let cpu_gu = cpu
+                .upload_gate_up("gu", &[view(&gh, &shape), view(&uh, &shape)])
+                .unwrap();
+            let dshape = [hidden, inter];
+            let cpu_down = cpu
+                .upload_weight(
+                    "down",
+                    &TensorView {
+                        dtype: WeightDType::F32,
+                        shape: &dshape,
+                        data: bytemuck::cast_slice(&dh),
+                    },
+                )
+                .unwrap();
+            let cpu_nw = cpu.upload(&rnd(nw_host.clone())).unwrap();
+            let oh = rnd(data(hidden * hidden, 75));
+            let o_w = weight_from(&b, &oh, hidden, hidden);
+            let oshape = [hidden, hidden];
+            let cpu_o = cpu
+                .upload_weight(
+                    "o",
+                    &TensorView {
+                        dtype: WeightDType::F32,
+                        shape: &oshape,
+                        data: bytemuck::cast_slice(&oh),
+                    },
+                )
+                .unwrap();
+            let a_host = rnd(data(16 * hidden, 76));
+            let scratch_len = b.fused_mlp_scratch_len(hidden, inter);
+            let mut part = b.alloc_f32(scratch_len.max(1)).unwrap();
+            let sentinel = vec![7.0f32; 16 * inter];
+            for with_o in [false, true] {
+                let mut full8: Option<Vec<f32>> = None;
+                let mut per_rows = Vec::new();
+                for rows in ROWS {
+                    let a_in = b.upload(&a_host[..rows * hidden]).unwrap();
+                    let o = with_o.then_some((&a_in, &o_w));
+                    let xr = &x_host[..rows * hidden];
+                    let mut h = b.alloc(rows * hidden).unwrap();
+                    let mut scr = b.alloc(rows * 2 * inter).unwrap();
+                    let mut delta = b.alloc(rows * hidden).unwrap();
+                    // The fused op, 20 times from the same input on the same scratch.
+                    let mut first: Option<Vec<f32>> = None;
+                    let mut repeat_ok = true;
+                    let mut act = b.upload(&sentinel[..rows * inter]).unwrap();
+                    for _ in 0..20 {
+                        let mut x = residual_from(&b, xr, rows, hidden);
+                        b.norm_mlp_residual(
+                            o, &mut x, &norm_w, 1e-5, rows, hidden, &gu, &down_w, &mut h, &mut scr,
+                            &mut act, &mut delta, inter, &mut part,
+                        )
+                        .unwrap();
+                        let got = down(&b, &x, rows * hidden);
+                        match &first {
+                            None => first = Some(got),
+                            Some(f) => repeat_ok &= bits(f) == bits(&got),
+                        }
+                    }
+                    let got = first.expect("ran");
+                    let act_untouched =
+                        bits(&down(&b, &act, rows * inter)) == bits(&sentinel[..rows * inter]);
+                    // The separate ops.
+                    let mut x = residual_from(&b, xr, rows, hidden);
+                    if with_o {
+                        b.matmul_residual(&a_in, rows, &o_w, &mut delta, &mut x, hidden)
+                            .unwrap();
+                    }
+                    let mut act2 = b.alloc(rows * inter).unwrap();
+                    b.norm_gate_up_swiglu(
+                        &x, &norm_w, 1e-5, rows, hidden, &gu, &mut h, &mut scr, &mut act2, inter,
+                    )
+                    .unwrap();
+                    b.matmul_residual(&act2, rows, &down_w, &mut delta, &mut x, hidden)
+                        .unwrap();
+                    let want = down(&b, &x, rows * hidden);
+                    let equal = bits(&got) == bits(&want);
+                    // The CPU twin (f32 compute) on the same (rounded) inputs.
+                    let xin: Vec<f32> = xr.iter().map(|v| round(dtype, *v)).collect();
+                    let mut cx = cpu.upload(&xin).unwrap();
+                    let mut ch = cpu.alloc(rows * hidden).unwrap();
+                    let mut cscr = cpu.alloc(rows * 2 * inter).unwrap();
+                    let mut cact = cpu.alloc(rows * inter).unwrap();
+                    let mut cdelta = cpu.alloc(rows * hidden).unwrap();
+                    let mut cpart = cpu.alloc_f32(1).unwrap();
+                    let ca = cpu.upload(&a_host[..rows * hidden]).unwrap();
+                    cpu.norm_mlp_residual(
+                        with_o.then_some((&ca, &cpu_o)),
+                        &mut cx,
+                        &cpu_nw,
+                        1e-5,
+                        rows,
+                        hidden,
+                        &cpu_gu,
+                        &cpu_down,
+                        &mut ch,
+                        &mut cscr,
+                        &mut cact,
+                        &mut cdelta,
+                        inter,
+                        &mut cpart,
+                    )
+                    .unwrap();
+                    let cpu_x = down(&cpu, &cx, rows * hidden);
+                    let rel_cpu = rel_diff(&got, &cpu_x);
+                    let fused_expected = fused_here && rows <= 8;
+                    let ran_ok = act_untouched == fused_expected;
+                    let ok = equal && repeat_ok && ran_ok && rel_cpu <= limit;
+                    println!(
+                    "RESULT mlp kind={kind} dtype={dtype} o_proj={with_o} rows={rows} fused={act_untouched} \
+                     eq_pair={equal} repeat20_equal={repeat_ok} cpu_rel={rel_cpu:e} ok={ok}"
+                );
+                    if !ok {
+                        failures.push(format!(
+                        "{kind} {dtype} o_proj {with_o} rows {rows}: eq_pair {equal} repeat {repeat_ok} \
+                         fused {act_untouched} (expected {fused_expected}) cpu_rel {rel_cpu:e}"
+                    ));
+                    }
+                    if rows == 8 {
+                        full8 = Some(got.clone());
+                    }
+                    per_rows.push((rows, got));
+                }
+                let full8 = full8.expect("8 rows ran");
+                for (rows, got) in per_rows.iter().filter(|(r, _)| *r <= 8) {
+                    let inv = bits(got) == bits(&full8[..rows * hidden]);
+                    println!(
+                    "RESULT mlp kind={kind} dtype={dtype} o_proj={with_o} rows={rows} eq_rows_of_8={inv}"
+                );
+                    if !inv {
+                        failures.push(format!(
+                            "{kind} {dtype} o_proj {with_o} rows {rows}: not batch-invariant"
+                        ));
+                    }
                 }
             }
         }

@@ -190,6 +190,11 @@ impl KernelModule {
             {
                 vec!["-DGC_FMA_TILES".into()]
             }
+            // `KILN_DENSE_PREFETCH=0`: the small dense kernels load the norm weight and the
+            // residual after the wait, as before that prefetch (to measure it; same bits).
+            KernelModule::Dense if std::env::var("KILN_DENSE_PREFETCH").is_ok_and(|v| v == "0") => {
+                vec!["-DKILN_DENSE_NO_PREFETCH".into()]
+            }
             _ => Vec::new(),
         }
     }
