@@ -145,9 +145,12 @@ pub struct CudaBackend {
     /// Largest step whose llama layers take the fused decode ops (`KILN_FUSED_DECODE_ROWS`;
     /// 0 where there are no tensor-core kernels; see `dense.rs`).
     fused_rows: usize,
-    /// Launch the small `mma` kernels with programmatic dependent launch (`KILN_PDL`, sm_90+
-    /// kernels only; see `launch.rs`).
+    /// Launch the small `mma` kernels, the packed GEMVs and the Qwen3.5 norm / GDN kernels with
+    /// programmatic dependent launch (`KILN_PDL`, sm_90+ kernels only; see `launch.rs`).
     pdl: bool,
+    /// The 8-row packed GEMV asks the L2 for its slice's weights before its PDL wait
+    /// (`KILN_W4_PREFETCH`; see `w4a16.rs`).
+    w4_prefetch: bool,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -385,6 +388,7 @@ impl CudaBackend {
             dense,
             fused_rows,
             pdl,
+            w4_prefetch: w4a16::prefetch_from_env().map_err(env_err)?,
             arch,
             dtype,
             kv,
@@ -1072,13 +1076,22 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        let f = &self.k.silu_mul;
-        let n = len as i64;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
-        // SAFETY: all three buffers hold at least `len` elements; the kernel guards i < n.
-        unsafe { b.launch(LaunchConfig::for_num_elems(len as u32)) }.map_err(dev_err)?;
-        Ok(())
+        let st = &self.stream;
+        let mut b = launch::KernelArgs::new();
+        b.buf(&gate.data, st)
+            .buf(&up.data, st)
+            .buf(&out.data, st)
+            .i64(len as i64);
+        // SAFETY: all three buffers hold at least `len` elements; the kernel guards i < n and
+        // waits (griddepcontrol.wait) before touching memory, so PDL is allowed.
+        unsafe {
+            self.launch_args(
+                &self.k.silu_mul,
+                LaunchConfig::for_num_elems(len as u32),
+                &mut b,
+                self.pdl,
+            )
+        }
     }
 
     fn add(&self, x: &mut CudaBuffer, y: &CudaBuffer, len: usize) -> Result<(), BackendError> {
