@@ -435,7 +435,14 @@ impl CudaBackend {
             // takes the L2-prefetch flag as its last parameter.
             let mut a = KernelArgs::new();
             a.ptr(xp).i32(m).i32(k).ptr(qp).ptr(sp).ptr(zp).ptr(pp);
-            a.i32(kb).i32(ks).i32(gc).i32(gs).i32(n).ptr(op).i32(of32).i32(fp4);
+            a.i32(kb)
+                .i32(ks)
+                .i32(gc)
+                .i32(gs)
+                .i32(n)
+                .ptr(op)
+                .i32(of32)
+                .i32(fp4);
             if gemv_rows == GEMV8_ROWS {
                 a.i32(i32::from(self.pdl && self.w4_prefetch));
             }
@@ -524,7 +531,14 @@ impl CudaBackend {
         let fp4 = i32::from(parts.values == W4Values::E2m1);
         let mut a = KernelArgs::new();
         a.ptr(xp).i32(m).i32(k).ptr(qp).ptr(sp).ptr(zp).ptr(pp);
-        a.i32(kb).i32(ksi).i32(gc).i32(gs).i32(n).ptr(op).i32(of32).i32(fp4);
+        a.i32(kb)
+            .i32(ksi)
+            .i32(gc)
+            .i32(gs)
+            .i32(n)
+            .ptr(op)
+            .i32(of32)
+            .i32(fp4);
         let cfg = LaunchConfig {
             grid_dim: ((tiles / p) as u32, row_tiles as u32, 1),
             block_dim: ((32 * ks * p) as u32, 1, 1),
