@@ -443,7 +443,9 @@ fn w4a16_wide_gemm_speed() {
 ///    overwrites what an earlier one read), timed in the three modes, and its final residual and
 ///    normed output **checked bit for bit** between `off` and both PDL modes (fails if PDL let a
 ///    kernel read its input before the previous kernel finished writing it, or overwrite one
-///    still being read). Run on the GPU machine:
+///    still being read).
+///
+/// Run on the GPU machine:
 /// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_pdl`
 #[test]
 #[ignore = "needs a GPU: see the header"]
@@ -541,7 +543,6 @@ fn w4a16_gemv_pdl() {
             chain();
             b.synchronize().expect("sync");
             let t = time(&b, &mut chain);
-            drop(chain);
             // Every mode ran the chain the same number of times (1 + the timing's): compare the
             // final residual and h.
             results.push((down(&b, &resid, rows * hidden), down(&b, &h, rows * hidden)));
