@@ -577,8 +577,9 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
     for (int d = 0; d < D; ++d)
         if (d < nkb) load(d, wp0, wp1, gbase, d);
     // `pf`: the slice's remaining weights (k blocks D .. nkb - 1 of both tiles, two contiguous
-    // runs of 512 B per k block) are asked of the L2 before the wait, so a block that starts
-    // during the previous kernel's tail fetches them while that kernel finishes.
+    // runs of 512 B per k block) are asked of the L2 up front, before the wait: a block that
+    // starts during the previous kernel's tail (PDL) fetches them while that kernel finishes,
+    // and without PDL the whole slice is in flight at once instead of the ring's D k blocks.
     if (pf && lane < 2 && nkb > D)
         w4_prefetch_l2((lane == 0 ? wp0 : wp1) - lane + D * 32, (unsigned)(nkb - D) * 512u);
     w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
@@ -658,7 +659,7 @@ template <typename T, int RG, bool FP4, bool ZP, int P, int NS>
 __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int ks, int gshift, int gstore, int n,
-                                           void* out, int out_f32) {
+                                           void* out, int out_f32, int pf) {
     static_assert(P == 1 || P == 2, "tiles per block");
     static_assert(NS >= 2 && NS <= 4, "x stages");
     w4_pdl_launch_dependents();
@@ -741,6 +742,9 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         }
     };
     load_sz();
+    // `pf`: the slice's other k blocks of both tiles asked of the L2 (as in `w4_gemv_fast`).
+    if (pf && lane < 2 && per > 1)
+        w4_prefetch_l2((lane == 0 ? wp0 : wp1) - lane + 32, (unsigned)(per - 1) * 512u);
     w4_pdl_wait();
 #pragma unroll
     for (int j = 0; j < NS - 1; ++j) {
@@ -1125,14 +1129,14 @@ W4_TC_ENTRIES(bf16, bf16_t)
 // 4 blocks of 256 per SM) or two sharing the x stages (`w4_gemvx2_*`, 2 blocks of 512). The
 // H200 measurements behind the choice are in docs/benchmarks.md ("the x-staged W4A16 GEMV").
 #define W4_XS(T, P)                                                                               \
-    if (fp4) w4_gemv_xs<T, 2, true, false, P, 2>(W4_FAST_PASS);                                  \
-    else if (zeros) w4_gemv_xs<T, 2, false, true, P, 2>(W4_FAST_PASS);                            \
-    else w4_gemv_xs<T, 2, false, false, P, 2>(W4_FAST_PASS);
+    if (fp4) w4_gemv_xs<T, 2, true, false, P, 2>(W4_FAST_PASS, pf);                              \
+    else if (zeros) w4_gemv_xs<T, 2, false, true, P, 2>(W4_FAST_PASS, pf);                        \
+    else w4_gemv_xs<T, 2, false, false, P, 2>(W4_FAST_PASS, pf);
 #define W4_XS_ENTRIES(SUF, T)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemvx1_##SUF(W4_ARGS(T)) {            \
+    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemvx1_##SUF(W4_ARGS(T), int pf) {    \
         W4_XS(T, 1)                                                                               \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemvx2_##SUF(W4_ARGS(T)) {            \
+    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemvx2_##SUF(W4_ARGS(T), int pf) {    \
         W4_XS(T, 2)                                                                               \
     }
 W4_XS_ENTRIES(f16, __half)

@@ -430,8 +430,9 @@ fn w4a16_wide_gemm_speed() {
 }
 
 /// Programmatic dependent launch for the packed GEMV (issue 10 item 7, branch `pdl`): the same
-/// launches with PDL off (`off`), on without the L2 prefetch before the wait (`pdl`), and on with
-/// it (`pdl_pf`, the default), all in one process ([`CudaBackend::set_pdl`]).
+/// launches with PDL off and no L2 prefetch of the weights (`off`), off with it (`pf`), on
+/// without it (`pdl`) and on with it (`pdl_pf`, the default), all in one process
+/// ([`CudaBackend::set_pdl`]).
 /// 1. GEMVs back to back (as `w4a16_gemv_profile_launches`: 20 launches, median of 7, rotating
 ///    over 4 distinct weights of the shape, so every launch reads its weights from DRAM) on the
 ///    27B's packed shapes at 1 / 8 / 16 rows; consecutive GEMVs are independent, so with PDL a
@@ -440,8 +441,8 @@ fn w4a16_wide_gemm_speed() {
 /// 2. The MLP chain of a decode step, 8 layers deep on the 4 weight sets: gate and up GEMVs
 ///    (17408×5120), `silu_mul`, the down GEMV (5120×17408), `add_rms_norm_1p` into the next
 ///    layer's input (ping-pong buffers: each kernel reads what the previous one wrote and
-///    overwrites what an earlier one read), timed in the three modes, and its final residual and
-///    normed output **checked bit for bit** between `off` and both PDL modes (fails if PDL let a
+///    overwrites what an earlier one read), timed in the four modes, and its final residual and
+///    normed output **checked bit for bit** between `off` and the other modes (fails if PDL let a
 ///    kernel read its input before the previous kernel finished writing it, or overwrite one
 ///    still being read).
 ///
@@ -459,8 +460,9 @@ fn w4a16_gemv_pdl() {
     }
     let copy = copy_bandwidth();
     println!("RESULT pdl copy_bandwidth_GBps={:.0}", copy / 1e9);
-    const MODES: [(&str, bool, bool); 3] = [
+    const MODES: [(&str, bool, bool); 4] = [
         ("off", false, false),
+        ("pf", false, true),
         ("pdl", true, false),
         ("pdl_pf", true, true),
     ];
@@ -554,8 +556,8 @@ fn w4a16_gemv_pdl() {
             .map(|r| bits_equal(&r.0, &results[0].0) && bits_equal(&r.1, &results[0].1))
             .collect();
         println!(
-            "RESULT pdl mlp_chain rows={rows}{line} outputs_finite={finite} pdl_bits_equal={} pdl_pf_bits_equal={}",
-            same[0], same[1]
+            "RESULT pdl mlp_chain rows={rows}{line} outputs_finite={finite} bits_equal_to_off pf={} pdl={} pdl_pf={}",
+            same[0], same[1], same[2]
         );
         assert!(finite, "the chain's outputs are not finite at {rows} rows");
         assert!(

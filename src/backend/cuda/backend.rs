@@ -148,8 +148,8 @@ pub struct CudaBackend {
     /// Launch the small `mma` kernels, the packed GEMVs and the Qwen3.5 norm / GDN kernels with
     /// programmatic dependent launch (`KILN_PDL`, sm_90+ kernels only; see `launch.rs`).
     pdl: bool,
-    /// The 8-row packed GEMV asks the L2 for its slice's weights before its PDL wait
-    /// (`KILN_W4_PREFETCH`; see `w4a16.rs`).
+    /// The fast packed GEMVs ask the L2 for their warps' weights up front (`KILN_W4_PREFETCH`,
+    /// sm_90+; see `w4a16.rs`).
     w4_prefetch: bool,
     arch: Arch,
     dtype: ComputeDType,

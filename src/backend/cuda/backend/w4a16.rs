@@ -19,8 +19,9 @@
 //! (`griddepcontrol.wait`) before reading x, so they are launched with the PDL attribute where
 //! the backend has PDL (`CudaBackend::pdl`, sm_90+, `KILN_PDL`): a GEMV's blocks start during the
 //! previous kernel's tail and overlap their first DRAM loads with it. With `KILN_W4_PREFETCH`
-//! (default on) the 8-row `w4_gemv` also asks the L2 for the rest of each warp's weights before
-//! the wait. Timing only: no kernel's arithmetic depends on either.
+//! (default on; sm_90+) `w4_gemv` and `w4_gemvx1` / `w4_gemvx2` also ask the L2 for the rest of
+//! each warp's weights (one bulk prefetch per tile and warp) before the wait. Timing only: no
+//! kernel's arithmetic depends on either.
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
@@ -75,9 +76,9 @@ const GEMV32_ROWS: usize = 32;
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
 const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
 
-/// `KILN_W4_PREFETCH`: whether the 8-row GEMV asks the L2 for its warps' remaining weights
-/// before its PDL wait (unset, `1`, `true`, `on`: yes; `0`, `false`, `off`: no). Only used where
-/// the GEMV is launched with PDL.
+/// `KILN_W4_PREFETCH`: whether the fast GEMVs (`w4_gemv`, `w4_gemvx1` / `w4_gemvx2`) ask the L2
+/// for each warp's remaining weights up front, before their PDL wait (unset, `1`, `true`, `on`:
+/// yes; `0`, `false`, `off`: no). sm_90+ only (`cp.async.bulk.prefetch`); with or without PDL.
 pub fn prefetch_from_env() -> Result<bool, BackendError> {
     match std::env::var("KILN_W4_PREFETCH") {
         Err(_) => Ok(true),
@@ -256,13 +257,19 @@ impl CudaBackend {
     }
 
     /// Turn programmatic dependent launch off, or back on where the backend allows it (sm_90+
-    /// kernels with the tensor-core dense kernels), and the 8-row GEMV's L2 prefetch before
-    /// its wait; returns whether PDL is now on. For benchmarks that compare both in one process
+    /// kernels with the tensor-core dense kernels), and the fast GEMVs' L2 prefetch
+    /// (`KILN_W4_PREFETCH`); returns whether PDL is now on. For benchmarks that compare both in one process
     /// (the stream must be idle or only hold work that already obeys the rules either way).
     pub fn set_pdl(&mut self, pdl: bool, w4_prefetch: bool) -> bool {
         self.pdl = pdl && self.arch.major >= 9 && self.k.dense_mma.is_some();
         self.w4_prefetch = w4_prefetch;
         self.pdl
+    }
+
+    /// Whether the fast GEMVs ask the L2 for their weights up front (`KILN_W4_PREFETCH`; the
+    /// instruction exists on sm_90+ only, and is compiled out below).
+    fn w4_prefetch_on(&self) -> bool {
+        self.w4_prefetch && self.arch.major >= 9
     }
 
     /// Whether the tensor-core kernels run here (sm_80+ with a 16-bit compute dtype, or the
@@ -444,7 +451,7 @@ impl CudaBackend {
                 .i32(of32)
                 .i32(fp4);
             if gemv_rows == GEMV8_ROWS {
-                a.i32(i32::from(self.pdl && self.w4_prefetch));
+                a.i32(i32::from(self.w4_prefetch_on()));
             }
             // SAFETY: as the launch below; the parameters match `w4_gemv_*` (W4_ARGS + pf) or
             // `w4_gemv32_*` (W4_ARGS), and the GEMV kernels read only weights before their
@@ -538,7 +545,8 @@ impl CudaBackend {
             .i32(n)
             .ptr(op)
             .i32(of32)
-            .i32(fp4);
+            .i32(fp4)
+            .i32(i32::from(self.w4_prefetch_on()));
         let cfg = LaunchConfig {
             grid_dim: ((tiles / p) as u32, row_tiles as u32, 1),
             block_dim: ((32 * ks * p) as u32, 1, 1),
