@@ -576,12 +576,17 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
 #pragma unroll
     for (int d = 0; d < D; ++d)
         if (d < nkb) load(d, wp0, wp1, gbase, d);
-    // `pf`: the slice's remaining weights (k blocks D .. nkb - 1 of both tiles, two contiguous
-    // runs of 512 B per k block) are asked of the L2 up front, before the wait: a block that
-    // starts during the previous kernel's tail (PDL) fetches them while that kernel finishes,
-    // and without PDL the whole slice is in flight at once instead of the ring's D k blocks.
+    // `pf` > 0: the slice's remaining weights (k blocks D .. nkb - 1 of both tiles, two
+    // contiguous runs of 512 B per k block) are asked of the L2 up front, before the wait: a
+    // block that starts during the previous kernel's tail (PDL) fetches them while that kernel
+    // finishes, and without PDL the whole slice is in flight at once instead of the ring's D k
+    // blocks. `pf` = 1 + a, a > 0: also the same slice of block blockIdx.x + a (a block of a
+    // later wave), whole.
     if (pf && lane < 2 && nkb > D)
         w4_prefetch_l2((lane == 0 ? wp0 : wp1) - lane + D * 32, (unsigned)(nkb - D) * 512u);
+    if (pf > 1 && (lane == 2 || lane == 3) && blockIdx.x + (unsigned)(pf - 1) < gridDim.x)
+        w4_prefetch_l2(wp0 - lane + (size_t)(lane - 2 + 2 * (pf - 1)) * kblocks * 32,
+                       (unsigned)nkb * 512u);
     w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
     const uint4* wq0 = wp0;
     const uint4* wq1 = wp1;
@@ -742,9 +747,13 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         }
     };
     load_sz();
-    // `pf`: the slice's other k blocks of both tiles asked of the L2 (as in `w4_gemv_fast`).
+    // `pf`: the slice's other k blocks of both tiles asked of the L2, and with `pf` = 1 + a the
+    // slice of block blockIdx.x + a (as in `w4_gemv_fast`).
     if (pf && lane < 2 && per > 1)
         w4_prefetch_l2((lane == 0 ? wp0 : wp1) - lane + 32, (unsigned)(per - 1) * 512u);
+    if (pf > 1 && (lane == 2 || lane == 3) && blockIdx.x + (unsigned)(pf - 1) < gridDim.x)
+        w4_prefetch_l2(wp0 - lane + (size_t)(lane - 2 + 2 * P * (pf - 1)) * kblocks * 32,
+                       (unsigned)per * 512u);
     w4_pdl_wait();
 #pragma unroll
     for (int j = 0; j < NS - 1; ++j) {

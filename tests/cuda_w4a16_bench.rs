@@ -438,6 +438,8 @@ fn w4a16_wide_gemm_speed() {
 ///    27B's packed shapes at 1 / 8 / 16 rows; consecutive GEMVs are independent, so with PDL a
 ///    GEMV's blocks fill the previous one's tail (the figure of a decode step's chains of 2-4
 ///    GEMVs on the same input, not of one GEMV alone: the `off` column is the one-GEMV figure).
+///    On 17408×5120 also the prefetch of a later wave's block (`pf_a660`, `pdl_pf_a660`,
+///    `pdl_pf_a330`: `KILN_W4_PREFETCH` = 1 + blocks ahead).
 /// 2. The MLP chain of a decode step, 8 layers deep on the 4 weight sets: gate and up GEMVs
 ///    (17408×5120), `silu_mul`, the down GEMV (5120×17408), `add_rms_norm_1p` into the next
 ///    layer's input (ping-pong buffers: each kernel reads what the previous one wrote and
@@ -454,17 +456,17 @@ fn w4a16_gemv_pdl() {
     use kiln::backend::hybrid::HybridBackend;
     let mut b = gpu("bf16", "auto");
     println!("device: {}", b.name());
-    if !b.set_pdl(true, true) {
+    if !b.set_pdl(true, 1) {
         println!("RESULT pdl unavailable on this device (sm_90+ only): nothing to compare");
         return;
     }
     let copy = copy_bandwidth();
     println!("RESULT pdl copy_bandwidth_GBps={:.0}", copy / 1e9);
-    const MODES: [(&str, bool, bool); 4] = [
-        ("off", false, false),
-        ("pf", false, true),
-        ("pdl", true, false),
-        ("pdl_pf", true, true),
+    const MODES: [(&str, bool, u32); 4] = [
+        ("off", false, 0),
+        ("pf", false, 1),
+        ("pdl", true, 0),
+        ("pdl_pf", true, 1),
     ];
     let shapes = [
         (17408usize, 5120usize),
@@ -493,7 +495,19 @@ fn w4a16_gemv_pdl() {
         let bytes = b.weight_bytes(&ws[0]) as f64;
         for rows in [1usize, 8, 16] {
             let mut line = String::new();
-            for (name, pdl, pf) in MODES {
+            // 17408×5120 has more blocks than fit at once (1,088 of 8 rows at 5 per SM, 132
+            // SMs: 660): there also the prefetch of a later wave's block (`KILN_W4_PREFETCH` =
+            // 1 + blocks ahead).
+            let ahead: &[(&str, bool, u32)] = if *n == 17408 {
+                &[
+                    ("pf_a660", false, 661),
+                    ("pdl_pf_a660", true, 661),
+                    ("pdl_pf_a330", true, 331),
+                ]
+            } else {
+                &[]
+            };
+            for &(name, pdl, pf) in MODES.iter().chain(ahead) {
                 b.set_pdl(pdl, pf);
                 let mut j = 0usize;
                 let t = time(&b, || {
@@ -565,5 +579,5 @@ fn w4a16_gemv_pdl() {
             "PDL changed the MLP chain's bits at {rows} rows"
         );
     }
-    b.set_pdl(true, true);
+    b.set_pdl(true, 1);
 }

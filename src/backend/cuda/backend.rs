@@ -150,7 +150,7 @@ pub struct CudaBackend {
     pdl: bool,
     /// The fast packed GEMVs ask the L2 for their warps' weights up front (`KILN_W4_PREFETCH`,
     /// sm_90+; see `w4a16.rs`).
-    w4_prefetch: bool,
+    w4_prefetch: u32,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,

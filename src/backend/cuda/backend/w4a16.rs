@@ -76,18 +76,21 @@ const GEMV32_ROWS: usize = 32;
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
 const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
 
-/// `KILN_W4_PREFETCH`: whether the fast GEMVs (`w4_gemv`, `w4_gemvx1` / `w4_gemvx2`) ask the L2
-/// for each warp's remaining weights up front, before their PDL wait (unset, `1`, `true`, `on`:
-/// yes; `0`, `false`, `off`: no). sm_90+ only (`cp.async.bulk.prefetch`); with or without PDL.
-pub fn prefetch_from_env() -> Result<bool, BackendError> {
+/// `KILN_W4_PREFETCH`: what the fast GEMVs (`w4_gemv`, `w4_gemvx1` / `w4_gemvx2`) ask of the L2
+/// up front, before their PDL wait (sm_90+ only: `cp.async.bulk.prefetch`; with or without PDL):
+/// `0` / `off` nothing; `1` / `on` (unset: the default) each warp's remaining weights; `1 + a`
+/// also the same warp's weights in block `blockIdx.x + a` (a block of a later wave).
+pub fn prefetch_from_env() -> Result<u32, BackendError> {
     match std::env::var("KILN_W4_PREFETCH") {
-        Err(_) => Ok(true),
+        Err(_) => Ok(1),
         Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "1" | "true" | "on" => Ok(true),
-            "0" | "false" | "off" => Ok(false),
-            other => Err(BackendError::InvalidArgument(format!(
-                "KILN_W4_PREFETCH={other:?}: expected 0 or 1"
-            ))),
+            "" | "true" | "on" => Ok(1),
+            "false" | "off" => Ok(0),
+            other => other.parse::<u32>().map_err(|_| {
+                BackendError::InvalidArgument(format!(
+                    "KILN_W4_PREFETCH={other:?}: expected 0, 1 or 1 + blocks ahead"
+                ))
+            }),
         },
     }
 }
@@ -260,16 +263,20 @@ impl CudaBackend {
     /// kernels with the tensor-core dense kernels), and the fast GEMVs' L2 prefetch
     /// (`KILN_W4_PREFETCH`); returns whether PDL is now on. For benchmarks that compare both in one process
     /// (the stream must be idle or only hold work that already obeys the rules either way).
-    pub fn set_pdl(&mut self, pdl: bool, w4_prefetch: bool) -> bool {
+    pub fn set_pdl(&mut self, pdl: bool, w4_prefetch: u32) -> bool {
         self.pdl = pdl && self.arch.major >= 9 && self.k.dense_mma.is_some();
         self.w4_prefetch = w4_prefetch;
         self.pdl
     }
 
-    /// Whether the fast GEMVs ask the L2 for their weights up front (`KILN_W4_PREFETCH`; the
-    /// instruction exists on sm_90+ only, and is compiled out below).
-    fn w4_prefetch_on(&self) -> bool {
-        self.w4_prefetch && self.arch.major >= 9
+    /// The fast GEMVs' `pf` parameter ([`prefetch_from_env`]; the instruction exists on sm_90+
+    /// only, and is compiled out below).
+    fn w4_prefetch_arg(&self) -> i32 {
+        if self.arch.major >= 9 {
+            self.w4_prefetch.min(i32::MAX as u32) as i32
+        } else {
+            0
+        }
     }
 
     /// Whether the tensor-core kernels run here (sm_80+ with a 16-bit compute dtype, or the
@@ -451,7 +458,7 @@ impl CudaBackend {
                 .i32(of32)
                 .i32(fp4);
             if gemv_rows == GEMV8_ROWS {
-                a.i32(i32::from(self.w4_prefetch_on()));
+                a.i32(self.w4_prefetch_arg());
             }
             // SAFETY: as the launch below; the parameters match `w4_gemv_*` (W4_ARGS + pf) or
             // `w4_gemv32_*` (W4_ARGS), and the GEMV kernels read only weights before their
@@ -546,7 +553,7 @@ impl CudaBackend {
             .ptr(op)
             .i32(of32)
             .i32(fp4)
-            .i32(i32::from(self.w4_prefetch_on()));
+            .i32(self.w4_prefetch_arg());
         let cfg = LaunchConfig {
             grid_dim: ((tiles / p) as u32, row_tiles as u32, 1),
             block_dim: ((32 * ks * p) as u32, 1, 1),
