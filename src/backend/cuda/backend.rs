@@ -145,9 +145,12 @@ pub struct CudaBackend {
     /// Largest step whose llama layers take the fused decode ops (`KILN_FUSED_DECODE_ROWS`;
     /// 0 where there are no tensor-core kernels; see `dense.rs`).
     fused_rows: usize,
-    /// Launch the small `mma` kernels, the packed GEMVs and the Qwen3.5 norm / GDN kernels with
-    /// programmatic dependent launch (`KILN_PDL`, sm_90+ kernels only; see `launch.rs`).
+    /// Launch the small `mma` kernels with programmatic dependent launch (`KILN_PDL`, sm_90+
+    /// kernels only; see `launch.rs`).
     pdl: bool,
+    /// With `pdl`, also the packed GEMVs and the Qwen3.5 norm / GDN kernels and `silu_mul`
+    /// (`KILN_PDL_PACKED`; see `w4a16.rs`).
+    pdl_packed: bool,
     /// The fast packed GEMVs ask the L2 for their warps' weights up front (`KILN_W4_PREFETCH`,
     /// sm_90+; see `w4a16.rs`).
     w4_prefetch: u32,
@@ -388,6 +391,7 @@ impl CudaBackend {
             dense,
             fused_rows,
             pdl,
+            pdl_packed: w4a16::pdl_packed_from_env().map_err(env_err)?,
             w4_prefetch: w4a16::prefetch_from_env().map_err(env_err)?,
             arch,
             dtype,
@@ -1089,7 +1093,7 @@ impl Backend for CudaBackend {
                 &self.k.silu_mul,
                 LaunchConfig::for_num_elems(len as u32),
                 &mut b,
-                self.pdl,
+                self.pdl_packed(),
             )
         }
     }

@@ -501,7 +501,7 @@ impl HybridBackend for CudaBackend {
             // row (16-bit: 16 B, f32 state: 32 B) is aligned and inside the row; the kernel
             // guards channel < conv_dim and token < t, and a one-token sequence's 8 channels
             // are read and rewritten by one thread only. The kernel waits (PDL) before any access.
-            unsafe { self.launch_args(&self.k.gdn.conv1d_vec, cfg, &mut b, self.pdl) }?;
+            unsafe { self.launch_args(&self.k.gdn.conv1d_vec, cfg, &mut b, self.pdl_packed()) }?;
         } else {
             let st = &self.stream;
             let mut b = KernelArgs::new();
@@ -523,7 +523,7 @@ impl HybridBackend for CudaBackend {
             // layer block; a sequence with one token has one thread per channel, the only one
             // touching that channel of its (distinct) slot, which rewrites it after reading it.
             // The kernel waits (PDL) before any access.
-            unsafe { self.launch_args(&self.k.gdn.conv1d, cfg, &mut b, self.pdl) }?;
+            unsafe { self.launch_args(&self.k.gdn.conv1d, cfg, &mut b, self.pdl_packed()) }?;
         }
         if step.seq_slots.iter().all(|s| s.len <= 1) {
             return Ok(()); // decode only: gdn_conv1d updated every state
@@ -541,7 +541,7 @@ impl HybridBackend for CudaBackend {
         // SAFETY: as above; each thread writes one channel of its sequence's slot (distinct
         // slots, checked), and a sequence with at most one token or without a slot returns.
         // The kernel waits (PDL) before any access.
-        unsafe { self.launch_args(&self.k.gdn.conv_state, cfg, &mut b, self.pdl) }?;
+        unsafe { self.launch_args(&self.k.gdn.conv_state, cfg, &mut b, self.pdl_packed()) }?;
         Ok(())
     }
 
@@ -667,7 +667,7 @@ impl HybridBackend for CudaBackend {
         // writes the state of its own (slot, head) only, and slots are distinct (checked); it
         // skips the sequences the chunked kernels ran (len >= chunk_min). The kernel waits (PDL)
         // before any access.
-        unsafe { self.launch_args(scan, cfg, &mut lb, self.pdl) }?;
+        unsafe { self.launch_args(scan, cfg, &mut lb, self.pdl_packed()) }?;
         Ok(())
     }
 
@@ -744,7 +744,7 @@ impl HybridBackend for CudaBackend {
             // access is aligned and inside its row; lpr divides the block (a power of two ≤ 32)
             // and the kernel guards row < rows after the warp-wide shuffles. It waits (PDL)
             // before any access.
-            unsafe { self.launch_args(&self.k.gdn.gated_rms_norm_vec, cfg, &mut b, self.pdl) }?;
+            unsafe { self.launch_args(&self.k.gdn.gated_rms_norm_vec, cfg, &mut b, self.pdl_packed()) }?;
             return Ok(());
         }
         let st = &self.stream;
@@ -764,7 +764,7 @@ impl HybridBackend for CudaBackend {
         // SAFETY: x, z and out hold rows × dim elements and weight dim (checked); blockDim is a
         // multiple of 32 and at most 1024, as block_sum needs. The kernel waits (PDL) before
         // any access.
-        unsafe { self.launch_args(&self.k.gdn.gated_rms_norm, cfg, &mut b, self.pdl) }?;
+        unsafe { self.launch_args(&self.k.gdn.gated_rms_norm, cfg, &mut b, self.pdl_packed()) }?;
         Ok(())
     }
 }

@@ -115,6 +115,6 @@ impl CudaBackend {
         // SAFETY: x, residual and out hold rows × dim elements and weight dim (checked by
         // `norm_1p`); a null residual selects the unfused path; the kernel waits (PDL) before it
         // touches memory, so the attribute is allowed.
-        unsafe { self.launch_args(f, cfg, &mut b, self.pdl) }
+        unsafe { self.launch_args(f, cfg, &mut b, self.pdl_packed()) }
     }
 }

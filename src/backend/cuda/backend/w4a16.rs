@@ -76,6 +76,28 @@ const GEMV32_ROWS: usize = 32;
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
 const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
 
+/// Whether the packed GEMVs and the Qwen3.5 small kernels take PDL by default (where
+/// `KILN_PDL` is on): see [`pdl_packed_from_env`].
+const PDL_PACKED_DEFAULT: bool = true;
+
+/// `KILN_PDL_PACKED`: programmatic dependent launch for the packed GEMVs (`w4_gemv`,
+/// `w4_gemvx1` / `w4_gemvx2`, `w4_gemv32`) and the Qwen3.5 small kernels (`rms_norm_1p`, the
+/// `gdn.cu` kernels, `silu_mul`) on (`1`, `true`, `on`) or off (`0`, `false`, `off`); unset:
+/// [`PDL_PACKED_DEFAULT`]. Only where `KILN_PDL` is on (the backend's PDL, sm_90+).
+pub fn pdl_packed_from_env() -> Result<bool, BackendError> {
+    match std::env::var("KILN_PDL_PACKED") {
+        Err(_) => Ok(PDL_PACKED_DEFAULT),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(PDL_PACKED_DEFAULT),
+            "1" | "true" | "on" => Ok(true),
+            "0" | "false" | "off" => Ok(false),
+            other => Err(BackendError::InvalidArgument(format!(
+                "KILN_PDL_PACKED={other:?}: expected 0 or 1"
+            ))),
+        },
+    }
+}
+
 /// `KILN_W4_PREFETCH`: what the fast GEMVs (`w4_gemv`, `w4_gemvx1` / `w4_gemvx2`) ask of the L2
 /// up front, before their PDL wait (sm_90+ only: `cp.async.bulk.prefetch`; with or without PDL):
 /// `0` / `off` nothing; `1` / `on` (unset: the default) each warp's remaining weights; `1 + a`
@@ -259,12 +281,20 @@ impl CudaBackend {
         self.pdl
     }
 
+    /// Whether the packed GEMVs and the Qwen3.5 small kernels (`rms_norm_1p`, the GDN kernels,
+    /// `silu_mul`) are launched with PDL: [`Self::pdl`] and `KILN_PDL_PACKED`
+    /// ([`pdl_packed_from_env`]).
+    pub(super) fn pdl_packed(&self) -> bool {
+        self.pdl && self.pdl_packed
+    }
+
     /// Turn programmatic dependent launch off, or back on where the backend allows it (sm_90+
     /// kernels with the tensor-core dense kernels), and the fast GEMVs' L2 prefetch
     /// (`KILN_W4_PREFETCH`); returns whether PDL is now on. For benchmarks that compare both in one process
     /// (the stream must be idle or only hold work that already obeys the rules either way).
     pub fn set_pdl(&mut self, pdl: bool, w4_prefetch: u32) -> bool {
         self.pdl = pdl && self.arch.major >= 9 && self.k.dense_mma.is_some();
+        self.pdl_packed = pdl;
         self.w4_prefetch = w4_prefetch;
         self.pdl
     }
@@ -463,7 +493,7 @@ impl CudaBackend {
             // SAFETY: as the launch below; the parameters match `w4_gemv_*` (W4_ARGS + pf) or
             // `w4_gemv32_*` (W4_ARGS), and the GEMV kernels read only weights before their
             // griddepcontrol.wait, which makes the PDL attribute allowed.
-            return unsafe { self.launch_args(f, cfg, &mut a, self.pdl) };
+            return unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) };
         }
         let mut b = self.stream.launch_builder(f);
         b.arg(&xp)
@@ -564,6 +594,6 @@ impl CudaBackend {
         // outputs in tiles of 16 P and ceil(rows / 16) row tiles, and the kernel reads x only
         // below (rows, k) and writes out only below (rows, n); it reads only weights before its
         // griddepcontrol.wait (the PDL attribute is allowed).
-        unsafe { self.launch_args(f, cfg, &mut a, self.pdl) }
+        unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) }
     }
 }
