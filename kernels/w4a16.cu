@@ -58,12 +58,15 @@
 // PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below, and no-ops when the host launches without
 // the attribute: launch.rs, `CudaBackend::pdl`). The GEMV kernels (`w4_gemv_*`, `w4_gemv32_*`,
 // `w4_gemvx1_*`, `w4_gemvx2_*`) may start while the stream's previous kernel still runs. Each
-// first lets the next kernel launch (w4_pdl_launch_dependents: it may then start its own
-// pre-wait part; it waits for this grid's completion before touching anything this grid
-// writes), then reads only what no step writes (the packed weights, scales and zero points:
-// uploaded once at load) before w4_pdl_wait() (griddepcontrol.wait: returns once the previous
-// grid has completed and its memory is visible); x is read and out written only after it. Every
-// block waits, so this grid completes only after the previous one (the chain stays ordered).
+// lets the next kernel launch (w4_pdl_launch_dependents: it may then start its own pre-wait
+// part; it waits for this grid's completion before touching anything this grid writes) and
+// reads only what no step writes (the packed weights, scales and zero points: uploaded once at
+// load) before w4_pdl_wait() (griddepcontrol.wait: returns once the previous grid has completed
+// and its memory is visible); x is read and out written only after it. Every block waits, so
+// this grid completes only after the previous one (the chain stays ordered). `trig` (the fast
+// GEMVs' last parameter) places the trigger: 0 at the start (the next grid may become resident
+// as soon as all of this grid's blocks have started), 1 after the main loop (once every block
+// has finished its k blocks: the next grid fills the tail, no earlier).
 __device__ __forceinline__ void w4_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -72,14 +75,6 @@ __device__ __forceinline__ void w4_pdl_wait() {
 __device__ __forceinline__ void w4_pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-// Ask the L2 to fetch `bytes` (a multiple of 16, > 0) from the 16-byte aligned `p` (sm_90's bulk
-// prefetch: one instruction, no registers held; a no-op below sm_90). Used before
-// w4_pdl_wait() on weights only.
-__device__ __forceinline__ void w4_prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
@@ -473,9 +468,9 @@ template <typename T, int RG, bool FP4, bool ZP, int D>
 __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uint4* __restrict__ qw,
                                              const T* scales, const unsigned char* zeros,
                                              int kblocks, int ks, int gshift, int gstore, int n,
-                                             void* out, int out_f32, float* part, int pf) {
+                                             void* out, int out_f32, float* part, int trig) {
     constexpr bool G16 = FP4;
-    w4_pdl_launch_dependents();
+    if (trig == 0) w4_pdl_launch_dependents();
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nt0 = blockIdx.x * 2;
@@ -576,17 +571,6 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
 #pragma unroll
     for (int d = 0; d < D; ++d)
         if (d < nkb) load(d, wp0, wp1, gbase, d);
-    // `pf` > 0: the slice's remaining weights (k blocks D .. nkb - 1 of both tiles, two
-    // contiguous runs of 512 B per k block) are asked of the L2 up front, before the wait: a
-    // block that starts during the previous kernel's tail (PDL) fetches them while that kernel
-    // finishes, and without PDL the whole slice is in flight at once instead of the ring's D k
-    // blocks. `pf` = 1 + a, a > 0: also the same slice of block blockIdx.x + a (a block of a
-    // later wave), whole.
-    if (pf && lane < 2 && nkb > D)
-        w4_prefetch_l2((lane == 0 ? wp0 : wp1) - lane + D * 32, (unsigned)(nkb - D) * 512u);
-    if (pf > 1 && (lane == 2 || lane == 3) && blockIdx.x + (unsigned)(pf - 1) < gridDim.x)
-        w4_prefetch_l2(wp0 - lane + (size_t)(lane - 2 + 2 * (pf - 1)) * kblocks * 32,
-                       (unsigned)nkb * 512u);
     w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
     const uint4* wq0 = wp0;
     const uint4* wq1 = wp1;
@@ -606,6 +590,7 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
 #pragma unroll
         for (int rg = 0; rg < RG; ++rg) xp[rg] += D * 16;
     }
+    if (trig != 0) w4_pdl_launch_dependents();
     __syncthreads();
     // Warp he (and he + nw, ...) sums element e of row group h over the slices in order.
     for (int he = s; he < RG * 4; he += nw) {
@@ -664,10 +649,10 @@ template <typename T, int RG, bool FP4, bool ZP, int P, int NS>
 __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int ks, int gshift, int gstore, int n,
-                                           void* out, int out_f32, int pf) {
+                                           void* out, int out_f32, int trig) {
     static_assert(P == 1 || P == 2, "tiles per block");
     static_assert(NS >= 2 && NS <= 4, "x stages");
-    w4_pdl_launch_dependents();
+    if (trig == 0) w4_pdl_launch_dependents();
     extern __shared__ __align__(16) unsigned char w4_smem[];
     constexpr bool G16 = FP4;
     constexpr unsigned XB = RG * 8 * 128;  // bytes of one stage
@@ -747,13 +732,6 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         }
     };
     load_sz();
-    // `pf`: the slice's other k blocks of both tiles asked of the L2, and with `pf` = 1 + a the
-    // slice of block blockIdx.x + a (as in `w4_gemv_fast`).
-    if (pf && lane < 2 && per > 1)
-        w4_prefetch_l2((lane == 0 ? wp0 : wp1) - lane + 32, (unsigned)(per - 1) * 512u);
-    if (pf > 1 && (lane == 2 || lane == 3) && blockIdx.x + (unsigned)(pf - 1) < gridDim.x)
-        w4_prefetch_l2(wp0 - lane + (size_t)(lane - 2 + 2 * P * (pf - 1)) * kblocks * 32,
-                       (unsigned)per * 512u);
     w4_pdl_wait();
 #pragma unroll
     for (int j = 0; j < NS - 1; ++j) {
@@ -812,6 +790,7 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         if (i + 1 < per) next();
     }
     w4x_wait<0>();  // all groups (the last ones are empty)
+    if (trig != 0) w4_pdl_launch_dependents();
     __syncthreads();
     // The slice sums [P][ks][RG][4][32] over the stages, then each output's sum in slice order.
     float* part = reinterpret_cast<float*>(w4_smem);
@@ -1103,14 +1082,14 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 // runs `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
 // The fast GEMV's variant by the format: NVFP4, int4 with zero points, symmetric int4.
 #define W4_FAST(T, RG, D)                                                                        \
-    if (fp4) w4_gemv_fast<T, RG, true, false, D>(W4_FAST_PASS, part, pf);                       \
-    else if (zeros) w4_gemv_fast<T, RG, false, true, D>(W4_FAST_PASS, part, pf);                \
-    else w4_gemv_fast<T, RG, false, false, D>(W4_FAST_PASS, part, pf);
+    if (fp4) w4_gemv_fast<T, RG, true, false, D>(W4_FAST_PASS, part, trig);                      \
+    else if (zeros) w4_gemv_fast<T, RG, false, true, D>(W4_FAST_PASS, part, trig);               \
+    else w4_gemv_fast<T, RG, false, false, D>(W4_FAST_PASS, part, trig);
 #define W4_FAST_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32
 
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
     extern "C" __global__ void __launch_bounds__(256, W4_GEMV_BLOCKS) w4_gemv_##SUF(W4_ARGS(T),    \
-                                                                              int pf) {         \
+                                                                              int trig) {       \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
         W4_FAST(T, 1, W4_GEMV_DEPTH)                                                             \
     }                                                                                            \
@@ -1138,14 +1117,14 @@ W4_TC_ENTRIES(bf16, bf16_t)
 // 4 blocks of 256 per SM) or two sharing the x stages (`w4_gemvx2_*`, 2 blocks of 512). The
 // H200 measurements behind the choice are in docs/benchmarks.md ("the x-staged W4A16 GEMV").
 #define W4_XS(T, P)                                                                               \
-    if (fp4) w4_gemv_xs<T, 2, true, false, P, 2>(W4_FAST_PASS, pf);                              \
-    else if (zeros) w4_gemv_xs<T, 2, false, true, P, 2>(W4_FAST_PASS, pf);                        \
-    else w4_gemv_xs<T, 2, false, false, P, 2>(W4_FAST_PASS, pf);
+    if (fp4) w4_gemv_xs<T, 2, true, false, P, 2>(W4_FAST_PASS, trig);                            \
+    else if (zeros) w4_gemv_xs<T, 2, false, true, P, 2>(W4_FAST_PASS, trig);                     \
+    else w4_gemv_xs<T, 2, false, false, P, 2>(W4_FAST_PASS, trig);
 #define W4_XS_ENTRIES(SUF, T)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemvx1_##SUF(W4_ARGS(T), int pf) {    \
+    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemvx1_##SUF(W4_ARGS(T), int trig) {  \
         W4_XS(T, 1)                                                                               \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemvx2_##SUF(W4_ARGS(T), int pf) {    \
+    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemvx2_##SUF(W4_ARGS(T), int trig) {  \
         W4_XS(T, 2)                                                                               \
     }
 W4_XS_ENTRIES(f16, __half)

@@ -430,20 +430,18 @@ fn w4a16_wide_gemm_speed() {
 }
 
 /// Programmatic dependent launch for the packed GEMV (issue 10 item 7, branch `pdl`): the same
-/// launches with PDL off and no L2 prefetch of the weights (`off`), off with it (`pf`), on
-/// without it (`pdl`) and on with it (`pdl_pf`, the default), all in one process
+/// launches with PDL off (`off`), on with the fast GEMVs' trigger first (`pdl_start`) and on
+/// with it after their main loop (`pdl_end`, `KILN_PDL_GEMV_TRIGGER`), all in one process
 /// ([`CudaBackend::set_pdl`]).
 /// 1. GEMVs back to back (as `w4a16_gemv_profile_launches`: 20 launches, median of 7, rotating
 ///    over 4 distinct weights of the shape, so every launch reads its weights from DRAM) on the
 ///    27B's packed shapes at 1 / 8 / 16 rows; consecutive GEMVs are independent, so with PDL a
 ///    GEMV's blocks fill the previous one's tail (the figure of a decode step's chains of 2-4
 ///    GEMVs on the same input, not of one GEMV alone: the `off` column is the one-GEMV figure).
-///    On 17408×5120 also the prefetch of a later wave's block (`pf_a660`, `pdl_pf_a660`,
-///    `pdl_pf_a330`: `KILN_W4_PREFETCH` = 1 + blocks ahead).
 /// 2. The MLP chain of a decode step, 8 layers deep on the 4 weight sets: gate and up GEMVs
 ///    (17408×5120), `silu_mul`, the down GEMV (5120×17408), `add_rms_norm_1p` into the next
 ///    layer's input (ping-pong buffers: each kernel reads what the previous one wrote and
-///    overwrites what an earlier one read), timed in the four modes, and its final residual and
+///    overwrites what an earlier one read), timed in the three modes, and its final residual and
 ///    normed output **checked bit for bit** between `off` and the other modes (fails if PDL let a
 ///    kernel read its input before the previous kernel finished writing it, or overwrite one
 ///    still being read).
@@ -456,17 +454,16 @@ fn w4a16_gemv_pdl() {
     use kiln::backend::hybrid::HybridBackend;
     let mut b = gpu("bf16", "auto");
     println!("device: {}", b.name());
-    if !b.set_pdl(true, 1) {
+    if !b.set_pdl(true, true) {
         println!("RESULT pdl unavailable on this device (sm_90+ only): nothing to compare");
         return;
     }
     let copy = copy_bandwidth();
     println!("RESULT pdl copy_bandwidth_GBps={:.0}", copy / 1e9);
-    const MODES: [(&str, bool, u32); 4] = [
-        ("off", false, 0),
-        ("pf", false, 1),
-        ("pdl", true, 0),
-        ("pdl_pf", true, 1),
+    const MODES: [(&str, bool, bool); 3] = [
+        ("off", false, false),
+        ("pdl_start", true, false),
+        ("pdl_end", true, true),
     ];
     let shapes = [
         (17408usize, 5120usize),
@@ -495,20 +492,8 @@ fn w4a16_gemv_pdl() {
         let bytes = b.weight_bytes(&ws[0]) as f64;
         for rows in [1usize, 8, 16] {
             let mut line = String::new();
-            // 17408×5120 has more blocks than fit at once (1,088 of 8 rows at 5 per SM, 132
-            // SMs: 660): there also the prefetch of a later wave's block (`KILN_W4_PREFETCH` =
-            // 1 + blocks ahead).
-            let ahead: &[(&str, bool, u32)] = if *n == 17408 {
-                &[
-                    ("pf_a660", false, 661),
-                    ("pdl_pf_a660", true, 661),
-                    ("pdl_pf_a330", true, 331),
-                ]
-            } else {
-                &[]
-            };
-            for &(name, pdl, pf) in MODES.iter().chain(ahead) {
-                b.set_pdl(pdl, pf);
+            for (name, pdl, late) in MODES {
+                b.set_pdl(pdl, late);
                 let mut j = 0usize;
                 let t = time(&b, || {
                     j = (j + 1) % ws.len();
@@ -534,8 +519,8 @@ fn w4a16_gemv_pdl() {
         let mut delta = b.alloc(rows * hidden).expect("delta");
         let mut results: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
         let mut line = String::new();
-        for (name, pdl, pf) in MODES {
-            b.set_pdl(pdl, pf);
+        for (name, pdl, late) in MODES {
+            b.set_pdl(pdl, late);
             // The same start for every mode: h and the residual from fixed data.
             let mut h = b.upload(&data(rows * hidden, 77)).expect("h");
             let mut resid = b.upload(&data(rows * hidden, 77)).expect("residual");
@@ -570,8 +555,8 @@ fn w4a16_gemv_pdl() {
             .map(|r| bits_equal(&r.0, &results[0].0) && bits_equal(&r.1, &results[0].1))
             .collect();
         println!(
-            "RESULT pdl mlp_chain rows={rows}{line} outputs_finite={finite} bits_equal_to_off pf={} pdl={} pdl_pf={}",
-            same[0], same[1], same[2]
+            "RESULT pdl mlp_chain rows={rows}{line} outputs_finite={finite} bits_equal_to_off pdl_start={} pdl_end={}",
+            same[0], same[1]
         );
         assert!(finite, "the chain's outputs are not finite at {rows} rows");
         assert!(
@@ -579,5 +564,5 @@ fn w4a16_gemv_pdl() {
             "PDL changed the MLP chain's bits at {rows} rows"
         );
     }
-    b.set_pdl(true, 1);
+    b.set_pdl(true, true);
 }

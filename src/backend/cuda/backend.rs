@@ -151,9 +151,9 @@ pub struct CudaBackend {
     /// With `pdl`, also the packed GEMVs and the Qwen3.5 norm / GDN kernels and `silu_mul`
     /// (`KILN_PDL_PACKED`; see `w4a16.rs`).
     pdl_packed: bool,
-    /// The fast packed GEMVs ask the L2 for their warps' weights up front (`KILN_W4_PREFETCH`,
-    /// sm_90+; see `w4a16.rs`).
-    w4_prefetch: u32,
+    /// The fast packed GEMVs trigger the next launch after their main loop rather than first
+    /// (`KILN_PDL_GEMV_TRIGGER`; see `w4a16.rs`).
+    w4_trigger_late: bool,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -392,7 +392,7 @@ impl CudaBackend {
             fused_rows,
             pdl,
             pdl_packed: w4a16::pdl_packed_from_env().map_err(env_err)?,
-            w4_prefetch: w4a16::prefetch_from_env().map_err(env_err)?,
+            w4_trigger_late: w4a16::trigger_late_from_env().map_err(env_err)?,
             arch,
             dtype,
             kv,

@@ -744,7 +744,14 @@ impl HybridBackend for CudaBackend {
             // access is aligned and inside its row; lpr divides the block (a power of two ≤ 32)
             // and the kernel guards row < rows after the warp-wide shuffles. It waits (PDL)
             // before any access.
-            unsafe { self.launch_args(&self.k.gdn.gated_rms_norm_vec, cfg, &mut b, self.pdl_packed()) }?;
+            unsafe {
+                self.launch_args(
+                    &self.k.gdn.gated_rms_norm_vec,
+                    cfg,
+                    &mut b,
+                    self.pdl_packed(),
+                )
+            }?;
             return Ok(());
         }
         let st = &self.stream;

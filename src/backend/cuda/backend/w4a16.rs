@@ -18,10 +18,9 @@
 //! `w4_gemv32`) load their first weights and (scale, zero) words, then wait
 //! (`griddepcontrol.wait`) before reading x, so they are launched with the PDL attribute where
 //! the backend has PDL (`CudaBackend::pdl`, sm_90+, `KILN_PDL`): a GEMV's blocks start during the
-//! previous kernel's tail and overlap their first DRAM loads with it. With `KILN_W4_PREFETCH`
-//! (default on; sm_90+) `w4_gemv` and `w4_gemvx1` / `w4_gemvx2` also ask the L2 for the rest of
-//! each warp's weights (one bulk prefetch per tile and warp) before the wait. Timing only: no
-//! kernel's arithmetic depends on either.
+//! previous kernel's tail and overlap their first DRAM loads with it; `w4_gemv` and
+//! `w4_gemvx1` / `w4_gemvx2` let the next kernel launch after their main loop by default
+//! (`KILN_PDL_GEMV_TRIGGER`). Timing only: no kernel's arithmetic depends on it.
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
@@ -98,21 +97,24 @@ pub fn pdl_packed_from_env() -> Result<bool, BackendError> {
     }
 }
 
-/// `KILN_W4_PREFETCH`: what the fast GEMVs (`w4_gemv`, `w4_gemvx1` / `w4_gemvx2`) ask of the L2
-/// up front, before their PDL wait (sm_90+ only: `cp.async.bulk.prefetch`; with or without PDL):
-/// `0` / `off` nothing; `1` / `on` (unset: the default) each warp's remaining weights; `1 + a`
-/// also the same warp's weights in block `blockIdx.x + a` (a block of a later wave).
-pub fn prefetch_from_env() -> Result<u32, BackendError> {
-    match std::env::var("KILN_W4_PREFETCH") {
-        Err(_) => Ok(1),
+/// Where the fast GEMVs (`w4_gemv`, `w4_gemvx1` / `w4_gemvx2`) let the next kernel launch under
+/// PDL by default: see [`trigger_late_from_env`].
+const TRIGGER_LATE_DEFAULT: bool = true;
+
+/// `KILN_PDL_GEMV_TRIGGER`: where the fast GEMVs call `griddepcontrol.launch_dependents` —
+/// `start` (first thing: the next grid may become resident once all of this grid's blocks have
+/// started) or `end` (after each block's main loop: the next grid fills this one's tail, no
+/// earlier); unset: [`TRIGGER_LATE_DEFAULT`]. Only matters where they run with PDL.
+pub fn trigger_late_from_env() -> Result<bool, BackendError> {
+    match std::env::var("KILN_PDL_GEMV_TRIGGER") {
+        Err(_) => Ok(TRIGGER_LATE_DEFAULT),
         Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "true" | "on" => Ok(1),
-            "false" | "off" => Ok(0),
-            other => other.parse::<u32>().map_err(|_| {
-                BackendError::InvalidArgument(format!(
-                    "KILN_W4_PREFETCH={other:?}: expected 0, 1 or 1 + blocks ahead"
-                ))
-            }),
+            "" => Ok(TRIGGER_LATE_DEFAULT),
+            "start" => Ok(false),
+            "end" => Ok(true),
+            other => Err(BackendError::InvalidArgument(format!(
+                "KILN_PDL_GEMV_TRIGGER={other:?}: expected start or end"
+            ))),
         },
     }
 }
@@ -289,24 +291,14 @@ impl CudaBackend {
     }
 
     /// Turn programmatic dependent launch off, or back on where the backend allows it (sm_90+
-    /// kernels with the tensor-core dense kernels), and the fast GEMVs' L2 prefetch
-    /// (`KILN_W4_PREFETCH`); returns whether PDL is now on. For benchmarks that compare both in one process
-    /// (the stream must be idle or only hold work that already obeys the rules either way).
-    pub fn set_pdl(&mut self, pdl: bool, w4_prefetch: u32) -> bool {
+    /// kernels with the tensor-core dense kernels; the packed GEMVs and the Qwen3.5 small kernels
+    /// with it), and place the fast GEMVs' trigger (`KILN_PDL_GEMV_TRIGGER`: late = after the
+    /// main loop); returns whether PDL is now on. For benchmarks that compare them in one process.
+    pub fn set_pdl(&mut self, pdl: bool, trigger_late: bool) -> bool {
         self.pdl = pdl && self.arch.major >= 9 && self.k.dense_mma.is_some();
         self.pdl_packed = pdl;
-        self.w4_prefetch = w4_prefetch;
+        self.w4_trigger_late = trigger_late;
         self.pdl
-    }
-
-    /// The fast GEMVs' `pf` parameter ([`prefetch_from_env`]; the instruction exists on sm_90+
-    /// only, and is compiled out below).
-    fn w4_prefetch_arg(&self) -> i32 {
-        if self.arch.major >= 9 {
-            self.w4_prefetch.min(i32::MAX as u32) as i32
-        } else {
-            0
-        }
     }
 
     /// Whether the tensor-core kernels run here (sm_80+ with a 16-bit compute dtype, or the
@@ -476,7 +468,7 @@ impl CudaBackend {
         };
         if kernel == W4Kernel::Gemv {
             // The GEMVs wait (PDL) before reading x or writing out; `w4_gemv` (8-row blocks)
-            // takes the L2-prefetch flag as its last parameter.
+            // takes the trigger's place (0 first, 1 after the main loop) as its last parameter.
             let mut a = KernelArgs::new();
             a.ptr(xp).i32(m).i32(k).ptr(qp).ptr(sp).ptr(zp).ptr(pp);
             a.i32(kb)
@@ -488,9 +480,9 @@ impl CudaBackend {
                 .i32(of32)
                 .i32(fp4);
             if gemv_rows == GEMV8_ROWS {
-                a.i32(self.w4_prefetch_arg());
+                a.i32(i32::from(self.w4_trigger_late));
             }
-            // SAFETY: as the launch below; the parameters match `w4_gemv_*` (W4_ARGS + pf) or
+            // SAFETY: as the launch below; the parameters match `w4_gemv_*` (W4_ARGS + trig) or
             // `w4_gemv32_*` (W4_ARGS), and the GEMV kernels read only weights before their
             // griddepcontrol.wait, which makes the PDL attribute allowed.
             return unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) };
@@ -583,7 +575,7 @@ impl CudaBackend {
             .ptr(op)
             .i32(of32)
             .i32(fp4)
-            .i32(self.w4_prefetch_arg());
+            .i32(i32::from(self.w4_trigger_late));
         let cfg = LaunchConfig {
             grid_dim: ((tiles / p) as u32, row_tiles as u32, 1),
             block_dim: ((32 * ks * p) as u32, 1, 1),
