@@ -13,8 +13,14 @@ __device__ void embedding(const int* ids, const T* table, O* out, int dim) {
 }
 
 // out[i] = silu(gate[i]) * up[i], computed in f32; all three are [n] (rows x intermediate_size).
+// Programmatic dependent launch (sm_90+, when the host launches it with the attribute): it waits
+// for the previous grid (griddepcontrol.wait) before touching memory, then lets the next start.
 template <typename T>
 __device__ void silu_mul(const T* gate, const T* up, T* out, long n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = Io<T>::load(gate, i), u = Io<T>::load(up, i);

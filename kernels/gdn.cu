@@ -35,6 +35,20 @@ __device__ __forceinline__ float gdn_sigmoid(float x) { return 1.0f / (1.0f + ex
 // torch softplus (beta 1, threshold 20).
 __device__ __forceinline__ float gdn_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+// PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below, and no-ops when the host launches without
+// the attribute: launch.rs, `CudaBackend::pdl`). Every kernel of this file begins with
+// gdn_pdl_enter(): griddepcontrol.wait (returns once the stream's previous grid has completed and
+// its memory is visible) before it touches any memory, then griddepcontrol.launch_dependents (the
+// next kernel may start its blocks now; it in turn waits for this grid before touching what this
+// grid writes). So any of them may be launched with the attribute; what overlaps is the launch
+// and the ramp of the next grid with this grid's tail.
+__device__ __forceinline__ void gdn_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // grid (ceil(conv_dim / blockDim.x), num_tokens). out[t, c] = silu(sum_j w[c, j] x[t - (K-1) + j, c]),
 // rows before the sequence's first new token from its conv state (zeros when cached_len == 0).
 // A sequence with one new token (decode) has one thread per channel here, which also shifts its
@@ -43,6 +57,7 @@ template <typename T>
 __device__ void gdn_conv1d(const T* mixed, const T* weight, float* conv_state,
                            const int* token_seq, const int* seq_meta, T* out, int conv_dim, int kern,
                            int num_layers, int layer) {
+    gdn_pdl_enter();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     long t = blockIdx.y;
     if (c >= conv_dim) return;
@@ -148,6 +163,7 @@ template <typename T>
 __device__ void gdn_conv1d_vec(const T* mixed, const T* weight, float* conv_state,
                                const int* token_seq, const int* seq_meta, T* out, int conv_dim,
                                int num_layers, int layer, int num_tokens, int tpt) {
+    gdn_pdl_enter();
     constexpr int K = GDN_VEC_KERNEL, H = K - 1, P = GDN_VEC_PREFETCH;
     long c = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (c >= conv_dim) return;
@@ -235,6 +251,7 @@ __device__ void gdn_conv1d_vec(const T* mixed, const T* weight, float* conv_stat
 template <typename T>
 __device__ void gdn_conv_state(const T* mixed, float* conv_state, const int* seq_meta,
                                int conv_dim, int kern, int num_layers, int layer) {
+    gdn_pdl_enter();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     int s = blockIdx.y;
     if (c >= conv_dim) return;
@@ -286,6 +303,7 @@ __device__ void gdn_scan(const T* qkv, const T* a_in, const T* b_in, const T* a_
                          float* rec_state, const int* seq_meta, T* out, int num_key_heads,
                          int num_value_heads, int dk, int dv, int num_layers, int layer,
                          int chunk_min) {
+    gdn_pdl_enter();
     constexpr int COLS = GDN_THREADS / R;
     constexpr int MAX_ROWS = GDN_MAX_DK / R;
     __shared__ __align__(16) float qs[GDN_TILE][GDN_MAX_DK];
@@ -457,6 +475,7 @@ __device__ void gdn_scan(const T* qkv, const T* a_in, const T* b_in, const T* a_
 // a plain weight), f32 math.
 template <typename T>
 __device__ void gated_rms_norm(const T* x, const T* z, const T* w, T* out, int dim, float eps) {
+    gdn_pdl_enter();
     long row = blockIdx.x;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -480,6 +499,7 @@ __device__ void gated_rms_norm(const T* x, const T* z, const T* w, T* out, int d
 template <typename T>
 __device__ void gated_rms_norm_vec(const T* x, const T* z, const T* w, T* out, long rows, int dim,
                                    float eps, int lpr) {
+    gdn_pdl_enter();
     int rpb = blockDim.x / lpr;
     long row = (long)blockIdx.x * rpb + threadIdx.x / lpr;
     int li = threadIdx.x % lpr;
@@ -529,6 +549,7 @@ __device__ void gated_rms_norm_vec(const T* x, const T* z, const T* w, T* out, l
 //   h = x + residual (when residual != nullptr; written back);  out = (1 + w) * (h / rms(h))
 template <typename T, typename X, typename R>
 __device__ void rms_norm_1p(const X* x, R* residual, const T* weight, T* out, int dim, float eps) {
+    gdn_pdl_enter();
     long row = blockIdx.x;
     const X* xr = x + row * dim;
     R* rr = residual ? residual + row * dim : nullptr;
@@ -552,6 +573,7 @@ __device__ void rms_norm_1p(const X* x, R* residual, const T* weight, T* out, in
 // qg [n / hd, 2 hd] (per head [query | gate]) -> q [n], gate [n]; one thread per element of q.
 template <typename T>
 __device__ void split_query_gate(const T* qg, T* q, T* gate, long n, int hd) {
+    gdn_pdl_enter();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     long head = i / hd, d = i % hd;
@@ -561,6 +583,7 @@ __device__ void split_query_gate(const T* qg, T* q, T* gate, long n, int hd) {
 
 template <typename T>
 __device__ void sigmoid_mul(T* x, const T* gate, long n) {
+    gdn_pdl_enter();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     Io<T>::store(x, i, Io<T>::load(x, i) * gdn_sigmoid(Io<T>::load(gate, i)));

@@ -54,6 +54,29 @@
 // RG = 4 `w4_gemv` above keeps a 2-deep ring.
 #define W4_GEMV_DEPTH 1
 #define W4_GEMV_BLOCKS 5
+
+// PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below, and no-ops when the host launches without
+// the attribute: launch.rs, `CudaBackend::pdl`). The GEMV kernels (`w4_gemv_*`, `w4_gemv32_*`,
+// `w4_gemvx1_*`, `w4_gemvx2_*`) may start while the stream's previous kernel still runs. Each
+// lets the next kernel launch (w4_pdl_launch_dependents: it may then start its own pre-wait
+// part; it waits for this grid's completion before touching anything this grid writes) and
+// reads only what no step writes (the packed weights, scales and zero points: uploaded once at
+// load) before w4_pdl_wait() (griddepcontrol.wait: returns once the previous grid has completed
+// and its memory is visible); x is read and out written only after it. Every block waits, so
+// this grid completes only after the previous one (the chain stays ordered). `trig` (the fast
+// GEMVs' last parameter) places the trigger: 0 at the start (the next grid may become resident
+// as soon as all of this grid's blocks have started), 1 after the main loop (once every block
+// has finished its k blocks: the next grid fills the tail, no earlier).
+__device__ __forceinline__ void w4_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void w4_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
 // D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
@@ -341,6 +364,7 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
                                         int gstore, int n, void* out, int out_f32, float* part) {
     constexpr int NT = W4_GEMV_NT, D = 2;
     constexpr bool G16 = FP4 || !FASTX;
+    w4_pdl_launch_dependents();
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nt0 = blockIdx.x * NT;
@@ -377,6 +401,7 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
     for (int d = 0; d < D; ++d) {
         if (kb0 + d < kend) fill(d, kb0 + d);
     }
+    w4_pdl_wait();  // weights and (scale, zero) words only above; x from here on
     for (int kb = kb0; kb < kend; kb += D) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
@@ -443,8 +468,9 @@ template <typename T, int RG, bool FP4, bool ZP, int D>
 __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uint4* __restrict__ qw,
                                              const T* scales, const unsigned char* zeros,
                                              int kblocks, int ks, int gshift, int gstore, int n,
-                                             void* out, int out_f32, float* part) {
+                                             void* out, int out_f32, float* part, int trig) {
     constexpr bool G16 = FP4;
+    if (trig == 0) w4_pdl_launch_dependents();
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nt0 = blockIdx.x * 2;
@@ -545,6 +571,7 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
 #pragma unroll
     for (int d = 0; d < D; ++d)
         if (d < nkb) load(d, wp0, wp1, gbase, d);
+    w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
     const uint4* wq0 = wp0;
     const uint4* wq1 = wp1;
     unsigned gq = gbase;
@@ -563,6 +590,7 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
 #pragma unroll
         for (int rg = 0; rg < RG; ++rg) xp[rg] += D * 16;
     }
+    if (trig != 0) w4_pdl_launch_dependents();
     __syncthreads();
     // Warp he (and he + nw, ...) sums element e of row group h over the slices in order.
     for (int he = s; he < RG * 4; he += nw) {
@@ -621,9 +649,10 @@ template <typename T, int RG, bool FP4, bool ZP, int P, int NS>
 __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int ks, int gshift, int gstore, int n,
-                                           void* out, int out_f32) {
+                                           void* out, int out_f32, int trig) {
     static_assert(P == 1 || P == 2, "tiles per block");
     static_assert(NS >= 2 && NS <= 4, "x stages");
+    if (trig == 0) w4_pdl_launch_dependents();
     extern __shared__ __align__(16) unsigned char w4_smem[];
     constexpr bool G16 = FP4;
     constexpr unsigned XB = RG * 8 * 128;  // bytes of one stage
@@ -688,13 +717,8 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
 
     const int nst = 2 * per;  // stages of the slice
-#pragma unroll
-    for (int j = 0; j < NS - 1; ++j) {
-        if (j < nst) copy(j, (unsigned)j);
-        w4x_commit();
-    }
-    unsigned rb = 0, wb = NS - 1;
-    // Weights and (scale, zero) words of the next k block, loaded before this one's decode.
+    // Weights and (scale, zero) words of the next k block, loaded before this one's decode (the
+    // first ones before w4_pdl_wait: they are never written by a step; x is copied after it).
     uint4 w0 = __ldg(wp0), w1 = __ldg(wp1);
     unsigned sz0, sz1, szh0 = 0, szh1 = 0;
     auto load_sz = [&]() {
@@ -708,6 +732,13 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         }
     };
     load_sz();
+    w4_pdl_wait();
+#pragma unroll
+    for (int j = 0; j < NS - 1; ++j) {
+        if (j < nst) copy(j, (unsigned)j);
+        w4x_commit();
+    }
+    unsigned rb = 0, wb = NS - 1;
     for (int i = 0; i < per; ++i) {
         // The next k block's weights are loaded after this one's decode, as in the 8-row GEMV
         // (loading them before it, 8 more registers, was 2-6% slower on the H200).
@@ -759,6 +790,7 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
         if (i + 1 < per) next();
     }
     w4x_wait<0>();  // all groups (the last ones are empty)
+    if (trig != 0) w4_pdl_launch_dependents();
     __syncthreads();
     // The slice sums [P][ks][RG][4][32] over the stages, then each output's sum in slice order.
     float* part = reinterpret_cast<float*>(w4_smem);
@@ -1050,13 +1082,14 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
 // runs `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
 // The fast GEMV's variant by the format: NVFP4, int4 with zero points, symmetric int4.
 #define W4_FAST(T, RG, D)                                                                        \
-    if (fp4) w4_gemv_fast<T, RG, true, false, D>(W4_FAST_PASS, part);                           \
-    else if (zeros) w4_gemv_fast<T, RG, false, true, D>(W4_FAST_PASS, part);                    \
-    else w4_gemv_fast<T, RG, false, false, D>(W4_FAST_PASS, part);
+    if (fp4) w4_gemv_fast<T, RG, true, false, D>(W4_FAST_PASS, part, trig);                      \
+    else if (zeros) w4_gemv_fast<T, RG, false, true, D>(W4_FAST_PASS, part, trig);               \
+    else w4_gemv_fast<T, RG, false, false, D>(W4_FAST_PASS, part, trig);
 #define W4_FAST_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32
 
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_BLOCKS) w4_gemv_##SUF(W4_ARGS(T)) { \
+    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_BLOCKS) w4_gemv_##SUF(W4_ARGS(T),    \
+                                                                              int trig) {       \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
         W4_FAST(T, 1, W4_GEMV_DEPTH)                                                             \
     }                                                                                            \
@@ -1084,14 +1117,14 @@ W4_TC_ENTRIES(bf16, bf16_t)
 // 4 blocks of 256 per SM) or two sharing the x stages (`w4_gemvx2_*`, 2 blocks of 512). The
 // H200 measurements behind the choice are in docs/benchmarks.md ("the x-staged W4A16 GEMV").
 #define W4_XS(T, P)                                                                               \
-    if (fp4) w4_gemv_xs<T, 2, true, false, P, 2>(W4_FAST_PASS);                                  \
-    else if (zeros) w4_gemv_xs<T, 2, false, true, P, 2>(W4_FAST_PASS);                            \
-    else w4_gemv_xs<T, 2, false, false, P, 2>(W4_FAST_PASS);
+    if (fp4) w4_gemv_xs<T, 2, true, false, P, 2>(W4_FAST_PASS, trig);                            \
+    else if (zeros) w4_gemv_xs<T, 2, false, true, P, 2>(W4_FAST_PASS, trig);                     \
+    else w4_gemv_xs<T, 2, false, false, P, 2>(W4_FAST_PASS, trig);
 #define W4_XS_ENTRIES(SUF, T)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemvx1_##SUF(W4_ARGS(T)) {            \
+    extern "C" __global__ void __launch_bounds__(256, 4) w4_gemvx1_##SUF(W4_ARGS(T), int trig) {  \
         W4_XS(T, 1)                                                                               \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemvx2_##SUF(W4_ARGS(T)) {            \
+    extern "C" __global__ void __launch_bounds__(512, 2) w4_gemvx2_##SUF(W4_ARGS(T), int trig) {  \
         W4_XS(T, 2)                                                                               \
     }
 W4_XS_ENTRIES(f16, __half)

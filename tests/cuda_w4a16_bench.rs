@@ -428,3 +428,141 @@ fn w4a16_wide_gemm_speed() {
         );
     }
 }
+
+/// Programmatic dependent launch for the packed GEMV (issue 10 item 7, branch `pdl`): the same
+/// launches with PDL off (`off`), on with the fast GEMVs' trigger first (`pdl_start`) and on
+/// with it after their main loop (`pdl_end`, `KILN_PDL_GEMV_TRIGGER`), all in one process
+/// ([`CudaBackend::set_pdl`]).
+/// 1. GEMVs back to back (as `w4a16_gemv_profile_launches`: 20 launches, median of 7, rotating
+///    over 4 distinct weights of the shape, so every launch reads its weights from DRAM) on the
+///    27B's packed shapes at 1 / 8 / 16 rows; consecutive GEMVs are independent, so with PDL a
+///    GEMV's blocks fill the previous one's tail (the figure of a decode step's chains of 2-4
+///    GEMVs on the same input, not of one GEMV alone: the `off` column is the one-GEMV figure).
+/// 2. The MLP chain of a decode step, 8 layers deep on the 4 weight sets: gate and up GEMVs
+///    (17408×5120), `silu_mul`, the down GEMV (5120×17408), `add_rms_norm_1p` into the next
+///    layer's input (ping-pong buffers: each kernel reads what the previous one wrote and
+///    overwrites what an earlier one read), timed in the three modes, and its final residual and
+///    normed output **checked bit for bit** between `off` and the other modes (fails if PDL let a
+///    kernel read its input before the previous kernel finished writing it, or overwrite one
+///    still being read).
+///
+/// Run on the GPU machine:
+/// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_pdl`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_pdl() {
+    use kiln::backend::hybrid::HybridBackend;
+    let mut b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    if !b.set_pdl(true, true) {
+        println!("RESULT pdl unavailable on this device (sm_90+ only): nothing to compare");
+        return;
+    }
+    let copy = copy_bandwidth();
+    println!("RESULT pdl copy_bandwidth_GBps={:.0}", copy / 1e9);
+    const MODES: [(&str, bool, bool); 3] = [
+        ("off", false, false),
+        ("pdl_start", true, false),
+        ("pdl_end", true, true),
+    ];
+    let shapes = [
+        (17408usize, 5120usize),
+        (5120, 17408),
+        (10240, 5120),
+        (6144, 5120),
+        (5120, 6144),
+    ];
+    let mut sets: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| {
+            let ws: Vec<_> = (0..4u64)
+                .map(|j| {
+                    let o = ct_g128(n, k, 300 + 10 * i as u64 + j);
+                    b.upload_linear("pdl", &LinearView::Packed(o.linear()))
+                        .expect("upload")
+                })
+                .collect();
+            let x = b.upload(&data(16 * k, 5 + i as u64)).expect("x");
+            let out = b.alloc(16 * n).expect("out");
+            (n, k, ws, x, out)
+        })
+        .collect();
+    for (n, k, ws, x, out) in sets.iter_mut() {
+        let bytes = b.weight_bytes(&ws[0]) as f64;
+        for rows in [1usize, 8, 16] {
+            let mut line = String::new();
+            for (name, pdl, late) in MODES {
+                b.set_pdl(pdl, late);
+                let mut j = 0usize;
+                let t = time(&b, || {
+                    j = (j + 1) % ws.len();
+                    b.matmul_w4_with(x, rows, &ws[j], out, W4Kernel::Gemv)
+                        .expect("gemv")
+                });
+                line += &format!(
+                    " {name}_us={:.2} ({:.3} of copy)",
+                    t * 1e6,
+                    bytes / t / copy
+                );
+            }
+            println!("RESULT pdl gemv N={n} K={k} rows={rows} rotating_4_weights{line}");
+        }
+    }
+    // The MLP chain: weights of sets 0 (gate / up: 17408×5120) and 1 (down: 5120×17408).
+    let (hidden, inter) = (5120usize, 17408usize);
+    let norm_w = b.upload(&data(hidden, 41)).expect("norm weight");
+    for rows in [1usize, 8, 16] {
+        let mut g = b.alloc(rows * inter).expect("g");
+        let mut u = b.alloc(rows * inter).expect("u");
+        let mut act = b.alloc(rows * inter).expect("act");
+        let mut delta = b.alloc(rows * hidden).expect("delta");
+        let mut results: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        let mut line = String::new();
+        for (name, pdl, late) in MODES {
+            b.set_pdl(pdl, late);
+            // The same start for every mode: h and the residual from fixed data.
+            let mut h = b.upload(&data(rows * hidden, 77)).expect("h");
+            let mut resid = b.upload(&data(rows * hidden, 77)).expect("residual");
+            b.synchronize().expect("sync");
+            let (gu, dn) = (&sets[0].2, &sets[1].2);
+            let mut chain = || {
+                for layer in 0..8usize {
+                    let j = layer % 4;
+                    b.matmul_w4_with(&h, rows, &gu[j], &mut g, W4Kernel::Gemv)
+                        .expect("gate");
+                    b.matmul_w4_with(&h, rows, &gu[(j + 1) % 4], &mut u, W4Kernel::Gemv)
+                        .expect("up");
+                    b.silu_mul(&g, &u, &mut act, rows * inter)
+                        .expect("silu_mul");
+                    b.matmul_w4_with(&act, rows, &dn[j], &mut delta, W4Kernel::Gemv)
+                        .expect("down");
+                    b.add_rms_norm_1p(&mut resid, &delta, &norm_w, &mut h, rows, hidden, 1e-6)
+                        .expect("add_rms_norm_1p");
+                }
+            };
+            chain();
+            b.synchronize().expect("sync");
+            let t = time(&b, &mut chain);
+            // Every mode ran the chain the same number of times (1 + the timing's): compare the
+            // final residual and h.
+            results.push((down(&b, &resid, rows * hidden), down(&b, &h, rows * hidden)));
+            line += &format!(" {name}_us_per_layer={:.2}", t * 1e6 / 8.0);
+        }
+        let finite = results[0].1.iter().all(|v| v.is_finite());
+        let same: Vec<bool> = results[1..]
+            .iter()
+            .map(|r| bits_equal(&r.0, &results[0].0) && bits_equal(&r.1, &results[0].1))
+            .collect();
+        println!(
+            "RESULT pdl mlp_chain rows={rows}{line} outputs_finite={finite} bits_equal_to_off pdl_start={} pdl_end={}",
+            same[0], same[1]
+        );
+        assert!(finite, "the chain's outputs are not finite at {rows} rows");
+        assert!(
+            same.iter().all(|&s| s),
+            "PDL changed the MLP chain's bits at {rows} rows"
+        );
+    }
+    b.set_pdl(true, true);
+}

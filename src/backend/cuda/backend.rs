@@ -156,6 +156,13 @@ pub struct CudaBackend {
     mlp_resident: Mutex<Option<(u32, bool)>>,
     /// Set when the driver refused a fused MLP launch: the separate ops run from then on.
     mlp_refused: std::sync::atomic::AtomicBool,
+
+    /// With `pdl`, also the packed GEMVs and the Qwen3.5 norm / GDN kernels and `silu_mul`
+    /// (`KILN_PDL_PACKED`; see `w4a16.rs`).
+    pdl_packed: bool,
+    /// The fast packed GEMVs trigger the next launch after their main loop rather than first
+    /// (`KILN_PDL_GEMV_TRIGGER`; see `w4a16.rs`).
+    w4_trigger_late: bool,
     arch: Arch,
     dtype: ComputeDType,
     kv: KvStorage,
@@ -402,6 +409,9 @@ impl CudaBackend {
             fused_mlp,
             mlp_resident: Mutex::new(None),
             mlp_refused: std::sync::atomic::AtomicBool::new(false),
+
+            pdl_packed: w4a16::pdl_packed_from_env().map_err(env_err)?,
+            w4_trigger_late: w4a16::trigger_late_from_env().map_err(env_err)?,
             arch,
             dtype,
             kv,
@@ -1115,13 +1125,22 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        let f = &self.k.silu_mul;
-        let n = len as i64;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
-        // SAFETY: all three buffers hold at least `len` elements; the kernel guards i < n.
-        unsafe { b.launch(LaunchConfig::for_num_elems(len as u32)) }.map_err(dev_err)?;
-        Ok(())
+        let st = &self.stream;
+        let mut b = launch::KernelArgs::new();
+        b.buf(&gate.data, st)
+            .buf(&up.data, st)
+            .buf(&out.data, st)
+            .i64(len as i64);
+        // SAFETY: all three buffers hold at least `len` elements; the kernel guards i < n and
+        // waits (griddepcontrol.wait) before touching memory, so PDL is allowed.
+        unsafe {
+            self.launch_args(
+                &self.k.silu_mul,
+                LaunchConfig::for_num_elems(len as u32),
+                &mut b,
+                self.pdl_packed(),
+            )
+        }
     }
 
     fn add(&self, x: &mut CudaBuffer, y: &CudaBuffer, len: usize) -> Result<(), BackendError> {

@@ -12,12 +12,17 @@
 //! the others (decode tokens, short prefills, and everything at f32) a sequential scan over the
 //! sequence's new tokens with the state in registers (`gdn.cu`). Both are the CPU's math up to
 //! float rounding.
+//!
+//! The `gdn.cu` kernels all wait (`griddepcontrol.wait`) before touching memory, so their
+//! launches carry the programmatic-dependent-launch attribute where the backend has PDL
+//! (`CudaBackend::pdl`, sm_90+, `KILN_PDL`): a kernel's launch overlaps the previous one's tail.
 
 use std::collections::HashSet;
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::gdn_chunk::{self, ChunkKernels, ChunkWorkspace, DEFAULT_CHUNKED_MIN_LEN};
+use super::launch::KernelArgs;
 use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaKvCache, CudaRope, CudaStep};
 use crate::backend::cuda::device::CudaError;
 use crate::backend::hybrid::{GatedQkv, GatedQkvOut, GdnParams, HybridBackend, StateSpec};
@@ -473,14 +478,15 @@ impl HybridBackend for CudaBackend {
         if dim.is_multiple_of(8) && kern == VEC_CONV_KERNEL && t >= VEC_CONV_MIN_TOKENS {
             let tpt = VEC_CONV_RUN;
             let (nt, tpt_i) = (t as i32, tpt as i32);
-            let mut b = self.stream.launch_builder(&self.k.gdn.conv1d_vec);
-            b.arg(&mixed.data)
-                .arg(&weight.data)
-                .arg(&mut cache.conv)
-                .arg(&token_seq)
-                .arg(&meta)
-                .arg(&mut out.data);
-            b.arg(&d).arg(&nl).arg(&l).arg(&nt).arg(&tpt_i);
+            let st = &self.stream;
+            let mut b = KernelArgs::new();
+            b.buf(&mixed.data, st)
+                .buf(&weight.data, st)
+                .buf(&cache.conv, st)
+                .buf(&token_seq, st)
+                .buf(&meta, st)
+                .buf(&out.data, st);
+            b.i32(d).i32(nl).i32(l).i32(nt).i32(tpt_i);
             let cfg = LaunchConfig {
                 grid_dim: (
                     (dim / 8).div_ceil(CONV_THREADS) as u32,
@@ -494,17 +500,18 @@ impl HybridBackend for CudaBackend {
             // buffer is its own allocation (256-byte aligned), so each 8-channel access of a
             // row (16-bit: 16 B, f32 state: 32 B) is aligned and inside the row; the kernel
             // guards channel < conv_dim and token < t, and a one-token sequence's 8 channels
-            // are read and rewritten by one thread only.
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+            // are read and rewritten by one thread only. The kernel waits (PDL) before any access.
+            unsafe { self.launch_args(&self.k.gdn.conv1d_vec, cfg, &mut b, self.pdl_packed()) }?;
         } else {
-            let mut b = self.stream.launch_builder(&self.k.gdn.conv1d);
-            b.arg(&mixed.data)
-                .arg(&weight.data)
-                .arg(&mut cache.conv)
-                .arg(&token_seq)
-                .arg(&meta)
-                .arg(&mut out.data);
-            b.arg(&d).arg(&k).arg(&nl).arg(&l);
+            let st = &self.stream;
+            let mut b = KernelArgs::new();
+            b.buf(&mixed.data, st)
+                .buf(&weight.data, st)
+                .buf(&cache.conv, st)
+                .buf(&token_seq, st)
+                .buf(&meta, st)
+                .buf(&out.data, st);
+            b.i32(d).i32(k).i32(nl).i32(l);
             let cfg = LaunchConfig {
                 grid_dim: (blocks, t as u32, 1),
                 block_dim: (CONV_THREADS as u32, 1, 1),
@@ -515,15 +522,17 @@ impl HybridBackend for CudaBackend {
             // slot < num_slots, checked above), so every state row read lies in the slot's
             // layer block; a sequence with one token has one thread per channel, the only one
             // touching that channel of its (distinct) slot, which rewrites it after reading it.
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+            // The kernel waits (PDL) before any access.
+            unsafe { self.launch_args(&self.k.gdn.conv1d, cfg, &mut b, self.pdl_packed()) }?;
         }
         if step.seq_slots.iter().all(|s| s.len <= 1) {
             return Ok(()); // decode only: gdn_conv1d updated every state
         }
         // The new conv state of the longer sequences, after every token has read the old one.
-        let mut b = self.stream.launch_builder(&self.k.gdn.conv_state);
-        b.arg(&mixed.data).arg(&mut cache.conv).arg(&meta);
-        b.arg(&d).arg(&k).arg(&nl).arg(&l);
+        let st = &self.stream;
+        let mut b = KernelArgs::new();
+        b.buf(&mixed.data, st).buf(&cache.conv, st).buf(&meta, st);
+        b.i32(d).i32(k).i32(nl).i32(l);
         let cfg = LaunchConfig {
             grid_dim: (blocks, step.num_seqs.max(1) as u32, 1),
             block_dim: (CONV_THREADS as u32, 1, 1),
@@ -531,7 +540,8 @@ impl HybridBackend for CudaBackend {
         };
         // SAFETY: as above; each thread writes one channel of its sequence's slot (distinct
         // slots, checked), and a sequence with at most one token or without a slot returns.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        // The kernel waits (PDL) before any access.
+        unsafe { self.launch_args(&self.k.gdn.conv_state, cfg, &mut b, self.pdl_packed()) }?;
         Ok(())
     }
 
@@ -630,17 +640,18 @@ impl HybridBackend for CudaBackend {
         } else {
             &self.k.gdn.scan
         };
-        let mut lb = self.stream.launch_builder(scan);
-        lb.arg(&qkv.data)
-            .arg(&a.data)
-            .arg(&b.data)
-            .arg(&a_log.data)
-            .arg(&dt_bias.data)
-            .arg(&mut cache.rec)
-            .arg(&meta)
-            .arg(&mut out.data);
-        lb.arg(&nk).arg(&nvi).arg(&dki).arg(&dvi).arg(&nl).arg(&l);
-        lb.arg(&chunk_min);
+        let st = &self.stream;
+        let mut lb = KernelArgs::new();
+        lb.buf(&qkv.data, st)
+            .buf(&a.data, st)
+            .buf(&b.data, st)
+            .buf(&a_log.data, st)
+            .buf(&dt_bias.data, st)
+            .buf(&cache.rec, st)
+            .buf(&meta, st)
+            .buf(&out.data, st);
+        lb.i32(nk).i32(nvi).i32(dki).i32(dvi).i32(nl).i32(l);
+        lb.i32(chunk_min);
         let cfg = LaunchConfig {
             grid_dim: (
                 step.num_seqs.max(1) as u32,
@@ -654,8 +665,9 @@ impl HybridBackend for CudaBackend {
         // value_dim, A_log/dt_bias value_heads (all checked); dk is a multiple of the kernel's R and at
         // most GDN_MAX_DK (the kernel's register and shared arrays); each block reads and
         // writes the state of its own (slot, head) only, and slots are distinct (checked); it
-        // skips the sequences the chunked kernels ran (len >= chunk_min).
-        unsafe { lb.launch(cfg) }.map_err(dev_err)?;
+        // skips the sequences the chunked kernels ran (len >= chunk_min). The kernel waits (PDL)
+        // before any access.
+        unsafe { self.launch_args(scan, cfg, &mut lb, self.pdl_packed()) }?;
         Ok(())
     }
 
@@ -712,15 +724,16 @@ impl HybridBackend for CudaBackend {
             let lpr = (dim / 8).next_power_of_two().min(32);
             let rows_per_block = NORM_VEC_THREADS / lpr;
             let (rows_i, lpr_i) = (rows as i64, lpr as i32);
-            let mut b = self.stream.launch_builder(&self.k.gdn.gated_rms_norm_vec);
-            b.arg(&x.data)
-                .arg(&z.data)
-                .arg(&weight.data)
-                .arg(&mut out.data)
-                .arg(&rows_i)
-                .arg(&d)
-                .arg(&eps)
-                .arg(&lpr_i);
+            let st = &self.stream;
+            let mut b = KernelArgs::new();
+            b.buf(&x.data, st)
+                .buf(&z.data, st)
+                .buf(&weight.data, st)
+                .buf(&out.data, st)
+                .i64(rows_i)
+                .i32(d)
+                .f32(eps)
+                .i32(lpr_i);
             let cfg = LaunchConfig {
                 grid_dim: (rows.div_ceil(rows_per_block) as u32, 1, 1),
                 block_dim: (NORM_VEC_THREADS as u32, 1, 1),
@@ -729,17 +742,26 @@ impl HybridBackend for CudaBackend {
             // SAFETY: x, z and out hold rows × dim elements and weight dim (checked), each its
             // own allocation (256-byte aligned) with dim a multiple of 8, so every 8-element
             // access is aligned and inside its row; lpr divides the block (a power of two ≤ 32)
-            // and the kernel guards row < rows after the warp-wide shuffles.
-            unsafe { b.launch(cfg) }.map_err(dev_err)?;
+            // and the kernel guards row < rows after the warp-wide shuffles. It waits (PDL)
+            // before any access.
+            unsafe {
+                self.launch_args(
+                    &self.k.gdn.gated_rms_norm_vec,
+                    cfg,
+                    &mut b,
+                    self.pdl_packed(),
+                )
+            }?;
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(&self.k.gdn.gated_rms_norm);
-        b.arg(&x.data)
-            .arg(&z.data)
-            .arg(&weight.data)
-            .arg(&mut out.data)
-            .arg(&d)
-            .arg(&eps);
+        let st = &self.stream;
+        let mut b = KernelArgs::new();
+        b.buf(&x.data, st)
+            .buf(&z.data, st)
+            .buf(&weight.data, st)
+            .buf(&out.data, st)
+            .i32(d)
+            .f32(eps);
         let threads = (dim.div_ceil(32) * 32).min(1024) as u32;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
@@ -747,8 +769,9 @@ impl HybridBackend for CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: x, z and out hold rows × dim elements and weight dim (checked); blockDim is a
-        // multiple of 32 and at most 1024, as block_sum needs.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
+        // multiple of 32 and at most 1024, as block_sum needs. The kernel waits (PDL) before
+        // any access.
+        unsafe { self.launch_args(&self.k.gdn.gated_rms_norm, cfg, &mut b, self.pdl_packed()) }?;
         Ok(())
     }
 }

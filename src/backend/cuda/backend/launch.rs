@@ -7,7 +7,7 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{sys, CudaFunction, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, DevicePtr, LaunchConfig};
 
 use super::{dev_err, CudaBackend};
 use crate::backend::BackendError;
@@ -58,5 +58,80 @@ impl CudaBackend {
         }
         .result()
         .map_err(dev_err)
+    }
+}
+
+// Each value is stored in the low bytes of its 8-byte slot, which the driver reads from the
+// slot's address: correct on little-endian hosts only (every CUDA host).
+#[cfg(target_endian = "big")]
+compile_error!("KernelArgs assumes a little-endian host");
+
+/// Kernel parameters for [`CudaBackend::launch_args`]: each value (a device pointer, an `i32`, an
+/// `i64` or an `f32`) in its own 8-byte slot, in the kernel's parameter order. The launches that
+/// may carry the PDL attribute use it instead of cudarc's launch builder, which has no attributes
+/// (the backend's context does not track events, so raw device pointers lose nothing).
+#[derive(Debug, Default)]
+pub(super) struct KernelArgs {
+    slots: Vec<u64>,
+}
+
+impl KernelArgs {
+    pub(super) fn new() -> Self {
+        Self::default()
+    }
+
+    /// A device buffer's address (`T*` in the kernel). The backend's context does not track
+    /// events, so the sync guard `device_ptr` returns holds nothing.
+    pub(super) fn buf<E, B>(&mut self, b: &B, stream: &cudarc::driver::CudaStream) -> &mut Self
+    where
+        B: DevicePtr<E>,
+    {
+        let (p, _sync) = b.device_ptr(stream);
+        self.slots.push(p);
+        self
+    }
+
+    /// A raw device address (`T*` in the kernel; 0 = nullptr).
+    pub(super) fn ptr(&mut self, p: u64) -> &mut Self {
+        self.slots.push(p);
+        self
+    }
+
+    pub(super) fn i32(&mut self, v: i32) -> &mut Self {
+        self.slots.push(u64::from(v as u32));
+        self
+    }
+
+    pub(super) fn i64(&mut self, v: i64) -> &mut Self {
+        self.slots.push(v as u64);
+        self
+    }
+
+    pub(super) fn f32(&mut self, v: f32) -> &mut Self {
+        self.slots.push(u64::from(v.to_bits()));
+        self
+    }
+}
+
+impl CudaBackend {
+    /// [`Self::launch_kernel`] with the parameters of `args`.
+    ///
+    /// # Safety
+    /// As [`Self::launch_kernel`]: `args` must match `f`'s parameter list, and every buffer it
+    /// names must stay alive until the kernel has run (the stream orders its frees after it).
+    pub(super) unsafe fn launch_args(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &mut KernelArgs,
+        pdl: bool,
+    ) -> Result<(), BackendError> {
+        let mut params: Vec<*mut c_void> = args
+            .slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: the slots live (in `args`) for the call; the rest is this function's contract.
+        unsafe { self.launch_kernel(f, cfg, &mut params, pdl) }
     }
 }

@@ -4,9 +4,15 @@
 //! main cause of the bf16 whole-model gap recorded in docs/gpu-validation.md.) The bodies of
 //! [`HybridBackend::rms_norm_1p`] and [`HybridBackend::add_rms_norm_1p`].
 //!
+//! The kernel waits (`griddepcontrol.wait`) before touching memory, so it is launched with the
+//! programmatic-dependent-launch attribute where the backend has PDL (`CudaBackend::pdl`).
+//!
 //! [`HybridBackend::rms_norm_1p`]: crate::backend::hybrid::HybridBackend::rms_norm_1p
 //! [`HybridBackend::add_rms_norm_1p`]: crate::backend::hybrid::HybridBackend::add_rms_norm_1p
 
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
+
+use super::launch::KernelArgs;
 use super::{check_len, mixed, ComputeDType, CudaBackend, CudaBuffer};
 use crate::backend::BackendError;
 
@@ -39,7 +45,7 @@ impl CudaBackend {
                     (ComputeDType::F32, Some(f)) => f,
                     (d, _) => return Err(mixed("rms_norm_1p input", d, self.dtype)),
                 };
-                self.launch_rms_norm(
+                self.launch_norm_1p(
                     kernel,
                     &x.data,
                     None,
@@ -58,7 +64,7 @@ impl CudaBackend {
                     (ComputeDType::F32, Some(f)) => f,
                     (d, _) => return Err(mixed("add_rms_norm_1p residual", d, self.dtype)),
                 };
-                self.launch_rms_norm(
+                self.launch_norm_1p(
                     kernel,
                     &x.data,
                     Some(&mut r.data),
@@ -70,5 +76,45 @@ impl CudaBackend {
                 )
             }
         }
+    }
+
+    /// Launch an `rms_norm_1p*` kernel: one block per row (`residual` None = the unfused form).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_norm_1p(
+        &self,
+        f: &CudaFunction,
+        x: &CudaSlice<u8>,
+        residual: Option<&mut CudaSlice<u8>>,
+        weight: &CudaSlice<u8>,
+        out: &mut CudaSlice<u8>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let st = &self.stream;
+        let mut b = KernelArgs::new();
+        b.buf(x, st);
+        match residual {
+            Some(r) => b.buf(&*r, st),
+            None => b.ptr(0),
+        };
+        b.buf(weight, st).buf(&*out, st).i32(dim as i32).f32(eps);
+        let threads = if dim >= 1024 {
+            1024
+        } else {
+            (dim.div_ceil(32) * 32) as u32
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: x, residual and out hold rows × dim elements and weight dim (checked by
+        // `norm_1p`); a null residual selects the unfused path; the kernel waits (PDL) before it
+        // touches memory, so the attribute is allowed.
+        unsafe { self.launch_args(f, cfg, &mut b, self.pdl_packed()) }
     }
 }

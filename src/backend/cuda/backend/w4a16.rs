@@ -13,9 +13,18 @@
 //! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
 //! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
 //! Nothing here allocates per call, and every launch takes fixed pointers (graph-capturable).
+//!
+//! Programmatic dependent launch: the GEMV kernels (`w4_gemv`, `w4_gemvx1` / `w4_gemvx2`,
+//! `w4_gemv32`) load their first weights and (scale, zero) words, then wait
+//! (`griddepcontrol.wait`) before reading x, so they are launched with the PDL attribute where
+//! the backend has PDL (`CudaBackend::pdl`, sm_90+, `KILN_PDL`): a GEMV's blocks start during the
+//! previous kernel's tail and overlap their first DRAM loads with it; `w4_gemv` and
+//! `w4_gemvx1` / `w4_gemvx2` let the next kernel launch after their main loop by default
+//! (`KILN_PDL_GEMV_TRIGGER`). Timing only: no kernel's arithmetic depends on it.
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
+use super::launch::KernelArgs;
 use super::{dev_err, mixed, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
 use crate::tensor::packed_tiles::{W4Tiles, W4Values, PAD_N, TILE_N};
@@ -65,6 +74,50 @@ const GEMV32_ROWS: usize = 32;
 /// Shared memory of one GEMM pipeline stage: 128 x rows of one 128-column k block (32 KB) and
 /// 16 n8 weight tiles of it (8 KB); `kernels/w4a16.cu` `W4_GEMM_STAGE_BYTES`.
 const GEMM_STAGE_BYTES: usize = 128 * 256 + 16 * 512;
+
+/// Whether the packed GEMVs and the Qwen3.5 small kernels take PDL by default (where
+/// `KILN_PDL` is on): see [`pdl_packed_from_env`].
+const PDL_PACKED_DEFAULT: bool = true;
+
+/// `KILN_PDL_PACKED`: programmatic dependent launch for the packed GEMVs (`w4_gemv`,
+/// `w4_gemvx1` / `w4_gemvx2`, `w4_gemv32`) and the Qwen3.5 small kernels (`rms_norm_1p`, the
+/// `gdn.cu` kernels, `silu_mul`) on (`1`, `true`, `on`) or off (`0`, `false`, `off`); unset:
+/// [`PDL_PACKED_DEFAULT`]. Only where `KILN_PDL` is on (the backend's PDL, sm_90+).
+pub fn pdl_packed_from_env() -> Result<bool, BackendError> {
+    match std::env::var("KILN_PDL_PACKED") {
+        Err(_) => Ok(PDL_PACKED_DEFAULT),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(PDL_PACKED_DEFAULT),
+            "1" | "true" | "on" => Ok(true),
+            "0" | "false" | "off" => Ok(false),
+            other => Err(BackendError::InvalidArgument(format!(
+                "KILN_PDL_PACKED={other:?}: expected 0 or 1"
+            ))),
+        },
+    }
+}
+
+/// Where the fast GEMVs (`w4_gemv`, `w4_gemvx1` / `w4_gemvx2`) let the next kernel launch under
+/// PDL by default: see [`trigger_late_from_env`].
+const TRIGGER_LATE_DEFAULT: bool = true;
+
+/// `KILN_PDL_GEMV_TRIGGER`: where the fast GEMVs call `griddepcontrol.launch_dependents` —
+/// `start` (first thing: the next grid may become resident once all of this grid's blocks have
+/// started) or `end` (after each block's main loop: the next grid fills this one's tail, no
+/// earlier); unset: [`TRIGGER_LATE_DEFAULT`]. Only matters where they run with PDL.
+pub fn trigger_late_from_env() -> Result<bool, BackendError> {
+    match std::env::var("KILN_PDL_GEMV_TRIGGER") {
+        Err(_) => Ok(TRIGGER_LATE_DEFAULT),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(TRIGGER_LATE_DEFAULT),
+            "start" => Ok(false),
+            "end" => Ok(true),
+            other => Err(BackendError::InvalidArgument(format!(
+                "KILN_PDL_GEMV_TRIGGER={other:?}: expected start or end"
+            ))),
+        },
+    }
+}
 
 /// Which packed-matmul kernel runs (tests force one; the backend picks by rows and arch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,6 +275,30 @@ impl CudaBackend {
         } else {
             2
         }
+    }
+
+    /// Whether kernels that support it are launched with programmatic dependent launch
+    /// (`KILN_PDL` on sm_90+ kernels, see `launch.rs`).
+    pub fn pdl(&self) -> bool {
+        self.pdl
+    }
+
+    /// Whether the packed GEMVs and the Qwen3.5 small kernels (`rms_norm_1p`, the GDN kernels,
+    /// `silu_mul`) are launched with PDL: [`Self::pdl`] and `KILN_PDL_PACKED`
+    /// ([`pdl_packed_from_env`]).
+    pub(super) fn pdl_packed(&self) -> bool {
+        self.pdl && self.pdl_packed
+    }
+
+    /// Turn programmatic dependent launch off, or back on where the backend allows it (sm_90+
+    /// kernels with the tensor-core dense kernels; the packed GEMVs and the Qwen3.5 small kernels
+    /// with it), and place the fast GEMVs' trigger (`KILN_PDL_GEMV_TRIGGER`: late = after the
+    /// main loop); returns whether PDL is now on. For benchmarks that compare them in one process.
+    pub fn set_pdl(&mut self, pdl: bool, trigger_late: bool) -> bool {
+        self.pdl = pdl && self.arch.major >= 9 && self.k.dense_mma.is_some();
+        self.pdl_packed = pdl;
+        self.w4_trigger_late = trigger_late;
+        self.pdl
     }
 
     /// Whether the tensor-core kernels run here (sm_80+ with a 16-bit compute dtype, or the
@@ -384,6 +461,32 @@ impl CudaBackend {
             }
             _ => 0,
         };
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+            block_dim: (block as u32, 1, 1),
+            shared_mem_bytes: shared,
+        };
+        if kernel == W4Kernel::Gemv {
+            // The GEMVs wait (PDL) before reading x or writing out; `w4_gemv` (8-row blocks)
+            // takes the trigger's place (0 first, 1 after the main loop) as its last parameter.
+            let mut a = KernelArgs::new();
+            a.ptr(xp).i32(m).i32(k).ptr(qp).ptr(sp).ptr(zp).ptr(pp);
+            a.i32(kb)
+                .i32(ks)
+                .i32(gc)
+                .i32(gs)
+                .i32(n)
+                .ptr(op)
+                .i32(of32)
+                .i32(fp4);
+            if gemv_rows == GEMV8_ROWS {
+                a.i32(i32::from(self.w4_trigger_late));
+            }
+            // SAFETY: as the launch below; the parameters match `w4_gemv_*` (W4_ARGS + trig) or
+            // `w4_gemv32_*` (W4_ARGS), and the GEMV kernels read only weights before their
+            // griddepcontrol.wait, which makes the PDL attribute allowed.
+            return unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) };
+        }
         let mut b = self.stream.launch_builder(f);
         b.arg(&xp)
             .arg(&m)
@@ -403,11 +506,6 @@ impl CudaBackend {
         if kernel == W4Kernel::Gemm {
             b.arg(&stages).arg(&tiles);
         }
-        let cfg = LaunchConfig {
-            grid_dim: (grid.0 as u32, grid.1 as u32, 1),
-            block_dim: (block as u32, 1, 1),
-            shared_mem_bytes: shared,
-        };
         // SAFETY: the parts were built by W4Tiles for this weight (n_pad / 8 tiles of k_blocks
         // blocks, groups stored groups, perm of k entries); the grid covers n_pad outputs and
         // ceil(rows / tile) row tiles, and the kernels read x only below (rows, k) and write out
@@ -467,22 +565,17 @@ impl CudaBackend {
         );
         let of32 = i32::from(out_f32);
         let fp4 = i32::from(parts.values == W4Values::E2m1);
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&xp)
-            .arg(&m)
-            .arg(&k)
-            .arg(&qp)
-            .arg(&sp)
-            .arg(&zp)
-            .arg(&pp);
-        b.arg(&kb)
-            .arg(&ksi)
-            .arg(&gc)
-            .arg(&gs)
-            .arg(&n)
-            .arg(&op)
-            .arg(&of32)
-            .arg(&fp4);
+        let mut a = KernelArgs::new();
+        a.ptr(xp).i32(m).i32(k).ptr(qp).ptr(sp).ptr(zp).ptr(pp);
+        a.i32(kb)
+            .i32(ksi)
+            .i32(gc)
+            .i32(gs)
+            .i32(n)
+            .ptr(op)
+            .i32(of32)
+            .i32(fp4)
+            .i32(i32::from(self.w4_trigger_late));
         let cfg = LaunchConfig {
             grid_dim: ((tiles / p) as u32, row_tiles as u32, 1),
             block_dim: ((32 * ks * p) as u32, 1, 1),
@@ -491,8 +584,8 @@ impl CudaBackend {
         // SAFETY: as in `packed_matmul`: the parts match the weight (a fast layout: no perm,
         // k % 128 == 0; n_pad is a multiple of 64, so tiles is even), the grid covers n_pad
         // outputs in tiles of 16 P and ceil(rows / 16) row tiles, and the kernel reads x only
-        // below (rows, k) and writes out only below (rows, n).
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
+        // below (rows, k) and writes out only below (rows, n); it reads only weights before its
+        // griddepcontrol.wait (the PDL attribute is allowed).
+        unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) }
     }
 }
