@@ -1,6 +1,6 @@
 //! Where the packed 4-bit matmul should leave the GEMV for the GEMM (issue 10): the GEMV
 //! (`w4_gemv32` blocks of 32 rows, `grid.y = ⌈m / 32⌉`) and the GEMMs (`w4_gemm`, the wide sm_90
-//! `w4g_gemm`) timed at 32 … 4 096 rows on every packed linear shape of Qwen3.5-27B, and the sum
+//! `w4g_gemm`, the sm_90 warpgroup-MMA `w4g_wgmma`) timed at 32 … 4 096 rows on every packed linear shape of Qwen3.5-27B, and the sum
 //! over one decode step's linears (48 Gated DeltaNet layers, 16 gated-attention layers, 64 MLPs)
 //! for each choice. The kernels agree bit for bit (the one numeric path of `kernels/w4a16.cu`), so
 //! the switch point is a speed question only; this test checks that equality at every row count it
@@ -48,9 +48,10 @@ fn w4a16_gemv_or_gemm_by_rows() {
         ("gemv", W4Kernel::Gemv),
         ("gemm", W4Kernel::GemmBase),
         ("wide", W4Kernel::GemmWide),
+        ("wgmma", W4Kernel::GemmWgmma),
     ];
-    // Per-step totals (µs) per row count: [gemv, gemm, wide].
-    let mut step = vec![[0.0f64; 3]; ROWS.len()];
+    // Per-step totals (µs) per row count: [gemv, gemm, wide, wgmma].
+    let mut step = vec![[0.0f64; 4]; ROWS.len()];
     let max_m = *ROWS.iter().max().unwrap_or(&1);
     for (i, &(n, k, count)) in STEP_LINEARS.iter().enumerate() {
         let o = Owned::random(
@@ -104,19 +105,16 @@ fn w4a16_gemv_or_gemm_by_rows() {
         }
     }
     for (ri, &m) in ROWS.iter().enumerate() {
-        let [v, g, wd] = step[ri];
+        let [v, g, wd, wm] = step[ri];
+        let best = ["gemv", "gemm", "wide", "wgmma"][(0..4)
+            .min_by(|&a, &b| step[ri][a].total_cmp(&step[ri][b]))
+            .unwrap_or(0)];
         println!(
-            "RESULT midm step M={m} linears_ms gemv={:.2} gemm={:.2} wide={:.2} best={}",
+            "RESULT midm step M={m} linears_ms gemv={:.2} gemm={:.2} wide={:.2} wgmma={:.2} best={best}",
             v / 1e3,
             g / 1e3,
             wd / 1e3,
-            if v <= g.min(wd) {
-                "gemv"
-            } else if g <= wd {
-                "gemm"
-            } else {
-                "wide"
-            }
+            wm / 1e3,
         );
     }
 }

@@ -148,6 +148,22 @@ impl KernelModule {
         }
     }
 
+    /// The NVRTC `--gpu-architecture` this module is compiled with for `arch`: `sm_90a` for the
+    /// sm_90 GEMMs of `w4a16_gemm.cu` on a real sm_90 (its warpgroup MMA `w4g_wgmma` needs the
+    /// arch-specific target; such a cubin loads on compute capability 9.0 only), otherwise the
+    /// arch's own name.
+    pub fn nvrtc_arch(self, arch: super::nvrtc::Arch) -> Option<&'static str> {
+        if self == KernelModule::W4a16Gemm
+            && arch.major == 9
+            && arch.minor == 0
+            && !arch.virtual_only
+        {
+            Some("sm_90a")
+        } else {
+            arch.name()
+        }
+    }
+
     /// Extra NVRTC options a backend of compute dtype suffix `t` and KV storage suffix `c` compiles
     /// this module with: `attention_decode.cu` is then built for that one pair only (its 54
     /// kernels were most of a cold start); every other module is built whole.
@@ -336,7 +352,7 @@ impl KernelModule {
                 // The 16-bit dtypes (the host launches it on sm_90 / sm_100 only).
                 KernelModule::W4a16Gemm => {
                     if t != "f32" {
-                        for v in ["gemm", "tile", "split"] {
+                        for v in ["gemm", "tile", "split", "wgmma"] {
                             names.push(format!("w4g_{v}_{t}"));
                         }
                     }

@@ -9,7 +9,11 @@
 //!   CTAs per SM (more tiles, up to [`TILE_MAX_ROWS`] rows; and the split's steps on weights
 //!   of other slice counts);
 //! - [`WideKind::Wide`] (`w4g_gemm_*`): 128 × 256 block tiles, warp tiles of 64 × 64, the
-//!   K-slice totals in shared memory (224 KB per block), for larger steps.
+//!   K-slice totals in shared memory (224 KB per block), for larger steps;
+//! - [`WideKind::Wgmma`] (`w4g_wgmma_*`, sm_90 only: the module is compiled for `sm_90a`):
+//!   256 outputs × 128 rows per block, two warpgroups of warpgroup MMAs (`wgmma` m64n128k16, the
+//!   decoded weights as register A operands, x from shared memory), the slice totals in shared
+//!   memory (225 KB per block); the same bits (tests/cuda_wgmma_probe.rs).
 //!
 //! The ranges are the H200 measurements of docs/benchmarks.md (branch `gemm`). A child module of
 //! `w4a16.rs` (it reads the private [`CudaPackedParts`]). They run where
@@ -46,7 +50,7 @@ pub(super) const TILE_MAX_ROWS: usize = 2048;
 /// tile); weights with another slice count run [`WideKind::Tile`] instead.
 const SPLIT_KS: usize = 8;
 
-/// Threads of a block (all three kernels).
+/// Threads of a block (all four kernels).
 const THREADS: u32 = 256;
 
 /// Rows × outputs of the narrow block tile (`W4G_TILE_CFG`: 8 warps of 64 rows × 16 outputs).
@@ -65,6 +69,14 @@ const WIDE_SMEM: usize = 2 * (128 * 256 + 32 * 512) + 128 * 256 * 4;
 // Within the 227 KB a block may opt in to on sm_90 / sm_100.
 const _: () = assert!(WIDE_SMEM <= 227 * 1024);
 
+/// Rows × outputs of the wgmma block tile (2 warpgroups of 2 m64 tiles × 128 rows).
+const WGMMA_ROWS: usize = 128;
+const WGMMA_OUTS: usize = 256;
+/// Dynamic shared memory of a wgmma block: 1 KB of alignment slack, 3 stages × 128 × 256 B of
+/// x, the f32 totals (128 × 256 × 4 B); `W4W_SMEM_BYTES`.
+const WGMMA_SMEM: usize = 1024 + 3 * 128 * 256 + 128 * 256 * 4;
+const _: () = assert!(WGMMA_SMEM <= 227 * 1024);
+
 /// Which kernel of `kernels/w4a16_gemm.cu` runs a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum WideKind {
@@ -74,6 +86,9 @@ pub(super) enum WideKind {
     Tile,
     /// `w4g_gemm_*`: 128 × 256 tiles.
     Wide,
+    /// `w4g_wgmma_*`: 256 × 128 tiles of warpgroup MMAs (sm_90 only; elsewhere [`WideKind::Wide`]
+    /// runs in its place).
+    Wgmma,
 }
 
 impl WideKind {
@@ -105,6 +120,7 @@ impl WideKind {
             WideKind::Split => (TILE_ROWS, TILE_OUTS, SPLIT_KS as u32, TILE_SMEM),
             WideKind::Tile => (TILE_ROWS, TILE_OUTS, 1, TILE_SMEM),
             WideKind::Wide => (WIDE_ROWS, WIDE_OUTS, 1, WIDE_SMEM),
+            WideKind::Wgmma => (WGMMA_ROWS, WGMMA_OUTS, 1, WGMMA_SMEM),
         }
     }
 
@@ -121,6 +137,7 @@ pub(crate) struct WideKernels {
     wide: CudaFunction,
     tile: CudaFunction,
     split: CudaFunction,
+    wgmma: CudaFunction,
 }
 
 impl WideKernels {
@@ -131,6 +148,7 @@ impl WideKernels {
             wide: all.get(&format!("w4g_gemm_{t}"))?.clone(),
             tile: all.get(&format!("w4g_tile_{t}"))?.clone(),
             split: all.get(&format!("w4g_split_{t}"))?.clone(),
+            wgmma: all.get(&format!("w4g_wgmma_{t}"))?.clone(),
         })
     }
 
@@ -139,6 +157,7 @@ impl WideKernels {
             WideKind::Split => &self.split,
             WideKind::Tile => &self.tile,
             WideKind::Wide => &self.wide,
+            WideKind::Wgmma => &self.wgmma,
         }
     }
 }
@@ -163,6 +182,12 @@ impl CudaBackend {
             && parts.group_shift > 0
     }
 
+    /// Whether `w4g_wgmma` runs here: an sm_90 GPU (the module was compiled for `sm_90a`; the
+    /// kernel traps on every other target).
+    pub(super) fn w4g_wgmma_ok(&self) -> bool {
+        (self.arch.major, self.arch.minor) == (9, 0)
+    }
+
     /// Launch kernel `kind` (the caller checked [`Self::w4g_gemm_ok`]; a split is run as a tile
     /// where the slice count does not allow it).
     ///
@@ -183,7 +208,10 @@ impl CudaBackend {
         let ks = self.k.w4g_gemm.as_ref().ok_or_else(|| {
             BackendError::Unsupported("w4g_gemm needs a 16-bit compute dtype".into())
         })?;
-        let kind = kind.or_tile(parts.k_slices);
+        let mut kind = kind.or_tile(parts.k_slices);
+        if kind == WideKind::Wgmma && !self.w4g_wgmma_ok() {
+            kind = WideKind::Wide;
+        }
         let f = ks.function(kind);
         let (_, _, _, smem) = kind.dims();
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
