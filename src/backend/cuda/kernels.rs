@@ -392,6 +392,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_the_sm90_gemms_on_a_real_sm90_compile_for_sm90a() {
+        let a = |s: &str| s.parse::<super::super::nvrtc::Arch>().expect("arch");
+        assert_eq!(
+            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_90")),
+            Some("sm_90a")
+        );
+        assert_eq!(
+            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_100")),
+            Some("sm_100")
+        );
+        assert_eq!(
+            KernelModule::W4a16Gemm.nvrtc_arch(a("compute_90")),
+            Some("compute_90")
+        );
+        assert_eq!(KernelModule::W4a16.nvrtc_arch(a("sm_90")), Some("sm_90"));
+        assert_eq!(
+            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_80")),
+            Some("sm_80")
+        );
+    }
+
+    #[test]
     fn a_backend_builds_one_decode_pair_and_every_other_module_whole() {
         let m = KernelModule::AttentionDecode;
         assert_eq!(m.entry_points().len(), 3 * 3 * 6 + 3);
