@@ -699,10 +699,10 @@ W4G_ENTRY(bf16, bf16_t)
 //
 // x in shared memory: the B operand's k index kappa of chunk c must hold the column the mma.sync
 // path gives it (w4a16.cu header: kappa = 2t + e (e = 0, 1) is column 32t + 4c + e, kappa = 8 + 2t
-// + e is column 32t + 4c + 2 + e). So each chunk is its own K-major 128 x 16 operand in the
-// canonical no-swizzle layout (core matrices of 8 rows x 16 bytes: row n's k 8kk .. 8kk + 7 at
-// (n / 8) * 256 + kk * 128 + (n % 8) * 16 in the chunk's 4 KB; descriptor LBO 128, SBO 256), and
-// 32-bit word t of (chunk c, kk, row n) is x[n, 32t + 4c + 2kk .. + 1]. A thread stages row n's
+// + e is column 32t + 4c + 2 + e). So each chunk is its own K-major 128 x 16 operand (the 16-byte
+// piece (c, kk, row n) holds its k 8kk .. 8kk + 7; placed by `w4w_off`: the 128-byte swizzle
+// atoms by default, see W4W_SWZ), and 32-bit word t of piece (c, kk, n) is x[n, 32t + 4c + 2kk ..
+// + 1]. A thread stages row n's
 // 16-byte units u0, u0 + 4, u0 + 8, u0 + 12 (one per t) from global into registers and stores
 // their 4 x 4 words transposed as the 4 rows (c = 2u0 + i / 2, kk = i % 2), i = 0..3: plain
 // 16-byte loads and stores. Three stages of one k block (32 KB each), written one k block ahead
@@ -724,11 +724,13 @@ W4G_ENTRY(bf16, bf16_t)
 #define W4W_STAGES 3
 #define W4W_TOT_BYTES (128 * 256 * 4)                   // f32 slice totals
 #define W4W_SMEM_BYTES (1024 + W4W_STAGES * W4W_STAGE_BYTES + W4W_TOT_BYTES)  // 225 KB
-#ifndef W4W_LBO
-#define W4W_LBO 128  // bytes between the two k-adjacent core matrices of a chunk
-#endif
-#ifndef W4W_SBO
-#define W4W_SBO 256  // bytes between row-adjacent core matrices
+// x layout in a stage: W4W_SWZ 1 (default): 128-byte swizzle, chunks 0..3 and 4..7 in two 16 KB
+// atom columns (128 rows x 128 B; row n at (n / 8) * 1024 + (n % 8) * 128, its 16-byte piece p at
+// p ^ (n % 8)), chunk c the 32 bytes at (c % 4) * 32 of each row: the descriptor of chunk c starts
+// there (128B-swizzle mode, SBO 1024 between 8-row groups). W4W_SWZ 0: no swizzle, chunk c the
+// 4 KB at c * 4096, core matrices of 8 rows x 16 B at (n / 8) * 256 + kk * 128 (LBO 128, SBO 256).
+#ifndef W4W_SWZ
+#define W4W_SWZ 1
 #endif
 
 // One wgmma m64n128k16, f32 accumulators d (64 per thread), A from registers a[4], B by
@@ -792,10 +794,25 @@ __device__ __forceinline__ void w4w_proxy_fence() {
 // Keep the compiler from moving accesses of accumulator r across the asynchronous wgmma.
 __device__ __forceinline__ void w4w_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-// The no-swizzle descriptor of chunk operand at shared address `addr` (LBO / SBO above).
-__device__ __forceinline__ unsigned long long w4w_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) |
-           ((unsigned long long)(W4W_LBO >> 4) << 16) | ((unsigned long long)(W4W_SBO >> 4) << 32);
+// Byte offset in a stage of the 16-byte piece (chunk c, k half kk, row n) and the descriptor of
+// chunk c of the stage at shared address `stage` (W4W_SWZ above).
+__device__ __forceinline__ int w4w_off(int c, int kk, int n) {
+#if W4W_SWZ
+    return (c >> 2) * 16384 + (n >> 3) * 1024 + (n & 7) * 128 + ((((c & 3) * 2 + kk) ^ (n & 7)) << 4);
+#else
+    return c * 4096 + (n >> 3) * 256 + kk * 128 + (n & 7) * 16;
+#endif
+}
+__device__ __forceinline__ unsigned long long w4w_desc(unsigned stage, int c) {
+#if W4W_SWZ
+    const unsigned addr = stage + (c >> 2) * 16384 + (c & 3) * 32;
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) |
+           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+#else
+    const unsigned addr = stage + c * 4096;
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(128 >> 4) << 16) |
+           ((unsigned long long)(256 >> 4) << 32);
+#endif
 }
 
 // The 8 global 16-byte units of x a thread stages per k block: items id = tid + 256 h (h = 0, 1),
@@ -821,12 +838,11 @@ __device__ __forceinline__ void w4w_store_x(unsigned char* st, const uint4* v) {
     for (int h = 0; h < 2; ++h) {
         const int id = tid + 256 * h, n = (id & 7) + 8 * (id >> 5), u0 = (id >> 3) & 3;
         const uint4* u = v + 4 * h;
-        const int base = (n >> 3) * 256 + (n & 7) * 16;
         // Row (c = 2u0 + i / 2, kk = i % 2): word t = word i of unit t.
-        *reinterpret_cast<uint4*>(st + (2 * u0) * 4096 + base) = make_uint4(u[0].x, u[1].x, u[2].x, u[3].x);
-        *reinterpret_cast<uint4*>(st + (2 * u0) * 4096 + 128 + base) = make_uint4(u[0].y, u[1].y, u[2].y, u[3].y);
-        *reinterpret_cast<uint4*>(st + (2 * u0 + 1) * 4096 + base) = make_uint4(u[0].z, u[1].z, u[2].z, u[3].z);
-        *reinterpret_cast<uint4*>(st + (2 * u0 + 1) * 4096 + 128 + base) = make_uint4(u[0].w, u[1].w, u[2].w, u[3].w);
+        *reinterpret_cast<uint4*>(st + w4w_off(2 * u0, 0, n)) = make_uint4(u[0].x, u[1].x, u[2].x, u[3].x);
+        *reinterpret_cast<uint4*>(st + w4w_off(2 * u0, 1, n)) = make_uint4(u[0].y, u[1].y, u[2].y, u[3].y);
+        *reinterpret_cast<uint4*>(st + w4w_off(2 * u0 + 1, 0, n)) = make_uint4(u[0].z, u[1].z, u[2].z, u[3].z);
+        *reinterpret_cast<uint4*>(st + w4w_off(2 * u0 + 1, 1, n)) = make_uint4(u[0].w, u[1].w, u[2].w, u[3].w);
     }
 }
 
@@ -880,6 +896,8 @@ __device__ __forceinline__ void w4g_wgmma(const T* x, int m, int k, const uint4*
     unsigned fa[2][2][2][4];
     for (int kb = 0; kb < kblocks; ++kb) {
         __syncthreads();  // stage kb visible to all; stage (kb + 1) % 3 free (read by kb - 2)
+        // x of k block kb + 1 (loaded one k block ago) into its stage, then k block kb + 2's
+        // loads; visible to every warpgroup's wgmma after the next barrier.
         if (kb + 1 < kblocks) {
             w4w_store_x(smem + ((kb + 1) % W4W_STAGES) * W4W_STAGE_BYTES, xv);
             w4w_proxy_fence();
@@ -915,7 +933,7 @@ __device__ __forceinline__ void w4g_wgmma(const T* x, int m, int k, const uint4*
             w4w_fence();
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {
-                const unsigned long long db = w4w_desc(stage + (2 * q + cc) * 4096);
+                const unsigned long long db = w4w_desc(stage, 2 * q + cc);
                 // Both m64 tiles always (no divergent wgmma: an m64 tile past the outputs runs
                 // on clamped weights and is not stored).
                 w4w_mma<T>(acc[0], fa[q & 1][0][cc], db);

@@ -193,6 +193,18 @@ impl KernelModule {
                 }
                 d
             }
+            // `KILN_W4W_DEFINES=W4W_SWZ=0`: build the sm_90 GEMMs with these
+            // layout options of `w4g_wgmma` (a measurement knob: every option gives
+            // the same bits; see kernels/w4a16_gemm.cu).
+            KernelModule::W4a16Gemm => std::env::var("KILN_W4W_DEFINES")
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|d| d.starts_with("W4W_") && !d.contains(char::is_whitespace))
+                        .map(|d| format!("-D{d}"))
+                        .collect()
+                })
+                .unwrap_or_default(),
             // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
             // f32 FMAs instead of m8n8k4 tensor cores (to compare the two; no effect on sm_80+).
             KernelModule::GdnChunk
