@@ -11,6 +11,7 @@
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `LD_LIBRARY_PATH=/usr/local/cuda/lib64 cuda_w4a16_midm-<hash> --ignored --test-threads=1 --nocapture`
+//! (`KILN_MIDM_ROWS=1024,4096` times only those row counts).
 //!
 //! Timing as in `cuda_w4a16_bench`: host wall clock around back-to-back launches on the backend's
 //! stream, median of several repetitions; random CT W4A16 weights (symmetric, group 128), bf16.
@@ -50,9 +51,14 @@ fn w4a16_gemv_or_gemm_by_rows() {
         ("wide", W4Kernel::GemmWide),
         ("wgmma", W4Kernel::GemmWgmma),
     ];
+    // `KILN_MIDM_ROWS=1024,4096`: only these row counts (a shorter GPU run).
+    let rows: Vec<usize> = match std::env::var("KILN_MIDM_ROWS") {
+        Ok(v) => v.split(',').filter_map(|m| m.trim().parse().ok()).collect(),
+        Err(_) => ROWS.to_vec(),
+    };
     // Per-step totals (µs) per row count: [gemv, gemm, wide, wgmma].
-    let mut step = vec![[0.0f64; 4]; ROWS.len()];
-    let max_m = *ROWS.iter().max().unwrap_or(&1);
+    let mut step = vec![[0.0f64; 4]; rows.len()];
+    let max_m = *rows.iter().max().unwrap_or(&1);
     for (i, &(n, k, count)) in STEP_LINEARS.iter().enumerate() {
         let o = Owned::random(
             Fmt::Ct {
@@ -68,7 +74,7 @@ fn w4a16_gemv_or_gemm_by_rows() {
             .upload_linear("midm", &LinearView::Packed(o.linear()))
             .expect("upload");
         let x = b.upload(&data(max_m * k, 5 + i as u64)).expect("x");
-        for (ri, &m) in ROWS.iter().enumerate() {
+        for (ri, &m) in rows.iter().enumerate() {
             let mut line = format!("RESULT midm N={n} K={k} M={m}");
             let mut first: Option<Vec<f32>> = None;
             for (ki, (name, kern)) in kernels.iter().enumerate() {
@@ -104,7 +110,7 @@ fn w4a16_gemv_or_gemm_by_rows() {
             println!("{line}");
         }
     }
-    for (ri, &m) in ROWS.iter().enumerate() {
+    for (ri, &m) in rows.iter().enumerate() {
         let [v, g, wd, wm] = step[ri];
         let best = ["gemv", "gemm", "wide", "wgmma"][(0..4)
             .min_by(|&a, &b| step[ri][a].total_cmp(&step[ri][b]))

@@ -10,7 +10,8 @@
 //!   of other slice counts);
 //! - [`WideKind::Wide`] (`w4g_gemm_*`): 128 × 256 block tiles, warp tiles of 64 × 64, the
 //!   K-slice totals in shared memory (224 KB per block), for larger steps;
-//! - [`WideKind::Wgmma`] (`w4g_wgmma_*`, sm_90 only: the module is compiled for `sm_90a`):
+//! - [`WideKind::Wgmma`] (`w4g_wgmma_*`, sm_90 only: the module is compiled for `sm_90a`;
+//!   steps of more than [`WGMMA_MIN_ROWS`] rows there):
 //!   256 outputs × 128 rows per block, two warpgroups of warpgroup MMAs (`wgmma` m64n128k16, the
 //!   decoded weights as register A operands, x from shared memory), the slice totals in shared
 //!   memory (225 KB per block); the same bits (tests/cuda_wgmma_probe.rs).
@@ -43,8 +44,12 @@ pub(super) const SPLIT_MAX_TILES: usize = 320;
 
 /// Most rows [`WideKind::Split`] / [`WideKind::Tile`] run; larger steps run [`WideKind::Wide`]
 /// (H200: the tile 8–26% faster than the wide one at 1024 rows, level at 2048, 1–8% slower at
-/// 4096).
+/// 4096) where [`WideKind::Wgmma`] does not.
 pub(super) const TILE_MAX_ROWS: usize = 2048;
+
+/// Steps of more rows than this run [`WideKind::Wgmma`] on an sm_90 GPU (docs/benchmarks.md,
+/// branch `wg`).
+pub(super) const WGMMA_MIN_ROWS: usize = 1024;
 
 /// K slices of [`WideKind::Split`] (`W4G_SPLIT_KS`: one CTA per slice, a cluster per output
 /// tile); weights with another slice count run [`WideKind::Tile`] instead.
@@ -93,10 +98,12 @@ pub(super) enum WideKind {
 
 impl WideKind {
     /// The kernel for a step of `rows` rows on a weight of `n_pad` padded outputs and `k_slices`
-    /// K slices.
-    pub(super) fn for_rows(rows: usize, n_pad: usize, k_slices: usize) -> WideKind {
+    /// K slices, where `wgmma` says whether [`WideKind::Wgmma`] runs here.
+    pub(super) fn for_rows(rows: usize, n_pad: usize, k_slices: usize, wgmma: bool) -> WideKind {
         let tiles = n_pad.div_ceil(TILE_OUTS) * rows.div_ceil(TILE_ROWS);
-        if rows > TILE_MAX_ROWS {
+        if wgmma && rows > WGMMA_MIN_ROWS {
+            WideKind::Wgmma
+        } else if rows > TILE_MAX_ROWS {
             WideKind::Wide
         } else if tiles <= SPLIT_MAX_TILES {
             WideKind::Split.or_tile(k_slices)
@@ -269,15 +276,19 @@ mod tests {
     #[test]
     fn the_step_shape_picks_the_kernel() {
         // 17408 outputs: 136 tiles of 128 per 64 rows.
-        assert_eq!(WideKind::for_rows(33, 17408, 8), WideKind::Split);
-        assert_eq!(WideKind::for_rows(128, 17408, 8), WideKind::Split);
-        assert_eq!(WideKind::for_rows(129, 17408, 8), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(33, 17408, 8, true), WideKind::Split);
+        assert_eq!(WideKind::for_rows(128, 17408, 8, false), WideKind::Split);
+        assert_eq!(WideKind::for_rows(129, 17408, 8, false), WideKind::Tile);
         // 5120 outputs: 40 tiles per 64 rows, the split to 512 rows.
-        assert_eq!(WideKind::for_rows(512, 5120, 8), WideKind::Split);
-        assert_eq!(WideKind::for_rows(513, 5120, 8), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(64, 5120, 4), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2048, 17408, 8), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2049, 1024, 8), WideKind::Wide);
+        assert_eq!(WideKind::for_rows(512, 5120, 8, false), WideKind::Split);
+        assert_eq!(WideKind::for_rows(513, 5120, 8, false), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(64, 5120, 4, false), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(2048, 17408, 8, false), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(2049, 1024, 8, false), WideKind::Wide);
+        // Where wgmma runs (sm_90): above WGMMA_MIN_ROWS, whatever the shape.
+        assert_eq!(WideKind::for_rows(1024, 17408, 8, true), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(1025, 17408, 8, true), WideKind::Wgmma);
+        assert_eq!(WideKind::for_rows(4096, 1024, 1, true), WideKind::Wgmma);
         assert_eq!(WideKind::Split.or_tile(1), WideKind::Tile);
         assert_eq!(WideKind::Wide.or_tile(1), WideKind::Wide);
     }
@@ -285,6 +296,9 @@ mod tests {
     #[test]
     fn grids_cover_rows_outputs_and_slices() {
         assert_eq!(WideKind::Wide.grid(4096, 17408), (68, 32, 1));
+        assert_eq!(WideKind::Wgmma.grid(4096, 17408), (68, 32, 1));
+        assert_eq!(WideKind::Wgmma.grid(129, 64), (1, 2, 1));
+        assert_eq!(WGMMA_SMEM, 230_400);
         assert_eq!(WideKind::Tile.grid(257, 64), (1, 5, 1));
         assert_eq!(WideKind::Split.grid(64, 5120), (40, 1, 8));
         assert_eq!(WIDE_SMEM, 229_376);
