@@ -605,7 +605,7 @@ fn wgmma_matches_mma_sync_bit_for_bit() {
                     // The largest of any layout's reach (the swapped no-swizzle fields read up
                     // to ~2.3 KB past a small B), for every n: a wrong layout must read
                     // garbage, not fault.
-                    let smem = 1024 + (64 + 256) * 256 + 8192;
+                    let smem: usize = 1024 + (64 + 256) * 256 + 8192;
                     f.set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         smem as i32,
