@@ -322,10 +322,12 @@ fn w4a16_gemv_profile_launches() {
 /// one-CTA `w4g_tile` to 2048 rows, the wide `w4g_gemm` above) against main's (`main`: the GEMV to 128 rows, `w4_gemm`
 /// above; `1e5a467`), one decode step's linears summed for both (the counts of
 /// `tests/cuda_w4a16_midm.rs`: 48 GDN + 16 attention layers, 64 MLPs), and every kernel alone —
-/// `w4_gemm` ([`W4Kernel::GemmBase`]), the GEMV's 32-row blocks (to 512 rows), split, tile, wide —
+/// `w4_gemm` ([`W4Kernel::GemmBase`]), the GEMV's 32-row blocks (to 512 rows), split, tile, wide,
+/// the warpgroup-MMA `w4g_wgmma` ([`W4Kernel::GemmWgmma`]) —
 /// and dense bf16 cuBLAS on the same shape. M = 16 .. 1024 on all seven shapes, 2048 / 4096 on
 /// the three largest (target at M = 4096: >= 0.50 of cuBLAS). Run:
 /// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_wide_gemm_speed`
+/// (`KILN_WIDE_BENCH_MS=1024,2048,4096` keeps only those row counts).
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_wide_gemm_speed() {
@@ -341,9 +343,18 @@ fn w4a16_wide_gemm_speed() {
         (5120, 6144, 64),
         (1024, 5120, 32),
     ];
-    let ms: &[usize] = &[
+    let all_ms: &[usize] = &[
         16, 32, 33, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096,
     ];
+    // `KILN_WIDE_BENCH_MS=1024,2048,4096`: only these row counts (a shorter GPU run).
+    let keep: Option<Vec<usize>> = std::env::var("KILN_WIDE_BENCH_MS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|m| m.trim().parse().ok()).collect());
+    let ms: Vec<usize> = all_ms
+        .iter()
+        .copied()
+        .filter(|m| keep.as_ref().is_none_or(|k| k.contains(m)))
+        .collect();
     // One step's linears (µs) per row count to 1024: [pick, main].
     let mut step = vec![[0.0f64; 2]; ms.len()];
     for (i, (n, k, count)) in shapes.into_iter().enumerate() {
@@ -384,6 +395,7 @@ fn w4a16_wide_gemm_speed() {
                 ("split", Some(W4Kernel::GemmSplit)),
                 ("tile", Some(W4Kernel::GemmTile)),
                 ("wide", Some(W4Kernel::GemmWide)),
+                ("wgmma", Some(W4Kernel::GemmWgmma)),
             ];
             if m <= 512 {
                 kernels.push(("gemv32", Some(W4Kernel::Gemv)));

@@ -1,6 +1,6 @@
 //! Where the packed 4-bit matmul should leave the GEMV for the GEMM (issue 10): the GEMV
 //! (`w4_gemv32` blocks of 32 rows, `grid.y = ⌈m / 32⌉`) and the GEMMs (`w4_gemm`, the wide sm_90
-//! `w4g_gemm`) timed at 32 … 4 096 rows on every packed linear shape of Qwen3.5-27B, and the sum
+//! `w4g_gemm`, the sm_90 warpgroup-MMA `w4g_wgmma`) timed at 32 … 4 096 rows on every packed linear shape of Qwen3.5-27B, and the sum
 //! over one decode step's linears (48 Gated DeltaNet layers, 16 gated-attention layers, 64 MLPs)
 //! for each choice. The kernels agree bit for bit (the one numeric path of `kernels/w4a16.cu`), so
 //! the switch point is a speed question only; this test checks that equality at every row count it
@@ -11,6 +11,7 @@
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `LD_LIBRARY_PATH=/usr/local/cuda/lib64 cuda_w4a16_midm-<hash> --ignored --test-threads=1 --nocapture`
+//! (`KILN_MIDM_ROWS=1024,4096` times only those row counts).
 //!
 //! Timing as in `cuda_w4a16_bench`: host wall clock around back-to-back launches on the backend's
 //! stream, median of several repetitions; random CT W4A16 weights (symmetric, group 128), bf16.
@@ -48,10 +49,16 @@ fn w4a16_gemv_or_gemm_by_rows() {
         ("gemv", W4Kernel::Gemv),
         ("gemm", W4Kernel::GemmBase),
         ("wide", W4Kernel::GemmWide),
+        ("wgmma", W4Kernel::GemmWgmma),
     ];
-    // Per-step totals (µs) per row count: [gemv, gemm, wide].
-    let mut step = vec![[0.0f64; 3]; ROWS.len()];
-    let max_m = *ROWS.iter().max().unwrap_or(&1);
+    // `KILN_MIDM_ROWS=1024,4096`: only these row counts (a shorter GPU run).
+    let rows: Vec<usize> = match std::env::var("KILN_MIDM_ROWS") {
+        Ok(v) => v.split(',').filter_map(|m| m.trim().parse().ok()).collect(),
+        Err(_) => ROWS.to_vec(),
+    };
+    // Per-step totals (µs) per row count: [gemv, gemm, wide, wgmma].
+    let mut step = vec![[0.0f64; 4]; rows.len()];
+    let max_m = *rows.iter().max().unwrap_or(&1);
     for (i, &(n, k, count)) in STEP_LINEARS.iter().enumerate() {
         let o = Owned::random(
             Fmt::Ct {
@@ -67,7 +74,7 @@ fn w4a16_gemv_or_gemm_by_rows() {
             .upload_linear("midm", &LinearView::Packed(o.linear()))
             .expect("upload");
         let x = b.upload(&data(max_m * k, 5 + i as u64)).expect("x");
-        for (ri, &m) in ROWS.iter().enumerate() {
+        for (ri, &m) in rows.iter().enumerate() {
             let mut line = format!("RESULT midm N={n} K={k} M={m}");
             let mut first: Option<Vec<f32>> = None;
             for (ki, (name, kern)) in kernels.iter().enumerate() {
@@ -103,20 +110,17 @@ fn w4a16_gemv_or_gemm_by_rows() {
             println!("{line}");
         }
     }
-    for (ri, &m) in ROWS.iter().enumerate() {
-        let [v, g, wd] = step[ri];
+    for (ri, &m) in rows.iter().enumerate() {
+        let [v, g, wd, wm] = step[ri];
+        let best = ["gemv", "gemm", "wide", "wgmma"][(0..4)
+            .min_by(|&a, &b| step[ri][a].total_cmp(&step[ri][b]))
+            .unwrap_or(0)];
         println!(
-            "RESULT midm step M={m} linears_ms gemv={:.2} gemm={:.2} wide={:.2} best={}",
+            "RESULT midm step M={m} linears_ms gemv={:.2} gemm={:.2} wide={:.2} wgmma={:.2} best={best}",
             v / 1e3,
             g / 1e3,
             wd / 1e3,
-            if v <= g.min(wd) {
-                "gemv"
-            } else if g <= wd {
-                "gemm"
-            } else {
-                "wide"
-            }
+            wm / 1e3,
         );
     }
 }

@@ -148,6 +148,22 @@ impl KernelModule {
         }
     }
 
+    /// The NVRTC `--gpu-architecture` this module is compiled with for `arch`: `sm_90a` for the
+    /// sm_90 GEMMs of `w4a16_gemm.cu` on a real sm_90 (its warpgroup MMA `w4g_wgmma` needs the
+    /// arch-specific target; such a cubin loads on compute capability 9.0 only), otherwise the
+    /// arch's own name.
+    pub fn nvrtc_arch(self, arch: super::nvrtc::Arch) -> Option<&'static str> {
+        if self == KernelModule::W4a16Gemm
+            && arch.major == 9
+            && arch.minor == 0
+            && !arch.virtual_only
+        {
+            Some("sm_90a")
+        } else {
+            arch.name()
+        }
+    }
+
     /// Extra NVRTC options a backend of compute dtype suffix `t` and KV storage suffix `c` compiles
     /// this module with: `attention_decode.cu` is then built for that one pair only (its 54
     /// kernels were most of a cold start); every other module is built whole.
@@ -183,6 +199,18 @@ impl KernelModule {
                 }
                 d
             }
+            // `KILN_W4W_DEFINES=W4W_SWZ=0`: build the sm_90 GEMMs with these
+            // layout options of `w4g_wgmma` (a measurement knob: every option gives
+            // the same bits; see kernels/w4a16_gemm.cu).
+            KernelModule::W4a16Gemm => std::env::var("KILN_W4W_DEFINES")
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|d| d.starts_with("W4W_") && !d.contains(char::is_whitespace))
+                        .map(|d| format!("-D{d}"))
+                        .collect()
+                })
+                .unwrap_or_default(),
             // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
             // f32 FMAs instead of m8n8k4 tensor cores (to compare the two; no effect on sm_80+).
             KernelModule::GdnChunk
@@ -347,7 +375,7 @@ impl KernelModule {
                 // The 16-bit dtypes (the host launches it on sm_90 / sm_100 only).
                 KernelModule::W4a16Gemm => {
                     if t != "f32" {
-                        for v in ["gemm", "tile", "split"] {
+                        for v in ["gemm", "tile", "split", "wgmma"] {
                             names.push(format!("w4g_{v}_{t}"));
                         }
                     }
@@ -385,6 +413,28 @@ impl KernelModule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_sm90_gemms_on_a_real_sm90_compile_for_sm90a() {
+        let a = |s: &str| s.parse::<super::super::nvrtc::Arch>().expect("arch");
+        assert_eq!(
+            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_90")),
+            Some("sm_90a")
+        );
+        assert_eq!(
+            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_100")),
+            Some("sm_100")
+        );
+        assert_eq!(
+            KernelModule::W4a16Gemm.nvrtc_arch(a("compute_90")),
+            Some("compute_90")
+        );
+        assert_eq!(KernelModule::W4a16.nvrtc_arch(a("sm_90")), Some("sm_90"));
+        assert_eq!(
+            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_80")),
+            Some("sm_80")
+        );
+    }
 
     #[test]
     fn a_backend_builds_one_decode_pair_and_every_other_module_whole() {

@@ -209,8 +209,8 @@ pub fn cache_entry(
     arch: Arch,
     defines: &[String],
 ) -> Result<(String, PathBuf), CudaError> {
-    let arch_name = arch
-        .name()
+    let arch_name = module
+        .nvrtc_arch(arch)
         .ok_or_else(|| CudaError::UnsupportedArch(arch.to_string()))?;
     let mut options = base_options();
     options.extend_from_slice(defines);
@@ -276,8 +276,8 @@ pub fn compile_image(
     use cudarc::nvrtc::{result, sys};
     use std::ffi::{CStr, CString};
 
-    let arch_name = arch
-        .name()
+    let arch_name = module
+        .nvrtc_arch(arch)
         .ok_or_else(|| CudaError::UnsupportedArch(arch.to_string()))?;
     if kind == ImageKind::Cubin && arch.virtual_only {
         return Err(CudaError::Nvrtc(format!(

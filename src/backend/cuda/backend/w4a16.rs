@@ -128,7 +128,8 @@ pub enum W4Kernel {
     Gemv,
     /// Tensor-core GEMM (picked above [`GEMV_MAX_ROWS`] rows), the kernel by the step's shape: on
     /// sm_90 / sm_100 where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K while the
-    /// step has few 64 × 128 tiles, one-CTA 64 × 128 tiles to 2048 rows, 128 × 256 tiles above);
+    /// step has few 64 × 128 tiles, one-CTA 64 × 128 tiles to 2048 rows, 128 × 256 tiles above;
+    /// on sm_90 the warpgroup-MMA 256 × 128 tiles above 1024 rows);
     /// elsewhere the GEMV's 32-row blocks to [`GEMV_MID_ROWS`] rows, then `w4_gemm` (128 × 128
     /// block tiles staged by cp.async).
     Gemm,
@@ -142,6 +143,9 @@ pub enum W4Kernel {
     /// The cluster split-K `w4g_split` where the sm_90 GEMMs apply and the weight has 8 K slices
     /// (`w4g_tile` for other slice counts), else `w4_gemm`.
     GemmSplit,
+    /// The warpgroup-MMA `w4g_wgmma` (256 × 128 tiles) where the sm_90 GEMMs apply on an sm_90
+    /// GPU, `w4g_gemm` on sm_100, else `w4_gemm`.
+    GemmWgmma,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
 }
@@ -358,10 +362,16 @@ impl CudaBackend {
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
         let wide_kind = match kernel {
-            W4Kernel::Gemm => Some(wide::WideKind::for_rows(rows, parts.n_pad, parts.k_slices)),
+            W4Kernel::Gemm => Some(wide::WideKind::for_rows(
+                rows,
+                parts.n_pad,
+                parts.k_slices,
+                self.w4g_wgmma_ok(),
+            )),
             W4Kernel::GemmWide => Some(wide::WideKind::Wide),
             W4Kernel::GemmTile => Some(wide::WideKind::Tile),
             W4Kernel::GemmSplit => Some(wide::WideKind::Split),
+            W4Kernel::GemmWgmma => Some(wide::WideKind::Wgmma),
             _ => None,
         };
         if let Some(kind) = wide_kind.filter(|_| self.w4g_gemm_ok(parts, w.k)) {
@@ -372,9 +382,11 @@ impl CudaBackend {
             // The GEMM choice without the sm_90 kernels (not on the sm_70 / sm_75 path, which
             // has its own): the GEMV's 32-row blocks while they beat `w4_gemm`.
             W4Kernel::Gemm if rows <= GEMV_MID_ROWS && self.k.w4_sm70.is_none() => W4Kernel::Gemv,
-            W4Kernel::GemmBase | W4Kernel::GemmWide | W4Kernel::GemmTile | W4Kernel::GemmSplit => {
-                W4Kernel::Gemm
-            }
+            W4Kernel::GemmBase
+            | W4Kernel::GemmWide
+            | W4Kernel::GemmTile
+            | W4Kernel::GemmSplit
+            | W4Kernel::GemmWgmma => W4Kernel::Gemm,
             other => other,
         };
         if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
@@ -407,7 +419,8 @@ impl CudaBackend {
             | W4Kernel::GemmBase
             | W4Kernel::GemmWide
             | W4Kernel::GemmTile
-            | W4Kernel::GemmSplit => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
+            | W4Kernel::GemmSplit
+            | W4Kernel::GemmWgmma => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Fma => Some(&self.k.w4_fma),
         }
         .ok_or_else(|| {
@@ -425,7 +438,8 @@ impl CudaBackend {
             | W4Kernel::GemmBase
             | W4Kernel::GemmWide
             | W4Kernel::GemmTile
-            | W4Kernel::GemmSplit => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
+            | W4Kernel::GemmSplit
+            | W4Kernel::GemmWgmma => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
             W4Kernel::Fma => (
                 32 * parts.k_slices,
                 (parts.n_pad / TILE_N, rows.div_ceil(16)),

@@ -9,7 +9,12 @@
 //!   CTAs per SM (more tiles, up to [`TILE_MAX_ROWS`] rows; and the split's steps on weights
 //!   of other slice counts);
 //! - [`WideKind::Wide`] (`w4g_gemm_*`): 128 × 256 block tiles, warp tiles of 64 × 64, the
-//!   K-slice totals in shared memory (224 KB per block), for larger steps.
+//!   K-slice totals in shared memory (224 KB per block), for larger steps;
+//! - [`WideKind::Wgmma`] (`w4g_wgmma_*`, sm_90 only: the module is compiled for `sm_90a`;
+//!   steps of more than [`WGMMA_MIN_ROWS`] rows there):
+//!   256 outputs × 128 rows per block, two warpgroups of warpgroup MMAs (`wgmma` m64n128k16, the
+//!   decoded weights as register A operands, x from shared memory), the slice totals in shared
+//!   memory (225 KB per block); the same bits (tests/cuda_wgmma_probe.rs).
 //!
 //! The ranges are the H200 measurements of docs/benchmarks.md (branch `gemm`). A child module of
 //! `w4a16.rs` (it reads the private [`CudaPackedParts`]). They run where
@@ -39,14 +44,18 @@ pub(super) const SPLIT_MAX_TILES: usize = 320;
 
 /// Most rows [`WideKind::Split`] / [`WideKind::Tile`] run; larger steps run [`WideKind::Wide`]
 /// (H200: the tile 8–26% faster than the wide one at 1024 rows, level at 2048, 1–8% slower at
-/// 4096).
+/// 4096) where [`WideKind::Wgmma`] does not.
 pub(super) const TILE_MAX_ROWS: usize = 2048;
+
+/// Steps of more rows than this run [`WideKind::Wgmma`] on an sm_90 GPU (docs/benchmarks.md,
+/// branch `wg`).
+pub(super) const WGMMA_MIN_ROWS: usize = 1024;
 
 /// K slices of [`WideKind::Split`] (`W4G_SPLIT_KS`: one CTA per slice, a cluster per output
 /// tile); weights with another slice count run [`WideKind::Tile`] instead.
 const SPLIT_KS: usize = 8;
 
-/// Threads of a block (all three kernels).
+/// Threads of a block (all four kernels).
 const THREADS: u32 = 256;
 
 /// Rows × outputs of the narrow block tile (`W4G_TILE_CFG`: 8 warps of 64 rows × 16 outputs).
@@ -65,6 +74,14 @@ const WIDE_SMEM: usize = 2 * (128 * 256 + 32 * 512) + 128 * 256 * 4;
 // Within the 227 KB a block may opt in to on sm_90 / sm_100.
 const _: () = assert!(WIDE_SMEM <= 227 * 1024);
 
+/// Rows × outputs of the wgmma block tile (2 warpgroups of 2 m64 tiles × 128 rows).
+const WGMMA_ROWS: usize = 128;
+const WGMMA_OUTS: usize = 256;
+/// Dynamic shared memory of a wgmma block: 1 KB of alignment slack, 3 stages × 128 × 256 B of
+/// x, the f32 totals (128 × 256 × 4 B); `W4W_SMEM_BYTES`.
+const WGMMA_SMEM: usize = 1024 + 3 * 128 * 256 + 128 * 256 * 4;
+const _: () = assert!(WGMMA_SMEM <= 227 * 1024);
+
 /// Which kernel of `kernels/w4a16_gemm.cu` runs a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum WideKind {
@@ -74,14 +91,19 @@ pub(super) enum WideKind {
     Tile,
     /// `w4g_gemm_*`: 128 × 256 tiles.
     Wide,
+    /// `w4g_wgmma_*`: 256 × 128 tiles of warpgroup MMAs (sm_90 only; elsewhere [`WideKind::Wide`]
+    /// runs in its place).
+    Wgmma,
 }
 
 impl WideKind {
     /// The kernel for a step of `rows` rows on a weight of `n_pad` padded outputs and `k_slices`
-    /// K slices.
-    pub(super) fn for_rows(rows: usize, n_pad: usize, k_slices: usize) -> WideKind {
+    /// K slices, where `wgmma` says whether [`WideKind::Wgmma`] runs here.
+    pub(super) fn for_rows(rows: usize, n_pad: usize, k_slices: usize, wgmma: bool) -> WideKind {
         let tiles = n_pad.div_ceil(TILE_OUTS) * rows.div_ceil(TILE_ROWS);
-        if rows > TILE_MAX_ROWS {
+        if wgmma && rows > WGMMA_MIN_ROWS {
+            WideKind::Wgmma
+        } else if rows > TILE_MAX_ROWS {
             WideKind::Wide
         } else if tiles <= SPLIT_MAX_TILES {
             WideKind::Split.or_tile(k_slices)
@@ -105,6 +127,7 @@ impl WideKind {
             WideKind::Split => (TILE_ROWS, TILE_OUTS, SPLIT_KS as u32, TILE_SMEM),
             WideKind::Tile => (TILE_ROWS, TILE_OUTS, 1, TILE_SMEM),
             WideKind::Wide => (WIDE_ROWS, WIDE_OUTS, 1, WIDE_SMEM),
+            WideKind::Wgmma => (WGMMA_ROWS, WGMMA_OUTS, 1, WGMMA_SMEM),
         }
     }
 
@@ -121,6 +144,7 @@ pub(crate) struct WideKernels {
     wide: CudaFunction,
     tile: CudaFunction,
     split: CudaFunction,
+    wgmma: CudaFunction,
 }
 
 impl WideKernels {
@@ -131,6 +155,7 @@ impl WideKernels {
             wide: all.get(&format!("w4g_gemm_{t}"))?.clone(),
             tile: all.get(&format!("w4g_tile_{t}"))?.clone(),
             split: all.get(&format!("w4g_split_{t}"))?.clone(),
+            wgmma: all.get(&format!("w4g_wgmma_{t}"))?.clone(),
         })
     }
 
@@ -139,6 +164,7 @@ impl WideKernels {
             WideKind::Split => &self.split,
             WideKind::Tile => &self.tile,
             WideKind::Wide => &self.wide,
+            WideKind::Wgmma => &self.wgmma,
         }
     }
 }
@@ -163,6 +189,12 @@ impl CudaBackend {
             && parts.group_shift > 0
     }
 
+    /// Whether `w4g_wgmma` runs here: an sm_90 GPU (the module was compiled for `sm_90a`; the
+    /// kernel traps on every other target).
+    pub(super) fn w4g_wgmma_ok(&self) -> bool {
+        (self.arch.major, self.arch.minor) == (9, 0)
+    }
+
     /// Launch kernel `kind` (the caller checked [`Self::w4g_gemm_ok`]; a split is run as a tile
     /// where the slice count does not allow it).
     ///
@@ -183,7 +215,10 @@ impl CudaBackend {
         let ks = self.k.w4g_gemm.as_ref().ok_or_else(|| {
             BackendError::Unsupported("w4g_gemm needs a 16-bit compute dtype".into())
         })?;
-        let kind = kind.or_tile(parts.k_slices);
+        let mut kind = kind.or_tile(parts.k_slices);
+        if kind == WideKind::Wgmma && !self.w4g_wgmma_ok() {
+            kind = WideKind::Wide;
+        }
         let f = ks.function(kind);
         let (_, _, _, smem) = kind.dims();
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
@@ -241,15 +276,19 @@ mod tests {
     #[test]
     fn the_step_shape_picks_the_kernel() {
         // 17408 outputs: 136 tiles of 128 per 64 rows.
-        assert_eq!(WideKind::for_rows(33, 17408, 8), WideKind::Split);
-        assert_eq!(WideKind::for_rows(128, 17408, 8), WideKind::Split);
-        assert_eq!(WideKind::for_rows(129, 17408, 8), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(33, 17408, 8, true), WideKind::Split);
+        assert_eq!(WideKind::for_rows(128, 17408, 8, false), WideKind::Split);
+        assert_eq!(WideKind::for_rows(129, 17408, 8, false), WideKind::Tile);
         // 5120 outputs: 40 tiles per 64 rows, the split to 512 rows.
-        assert_eq!(WideKind::for_rows(512, 5120, 8), WideKind::Split);
-        assert_eq!(WideKind::for_rows(513, 5120, 8), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(64, 5120, 4), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2048, 17408, 8), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2049, 1024, 8), WideKind::Wide);
+        assert_eq!(WideKind::for_rows(512, 5120, 8, false), WideKind::Split);
+        assert_eq!(WideKind::for_rows(513, 5120, 8, false), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(64, 5120, 4, false), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(2048, 17408, 8, false), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(2049, 1024, 8, false), WideKind::Wide);
+        // Where wgmma runs (sm_90): above WGMMA_MIN_ROWS, whatever the shape.
+        assert_eq!(WideKind::for_rows(1024, 17408, 8, true), WideKind::Tile);
+        assert_eq!(WideKind::for_rows(1025, 17408, 8, true), WideKind::Wgmma);
+        assert_eq!(WideKind::for_rows(4096, 1024, 1, true), WideKind::Wgmma);
         assert_eq!(WideKind::Split.or_tile(1), WideKind::Tile);
         assert_eq!(WideKind::Wide.or_tile(1), WideKind::Wide);
     }
@@ -257,6 +296,9 @@ mod tests {
     #[test]
     fn grids_cover_rows_outputs_and_slices() {
         assert_eq!(WideKind::Wide.grid(4096, 17408), (68, 32, 1));
+        assert_eq!(WideKind::Wgmma.grid(4096, 17408), (68, 32, 1));
+        assert_eq!(WideKind::Wgmma.grid(129, 64), (1, 2, 1));
+        assert_eq!(WGMMA_SMEM, 230_400);
         assert_eq!(WideKind::Tile.grid(257, 64), (1, 5, 1));
         assert_eq!(WideKind::Split.grid(64, 5120), (40, 1, 8));
         assert_eq!(WIDE_SMEM, 229_376);
