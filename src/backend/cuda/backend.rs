@@ -156,7 +156,6 @@ pub struct CudaBackend {
     mlp_resident: Mutex<Option<(u32, bool)>>,
     /// Set when the driver refused a fused MLP launch: the separate ops run from then on.
     mlp_refused: std::sync::atomic::AtomicBool,
-
     /// With `pdl`, also the packed GEMVs and the Qwen3.5 norm / GDN kernels and `silu_mul`
     /// (`KILN_PDL_PACKED`; see `w4a16.rs`).
     pdl_packed: bool,
@@ -409,7 +408,6 @@ impl CudaBackend {
             fused_mlp,
             mlp_resident: Mutex::new(None),
             mlp_refused: std::sync::atomic::AtomicBool::new(false),
-
             pdl_packed: w4a16::pdl_packed_from_env().map_err(env_err)?,
             w4_trigger_late: w4a16::trigger_late_from_env().map_err(env_err)?,
             arch,
