@@ -83,16 +83,7 @@ pub fn parse_fused_rows(v: &str) -> Result<usize, BackendError> {
 /// `KILN_PDL`: programmatic dependent launch on (unset, `1`, `true`, `on`) or off (`0`, `false`,
 /// `off`).
 pub fn pdl_from_env() -> Result<bool, BackendError> {
-    match std::env::var("KILN_PDL") {
-        Err(_) => Ok(true),
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "1" | "true" | "on" => Ok(true),
-            "0" | "false" | "off" => Ok(false),
-            other => Err(BackendError::InvalidArgument(format!(
-                "KILN_PDL={other:?}: expected 0 or 1"
-            ))),
-        },
-    }
+    super::launch::env_switch("KILN_PDL", true)
 }
 
 /// Which kernel runs the dense 16-bit matmuls of a backend (`KILN_DENSE_MATMUL`).

@@ -61,6 +61,23 @@ impl CudaBackend {
     }
 }
 
+/// An on/off launch switch from the environment (`KILN_PDL`, `KILN_PDL_PACKED`): `1`, `true`, `on`
+/// or `0`, `false`, `off` (any case); unset or empty: `default`; anything else is an error
+/// naming the variable.
+pub(super) fn env_switch(name: &str, default: bool) -> Result<bool, BackendError> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(default),
+            "1" | "true" | "on" => Ok(true),
+            "0" | "false" | "off" => Ok(false),
+            other => Err(BackendError::InvalidArgument(format!(
+                "{name}={other:?}: expected 0 or 1"
+            ))),
+        },
+    }
+}
+
 // Each value is stored in the low bytes of its 8-byte slot, which the driver reads from the
 // slot's address: correct on little-endian hosts only (every CUDA host).
 #[cfg(target_endian = "big")]
@@ -133,5 +150,34 @@ impl CudaBackend {
             .collect();
         // SAFETY: the slots live (in `args`) for the call; the rest is this function's contract.
         unsafe { self.launch_kernel(f, cfg, &mut params, pdl) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::env_switch;
+
+    #[test]
+    fn env_switch_reads_on_off_and_rejects_the_rest() {
+        // A variable of this test alone (tests run in parallel in one process).
+        const V: &str = "KILN_TEST_ENV_SWITCH_ONLY_HERE";
+        std::env::remove_var(V);
+        assert!(env_switch(V, true).unwrap());
+        assert!(!env_switch(V, false).unwrap());
+        for (v, want) in [
+            ("1", true),
+            ("ON", true),
+            (" true ", true),
+            ("0", false),
+            ("off", false),
+            ("", true),
+        ] {
+            std::env::set_var(V, v);
+            assert_eq!(env_switch(V, true).unwrap(), want, "{v:?}");
+        }
+        std::env::set_var(V, "maybe");
+        let err = env_switch(V, true).unwrap_err().to_string();
+        assert!(err.contains(V) && err.contains("maybe"), "{err}");
+        std::env::remove_var(V);
     }
 }

@@ -84,17 +84,7 @@ const PDL_PACKED_DEFAULT: bool = true;
 /// `gdn.cu` kernels, `silu_mul`) on (`1`, `true`, `on`) or off (`0`, `false`, `off`); unset:
 /// [`PDL_PACKED_DEFAULT`]. Only where `KILN_PDL` is on (the backend's PDL, sm_90+).
 pub fn pdl_packed_from_env() -> Result<bool, BackendError> {
-    match std::env::var("KILN_PDL_PACKED") {
-        Err(_) => Ok(PDL_PACKED_DEFAULT),
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" => Ok(PDL_PACKED_DEFAULT),
-            "1" | "true" | "on" => Ok(true),
-            "0" | "false" | "off" => Ok(false),
-            other => Err(BackendError::InvalidArgument(format!(
-                "KILN_PDL_PACKED={other:?}: expected 0 or 1"
-            ))),
-        },
-    }
+    super::launch::env_switch("KILN_PDL_PACKED", PDL_PACKED_DEFAULT)
 }
 
 /// Where the fast GEMVs (`w4_gemv`, `w4_gemvx1` / `w4_gemvx2`) let the next kernel launch under
