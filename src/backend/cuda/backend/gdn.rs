@@ -475,17 +475,18 @@ impl HybridBackend for CudaBackend {
             layer as i32,
         );
         let blocks = dim.div_ceil(CONV_THREADS) as u32;
+        // Both kernels take these six buffers first, then their own integers.
+        let st = &self.stream;
+        let mut b = KernelArgs::new();
+        b.buf(&mixed.data, st)
+            .buf(&weight.data, st)
+            .buf(&cache.conv, st)
+            .buf(&token_seq, st)
+            .buf(&meta, st)
+            .buf(&out.data, st);
         if dim.is_multiple_of(8) && kern == VEC_CONV_KERNEL && t >= VEC_CONV_MIN_TOKENS {
             let tpt = VEC_CONV_RUN;
             let (nt, tpt_i) = (t as i32, tpt as i32);
-            let st = &self.stream;
-            let mut b = KernelArgs::new();
-            b.buf(&mixed.data, st)
-                .buf(&weight.data, st)
-                .buf(&cache.conv, st)
-                .buf(&token_seq, st)
-                .buf(&meta, st)
-                .buf(&out.data, st);
             b.i32(d).i32(nl).i32(l).i32(nt).i32(tpt_i);
             let cfg = LaunchConfig {
                 grid_dim: (
@@ -503,14 +504,6 @@ impl HybridBackend for CudaBackend {
             // are read and rewritten by one thread only. The kernel waits (PDL) before any access.
             unsafe { self.launch_args(&self.k.gdn.conv1d_vec, cfg, &mut b, self.pdl_packed()) }?;
         } else {
-            let st = &self.stream;
-            let mut b = KernelArgs::new();
-            b.buf(&mixed.data, st)
-                .buf(&weight.data, st)
-                .buf(&cache.conv, st)
-                .buf(&token_seq, st)
-                .buf(&meta, st)
-                .buf(&out.data, st);
             b.i32(d).i32(k).i32(nl).i32(l);
             let cfg = LaunchConfig {
                 grid_dim: (blocks, t as u32, 1),
