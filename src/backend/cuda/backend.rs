@@ -32,7 +32,6 @@ use super::attention_plan::{self, PrefillVariant};
 mod attention;
 mod attention_mma;
 mod dense;
-mod dense_mlp;
 mod dense_rope;
 pub(crate) use dense::MmaKernels;
 pub use dense::{DenseMatmul, MmaKernel, DEFAULT_FUSED_DECODE_ROWS, MMA_SMALL_MAX_ROWS};
@@ -149,13 +148,6 @@ pub struct CudaBackend {
     /// Launch the small `mma` kernels with programmatic dependent launch (`KILN_PDL`, sm_90+
     /// kernels only; see `launch.rs`).
     pdl: bool,
-    /// Run the decode layer's MLP (and its o_proj) as one kernel (`KILN_FUSED_MLP`, sm_90+;
-    /// see `dense_mlp.rs`).
-    fused_mlp: dense_mlp::FusedMlp,
-    /// Whether `dense_mlp_oproj`'s grid (of the size noted) is resident at once (asked once).
-    mlp_resident: Mutex<Option<(u32, bool)>>,
-    /// Set when the driver refused a fused MLP launch: the separate ops run from then on.
-    mlp_refused: std::sync::atomic::AtomicBool,
     /// With `pdl`, also the packed GEMVs and the Qwen3.5 norm / GDN kernels and `silu_mul`
     /// (`KILN_PDL_PACKED`; see `w4a16.rs`).
     pdl_packed: bool,
@@ -368,11 +360,6 @@ impl CudaBackend {
             0
         };
         let pdl = mma && arch.major >= 9 && dense::pdl_from_env().map_err(env_err)?;
-        let fused_mlp = if fused_rows > 0 && arch.major >= 9 && k.dense_mlp.is_some() {
-            dense_mlp::FusedMlp::from_env().map_err(env_err)?
-        } else {
-            dense_mlp::FusedMlp::Off
-        };
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -387,9 +374,8 @@ impl CudaBackend {
             }
             + &if fused_rows > 0 {
                 format!(
-                    " [fused decode <= {fused_rows} rows{}{}]",
-                    if pdl { ", pdl" } else { "" },
-                    fused_mlp.label()
+                    " [fused decode <= {fused_rows} rows{}]",
+                    if pdl { ", pdl" } else { "" }
                 )
             } else {
                 String::new()
@@ -405,9 +391,6 @@ impl CudaBackend {
             dense,
             fused_rows,
             pdl,
-            fused_mlp,
-            mlp_resident: Mutex::new(None),
-            mlp_refused: std::sync::atomic::AtomicBool::new(false),
             pdl_packed: w4a16::pdl_packed_from_env().map_err(env_err)?,
             w4_trigger_late: w4a16::trigger_late_from_env().map_err(env_err)?,
             arch,
@@ -698,32 +681,6 @@ impl Backend for CudaBackend {
         }
         let _t = self.prof.op(&self.stream, "matmul_residual");
         self.mma_matmul_residual(x, rows, w, residual)
-    }
-
-    fn fused_mlp_scratch_len(&self, hidden: usize, inter: usize) -> usize {
-        self.mlp_scratch_len(hidden, inter)
-    }
-
-    fn norm_mlp_residual(
-        &self,
-        o: Option<(&CudaBuffer, &CudaWeight)>,
-        x: &mut CudaBuffer,
-        weight: &CudaBuffer,
-        eps: f32,
-        rows: usize,
-        dim: usize,
-        gate_up: &CudaWeight,
-        down: &CudaWeight,
-        h: &mut CudaBuffer,
-        scratch: &mut CudaBuffer,
-        act: &mut CudaBuffer,
-        delta: &mut CudaBuffer,
-        inter: usize,
-        part: &mut CudaBuffer,
-    ) -> Result<(), BackendError> {
-        self.mlp_residual(
-            o, x, weight, eps, rows, dim, gate_up, down, h, scratch, act, delta, inter, part,
-        )
     }
 
     fn upload_vector(&self, name: &str, view: &TensorView<'_>) -> Result<CudaBuffer, BackendError> {
