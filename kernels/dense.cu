@@ -175,6 +175,20 @@ __device__ __forceinline__ uint4 dmma_ld(const unsigned short* __restrict__ p, i
     return __ldg(reinterpret_cast<const uint4*>(p + (long)r * k + col));
 }
 
+// The A fragments of k blocks c0 .. c0 + 4 (those < kb1; zeros past it) for weight rows lo
+// (fragment outputs g) and hi (g + 8) of w [n, k], lane column 8t of each block.
+__device__ __forceinline__ void dmma_ld_a4(const unsigned short* __restrict__ w, int lo, int hi,
+                                           int n, int k, int c0, int kb1, int t, uint4* a_lo,
+                                           uint4* a_hi) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int col = (c0 + j) * 32 + 8 * t;
+        const bool in = c0 + j < kb1;
+        a_lo[j] = in ? dmma_ld(w, lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+        a_hi[j] = in ? dmma_ld(w, hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
 // One k block of a 16-output x 8-row tile: two mmas, chunk 0 then 1.
 template <typename T>
 __device__ __forceinline__ void dmma_block(float* d, uint4 a_lo, uint4 a_hi, uint4 b) {
@@ -216,8 +230,8 @@ __device__ __forceinline__ unsigned int dmma_bits(float v) {
 
 // NORM's B operand: columns col .. col + 8 of row r of h = rms_norm(x) · nw, computed from the f32
 // residual row x[r] and its 1 / rms `inv` exactly as rms_norm.cu writes h (T(nw · (x · inv)));
-// 0 outside [rows, k].
-// dmma_ld_norm_w: the same with the norm weight's word nw[col .. col + 8] already loaded.
+// 0 outside [rows, k]. dmma_ld_norm_w takes the norm weight's word nwv = nw[col .. col + 8]
+// already loaded (the early loads before the wait); dmma_ld_norm loads it.
 template <typename T>
 __device__ __forceinline__ uint4 dmma_ld_norm_w(const float* __restrict__ x, uint4 nwv, int r,
                                                 int rows, int col, int k, float inv) {
@@ -240,17 +254,8 @@ __device__ __forceinline__ uint4 dmma_ld_norm(const float* __restrict__ x,
                                               const unsigned short* __restrict__ nw, int r,
                                               int rows, int col, int k, float inv) {
     if (r >= rows || col >= k) return make_uint4(0u, 0u, 0u, 0u);
-    const float4 x0 = *reinterpret_cast<const float4*>(x + (long)r * k + col);
-    const float4 x1 = *reinterpret_cast<const float4*>(x + (long)r * k + col + 4);
-    float wf[8];
-    unpack8(__ldg(reinterpret_cast<const uint4*>(nw + col)), wf, T());
-    const float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    unsigned int u[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        u[i] = dmma_bits<T>(wf[2 * i] * (xf[2 * i] * inv)) |
-               (dmma_bits<T>(wf[2 * i + 1] * (xf[2 * i + 1] * inv)) << 16);
-    return make_uint4(u[0], u[1], u[2], u[3]);
+    return dmma_ld_norm_w<T>(x, __ldg(reinterpret_cast<const uint4*>(nw + col)), r, rows, col, k,
+                             inv);
 }
 
 // MODE of the small kernel. PLAIN: x is [m, k] in T. NORM: x is the f32 residual stream [m, k] and
@@ -365,14 +370,13 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     // before waiting for the previous kernel: a step never writes weights.
     // NORM: the norm weight's words of those k blocks too (a weight as well).
     uint4 a_lo[4], a_hi[4], nwv[4];
+    dmma_ld_a4(ws, wr_lo, wr_hi, n, k, kb0, kb1, t, a_lo, a_hi);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int col = (kb0 + j) * 32 + 8 * t;
-        const bool in = kb0 + j < kb1;
-        a_lo[j] = in ? dmma_ld(ws, wr_lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-        a_hi[j] = in ? dmma_ld(ws, wr_hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-        nwv[j] = DMMA_PREFETCH && NORM && in && col < k ? __ldg(reinterpret_cast<const uint4*>(nws + col))
-                                       : make_uint4(0u, 0u, 0u, 0u);
+        nwv[j] = DMMA_PREFETCH && NORM && kb0 + j < kb1 && col < k
+                     ? __ldg(reinterpret_cast<const uint4*>(nws + col))
+                     : make_uint4(0u, 0u, 0u, 0u);
     }
     pdl_wait();
     pdl_launch_dependents();
@@ -411,15 +415,7 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
     for (int c0 = kb0; c0 < kb1; c0 += 4) {
-        if (c0 != kb0) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int col = (c0 + j) * 32 + 8 * t;
-                const bool in = c0 + j < kb1;
-                a_lo[j] = in ? dmma_ld(ws, wr_lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-                a_hi[j] = in ? dmma_ld(ws, wr_hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
+        if (c0 != kb0) dmma_ld_a4(ws, wr_lo, wr_hi, n, k, c0, kb1, t, a_lo, a_hi);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             if (c0 + j < kb1) {
