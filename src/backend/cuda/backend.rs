@@ -27,7 +27,7 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 use super::attention_plan::PrefillVariant;
 
@@ -676,19 +676,7 @@ impl Backend for CudaBackend {
                 "a gate|up weight from upload_gate_up is for gate_up_swiglu only".into(),
             ));
         }
-        check_len("matmul input", x.len, rows * w.k)?;
-        check_len("matmul output", out.len, rows * w.n)?;
-        self.expect_compute("matmul input", x)?;
-        self.expect_compute("matmul output", out)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let (xp, _x_sync) = x.data.device_ptr(&self.stream);
-        let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
-        // SAFETY: w, x and out are live device allocations holding n × k, rows × k and rows × n
-        // elements of the compute dtype (checked above); the sync guards keep them in use on
-        // this stream for the call.
-        unsafe { self.gemm_xwt(w, rows, xp, op, self.dtype.cuda_type()) }
+        self.matmul_checked(["matmul input", "matmul output"], x, rows, w, out)
     }
 
     fn rope(

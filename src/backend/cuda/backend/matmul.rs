@@ -5,12 +5,37 @@
 use std::ffi::c_void;
 
 use cudarc::cublas::sys as cublas_sys;
-use cudarc::driver::DevicePtr;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::{dev_err, ComputeDType, CudaBackend, CudaWeight};
+use super::{check_len, dev_err, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
 
 impl CudaBackend {
+    /// `out[rows, w.n] = x[rows, w.k] · wᵀ` in the compute dtype, after checking both buffers'
+    /// lengths and dtypes (`what`: the names the errors give x and out); nothing runs for 0 rows.
+    pub(super) fn matmul_checked(
+        &self,
+        what: [&str; 2],
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        out: &mut CudaBuffer,
+    ) -> Result<(), BackendError> {
+        check_len(what[0], x.len, rows * w.k)?;
+        check_len(what[1], out.len, rows * w.n)?;
+        self.expect_compute(what[0], x)?;
+        self.expect_compute(what[1], out)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let (xp, _x_sync) = x.data.device_ptr(&self.stream);
+        let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
+        // SAFETY: w, x and out are live device allocations holding n × k, rows × k and rows × n
+        // elements of the compute dtype (checked above); the sync guards keep them in use on
+        // this stream for the call.
+        unsafe { self.gemm_xwt(w, rows, xp, op, self.dtype.cuda_type()) }
+    }
+
     /// Row-major `out[rows, w.n] = x[rows, w.k] · wᵀ` with cuBLAS, f32 accumulation (pedantic
     /// f32 for an f32 compute dtype); x and w in the compute dtype, out in `out_type` (the
     /// compute dtype, or f32 for logits). As column-major: outᵀ (n × rows) = op(W)(n × k) · xᵀ

@@ -17,6 +17,17 @@ const QKV_THREADS: u32 = 4 * 32;
 /// Largest head_dim `qkv_rope_write` holds (`QKV_MAX_DIM`).
 const QKV_MAX_HEAD_DIM: usize = 256;
 
+/// `Err(InvalidArgument)` when a position of the step lies past the RoPE table.
+pub(super) fn check_positions(rope: &CudaRope, step: &CudaStep) -> Result<(), BackendError> {
+    if step.max_context > rope.spec.max_positions {
+        return Err(BackendError::InvalidArgument(format!(
+            "position {} past the RoPE table ({})",
+            step.max_context, rope.spec.max_positions
+        )));
+    }
+    Ok(())
+}
+
 pub(super) fn rope(
     be: &CudaBackend,
     q: &mut CudaBuffer,
@@ -36,12 +47,7 @@ pub(super) fn rope(
             rope.spec.rotary_dim
         )));
     }
-    if step.max_context > rope.spec.max_positions {
-        return Err(BackendError::InvalidArgument(format!(
-            "position {} past the RoPE table ({})",
-            step.max_context, rope.spec.max_positions
-        )));
-    }
+    check_positions(rope, step)?;
     if step.num_tokens == 0 {
         return Ok(());
     }
@@ -141,12 +147,7 @@ pub(super) fn qkv_rope_write(
             rope.spec.rotary_dim
         )));
     }
-    if step.max_context > rope.spec.max_positions {
-        return Err(BackendError::InvalidArgument(format!(
-            "position {} past the RoPE table ({})",
-            step.max_context, rope.spec.max_positions
-        )));
-    }
+    check_positions(rope, step)?;
     if let Some((qn, kn, _)) = qk_norm {
         check_len("qkv_rope_write q_norm", qn.len, hd)?;
         check_len("qkv_rope_write k_norm", kn.len, hd)?;

@@ -4,9 +4,7 @@
 //!
 //! [`Backend`]: crate::backend::Backend
 
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 
 use super::{
     check_len, dev_err, launch, mixed, ComputeDType, CudaBackend, CudaBuffer, CudaStep, CudaWeight,
@@ -270,18 +268,11 @@ impl CudaBackend {
         {
             let _t = self.prof.op(&self.stream, "matmul");
             check_len("gate_up_swiglu weight", w.n, 2 * inter)?;
-            check_len("gate_up_swiglu input", x.len, rows * w.k)?;
-            check_len("gate_up_swiglu scratch", scratch.len, rows * w.n)?;
-            self.expect_compute("gate_up_swiglu input", x)?;
-            self.expect_compute("gate_up_swiglu scratch", scratch)?;
-            if rows == 0 {
-                return Ok(());
-            }
-            let (xp, _x_sync) = x.data.device_ptr(&self.stream);
-            let (sp, _s_sync) = scratch.data.device_ptr_mut(&self.stream);
-            // SAFETY: w, x and scratch hold n × k, rows × k and rows × n compute-dtype elements
-            // (checked above); the sync guards keep them in use on this stream for the call.
-            unsafe { self.gemm_xwt(w, rows, xp, sp, self.dtype.cuda_type()) }?;
+            let what = ["gate_up_swiglu input", "gate_up_swiglu scratch"];
+            self.matmul_checked(what, x, rows, w, scratch)?;
+        }
+        if rows == 0 {
+            return Ok(());
         }
         let _t = self.prof.op(&self.stream, "swiglu");
         check_len("swiglu output", out.len, rows * inter)?;
