@@ -99,7 +99,7 @@ pub struct GraphStats {
 
 /// The context classes for `max_model_len`: [`SHORT_CONTEXT`] below it when `short` (and it is
 /// shorter), then `max_model_len`.
-pub(super) fn context_classes(max_model_len: usize, short: bool) -> Vec<usize> {
+pub(crate) fn context_classes(max_model_len: usize, short: bool) -> Vec<usize> {
     if short && SHORT_CONTEXT < max_model_len {
         vec![SHORT_CONTEXT, max_model_len]
     } else {
