@@ -343,6 +343,30 @@ __device__ __forceinline__ void dmma_store_rope(T* __restrict__ q_out, const Dmm
 #define DMMA_PREFETCH true
 #endif
 
+// NORM with one row group: every warp sums the squares of the tile's rows itself (dmma_row_ss,
+// the same order as one warp per row, and the butterfly leaves every lane the same bits) and keeps
+// its lane's row's 1 / rms in a register: no shared memory, no barrier before the product. Off
+// with -DKILN_DENSE_NORM_SHARED (KILN_DENSE_NORM=shared: one warp per row, as before).
+#ifdef KILN_DENSE_NORM_SHARED
+#define DMMA_NORM_PER_WARP false
+#else
+#define DMMA_NORM_PER_WARP true
+#endif
+
+// Sum of squares of row `row` of x [.., k] by one warp: lane l's float4s l, l + 32, ... in order.
+__device__ __forceinline__ float dmma_row_ss(const float* __restrict__ x, int row, int k,
+                                             int lane) {
+    float ss = 0.0f;
+    for (int i = lane * 4; i < k; i += WARP_SIZE * 4) {
+        const float4 v = *reinterpret_cast<const float4*>(x + (long)row * k + i);
+        ss += v.x * v.x;
+        ss += v.y * v.y;
+        ss += v.z * v.z;
+        ss += v.w * v.w;
+    }
+    return warp_sum(ss);
+}
+
 template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN, typename C = T>
 __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w,
                                 O* __restrict__ out, int m, int n, int k, int sb,
@@ -351,6 +375,7 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     constexpr bool NORM = MODE == DMMA_NORM || MODE == DMMA_NORM_ROPE;
     constexpr bool ROPE = MODE == DMMA_NORM_ROPE;
     constexpr bool PAIRS = SWIGLU || ROPE;  // the epilogue takes outputs g and g + 8 together
+    constexpr bool NORM_WARP = NORM && RG == 1 && DMMA_NORM_PER_WARP;
     extern __shared__ float dmma_part[];  // [S][RG][4][32]
     __shared__ float dmma_inv[8 * RG];
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
@@ -391,20 +416,17 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
         if (row < m && col < n)
             res_pre = reinterpret_cast<const float*>(out)[(long)row * n + col];
     }
-    if (NORM) {
+    // NORM_WARP: lane g's row's 1 / rms, taken by this warp itself.
+    float inv_g = 0.0f;
+    if (NORM_WARP) {
+        for (int r = 0; r < 8 && row0 + r < m; ++r) {
+            const float ss = dmma_row_ss(xf, row0 + r, k, lane);
+            if (g == r) inv_g = rsqrtf(ss / (float)k + eps);
+        }
+    } else if (NORM) {
         for (int r = warp; r < 8 * RG; r += slices) {
             const int row = row0 + r;
-            float ss = 0.0f;
-            if (row < m) {
-                for (int i = lane * 4; i < k; i += WARP_SIZE * 4) {
-                    const float4 v = *reinterpret_cast<const float4*>(xf + (long)row * k + i);
-                    ss += v.x * v.x;
-                    ss += v.y * v.y;
-                    ss += v.z * v.z;
-                    ss += v.w * v.w;
-                }
-            }
-            ss = warp_sum(ss);
+            const float ss = row < m ? dmma_row_ss(xf, row, k, lane) : 0.0f;
             if (lane == 0) dmma_inv[r] = rsqrtf(ss / (float)k + eps);
         }
         __syncthreads();
@@ -423,11 +445,12 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
 #pragma unroll
                 for (int r = 0; r < RG; ++r) {
                     const int row = row0 + 8 * r + g;
+                    const float inv = !NORM ? 0.0f : NORM_WARP ? inv_g : dmma_inv[8 * r + g];
                     const uint4 b =
                         !NORM ? dmma_ld(xs, row, m, col, k)
                         : DMMA_PREFETCH && c0 == kb0
-                            ? dmma_ld_norm_w<T>(xf, nwv[j], row, m, col, k, dmma_inv[8 * r + g])
-                            : dmma_ld_norm<T>(xf, nws, row, m, col, k, dmma_inv[8 * r + g]);
+                            ? dmma_ld_norm_w<T>(xf, nwv[j], row, m, col, k, inv)
+                            : dmma_ld_norm<T>(xf, nws, row, m, col, k, inv);
                     dmma_block<T>(acc[r], a_lo[j], a_hi[j], b);
                 }
             }
