@@ -105,6 +105,27 @@
 #else
 #define DMMA_XPART 1
 #endif
+// Warps per block at head width 256 with fp8 KV (2, or 4 with -DDMMA_D256_FP8_NW=4:
+// `KILN_DMMA_D256_FP8_WARPS=4`, attention_mma.rs; a measurement switch, off by default). Four warps
+// take the next part ahead of the merge (DMMA_XPART) and half the chunks per warp of a part.
+#ifndef DMMA_D256_FP8_NW
+#define DMMA_D256_FP8_NW 2
+#endif
+// With -DDMMA_L2PF_KEYS=n (`KILN_DMMA_L2PF=n`, a measurement switch): before griddepcontrol.wait
+// a block also asks the L2 for the K/V rows of up to n keys of its first part past the chunks it
+// stages (the same bound: earlier steps' keys only), so DRAM streams during the previous kernel's
+// tail. A hint: same bytes, same bits.
+#ifndef DMMA_L2PF_KEYS
+#define DMMA_L2PF_KEYS 0
+#endif
+
+__device__ __forceinline__ void dmma_prefetch_l2(const unsigned char* p, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    for (int b = 0; b < bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
+#endif
+}
 
 __device__ __forceinline__ int dmma_part_len(int ctx, int single_keys, int min_part, int max_parts) {
     if (ctx <= single_keys) return max(ctx, 1);  // one part
@@ -126,7 +147,7 @@ __device__ __forceinline__ void dmma_pdl_launch_dependents() {
 
 // Geometry of one (DV, storage bytes CB) class; attention_mma.rs mirrors NW and SMEM.
 template <int DV, int CB> struct DmmaShape {
-    static constexpr int NW = DV == 256 ? 2 : 4;                 // warps per block
+    static constexpr int NW = DV == 256 ? (CB == 1 ? DMMA_D256_FP8_NW : 2) : 4;  // warps per block
     static constexpr int RB = DV * CB;                           // bytes of a K or V row
     static constexpr int KS = RB + (CB == 1 ? 32 : 64);          // K row stride in a stage
     static constexpr int VS = RB + 16;                           // V row stride in a stage
@@ -346,6 +367,16 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         for (int i = 0; i < NST - 1; ++i) issue(warp + i * NW, first_start, first_end, i);
     }
     bool issued = prefetched;  // this warp's first NST - 1 chunks of the next part are in flight
+    if (DMMA_L2PF_KEYS > 0 && pf_meta) {
+        // Rows past the staged chunks (NST - 1 per warp), below pf_lim: K and V of each to L2.
+        const int j_end = min(min(first_end, pf_lim), first_start + DMMA_L2PF_KEYS);
+        for (int j = first_start + (NST - 1) * NW * DMMA_CHUNK + tid; j < j_end; j += NW * WARP_SIZE) {
+            const int blk = j / block_size;
+            const long off = (((long)table[blk] * block_size + (j - blk * block_size)) * kv_row + head_off) * CB;
+            dmma_prefetch_l2(kc + off, Sh::RB);
+            dmma_prefetch_l2(vc + off, Sh::RB);
+        }
+    }
     // Metadata and earlier steps' K/V only above; q, this step's key and every output below.
     dmma_pdl_wait();
     dmma_pdl_launch_dependents();
