@@ -202,6 +202,10 @@ impl KernelModule {
                 if std::env::var("KILN_DMMA_D256_FP8_WARPS").is_ok_and(|v| v == "4") {
                     d.push("-DDMMA_D256_FP8_NW=4".into());
                 }
+                // `KILN_DMMA_VEC_MERGE=0`: the end-of-part merge one dim per step (same bits).
+                if std::env::var("KILN_DMMA_VEC_MERGE").is_ok_and(|v| v == "0") {
+                    d.push("-DDMMA_SCALAR_MERGE".into());
+                }
                 // `KILN_DMMA_L2PF=<keys>`: the L2 prefetch of the first part before the wait.
                 if let Some(n) = std::env::var("KILN_DMMA_L2PF")
                     .ok()
