@@ -105,12 +105,6 @@
 #else
 #define DMMA_XPART 1
 #endif
-// Warps per block at head width 256 with fp8 KV (2, or 4 with -DDMMA_D256_FP8_NW=4:
-// `KILN_DMMA_D256_FP8_WARPS=4`, attention_mma.rs; a measurement switch, off by default). Four warps
-// take the next part ahead of the merge (DMMA_XPART) and half the chunks per warp of a part.
-#ifndef DMMA_D256_FP8_NW
-#define DMMA_D256_FP8_NW 2
-#endif
 // End-of-part merge rows: DMMA_RS(DV) floats per (warp, head) row, read as float4 by the merge
 // (4 dims per thread and step); -DDMMA_SCALAR_MERGE (`KILN_DMMA_VEC_MERGE=0`) keeps the earlier
 // rows of DV + 2 floats read one dim per step. Same operations per dim: same bits.
@@ -119,21 +113,14 @@
 #else
 #define DMMA_RS(DV) ((DV) + 4)
 #endif
-// With -DDMMA_L2PF_KEYS=n (`KILN_DMMA_L2PF=n`, a measurement switch): before griddepcontrol.wait
-// a block also asks the L2 for the K/V rows of up to n keys of its first part past the chunks it
-// stages (the same bound: earlier steps' keys only), so DRAM streams during the previous kernel's
-// tail. A hint: same bytes, same bits.
-#ifndef DMMA_L2PF_KEYS
-#define DMMA_L2PF_KEYS 0
-#endif
-
-__device__ __forceinline__ void dmma_prefetch_l2(const unsigned char* p, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+// A chunk's copies when the cache blocks hold a multiple of 16 keys: one block-table read and a
+// fixed step per row (-DDMMA_GENERIC_ISSUE, `KILN_DMMA_ISSUE=generic`: the per-row walk of the
+// table that any block size takes, ~5x the instructions at head width 256). Same bytes, same bits.
+#ifdef DMMA_GENERIC_ISSUE
+#define DMMA_FAST_ISSUE 0
 #else
-    for (int b = 0; b < bytes; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
+#define DMMA_FAST_ISSUE 1
 #endif
-}
 
 __device__ __forceinline__ int dmma_part_len(int ctx, int single_keys, int min_part, int max_parts) {
     if (ctx <= single_keys) return max(ctx, 1);  // one part
@@ -155,7 +142,7 @@ __device__ __forceinline__ void dmma_pdl_launch_dependents() {
 
 // Geometry of one (DV, storage bytes CB) class; attention_mma.rs mirrors NW and SMEM.
 template <int DV, int CB> struct DmmaShape {
-    static constexpr int NW = DV == 256 ? (CB == 1 ? DMMA_D256_FP8_NW : 2) : 4;  // warps per block
+    static constexpr int NW = DV == 256 ? 2 : 4;                 // warps per block
     static constexpr int RB = DV * CB;                           // bytes of a K or V row
     static constexpr int KS = RB + (CB == 1 ? 32 : 64);          // K row stride in a stage
     static constexpr int VS = RB + 16;                           // V row stride in a stage
@@ -326,6 +313,30 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         if (k0 < end) {
             const unsigned sk = warp_base + st * Sh::SB;
             const unsigned sv = sk + DMMA_CHUNK * Sh::KS;
+            if (DMMA_FAST_ISSUE && block_size % DMMA_CHUNK == 0) {
+                // k0 is a multiple of 16 (parts start at multiples of DMMA_PART_ALIGN), so the
+                // chunk's keys are rows k0 % block_size .. + 15 of one cache block: one table
+                // read, then a fixed byte step per row (rows past `end` are still in the block:
+                // valid addresses, copied as zeros).
+                const int blk = k0 / block_size;
+                const long step = kv_row * CB;
+                const long off = (((long)table[blk] * block_size + (k0 - blk * block_size) + row0) * kv_row +
+                                  head_off) * CB + u_col * 16;
+                const unsigned char* kp = kc + off;
+                const unsigned char* vp = vc + off;
+                const int n_ok = end - k0;
+#pragma unroll
+                for (int i = 0; i < Sh::UPL; ++i) {
+                    const int row = row0 + i * RSTEP;
+                    const bool ok = row < n_ok;
+                    dmma_cp16(sk + row * Sh::KS + u_col * 16, kp, ok);
+                    dmma_cp16(sv + row * Sh::VS + u_col * 16, vp, ok);
+                    kp += RSTEP * step;
+                    vp += RSTEP * step;
+                }
+                asm volatile("cp.async.commit_group;\n" ::);
+                return;
+            }
             // One division per chunk: key k0 + row is `slot` keys into block `blk` (stepped on,
             // once per row at most for blocks of ≥ RSTEP keys).
             int blk = k0 / block_size, slot = k0 - blk * block_size + row0;
@@ -376,16 +387,6 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         for (int i = 0; i < NST - 1; ++i) issue(warp + i * NW, first_start, first_end, i);
     }
     bool issued = prefetched;  // this warp's first NST - 1 chunks of the next part are in flight
-    if (DMMA_L2PF_KEYS > 0 && pf_meta) {
-        // Rows past the staged chunks (NST - 1 per warp), below pf_lim: K and V of each to L2.
-        const int j_end = min(min(first_end, pf_lim), first_start + DMMA_L2PF_KEYS);
-        for (int j = first_start + (NST - 1) * NW * DMMA_CHUNK + tid; j < j_end; j += NW * WARP_SIZE) {
-            const int blk = j / block_size;
-            const long off = (((long)table[blk] * block_size + (j - blk * block_size)) * kv_row + head_off) * CB;
-            dmma_prefetch_l2(kc + off, Sh::RB);
-            dmma_prefetch_l2(vc + off, Sh::RB);
-        }
-    }
     // Metadata and earlier steps' K/V only above; q, this step's key and every output below.
     dmma_pdl_wait();
     dmma_pdl_launch_dependents();

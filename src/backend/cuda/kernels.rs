@@ -197,21 +197,13 @@ impl KernelModule {
                 if std::env::var("KILN_DMMA_XPART").is_ok_and(|v| v == "0") {
                     d.push("-DDMMA_NO_XPART".into());
                 }
-                // `KILN_DMMA_D256_FP8_WARPS=4`: 4-warp blocks at head width 256 with fp8 KV (the
-                // host's mirror: attention_mma.rs `decode_mma_d256_fp8_warps`).
-                if std::env::var("KILN_DMMA_D256_FP8_WARPS").is_ok_and(|v| v == "4") {
-                    d.push("-DDMMA_D256_FP8_NW=4".into());
+                // `KILN_DMMA_ISSUE=generic`: every chunk's copies by the per-row table walk.
+                if std::env::var("KILN_DMMA_ISSUE").is_ok_and(|v| v == "generic") {
+                    d.push("-DDMMA_GENERIC_ISSUE".into());
                 }
                 // `KILN_DMMA_VEC_MERGE=0`: the end-of-part merge one dim per step (same bits).
                 if std::env::var("KILN_DMMA_VEC_MERGE").is_ok_and(|v| v == "0") {
                     d.push("-DDMMA_SCALAR_MERGE".into());
-                }
-                // `KILN_DMMA_L2PF=<keys>`: the L2 prefetch of the first part before the wait.
-                if let Some(n) = std::env::var("KILN_DMMA_L2PF")
-                    .ok()
-                    .and_then(|v| v.parse::<u32>().ok())
-                {
-                    d.push(format!("-DDMMA_L2PF_KEYS={n}"));
                 }
                 d
             }

@@ -56,18 +56,6 @@ pub fn decode_mma_stage_budget() -> Option<usize> {
     })
 }
 
-/// Warps per block of the head-width-256 fp8 kernels: 2, or 4 when `KILN_DMMA_D256_FP8_WARPS=4`
-/// (read at each backend's creation, so one process can compare both; kernels.rs then builds the
-/// module with `-DDMMA_D256_FP8_NW=4`). A measurement switch: the warps of a block merge in warp
-/// order, so the bits of those shapes follow it (still a function of the row's context alone).
-pub fn decode_mma_d256_fp8_warps() -> usize {
-    if std::env::var("KILN_DMMA_D256_FP8_WARPS").is_ok_and(|v| v == "4") {
-        4
-    } else {
-        2
-    }
-}
-
 /// Entry point name for compute dtype `t`, KV storage `c` and head width `dim`.
 pub fn decode_mma_name(t: &str, c: &str, dim: usize) -> String {
     format!("attention_decode_mma_{t}_{c}_d{dim}")
@@ -81,27 +69,16 @@ pub fn decode_mma_combine_name(t: &str) -> String {
 /// (threads per block, dynamic shared memory bytes) of the variant for head width `dim` and KV
 /// element bytes `kv_bytes` (2 or 1): `DmmaShape<DV, CB>::NW * 32` and `::SMEM`.
 pub fn decode_mma_geometry(dim: usize, kv_bytes: usize) -> (u32, u32) {
-    decode_mma_geometry_warps(dim, kv_bytes, 2)
-}
-
-/// [`decode_mma_geometry`] with `d256_fp8_warps` warps per block at head width 256, fp8.
-fn decode_mma_geometry_warps(dim: usize, kv_bytes: usize, d256_fp8_warps: usize) -> (u32, u32) {
-    let budget = decode_mma_stage_budget().unwrap_or(STAGE_BUDGET);
-    decode_mma_geometry_for(dim, kv_bytes, budget, d256_fp8_warps)
+    decode_mma_geometry_for(
+        dim,
+        kv_bytes,
+        decode_mma_stage_budget().unwrap_or(STAGE_BUDGET),
+    )
 }
 
 /// [`decode_mma_geometry`] for stage budget `budget` bytes.
-fn decode_mma_geometry_for(
-    dim: usize,
-    kv_bytes: usize,
-    budget: usize,
-    d256_fp8_warps: usize,
-) -> (u32, u32) {
-    let warps = match (dim, kv_bytes) {
-        (256, 1) => d256_fp8_warps,
-        (256, _) => 2,
-        _ => 4,
-    };
+fn decode_mma_geometry_for(dim: usize, kv_bytes: usize, budget: usize) -> (u32, u32) {
+    let warps = if dim == 256 { 2 } else { 4 };
     let rb = dim * kv_bytes;
     let ks = rb + if kv_bytes == 1 { 32 } else { 64 };
     let vs = rb + 16;
@@ -122,8 +99,6 @@ pub(crate) struct DecodeMmaKernels {
     kv_bytes: usize,
     /// Narrowest head that takes these kernels (128, or 64 with `KILN_DECODE_MMA=all`).
     min_dim: usize,
-    /// [`decode_mma_d256_fp8_warps`] when the module was built.
-    d256_fp8_warps: usize,
 }
 
 impl DecodeMmaKernels {
@@ -148,9 +123,8 @@ impl DecodeMmaKernels {
         let Some(combine) = all.get(&decode_mma_combine_name(t)).cloned() else {
             return Ok(None);
         };
-        let d256_fp8_warps = decode_mma_d256_fp8_warps();
         for (f, &d) in funcs.iter().zip(&DECODE_MMA_DIMS) {
-            let (_, smem) = decode_mma_geometry_warps(d, kv_bytes, d256_fp8_warps);
+            let (_, smem) = decode_mma_geometry(d, kv_bytes);
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
@@ -175,7 +149,6 @@ impl DecodeMmaKernels {
             combine,
             kv_bytes,
             min_dim,
-            d256_fp8_warps,
         }))
     }
 }
@@ -203,7 +176,7 @@ impl CudaBackend {
             return None;
         }
         let i = DECODE_MMA_DIMS.iter().position(|&d| d == head_dim)?;
-        let (threads, smem) = decode_mma_geometry_warps(head_dim, k.kv_bytes, k.d256_fp8_warps);
+        let (threads, smem) = decode_mma_geometry(head_dim, k.kv_bytes);
         Some(DecodeMmaLaunch {
             func: &k.funcs[i],
             combine: &k.combine,
@@ -232,7 +205,7 @@ mod tests {
         let at = |budget| -> Vec<(u32, u32)> {
             shapes
                 .iter()
-                .map(|&(d, b)| decode_mma_geometry_for(d, b, budget, 2))
+                .map(|&(d, b)| decode_mma_geometry_for(d, b, budget))
                 .collect()
         };
         assert_eq!(STAGE_BUDGET, 71_000);
