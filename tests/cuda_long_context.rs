@@ -27,7 +27,10 @@
 //! PDL (`no_pdl_us`); `KILN_LONGCTX_ALT=<label>:<VAR>=<value>[,<VAR>=<value>...]` builds a second
 //! backend with those variables set and prints its default launch beside the default
 //! (`<label>_us`, `<label>_of_copy`) on tensor-core rows, with the split
-//! `KILN_LONGCTX_ALT_SPLIT=<min part>x<max parts>` when set.
+//! `KILN_LONGCTX_ALT_SPLIT=<min part>x<max parts>` when set; `KILN_LONGCTX_SAME_COPY=1` adds per
+//! row a second ceiling, a device-to-device copy of the row's own K/V byte count timed like the
+//! attention (20 back to back, median of 7): `copy_same_us`, and `of_same_copy` = the attention's
+//! GB/s over that copy's (read + write, as `copy_gbps`).
 //!
 //! Rows on the tensor-core kernel (head_dim 128 / 256) also time, on the same data in the same
 //! run, the launch before the tensor-core combine and PDL (`DecodeOptions::MMA_LEGACY`:
@@ -79,6 +82,33 @@ fn copy_gbps(bytes: usize) -> f64 {
     }
     times.sort_by(f64::total_cmp);
     2.0 * bytes as f64 / times[5] / 1e9
+}
+
+/// Seconds per device-to-device copy of `bytes` with 20 copies queued back to back, median of 7
+/// (the timing method of the attention calls): the ceiling of `KILN_LONGCTX_SAME_COPY=1` for a
+/// cell's own byte count (at 8K keys and one row its K/V fits the L2, as the attention's does).
+fn copy_seconds(bytes: usize) -> f64 {
+    let ctx = cudarc::driver::CudaContext::new(0).expect("context");
+    let stream = ctx.new_stream().expect("stream");
+    let src = stream.alloc_zeros::<u8>(bytes).expect("alloc");
+    let mut dst = stream.alloc_zeros::<u8>(bytes).expect("alloc");
+    let reps = 20;
+    let mut run = || {
+        for _ in 0..reps {
+            stream.memcpy_dtod(&src, &mut dst).expect("copy");
+        }
+        stream.synchronize().expect("sync");
+    };
+    run();
+    let mut times: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            run();
+            t.elapsed().as_secs_f64() / reps as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[3]
 }
 
 /// Which decode attention a timing runs.
@@ -216,6 +246,7 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
     let seq_counts = list("KILN_LONGCTX_SEQS", &[1, 16, 64]);
     let plain = std::env::var("KILN_LONGCTX_PLAIN").is_ok_and(|v| v == "1");
     let timeline = std::env::var("KILN_LONGCTX_TIMELINE").is_ok_and(|v| v == "1");
+    let same_copy = std::env::var("KILN_LONGCTX_SAME_COPY").is_ok_and(|v| v == "1");
     // `KILN_LONGCTX_ALT=<label>:<VAR>=<value>,...`: (label, assignments).
     let alt_spec = std::env::var("KILN_LONGCTX_ALT").ok().map(|v| {
         let (label, vars) = v
@@ -331,6 +362,16 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                     let gbps = bytes / secs / 1e9;
                     // The tensor-core kernel's launch before this branch, and the variants.
                     let mut mma = String::new();
+                    if same_copy {
+                        // A copy of the cell's own K/V byte count (read + write counted, as the
+                        // 1 GiB figure): the attention's GB/s against it.
+                        let c = copy_seconds(bytes as usize);
+                        mma += &format!(
+                            " copy_same_us={:.1} of_same_copy={:.0}%",
+                            c * 1e6,
+                            100.0 * gbps / (2.0 * bytes / c / 1e9)
+                        );
+                    }
                     let on_mma = b.uses_decode_mma(hd, heads / kv_heads);
                     if let Some((label, c)) = alt.as_ref().filter(|_| on_mma) {
                         let mode = alt_split.map_or(Mode::Default, |s| {
@@ -371,7 +412,7 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                         let nx = no_xpart.as_ref().expect("lean backend");
                         let lctx =
                             attention_seconds(nx, seqs, ctx, heads, kv_heads, hd, Mode::Default);
-                        mma = format!(
+                        mma += &format!(
                             " lctx_us={:.1} lctx_of_copy={:.0}% speedup={:.2}",
                             lctx * 1e6,
                             100.0 * bytes / lctx / 1e9 / copy,
@@ -382,7 +423,7 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                             attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::With(o))
                         };
                         let legacy = t(DecodeOptions::MMA_LEGACY);
-                        mma = format!(
+                        mma += &format!(
                             " legacy_us={:.1} legacy_of_copy={:.0}% speedup={:.2}",
                             legacy * 1e6,
                             100.0 * bytes / legacy / 1e9 / copy,
