@@ -105,6 +105,22 @@
 #else
 #define DMMA_XPART 1
 #endif
+// End-of-part merge rows: DMMA_RS(DV) floats per (warp, head) row, read as float4 by the merge
+// (4 dims per thread and step); -DDMMA_SCALAR_MERGE (`KILN_DMMA_VEC_MERGE=0`) keeps the earlier
+// rows of DV + 2 floats read one dim per step. Same operations per dim: same bits.
+#ifdef DMMA_SCALAR_MERGE
+#define DMMA_RS(DV) ((DV) + 2)
+#else
+#define DMMA_RS(DV) ((DV) + 4)
+#endif
+// A chunk's copies when the cache blocks hold a multiple of 16 keys: one block-table read and a
+// fixed step per row (-DDMMA_GENERIC_ISSUE, `KILN_DMMA_ISSUE=generic`: the per-row walk of the
+// table that any block size takes, ~5x the instructions at head width 256). Same bytes, same bits.
+#ifdef DMMA_GENERIC_ISSUE
+#define DMMA_FAST_ISSUE 0
+#else
+#define DMMA_FAST_ISSUE 1
+#endif
 
 __device__ __forceinline__ int dmma_part_len(int ctx, int single_keys, int min_part, int max_parts) {
     if (ctx <= single_keys) return max(ctx, 1);  // one part
@@ -135,7 +151,7 @@ template <int DV, int CB> struct DmmaShape {
     static constexpr int NST = NST_RAW < 2 ? 2 : (NST_RAW > 4 ? 4 : NST_RAW);  // stages per warp
     static constexpr int UPR = RB / 16;                          // 16-byte units per row
     static constexpr int UPL = DMMA_CHUNK * UPR / WARP_SIZE;     // units per lane, K or V
-    static constexpr int RED = (NW * 8 * (DV + 2) + 8) * 4;      // end-of-part merge buffer
+    static constexpr int RED = (NW * 8 * DMMA_RS(DV) + 8) * 4;    // end-of-part merge buffer
     static constexpr int STAGES = NW * NST * SB;
     static constexpr int SMEM = STAGES > RED ? STAGES : RED;
     static constexpr int NKB = DV / 32;                          // 32-dim blocks
@@ -297,6 +313,30 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         if (k0 < end) {
             const unsigned sk = warp_base + st * Sh::SB;
             const unsigned sv = sk + DMMA_CHUNK * Sh::KS;
+            if (DMMA_FAST_ISSUE && block_size % DMMA_CHUNK == 0) {
+                // k0 is a multiple of 16 (parts start at multiples of DMMA_PART_ALIGN), so the
+                // chunk's keys are rows k0 % block_size .. + 15 of one cache block: one table
+                // read, then a fixed byte step per row (rows past `end` are still in the block:
+                // valid addresses, copied as zeros).
+                const int blk = k0 / block_size;
+                const long step = kv_row * CB;
+                const long off = (((long)table[blk] * block_size + (k0 - blk * block_size) + row0) * kv_row +
+                                  head_off) * CB + u_col * 16;
+                const unsigned char* kp = kc + off;
+                const unsigned char* vp = vc + off;
+                const int n_ok = end - k0;
+#pragma unroll
+                for (int i = 0; i < Sh::UPL; ++i) {
+                    const int row = row0 + i * RSTEP;
+                    const bool ok = row < n_ok;
+                    dmma_cp16(sk + row * Sh::KS + u_col * 16, kp, ok);
+                    dmma_cp16(sv + row * Sh::VS + u_col * 16, vp, ok);
+                    kp += RSTEP * step;
+                    vp += RSTEP * step;
+                }
+                asm volatile("cp.async.commit_group;\n" ::);
+                return;
+            }
             // One division per chunk: key k0 + row is `slot` keys into block `blk` (stepped on,
             // once per row at most for blocks of ≥ RSTEP keys).
             int blk = k0 / block_size, slot = k0 - blk * block_size + row0;
@@ -317,21 +357,22 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         asm volatile("cp.async.commit_group;\n" ::);
     };
 
-    // End-of-part merge buffer: per warp w and head g a row of DV + 2 floats (O, then m, l), and
+    // End-of-part merge buffer: per warp w and head g a row of RS floats (O, then m, l), and
     // the 8 per-head maxima. With DMMA_XPART warp w's rows are in its own last stage (NST - 1)
     // and the maxima after warp 0's rows there, so the next part's first NST - 1 chunks (stages
     // 0 .. NST - 2) can be in flight during the merge; else everything from the ring's start.
     constexpr bool XP = DMMA_XPART && NW == 4;
-    static_assert(!XP || 8 * (DV + 2) * 4 + 8 * 4 <= Sh::SB, "merge rows fit a stage");
+    constexpr int RS = DMMA_RS(DV);
+    static_assert(!XP || 8 * RS * 4 + 8 * 4 <= Sh::SB, "merge rows fit a stage");
     auto red_row = [&](int w, int g) {
         if constexpr (XP) {
-            return reinterpret_cast<float*>(dmma_sm + (w * NST + NST - 1) * Sh::SB) + g * (DV + 2);
+            return reinterpret_cast<float*>(dmma_sm + (w * NST + NST - 1) * Sh::SB) + g * RS;
         } else {
-            return reinterpret_cast<float*>(dmma_sm) + (w * 8 + g) * (DV + 2);
+            return reinterpret_cast<float*>(dmma_sm) + (w * 8 + g) * RS;
         }
     };
-    float* const red_max = XP ? reinterpret_cast<float*>(dmma_sm + (NST - 1) * Sh::SB) + 8 * (DV + 2)
-                              : reinterpret_cast<float*>(dmma_sm) + NW * 8 * (DV + 2);
+    float* const red_max = XP ? reinterpret_cast<float*>(dmma_sm + (NST - 1) * Sh::SB) + 8 * RS
+                              : reinterpret_cast<float*>(dmma_sm) + NW * 8 * RS;
 
     // This warp's first NST - 1 chunks of the block's first part before the wait when they hold
     // only earlier steps' keys: below the sequence's cached length (its first position in this
@@ -519,16 +560,16 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                 d0 = 32 * (mt / 2) + 4 * r + 2 * (mt % 2);
                 d8 = d0 + 1;
             }
-            mine[(2 * c) * (DV + 2) + d0] = o[mt][0];
-            mine[(2 * c + 1) * (DV + 2) + d0] = o[mt][1];
-            mine[(2 * c) * (DV + 2) + d8] = o[mt][2];
-            mine[(2 * c + 1) * (DV + 2) + d8] = o[mt][3];
+            mine[(2 * c) * RS + d0] = o[mt][0];
+            mine[(2 * c + 1) * RS + d0] = o[mt][1];
+            mine[(2 * c) * RS + d8] = o[mt][2];
+            mine[(2 * c + 1) * RS + d8] = o[mt][3];
         }
         if (r == 0) {
-            mine[(2 * c) * (DV + 2) + DV] = m_a;
-            mine[(2 * c) * (DV + 2) + DV + 1] = l_a;
-            mine[(2 * c + 1) * (DV + 2) + DV] = m_b;
-            mine[(2 * c + 1) * (DV + 2) + DV + 1] = l_b;
+            mine[(2 * c) * RS + DV] = m_a;
+            mine[(2 * c) * RS + DV + 1] = l_a;
+            mine[(2 * c + 1) * RS + DV] = m_b;
+            mine[(2 * c + 1) * RS + DV + 1] = l_b;
         }
         __syncthreads();
         // Per head g: the part's max over the warps, each warp's weight exp2(m_w - max) in place
@@ -551,25 +592,50 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
             red_max[g] = mx;
         }
         __syncthreads();
-        for (int idx = tid; idx < group * DV; idx += NW * WARP_SIZE) {
-            const int g = idx / DV, d = idx - g * DV;
-            float acc = 0.0f;
+#ifdef DMMA_SCALAR_MERGE
+        constexpr int VW = 1;
+#else
+        constexpr int VW = 4;  // dims per thread and step (float4 rows: RS and DV multiples of 4)
+#endif
+        for (int idx = tid; idx < group * (DV / VW); idx += NW * WARP_SIZE) {
+            const int g = idx / (DV / VW), d = VW * (idx - g * (DV / VW));
+            float acc[VW];
+#pragma unroll
+            for (int e = 0; e < VW; ++e) acc[e] = 0.0f;
 #pragma unroll
             for (int w = 0; w < NW; ++w) {
                 const float* rw = red_row(w, g);
-                acc = fmaf(rw[d], rw[DV], acc);
+                const float wt = rw[DV];
+                float x[VW];
+                if constexpr (VW == 4) {
+                    const float4 v = *reinterpret_cast<const float4*>(rw + d);
+                    x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+                } else {
+                    x[0] = rw[d];
+                }
+#pragma unroll
+                for (int e = 0; e < VW; ++e) acc[e] = fmaf(x[e], wt, acc[e]);
             }
             const float lsum = red_row(0, g)[DV + 1];
             const float mx = red_max[g];
-            acc *= kscale;  // V widened 2^8 below its value for e4m3
+#pragma unroll
+            for (int e = 0; e < VW; ++e) acc[e] *= kscale;  // V widened 2^8 below its value for e4m3
             const int head = kv_head * group + g;
             if (n_active == 1) {
-                const float v = lsum > 0.0f ? acc / lsum : 0.0f;
-                Io<T>::store(out, (t * n_heads + head) * (long)DV + d,
-                             dmma_gated<T>(v, gate, t, head, d, gate_row, gate_head));
+#pragma unroll
+                for (int e = 0; e < VW; ++e) {
+                    const float v = lsum > 0.0f ? acc[e] / lsum : 0.0f;
+                    Io<T>::store(out, (t * n_heads + head) * (long)DV + d + e,
+                                 dmma_gated<T>(v, gate, t, head, d + e, gate_row, gate_head));
+                }
             } else {
                 const long ph = (row_y * n_heads + head) * (long)n_slots + part;
-                part_acc[ph * DV + d] = acc;
+                if constexpr (VW == 4) {
+                    *reinterpret_cast<float4*>(part_acc + ph * DV + d) =
+                        make_float4(acc[0], acc[1], acc[2], acc[3]);
+                } else {
+                    part_acc[ph * DV + d] = acc[0];
+                }
                 if (d == 0) {
                     part_m[ph] = mx;
                     part_l[ph] = lsum;

@@ -269,7 +269,7 @@ fn mma_decode_matches_the_cpu_backend() {
 }
 
 /// Splits the launch tests and the speed table compare: the default and the candidates for it.
-const SPLITS: [(&str, DecodeSplit); 6] = [
+const SPLITS: [(&str, DecodeSplit); 7] = [
     ("p128x128", DecodeSplit::OLD),
     (
         "p128x64",
@@ -306,6 +306,13 @@ const SPLITS: [(&str, DecodeSplit); 6] = [
             max_parts: 256,
         },
     ),
+    (
+        "p256x128",
+        DecodeSplit {
+            min_part: 256,
+            max_parts: 128,
+        },
+    ),
 ];
 
 /// The tensor-core kernel's launch options (`DecodeOptions`) on the 128- and 256-wide shapes,
@@ -315,8 +322,10 @@ const SPLITS: [(&str, DecodeSplit); 6] = [
 /// split named explicitly — the same bits every time; every split of [`SPLITS`] (default launch
 /// and `TWO_PASS`, same bits) and the launch before this branch (`MMA_LEGACY`) against the CPU
 /// backend; the gated output of the default launch against the CPU's attention ·
-/// sigmoid(gate); e4m3 widened without the sm_89+ conversion (`KILN_DMMA_FP8_CVT=0`) against the
-/// default, bit for bit. Fails when the shapes did not take the tensor-core kernel.
+/// sigmoid(gate); e4m3 widened without the sm_89+ conversion (`KILN_DMMA_FP8_CVT=0`) and the kernel
+/// built with the per-row chunk copies and the scalar merge (`KILN_DMMA_ISSUE=generic`,
+/// `KILN_DMMA_VEC_MERGE=0`) against the default, bit for bit. Fails when the shapes did not take
+/// the tensor-core kernel.
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn mma_decode_launch_options_and_splits() {
@@ -387,6 +396,20 @@ fn mma_decode_launch_options_and_splits() {
                     .unwrap();
                 down(&h, &out, n)
             });
+            // The chunk copies by the per-row table walk and the scalar end-of-part merge (the
+            // kernel before branch `lctx3`): same bits.
+            let before = {
+                std::env::set_var("KILN_DMMA_ISSUE", "generic");
+                std::env::set_var("KILN_DMMA_VEC_MERGE", "0");
+                let h = gpu("bf16", kv);
+                std::env::remove_var("KILN_DMMA_ISSUE");
+                std::env::remove_var("KILN_DMMA_VEC_MERGE");
+                let hs = setup(&h, &ctxs, heads, kv_heads, hd, kv);
+                let mut out = h.upload(&vec![f32::NAN; n]).unwrap();
+                h.paged_attention(&hs.q, &hs.cache, 0, &hs.step, &hs.params, &mut out)
+                    .unwrap();
+                down(&h, &out, n)
+            };
             let gated = gated_cuda(&g, &gs);
             let mut checks = vec![
                 ("default_twice", same(&default1, &default2)),
@@ -396,6 +419,10 @@ fn mma_decode_launch_options_and_splits() {
             if let Some(v) = &nocvt {
                 checks.push(("e4m3_no_cvt=default", same(v, &default1)));
             }
+            checks.push((
+                "generic_issue_scalar_merge=default",
+                same(&before, &default1),
+            ));
             let mut diffs = vec![
                 ("default", max_diff(&want, &default1)),
                 ("legacy", max_diff(&want, &legacy)),

@@ -19,6 +19,19 @@
 //! with `KILN_DMMA_XPART=0` (`lctx_us`: the tensor-core kernel as main had it before branch
 //! `lctx2`, its ring drained at each part's end) beside the default (`us`).
 //!
+//! Measurement switches of branch `lctx3` (each optional): `KILN_LONGCTX_CTX=<keys>,...` and
+//! `KILN_LONGCTX_SEQS=<n>,...` replace the contexts (8192, 32768) and sequence counts (1, 16, 64);
+//! `KILN_LONGCTX_PLAIN=1` times the default launch only (for a profiler);
+//! `KILN_LONGCTX_TIMELINE=1` adds, on tensor-core rows, the kernel alone (`main_us`: the combine
+//! not launched), the combine alone over the same partials (`combine_us`) and the default without
+//! PDL (`no_pdl_us`); `KILN_LONGCTX_ALT=<label>:<VAR>=<value>[,<VAR>=<value>...]` builds a second
+//! backend with those variables set and prints its default launch beside the default
+//! (`<label>_us`, `<label>_of_copy`) on tensor-core rows, with the split
+//! `KILN_LONGCTX_ALT_SPLIT=<min part>x<max parts>` when set; `KILN_LONGCTX_SAME_COPY=1` adds per
+//! row a second ceiling, a device-to-device copy of the row's own K/V byte count timed like the
+//! attention (20 back to back, median of 7): `copy_same_us`, and `of_same_copy` = the attention's
+//! GB/s over that copy's (read + write, as `copy_gbps`).
+//!
 //! Rows on the tensor-core kernel (head_dim 128 / 256) also time, on the same data in the same
 //! run, the launch before the tensor-core combine and PDL (`DecodeOptions::MMA_LEGACY`:
 //! `legacy_us`); at 1 and 64 sequences the default without PDL (`no_pdl_us`) and, for bf16 and
@@ -46,7 +59,7 @@ use std::time::Instant;
 
 use common::*;
 use kiln::backend::cuda::attention_plan::{
-    DecodeOptions, DecodeSplit, DecodeVariant, DECODE_THREADS,
+    DecodeOptions, DecodeSplit, DecodeVariant, MmaLaunch, DECODE_THREADS,
 };
 use kiln::backend::cuda::kernel_cache::KernelCache;
 use kiln::backend::cuda::{nvrtc, Arch, KernelModule};
@@ -69,6 +82,33 @@ fn copy_gbps(bytes: usize) -> f64 {
     }
     times.sort_by(f64::total_cmp);
     2.0 * bytes as f64 / times[5] / 1e9
+}
+
+/// Seconds per device-to-device copy of `bytes` with 20 copies queued back to back, median of 7
+/// (the timing method of the attention calls): the ceiling of `KILN_LONGCTX_SAME_COPY=1` for a
+/// cell's own byte count (at 8K keys and one row its K/V fits the L2, as the attention's does).
+fn copy_seconds(bytes: usize) -> f64 {
+    let ctx = cudarc::driver::CudaContext::new(0).expect("context");
+    let stream = ctx.new_stream().expect("stream");
+    let src = stream.alloc_zeros::<u8>(bytes).expect("alloc");
+    let mut dst = stream.alloc_zeros::<u8>(bytes).expect("alloc");
+    let reps = 20;
+    let mut run = || {
+        for _ in 0..reps {
+            stream.memcpy_dtod(&src, &mut dst).expect("copy");
+        }
+        stream.synchronize().expect("sync");
+    };
+    run();
+    let mut times: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            run();
+            t.elapsed().as_secs_f64() / reps as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[3]
 }
 
 /// Which decode attention a timing runs.
@@ -158,10 +198,11 @@ fn attention_seconds(
         .collect();
     times.sort_by(f64::total_cmp);
     // The kernel ran over the whole context: every output is finite (q·k over written keys
-    // and zero keys alike).
+    // and zero keys alike); not checked when a measurement launched one half only.
+    let half = matches!(mode, Mode::With(o) if o.mma_only.is_some());
     let got = down(b, &out, seqs * heads * head_dim);
     assert!(
-        got.iter().all(|v| v.is_finite()),
+        half || got.iter().all(|v| v.is_finite()),
         "non-finite attention output"
     );
     times[3]
@@ -196,10 +237,62 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                 max_parts,
             }
         });
+    let list = |var: &str, default: &[usize]| -> Vec<usize> {
+        std::env::var(var).map_or(default.to_vec(), |v| {
+            v.split(',').map(|x| x.trim().parse().expect(var)).collect()
+        })
+    };
+    let ctxs = list("KILN_LONGCTX_CTX", &[8192, 32768]);
+    let seq_counts = list("KILN_LONGCTX_SEQS", &[1, 16, 64]);
+    let plain = std::env::var("KILN_LONGCTX_PLAIN").is_ok_and(|v| v == "1");
+    let timeline = std::env::var("KILN_LONGCTX_TIMELINE").is_ok_and(|v| v == "1");
+    let same_copy = std::env::var("KILN_LONGCTX_SAME_COPY").is_ok_and(|v| v == "1");
+    // `KILN_LONGCTX_ALT=<label>:<VAR>=<value>,...`: (label, assignments).
+    let alt_spec = std::env::var("KILN_LONGCTX_ALT").ok().map(|v| {
+        let (label, vars) = v
+            .split_once(':')
+            .expect("KILN_LONGCTX_ALT=<label>:<VAR>=<value>,...");
+        let vars: Vec<(String, String)> = vars
+            .split(',')
+            .map(|a| {
+                let (k, x) = a.split_once('=').expect("<VAR>=<value>");
+                (k.trim().to_string(), x.trim().to_string())
+            })
+            .collect();
+        (label.to_string(), vars)
+    });
+    // `KILN_LONGCTX_ALT_SPLIT=<min part>x<max parts>`: the alternative backend's launches with
+    // that split of the keys (`DecodeSplit`) instead of the per-shape default.
+    let alt_split = std::env::var("KILN_LONGCTX_ALT_SPLIT").ok().map(|v| {
+        let (a, b) = v.split_once('x').expect("<min part>x<max parts>");
+        DecodeSplit {
+            min_part: a.parse().expect("min part"),
+            max_parts: b.parse().expect("max parts"),
+        }
+    });
     for kv in ["auto", "fp8_e5m2", "fp8_e4m3"] {
+        // Skip a KV type no selected row can use (every entry names a `kv=` prefix, none of kv).
+        if only.as_ref().is_some_and(|o| {
+            o.split('|').all(|x| {
+                x.split_once("kv=")
+                    .is_some_and(|(_, v)| !kv.starts_with(v.trim_end()))
+            })
+        }) {
+            continue;
+        }
         let b = gpu(wide, kv);
+        let alt = alt_spec.as_ref().map(|(label, vars)| {
+            for (k, x) in vars {
+                std::env::set_var(k, x);
+            }
+            let c = gpu(wide, kv);
+            for (k, _) in vars {
+                std::env::remove_var(k);
+            }
+            (label.clone(), c)
+        });
         // e4m3 also without the tensor-core kernel's hardware widening (`KILN_DMMA_FP8_CVT=0`).
-        let cvt = (kv == "fp8_e4m3" && !lean).then(|| {
+        let cvt = (kv == "fp8_e4m3" && !lean && !plain).then(|| {
             std::env::set_var("KILN_DMMA_FP8_CVT", "0");
             let c = gpu(wide, kv);
             std::env::remove_var("KILN_DMMA_FP8_CVT");
@@ -257,8 +350,8 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
         }
         // SmolLM2, a Qwen3-like 32/8 × 128 and the Qwen3.5-27B gated-attention layers 24/4 × 256.
         for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (24, 4, 256)] {
-            for ctx in [8192usize, 32768] {
-                for seqs in [1usize, 16, 64] {
+            for &ctx in &ctxs {
+                for &seqs in &seq_counts {
                     let label =
                         format!("heads={heads}/{kv_heads}x{hd} ctx={ctx} seqs={seqs} kv={kv}");
                     if !matches(&label) {
@@ -269,24 +362,68 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                     let gbps = bytes / secs / 1e9;
                     // The tensor-core kernel's launch before this branch, and the variants.
                     let mut mma = String::new();
-                    if lean && b.uses_decode_mma(hd, heads / kv_heads) {
+                    if same_copy {
+                        // A copy of the cell's own K/V byte count (read + write counted, as the
+                        // 1 GiB figure): the attention's GB/s against it.
+                        let c = copy_seconds(bytes as usize);
+                        mma += &format!(
+                            " copy_same_us={:.1} of_same_copy={:.0}%",
+                            c * 1e6,
+                            100.0 * gbps / (2.0 * bytes / c / 1e9)
+                        );
+                    }
+                    let on_mma = b.uses_decode_mma(hd, heads / kv_heads);
+                    if let Some((label, c)) = alt.as_ref().filter(|_| on_mma) {
+                        let mode = alt_split.map_or(Mode::Default, |s| {
+                            Mode::With(DecodeOptions {
+                                mma_split: Some(s),
+                                ..DecodeOptions::default()
+                            })
+                        });
+                        let v = attention_seconds(c, seqs, ctx, heads, kv_heads, hd, mode);
+                        mma += &format!(
+                            " {label}_us={:.1} {label}_of_copy={:.0}%",
+                            v * 1e6,
+                            100.0 * bytes / v / 1e9 / copy
+                        );
+                    }
+                    if timeline && on_mma {
+                        let t = |o| {
+                            attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::With(o))
+                                * 1e6
+                        };
+                        let only = |l| DecodeOptions {
+                            mma_only: Some(l),
+                            ..DecodeOptions::default()
+                        };
+                        let (main, comb) = (t(only(MmaLaunch::Main)), t(only(MmaLaunch::Combine)));
+                        let no_pdl = t(DecodeOptions {
+                            pdl: false,
+                            prefetch: false,
+                            ..DecodeOptions::default()
+                        });
+                        mma += &format!(
+                            " main_us={main:.1} combine_us={comb:.1} no_pdl_us={no_pdl:.1}"
+                        );
+                    }
+                    if !plain && lean && on_mma {
                         // `KILN_LONGCTX_LEAN=1`: the default launch on a backend whose kernel
                         // drains its ring at each part's end (main's before branch `lctx2`).
                         let nx = no_xpart.as_ref().expect("lean backend");
                         let lctx =
                             attention_seconds(nx, seqs, ctx, heads, kv_heads, hd, Mode::Default);
-                        mma = format!(
+                        mma += &format!(
                             " lctx_us={:.1} lctx_of_copy={:.0}% speedup={:.2}",
                             lctx * 1e6,
                             100.0 * bytes / lctx / 1e9 / copy,
                             lctx / secs
                         );
-                    } else if b.uses_decode_mma(hd, heads / kv_heads) {
+                    } else if !plain && on_mma {
                         let t = |o| {
                             attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::With(o))
                         };
                         let legacy = t(DecodeOptions::MMA_LEGACY);
-                        mma = format!(
+                        mma += &format!(
                             " legacy_us={:.1} legacy_of_copy={:.0}% speedup={:.2}",
                             legacy * 1e6,
                             100.0 * bytes / legacy / 1e9 / copy,
@@ -334,7 +471,7 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
                         }
                     }
                     // The older kernel once per shape and context (it is slow: 16 rows only).
-                    let before = if seqs == 16 && kv != "fp8_e4m3" && only.is_none() {
+                    let before = if seqs == 16 && kv != "fp8_e4m3" && only.is_none() && !plain {
                         let old =
                             attention_seconds(&b, seqs, ctx, heads, kv_heads, hd, Mode::Legacy);
                         format!(" before_gbps={:.0}", bytes / old / 1e9)
@@ -419,12 +556,25 @@ fn fill_kernel_cache() {
     } else {
         &["f32", "f16"]
     };
+    // `KILN_FILL_ONLY=<file>:<dtype>` (e.g. `attention_decode_mma.cu:bf16`): only that module
+    // for that compute dtype (to add a variant built with other switches).
+    let fill_only = std::env::var("KILN_FILL_ONLY").ok();
+    let dtypes: Vec<&str> = match fill_only.as_deref().and_then(|f| f.split_once(':')) {
+        Some((_, t)) => dtypes.iter().copied().filter(|d| *d == t).collect(),
+        None => dtypes.to_vec(),
+    };
     let mut jobs = Vec::new();
     for m in KernelModule::ALL {
+        if fill_only
+            .as_deref()
+            .is_some_and(|f| !f.starts_with(&format!("{}:", m.file_name())))
+        {
+            continue;
+        }
         if m.defines("f32", "same").is_empty() {
             jobs.push((m, Vec::new()));
         } else {
-            for t in dtypes {
+            for t in &dtypes {
                 for c in ["same", "e5m2", "e4m3"] {
                     jobs.push((m, m.defines(t, c)));
                 }

@@ -207,6 +207,18 @@ pub struct DecodeOptions {
     /// by attention_decode.cu's combine. For the before / after timings only (its merge sums in
     /// another order: not the bits of the other launches). No effect on attention_decode.cu.
     pub mma_legacy: bool,
+    /// Measurement only (the timeline of `tests/cuda_long_context.rs`): run only this launch of
+    /// the tensor-core decode (its kernel or its combine), so the output is not the attention.
+    pub mma_only: Option<MmaLaunch>,
+}
+
+/// One of the two launches of the tensor-core decode ([`DecodeOptions::mma_only`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MmaLaunch {
+    /// `attention_decode_mma_*` (writes the partials, or the output of one-part rows).
+    Main,
+    /// `attention_decode_mma_combine_*` (merges the partials).
+    Combine,
 }
 
 /// How a long row's keys are cut into parts (the tensor-core decode kernel's `dmma_part_len`): a
@@ -301,6 +313,7 @@ impl Default for DecodeOptions {
             prefetch: true,
             mma_split: None,
             mma_legacy: false,
+            mma_only: None,
         }
     }
 }
@@ -315,6 +328,7 @@ impl DecodeOptions {
         prefetch: false,
         mma_split: None,
         mma_legacy: false,
+        mma_only: None,
     };
 
     /// The default launch with the tensor-core kernel launched as before this branch
@@ -326,6 +340,7 @@ impl DecodeOptions {
         prefetch: true,
         mma_split: Some(DecodeSplit::OLD),
         mma_legacy: true,
+        mma_only: None,
     };
 }
 

@@ -197,6 +197,14 @@ impl KernelModule {
                 if std::env::var("KILN_DMMA_XPART").is_ok_and(|v| v == "0") {
                     d.push("-DDMMA_NO_XPART".into());
                 }
+                // `KILN_DMMA_ISSUE=generic`: every chunk's copies by the per-row table walk.
+                if std::env::var("KILN_DMMA_ISSUE").is_ok_and(|v| v == "generic") {
+                    d.push("-DDMMA_GENERIC_ISSUE".into());
+                }
+                // `KILN_DMMA_VEC_MERGE=0`: the end-of-part merge one dim per step (same bits).
+                if std::env::var("KILN_DMMA_VEC_MERGE").is_ok_and(|v| v == "0") {
+                    d.push("-DDMMA_SCALAR_MERGE".into());
+                }
                 d
             }
             // `KILN_W4W_DEFINES=W4W_SWZ=0`: build the sm_90 GEMMs with these

@@ -17,7 +17,7 @@ use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernel
 use super::attention_mma::{DECODE_MMA_MERGE_DIMS, DECODE_MMA_MERGE_THREADS};
 use super::{check_len, dev_err, CudaBackend, CudaBuffer, CudaKvCache, CudaStep};
 use crate::backend::cuda::attention_plan::{
-    self, DecodeOptions, DecodeSplit, DecodeVariant, PrefillVariant,
+    self, DecodeOptions, DecodeSplit, DecodeVariant, MmaLaunch, PrefillVariant,
 };
 use crate::backend::{AttentionParams, BackendError};
 
@@ -679,18 +679,20 @@ impl CudaBackend {
                 block_dim: (m.threads, 1, 1),
                 shared_mem_bytes: m.smem,
             };
-            // SAFETY: the arguments match attention_decode_mma_*'s parameter list in number,
-            // order and types and outlive the call (the guards above); the same table, position,
-            // index, partial and gate bounds as the kernel below, with `split` (valid: checked
-            // above) and `single` giving the part counts and `slots` bounding them (the combine
-            // below merges them); the tensor-core kernel needs head_dim equal to its width and
-            // the group ≤ 8 (decode_mma) and `smem` bytes of dynamic shared memory, its limit
-            // raised when it was resolved. Before
-            // griddepcontrol.wait it reads step metadata and, with `pf_p` (the step's seq_meta,
-            // [num_seqs, 4]), K/V of positions below each row's sequence's cached length
-            // (earlier steps' writes), and writes only its own shared memory, so it may be
-            // launched with PDL.
-            unsafe { self.launch_kernel(m.func, cfg, &mut args, opts.pdl && self.pdl) }?;
+            if opts.mma_only != Some(MmaLaunch::Combine) {
+                // SAFETY: the arguments match attention_decode_mma_*'s parameter list in number,
+                // order and types and outlive the call (the guards above); the same table, position,
+                // index, partial and gate bounds as the kernel below, with `split` (valid: checked
+                // above) and `single` giving the part counts and `slots` bounding them (the combine
+                // below merges them); the tensor-core kernel needs head_dim equal to its width and
+                // the group ≤ 8 (decode_mma) and `smem` bytes of dynamic shared memory, its limit
+                // raised when it was resolved. Before
+                // griddepcontrol.wait it reads step metadata and, with `pf_p` (the step's seq_meta,
+                // [num_seqs, 4]), K/V of positions below each row's sequence's cached length
+                // (earlier steps' writes), and writes only its own shared memory, so it may be
+                // launched with PDL.
+                unsafe { self.launch_kernel(m.func, cfg, &mut args, opts.pdl && self.pdl) }?;
+            }
         } else {
             let cfg = LaunchConfig {
                 grid_dim: (params.num_kv_heads as u32, n_rows as u32, grid_z as u32),
@@ -744,14 +746,16 @@ impl CudaBackend {
                     block_dim: (DECODE_MMA_MERGE_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: the arguments match attention_decode_mma_combine_*'s parameter list
-                // and outlive the call; it reads the partials of the rows with more than one part
-                // (the same split and single-part bound as the launch above, so the same part
-                // counts, each ≤ slots ≤ DMMA_MAX_SLOTS) and writes `out` rows of head_dim (a
-                // multiple of 64: the tensor-core widths) at the same token indices, the gate as
-                // above. It waits (griddepcontrol.wait) before reading anything the kernel above
-                // writes, so it may be launched with PDL.
-                unsafe { self.launch_kernel(m.combine, cfg, &mut args, opts.pdl && self.pdl) }?;
+                if opts.mma_only != Some(MmaLaunch::Main) {
+                    // SAFETY: the arguments match attention_decode_mma_combine_*'s parameter list
+                    // and outlive the call; it reads the partials of the rows with more than one part
+                    // (the same split and single-part bound as the launch above, so the same part
+                    // counts, each ≤ slots ≤ DMMA_MAX_SLOTS) and writes `out` rows of head_dim (a
+                    // multiple of 64: the tensor-core widths) at the same token indices, the gate as
+                    // above. It waits (griddepcontrol.wait) before reading anything the kernel above
+                    // writes, so it may be launched with PDL.
+                    unsafe { self.launch_kernel(m.combine, cfg, &mut args, opts.pdl && self.pdl) }?;
+                }
                 return Ok(());
             }
         }

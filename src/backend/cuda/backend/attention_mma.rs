@@ -86,7 +86,8 @@ fn decode_mma_geometry_for(dim: usize, kv_bytes: usize, budget: usize) -> (u32, 
     let vs = rb + 16;
     let stage = CHUNK * (ks + vs);
     let nst = (budget / (warps * stage)).clamp(2, 4);
-    let red = (warps * 8 * (dim + 2) + 8) * 4;
+    // Merge rows of dim + 4 floats (`DMMA_RS`; dim + 2 with `KILN_DMMA_VEC_MERGE=0`: a bound).
+    let red = (warps * 8 * (dim + 4) + 8) * 4;
     let smem = (warps * nst * stage).max(red);
     ((warps * 32) as u32, smem as u32)
 }
