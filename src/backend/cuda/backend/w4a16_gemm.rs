@@ -10,7 +10,8 @@
 //!   of other slice counts);
 //! - [`WideKind::Wide`] (`w4g_gemm_*`): 128 × 256 block tiles, warp tiles of 64 × 64, the
 //!   K-slice totals in shared memory (224 KB per block), for larger steps;
-//! - [`WideKind::Wgmma`] (`w4g_wgmma_*`, sm_90 only: the module is compiled for `sm_90a`;
+//! - [`WideKind::Wgmma`] (`w4g_wgmma_*` of `kernels/w4a16_wgmma.cu`, sm_90 only: that module is
+//!   compiled for `sm_90a`;
 //!   steps of more than [`WGMMA_MIN_ROWS`] rows there):
 //!   256 outputs × 128 rows per block, two warpgroups of warpgroup MMAs (`wgmma` m64n128k16, the
 //!   decoded weights as register A operands, x from shared memory), the slice totals in shared
@@ -82,7 +83,7 @@ const WGMMA_OUTS: usize = 256;
 const WGMMA_SMEM: usize = 1024 + 3 * 128 * 256 + 128 * 256 * 4;
 const _: () = assert!(WGMMA_SMEM <= 227 * 1024);
 
-/// Which kernel of `kernels/w4a16_gemm.cu` runs a step.
+/// Which kernel of `kernels/w4a16_gemm.cu` (or `kernels/w4a16_wgmma.cu`) runs a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum WideKind {
     /// `w4g_split_*`: cluster split-K over 64 × 128 tiles (weights with [`SPLIT_KS`] slices).
@@ -138,7 +139,8 @@ impl WideKind {
     }
 }
 
-/// The entry points of `kernels/w4a16_gemm.cu` for one compute dtype.
+/// The entry points of `kernels/w4a16_gemm.cu` and `kernels/w4a16_wgmma.cu` for one compute
+/// dtype.
 #[derive(Debug, Clone)]
 pub(crate) struct WideKernels {
     wide: CudaFunction,
@@ -148,7 +150,7 @@ pub(crate) struct WideKernels {
 }
 
 impl WideKernels {
-    /// The entry points for compute dtype suffix `t`, or `None` where the module was not built
+    /// The entry points for compute dtype suffix `t`, or `None` where the modules were not built
     /// (below sm_90) or `t` is f32.
     pub(crate) fn resolve(all: &HashMap<String, CudaFunction>, t: &str) -> Option<WideKernels> {
         Some(WideKernels {
