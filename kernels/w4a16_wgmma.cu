@@ -366,3 +366,259 @@ __device__ __forceinline__ void w4g_wgmma(const T* x, int m, int k, const uint4*
 W4W_ENTRY(f16, __half)
 W4W_ENTRY(bf16, bf16_t)
 
+// ---------------------------------------------------------------------------------------------
+// `w4g_ws`: the warp-specialised wgmma GEMM (issue 10 item 7). The arithmetic, CTA tile (256
+// outputs x 128 rows), accumulators, x layout in a stage (W4W_SWZ) and slice totals of `w4g_wgmma`
+// above; what changes is the schedule:
+// - 384 threads = 3 warpgroups. Warpgroup 0 is the producer (`setmaxnreg` down to W4S_PREG): it
+//   stages x k block by k block into a ring of W4S_STAGES stages with 4-byte `cp.async`, each
+//   32-bit word of x straight to its place in the permuted K-major operand (no registers, no
+//   transpose pass), and each thread hands its copies to the stage's "full" mbarrier
+//   (`cp.async.mbarrier.arrive.noinc`: the barrier completes when every copy has landed).
+// - Warpgroups 1 and 2 are the consumers (`setmaxnreg` up to W4S_CREG), each the two m64 tiles of
+//   `w4g_wgmma`'s warpgroup. A consumer waits on the stage's full barrier, decodes chunk by chunk
+//   (one chunk = its two m64 tiles' A fragments, 8 registers) into a ring of W4S_RING buffers and
+//   issues the chunk's 2 wgmma as one group, keeping W4S_RING - 1 groups in flight
+//   (`wgmma.wait_group W4S_RING - 1` before reusing a buffer). Once every group of k block kb - 1
+//   has completed (chunk W4S_RING - 1 of kb), its 256 threads arrive on that stage's "empty"
+//   mbarrier, which the producer waits on before refilling it. No block-wide barrier in the loop.
+// - The weight words and (scale, zero) of a k block come from global into the consumer's
+//   registers one k block ahead, as in `w4g_wgmma`.
+// Producer copy mapping: warp pw copies rows pw + 4i (i = 0..31); per row two instructions (h =
+// 0, 1: chunks 4h .. 4h + 3), lane (t = lane / 8, l7 = lane % 8) the 32-bit word j = 16t + 8h + l7
+// of the row's k block (columns 2j, 2j + 1), which is word t of the piece (c = 4h + l7 / 2, kk =
+// l7 % 2): 4 full 32-byte sectors from global, 32 distinct banks in shared memory.
+
+#define W4S_STAGES 3
+#define W4S_BAR_OFF (W4S_STAGES * W4W_STAGE_BYTES + W4W_TOT_BYTES)  // mbarriers after the totals
+#define W4S_SMEM_BYTES (1024 + W4S_BAR_OFF + 16 * W4S_STAGES)       // 225 KB + 48 B
+#ifndef W4S_RING
+#define W4S_RING 4  // A-fragment buffers of a consumer (a power of two dividing 8)
+#endif
+#ifndef W4S_PREG
+#define W4S_PREG 40  // registers of a producer thread
+#endif
+#ifndef W4S_CREG
+#define W4S_CREG 224  // registers of a consumer thread (2 x 128 x 224 + 128 x 40 <= 64 K; 232 spills)
+#endif
+
+__device__ __forceinline__ void w4s_bar_init(unsigned a, unsigned count) {
+#if W4W_ON
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void w4s_arrive(unsigned a) {
+#if W4W_ON
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a)
+                 : "memory");
+#endif
+}
+// Block until the phase of parity `parity` of the mbarrier at `a` has completed.
+__device__ __forceinline__ void w4s_wait(unsigned a, unsigned parity) {
+#if W4W_ON
+    asm volatile(
+        "{\n.reg .pred p;\nW4S_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra W4S_WAIT;\n}\n" ::"r"(a),
+        "r"(parity)
+        : "memory");
+#endif
+}
+// 4 bytes global -> shared (zero fill when bytes == 0).
+__device__ __forceinline__ void w4s_cp4(unsigned dst, const void* src, int bytes) {
+#if W4W_ON
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+#endif
+}
+// The mbarrier at `a` gets one arrival when all of this thread's earlier cp.async have landed.
+__device__ __forceinline__ void w4s_cp_arrive(unsigned a) {
+#if W4W_ON
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+#endif
+}
+
+// The two A-fragment halves of chunk 2q + hf from word q (`w4g_decode2`'s b[2 hf], b[2 hf + 1]:
+// the same operations on the same nibbles).
+template <typename T>
+__device__ __forceinline__ void w4s_decode1(unsigned w, unsigned s2, unsigned zb, int hf,
+                                            unsigned* b) {
+    const unsigned M = 0x000f000fu, X = W4gDec<T>::MAGIC;
+    const unsigned v = w >> (8 * hf);
+    b[0] = W4gDec<T>::apply(w4g_and_or(v, M, X), zb, s2);
+    b[1] = W4gDec<T>::apply(w4g_and_or(v >> 4, M, X), zb, s2);
+}
+
+template <typename T>
+__device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                       const T* scales, const unsigned char* zeros, int kblocks,
+                                       int ks, int gshift, int gstore, int n, void* out,
+                                       int out_f32, int tiles) {
+#if W4W_ON
+    extern __shared__ unsigned char w4s_raw[];
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(w4s_raw);
+    unsigned char* smem = w4s_raw + (((raw + 1023u) & ~1023u) - raw);
+    const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+    float* tot = reinterpret_cast<float*>(smem + W4S_STAGES * W4W_STAGE_BYTES);
+    const unsigned full = sbase + W4S_BAR_OFF;    // full[s] at full + 8 s: 128 arrivals
+    const unsigned empty = full + 8 * W4S_STAGES;  // empty[s]: 256 arrivals
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < W4S_STAGES; ++s) {
+            w4s_bar_init(full + 8 * s, 128);
+            w4s_bar_init(empty + 8 * s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int r0 = blockIdx.y * W4W_ROWS;
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const int lane = tid & 31;
+    if (tid < 128) {
+        // Producer.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W4S_PREG));
+        const int pw = tid >> 5, t = lane >> 3, l7 = lane & 7;
+        for (int kb = 0; kb < kblocks; ++kb) {
+            const int s = kb % W4S_STAGES;
+            // Stage s free: the consumers finished k block kb - W4S_STAGES.
+            if (kb >= W4S_STAGES) w4s_wait(empty + 8 * s, (unsigned)(kb / W4S_STAGES - 1) & 1u);
+            const unsigned st = sbase + s * W4W_STAGE_BYTES + 4 * t;
+            const unsigned short* src0 = xs + kb * W4G_KB + 2 * (16 * t + l7);
+#pragma unroll 4
+            for (int i = 0; i < 32; ++i) {
+                const int nr = pw + 4 * i, r = r0 + nr;
+                const bool in = r < m;
+                const unsigned short* src = src0 + (size_t)(in ? r : 0) * k;
+                // Word t of the pieces (c = 4h + l7 / 2, kk = l7 % 2, row nr), h = 0, 1.
+                w4s_cp4(st + w4w_off(l7 >> 1, l7 & 1, nr), src, in ? 4 : 0);
+                w4s_cp4(st + w4w_off(4 + (l7 >> 1), l7 & 1, nr), src + 16, in ? 4 : 0);
+            }
+            w4s_cp_arrive(full + 8 * s);
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+    // Consumers.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(W4S_CREG));
+    const int ct = tid - 128;  // 0 .. 255
+    const int g = lane >> 2, t = lane & 3;
+    const int cw = ct >> 7, w = (ct >> 5) & 3;  // consumer warpgroup, warp in it
+    // n8 tiles of the thread: m64 tile j (0, 1), half e (0, 1): tile ntw + 8 j + e.
+    const int ntw = blockIdx.x * (W4W_OUTS / 8) + cw * 16 + 2 * w;
+    const bool act0 = ntw < tiles, act1 = ntw + 8 < tiles;  // tiles % 8 == 0: whole m64 tiles
+    const int per = kblocks / ks;
+    const int sstride = gstore * 8;
+    const unsigned short* sp = reinterpret_cast<const unsigned short*>(scales);
+    float acc[2][64];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < 128; ++i) tot[i * 256 + ct] = 0.0f;
+    uint4 wq[4];
+    unsigned szc[4];
+    auto load_w = [&](int kb) {
+        const int gi = (kb * 8 + 2 * t) >> gshift;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int nt = min(ntw + 8 * (q >> 1) + (q & 1), tiles - 1);
+            wq[q] = __ldg(qw + ((size_t)nt * kblocks + kb) * 32 + lane);
+            const size_t i = (size_t)nt * sstride + g + (size_t)gi * 8;
+            szc[q] = (unsigned)__ldg(sp + i) | ((zeros ? (unsigned)__ldg(zeros + i) : 8u) << 16);
+        }
+    };
+    load_w(0);
+    unsigned fa[W4S_RING][2][4];
+    for (int kb = 0; kb < kblocks; ++kb) {
+        const int s = kb % W4S_STAGES;
+        w4s_wait(full + 8 * s, (unsigned)(kb / W4S_STAGES) & 1u);
+        // The copies landed (generic proxy); order them before this thread's wgmma operand reads.
+        w4w_proxy_fence();
+        const uint4 cq[4] = {wq[0], wq[1], wq[2], wq[3]};
+        const unsigned csz[4] = {szc[0], szc[1], szc[2], szc[3]};
+        if (kb + 1 < kblocks) load_w(kb + 1);
+        const unsigned stage = sbase + s * W4W_STAGE_BYTES;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            // Buffer c % W4S_RING is free once at most W4S_RING - 1 groups are pending.
+            w4w_wait<W4S_RING - 1>();
+            // At chunk W4S_RING - 1 every group of k block kb - 1 has completed: free its stage.
+            if (c == W4S_RING - 1 && kb > 0) w4s_arrive(empty + 8 * ((kb - 1) % W4S_STAGES));
+            const int q = c >> 1, hf = c & 1;
+            unsigned* f = fa[c % W4S_RING][0];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                unsigned d0[2], d1[2];
+                const unsigned s0 = csz[2 * j], s1 = csz[2 * j + 1];
+                const uint4& c0 = cq[2 * j];
+                const uint4& c1 = cq[2 * j + 1];
+                const unsigned w0 = q == 0 ? c0.x : q == 1 ? c0.y : q == 2 ? c0.z : c0.w;
+                const unsigned w1 = q == 0 ? c1.x : q == 1 ? c1.y : q == 2 ? c1.z : c1.w;
+                w4s_decode1<T>(w0, __byte_perm(s0, 0u, 0x1010), W4gDec<T>::bias((int)(s0 >> 16)), hf, d0);
+                w4s_decode1<T>(w1, __byte_perm(s1, 0u, 0x1010), W4gDec<T>::bias((int)(s1 >> 16)), hf, d1);
+                f[4 * j + 0] = d0[0];
+                f[4 * j + 1] = d1[0];
+                f[4 * j + 2] = d0[1];
+                f[4 * j + 3] = d1[1];
+            }
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int i = 0; i < 64; ++i) w4w_reg(acc[j][i]);
+            w4w_fence();
+            const unsigned long long db = w4w_desc(stage, c);
+            w4w_mma<T>(acc[0], fa[c % W4S_RING][0], db);
+            w4w_mma<T>(acc[1], fa[c % W4S_RING][1], db);
+            w4w_commit();
+        }
+        if ((kb + 1) % per == 0) {
+            // Slice end: every group done, total += P_s (f32, slices in order), P from zero.
+            w4w_wait<0>();
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int i = 0; i < 64; ++i) {
+                    w4w_reg(acc[j][i]);
+                    tot[(j * 64 + i) * 256 + ct] += acc[j][i];
+                    acc[j][i] = 0.0f;
+                }
+        }
+    }
+    w4w_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        if (j == 0 ? !act0 : !act1) continue;
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+            // D fragment: n8 block i / 4 (x rows), e = i % 4.
+            const int e = i & 3;
+            const int row = r0 + 8 * (i >> 2) + 2 * t + (e & 1);
+            const int col = (ntw + 8 * j) * 8 + g + (e >= 2 ? 8 : 0);
+            if (row < m && col < n) {
+                const float v = tot[(j * 64 + i) * 256 + ct];
+                const size_t o = (size_t)row * n + col;
+                if (out_f32) {
+                    static_cast<float*>(out)[o] = v;
+                } else {
+                    Io<T>::store(static_cast<T*>(out), (long)o, v);
+                }
+            }
+        }
+    }
+#else
+    __trap();
+#endif
+}
+
+// `w4g_ws_{f16,bf16}`: grid (ceil(Np / 256), ceil(m / 128)), 384 threads, W4S_SMEM_BYTES of
+// dynamic shared memory; `tiles` = Np / 8. sm_90a only (traps elsewhere).
+#define W4S_ENTRY(SUF, T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(384, 1) w4g_ws_##SUF(                            \
+        const T* x, int m, int k, const uint4* qw, const T* scales, const unsigned char* zeros,   \
+        int kblocks, int ks, int gshift, int gstore, int n, void* out, int out_f32, int tiles) {  \
+        w4g_ws<T>(x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32,     \
+                  tiles);                                                                        \
+    }
+W4S_ENTRY(f16, __half)
+W4S_ENTRY(bf16, bf16_t)

@@ -1,6 +1,6 @@
 //! Where the packed 4-bit matmul should leave the GEMV for the GEMM (issue 10): the GEMV
 //! (`w4_gemv32` blocks of 32 rows, `grid.y = ⌈m / 32⌉`) and the GEMMs (`w4_gemm`, the wide sm_90
-//! `w4g_gemm`, the sm_90 warpgroup-MMA `w4g_wgmma`) timed at 32 … 4 096 rows on every packed linear shape of Qwen3.5-27B, and the sum
+//! `w4g_gemm`, the sm_90 warpgroup-MMA `w4g_wgmma` and its warp-specialised `w4g_ws`) timed at 32 … 4 096 rows on every packed linear shape of Qwen3.5-27B, and the sum
 //! over one decode step's linears (48 Gated DeltaNet layers, 16 gated-attention layers, 64 MLPs)
 //! for each choice. The kernels agree bit for bit (the one numeric path of `kernels/w4a16.cu`), so
 //! the switch point is a speed question only; this test checks that equality at every row count it
@@ -50,14 +50,15 @@ fn w4a16_gemv_or_gemm_by_rows() {
         ("gemm", W4Kernel::GemmBase),
         ("wide", W4Kernel::GemmWide),
         ("wgmma", W4Kernel::GemmWgmma),
+        ("ws", W4Kernel::GemmWs),
     ];
     // `KILN_MIDM_ROWS=1024,4096`: only these row counts (a shorter GPU run).
     let rows: Vec<usize> = match std::env::var("KILN_MIDM_ROWS") {
         Ok(v) => v.split(',').filter_map(|m| m.trim().parse().ok()).collect(),
         Err(_) => ROWS.to_vec(),
     };
-    // Per-step totals (µs) per row count: [gemv, gemm, wide, wgmma].
-    let mut step = vec![[0.0f64; 4]; rows.len()];
+    // Per-step totals (µs) per row count: [gemv, gemm, wide, wgmma, ws].
+    let mut step = vec![[0.0f64; 5]; rows.len()];
     let max_m = *rows.iter().max().unwrap_or(&1);
     for (i, &(n, k, count)) in STEP_LINEARS.iter().enumerate() {
         let o = Owned::random(
@@ -111,16 +112,17 @@ fn w4a16_gemv_or_gemm_by_rows() {
         }
     }
     for (ri, &m) in rows.iter().enumerate() {
-        let [v, g, wd, wm] = step[ri];
-        let best = ["gemv", "gemm", "wide", "wgmma"][(0..4)
+        let [v, g, wd, wm, ws] = step[ri];
+        let best = ["gemv", "gemm", "wide", "wgmma", "ws"][(0..5)
             .min_by(|&a, &b| step[ri][a].total_cmp(&step[ri][b]))
             .unwrap_or(0)];
         println!(
-            "RESULT midm step M={m} linears_ms gemv={:.2} gemm={:.2} wide={:.2} wgmma={:.2} best={best}",
+            "RESULT midm step M={m} linears_ms gemv={:.2} gemm={:.2} wide={:.2} wgmma={:.2} ws={:.2} best={best}",
             v / 1e3,
             g / 1e3,
             wd / 1e3,
             wm / 1e3,
+            ws / 1e3,
         );
     }
 }

@@ -203,14 +203,17 @@ impl KernelModule {
                 }
                 d
             }
-            // `KILN_W4W_DEFINES=W4W_SWZ=0`: build the warpgroup-MMA GEMM with these
-            // layout options of `w4g_wgmma` (a measurement knob: every option gives
-            // the same bits; see kernels/w4a16_wgmma.cu).
+            // `KILN_W4W_DEFINES=W4W_SWZ=0,W4S_RING=2`: build the warpgroup-MMA GEMMs with
+            // these layout / schedule options of `w4g_wgmma` / `w4g_ws` (a measurement knob:
+            // every option gives the same bits; see kernels/w4a16_wgmma.cu).
             KernelModule::W4a16Wgmma => std::env::var("KILN_W4W_DEFINES")
                 .map(|v| {
                     v.split(',')
                         .map(str::trim)
-                        .filter(|d| d.starts_with("W4W_") && !d.contains(char::is_whitespace))
+                        .filter(|d| {
+                            (d.starts_with("W4W_") || d.starts_with("W4S_"))
+                                && !d.contains(char::is_whitespace)
+                        })
                         .map(|d| format!("-D{d}"))
                         .collect()
                 })
@@ -388,6 +391,7 @@ impl KernelModule {
                 KernelModule::W4a16Wgmma => {
                     if t != "f32" {
                         names.push(format!("w4g_wgmma_{t}"));
+                        names.push(format!("w4g_ws_{t}"));
                     }
                 }
                 KernelModule::GgufMm => {

@@ -136,6 +136,9 @@ pub enum W4Kernel {
     /// The warpgroup-MMA `w4g_wgmma` (256 × 128 tiles) where the sm_90 GEMMs apply on an sm_90
     /// GPU, `w4g_gemm` on sm_100, else `w4_gemm`.
     GemmWgmma,
+    /// The warp-specialised warpgroup-MMA `w4g_ws` (256 × 128 tiles, a producer warpgroup) where
+    /// the sm_90 GEMMs apply on an sm_90 GPU, `w4g_gemm` on sm_100, else `w4_gemm`.
+    GemmWs,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
 }
@@ -362,6 +365,7 @@ impl CudaBackend {
             W4Kernel::GemmTile => Some(wide::WideKind::Tile),
             W4Kernel::GemmSplit => Some(wide::WideKind::Split),
             W4Kernel::GemmWgmma => Some(wide::WideKind::Wgmma),
+            W4Kernel::GemmWs => Some(wide::WideKind::Ws),
             _ => None,
         };
         if let Some(kind) = wide_kind.filter(|_| self.w4g_gemm_ok(parts, w.k)) {
@@ -376,7 +380,8 @@ impl CudaBackend {
             | W4Kernel::GemmWide
             | W4Kernel::GemmTile
             | W4Kernel::GemmSplit
-            | W4Kernel::GemmWgmma => W4Kernel::Gemm,
+            | W4Kernel::GemmWgmma
+            | W4Kernel::GemmWs => W4Kernel::Gemm,
             other => other,
         };
         if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
@@ -410,7 +415,8 @@ impl CudaBackend {
             | W4Kernel::GemmWide
             | W4Kernel::GemmTile
             | W4Kernel::GemmSplit
-            | W4Kernel::GemmWgmma => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
+            | W4Kernel::GemmWgmma
+            | W4Kernel::GemmWs => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Fma => Some(&self.k.w4_fma),
         }
         .ok_or_else(|| {
@@ -429,7 +435,8 @@ impl CudaBackend {
             | W4Kernel::GemmWide
             | W4Kernel::GemmTile
             | W4Kernel::GemmSplit
-            | W4Kernel::GemmWgmma => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
+            | W4Kernel::GemmWgmma
+            | W4Kernel::GemmWs => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
             W4Kernel::Fma => (
                 32 * parts.k_slices,
                 (parts.n_pad / TILE_N, rows.div_ceil(16)),

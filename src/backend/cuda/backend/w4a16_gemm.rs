@@ -15,7 +15,11 @@
 //!   steps of more than [`WGMMA_MIN_ROWS`] rows there):
 //!   256 outputs × 128 rows per block, two warpgroups of warpgroup MMAs (`wgmma` m64n128k16, the
 //!   decoded weights as register A operands, x from shared memory), the slice totals in shared
-//!   memory (225 KB per block); the same bits (tests/cuda_wgmma_probe.rs).
+//!   memory (225 KB per block); the same bits (tests/cuda_wgmma_probe.rs);
+//! - [`WideKind::Ws`] (`w4g_ws_*` of `kernels/w4a16_wgmma.cu`, sm_90 only): the same tile and
+//!   arithmetic, warp-specialised: a producer warpgroup stages x by `cp.async` into a 3-stage
+//!   ring of mbarriers, two consumer warpgroups keep several wgmma groups in flight (384
+//!   threads, 225 KB).
 //!
 //! The ranges are the H200 measurements of docs/benchmarks.md (branch `gemm`). A child module of
 //! `w4a16.rs` (it reads the private [`CudaPackedParts`]). They run where
@@ -56,8 +60,14 @@ pub(super) const WGMMA_MIN_ROWS: usize = 1024;
 /// tile); weights with another slice count run [`WideKind::Tile`] instead.
 const SPLIT_KS: usize = 8;
 
-/// Threads of a block (all four kernels).
+/// Threads of a block (all kernels but [`WideKind::Ws`]).
 const THREADS: u32 = 256;
+/// Threads of a [`WideKind::Ws`] block: a producer warpgroup and two consumer warpgroups.
+const WS_THREADS: u32 = 384;
+/// Dynamic shared memory of a [`WideKind::Ws`] block: [`WGMMA_SMEM`] and 6 mbarriers (3 stages
+/// × full / empty); `W4S_SMEM_BYTES`.
+const WS_SMEM: usize = WGMMA_SMEM + 6 * 8;
+const _: () = assert!(WS_SMEM <= 227 * 1024);
 
 /// Rows × outputs of the narrow block tile (`W4G_TILE_CFG`: 8 warps of 64 rows × 16 outputs).
 const TILE_ROWS: usize = 64;
@@ -95,6 +105,8 @@ pub(super) enum WideKind {
     /// `w4g_wgmma_*`: 256 × 128 tiles of warpgroup MMAs (sm_90 only; elsewhere [`WideKind::Wide`]
     /// runs in its place).
     Wgmma,
+    /// `w4g_ws_*`: the same tiles, warp-specialised (sm_90 only; elsewhere [`WideKind::Wide`]).
+    Ws,
 }
 
 impl WideKind {
@@ -129,6 +141,16 @@ impl WideKind {
             WideKind::Tile => (TILE_ROWS, TILE_OUTS, 1, TILE_SMEM),
             WideKind::Wide => (WIDE_ROWS, WIDE_OUTS, 1, WIDE_SMEM),
             WideKind::Wgmma => (WGMMA_ROWS, WGMMA_OUTS, 1, WGMMA_SMEM),
+            WideKind::Ws => (WGMMA_ROWS, WGMMA_OUTS, 1, WS_SMEM),
+        }
+    }
+
+    /// Threads of a block.
+    fn threads(self) -> u32 {
+        if self == WideKind::Ws {
+            WS_THREADS
+        } else {
+            THREADS
         }
     }
 
@@ -147,6 +169,7 @@ pub(crate) struct WideKernels {
     tile: CudaFunction,
     split: CudaFunction,
     wgmma: CudaFunction,
+    ws: CudaFunction,
 }
 
 impl WideKernels {
@@ -158,6 +181,7 @@ impl WideKernels {
             tile: all.get(&format!("w4g_tile_{t}"))?.clone(),
             split: all.get(&format!("w4g_split_{t}"))?.clone(),
             wgmma: all.get(&format!("w4g_wgmma_{t}"))?.clone(),
+            ws: all.get(&format!("w4g_ws_{t}"))?.clone(),
         })
     }
 
@@ -167,6 +191,7 @@ impl WideKernels {
             WideKind::Tile => &self.tile,
             WideKind::Wide => &self.wide,
             WideKind::Wgmma => &self.wgmma,
+            WideKind::Ws => &self.ws,
         }
     }
 }
@@ -218,7 +243,7 @@ impl CudaBackend {
             BackendError::Unsupported("w4g_gemm needs a 16-bit compute dtype".into())
         })?;
         let mut kind = kind.or_tile(parts.k_slices);
-        if kind == WideKind::Wgmma && !self.w4g_wgmma_ok() {
+        if matches!(kind, WideKind::Wgmma | WideKind::Ws) && !self.w4g_wgmma_ok() {
             kind = WideKind::Wide;
         }
         let f = ks.function(kind);
@@ -256,7 +281,7 @@ impl CudaBackend {
             .arg(&tiles);
         let cfg = LaunchConfig {
             grid_dim: (gx, gy, gz),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (kind.threads(), 1, 1),
             shared_mem_bytes: smem as u32,
         };
         tracing::trace!(rows, n = w.n, k = w.k, ?kind, gx, gy, gz, "w4g launch");
@@ -301,6 +326,12 @@ mod tests {
         assert_eq!(WideKind::Wgmma.grid(4096, 17408), (68, 32, 1));
         assert_eq!(WideKind::Wgmma.grid(129, 64), (1, 2, 1));
         assert_eq!(WGMMA_SMEM, 230_400);
+        assert_eq!(WideKind::Ws.grid(4096, 17408), (68, 32, 1));
+        assert_eq!(WS_SMEM, 230_448);
+        assert_eq!(
+            (WideKind::Ws.threads(), WideKind::Wgmma.threads()),
+            (384, 256)
+        );
         assert_eq!(WideKind::Tile.grid(257, 64), (1, 5, 1));
         assert_eq!(WideKind::Split.grid(64, 5120), (40, 1, 8));
         assert_eq!(WIDE_SMEM, 229_376);
