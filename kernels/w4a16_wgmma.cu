@@ -1,8 +1,11 @@
-// w4a16_wgmma.cu: `w4g_wgmma`, the sm_90a warpgroup-MMA GEMM on packed 4-bit integer weights for
-// large steps (issue 10 item 7), out[r, n] = sum_k x[r, k] * W[n, k]; the host picks it on sm_90
-// above `WGMMA_MIN_ROWS` rows (src/backend/cuda/backend/w4a16_gemm.rs). Its own module because
-// it is compiled for the arch-specific target `sm_90a` on an sm_90 GPU (`KernelModule::nvrtc_arch`)
-// while kernels/w4a16_gemm.cu keeps the plain arch.
+// w4a16_wgmma.cu: the sm_90a warpgroup-MMA GEMMs on packed 4-bit integer weights for large steps
+// (issue 10 item 7), out[r, n] = sum_k x[r, k] * W[n, k]: `w4g_wgmma` (all threads stage x and
+// run wgmma, a block barrier per k block) and `w4g_ws`, the same tile and arithmetic
+// warp-specialised (a producer warpgroup and mbarriers), which the host picks on sm_90 above
+// `WGMMA_MIN_ROWS` rows and on large 1024-row grids (src/backend/cuda/backend/w4a16_gemm.rs;
+// `KILN_W4G_WS=0` picks `w4g_wgmma` instead). Their own module because it is compiled for the
+// arch-specific target `sm_90a` on an sm_90 GPU (`KernelModule::nvrtc_arch`) while
+// kernels/w4a16_gemm.cu keeps the plain arch.
 //
 // Layout, scope and numerics: those of kernels/w4a16_gemm.cu (read its header and w4a16.cu's
 // first). The decode helpers below are copies of w4a16.cu's `W4Dec`, `w4_and_or`, `w4_decode2`
@@ -379,7 +382,8 @@ W4W_ENTRY(bf16, bf16_t)
 //   `w4g_wgmma`'s warpgroup. A consumer waits on the stage's full barrier, decodes chunk by chunk
 //   (one chunk = its two m64 tiles' A fragments, 8 registers) into a ring of W4S_RING buffers and
 //   issues the chunk's 2 wgmma as one group, keeping W4S_RING - 1 groups in flight
-//   (`wgmma.wait_group W4S_RING - 1` before reusing a buffer). Once every group of k block kb - 1
+//   (`wgmma.wait_group W4S_RING - 1` before reusing a buffer). The slice totals are 128-bit
+//   accesses (each thread's own 32 float4). Once every group of k block kb - 1
 //   has completed (chunk W4S_RING - 1 of kb), its 256 threads arrive on that stage's "empty"
 //   mbarrier, which the producer waits on before refilling it. No block-wide barrier in the loop.
 // - The weight words and (scale, zero) of a k block come from global into the consumer's
@@ -393,7 +397,10 @@ W4W_ENTRY(bf16, bf16_t)
 #define W4S_BAR_OFF (W4S_STAGES * W4W_STAGE_BYTES + W4W_TOT_BYTES)  // mbarriers after the totals
 #define W4S_SMEM_BYTES (1024 + W4S_BAR_OFF + 16 * W4S_STAGES)       // 225 KB + 48 B
 #ifndef W4S_RING
-#define W4S_RING 4  // A-fragment buffers of a consumer (a power of two dividing 8)
+#define W4S_RING 2  // A-fragment buffers of a consumer (2 or 4; 4 measured 0-3% slower on the H200)
+#endif
+#ifndef W4S_GROUP_M
+#define W4S_GROUP_M 0  // > 0: blocks launched in groups of this many row tiles (L2 reuse), 0: grid order
 #endif
 #ifndef W4S_PREG
 #define W4S_PREG 40  // registers of a producer thread
@@ -438,6 +445,24 @@ __device__ __forceinline__ void w4s_cp_arrive(unsigned a) {
 #endif
 }
 
+// The (output tile, row tile) of this block: the grid's own (x, y), or with W4S_GROUP_M > 0 the
+// launch order regrouped so that consecutive blocks walk the output tiles of W4S_GROUP_M row tiles
+// together (the blocks resident at a time then share fewer weight columns and x rows in L2).
+// Either way every tile is computed once, by the same arithmetic.
+__device__ __forceinline__ void w4s_tile(int& bx, int& by) {
+#if W4S_GROUP_M > 0
+    const int gx = (int)gridDim.x, gy = (int)gridDim.y;
+    const int lin = (int)blockIdx.y * gx + (int)blockIdx.x;
+    const int span = W4S_GROUP_M * gx, first = (lin / span) * W4S_GROUP_M;
+    const int rows = min(W4S_GROUP_M, gy - first), in = lin % span;
+    by = first + in % rows;
+    bx = in / rows;
+#else
+    bx = (int)blockIdx.x;
+    by = (int)blockIdx.y;
+#endif
+}
+
 // The two A-fragment halves of chunk 2q + hf from word q (`w4g_decode2`'s b[2 hf], b[2 hf + 1]:
 // the same operations on the same nibbles).
 template <typename T>
@@ -471,27 +496,43 @@ __device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    const int r0 = blockIdx.y * W4W_ROWS;
+    int bx, by;
+    w4s_tile(bx, by);
+    const int r0 = by * W4W_ROWS;
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
     const int lane = tid & 31;
     if (tid < 128) {
         // Producer.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W4S_PREG));
         const int pw = tid >> 5, t = lane >> 3, l7 = lane & 7;
+        // Row nr = pw + 4 i (i = 0 .. 31) is 8 (i / 2) + pw + 4 (i % 2): its pieces sit at the
+        // offset of row pw (+ 4 for odd i) plus i / 2 8-row groups (`w4w_off`, either layout).
+        const int c0 = l7 >> 1, kk = l7 & 1;
+        const unsigned grp = (unsigned)(w4w_off(c0, kk, 8) - w4w_off(c0, kk, 0));
+        const unsigned dl[2][2] = {
+            {(unsigned)w4w_off(c0, kk, pw) + 4 * t, (unsigned)w4w_off(4 + c0, kk, pw) + 4 * t},
+            {(unsigned)w4w_off(c0, kk, pw + 4) + 4 * t,
+             (unsigned)w4w_off(4 + c0, kk, pw + 4) + 4 * t}};
+        // Rows of the tile below m: i < nin.
+        const int nin = min(32, max(0, (m - r0 - pw + 3) >> 2));
+        const size_t rstep = (size_t)4 * k;
+        const unsigned short* row0 = xs + (size_t)(r0 + pw) * k + 2 * (16 * t + l7);
         for (int kb = 0; kb < kblocks; ++kb) {
             const int s = kb % W4S_STAGES;
             // Stage s free: the consumers finished k block kb - W4S_STAGES.
             if (kb >= W4S_STAGES) w4s_wait(empty + 8 * s, (unsigned)(kb / W4S_STAGES - 1) & 1u);
-            const unsigned st = sbase + s * W4W_STAGE_BYTES + 4 * t;
-            const unsigned short* src0 = xs + kb * W4G_KB + 2 * (16 * t + l7);
-#pragma unroll 4
+            const unsigned st = sbase + s * W4W_STAGE_BYTES;
+            const unsigned short* src = row0 + kb * W4G_KB;
+#pragma unroll 8
             for (int i = 0; i < 32; ++i) {
-                const int nr = pw + 4 * i, r = r0 + nr;
-                const bool in = r < m;
-                const unsigned short* src = src0 + (size_t)(in ? r : 0) * k;
-                // Word t of the pieces (c = 4h + l7 / 2, kk = l7 % 2, row nr), h = 0, 1.
-                w4s_cp4(st + w4w_off(l7 >> 1, l7 & 1, nr), src, in ? 4 : 0);
-                w4s_cp4(st + w4w_off(4 + (l7 >> 1), l7 & 1, nr), src + 16, in ? 4 : 0);
+                const bool in = i < nin;
+                // Word t of the pieces (c = 4h + l7 / 2, kk = l7 % 2, row nr), h = 0, 1; a row
+                // past m is zero-filled (nothing read: the address is within x's first row).
+                const unsigned short* sp0 = in ? src : xs;
+                const unsigned d = st + (i >> 1) * grp;
+                w4s_cp4(d + dl[i & 1][0], sp0, in ? 4 : 0);
+                w4s_cp4(d + dl[i & 1][1], sp0 + 16, in ? 4 : 0);
+                src += rstep;
             }
             w4s_cp_arrive(full + 8 * s);
         }
@@ -504,7 +545,7 @@ __device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __
     const int g = lane >> 2, t = lane & 3;
     const int cw = ct >> 7, w = (ct >> 5) & 3;  // consumer warpgroup, warp in it
     // n8 tiles of the thread: m64 tile j (0, 1), half e (0, 1): tile ntw + 8 j + e.
-    const int ntw = blockIdx.x * (W4W_OUTS / 8) + cw * 16 + 2 * w;
+    const int ntw = bx * (W4W_OUTS / 8) + cw * 16 + 2 * w;
     const bool act0 = ntw < tiles, act1 = ntw + 8 < tiles;  // tiles % 8 == 0: whole m64 tiles
     const int per = kblocks / ks;
     const int sstride = gstore * 8;
@@ -514,8 +555,11 @@ __device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __
     for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[j][i] = 0.0f;
+    // Slice totals: element e = 64 j + i of the thread in float4 (e / 4) * 256 + ct, lane e % 4
+    // (128-bit accesses, a warp's 512 contiguous bytes).
+    float4* tot4 = reinterpret_cast<float4*>(tot);
 #pragma unroll 8
-    for (int i = 0; i < 128; ++i) tot[i * 256 + ct] = 0.0f;
+    for (int v = 0; v < 32; ++v) tot4[v * 256 + ct] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     uint4 wq[4];
     unsigned szc[4];
     auto load_w = [&](int kb) {
@@ -578,10 +622,19 @@ __device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
-                for (int i = 0; i < 64; ++i) {
-                    w4w_reg(acc[j][i]);
-                    tot[(j * 64 + i) * 256 + ct] += acc[j][i];
-                    acc[j][i] = 0.0f;
+                for (int i4 = 0; i4 < 16; ++i4) {
+                    float* a = &acc[j][4 * i4];
+                    w4w_reg(a[0]);
+                    w4w_reg(a[1]);
+                    w4w_reg(a[2]);
+                    w4w_reg(a[3]);
+                    float4 v = tot4[(j * 16 + i4) * 256 + ct];
+                    v.x += a[0];
+                    v.y += a[1];
+                    v.z += a[2];
+                    v.w += a[3];
+                    tot4[(j * 16 + i4) * 256 + ct] = v;
+                    a[0] = a[1] = a[2] = a[3] = 0.0f;
                 }
         }
     }
@@ -596,7 +649,8 @@ __device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __
             const int row = r0 + 8 * (i >> 2) + 2 * t + (e & 1);
             const int col = (ntw + 8 * j) * 8 + g + (e >= 2 ? 8 : 0);
             if (row < m && col < n) {
-                const float v = tot[(j * 64 + i) * 256 + ct];
+                const float4 v4 = tot4[(j * 16 + (i >> 2)) * 256 + ct];
+                const float v = e == 0 ? v4.x : e == 1 ? v4.y : e == 2 ? v4.z : v4.w;
                 const size_t o = (size_t)row * n + col;
                 if (out_f32) {
                     static_cast<float*>(out)[o] = v;

@@ -11,7 +11,8 @@
 //!
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run`):
 //! `LD_LIBRARY_PATH=/usr/local/cuda/lib64 cuda_w4a16_midm-<hash> --ignored --test-threads=1 --nocapture`
-//! (`KILN_MIDM_ROWS=1024,4096` times only those row counts).
+//! (`KILN_MIDM_ROWS=1024,4096` times only those row counts; `KILN_MIDM_KERNELS=wgmma,ws` only
+//! those kernels besides the GEMV, the reference of the bit check).
 //!
 //! Timing as in `cuda_w4a16_bench`: host wall clock around back-to-back launches on the backend's
 //! stream, median of several repetitions; random CT W4A16 weights (symmetric, group 128), bf16.
@@ -45,13 +46,26 @@ const ROWS: [usize; 12] = [32, 33, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 40
 fn w4a16_gemv_or_gemm_by_rows() {
     let b = gpu("bf16", "auto");
     println!("device: {}", b.name());
-    let kernels = [
+    let all = [
         ("gemv", W4Kernel::Gemv),
         ("gemm", W4Kernel::GemmBase),
         ("wide", W4Kernel::GemmWide),
         ("wgmma", W4Kernel::GemmWgmma),
         ("ws", W4Kernel::GemmWs),
     ];
+    // `KILN_MIDM_KERNELS=wgmma,ws`: only these besides the GEMV (a shorter GPU run; the skipped
+    // kernels' columns read 0).
+    let only: Option<Vec<String>> = std::env::var("KILN_MIDM_KERNELS")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    let kernels: Vec<(usize, &str, W4Kernel)> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, (name, _))| {
+            *i == 0 || only.as_ref().is_none_or(|o| o.iter().any(|s| s == name))
+        })
+        .map(|(i, &(name, kern))| (i, name, kern))
+        .collect();
     // `KILN_MIDM_ROWS=1024,4096`: only these row counts (a shorter GPU run).
     let rows: Vec<usize> = match std::env::var("KILN_MIDM_ROWS") {
         Ok(v) => v.split(',').filter_map(|m| m.trim().parse().ok()).collect(),
@@ -78,12 +92,11 @@ fn w4a16_gemv_or_gemm_by_rows() {
         for (ri, &m) in rows.iter().enumerate() {
             let mut line = format!("RESULT midm N={n} K={k} M={m}");
             let mut first: Option<Vec<f32>> = None;
-            for (ki, (name, kern)) in kernels.iter().enumerate() {
+            for &(ki, name, kern) in &kernels {
                 // A fresh NaN-poisoned output per kernel, so a kernel that wrote nothing fails.
                 let mut out = b.upload(&vec![f32::NAN; m * n]).expect("out");
                 let t = time(&b, || {
-                    b.matmul_w4_with(&x, m, &w, &mut out, *kern)
-                        .expect("matmul")
+                    b.matmul_w4_with(&x, m, &w, &mut out, kern).expect("matmul")
                 });
                 step[ri][ki] += t * 1e6 * count as f64;
                 let flops = 2.0 * (m * n * k) as f64;

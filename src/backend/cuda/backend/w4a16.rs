@@ -119,7 +119,8 @@ pub enum W4Kernel {
     /// Tensor-core GEMM (picked above [`GEMV_MAX_ROWS`] rows), the kernel by the step's shape: on
     /// sm_90 / sm_100 where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K while the
     /// step has few 64 × 128 tiles, one-CTA 64 × 128 tiles to 2048 rows, 128 × 256 tiles above;
-    /// on sm_90 the warpgroup-MMA 256 × 128 tiles above 1024 rows);
+    /// on sm_90 the warp-specialised warpgroup-MMA `w4g_ws` (256 × 128 tiles) above 1024 rows and
+    /// at 1024 rows on grids of ≥ 160 of its blocks);
     /// elsewhere the GEMV's 32-row blocks to [`GEMV_MID_ROWS`] rows, then `w4_gemm` (128 × 128
     /// block tiles staged by cp.async).
     Gemm,
@@ -360,6 +361,7 @@ impl CudaBackend {
                 parts.n_pad,
                 parts.k_slices,
                 self.w4g_wgmma_ok(),
+                wide::ws_enabled(),
             )),
             W4Kernel::GemmWide => Some(wide::WideKind::Wide),
             W4Kernel::GemmTile => Some(wide::WideKind::Tile),

@@ -18,8 +18,10 @@
 //!   memory (225 KB per block); the same bits (tests/cuda_wgmma_probe.rs);
 //! - [`WideKind::Ws`] (`w4g_ws_*` of `kernels/w4a16_wgmma.cu`, sm_90 only): the same tile and
 //!   arithmetic, warp-specialised: a producer warpgroup stages x by `cp.async` into a 3-stage
-//!   ring of mbarriers, two consumer warpgroups keep several wgmma groups in flight (384
-//!   threads, 225 KB).
+//!   ring of mbarriers, two consumer warpgroups decode and issue wgmma without a block barrier
+//!   (384 threads, 225 KB); picked in place of [`WideKind::Wgmma`] (steps of more than
+//!   [`WGMMA_MIN_ROWS`] rows, and of [`WS_MIN_ROWS`] rows on grids of ≥ [`WS_MIN_CTAS`] blocks)
+//!   unless `KILN_W4G_WS=0`.
 //!
 //! The ranges are the H200 measurements of docs/benchmarks.md (branch `gemm`). A child module of
 //! `w4a16.rs` (it reads the private [`CudaPackedParts`]). They run where
@@ -52,9 +54,34 @@ pub(super) const SPLIT_MAX_TILES: usize = 320;
 /// 4096) where [`WideKind::Wgmma`] does not.
 pub(super) const TILE_MAX_ROWS: usize = 2048;
 
-/// Steps of more rows than this run [`WideKind::Wgmma`] on an sm_90 GPU (docs/benchmarks.md,
-/// branch `wg`).
+/// Steps of more rows than this run the warpgroup-MMA GEMM on an sm_90 GPU: [`WideKind::Ws`]
+/// (or [`WideKind::Wgmma`] with `KILN_W4G_WS=0`; docs/benchmarks.md, branches `wg`, `wg2`).
 pub(super) const WGMMA_MIN_ROWS: usize = 1024;
+
+/// Steps of at least [`WS_MIN_ROWS`] rows whose [`WideKind::Ws`] grid has at least
+/// [`WS_MIN_CTAS`] blocks (more than a wave of the H200's 132 SMs) also run it. Measured at
+/// 1024 rows (docs/benchmarks.md, branch `wg2`): `w4g_ws` beat the 64 × 128 tile on the six
+/// 27B shapes of 160–544 blocks (e.g. 5120 × 17408: 705 against 780 µs) and lost on 1024 × 5120
+/// (32 blocks: 113 against 60 µs).
+pub(super) const WS_MIN_ROWS: usize = 1024;
+/// See [`WS_MIN_ROWS`].
+pub(super) const WS_MIN_CTAS: usize = 160;
+
+/// Whether [`WideKind::Ws`] takes the place of [`WideKind::Wgmma`] in the pick: on unless
+/// `KILN_W4G_WS=0` (a measurement switch, read once per process; an invalid value is reported
+/// and ignored).
+pub(super) fn ws_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(
+        || match super::super::launch::env_switch("KILN_W4G_WS", true) {
+            Ok(on) => on,
+            Err(e) => {
+                tracing::warn!(error = %e, "KILN_W4G_WS ignored");
+                true
+            }
+        },
+    )
+}
 
 /// K slices of [`WideKind::Split`] (`W4G_SPLIT_KS`: one CTA per slice, a cluster per output
 /// tile); weights with another slice count run [`WideKind::Tile`] instead.
@@ -111,10 +138,21 @@ pub(super) enum WideKind {
 
 impl WideKind {
     /// The kernel for a step of `rows` rows on a weight of `n_pad` padded outputs and `k_slices`
-    /// K slices, where `wgmma` says whether [`WideKind::Wgmma`] runs here.
-    pub(super) fn for_rows(rows: usize, n_pad: usize, k_slices: usize, wgmma: bool) -> WideKind {
+    /// K slices, where `wgmma` says whether the warpgroup-MMA kernels run here and `ws` whether
+    /// [`WideKind::Ws`] is picked in place of [`WideKind::Wgmma`] ([`ws_enabled`]).
+    pub(super) fn for_rows(
+        rows: usize,
+        n_pad: usize,
+        k_slices: usize,
+        wgmma: bool,
+        ws: bool,
+    ) -> WideKind {
         let tiles = n_pad.div_ceil(TILE_OUTS) * rows.div_ceil(TILE_ROWS);
-        if wgmma && rows > WGMMA_MIN_ROWS {
+        let ws_ctas = n_pad.div_ceil(WGMMA_OUTS) * rows.div_ceil(WGMMA_ROWS);
+        if wgmma && ws && (rows > WGMMA_MIN_ROWS || (rows >= WS_MIN_ROWS && ws_ctas >= WS_MIN_CTAS))
+        {
+            WideKind::Ws
+        } else if wgmma && rows > WGMMA_MIN_ROWS {
             WideKind::Wgmma
         } else if rows > TILE_MAX_ROWS {
             WideKind::Wide
@@ -303,19 +341,67 @@ mod tests {
     #[test]
     fn the_step_shape_picks_the_kernel() {
         // 17408 outputs: 136 tiles of 128 per 64 rows.
-        assert_eq!(WideKind::for_rows(33, 17408, 8, true), WideKind::Split);
-        assert_eq!(WideKind::for_rows(128, 17408, 8, false), WideKind::Split);
-        assert_eq!(WideKind::for_rows(129, 17408, 8, false), WideKind::Tile);
+        assert_eq!(
+            WideKind::for_rows(33, 17408, 8, true, true),
+            WideKind::Split
+        );
+        assert_eq!(
+            WideKind::for_rows(128, 17408, 8, false, true),
+            WideKind::Split
+        );
+        assert_eq!(
+            WideKind::for_rows(129, 17408, 8, false, true),
+            WideKind::Tile
+        );
         // 5120 outputs: 40 tiles per 64 rows, the split to 512 rows.
-        assert_eq!(WideKind::for_rows(512, 5120, 8, false), WideKind::Split);
-        assert_eq!(WideKind::for_rows(513, 5120, 8, false), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(64, 5120, 4, false), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2048, 17408, 8, false), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2049, 1024, 8, false), WideKind::Wide);
-        // Where wgmma runs (sm_90): above WGMMA_MIN_ROWS, whatever the shape.
-        assert_eq!(WideKind::for_rows(1024, 17408, 8, true), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(1025, 17408, 8, true), WideKind::Wgmma);
-        assert_eq!(WideKind::for_rows(4096, 1024, 1, true), WideKind::Wgmma);
+        assert_eq!(
+            WideKind::for_rows(512, 5120, 8, false, true),
+            WideKind::Split
+        );
+        assert_eq!(
+            WideKind::for_rows(513, 5120, 8, false, true),
+            WideKind::Tile
+        );
+        assert_eq!(WideKind::for_rows(64, 5120, 4, false, true), WideKind::Tile);
+        assert_eq!(
+            WideKind::for_rows(2048, 17408, 8, false, true),
+            WideKind::Tile
+        );
+        assert_eq!(
+            WideKind::for_rows(2049, 1024, 8, false, true),
+            WideKind::Wide
+        );
+        // Where the warpgroup-MMA kernels run (sm_90): w4g_ws above WGMMA_MIN_ROWS whatever the
+        // shape, and from WS_MIN_ROWS on grids of at least WS_MIN_CTAS blocks.
+        assert_eq!(
+            WideKind::for_rows(1023, 17408, 8, true, true),
+            WideKind::Tile
+        );
+        assert_eq!(WideKind::for_rows(1024, 17408, 8, true, true), WideKind::Ws);
+        assert_eq!(WideKind::for_rows(1024, 5120, 8, true, true), WideKind::Ws);
+        assert_eq!(
+            WideKind::for_rows(1024, 4096, 8, true, true),
+            WideKind::Tile
+        );
+        assert_eq!(
+            WideKind::for_rows(1024, 1024, 8, true, true),
+            WideKind::Split
+        );
+        assert_eq!(WideKind::for_rows(1025, 17408, 8, true, true), WideKind::Ws);
+        assert_eq!(WideKind::for_rows(4096, 1024, 1, true, true), WideKind::Ws);
+        // KILN_W4G_WS=0: the earlier pick (w4g_wgmma above WGMMA_MIN_ROWS).
+        assert_eq!(
+            WideKind::for_rows(1024, 17408, 8, true, false),
+            WideKind::Tile
+        );
+        assert_eq!(
+            WideKind::for_rows(1025, 17408, 8, true, false),
+            WideKind::Wgmma
+        );
+        assert_eq!(
+            WideKind::for_rows(4096, 1024, 1, true, false),
+            WideKind::Wgmma
+        );
         assert_eq!(WideKind::Split.or_tile(1), WideKind::Tile);
         assert_eq!(WideKind::Wide.or_tile(1), WideKind::Wide);
     }
