@@ -175,6 +175,20 @@ __device__ __forceinline__ uint4 dmma_ld(const unsigned short* __restrict__ p, i
     return __ldg(reinterpret_cast<const uint4*>(p + (long)r * k + col));
 }
 
+// The A fragments of k blocks c0 .. c0 + 4 (those < kb1; zeros past it) for weight rows lo
+// (fragment outputs g) and hi (g + 8) of w [n, k], lane column 8t of each block.
+__device__ __forceinline__ void dmma_ld_a4(const unsigned short* __restrict__ w, int lo, int hi,
+                                           int n, int k, int c0, int kb1, int t, uint4* a_lo,
+                                           uint4* a_hi) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int col = (c0 + j) * 32 + 8 * t;
+        const bool in = c0 + j < kb1;
+        a_lo[j] = in ? dmma_ld(w, lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+        a_hi[j] = in ? dmma_ld(w, hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
 // One k block of a 16-output x 8-row tile: two mmas, chunk 0 then 1.
 template <typename T>
 __device__ __forceinline__ void dmma_block(float* d, uint4 a_lo, uint4 a_hi, uint4 b) {
@@ -216,8 +230,8 @@ __device__ __forceinline__ unsigned int dmma_bits(float v) {
 
 // NORM's B operand: columns col .. col + 8 of row r of h = rms_norm(x) · nw, computed from the f32
 // residual row x[r] and its 1 / rms `inv` exactly as rms_norm.cu writes h (T(nw · (x · inv)));
-// 0 outside [rows, k].
-// dmma_ld_norm_w: the same with the norm weight's word nw[col .. col + 8] already loaded.
+// 0 outside [rows, k]. dmma_ld_norm_w takes the norm weight's word nwv = nw[col .. col + 8]
+// already loaded (the early loads before the wait); dmma_ld_norm loads it.
 template <typename T>
 __device__ __forceinline__ uint4 dmma_ld_norm_w(const float* __restrict__ x, uint4 nwv, int r,
                                                 int rows, int col, int k, float inv) {
@@ -240,17 +254,8 @@ __device__ __forceinline__ uint4 dmma_ld_norm(const float* __restrict__ x,
                                               const unsigned short* __restrict__ nw, int r,
                                               int rows, int col, int k, float inv) {
     if (r >= rows || col >= k) return make_uint4(0u, 0u, 0u, 0u);
-    const float4 x0 = *reinterpret_cast<const float4*>(x + (long)r * k + col);
-    const float4 x1 = *reinterpret_cast<const float4*>(x + (long)r * k + col + 4);
-    float wf[8];
-    unpack8(__ldg(reinterpret_cast<const uint4*>(nw + col)), wf, T());
-    const float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    unsigned int u[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        u[i] = dmma_bits<T>(wf[2 * i] * (xf[2 * i] * inv)) |
-               (dmma_bits<T>(wf[2 * i + 1] * (xf[2 * i + 1] * inv)) << 16);
-    return make_uint4(u[0], u[1], u[2], u[3]);
+    return dmma_ld_norm_w<T>(x, __ldg(reinterpret_cast<const uint4*>(nw + col)), r, rows, col, k,
+                             inv);
 }
 
 // MODE of the small kernel. PLAIN: x is [m, k] in T. NORM: x is the f32 residual stream [m, k] and
@@ -338,6 +343,30 @@ __device__ __forceinline__ void dmma_store_rope(T* __restrict__ q_out, const Dmm
 #define DMMA_PREFETCH true
 #endif
 
+// NORM with one row group: every warp sums the squares of the tile's rows itself (dmma_row_ss,
+// the same order as one warp per row, and the butterfly leaves every lane the same bits) and keeps
+// its lane's row's 1 / rms in a register: no shared memory, no barrier before the product. Off
+// with -DKILN_DENSE_NORM_SHARED (KILN_DENSE_NORM=shared: one warp per row, as before).
+#ifdef KILN_DENSE_NORM_SHARED
+#define DMMA_NORM_PER_WARP false
+#else
+#define DMMA_NORM_PER_WARP true
+#endif
+
+// Sum of squares of row `row` of x [.., k] by one warp: lane l's float4s l, l + 32, ... in order.
+__device__ __forceinline__ float dmma_row_ss(const float* __restrict__ x, int row, int k,
+                                             int lane) {
+    float ss = 0.0f;
+    for (int i = lane * 4; i < k; i += WARP_SIZE * 4) {
+        const float4 v = *reinterpret_cast<const float4*>(x + (long)row * k + i);
+        ss += v.x * v.x;
+        ss += v.y * v.y;
+        ss += v.z * v.z;
+        ss += v.w * v.w;
+    }
+    return warp_sum(ss);
+}
+
 template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN, typename C = T>
 __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w,
                                 O* __restrict__ out, int m, int n, int k, int sb,
@@ -346,6 +375,7 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     constexpr bool NORM = MODE == DMMA_NORM || MODE == DMMA_NORM_ROPE;
     constexpr bool ROPE = MODE == DMMA_NORM_ROPE;
     constexpr bool PAIRS = SWIGLU || ROPE;  // the epilogue takes outputs g and g + 8 together
+    constexpr bool NORM_WARP = NORM && RG == 1 && DMMA_NORM_PER_WARP;
     extern __shared__ float dmma_part[];  // [S][RG][4][32]
     __shared__ float dmma_inv[8 * RG];
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
@@ -365,14 +395,13 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     // before waiting for the previous kernel: a step never writes weights.
     // NORM: the norm weight's words of those k blocks too (a weight as well).
     uint4 a_lo[4], a_hi[4], nwv[4];
+    dmma_ld_a4(ws, wr_lo, wr_hi, n, k, kb0, kb1, t, a_lo, a_hi);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int col = (kb0 + j) * 32 + 8 * t;
-        const bool in = kb0 + j < kb1;
-        a_lo[j] = in ? dmma_ld(ws, wr_lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-        a_hi[j] = in ? dmma_ld(ws, wr_hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-        nwv[j] = DMMA_PREFETCH && NORM && in && col < k ? __ldg(reinterpret_cast<const uint4*>(nws + col))
-                                       : make_uint4(0u, 0u, 0u, 0u);
+        nwv[j] = DMMA_PREFETCH && NORM && kb0 + j < kb1 && col < k
+                     ? __ldg(reinterpret_cast<const uint4*>(nws + col))
+                     : make_uint4(0u, 0u, 0u, 0u);
     }
     pdl_wait();
     pdl_launch_dependents();
@@ -387,20 +416,17 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
         if (row < m && col < n)
             res_pre = reinterpret_cast<const float*>(out)[(long)row * n + col];
     }
-    if (NORM) {
+    // NORM_WARP: lane g's row's 1 / rms, taken by this warp itself.
+    float inv_g = 0.0f;
+    if (NORM_WARP) {
+        for (int r = 0; r < 8 && row0 + r < m; ++r) {
+            const float ss = dmma_row_ss(xf, row0 + r, k, lane);
+            if (g == r) inv_g = rsqrtf(ss / (float)k + eps);
+        }
+    } else if (NORM) {
         for (int r = warp; r < 8 * RG; r += slices) {
             const int row = row0 + r;
-            float ss = 0.0f;
-            if (row < m) {
-                for (int i = lane * 4; i < k; i += WARP_SIZE * 4) {
-                    const float4 v = *reinterpret_cast<const float4*>(xf + (long)row * k + i);
-                    ss += v.x * v.x;
-                    ss += v.y * v.y;
-                    ss += v.z * v.z;
-                    ss += v.w * v.w;
-                }
-            }
-            ss = warp_sum(ss);
+            const float ss = row < m ? dmma_row_ss(xf, row, k, lane) : 0.0f;
             if (lane == 0) dmma_inv[r] = rsqrtf(ss / (float)k + eps);
         }
         __syncthreads();
@@ -411,15 +437,7 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
     for (int c0 = kb0; c0 < kb1; c0 += 4) {
-        if (c0 != kb0) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int col = (c0 + j) * 32 + 8 * t;
-                const bool in = c0 + j < kb1;
-                a_lo[j] = in ? dmma_ld(ws, wr_lo, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-                a_hi[j] = in ? dmma_ld(ws, wr_hi, n, col, k) : make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
+        if (c0 != kb0) dmma_ld_a4(ws, wr_lo, wr_hi, n, k, c0, kb1, t, a_lo, a_hi);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             if (c0 + j < kb1) {
@@ -427,11 +445,12 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
 #pragma unroll
                 for (int r = 0; r < RG; ++r) {
                     const int row = row0 + 8 * r + g;
+                    const float inv = !NORM ? 0.0f : NORM_WARP ? inv_g : dmma_inv[8 * r + g];
                     const uint4 b =
                         !NORM ? dmma_ld(xs, row, m, col, k)
                         : DMMA_PREFETCH && c0 == kb0
-                            ? dmma_ld_norm_w<T>(xf, nwv[j], row, m, col, k, dmma_inv[8 * r + g])
-                            : dmma_ld_norm<T>(xf, nws, row, m, col, k, dmma_inv[8 * r + g]);
+                            ? dmma_ld_norm_w<T>(xf, nwv[j], row, m, col, k, inv)
+                            : dmma_ld_norm<T>(xf, nws, row, m, col, k, inv);
                     dmma_block<T>(acc[r], a_lo[j], a_hi[j], b);
                 }
             }
@@ -588,339 +607,3 @@ __device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w
     }
 DENSE_MMA(f16, __half)
 DENSE_MMA(bf16, bf16_t)
-
-// ---------------------------------------------------------------------------------------------
-// THE FUSED MLP OF THE DECODE LAYER (sm_90: thread-block clusters; dense_mlp_{t}):
-//   x += T(swiglu(rms_norm(x) · W_gu ᵀ) · W_down ᵀ)
-// in one launch, for steps of at most 8 rows, with exactly the bits of the pair it replaces: the
-// NORM + SWIGLU small kernel (dense_mma_small_rg1_norm_swiglu) writing act, then the RES small
-// kernel (dense_mma_small_rg1_res) adding act · W_down ᵀ into x.
-//
-// SHAPES. x the f32 residual stream [m, hidden] (m <= 8), W_gu the interleaved gate|up weight
-// [2 inter, hidden] (see SWIGLU above), W_down [hidden, inter], nw [hidden]; hidden a multiple
-// of 16, inter a multiple of 128 and at most 2048 (so the down matmul's K slices are exactly
-// 128 features: slice_blocks(inter) = 4, dense.rs). Grid: inter / 16 blocks in clusters of
-// DMLP_CLUSTER = 8, block 2 · Sh warps (Sh = the gate|up matmul's K slices), dynamic shared
-// memory 2 · Sh · 128 floats. part: f32 scratch [inter / 128][hidden / 16][128], cnt: u32
-// [hidden / 16], zero before the first launch and left zero by every launch.
-//
-// PHASE 1 (each block): cluster c = blockIdx.x / 8 owns down slice c (features 128c .. +128),
-// its block of rank b the features 128c + 16b .. +16, i.e. gate|up tiles 16c + 2b and +1. Warp
-// w computes K slice w % Sh of tile w / Sh exactly as the small kernel's warp of that slice
-// (same fragments, same order, the same NORM prologue); the slices are summed in order and the
-// SwiGLU rounded to T as its epilogue does; the 8 x 16 act values go to shared memory.
-// PHASE 2: after a cluster barrier every block reads the cluster's 128 act features of its rows
-// from the 8 blocks' shared memory (distributed shared memory) as the B operand of the down
-// matmul. Warp w of rank b takes output tiles b + 8w (+ 8 · warps ...) and computes slice c's
-// partial P_c of that 16-output tile with the RES kernel's warp-of-slice-c operations, and
-// writes it to part. The block whose partial is the last of the tile's inter / 128 to arrive
-// (a ticket: cnt[tile], fenced) sums them in slice order, ((0 + P_0) + P_1) + ..., as the RES
-// kernel's epilogue does, adds T(sum) into x and sets the ticket back to 0. So which block
-// finishes last changes who adds, never the order of the sum: the bits do not depend on timing.
-// A tile's last partial can only arrive after every cluster passed its barrier, hence after
-// every block finished reading x for its norm: the writes to x never race those reads.
-#define DMLP_CLUSTER 8
-
-__device__ __forceinline__ void dmlp_cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#else
-    __trap();  // the host launches dense_mlp on sm_90+ only
-#endif
-}
-__device__ __forceinline__ void dmlp_cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#else
-    __trap();
-#endif
-}
-// 16 bytes at the same shared offset as `local`, in the shared memory of cluster block `rank`.
-__device__ __forceinline__ uint4 dmlp_dsmem_u4(const void* local, int rank) {
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-                 : "=r"(ra)
-                 : "r"((unsigned)__cvta_generic_to_shared(local)), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(ra)
-                 : "memory");
-#else
-    __trap();
-#endif
-    return v;
-}
-
-// x loads of dense_mlp: through L2 (ld.global.cg) when OPROJ, since other blocks of the grid wrote
-// x in this launch and L1 is not coherent; the same values and arithmetic either way.
-template <bool OPROJ>
-__device__ __forceinline__ float4 dmlp_ld_x(const float* p) {
-    return OPROJ ? __ldcg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
-}
-
-// dmma_ld_norm with the x loads of dmlp_ld_x.
-template <typename T, bool OPROJ>
-__device__ __forceinline__ uint4 dmlp_ld_norm(const float* x, const unsigned short* __restrict__ nw,
-                                              int r, int rows, int col, int k, float inv) {
-    if (r >= rows || col >= k) return make_uint4(0u, 0u, 0u, 0u);
-    const float4 x0 = dmlp_ld_x<OPROJ>(x + (long)r * k + col);
-    const float4 x1 = dmlp_ld_x<OPROJ>(x + (long)r * k + col + 4);
-    float wf[8];
-    unpack8(__ldg(reinterpret_cast<const uint4*>(nw + col)), wf, T());
-    const float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    unsigned int u[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        u[i] = dmma_bits<T>(wf[2 * i] * (xf[2 * i] * inv)) |
-               (dmma_bits<T>(wf[2 * i + 1] * (xf[2 * i + 1] * inv)) << 16);
-    return make_uint4(u[0], u[1], u[2], u[3]);
-}
-
-// OPROJ (dense_mlp_oproj_{t}): the attention output projection first, x += T(a · W_o ᵀ) with a
-// [m, qdim], W_o [hidden, qdim], exactly as the RES small kernel computes it: output tile j
-// (of hidden / 16) by block j, its K slices (Sh_o = ceil(qdim / 32 / sbo) <= 2 Sh) by warps
-// 0 .. Sh_o, summed in slice order through shared memory. Then a grid barrier (bar[0]: the
-// tiles written, fenced; every block waits for hidden / 16 of them; bar[1] counts the blocks
-// past it and the last one sets both back to 0): all blocks of the grid are resident at once
-// (inter / 16 <= 128 blocks of one per SM, and the next kernel cannot start before every block
-// has passed pdl_launch_dependents), so the wait ends. Then the MLP as above.
-template <typename T, bool OPROJ>
-__device__ void dense_mlp(float* x, const T* __restrict__ wgu, const T* __restrict__ wd,
-                          const T* __restrict__ nw, float eps, int m, int hidden, int inter,
-                          int sbh, float* __restrict__ part, unsigned int* __restrict__ cnt,
-                          const T* __restrict__ a, const T* __restrict__ wo, int qdim, int sbo) {
-    extern __shared__ float dmlp_part[];  // [2 Sh][4][32]
-    __shared__ float dmlp_inv[8];
-    __shared__ __align__(16) unsigned short dmlp_act[8 * 16];  // [row][16 features]
-    const unsigned short* gus = reinterpret_cast<const unsigned short*>(wgu);
-    const unsigned short* ds = reinterpret_cast<const unsigned short*>(wd);
-    const unsigned short* nws = reinterpret_cast<const unsigned short*>(nw);
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int warps = blockDim.x / WARP_SIZE, sh = warps / 2;
-    const int g = lane >> 2, t = lane & 3;
-    const int rank = blockIdx.x % DMLP_CLUSTER, slice = blockIdx.x / DMLP_CLUSTER;
-    const int slices = inter / 128, tiles = hidden / 16, n_gu = 2 * inter;
-    // Phase 1's tile and K slice of this warp (the small kernel's warp `ks` of that tile).
-    const int gtile = 2 * blockIdx.x + warp / sh, ks = warp % sh;
-    const int kbt = (hidden + 31) / 32;
-    const int kb0 = ks * sbh, kb1 = min(kb0 + sbh, kbt);
-    const int wr_lo = gtile * 16 + g, wr_hi = gtile * 16 + g + 8;
-    // Weights before the wait (a step never writes them): phase 1's first 4 k blocks and phase
-    // 2's fragments of the first output tile (slice `slice`: k blocks 4 slice .. +4).
-    uint4 a_lo[4], a_hi[4], d_lo[4], d_hi[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int col = (kb0 + j) * 32 + 8 * t;
-        const bool in = kb0 + j < kb1;
-        a_lo[j] = in ? dmma_ld(gus, wr_lo, n_gu, col, hidden) : make_uint4(0u, 0u, 0u, 0u);
-        a_hi[j] = in ? dmma_ld(gus, wr_hi, n_gu, col, hidden) : make_uint4(0u, 0u, 0u, 0u);
-    }
-    int dtile = rank + DMLP_CLUSTER * warp;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int col = (4 * slice + j) * 32 + 8 * t;
-        d_lo[j] = dmma_ld(ds, dtile * 16 + g, hidden, col, inter);
-        d_hi[j] = dmma_ld(ds, dtile * 16 + g + 8, hidden, col, inter);
-    }
-    // OPROJ: this warp's K slice of output tile blockIdx.x of W_o (if any), before the wait too.
-    const int kbo = (qdim + 31) / 32, sho = (kbo + sbo - 1) / sbo;
-    const int ko0 = warp * sbo, ko1 = min(ko0 + sbo, kbo);
-    const bool o_warp = OPROJ && (int)blockIdx.x < tiles && warp < sho;
-    const unsigned short* wos = reinterpret_cast<const unsigned short*>(wo);
-    uint4 o_lo[4], o_hi[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int col = (ko0 + j) * 32 + 8 * t;
-        const bool in = o_warp && ko0 + j < ko1;
-        o_lo[j] = in ? dmma_ld(wos, blockIdx.x * 16 + g, hidden, col, qdim) : make_uint4(0u, 0u, 0u, 0u);
-        o_hi[j] = in ? dmma_ld(wos, blockIdx.x * 16 + g + 8, hidden, col, qdim)
-                     : make_uint4(0u, 0u, 0u, 0u);
-    }
-    pdl_wait();
-    pdl_launch_dependents();
-    if (OPROJ) {
-        const unsigned short* as = reinterpret_cast<const unsigned short*>(a);
-        if (o_warp) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int c0 = ko0; c0 < ko1; c0 += 4) {
-                if (c0 != ko0) {
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const int col = (c0 + j) * 32 + 8 * t;
-                        const bool in = c0 + j < ko1;
-                        o_lo[j] = in ? dmma_ld(wos, blockIdx.x * 16 + g, hidden, col, qdim)
-                                     : make_uint4(0u, 0u, 0u, 0u);
-                        o_hi[j] = in ? dmma_ld(wos, blockIdx.x * 16 + g + 8, hidden, col, qdim)
-                                     : make_uint4(0u, 0u, 0u, 0u);
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    if (c0 + j < ko1) {
-                        const int col = (c0 + j) * 32 + 8 * t;
-                        dmma_block<T>(acc, o_lo[j], o_hi[j], dmma_ld(as, g, m, col, qdim));
-                    }
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) dmlp_part[(warp * 4 + i) * 32 + lane] = acc[i];
-        }
-        __syncthreads();
-        if ((int)blockIdx.x < tiles) {
-            for (int q = threadIdx.x; q < 128; q += blockDim.x) {
-                float v = 0.0f;
-                for (int s = 0; s < sho; ++s) v += dmlp_part[s * 128 + q];
-                const int i = q / 32, l = q % 32;
-                const int row = 2 * (l & 3) + (i & 1), col = blockIdx.x * 16 + (l >> 2) + 8 * (i >> 1);
-                if (row < m) {
-                    const long at = (long)row * hidden + col;
-                    x[at] = __ldcg(x + at) + round_to<T>(v);
-                }
-            }
-            __threadfence();
-        }
-        __syncthreads();
-        unsigned int* bar = cnt + tiles;
-        if (threadIdx.x == 0) {
-            if ((int)blockIdx.x < tiles) atomicAdd(bar, 1u);
-            while (atomicAdd(bar, 0u) < (unsigned int)tiles) __nanosleep(20);
-            __threadfence();
-            if (atomicAdd(bar + 1, 1u) == gridDim.x - 1) {
-                atomicExch(bar, 0u);
-                atomicExch(bar + 1, 0u);
-            }
-        }
-        __syncthreads();
-    }
-    // The NORM prologue (each row's squares summed by one warp, as the small kernel does).
-    const float* xf = x;
-    for (int r = warp; r < 8; r += warps) {
-        float ss = 0.0f;
-        if (r < m) {
-            for (int i = lane * 4; i < hidden; i += WARP_SIZE * 4) {
-                const float4 v = dmlp_ld_x<OPROJ>(xf + (long)r * hidden + i);
-                ss += v.x * v.x;
-                ss += v.y * v.y;
-                ss += v.z * v.z;
-                ss += v.w * v.w;
-            }
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) dmlp_inv[r] = rsqrtf(ss / (float)hidden + eps);
-    }
-    __syncthreads();
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = kb0; c0 < kb1; c0 += 4) {
-        if (c0 != kb0) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int col = (c0 + j) * 32 + 8 * t;
-                const bool in = c0 + j < kb1;
-                a_lo[j] = in ? dmma_ld(gus, wr_lo, n_gu, col, hidden) : make_uint4(0u, 0u, 0u, 0u);
-                a_hi[j] = in ? dmma_ld(gus, wr_hi, n_gu, col, hidden) : make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            if (c0 + j < kb1) {
-                const int col = (c0 + j) * 32 + 8 * t;
-                const uint4 b = dmlp_ld_norm<T, OPROJ>(xf, nws, g, m, col, hidden, dmlp_inv[g]);
-                dmma_block<T>(acc, a_lo[j], a_hi[j], b);
-            }
-        }
-    }
-    // (OPROJ: every warp is past its phase-0 reads of dmlp_part: the barrier above.)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dmlp_part[(warp * 4 + i) * 32 + lane] = acc[i];
-    __syncthreads();
-    // The SWIGLU epilogue of both tiles: element e = i * 32 + l (i = 0, 1: the gate; + 64 the
-    // up value) summed over the slices in order; act of row 2t + i, feature 8 (tile) + g.
-    for (int q = threadIdx.x; q < 128; q += blockDim.x) {
-        const int tl = q / 64, i = (q / 32) % 2, l = q % 32;
-        const int e = i * 32 + l;
-        float v = 0.0f, u = 0.0f;
-        for (int s = 0; s < sh; ++s) {
-            v += dmlp_part[(tl * sh + s) * 128 + e];
-            u += dmlp_part[(tl * sh + s) * 128 + e + 64];
-        }
-        const float gr = round_to<T>(v), ur = round_to<T>(u);
-        const int row = 2 * (l & 3) + i, f = 8 * tl + (l >> 2);
-        dmlp_act[row * 16 + f] = (unsigned short)dmma_bits<T>(gr / (1.0f + expf(-gr)) * ur);
-    }
-    dmlp_cluster_arrive();
-    dmlp_cluster_wait();
-    // Phase 2's B operand: act row g, features 32 kb + 8t .. +8 of the slice, held by cluster
-    // block (32 kb + 8t) / 16. The same for every output tile of this warp.
-    uint4 b[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int f = 32 * j + 8 * t;
-        b[j] = dmlp_dsmem_u4(&dmlp_act[g * 16 + (f % 16)], f / 16);
-    }
-    dmlp_cluster_arrive();  // this block reads no other block's shared memory after this
-    for (; dtile < tiles; dtile += DMLP_CLUSTER * warps) {
-        if (dtile != rank + DMLP_CLUSTER * warp) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int col = (4 * slice + j) * 32 + 8 * t;
-                d_lo[j] = dmma_ld(ds, dtile * 16 + g, hidden, col, inter);
-                d_hi[j] = dmma_ld(ds, dtile * 16 + g + 8, hidden, col, inter);
-            }
-        }
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) dmma_block<T>(d, d_lo[j], d_hi[j], b[j]);
-        float* mine = part + ((long)slice * tiles + dtile) * 128;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) mine[i * 32 + lane] = d[i];
-        __threadfence();
-        __syncwarp();
-        unsigned int prev = 0;
-        if (lane == 0) prev = atomicAdd(&cnt[dtile], 1u);
-        prev = __shfl_sync(0xffffffffu, prev, 0);
-        if (prev == (unsigned int)(slices - 1)) {
-            __threadfence();
-            float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int s = 0; s < slices; ++s) {
-                const float* p = part + ((long)s * tiles + dtile) * 128;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) sum[i] += __ldcg(p + i * 32 + lane);
-            }
-            // The RES epilogue (dmma_store's residual add, x read through L2).
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int row = 2 * t + (i & 1), col = dtile * 16 + g + 8 * (i >> 1);
-                if (row < m) {
-                    const long at = (long)row * hidden + col;
-                    x[at] = __ldcg(x + at) + round_to<T>(sum[i]);
-                }
-            }
-            if (lane == 0) atomicExch(&cnt[dtile], 0u);
-        }
-    }
-    dmlp_cluster_wait();  // no block leaves while another may still read its shared memory
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define DMLP_CLUSTER_DIMS __cluster_dims__(DMLP_CLUSTER, 1, 1)
-#else
-#define DMLP_CLUSTER_DIMS
-#endif
-
-#define DENSE_MLP(SUF, T)                                                                          \
-    extern "C" __global__ void DMLP_CLUSTER_DIMS dense_mlp_##SUF(                                  \
-        float* x, const T* wgu, const T* wd, const T* nw, float eps, int m, int hidden, int inter, \
-        int sbh, float* part, unsigned int* cnt) {                                                 \
-        dense_mlp<T, false>(x, wgu, wd, nw, eps, m, hidden, inter, sbh, part, cnt, nullptr,        \
-                            nullptr, 0, 4);                                                        \
-    }                                                                                              \
-    extern "C" __global__ void DMLP_CLUSTER_DIMS dense_mlp_oproj_##SUF(                            \
-        float* x, const T* wgu, const T* wd, const T* nw, float eps, int m, int hidden, int inter, \
-        int sbh, float* part, unsigned int* cnt, const T* a, const T* wo, int qdim, int sbo) {     \
-        dense_mlp<T, true>(x, wgu, wd, nw, eps, m, hidden, inter, sbh, part, cnt, a, wo, qdim,     \
-                           sbo);                                                                   \
-    }
-DENSE_MLP(f16, __half)
-DENSE_MLP(bf16, bf16_t)

@@ -179,8 +179,9 @@ fn wide_dtypes() -> Vec<&'static str> {
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn mma_decode_matches_the_cpu_backend() {
-    // Head width 64 takes the tensor-core kernel only with `all` (the backend's default keeps it
-    // on attention_decode.cu); this test checks the kernel at every width.
+    // Every width takes the tensor-core kernel by default now (`KILN_DECODE_MMA=128` would keep
+    // width 64 on attention_decode.cu); `all` is set so this test checks it at every width whatever
+    // the default.
     std::env::set_var("KILN_DECODE_MMA", "all");
     let cpu = CpuBackend::new(0).expect("cpu");
     let shapes = [

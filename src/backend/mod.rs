@@ -646,48 +646,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.add(residual, delta, rows * n)
     }
 
-    /// Elements of the f32 scratch ([`Backend::alloc_f32`], zero-filled, kept by the runner
-    /// and passed to every [`Backend::norm_mlp_residual`] of a model with these sizes); 0
-    /// (the default) where the backend never fuses the MLP.
-    fn fused_mlp_scratch_len(&self, hidden: usize, inter: usize) -> usize {
-        let _ = (hidden, inter);
-        0
-    }
-
-    /// The MLP sub-block of the fused decode layer: with `o = Some((a, o_proj))` first
-    /// [`Backend::matmul_residual`] of the attention output `a` `[rows, q_dim]` with `o_proj`
-    /// into `x`; then [`Backend::norm_gate_up_swiglu`] of the residual `x` `[rows, dim]` with
-    /// `gate_up` into `act` `[rows, inter]`, then [`Backend::matmul_residual`] of `act` with
-    /// `down` (`[dim, inter]`) into `x`. `h`, `scratch`, `act` and `delta` are those ops'
-    /// buffers (a fused form need not write them); `part` the scratch of
-    /// [`Backend::fused_mlp_scratch_len`]. The default (the CPU twin) is those ops; a fused form
-    /// gives the same bits as they do on the same backend.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_mlp_residual(
-        &self,
-        o: Option<(&Self::Buffer, &Self::Weight)>,
-        x: &mut Self::Buffer,
-        weight: &Self::Buffer,
-        eps: f32,
-        rows: usize,
-        dim: usize,
-        gate_up: &Self::Weight,
-        down: &Self::Weight,
-        h: &mut Self::Buffer,
-        scratch: &mut Self::Buffer,
-        act: &mut Self::Buffer,
-        delta: &mut Self::Buffer,
-        inter: usize,
-        part: &mut Self::Buffer,
-    ) -> Result<(), BackendError> {
-        let _ = part;
-        if let Some((a, o_proj)) = o {
-            self.matmul_residual(a, rows, o_proj, delta, x, dim)?;
-        }
-        self.norm_gate_up_swiglu(x, weight, eps, rows, dim, gate_up, h, scratch, act, inter)?;
-        self.matmul_residual(act, rows, down, delta, x, dim)
-    }
-
     /// Copy rows `first_row ..` of `logits` into `dst` (a whole number of `[vocab]` rows).
     fn download_logits(
         &self,

@@ -119,8 +119,6 @@ struct Workspace<B: Backend> {
     up: B::Buffer,
     /// SiLU·up `[tokens, intermediate]`.
     act: B::Buffer,
-    /// The fused MLP's scratch ([`Backend::fused_mlp_scratch_len`]; empty where unused).
-    mlp_part: B::Buffer,
     /// Gathered logits rows of h `[rows, hidden]`.
     last: B::Buffer,
     /// f32 logits `[rows, vocab]`.
@@ -313,11 +311,6 @@ impl<B: Backend> Workspace<B> {
             gate: b.alloc(sized(any_split_mlp, inter))?,
             up: b.alloc(sized(any_split_mlp, inter))?,
             act: b.alloc(tokens * inter)?,
-            mlp_part: b.alloc_f32(if any_fused_mlp {
-                b.fused_mlp_scratch_len(hidden, inter)
-            } else {
-                0
-            })?,
             last: b.alloc(rows * hidden)?,
             logits: b.alloc_logits(rows, c.vocab_size)?,
         })
@@ -449,11 +442,10 @@ impl<B: Backend> LlamaWeights<B> {
 
     /// [`LlamaWeights::queue`] for a step of at most [`LlamaWeights::fused_decode_rows`] tokens:
     /// per layer the input norm, the q|k|v matmul and the attention input (RoPE, KV write) in one
-    /// op ([`Backend::norm_matmul_rope_write`]), attention, then o_proj adding into the
-    /// residual and the MLP (the post-attention norm in the gate|up matmul with its SwiGLU,
-    /// down_proj adding into the residual) as one op ([`Backend::norm_mlp_residual`]: with `KILN_FUSED_MLP=oproj` one
-    /// kernel on sm_90, else three): 2 ops (plus attention's) where the unfused layer has 7.
-    /// The same values as the unfused layer
+    /// op ([`Backend::norm_matmul_rope_write`]), attention, o_proj adding into the residual
+    /// ([`Backend::matmul_residual`]), the post-attention norm in the gate|up matmul with its
+    /// SwiGLU ([`Backend::norm_gate_up_swiglu`]) and down_proj adding into the residual: 4 ops
+    /// (plus attention's) where the unfused layer has 7. The same values as the unfused layer
     /// but for the norms' sums of squares, which the fused form may add in another order.
     #[allow(clippy::too_many_arguments)]
     fn queue_fused(
@@ -492,21 +484,26 @@ impl<B: Backend> LlamaWeights<B> {
                 &attn,
             )?;
             b.paged_attention(&ws.q, kv_cache, i, step, &attn, &mut ws.a)?;
-            b.norm_mlp_residual(
-                Some((&ws.a, &layer.o_proj)),
-                &mut ws.x,
+            b.matmul_residual(&ws.a, t, &layer.o_proj, &mut ws.delta, &mut ws.x, hidden)?;
+            b.norm_gate_up_swiglu(
+                &ws.x,
                 &layer.post_attention_layernorm,
                 eps,
                 t,
                 hidden,
                 gu,
-                &layer.down_proj,
                 &mut ws.h,
                 &mut ws.gate_up,
                 &mut ws.act,
-                &mut ws.delta,
                 inter,
-                &mut ws.mlp_part,
+            )?;
+            b.matmul_residual(
+                &ws.act,
+                t,
+                &layer.down_proj,
+                &mut ws.delta,
+                &mut ws.x,
+                hidden,
             )?;
         }
         if rows == 0 {

@@ -232,9 +232,10 @@ pub fn decode_attention_slots(max_ctx: usize) -> usize {
 pub const GRAPH_ALLOWANCE_BYTES: usize = 2 << 20;
 
 /// Device bytes the llama runner's decode graphs take beyond its workspace, with `engine.cuda_graphs`
-/// on: per bucket (1, 2, 4, … up to `max_num_seqs`) its own split-K partials for `max_model_len`
-/// keys, its step metadata and [`GRAPH_ALLOWANCE_BYTES`]; and the one scratch KV block the padding
-/// rows use (`bytes_per_block`).
+/// on: per bucket (1, 2, 4, … up to `max_num_seqs`) and context class (the short class's
+/// `SHORT_CONTEXT` keys when `max_model_len` is longer, then `max_model_len`: `decode_graphs`) its
+/// own split-K partials for the class's keys, its step metadata and [`GRAPH_ALLOWANCE_BYTES`];
+/// and the one scratch KV block the padding rows use (`bytes_per_block`).
 pub fn decode_graph_bytes(
     c: &ModelConfig,
     max_num_seqs: usize,
@@ -247,14 +248,20 @@ pub fn decode_graph_bytes(
         .take_while(|&b| b < max_num_seqs)
         .collect();
     buckets.push(max_num_seqs.max(1));
-    let per_bucket = |b: usize| {
-        let partials = decode_partial_rows(c, b, b, max_model_len) * (c.head_dim + 2) * 4;
+    let per_bucket = |b: usize, keys: usize| {
+        let partials = decode_partial_rows(c, b, b, keys) * (c.head_dim + 2) * 4;
         // i32 metadata: 9 per token (ids, positions, slots, sequence, logits row, split-K
         // list and tile slack) and the block tables.
         let meta = (9 * b + b * width) * 4;
         partials + meta + GRAPH_ALLOWANCE_BYTES
     };
-    bytes_per_block + buckets.into_iter().map(per_bucket).sum::<usize>()
+    // Every class, whatever `KILN_GRAPH_SHORT_CONTEXT` says: the plan may only overcount.
+    let classes = super::llama::decode_graphs::context_classes(max_model_len, true);
+    bytes_per_block
+        + classes
+            .iter()
+            .flat_map(|&keys| buckets.iter().map(move |&b| per_bucket(b, keys)))
+            .sum::<usize>()
 }
 
 /// Inputs of [`split_hybrid`]: a budget to share between a hybrid model's state slots and its
@@ -493,16 +500,16 @@ mod tests {
             short,
             1000 + 3 * GRAPH_ALLOWANCE_BYTES + meta(1) + meta(2) + meta(4)
         );
-        // 2048 keys: 16 decode parts of 128 keys, partials for 1 + 2 + 4 rows.
+        // 2048 keys: 16 decode parts of 128 keys, partials for 1 + 2 + 4 rows; and the short
+        // class's graphs (256 keys: 2 parts counted), as many, with tables as wide.
         assert_eq!(decode_attention_slots(2048), 16);
         let long = decode_graph_bytes(&c, 4, 2048, 16, 1000);
         let w2 = 2048 / 16;
         let meta2 = |b: usize| (9 * b + b * w2) * 4;
         let partials = 7 * c.num_attention_heads * 16 * (c.head_dim + 2) * 4;
-        assert_eq!(
-            long,
-            1000 + 3 * GRAPH_ALLOWANCE_BYTES + meta2(1) + meta2(2) + meta2(4) + partials
-        );
+        let partials_short = 7 * c.num_attention_heads * 2 * (c.head_dim + 2) * 4;
+        let class = |p: usize| 3 * GRAPH_ALLOWANCE_BYTES + meta2(1) + meta2(2) + meta2(4) + p;
+        assert_eq!(long, 1000 + class(partials) + class(partials_short));
     }
 
     #[test]

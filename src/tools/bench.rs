@@ -83,6 +83,11 @@ pub struct BenchArgs {
     /// computes at submission and ignores it).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub overlap: bool,
+    /// Longest sequence the engine takes (`engine.max_model_len`; 0: the model's context). The
+    /// decode graphs are shaped for it (the attention split of their steps), so a short one
+    /// measures what that shaping costs short contexts.
+    #[arg(long, default_value_t = 0)]
+    pub max_model_len: usize,
     /// Print one JSON object per result line instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -255,6 +260,7 @@ fn engine(args: &BenchArgs, device: crate::engine::Device) -> Result<(), BenchEr
         enable_prefix_caching: false,
         cuda_graphs: args.cuda_graphs,
         overlap: args.overlap,
+        max_model_len: args.max_model_len,
         ..EngineConfig::default()
     };
     let engine = spawn_from_path(&model, cfg)?;

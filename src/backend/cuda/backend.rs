@@ -34,7 +34,6 @@ use super::attention_plan::PrefillVariant;
 mod attention;
 mod attention_mma;
 mod dense;
-mod dense_mlp;
 mod dense_rope;
 pub(crate) use dense::MmaKernels;
 pub use dense::{DenseMatmul, MmaKernel, DEFAULT_FUSED_DECODE_ROWS, MMA_SMALL_MAX_ROWS};
@@ -154,13 +153,6 @@ pub struct CudaBackend {
     /// Launch the small `mma` kernels with programmatic dependent launch (`KILN_PDL`, sm_90+
     /// kernels only; see `launch.rs`).
     pdl: bool,
-    /// Run the decode layer's MLP (and its o_proj) as one kernel (`KILN_FUSED_MLP`, sm_90+;
-    /// see `dense_mlp.rs`).
-    fused_mlp: dense_mlp::FusedMlp,
-    /// Whether `dense_mlp_oproj`'s grid (of the size noted) is resident at once (asked once).
-    mlp_resident: Mutex<Option<(u32, bool)>>,
-    /// Set when the driver refused a fused MLP launch: the separate ops run from then on.
-    mlp_refused: std::sync::atomic::AtomicBool,
     /// With `pdl`, also the packed GEMVs and the Qwen3.5 norm / GDN kernels and `silu_mul`
     /// (`KILN_PDL_PACKED`; see `w4a16.rs`).
     pdl_packed: bool,
@@ -496,32 +488,6 @@ impl Backend for CudaBackend {
         }
         let _t = self.prof.op(&self.stream, "matmul_residual");
         self.mma_matmul_residual(x, rows, w, residual)
-    }
-
-    fn fused_mlp_scratch_len(&self, hidden: usize, inter: usize) -> usize {
-        self.mlp_scratch_len(hidden, inter)
-    }
-
-    fn norm_mlp_residual(
-        &self,
-        o: Option<(&CudaBuffer, &CudaWeight)>,
-        x: &mut CudaBuffer,
-        weight: &CudaBuffer,
-        eps: f32,
-        rows: usize,
-        dim: usize,
-        gate_up: &CudaWeight,
-        down: &CudaWeight,
-        h: &mut CudaBuffer,
-        scratch: &mut CudaBuffer,
-        act: &mut CudaBuffer,
-        delta: &mut CudaBuffer,
-        inter: usize,
-        part: &mut CudaBuffer,
-    ) -> Result<(), BackendError> {
-        self.mlp_residual(
-            o, x, weight, eps, rows, dim, gate_up, down, h, scratch, act, delta, inter, part,
-        )
     }
 
     fn upload_vector(&self, name: &str, view: &TensorView<'_>) -> Result<CudaBuffer, BackendError> {

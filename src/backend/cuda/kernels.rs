@@ -226,9 +226,18 @@ impl KernelModule {
                 vec!["-DGC_FMA_TILES".into()]
             }
             // `KILN_DENSE_PREFETCH=0`: the small dense kernels load the norm weight and the
-            // residual after the wait, as before that prefetch (to measure it; same bits).
-            KernelModule::Dense if std::env::var("KILN_DENSE_PREFETCH").is_ok_and(|v| v == "0") => {
-                vec!["-DKILN_DENSE_NO_PREFETCH".into()]
+            // residual after the wait, as before that prefetch; `KILN_DENSE_NORM=shared`: their
+            // NORM prologue takes one warp per row through shared memory, as before every warp
+            // took its own (both to measure; same bits).
+            KernelModule::Dense => {
+                let mut d = Vec::new();
+                if std::env::var("KILN_DENSE_PREFETCH").is_ok_and(|v| v == "0") {
+                    d.push("-DKILN_DENSE_NO_PREFETCH".into());
+                }
+                if std::env::var("KILN_DENSE_NORM").is_ok_and(|v| v == "shared") {
+                    d.push("-DKILN_DENSE_NORM_SHARED".into());
+                }
+                d
             }
             _ => Vec::new(),
         }

@@ -7,8 +7,13 @@
 //! - the number of tokens, sequences and logits rows (= the bucket);
 //! - the block-table width, `ceil(max_model_len / block_size)` for every row (tables are padded
 //!   with block 0, never read past a sequence's context);
-//! - the split-K attention part count, sized for `max_model_len` ([`PinnedShape`]); parts past
-//!   a sequence's context are empty and leave the result bit for bit as the eager split;
+//! - the split-K attention part count, sized for the step's context class ([`PinnedShape`]):
+//!   [`SHORT_CONTEXT`] keys when every sequence's context is at most that (and `max_model_len`
+//!   is longer), else `max_model_len`; parts past a sequence's context are empty and leave the
+//!   result bit for bit as the eager split. The short class exists because a split sized for
+//!   `max_model_len` costs short rows launches that do nothing: on CUDA its empty parts' blocks
+//!   and the merge launch after the attention kernel (every layer), where a context of at most
+//!   `SHORT_CONTEXT` keys is one part (`DECODE_SINGLE_PART_KEYS`) and needs neither;
 //! - every pointer: the runner's workspace, this bucket's own step metadata (refilled in place
 //!   from pinned staging before each replay) and its own split-K partials.
 //!
@@ -32,11 +37,20 @@ use crate::error::EngineError;
 /// Tokens fed from the previous step's pending samples: `(token, sampling row)` pairs.
 pub(crate) type Fed<'a, B> = (&'a <B as Backend>::PendingSamples, &'a [(u32, u32)]);
 
-/// A bucket a step fits: its index in [`DecodeGraphs::buckets`] and its size.
+/// Contexts (keys, the new token's included) up to this run on graphs pinned to it when
+/// `max_model_len` is longer (the short context class, see the module header): the single-part
+/// bound of the CUDA decode attention (`attention_plan::DECODE_SINGLE_PART_KEYS`, checked equal
+/// by a unit test below). `KILN_GRAPH_SHORT_CONTEXT=0` (read when the graphs are
+/// made) keeps one class, `max_model_len` (the graphs before it, to measure the difference).
+pub const SHORT_CONTEXT: usize = 256;
+
+/// A bucket a step fits: the index of its graph (one per batch bucket and context class), its
+/// size and the context its shapes are pinned to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Bucket {
     pub index: usize,
     pub size: usize,
+    pub context: usize,
 }
 
 /// One bucket's recorded graph and the step metadata it reads.
@@ -53,10 +67,13 @@ pub(crate) struct DecodeGraphs<B: Backend> {
     width: usize,
     /// Context the graphs are shaped for (`max_model_len`).
     max_context: usize,
+    /// Context classes, ascending, the last `max_model_len`: the graph of batch bucket `b` and
+    /// class `c` is `recorded[c * buckets.len() + b]`.
+    contexts: Vec<usize>,
     block_size: usize,
     /// KV block the padding rows write and read.
     scratch_block: u32,
-    /// Per bucket, once recorded.
+    /// Per (context class, bucket), once recorded.
     recorded: Vec<Option<Recorded<B>>>,
     /// Recording failed once: every step is eager from then on.
     disabled: bool,
@@ -80,6 +97,16 @@ pub struct GraphStats {
     pub device_bytes: usize,
 }
 
+/// The context classes for `max_model_len`: [`SHORT_CONTEXT`] below it when `short` (and it is
+/// shorter), then `max_model_len`.
+pub(crate) fn context_classes(max_model_len: usize, short: bool) -> Vec<usize> {
+    if short && SHORT_CONTEXT < max_model_len {
+        vec![SHORT_CONTEXT, max_model_len]
+    } else {
+        vec![max_model_len]
+    }
+}
+
 /// 1, 2, 4, … below `max_num_seqs`, then `max_num_seqs`.
 pub(super) fn bucket_sizes(max_num_seqs: usize) -> Vec<usize> {
     let mut v: Vec<usize> = std::iter::successors(Some(1usize), |&b| Some(b * 2))
@@ -98,17 +125,21 @@ impl<B: Backend> DecodeGraphs<B> {
     ) -> DecodeGraphs<B> {
         let buckets = bucket_sizes(max_num_seqs);
         let width = max_model_len.div_ceil(block_size.max(1)).max(1);
+        let short = !std::env::var("KILN_GRAPH_SHORT_CONTEXT").is_ok_and(|v| v.trim() == "0");
+        let contexts = context_classes(max_model_len, short);
         info!(
             buckets = ?buckets,
+            contexts = ?contexts,
             block_table_width = width,
             max_model_len,
-            "CUDA graphs on for decode steps (recorded per bucket at first use)."
+            "CUDA graphs on for decode steps (recorded per bucket and context class at first use)."
         );
         DecodeGraphs {
-            recorded: buckets.iter().map(|_| None).collect(),
+            recorded: (0..buckets.len() * contexts.len()).map(|_| None).collect(),
             buckets,
             width,
             max_context: max_model_len,
+            contexts,
             block_size,
             scratch_block,
             disabled: false,
@@ -161,9 +192,12 @@ impl<B: Backend> DecodeGraphs<B> {
             return None;
         }
         let index = self.buckets.iter().position(|&b| b >= n)?;
+        let longest = input.seqs.iter().map(|s| s.context_len()).max()?;
+        let class = self.contexts.iter().position(|&c| c >= longest)?;
         Some(Bucket {
-            index,
+            index: class * self.buckets.len() + index,
             size: self.buckets[index],
+            context: self.contexts[class],
         })
     }
 
@@ -208,7 +242,7 @@ impl<B: Backend> DecodeGraphs<B> {
     ) -> Result<(), EngineError> {
         let padded = self.pad(input, bucket.size);
         let shape = PinnedShape {
-            max_context: self.max_context,
+            max_context: bucket.context,
         };
         if let Some(r) = &mut self.recorded[bucket.index] {
             b.update_step_pinned(&mut r.step, &padded, &shape)?;
@@ -235,6 +269,7 @@ impl<B: Backend> DecodeGraphs<B> {
             (Ok(()), Ok(graph)) => {
                 info!(
                     bucket = n,
+                    context = bucket.context,
                     nodes = graph.nodes(),
                     graph_mib = graph.device_bytes() as f64 / (1 << 20) as f64,
                     "Decode graph recorded."
@@ -309,7 +344,14 @@ mod tests {
         let g = DecodeGraphs::<CpuBackend>::new(8, 16, 4, 9);
         let input = decode_input(&[vec![2, 5], vec![7], vec![1, 3, 4]], &[5, 2, 9], 4);
         let bucket = g.bucket_for(&input).unwrap();
-        assert_eq!(bucket, Bucket { index: 2, size: 4 });
+        assert_eq!(
+            bucket,
+            Bucket {
+                index: 2,
+                size: 4,
+                context: 16
+            }
+        );
         let p = g.pad(&input, bucket.size);
         assert_eq!(p.token_ids, vec![3, 4, 5, 0]);
         assert_eq!(p.positions, vec![5, 2, 9, 0]);
@@ -343,6 +385,55 @@ mod tests {
         quiet.logit_rows = vec![1];
         assert_eq!(g.bucket_for(&quiet), None);
         let ok = decode_input(&[vec![1], vec![2], vec![3]], &[3, 0, 1], 4);
-        assert_eq!(g.bucket_for(&ok), Some(Bucket { index: 2, size: 4 }));
+        assert_eq!(
+            g.bucket_for(&ok),
+            Some(Bucket {
+                index: 2,
+                size: 4,
+                context: 16
+            })
+        );
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn the_short_class_is_the_cuda_single_part_bound() {
+        assert_eq!(
+            SHORT_CONTEXT,
+            crate::backend::cuda::attention_plan::DECODE_SINGLE_PART_KEYS
+        );
+    }
+
+    #[test]
+    fn short_contexts_take_the_short_class_graphs() {
+        assert_eq!(context_classes(8192, true), vec![SHORT_CONTEXT, 8192]);
+        assert_eq!(context_classes(8192, false), vec![8192]);
+        assert_eq!(context_classes(SHORT_CONTEXT, true), vec![SHORT_CONTEXT]);
+        assert_eq!(context_classes(100, true), vec![100]);
+        // max_model_len 1024, blocks of 16: 5 batch buckets (1..16), two context classes.
+        let g = DecodeGraphs::<CpuBackend>::new(16, 1024, 16, 99);
+        assert_eq!(g.contexts, vec![SHORT_CONTEXT, 1024]);
+        assert_eq!(g.recorded.len(), 10);
+        let table = |n: usize| (0..n as u32).collect::<Vec<_>>();
+        // Contexts 256 and 9 (the new token included): the short class.
+        let short = decode_input(&[table(16), table(1)], &[255, 8], 16);
+        assert_eq!(
+            g.bucket_for(&short),
+            Some(Bucket {
+                index: 1,
+                size: 2,
+                context: SHORT_CONTEXT
+            })
+        );
+        // One context of 257 keys: the whole step takes the long class.
+        let long = decode_input(&[table(17), table(1)], &[256, 8], 16);
+        assert_eq!(
+            g.bucket_for(&long),
+            Some(Bucket {
+                index: 5 + 1,
+                size: 2,
+                context: 1024
+            })
+        );
     }
 }

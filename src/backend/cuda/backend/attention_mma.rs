@@ -5,7 +5,9 @@
 //! swaps the function, the block size and the shared memory (see [`CudaBackend::decode_mma`]).
 //!
 //! `KILN_DECODE_MMA=0` (read when a backend is created) keeps the older decode kernel for every
-//! shape, e.g. to compare the two in one process.
+//! shape, e.g. to compare the two in one process; `KILN_DECODE_MMA=128` keeps it for head width
+//! 64 only (the default before branch `smol2`, for A/B: SmolLM2's 9/3 × 64 heads measured
+//! 1.2–2.5× faster here in every cell, docs/benchmarks.md, `lctx2` and `smol2` sections).
 
 use std::collections::HashMap;
 
@@ -96,7 +98,7 @@ pub(crate) struct DecodeMmaKernels {
     /// `attention_decode_mma_combine_{t}`.
     combine: CudaFunction,
     kv_bytes: usize,
-    /// Narrowest head that takes these kernels (128, or 64 with `KILN_DECODE_MMA=all`).
+    /// Narrowest head that takes these kernels (64, or 128 with `KILN_DECODE_MMA=128`).
     min_dim: usize,
 }
 
@@ -129,13 +131,13 @@ impl DecodeMmaKernels {
                 smem as i32,
             )?;
         }
-        // Head width 64 stays on attention_decode.cu by default: at long contexts the two kernels
-        // measured alike there (SmolLM2's 9/3 x 64, bf16 KV: 0.94-1.19x), and for short rows
-        // that kernel's single pass with PDL is faster (docs/benchmarks.md). `all` takes it too.
-        let min_dim = if std::env::var("KILN_DECODE_MMA").is_ok_and(|v| v == "all") {
-            64
-        } else {
+        // Every width by default: SmolLM2's 9/3 x 64 measured 1.2-2.5x faster here than on
+        // attention_decode.cu, short rows included (docs/benchmarks.md, `lctx2`). `128` keeps
+        // width 64 on attention_decode.cu (the earlier default, for A/B); `all` is the default.
+        let min_dim = if std::env::var("KILN_DECODE_MMA").is_ok_and(|v| v == "128") {
             128
+        } else {
+            64
         };
         tracing::debug!(
             t,
@@ -165,10 +167,10 @@ pub(crate) struct DecodeMmaLaunch<'a> {
 
 impl CudaBackend {
     /// The tensor-core decode kernel for these shapes, when this backend has them (sm_80+, 16-bit
-    /// compute, not disabled) and head_dim is 128 or 256 (also 64 with `KILN_DECODE_MMA=all`)
-    /// with at most 8 query heads per KV
-    /// head; `None` keeps attention_decode.cu's kernel. A function of the shapes only (never of
-    /// the data), so a captured graph and an eager step run the same kernel.
+    /// compute, not disabled) and head_dim is 64, 128 or 256 (not 64 with `KILN_DECODE_MMA=128`)
+    /// with at most 8 query heads per KV head; `None` keeps attention_decode.cu's kernel. A
+    /// function of the shapes only (never of the data), so a captured graph and an eager step run
+    /// the same kernel.
     pub(crate) fn decode_mma(&self, head_dim: usize, group: usize) -> Option<DecodeMmaLaunch<'_>> {
         let k = self.k.attention_decode_mma.as_ref()?;
         if group == 0 || group > DECODE_MMA_MAX_GROUP || head_dim < k.min_dim {

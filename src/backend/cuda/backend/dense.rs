@@ -173,8 +173,6 @@ impl MmaKernels {
         v.push(format!("dense_mma_large_{t}"));
         v.push(format!("dense_mma_large_{t}_f32"));
         v.push(format!("dense_mma_large_swiglu_{t}"));
-        v.push(super::dense_mlp::kernel_name(t, false));
-        v.push(super::dense_mlp::kernel_name(t, true));
         v
     }
 

@@ -93,9 +93,6 @@ pub(crate) struct Kernels {
     /// `dense_mma_small_rg{1,2,4}_norm_rope_{t}_{c}`: the q|k|v matmul with the RMSNorm prologue
     /// and the RoPE + KV-write epilogue (16-bit compute dtypes only).
     pub dense_rope: Option<[CudaFunction; 3]>,
-    /// `dense_mlp_{t}` and `dense_mlp_oproj_{t}`: the fused MLP of the decode layer, alone and
-    /// with the o_proj before it (`dense_mlp.rs`; 16-bit compute dtypes only, launched on sm_90+).
-    pub dense_mlp: Option<[CudaFunction; 2]>,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
     /// `gated_qkv_rope_write_{t}_{c}`: Qwen3.5's fused pre-attention (`gated_attention.cu`).
@@ -189,14 +186,6 @@ impl Kernels {
             dense_rope: if wide {
                 let r = |rg: u32| get(super::dense::MmaKernels::rope_name(rg, t, c));
                 Some([r(1)?, r(2)?, r(4)?])
-            } else {
-                None
-            },
-            dense_mlp: if wide {
-                Some([
-                    get(super::dense_mlp::kernel_name(t, false))?,
-                    get(super::dense_mlp::kernel_name(t, true))?,
-                ])
             } else {
                 None
             },

@@ -1,8 +1,7 @@
 //! Opening the device: [`CudaBackend::new`] compiles (or loads from the kernel cache) every
 //! kernel module for the architecture, resolves the typed handles, gives cuBLAS its fixed
 //! workspace and reads the launch settings from the environment (`KILN_DENSE_MATMUL`,
-//! `KILN_FUSED_DECODE_ROWS`, `KILN_PDL`, `KILN_FUSED_MLP`, `KILN_PDL_PACKED`,
-//! `KILN_PDL_GEMV_TRIGGER`).
+//! `KILN_FUSED_DECODE_ROWS`, `KILN_PDL`, `KILN_PDL_PACKED`, `KILN_PDL_GEMV_TRIGGER`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -18,8 +17,7 @@ use super::super::kernel_cache::KernelCache;
 use super::super::kernels::KernelModule;
 use super::super::nvrtc::{self, Arch};
 use super::{
-    dense, dense_mlp, profile, resolve_kv, w4a16, ComputeDType, CudaBackend, Kernels, KvStorage,
-    Scratch,
+    dense, profile, resolve_kv, w4a16, ComputeDType, CudaBackend, Kernels, KvStorage, Scratch,
 };
 use crate::backend::BackendError;
 
@@ -177,11 +175,6 @@ impl CudaBackend {
             0
         };
         let pdl = mma && arch.major >= 9 && dense::pdl_from_env().map_err(env_err)?;
-        let fused_mlp = if fused_rows > 0 && arch.major >= 9 && k.dense_mlp.is_some() {
-            dense_mlp::FusedMlp::from_env().map_err(env_err)?
-        } else {
-            dense_mlp::FusedMlp::Off
-        };
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -196,9 +189,8 @@ impl CudaBackend {
             }
             + &if fused_rows > 0 {
                 format!(
-                    " [fused decode <= {fused_rows} rows{}{}]",
-                    if pdl { ", pdl" } else { "" },
-                    fused_mlp.label()
+                    " [fused decode <= {fused_rows} rows{}]",
+                    if pdl { ", pdl" } else { "" }
                 )
             } else {
                 String::new()
@@ -214,9 +206,6 @@ impl CudaBackend {
             dense,
             fused_rows,
             pdl,
-            fused_mlp,
-            mlp_resident: Mutex::new(None),
-            mlp_refused: std::sync::atomic::AtomicBool::new(false),
             pdl_packed: w4a16::pdl_packed_from_env().map_err(env_err)?,
             w4_trigger_late: w4a16::trigger_late_from_env().map_err(env_err)?,
             arch,
