@@ -285,7 +285,8 @@ fn tiny_quantized_models_match_the_cpu_backend() {
 
 /// The sm_90 GEMMs (`kernels/w4a16_gemm.cu`: [`W4Kernel::GemmWide`] 128 × 256 tiles,
 /// [`W4Kernel::GemmTile`] 64 × 128 tiles, [`W4Kernel::GemmSplit`] cluster split-K,
-/// [`W4Kernel::GemmWgmma`] the warpgroup-MMA 256 × 128 tiles (sm_90; `w4g_gemm` on sm_100), and
+/// [`W4Kernel::GemmWgmma`] the warpgroup-MMA 256 × 128 tiles (sm_90; `w4g_gemm` on sm_100),
+/// [`W4Kernel::GemmWs`] its warp-specialised form (`kernels/w4a16_wgmma.cu`), and
 /// [`W4Kernel::Gemm`], the backend's pick by rows) against `w4_gemm` ([`W4Kernel::GemmBase`]):
 /// bit for bit on row counts with partial row tiles (33, 64, 129, 257, 300) and output counts
 /// with partial output tiles (48, 200, 1000: N not a multiple of 128 / 256), every int4 format
@@ -353,6 +354,7 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
                     ("tile", W4Kernel::GemmTile),
                     ("split", W4Kernel::GemmSplit),
                     ("wgmma", W4Kernel::GemmWgmma),
+                    ("ws", W4Kernel::GemmWs),
                     ("pick", W4Kernel::Gemm),
                 ];
                 let rows_list = [33usize, 64, 129, 257, 300];

@@ -323,7 +323,8 @@ fn w4a16_gemv_profile_launches() {
 /// above; `1e5a467`), one decode step's linears summed for both (the counts of
 /// `tests/cuda_w4a16_midm.rs`: 48 GDN + 16 attention layers, 64 MLPs), and every kernel alone —
 /// `w4_gemm` ([`W4Kernel::GemmBase`]), the GEMV's 32-row blocks (to 512 rows), split, tile, wide,
-/// the warpgroup-MMA `w4g_wgmma` ([`W4Kernel::GemmWgmma`]) —
+/// the warpgroup-MMA `w4g_wgmma` ([`W4Kernel::GemmWgmma`]), its warp-specialised form `w4g_ws`
+/// ([`W4Kernel::GemmWs`]) —
 /// and dense bf16 cuBLAS on the same shape. M = 16 .. 1024 on all seven shapes, 2048 / 4096 on
 /// the three largest (target at M = 4096: >= 0.50 of cuBLAS). Run:
 /// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_wide_gemm_speed`
@@ -396,6 +397,7 @@ fn w4a16_wide_gemm_speed() {
                 ("tile", Some(W4Kernel::GemmTile)),
                 ("wide", Some(W4Kernel::GemmWide)),
                 ("wgmma", Some(W4Kernel::GemmWgmma)),
+                ("ws", Some(W4Kernel::GemmWs)),
             ];
             if m <= 512 {
                 kernels.push(("gemv32", Some(W4Kernel::Gemv)));

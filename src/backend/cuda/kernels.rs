@@ -42,6 +42,8 @@ pub enum KernelModule {
     W4a16Sm70,
     /// The wide sm_90+ tensor-core GEMM on 4-bit weights (w4 tiles, the common layouts).
     W4a16Gemm,
+    /// The sm_90a warpgroup-MMA GEMM on 4-bit weights (w4 tiles, the common layouts).
+    W4a16Wgmma,
 
     /// Decode attention on tensor cores (mma m16n8k16, sm_80+, 16-bit compute) for long contexts.
     AttentionDecodeMma,
@@ -49,7 +51,7 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 17] = [
+    pub const ALL: [KernelModule; 18] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -66,6 +68,7 @@ impl KernelModule {
         KernelModule::GgufMm,
         KernelModule::W4a16Sm70,
         KernelModule::W4a16Gemm,
+        KernelModule::W4a16Wgmma,
         KernelModule::AttentionDecodeMma,
     ];
 
@@ -88,6 +91,7 @@ impl KernelModule {
             KernelModule::GgufMm => "gguf_mm.cu",
             KernelModule::W4a16Sm70 => "w4a16_sm70.cu",
             KernelModule::W4a16Gemm => "w4a16_gemm.cu",
+            KernelModule::W4a16Wgmma => "w4a16_wgmma.cu",
 
             KernelModule::AttentionDecodeMma => "attention_decode_mma.cu",
         }
@@ -114,6 +118,7 @@ impl KernelModule {
             KernelModule::GgufMm => include_str!("../../../kernels/gguf_mm.cu"),
             KernelModule::W4a16Sm70 => include_str!("../../../kernels/w4a16_sm70.cu"),
             KernelModule::W4a16Gemm => include_str!("../../../kernels/w4a16_gemm.cu"),
+            KernelModule::W4a16Wgmma => include_str!("../../../kernels/w4a16_wgmma.cu"),
 
             KernelModule::AttentionDecodeMma => {
                 include_str!("../../../kernels/attention_decode_mma.cu")
@@ -143,17 +148,16 @@ impl KernelModule {
             KernelModule::AttentionDecodeMma => arch.major >= 8,
             // 224 KB of shared memory a block, thread-block clusters: sm_90 and newer
             // (w4g_gemm_ok picks the GPUs).
-            KernelModule::W4a16Gemm => arch.major >= 9,
+            KernelModule::W4a16Gemm | KernelModule::W4a16Wgmma => arch.major >= 9,
             _ => true,
         }
     }
 
     /// The NVRTC `--gpu-architecture` this module is compiled with for `arch`: `sm_90a` for the
-    /// sm_90 GEMMs of `w4a16_gemm.cu` on a real sm_90 (its warpgroup MMA `w4g_wgmma` needs the
-    /// arch-specific target; such a cubin loads on compute capability 9.0 only), otherwise the
-    /// arch's own name.
+    /// warpgroup-MMA GEMM of `w4a16_wgmma.cu` on a real sm_90 (wgmma needs the arch-specific
+    /// target; such a cubin loads on compute capability 9.0 only), otherwise the arch's own name.
     pub fn nvrtc_arch(self, arch: super::nvrtc::Arch) -> Option<&'static str> {
-        if self == KernelModule::W4a16Gemm
+        if self == KernelModule::W4a16Wgmma
             && arch.major == 9
             && arch.minor == 0
             && !arch.virtual_only
@@ -207,14 +211,17 @@ impl KernelModule {
                 }
                 d
             }
-            // `KILN_W4W_DEFINES=W4W_SWZ=0`: build the sm_90 GEMMs with these
-            // layout options of `w4g_wgmma` (a measurement knob: every option gives
-            // the same bits; see kernels/w4a16_gemm.cu).
-            KernelModule::W4a16Gemm => std::env::var("KILN_W4W_DEFINES")
+            // `KILN_W4W_DEFINES=W4W_SWZ=0,W4S_RING=2`: build the warpgroup-MMA GEMMs with
+            // these layout / schedule options of `w4g_wgmma` / `w4g_ws` (a measurement knob:
+            // every option gives the same bits; see kernels/w4a16_wgmma.cu).
+            KernelModule::W4a16Wgmma => std::env::var("KILN_W4W_DEFINES")
                 .map(|v| {
                     v.split(',')
                         .map(str::trim)
-                        .filter(|d| d.starts_with("W4W_") && !d.contains(char::is_whitespace))
+                        .filter(|d| {
+                            (d.starts_with("W4W_") || d.starts_with("W4S_"))
+                                && !d.contains(char::is_whitespace)
+                        })
                         .map(|d| format!("-D{d}"))
                         .collect()
                 })
@@ -392,9 +399,16 @@ impl KernelModule {
                 // The 16-bit dtypes (the host launches it on sm_90 / sm_100 only).
                 KernelModule::W4a16Gemm => {
                     if t != "f32" {
-                        for v in ["gemm", "tile", "split", "wgmma"] {
+                        for v in ["gemm", "tile", "split"] {
                             names.push(format!("w4g_{v}_{t}"));
                         }
+                    }
+                }
+                // The 16-bit dtypes (the host launches it on sm_90 only).
+                KernelModule::W4a16Wgmma => {
+                    if t != "f32" {
+                        names.push(format!("w4g_wgmma_{t}"));
+                        names.push(format!("w4g_ws_{t}"));
                     }
                 }
                 KernelModule::GgufMm => {
@@ -432,23 +446,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_sm90_gemms_on_a_real_sm90_compile_for_sm90a() {
+    fn only_the_wgmma_gemm_on_a_real_sm90_compiles_for_sm90a() {
         let a = |s: &str| s.parse::<super::super::nvrtc::Arch>().expect("arch");
         assert_eq!(
-            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_90")),
+            KernelModule::W4a16Wgmma.nvrtc_arch(a("sm_90")),
             Some("sm_90a")
         );
         assert_eq!(
-            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_100")),
+            KernelModule::W4a16Wgmma.nvrtc_arch(a("sm_100")),
             Some("sm_100")
         );
         assert_eq!(
-            KernelModule::W4a16Gemm.nvrtc_arch(a("compute_90")),
+            KernelModule::W4a16Wgmma.nvrtc_arch(a("compute_90")),
             Some("compute_90")
         );
         assert_eq!(KernelModule::W4a16.nvrtc_arch(a("sm_90")), Some("sm_90"));
         assert_eq!(
-            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_80")),
+            KernelModule::W4a16Gemm.nvrtc_arch(a("sm_90")),
+            Some("sm_90")
+        );
+        assert_eq!(
+            KernelModule::W4a16Wgmma.nvrtc_arch(a("sm_80")),
             Some("sm_80")
         );
     }

@@ -119,7 +119,8 @@ pub enum W4Kernel {
     /// Tensor-core GEMM (picked above [`GEMV_MAX_ROWS`] rows), the kernel by the step's shape: on
     /// sm_90 / sm_100 where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K while the
     /// step has few 64 × 128 tiles, one-CTA 64 × 128 tiles to 2048 rows, 128 × 256 tiles above;
-    /// on sm_90 the warpgroup-MMA 256 × 128 tiles above 1024 rows);
+    /// on sm_90 the warp-specialised warpgroup-MMA `w4g_ws` (256 × 128 tiles) above 1024 rows and
+    /// at 1024 rows on grids of ≥ 160 of its blocks);
     /// elsewhere the GEMV's 32-row blocks to [`GEMV_MID_ROWS`] rows, then `w4_gemm` (128 × 128
     /// block tiles staged by cp.async).
     Gemm,
@@ -136,6 +137,9 @@ pub enum W4Kernel {
     /// The warpgroup-MMA `w4g_wgmma` (256 × 128 tiles) where the sm_90 GEMMs apply on an sm_90
     /// GPU, `w4g_gemm` on sm_100, else `w4_gemm`.
     GemmWgmma,
+    /// The warp-specialised warpgroup-MMA `w4g_ws` (256 × 128 tiles, a producer warpgroup) where
+    /// the sm_90 GEMMs apply on an sm_90 GPU, `w4g_gemm` on sm_100, else `w4_gemm`.
+    GemmWs,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
 }
@@ -357,11 +361,13 @@ impl CudaBackend {
                 parts.n_pad,
                 parts.k_slices,
                 self.w4g_wgmma_ok(),
+                wide::ws_enabled(),
             )),
             W4Kernel::GemmWide => Some(wide::WideKind::Wide),
             W4Kernel::GemmTile => Some(wide::WideKind::Tile),
             W4Kernel::GemmSplit => Some(wide::WideKind::Split),
             W4Kernel::GemmWgmma => Some(wide::WideKind::Wgmma),
+            W4Kernel::GemmWs => Some(wide::WideKind::Ws),
             _ => None,
         };
         if let Some(kind) = wide_kind.filter(|_| self.w4g_gemm_ok(parts, w.k)) {
@@ -376,7 +382,8 @@ impl CudaBackend {
             | W4Kernel::GemmWide
             | W4Kernel::GemmTile
             | W4Kernel::GemmSplit
-            | W4Kernel::GemmWgmma => W4Kernel::Gemm,
+            | W4Kernel::GemmWgmma
+            | W4Kernel::GemmWs => W4Kernel::Gemm,
             other => other,
         };
         if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
@@ -410,7 +417,8 @@ impl CudaBackend {
             | W4Kernel::GemmWide
             | W4Kernel::GemmTile
             | W4Kernel::GemmSplit
-            | W4Kernel::GemmWgmma => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
+            | W4Kernel::GemmWgmma
+            | W4Kernel::GemmWs => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Fma => Some(&self.k.w4_fma),
         }
         .ok_or_else(|| {
@@ -429,7 +437,8 @@ impl CudaBackend {
             | W4Kernel::GemmWide
             | W4Kernel::GemmTile
             | W4Kernel::GemmSplit
-            | W4Kernel::GemmWgmma => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
+            | W4Kernel::GemmWgmma
+            | W4Kernel::GemmWs => (256, (parts.n_pad.div_ceil(128), rows.div_ceil(128))),
             W4Kernel::Fma => (
                 32 * parts.k_slices,
                 (parts.n_pad / TILE_N, rows.div_ceil(16)),

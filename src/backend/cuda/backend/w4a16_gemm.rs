@@ -10,11 +10,18 @@
 //!   of other slice counts);
 //! - [`WideKind::Wide`] (`w4g_gemm_*`): 128 × 256 block tiles, warp tiles of 64 × 64, the
 //!   K-slice totals in shared memory (224 KB per block), for larger steps;
-//! - [`WideKind::Wgmma`] (`w4g_wgmma_*`, sm_90 only: the module is compiled for `sm_90a`;
+//! - [`WideKind::Wgmma`] (`w4g_wgmma_*` of `kernels/w4a16_wgmma.cu`, sm_90 only: that module is
+//!   compiled for `sm_90a`;
 //!   steps of more than [`WGMMA_MIN_ROWS`] rows there):
 //!   256 outputs × 128 rows per block, two warpgroups of warpgroup MMAs (`wgmma` m64n128k16, the
 //!   decoded weights as register A operands, x from shared memory), the slice totals in shared
-//!   memory (225 KB per block); the same bits (tests/cuda_wgmma_probe.rs).
+//!   memory (225 KB per block); the same bits (tests/cuda_wgmma_probe.rs);
+//! - [`WideKind::Ws`] (`w4g_ws_*` of `kernels/w4a16_wgmma.cu`, sm_90 only): the same tile and
+//!   arithmetic, warp-specialised: a producer warpgroup stages x by `cp.async` into a 3-stage
+//!   ring of mbarriers, two consumer warpgroups decode and issue wgmma without a block barrier
+//!   (384 threads, 225 KB); picked in place of [`WideKind::Wgmma`] (steps of more than
+//!   [`WGMMA_MIN_ROWS`] rows, and of [`WS_MIN_ROWS`] rows on grids of ≥ [`WS_MIN_CTAS`] blocks)
+//!   unless `KILN_W4G_WS=0`.
 //!
 //! The ranges are the H200 measurements of docs/benchmarks.md (branch `gemm`). A child module of
 //! `w4a16.rs` (it reads the private [`CudaPackedParts`]). They run where
@@ -47,16 +54,47 @@ pub(super) const SPLIT_MAX_TILES: usize = 320;
 /// 4096) where [`WideKind::Wgmma`] does not.
 pub(super) const TILE_MAX_ROWS: usize = 2048;
 
-/// Steps of more rows than this run [`WideKind::Wgmma`] on an sm_90 GPU (docs/benchmarks.md,
-/// branch `wg`).
+/// Steps of more rows than this run the warpgroup-MMA GEMM on an sm_90 GPU: [`WideKind::Ws`]
+/// (or [`WideKind::Wgmma`] with `KILN_W4G_WS=0`; docs/benchmarks.md, branches `wg`, `wg2`).
 pub(super) const WGMMA_MIN_ROWS: usize = 1024;
+
+/// Steps of at least [`WS_MIN_ROWS`] rows whose [`WideKind::Ws`] grid has at least
+/// [`WS_MIN_CTAS`] blocks (more than a wave of the H200's 132 SMs) also run it. Measured at
+/// 1024 rows (docs/benchmarks.md, branch `wg2`): `w4g_ws` beat the 64 × 128 tile on the six
+/// 27B shapes of 160–544 blocks (e.g. 5120 × 17408: 705 against 780 µs) and lost on 1024 × 5120
+/// (32 blocks: 113 against 60 µs).
+pub(super) const WS_MIN_ROWS: usize = 1024;
+/// See [`WS_MIN_ROWS`].
+pub(super) const WS_MIN_CTAS: usize = 160;
+
+/// Whether [`WideKind::Ws`] takes the place of [`WideKind::Wgmma`] in the pick: on unless
+/// `KILN_W4G_WS=0` (a measurement switch, read once per process; an invalid value is reported
+/// and ignored).
+pub(super) fn ws_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(
+        || match super::super::launch::env_switch("KILN_W4G_WS", true) {
+            Ok(on) => on,
+            Err(e) => {
+                tracing::warn!(error = %e, "KILN_W4G_WS ignored");
+                true
+            }
+        },
+    )
+}
 
 /// K slices of [`WideKind::Split`] (`W4G_SPLIT_KS`: one CTA per slice, a cluster per output
 /// tile); weights with another slice count run [`WideKind::Tile`] instead.
 const SPLIT_KS: usize = 8;
 
-/// Threads of a block (all four kernels).
+/// Threads of a block (all kernels but [`WideKind::Ws`]).
 const THREADS: u32 = 256;
+/// Threads of a [`WideKind::Ws`] block: a producer warpgroup and two consumer warpgroups.
+const WS_THREADS: u32 = 384;
+/// Dynamic shared memory of a [`WideKind::Ws`] block: [`WGMMA_SMEM`] and 6 mbarriers (3 stages
+/// × full / empty); `W4S_SMEM_BYTES`.
+const WS_SMEM: usize = WGMMA_SMEM + 6 * 8;
+const _: () = assert!(WS_SMEM <= 227 * 1024);
 
 /// Rows × outputs of the narrow block tile (`W4G_TILE_CFG`: 8 warps of 64 rows × 16 outputs).
 const TILE_ROWS: usize = 64;
@@ -82,7 +120,7 @@ const WGMMA_OUTS: usize = 256;
 const WGMMA_SMEM: usize = 1024 + 3 * 128 * 256 + 128 * 256 * 4;
 const _: () = assert!(WGMMA_SMEM <= 227 * 1024);
 
-/// Which kernel of `kernels/w4a16_gemm.cu` runs a step.
+/// Which kernel of `kernels/w4a16_gemm.cu` (or `kernels/w4a16_wgmma.cu`) runs a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum WideKind {
     /// `w4g_split_*`: cluster split-K over 64 × 128 tiles (weights with [`SPLIT_KS`] slices).
@@ -94,14 +132,27 @@ pub(super) enum WideKind {
     /// `w4g_wgmma_*`: 256 × 128 tiles of warpgroup MMAs (sm_90 only; elsewhere [`WideKind::Wide`]
     /// runs in its place).
     Wgmma,
+    /// `w4g_ws_*`: the same tiles, warp-specialised (sm_90 only; elsewhere [`WideKind::Wide`]).
+    Ws,
 }
 
 impl WideKind {
     /// The kernel for a step of `rows` rows on a weight of `n_pad` padded outputs and `k_slices`
-    /// K slices, where `wgmma` says whether [`WideKind::Wgmma`] runs here.
-    pub(super) fn for_rows(rows: usize, n_pad: usize, k_slices: usize, wgmma: bool) -> WideKind {
+    /// K slices, where `wgmma` says whether the warpgroup-MMA kernels run here and `ws` whether
+    /// [`WideKind::Ws`] is picked in place of [`WideKind::Wgmma`] ([`ws_enabled`]).
+    pub(super) fn for_rows(
+        rows: usize,
+        n_pad: usize,
+        k_slices: usize,
+        wgmma: bool,
+        ws: bool,
+    ) -> WideKind {
         let tiles = n_pad.div_ceil(TILE_OUTS) * rows.div_ceil(TILE_ROWS);
-        if wgmma && rows > WGMMA_MIN_ROWS {
+        let ws_ctas = n_pad.div_ceil(WGMMA_OUTS) * rows.div_ceil(WGMMA_ROWS);
+        if wgmma && ws && (rows > WGMMA_MIN_ROWS || (rows >= WS_MIN_ROWS && ws_ctas >= WS_MIN_CTAS))
+        {
+            WideKind::Ws
+        } else if wgmma && rows > WGMMA_MIN_ROWS {
             WideKind::Wgmma
         } else if rows > TILE_MAX_ROWS {
             WideKind::Wide
@@ -128,6 +179,16 @@ impl WideKind {
             WideKind::Tile => (TILE_ROWS, TILE_OUTS, 1, TILE_SMEM),
             WideKind::Wide => (WIDE_ROWS, WIDE_OUTS, 1, WIDE_SMEM),
             WideKind::Wgmma => (WGMMA_ROWS, WGMMA_OUTS, 1, WGMMA_SMEM),
+            WideKind::Ws => (WGMMA_ROWS, WGMMA_OUTS, 1, WS_SMEM),
+        }
+    }
+
+    /// Threads of a block.
+    fn threads(self) -> u32 {
+        if self == WideKind::Ws {
+            WS_THREADS
+        } else {
+            THREADS
         }
     }
 
@@ -138,17 +199,19 @@ impl WideKind {
     }
 }
 
-/// The entry points of `kernels/w4a16_gemm.cu` for one compute dtype.
+/// The entry points of `kernels/w4a16_gemm.cu` and `kernels/w4a16_wgmma.cu` for one compute
+/// dtype.
 #[derive(Debug, Clone)]
 pub(crate) struct WideKernels {
     wide: CudaFunction,
     tile: CudaFunction,
     split: CudaFunction,
     wgmma: CudaFunction,
+    ws: CudaFunction,
 }
 
 impl WideKernels {
-    /// The entry points for compute dtype suffix `t`, or `None` where the module was not built
+    /// The entry points for compute dtype suffix `t`, or `None` where the modules were not built
     /// (below sm_90) or `t` is f32.
     pub(crate) fn resolve(all: &HashMap<String, CudaFunction>, t: &str) -> Option<WideKernels> {
         Some(WideKernels {
@@ -156,6 +219,7 @@ impl WideKernels {
             tile: all.get(&format!("w4g_tile_{t}"))?.clone(),
             split: all.get(&format!("w4g_split_{t}"))?.clone(),
             wgmma: all.get(&format!("w4g_wgmma_{t}"))?.clone(),
+            ws: all.get(&format!("w4g_ws_{t}"))?.clone(),
         })
     }
 
@@ -165,6 +229,7 @@ impl WideKernels {
             WideKind::Tile => &self.tile,
             WideKind::Wide => &self.wide,
             WideKind::Wgmma => &self.wgmma,
+            WideKind::Ws => &self.ws,
         }
     }
 }
@@ -216,7 +281,7 @@ impl CudaBackend {
             BackendError::Unsupported("w4g_gemm needs a 16-bit compute dtype".into())
         })?;
         let mut kind = kind.or_tile(parts.k_slices);
-        if kind == WideKind::Wgmma && !self.w4g_wgmma_ok() {
+        if matches!(kind, WideKind::Wgmma | WideKind::Ws) && !self.w4g_wgmma_ok() {
             kind = WideKind::Wide;
         }
         let f = ks.function(kind);
@@ -254,7 +319,7 @@ impl CudaBackend {
             .arg(&tiles);
         let cfg = LaunchConfig {
             grid_dim: (gx, gy, gz),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (kind.threads(), 1, 1),
             shared_mem_bytes: smem as u32,
         };
         tracing::trace!(rows, n = w.n, k = w.k, ?kind, gx, gy, gz, "w4g launch");
@@ -276,19 +341,67 @@ mod tests {
     #[test]
     fn the_step_shape_picks_the_kernel() {
         // 17408 outputs: 136 tiles of 128 per 64 rows.
-        assert_eq!(WideKind::for_rows(33, 17408, 8, true), WideKind::Split);
-        assert_eq!(WideKind::for_rows(128, 17408, 8, false), WideKind::Split);
-        assert_eq!(WideKind::for_rows(129, 17408, 8, false), WideKind::Tile);
+        assert_eq!(
+            WideKind::for_rows(33, 17408, 8, true, true),
+            WideKind::Split
+        );
+        assert_eq!(
+            WideKind::for_rows(128, 17408, 8, false, true),
+            WideKind::Split
+        );
+        assert_eq!(
+            WideKind::for_rows(129, 17408, 8, false, true),
+            WideKind::Tile
+        );
         // 5120 outputs: 40 tiles per 64 rows, the split to 512 rows.
-        assert_eq!(WideKind::for_rows(512, 5120, 8, false), WideKind::Split);
-        assert_eq!(WideKind::for_rows(513, 5120, 8, false), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(64, 5120, 4, false), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2048, 17408, 8, false), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(2049, 1024, 8, false), WideKind::Wide);
-        // Where wgmma runs (sm_90): above WGMMA_MIN_ROWS, whatever the shape.
-        assert_eq!(WideKind::for_rows(1024, 17408, 8, true), WideKind::Tile);
-        assert_eq!(WideKind::for_rows(1025, 17408, 8, true), WideKind::Wgmma);
-        assert_eq!(WideKind::for_rows(4096, 1024, 1, true), WideKind::Wgmma);
+        assert_eq!(
+            WideKind::for_rows(512, 5120, 8, false, true),
+            WideKind::Split
+        );
+        assert_eq!(
+            WideKind::for_rows(513, 5120, 8, false, true),
+            WideKind::Tile
+        );
+        assert_eq!(WideKind::for_rows(64, 5120, 4, false, true), WideKind::Tile);
+        assert_eq!(
+            WideKind::for_rows(2048, 17408, 8, false, true),
+            WideKind::Tile
+        );
+        assert_eq!(
+            WideKind::for_rows(2049, 1024, 8, false, true),
+            WideKind::Wide
+        );
+        // Where the warpgroup-MMA kernels run (sm_90): w4g_ws above WGMMA_MIN_ROWS whatever the
+        // shape, and from WS_MIN_ROWS on grids of at least WS_MIN_CTAS blocks.
+        assert_eq!(
+            WideKind::for_rows(1023, 17408, 8, true, true),
+            WideKind::Tile
+        );
+        assert_eq!(WideKind::for_rows(1024, 17408, 8, true, true), WideKind::Ws);
+        assert_eq!(WideKind::for_rows(1024, 5120, 8, true, true), WideKind::Ws);
+        assert_eq!(
+            WideKind::for_rows(1024, 4096, 8, true, true),
+            WideKind::Tile
+        );
+        assert_eq!(
+            WideKind::for_rows(1024, 1024, 8, true, true),
+            WideKind::Split
+        );
+        assert_eq!(WideKind::for_rows(1025, 17408, 8, true, true), WideKind::Ws);
+        assert_eq!(WideKind::for_rows(4096, 1024, 1, true, true), WideKind::Ws);
+        // KILN_W4G_WS=0: the earlier pick (w4g_wgmma above WGMMA_MIN_ROWS).
+        assert_eq!(
+            WideKind::for_rows(1024, 17408, 8, true, false),
+            WideKind::Tile
+        );
+        assert_eq!(
+            WideKind::for_rows(1025, 17408, 8, true, false),
+            WideKind::Wgmma
+        );
+        assert_eq!(
+            WideKind::for_rows(4096, 1024, 1, true, false),
+            WideKind::Wgmma
+        );
         assert_eq!(WideKind::Split.or_tile(1), WideKind::Tile);
         assert_eq!(WideKind::Wide.or_tile(1), WideKind::Wide);
     }
@@ -299,6 +412,12 @@ mod tests {
         assert_eq!(WideKind::Wgmma.grid(4096, 17408), (68, 32, 1));
         assert_eq!(WideKind::Wgmma.grid(129, 64), (1, 2, 1));
         assert_eq!(WGMMA_SMEM, 230_400);
+        assert_eq!(WideKind::Ws.grid(4096, 17408), (68, 32, 1));
+        assert_eq!(WS_SMEM, 230_448);
+        assert_eq!(
+            (WideKind::Ws.threads(), WideKind::Wgmma.threads()),
+            (384, 256)
+        );
         assert_eq!(WideKind::Tile.grid(257, 64), (1, 5, 1));
         assert_eq!(WideKind::Split.grid(64, 5120), (40, 1, 8));
         assert_eq!(WIDE_SMEM, 229_376);

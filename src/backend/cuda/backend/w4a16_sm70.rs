@@ -109,7 +109,8 @@ impl CudaBackend {
             | W4Kernel::GemmWide
             | W4Kernel::GemmTile
             | W4Kernel::GemmSplit
-            | W4Kernel::GemmWgmma => &ks70.gemm,
+            | W4Kernel::GemmWgmma
+            | W4Kernel::GemmWs => &ks70.gemm,
             W4Kernel::Gemv => &ks70.gemv,
             W4Kernel::Fma => {
                 return Err(BackendError::InvalidArgument(
