@@ -578,3 +578,119 @@ fn w4a16_gemv_pdl() {
     }
     b.set_pdl(true, true);
 }
+
+/// The bulk-copy GEMV (`kernels/w4a16_bulk.cu`, [`W4Kernel::GemvBulk`]) against `w4_gemv`
+/// ([`W4Kernel::Gemv`] with the bulk kernel off) in the same process: CT W4A16 sym g128, bf16,
+/// rotating over 4 distinct weights per shape (every launch from DRAM, the method of
+/// `w4a16_gemv_profile_launches`), 20 launches back to back, median of 7, µs and fraction of the
+/// copy bandwidth of the same run (bytes = packed words + scales). Shapes 17408×5120,
+/// 5120×17408, 10240×5120, 5120×6144 at 1 / 2 / 4 / 8 rows; PDL off, then on (trigger after
+/// the main loop, the default); the bulk kernel at the ring depths of `KILN_BULK_BENCH_STAGES`
+/// (default `2,4,6,8`) and at 4 stages with the L2 evict-first hint (`4h`). Before the timings
+/// every variant's output is **checked bit for bit** against `w4_gemv` on each shape and row
+/// count (asserted). Run (GPU machine):
+/// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_bulk`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_bulk() {
+    let mut b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    if !b.set_w4_bulk(false, 4, false) {
+        println!("RESULT bulk unavailable on this device (sm_90+ only): nothing to compare");
+        return;
+    }
+    let copy = copy_bandwidth();
+    println!("RESULT bulk copy_bandwidth_GBps={:.0}", copy / 1e9);
+    let mut variants: Vec<(String, usize, bool)> = std::env::var("KILN_BULK_BENCH_STAGES")
+        .unwrap_or_else(|_| "2,4,6,8".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse::<usize>().ok())
+        .map(|s| (format!("bulk{s}"), s, false))
+        .collect();
+    variants.push(("bulk4h".into(), 4, true));
+    let shapes = [
+        (17408usize, 5120usize),
+        (5120, 17408),
+        (10240, 5120),
+        (5120, 6144),
+    ];
+    let mut sets: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| {
+            let ws: Vec<_> = (0..4u64)
+                .map(|j| {
+                    let o = ct_g128(n, k, 500 + 10 * i as u64 + j);
+                    b.upload_linear("bulk", &LinearView::Packed(o.linear()))
+                        .expect("upload")
+                })
+                .collect();
+            let x = b.upload(&data(8 * k, 9 + i as u64)).expect("x");
+            let out = b.alloc(8 * n).expect("out");
+            (n, k, ws, x, out)
+        })
+        .collect();
+    // Bits first: every variant against w4_gemv.
+    let mut same = 0;
+    let mut all = 0;
+    for (n, k, ws, x, out) in sets.iter_mut() {
+        for rows in [1usize, 2, 4, 8] {
+            b.set_w4_bulk(false, 4, false);
+            b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
+                .expect("gemv");
+            let base = down(&b, out, rows * *n);
+            for (name, stages, hint) in &variants {
+                b.set_w4_bulk(false, *stages, *hint);
+                b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::GemvBulk)
+                    .expect("bulk");
+                let got = down(&b, out, rows * *n);
+                all += 1;
+                if bits_equal(&got, &base) && got.iter().all(|v| v.is_finite()) {
+                    same += 1;
+                } else {
+                    println!("RESULT bulk bits N={n} K={k} rows={rows} {name} DIFFERS");
+                }
+            }
+        }
+    }
+    println!("RESULT bulk bits_equal_to_w4_gemv={same}/{all}");
+    for (pdl_name, pdl) in [("pdl_off", false), ("pdl_on", true)] {
+        b.set_pdl(pdl, true);
+        for (n, k, ws, x, out) in sets.iter_mut() {
+            let bytes = b.weight_bytes(&ws[0]) as f64;
+            let mut one_row = Vec::new();
+            for rows in [1usize, 2, 4, 8] {
+                let mut line = String::new();
+                let mut ts = Vec::new();
+                let runs = std::iter::once(("w4_gemv", W4Kernel::Gemv, 4, false)).chain(
+                    variants
+                        .iter()
+                        .map(|(nm, st, h)| (nm.as_str(), W4Kernel::GemvBulk, *st, *h)),
+                );
+                for (name, kernel, stages, hint) in runs {
+                    b.set_w4_bulk(false, stages, hint);
+                    let mut j = 0usize;
+                    let t = time(&b, || {
+                        j = (j + 1) % ws.len();
+                        b.matmul_w4_with(x, rows, &ws[j], out, kernel)
+                            .expect("gemv")
+                    });
+                    line += &format!(" {name}={:.2}us({:.3})", t * 1e6, bytes / t / copy);
+                    ts.push(t);
+                }
+                if rows == 1 {
+                    one_row = ts.clone();
+                } else {
+                    line += " ratio_to_1row:";
+                    for (t, t1) in ts.iter().zip(&one_row) {
+                        line += &format!(" {:.2}", t / t1);
+                    }
+                }
+                println!("RESULT bulk {pdl_name} N={n} K={k} rows={rows}{line}");
+            }
+        }
+    }
+    b.set_pdl(true, true);
+    b.set_w4_bulk(false, 4, false);
+    assert_eq!(same, all, "a bulk variant's bits differ from w4_gemv");
+}

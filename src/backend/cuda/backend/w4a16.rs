@@ -41,6 +41,11 @@ pub(crate) use sm70::Sm70Kernels;
 mod wide;
 pub(crate) use wide::WideKernels;
 
+// The sm_90+ bulk-copy GEMV (`kernels/w4a16_bulk.cu`), a child module for the same reason.
+#[path = "w4a16_bulk.rs"]
+mod bulk;
+pub(crate) use bulk::BulkGemv;
+
 /// Rows the GEMV always covers; larger steps run [`W4Kernel::Gemm`], which picks by the row
 /// count and the weight (same numerics, so every switch is a speed choice only).
 pub const GEMV_MAX_ROWS: usize = 32;
@@ -116,6 +121,10 @@ pub enum W4Kernel {
     /// picked for 1–[`GEMV_MAX_ROWS`], and by [`W4Kernel::Gemm`] to [`GEMV_MID_ROWS`] where the
     /// sm_90 GEMMs do not apply).
     Gemv,
+    /// The bulk-copy GEMV (`kernels/w4a16_bulk.cu`, sm_90+, 1–8 rows on the layouts of
+    /// `w4_gemv`; same bits) forced: an error where it does not apply. [`W4Kernel::Gemv`] runs
+    /// it for 1–8 rows where `KILN_W4_BULK` is on (`w4a16_bulk.rs`).
+    GemvBulk,
     /// Tensor-core GEMM (picked above [`GEMV_MAX_ROWS`] rows), the kernel by the step's shape: on
     /// sm_90 / sm_100 where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K while the
     /// step has few 64 × 128 tiles, one-CTA 64 × 128 tiles to 2048 rows, 128 × 256 tiles above;
@@ -379,6 +388,17 @@ impl CudaBackend {
             | W4Kernel::GemmWgmma => W4Kernel::Gemm,
             other => other,
         };
+        if self.w4_bulk_runs(kernel, parts, w.k, rows) {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe { self.packed_gemv_bulk(w, parts, rows, xp, op, out_f32) };
+        }
+        if kernel == W4Kernel::GemvBulk {
+            return Err(BackendError::Unsupported(format!(
+                "the bulk packed GEMV runs 1–8 rows of the common layouts on sm_90+ with a \
+                 16-bit dtype ({}, {rows} rows)",
+                self.device_name
+            )));
+        }
         if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
             // SAFETY: the caller's guarantees, passed on unchanged.
             return unsafe {
@@ -412,6 +432,8 @@ impl CudaBackend {
             | W4Kernel::GemmSplit
             | W4Kernel::GemmWgmma => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Fma => Some(&self.k.w4_fma),
+            // Launched above or refused there.
+            W4Kernel::GemvBulk => None,
         }
         .ok_or_else(|| {
             BackendError::Unsupported(format!(
@@ -420,7 +442,7 @@ impl CudaBackend {
             ))
         })?;
         let (block, grid) = match kernel {
-            W4Kernel::Gemv => (
+            W4Kernel::Gemv | W4Kernel::GemvBulk => (
                 32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
             ),

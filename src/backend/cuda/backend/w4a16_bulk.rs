@@ -1,0 +1,236 @@
+//! The bulk-copy W4A16 GEMV (`kernels/w4a16_bulk.cu` `w4b_gemv_{f16,bf16}`, sm_90+): steps of
+//! 1–8 rows on the fast layouts, the numerics of `w4_gemv` (same bits), with each warp's
+//! weights streamed into a shared-memory ring by the TMA engine instead of a register ring.
+//!
+//! Launch: grid (Np / 16, ceil(rows / 8)), 32 × ks threads (one warp per K slice, as `w4_gemv`),
+//! dynamic shared memory [`smem_bytes`]: per warp `stages` k blocks of its two n8 tiles (1 KB
+//! each) and one mbarrier per stage, and the slice's scale (and zero-point) table.
+//!
+//! Switches, read when the backend is created ([`BulkGemv::resolve`]); tests and benchmarks
+//! change them in one process with `CudaBackend::set_w4_bulk`:
+//! - `KILN_W4_BULK` (on / off; unset: [`BULK_DEFAULT`]): whether [`W4Kernel::Gemv`] steps of 1–8
+//!   rows run it where it applies (else `w4_gemv`). [`W4Kernel::GemvBulk`] forces it.
+//! - `KILN_W4_BULK_STAGES` (1–16; unset: [`DEFAULT_STAGES`]): the ring depth per warp.
+//! - `KILN_W4_BULK_HINT` (on / off; unset: off): the weight copies with the L2 evict-first policy.
+
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaFunction, DevicePtr, LaunchConfig};
+
+use super::super::launch::{env_switch, KernelArgs};
+use super::{dev_err, CudaBackend, CudaPackedParts, CudaWeight, W4Kernel, W4Values, GEMV8_ROWS};
+use crate::backend::BackendError;
+use crate::tensor::packed_tiles::TILE_N;
+
+/// Whether `KILN_W4_BULK` is on when unset.
+pub const BULK_DEFAULT: bool = false;
+
+/// Ring stages per warp when `KILN_W4_BULK_STAGES` is unset.
+pub const DEFAULT_STAGES: usize = 4;
+
+/// Most ring stages per warp.
+pub const MAX_STAGES: usize = 16;
+
+/// Bytes of one ring stage: one 128-column k block of two n8 tiles (`W4B_STAGE_BYTES`).
+const STAGE_BYTES: usize = 1024;
+
+/// Shared memory a block may use with the opt-in on sm_90 / sm_100.
+const MAX_SMEM: usize = 227 * 1024;
+
+/// The resolved kernel and its settings.
+#[derive(Debug, Clone)]
+pub(crate) struct BulkGemv {
+    f: CudaFunction,
+    /// Default choice for [`W4Kernel::Gemv`] steps of 1–8 rows.
+    on: bool,
+    stages: usize,
+    hint: bool,
+}
+
+impl BulkGemv {
+    /// The kernel for compute dtype suffix `t` where its module was built (sm_90+; `None`
+    /// otherwise or for f32), with the settings of the environment.
+    pub(crate) fn resolve(
+        all: &HashMap<String, CudaFunction>,
+        t: &str,
+    ) -> Result<Option<BulkGemv>, BackendError> {
+        let Some(f) = all.get(&format!("w4b_gemv_{t}")) else {
+            return Ok(None);
+        };
+        let stages = match std::env::var("KILN_W4_BULK_STAGES") {
+            Err(_) => DEFAULT_STAGES,
+            Ok(v) if v.trim().is_empty() => DEFAULT_STAGES,
+            Ok(v) => parse_stages(&v)?,
+        };
+        Ok(Some(BulkGemv {
+            f: f.clone(),
+            on: env_switch("KILN_W4_BULK", BULK_DEFAULT)?,
+            stages,
+            hint: env_switch("KILN_W4_BULK_HINT", false)?,
+        }))
+    }
+}
+
+fn parse_stages(v: &str) -> Result<usize, BackendError> {
+    match v.trim().parse::<usize>() {
+        Ok(s) if (1..=MAX_STAGES).contains(&s) => Ok(s),
+        _ => Err(BackendError::InvalidArgument(format!(
+            "KILN_W4_BULK_STAGES={v:?}: expected 1..={MAX_STAGES}"
+        ))),
+    }
+}
+
+/// Groups of the scale table one K slice of `per` k blocks may span (groups of 16 << gshift
+/// columns; a slice starts on a k block, so it spans at most this many).
+pub fn slice_groups(per: usize, gshift: u32) -> usize {
+    ((per * 8 - 1) >> gshift) + 2
+}
+
+/// Dynamic shared memory of a block: `ks` warps × (`stages` stages of [`STAGE_BYTES`] and an
+/// 8-byte mbarrier each, and 2 tiles × `ngs` groups × 16 bytes of scales, + 8 of zero points).
+pub fn smem_bytes(ks: usize, stages: usize, ngs: usize, zero_points: bool) -> usize {
+    let table = 2 * ngs * if zero_points { 24 } else { 16 };
+    ks * (stages * (STAGE_BYTES + 8) + table)
+}
+
+impl CudaBackend {
+    /// Set the bulk GEMV's default choice, ring depth and L2 hint (benchmarks compare them in
+    /// one process); returns whether the kernel exists here (sm_90+, 16-bit dtype).
+    pub fn set_w4_bulk(&mut self, on: bool, stages: usize, hint: bool) -> bool {
+        match self.k.w4_bulk.as_mut() {
+            Some(b) => {
+                b.on = on;
+                b.stages = stages.clamp(1, MAX_STAGES);
+                b.hint = hint;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a step of `rows` rows of `kernel` on this layout runs the bulk GEMV.
+    pub(super) fn w4_bulk_runs(
+        &self,
+        kernel: W4Kernel,
+        parts: &CudaPackedParts,
+        k: usize,
+        rows: usize,
+    ) -> bool {
+        let Some(b) = self.k.w4_bulk.as_ref() else {
+            return false;
+        };
+        let forced = kernel == W4Kernel::GemvBulk;
+        (forced || (kernel == W4Kernel::Gemv && b.on))
+            && self.w4_tensor_cores()
+            && self.k.w4_sm70.is_none()
+            && parts.gemv_fast_ok(k)
+            && rows <= GEMV8_ROWS
+            && smem_bytes(
+                parts.k_slices,
+                b.stages,
+                slice_groups(parts.k_blocks / parts.k_slices, parts.group_shift),
+                parts.zeros.is_some(),
+            ) <= MAX_SMEM
+    }
+
+    /// Launch `w4b_gemv` for a step of 1..=8 rows ([`Self::w4_bulk_runs`] holds).
+    ///
+    /// # Safety
+    /// As [`Self::packed_matmul`].
+    pub(super) unsafe fn packed_gemv_bulk(
+        &self,
+        w: &CudaWeight,
+        parts: &CudaPackedParts,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        out_f32: bool,
+    ) -> Result<(), BackendError> {
+        let b = self.k.w4_bulk.as_ref().ok_or_else(|| {
+            BackendError::Unsupported("the bulk GEMV needs sm_90+ and a 16-bit dtype".into())
+        })?;
+        let ks = parts.k_slices;
+        let ngs = slice_groups(parts.k_blocks / ks, parts.group_shift);
+        let shared = smem_bytes(ks, b.stages, ngs, parts.zeros.is_some());
+        // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
+        // attribute, no stream work, so graph capture is unaffected).
+        b.f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(dev_err)?;
+        let (qp, _q) = w.data.device_ptr(&self.stream);
+        let (sp, _s) = parts.scales.device_ptr(&self.stream);
+        let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
+        let zp: u64 = zg.as_ref().map_or(0, |(p, _)| *p);
+        let mut a = KernelArgs::new();
+        a.ptr(xp)
+            .i32(rows as i32)
+            .i32(w.k as i32)
+            .ptr(qp)
+            .ptr(sp)
+            .ptr(zp);
+        a.i32(parts.k_blocks as i32)
+            .i32(ks as i32)
+            .i32(parts.group_shift as i32)
+            .i32(parts.groups as i32)
+            .i32(w.n as i32)
+            .ptr(op)
+            .i32(i32::from(out_f32))
+            .i32(i32::from(parts.values == W4Values::E2m1))
+            .i32(i32::from(self.w4_trigger_late))
+            .i32(b.stages as i32)
+            .i32(ngs as i32)
+            .i32(i32::from(b.hint));
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (parts.n_pad / (2 * TILE_N)) as u32,
+                rows.div_ceil(GEMV8_ROWS) as u32,
+                1,
+            ),
+            block_dim: ((32 * ks) as u32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        // SAFETY: the parts were built by W4Tiles for this weight (a fast layout: no perm,
+        // k % 128 == 0, n_pad / 8 tiles of k_blocks blocks, `groups` stored groups); the grid
+        // covers n_pad outputs in m16 tiles and ceil(rows / 8) row blocks of <= 8 rows; the bulk
+        // copies read whole 512-byte tile blocks inside the words, the table loads whole
+        // (tile, group) units inside scales / zeros; x is read only below (rows, k) and out
+        // written only below (rows, n) (the caller vouches for both); shared memory is sized by
+        // `smem_bytes` for the kernel's layout. The kernel reads only weights, scales and zeros
+        // before its griddepcontrol.wait, which makes the PDL attribute allowed.
+        unsafe { self.launch_args(&b.f, cfg, &mut a, self.pdl_packed()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_groups_bound_every_slice_span() {
+        for gshift in 0..6u32 {
+            for per in 1..40usize {
+                for s in 0..8usize {
+                    let kb0 = s * per;
+                    let first = (kb0 * 8) >> gshift;
+                    let last = ((kb0 + per) * 8 - 1) >> gshift;
+                    assert!(last - first + 1 <= slice_groups(per, gshift));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shared_memory_of_the_27b_shapes_fits_four_blocks_at_four_stages() {
+        // K = 5120 (40 k blocks, 8 slices of 5) and 17408 (136, 8 of 17), group 128.
+        for per in [5usize, 17] {
+            let s = smem_bytes(8, 4, slice_groups(per, 3), true);
+            assert!(4 * (s + 1024) <= 228 * 1024, "{s}");
+        }
+        assert_eq!(smem_bytes(1, 1, 1, false), 1024 + 8 + 32);
+        assert!(parse_stages("0").is_err());
+        assert!(parse_stages("17").is_err());
+        assert_eq!(parse_stages(" 6 ").unwrap(), 6);
+    }
+}
