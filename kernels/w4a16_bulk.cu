@@ -44,7 +44,7 @@
 // traps: the module is built only for sm_90+, `KernelModule::builds_for`, but
 // `cuda_kernels_compile` compiles it everywhere).
 
-#define W4B_STAGE_BYTES 1024  // one k block of the warp's two n8 tiles
+#define W4B_KB_BYTES 1024  // one k block of the warp's two n8 tiles (2 x 512 B)
 #ifndef W4B_BLOCKS
 #define W4B_BLOCKS 4  // resident blocks of 256 per SM the register budget allows
 #endif
@@ -67,35 +67,37 @@ __device__ __forceinline__ void w4b_bar_fence() {
 #endif
 }
 
-// Lane 0: stage `dst` (1 KB) <- tile words src0[0..32), src1[0..32) (512 B each), completing on
-// barrier `bar` (arrive with the expected byte count, then the two copies).
-__device__ __forceinline__ void w4b_issue(unsigned dst, unsigned bar, const uint4* src0,
-                                          const uint4* src1, int hint, unsigned long long pol) {
+// Lane 0: `bytes` / 2 from each of src0 and src1 into dst and dst + half (one stage: up to SK k
+// blocks of tile 0, then of tile 1), completing on barrier `bar` (arrive with the expected byte
+// count, then the two copies).
+__device__ __forceinline__ void w4b_issue(unsigned dst, unsigned half, unsigned bar,
+                                          const uint4* src0, const uint4* src1, unsigned bytes,
+                                          int hint, unsigned long long pol) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                 "r"(W4B_STAGE_BYTES)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                  : "memory");
+    const unsigned each = bytes >> 1;
     if (hint) {
         asm volatile(
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-            "[%0], [%1], 512, [%2], %3;" ::"r"(dst),
-            "l"(src0), "r"(bar), "l"(pol)
+            "[%0], [%1], %2, [%3], %4;" ::"r"(dst),
+            "l"(src0), "r"(each), "r"(bar), "l"(pol)
             : "memory");
         asm volatile(
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-            "[%0], [%1], 512, [%2], %3;" ::"r"(dst + 512),
-            "l"(src1), "r"(bar), "l"(pol)
+            "[%0], [%1], %2, [%3], %4;" ::"r"(dst + half),
+            "l"(src1), "r"(each), "r"(bar), "l"(pol)
             : "memory");
     } else {
         asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, "
-            "[%2];" ::"r"(dst),
-            "l"(src0), "r"(bar)
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(dst),
+            "l"(src0), "r"(each), "r"(bar)
             : "memory");
         asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, "
-            "[%2];" ::"r"(dst + 512),
-            "l"(src1), "r"(bar)
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(dst + half),
+            "l"(src1), "r"(each), "r"(bar)
             : "memory");
     }
 #else
@@ -112,8 +114,7 @@ __device__ __forceinline__ void w4b_wait(unsigned bar, unsigned parity) {
             "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, "
             "1, 0, p;\n}\n"
             : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
+            : "r"(bar), "r"(parity));
     } while (!done);
 #else
     __trap();
@@ -124,17 +125,20 @@ __device__ __forceinline__ uint4 w4b_lds128(unsigned a) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(a)
-                 : "memory");
+                 : "r"(a));
     return v;
 }
 
-template <typename T, bool FP4, bool ZP>
+// (Neither the wait nor the shared loads below clobber "memory": they are volatile, so they stay
+// in order with each other and with the issue, and the x and table loads may be scheduled
+// across them; every ring access is between `__syncwarp`s, which are compiler barriers.)
+template <typename T, bool FP4, bool ZP, int SK>
 __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* __restrict__ qw,
                                          const T* scales, const unsigned char* zeros, int kblocks,
                                          int ks, int gshift, int gstore, int n, void* out,
                                          int out_f32, int trig, int stages, int ngs, int hint) {
     constexpr bool G16 = FP4;
+    constexpr unsigned STAGE = SK * W4B_KB_BYTES, HALF = SK * 512;
     extern __shared__ __align__(16) unsigned char w4b_sm[];
     if (trig == 0) w4_pdl_launch_dependents();
     const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
@@ -142,10 +146,11 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     const int nt0 = blockIdx.x * 2;
     const int r0 = blockIdx.y * 8;
     const int per = kblocks / ks, kb0 = s * per;
-    // This warp's ring, barriers, scales and zeros.
-    unsigned char* ring = w4b_sm + (size_t)s * stages * W4B_STAGE_BYTES;
+    const int nst = (per + SK - 1) / SK;  // stages of the slice (the last one may be partial)
+    // This warp's ring, scales, zeros and barriers.
+    unsigned char* ring = w4b_sm + (size_t)s * stages * STAGE;
     const unsigned ring_a = w4b_smem(ring);
-    unsigned char* tables = w4b_sm + (size_t)ks * stages * W4B_STAGE_BYTES;
+    unsigned char* tables = w4b_sm + (size_t)ks * stages * STAGE;
     unsigned short* ssm = reinterpret_cast<unsigned short*>(tables) + (size_t)s * 2 * ngs * 8;
     unsigned char* zsm = tables + (size_t)ks * 2 * ngs * 16 + (size_t)s * 2 * ngs * 8;
     const unsigned bars_a =
@@ -153,6 +158,8 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     // The slice's tile words: k block j of tile 0 at src0 + 32 j, of tile 1 at src1 + 32 j.
     const uint4* src0 = qw + ((size_t)nt0 * kblocks + kb0) * 32;
     const uint4* src1 = src0 + (size_t)kblocks * 32;
+    // Stage u: k blocks u SK .. of both tiles, 1 KB per k block.
+    auto stage_bytes = [&](int u) { return (unsigned)min(SK, per - u * SK) * W4B_KB_BYTES; };
     unsigned long long pol = 0;
     if (lane == 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -160,10 +167,10 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
 #endif
         for (int d = 0; d < stages; ++d) w4b_bar_init(bars_a + 8u * d);
         w4b_bar_fence();
-        const int first = min(stages, per);
+        const int first = min(stages, nst);
         for (int d = 0; d < first; ++d)
-            w4b_issue(ring_a + d * W4B_STAGE_BYTES, bars_a + 8u * d, src0 + 32 * d, src1 + 32 * d,
-                      hint, pol);
+            w4b_issue(ring_a + d * STAGE, HALF, bars_a + 8u * d, src0 + 32 * SK * d,
+                      src1 + 32 * SK * d, stage_bytes(d), hint, pol);
     }
     // The slice's groups gfirst .. glast of both tiles into shared memory (16 B of scales and
     // 8 B of zeros per (tile, group): aligned units of the [Np/8][GS][8] arrays).
@@ -180,46 +187,52 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
     const uint4* xp = reinterpret_cast<const uint4*>(xs + (size_t)min(r0 + g, m - 1) * k + 32 * t) +
                       (size_t)kb0 * 16;
+    // The lane's 16-column chunk index of chunks 0..3 in k block j: c0 + 8 j.
+    const int c0 = kb0 * 8 + 2 * t;
+    const unsigned zc = W4Dec<T>::bias(8);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     w4_pdl_wait();  // weights and (scale, zero) values only above; x from here on
     int slot = 0;
     unsigned parity = 0;
-    for (int j = 0; j < per; ++j) {
-        uint4 xr[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) xr[q] = __ldg(xp + j * 16 + q);
-        // The lane's groups (chunks 0..3 / 4..7) as offsets in the slice's table.
-        const int clo = (kb0 + j) * 8 + 2 * t;
-        const int glo = (clo >> gshift) - gfirst;
-        const unsigned sz0 = ssm[glo * 8 + g], sz1 = ssm[(ngs + glo) * 8 + g];
-        const unsigned zc = W4Dec<T>::bias(8);
-        const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
-        const unsigned z0l = ZP ? W4Dec<T>::bias((int)zsm[glo * 8 + g]) : zc;
-        const unsigned z1l = ZP ? W4Dec<T>::bias((int)zsm[(ngs + glo) * 8 + g]) : zc;
-        unsigned s0h = s0l, s1h = s1l;
-        if (G16) {
-            const int ghi = ((clo + 1) >> gshift) - gfirst;
-            s0h = __byte_perm((unsigned)ssm[ghi * 8 + g], 0u, 0x1010);
-            s1h = __byte_perm((unsigned)ssm[(ngs + ghi) * 8 + g], 0u, 0x1010);
-        }
-        const unsigned st = ring_a + slot * W4B_STAGE_BYTES;
+    for (int u = 0; u < nst; ++u) {
+        const unsigned st = ring_a + slot * STAGE + 16 * lane;
         w4b_wait(bars_a + 8u * slot, parity);
-        const uint4 w0 = w4b_lds128(st + 16 * lane), w1 = w4b_lds128(st + 512 + 16 * lane);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            unsigned d0[4], d1[4];
-            w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, z0l, d0);
-            w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
-            const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
-            const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
-            w4_mma<T>(acc, a0, xr[q].x, xr[q].y);
-            w4_mma<T>(acc, a1, xr[q].z, xr[q].w);
+        for (int i = 0; i < SK; ++i) {
+            const int j = u * SK + i;
+            if (i == 0 || j < per) {
+                uint4 xr[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) xr[q] = __ldg(xp + j * 16 + q);
+                const int glo = ((c0 + 8 * j) >> gshift) - gfirst;
+                const unsigned sz0 = ssm[glo * 8 + g], sz1 = ssm[(ngs + glo) * 8 + g];
+                const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
+                const unsigned z0l = ZP ? W4Dec<T>::bias((int)zsm[glo * 8 + g]) : zc;
+                const unsigned z1l = ZP ? W4Dec<T>::bias((int)zsm[(ngs + glo) * 8 + g]) : zc;
+                unsigned s0h = s0l, s1h = s1l;
+                if (G16) {
+                    const int ghi = ((c0 + 8 * j + 1) >> gshift) - gfirst;
+                    s0h = __byte_perm((unsigned)ssm[ghi * 8 + g], 0u, 0x1010);
+                    s1h = __byte_perm((unsigned)ssm[(ngs + ghi) * 8 + g], 0u, 0x1010);
+                }
+                const uint4 w0 = w4b_lds128(st + 512 * i), w1 = w4b_lds128(st + HALF + 512 * i);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    unsigned d0[4], d1[4];
+                    w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, z0l, d0);
+                    w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
+                    const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+                    const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+                    w4_mma<T>(acc, a0, xr[q].x, xr[q].y);
+                    w4_mma<T>(acc, a1, xr[q].z, xr[q].w);
+                }
+            }
         }
-        // Every lane's words are decoded (used): the stage may be overwritten.
+        // Every lane's words of the stage are decoded (used): it may be overwritten.
         __syncwarp();
-        if (lane == 0 && j + stages < per)
-            w4b_issue(st, bars_a + 8u * slot, src0 + 32 * (j + stages), src1 + 32 * (j + stages),
-                      hint, pol);
+        if (lane == 0 && u + stages < nst)
+            w4b_issue(ring_a + slot * STAGE, HALF, bars_a + 8u * slot, src0 + 32 * SK * (u + stages),
+                      src1 + 32 * SK * (u + stages), stage_bytes(u + stages), hint, pol);
         if (++slot == stages) {
             slot = 0;
             parity ^= 1u;
@@ -236,7 +249,7 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     for (int e = s; e < 4; e += nw) {
         float total = 0.0f;
         for (int q = 0; q < ks; ++q)
-            total += reinterpret_cast<const float*>(w4b_sm + (size_t)q * stages * W4B_STAGE_BYTES)[e * 32 + lane];
+            total += reinterpret_cast<const float*>(w4b_sm + (size_t)q * stages * STAGE)[e * 32 + lane];
         const int row = r0 + 2 * t + (e & 1);
         const int col = nt0 * 8 + g + (e >= 2 ? 8 : 0);
         if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
@@ -246,13 +259,22 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
 #define W4B_ARGS(T)                                                                             \
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int ks, int gshift, int gstore, int n, void *out, int out_f32, int fp4,   \
-        int trig, int stages, int ngs, int hint
+        int trig, int stages, int ngs, int hint, int sk
 #define W4B_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32, trig, stages, ngs, hint
+#define W4B_SK(T, SK)                                                                           \
+    if (fp4) w4b_gemv<T, true, false, SK>(W4B_PASS);                                            \
+    else if (zeros) w4b_gemv<T, false, true, SK>(W4B_PASS);                                     \
+    else w4b_gemv<T, false, false, SK>(W4B_PASS);
+// `sk`: k blocks per ring stage, 1, 2 or 4 (the host's choice; others run as 2).
 #define W4B_ENTRY(SUF, T)                                                                       \
     extern "C" __global__ void __launch_bounds__(256, W4B_BLOCKS) w4b_gemv_##SUF(W4B_ARGS(T)) { \
-        if (fp4) w4b_gemv<T, true, false>(W4B_PASS);                                            \
-        else if (zeros) w4b_gemv<T, false, true>(W4B_PASS);                                     \
-        else w4b_gemv<T, false, false>(W4B_PASS);                                               \
+        if (sk == 1) {                                                                          \
+            W4B_SK(T, 1)                                                                        \
+        } else if (sk == 4) {                                                                   \
+            W4B_SK(T, 4)                                                                        \
+        } else {                                                                                \
+            W4B_SK(T, 2)                                                                        \
+        }                                                                                       \
     }
 W4B_ENTRY(f16, __half)
 W4B_ENTRY(bf16, bf16_t)

@@ -585,8 +585,9 @@ fn w4a16_gemv_pdl() {
 /// `w4a16_gemv_profile_launches`), 20 launches back to back, median of 7, µs and fraction of the
 /// copy bandwidth of the same run (bytes = packed words + scales). Shapes 17408×5120,
 /// 5120×17408, 10240×5120, 5120×6144 at 1 / 2 / 4 / 8 rows; PDL off, then on (trigger after
-/// the main loop, the default); the bulk kernel at the ring depths of `KILN_BULK_BENCH_STAGES`
-/// (default `2,4,6,8`) and at 4 stages with the L2 evict-first hint (`4h`). Before the timings
+/// the main loop, the default); the bulk kernel with the rings of `KILN_BULK_BENCH` (`SKxSTAGES`:
+/// k blocks per stage × stages per warp, `h` = with the L2 evict-first hint; default
+/// `1x4,2x2,2x3,2x4,4x2,4x3,2x2h`). Before the timings
 /// every variant's output is **checked bit for bit** against `w4_gemv` on each shape and row
 /// count (asserted). Run (GPU machine):
 /// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_bulk`
@@ -595,19 +596,23 @@ fn w4a16_gemv_pdl() {
 fn w4a16_gemv_bulk() {
     let mut b = gpu("bf16", "auto");
     println!("device: {}", b.name());
-    if !b.set_w4_bulk(false, 4, false) {
+    if !b.set_w4_bulk(false, 2, 2, false) {
         println!("RESULT bulk unavailable on this device (sm_90+ only): nothing to compare");
         return;
     }
     let copy = copy_bandwidth();
     println!("RESULT bulk copy_bandwidth_GBps={:.0}", copy / 1e9);
-    let mut variants: Vec<(String, usize, bool)> = std::env::var("KILN_BULK_BENCH_STAGES")
-        .unwrap_or_else(|_| "2,4,6,8".into())
+    // (name, stages, k blocks per stage, hint) from "SKxSTAGES[h],...".
+    let variants: Vec<(String, usize, usize, bool)> = std::env::var("KILN_BULK_BENCH")
+        .unwrap_or_else(|_| "1x4,2x2,2x3,2x4,4x2,4x3,2x2h".into())
         .split(',')
-        .filter_map(|s| s.trim().parse::<usize>().ok())
-        .map(|s| (format!("bulk{s}"), s, false))
+        .filter_map(|v| {
+            let v = v.trim();
+            let (body, hint) = v.strip_suffix('h').map_or((v, false), |b| (b, true));
+            let (sk, st) = body.split_once('x')?;
+            Some((format!("bulk{v}"), st.parse().ok()?, sk.parse().ok()?, hint))
+        })
         .collect();
-    variants.push(("bulk4h".into(), 4, true));
     let shapes = [
         (17408usize, 5120usize),
         (5120, 17408),
@@ -635,12 +640,12 @@ fn w4a16_gemv_bulk() {
     let mut all = 0;
     for (n, k, ws, x, out) in sets.iter_mut() {
         for rows in [1usize, 2, 4, 8] {
-            b.set_w4_bulk(false, 4, false);
+            b.set_w4_bulk(false, 2, 2, false);
             b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
                 .expect("gemv");
             let base = down(&b, out, rows * *n);
-            for (name, stages, hint) in &variants {
-                b.set_w4_bulk(false, *stages, *hint);
+            for (name, stages, sk, hint) in &variants {
+                b.set_w4_bulk(false, *stages, *sk, *hint);
                 b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::GemvBulk)
                     .expect("bulk");
                 let got = down(&b, out, rows * *n);
@@ -662,13 +667,13 @@ fn w4a16_gemv_bulk() {
             for rows in [1usize, 2, 4, 8] {
                 let mut line = String::new();
                 let mut ts = Vec::new();
-                let runs = std::iter::once(("w4_gemv", W4Kernel::Gemv, 4, false)).chain(
+                let runs = std::iter::once(("w4_gemv", W4Kernel::Gemv, 2, 2, false)).chain(
                     variants
                         .iter()
-                        .map(|(nm, st, h)| (nm.as_str(), W4Kernel::GemvBulk, *st, *h)),
+                        .map(|(nm, st, sk, h)| (nm.as_str(), W4Kernel::GemvBulk, *st, *sk, *h)),
                 );
-                for (name, kernel, stages, hint) in runs {
-                    b.set_w4_bulk(false, stages, hint);
+                for (name, kernel, stages, sk, hint) in runs {
+                    b.set_w4_bulk(false, stages, sk, hint);
                     let mut j = 0usize;
                     let t = time(&b, || {
                         j = (j + 1) % ws.len();
@@ -691,6 +696,6 @@ fn w4a16_gemv_bulk() {
         }
     }
     b.set_pdl(true, true);
-    b.set_w4_bulk(false, 4, false);
+    b.set_w4_bulk(false, 2, 2, false);
     assert_eq!(same, all, "a bulk variant's bits differ from w4_gemv");
 }

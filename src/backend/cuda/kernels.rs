@@ -527,7 +527,13 @@ mod tests {
         let w4 = KernelModule::W4a16.source();
         assert_eq!(w4.matches(W4A16_ENTRIES_MARK).count(), 1);
         let full = KernelModule::W4a16Bulk.full_source();
-        for helper in ["struct W4Dec", "w4_decode_any", "w4_mma", "w4_pdl_wait", "w4_store"] {
+        for helper in [
+            "struct W4Dec",
+            "w4_decode_any",
+            "w4_mma",
+            "w4_pdl_wait",
+            "w4_store",
+        ] {
             assert!(full.contains(helper), "{helper}");
         }
         assert!(!full.contains("W4_TC_ENTRIES(bf16"));

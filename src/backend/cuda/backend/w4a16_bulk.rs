@@ -3,14 +3,17 @@
 //! weights streamed into a shared-memory ring by the TMA engine instead of a register ring.
 //!
 //! Launch: grid (Np / 16, ceil(rows / 8)), 32 × ks threads (one warp per K slice, as `w4_gemv`),
-//! dynamic shared memory [`smem_bytes`]: per warp `stages` k blocks of its two n8 tiles (1 KB
-//! each) and one mbarrier per stage, and the slice's scale (and zero-point) table.
+//! dynamic shared memory [`smem_bytes`]: per warp `stages` ring stages of `sk` k blocks of its
+//! two n8 tiles (1 KB per k block) and one mbarrier per stage, and the slice's scale (and
+//! zero-point) table.
 //!
 //! Switches, read when the backend is created ([`BulkGemv::resolve`]); tests and benchmarks
 //! change them in one process with `CudaBackend::set_w4_bulk`:
 //! - `KILN_W4_BULK` (on / off; unset: [`BULK_DEFAULT`]): whether [`W4Kernel::Gemv`] steps of 1–8
 //!   rows run it where it applies (else `w4_gemv`). [`W4Kernel::GemvBulk`] forces it.
 //! - `KILN_W4_BULK_STAGES` (1–16; unset: [`DEFAULT_STAGES`]): the ring depth per warp.
+//! - `KILN_W4_BULK_SK` (1, 2 or 4; unset: [`DEFAULT_SK`]): k blocks per ring stage (one barrier
+//!   wait and one pair of bulk copies per stage).
 //! - `KILN_W4_BULK_HINT` (on / off; unset: off): the weight copies with the L2 evict-first policy.
 
 use std::collections::HashMap;
@@ -31,8 +34,11 @@ pub const DEFAULT_STAGES: usize = 4;
 /// Most ring stages per warp.
 pub const MAX_STAGES: usize = 16;
 
-/// Bytes of one ring stage: one 128-column k block of two n8 tiles (`W4B_STAGE_BYTES`).
-const STAGE_BYTES: usize = 1024;
+/// k blocks per ring stage when `KILN_W4_BULK_SK` is unset.
+pub const DEFAULT_SK: usize = 2;
+
+/// Bytes of one k block in a ring stage: 128 columns of two n8 tiles (`W4B_KB_BYTES`).
+const KB_BYTES: usize = 1024;
 
 /// Shared memory a block may use with the opt-in on sm_90 / sm_100.
 const MAX_SMEM: usize = 227 * 1024;
@@ -44,6 +50,7 @@ pub(crate) struct BulkGemv {
     /// Default choice for [`W4Kernel::Gemv`] steps of 1–8 rows.
     on: bool,
     stages: usize,
+    sk: usize,
     hint: bool,
 }
 
@@ -62,10 +69,25 @@ impl BulkGemv {
             Ok(v) if v.trim().is_empty() => DEFAULT_STAGES,
             Ok(v) => parse_stages(&v)?,
         };
+        let sk = match std::env::var("KILN_W4_BULK_SK") {
+            Err(_) => DEFAULT_SK,
+            Ok(v) if v.trim().is_empty() => DEFAULT_SK,
+            Ok(v) => match v.trim() {
+                "1" => 1,
+                "2" => 2,
+                "4" => 4,
+                _ => {
+                    return Err(BackendError::InvalidArgument(format!(
+                        "KILN_W4_BULK_SK={v:?}: expected 1, 2 or 4"
+                    )))
+                }
+            },
+        };
         Ok(Some(BulkGemv {
             f: f.clone(),
             on: env_switch("KILN_W4_BULK", BULK_DEFAULT)?,
             stages,
+            sk,
             hint: env_switch("KILN_W4_BULK_HINT", false)?,
         }))
     }
@@ -86,21 +108,24 @@ pub fn slice_groups(per: usize, gshift: u32) -> usize {
     ((per * 8 - 1) >> gshift) + 2
 }
 
-/// Dynamic shared memory of a block: `ks` warps × (`stages` stages of [`STAGE_BYTES`] and an
-/// 8-byte mbarrier each, and 2 tiles × `ngs` groups × 16 bytes of scales, + 8 of zero points).
-pub fn smem_bytes(ks: usize, stages: usize, ngs: usize, zero_points: bool) -> usize {
+/// Dynamic shared memory of a block: `ks` warps × (`stages` stages of `sk` × [`KB_BYTES`] and
+/// an 8-byte mbarrier each, and 2 tiles × `ngs` groups × 16 bytes of scales, + 8 of zero
+/// points).
+pub fn smem_bytes(ks: usize, stages: usize, sk: usize, ngs: usize, zero_points: bool) -> usize {
     let table = 2 * ngs * if zero_points { 24 } else { 16 };
-    ks * (stages * (STAGE_BYTES + 8) + table)
+    ks * (stages * (sk * KB_BYTES + 8) + table)
 }
 
 impl CudaBackend {
-    /// Set the bulk GEMV's default choice, ring depth and L2 hint (benchmarks compare them in
-    /// one process); returns whether the kernel exists here (sm_90+, 16-bit dtype).
-    pub fn set_w4_bulk(&mut self, on: bool, stages: usize, hint: bool) -> bool {
+    /// Set the bulk GEMV's default choice, ring depth (`stages` of `sk` k blocks; `sk` 1, 2 or
+    /// 4, others run as 2) and L2 hint (benchmarks compare them in one process); returns whether
+    /// the kernel exists here (sm_90+, 16-bit dtype).
+    pub fn set_w4_bulk(&mut self, on: bool, stages: usize, sk: usize, hint: bool) -> bool {
         match self.k.w4_bulk.as_mut() {
             Some(b) => {
                 b.on = on;
                 b.stages = stages.clamp(1, MAX_STAGES);
+                b.sk = if matches!(sk, 1 | 4) { sk } else { 2 };
                 b.hint = hint;
                 true
             }
@@ -128,6 +153,7 @@ impl CudaBackend {
             && smem_bytes(
                 parts.k_slices,
                 b.stages,
+                b.sk,
                 slice_groups(parts.k_blocks / parts.k_slices, parts.group_shift),
                 parts.zeros.is_some(),
             ) <= MAX_SMEM
@@ -151,7 +177,7 @@ impl CudaBackend {
         })?;
         let ks = parts.k_slices;
         let ngs = slice_groups(parts.k_blocks / ks, parts.group_shift);
-        let shared = smem_bytes(ks, b.stages, ngs, parts.zeros.is_some());
+        let shared = smem_bytes(ks, b.stages, b.sk, ngs, parts.zeros.is_some());
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
         // attribute, no stream work, so graph capture is unaffected).
         b.f.set_attribute(
@@ -181,7 +207,8 @@ impl CudaBackend {
             .i32(i32::from(self.w4_trigger_late))
             .i32(b.stages as i32)
             .i32(ngs as i32)
-            .i32(i32::from(b.hint));
+            .i32(i32::from(b.hint))
+            .i32(b.sk as i32);
         let cfg = LaunchConfig {
             grid_dim: (
                 (parts.n_pad / (2 * TILE_N)) as u32,
@@ -222,13 +249,14 @@ mod tests {
     }
 
     #[test]
-    fn shared_memory_of_the_27b_shapes_fits_four_blocks_at_four_stages() {
+    fn shared_memory_of_the_27b_shapes_fits_four_blocks_at_two_stages_of_two() {
         // K = 5120 (40 k blocks, 8 slices of 5) and 17408 (136, 8 of 17), group 128.
         for per in [5usize, 17] {
-            let s = smem_bytes(8, 4, slice_groups(per, 3), true);
+            let s = smem_bytes(8, 2, 2, slice_groups(per, 3), true);
             assert!(4 * (s + 1024) <= 228 * 1024, "{s}");
         }
-        assert_eq!(smem_bytes(1, 1, 1, false), 1024 + 8 + 32);
+        assert_eq!(smem_bytes(1, 1, 1, 1, false), 1024 + 8 + 32);
+        assert_eq!(smem_bytes(2, 3, 4, 1, false), 2 * (3 * (4096 + 8) + 32));
         assert!(parse_stages("0").is_err());
         assert!(parse_stages("17").is_err());
         assert_eq!(parse_stages(" 6 ").unwrap(), 6);
