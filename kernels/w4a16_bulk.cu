@@ -121,6 +121,28 @@ __device__ __forceinline__ void w4b_wait(unsigned bar, unsigned parity) {
 #endif
 }
 
+// The CTA barrier across the cluster (release / acquire: shared memory written before it is
+// visible to the other CTAs after it) and an f32 read of the same shared offset in CTA `rank`.
+__device__ __forceinline__ void w4b_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ float w4b_dsmem_f(const float* local, int rank) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(ra) : "r"(w4b_smem(local)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(ra) : "memory");
+#else
+    __trap();
+#endif
+    return v;
+}
+
 __device__ __forceinline__ uint4 w4b_lds128(unsigned a) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -132,7 +154,10 @@ __device__ __forceinline__ uint4 w4b_lds128(unsigned a) {
 // (Neither the wait nor the shared loads below clobber "memory": they are volatile, so they stay
 // in order with each other and with the issue, and the x and table loads may be scheduled
 // across them; every ring access is between `__syncwarp`s, which are compiler barriers.)
-template <typename T, bool FP4, bool ZP, int SK>
+// CL: the cluster form (`w4b_gemvc`): one warp per CTA, CTA z of grid (Np / 16, ceil(m / 8), ks)
+// is slice z (its cluster rank; cluster (1, 1, ks), ks == W4B_CLUSTER_KS), the slice sums added
+// in order through distributed shared memory. Same operations per output element.
+template <typename T, bool FP4, bool ZP, int SK, bool CL>
 __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* __restrict__ qw,
                                          const T* scales, const unsigned char* zeros, int kblocks,
                                          int ks, int gshift, int gstore, int n, void* out,
@@ -141,20 +166,21 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     constexpr unsigned STAGE = SK * W4B_KB_BYTES, HALF = SK * 512;
     extern __shared__ __align__(16) unsigned char w4b_sm[];
     if (trig == 0) w4_pdl_launch_dependents();
-    const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, s = CL ? (int)blockIdx.z : (int)(threadIdx.x >> 5);
     const int g = lane >> 2, t = lane & 3;
     const int nt0 = blockIdx.x * 2;
     const int r0 = blockIdx.y * 8;
     const int per = kblocks / ks, kb0 = s * per;
     const int nst = (per + SK - 1) / SK;  // stages of the slice (the last one may be partial)
-    // This warp's ring, scales, zeros and barriers.
-    unsigned char* ring = w4b_sm + (size_t)s * stages * STAGE;
+    // This warp's ring, scales, zeros and barriers (warp w of the block's nb).
+    const int nb = CL ? 1 : ks, w = CL ? 0 : s;
+    unsigned char* ring = w4b_sm + (size_t)w * stages * STAGE;
     const unsigned ring_a = w4b_smem(ring);
-    unsigned char* tables = w4b_sm + (size_t)ks * stages * STAGE;
-    unsigned short* ssm = reinterpret_cast<unsigned short*>(tables) + (size_t)s * 2 * ngs * 8;
-    unsigned char* zsm = tables + (size_t)ks * 2 * ngs * 16 + (size_t)s * 2 * ngs * 8;
+    unsigned char* tables = w4b_sm + (size_t)nb * stages * STAGE;
+    unsigned short* ssm = reinterpret_cast<unsigned short*>(tables) + (size_t)w * 2 * ngs * 8;
+    unsigned char* zsm = tables + (size_t)nb * 2 * ngs * 16 + (size_t)w * 2 * ngs * 8;
     const unsigned bars_a =
-        w4b_smem(tables + (size_t)ks * 2 * ngs * (ZP ? 24 : 16)) + 8u * s * stages;
+        w4b_smem(tables + (size_t)nb * 2 * ngs * (ZP ? 24 : 16)) + 8u * w * stages;
     // The slice's tile words: k block j of tile 0 at src0 + 32 j, of tile 1 at src1 + 32 j.
     const uint4* src0 = qw + ((size_t)nt0 * kblocks + kb0) * 32;
     const uint4* src1 = src0 + (size_t)kblocks * 32;
@@ -243,6 +269,19 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     float* mine = reinterpret_cast<float*>(ring);
 #pragma unroll
     for (int e = 0; e < 4; ++e) mine[e * 32 + lane] = acc[e];
+    if (CL) {
+        w4b_cluster_sync();  // every slice's sum is in its CTA's shared memory
+        // CTA e (< 4) sums element e over the slices (CTAs 0..ks-1) in order.
+        if (s < 4) {
+            float total = 0.0f;
+            for (int q = 0; q < ks; ++q) total += w4b_dsmem_f(mine + s * 32 + lane, q);
+            const int row = r0 + 2 * t + (s & 1);
+            const int col = nt0 * 8 + g + (s >= 2 ? 8 : 0);
+            if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+        }
+        w4b_cluster_sync();  // no CTA leaves while another still reads its shared memory
+        return;
+    }
     __syncthreads();
     // Warp e (< 4) sums element e over the slices in order (as `w4_gemv_fast` with RG = 1).
     const int nw = blockDim.x >> 5;
@@ -261,20 +300,34 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
         int kblocks, int ks, int gshift, int gstore, int n, void *out, int out_f32, int fp4,   \
         int trig, int stages, int ngs, int hint, int sk
 #define W4B_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32, trig, stages, ngs, hint
-#define W4B_SK(T, SK)                                                                           \
-    if (fp4) w4b_gemv<T, true, false, SK>(W4B_PASS);                                            \
-    else if (zeros) w4b_gemv<T, false, true, SK>(W4B_PASS);                                     \
-    else w4b_gemv<T, false, false, SK>(W4B_PASS);
-// `sk`: k blocks per ring stage, 1, 2 or 4 (the host's choice; others run as 2).
+#define W4B_SK(T, SK, CL)                                                                       \
+    if (fp4) w4b_gemv<T, true, false, SK, CL>(W4B_PASS);                                        \
+    else if (zeros) w4b_gemv<T, false, true, SK, CL>(W4B_PASS);                                 \
+    else w4b_gemv<T, false, false, SK, CL>(W4B_PASS);
+#define W4B_ANY_SK(T, CL)                                                                       \
+    if (sk == 1) {                                                                              \
+        W4B_SK(T, 1, CL)                                                                        \
+    } else if (sk == 4) {                                                                       \
+        W4B_SK(T, 4, CL)                                                                        \
+    } else {                                                                                    \
+        W4B_SK(T, 2, CL)                                                                        \
+    }
+// The cluster form's slice count (the 27B weights' K all have 8 slices).
+#define W4B_CLUSTER_KS 8
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define W4B_CLUSTER __cluster_dims__(1, 1, W4B_CLUSTER_KS)
+#else
+#define W4B_CLUSTER
+#endif
+// `w4b_gemv_*`: grid (Np / 16, ceil(m / 8)), 32 ks threads. `w4b_gemvc_*`: grid (Np / 16,
+// ceil(m / 8), 8), 32 threads, cluster (1, 1, 8) (the host runs it when ks == 8). `sk`: k blocks
+// per ring stage, 1, 2 or 4 (others run as 2).
 #define W4B_ENTRY(SUF, T)                                                                       \
     extern "C" __global__ void __launch_bounds__(256, W4B_BLOCKS) w4b_gemv_##SUF(W4B_ARGS(T)) { \
-        if (sk == 1) {                                                                          \
-            W4B_SK(T, 1)                                                                        \
-        } else if (sk == 4) {                                                                   \
-            W4B_SK(T, 4)                                                                        \
-        } else {                                                                                \
-            W4B_SK(T, 2)                                                                        \
-        }                                                                                       \
+        W4B_ANY_SK(T, false)                                                                    \
+    }                                                                                           \
+    extern "C" __global__ void W4B_CLUSTER __launch_bounds__(32, 32) w4b_gemvc_##SUF(W4B_ARGS(T)) { \
+        W4B_ANY_SK(T, true)                                                                     \
     }
 W4B_ENTRY(f16, __half)
 W4B_ENTRY(bf16, bf16_t)

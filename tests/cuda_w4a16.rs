@@ -386,7 +386,8 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
 /// `w4_gemv` ([`W4Kernel::Gemv`] with the bulk kernel switched off): bit for bit on every packed
 /// Qwen3.5-27B linear shape (the 248320-output lm_head is dense in the model and left out),
 /// 1–8 rows, rings of (stages × k blocks per stage) 1×1, 3×1, 2×2, 3×2, 1×4, 2×4 (odd depths wrap
-/// the ring at odd places; partial last stages), the L2 hint off and on (2×2), fp16 and bf16; formats CT symmetric g128, CT asymmetric g128 and g32, AWQ g128, GPTQ
+/// the ring at odd places; partial last stages), the L2 hint off and on (2×2), the cluster form
+/// (2×2, 3×1; where the weight has 8 K slices, else the block form again), fp16 and bf16; formats CT symmetric g128, CT asymmetric g128 and g32, AWQ g128, GPTQ
 /// g64 and NVFP4 in bf16, the first two in fp16; two small shapes first (64×1152, 200×4096).
 /// Where the kernel does not exist (below sm_90) the test says so and passes. Run (GPU machine,
 /// repository root; `KILN_BULK_TEST_SMALL=1` runs the small shapes only):
@@ -399,11 +400,11 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
         .map(|d| (d, gpu(d, "auto")))
         .collect();
     for (dtype, b) in backends.iter_mut() {
-        if !b.w4_tensor_cores() || !b.set_w4_bulk(false, 2, 2, false) {
+        if !b.w4_tensor_cores() || !b.set_w4_bulk(false, 2, 2, false, false) {
             println!("RESULT w4a16 bulk-gemv {dtype}: no bulk kernel here (sm_90+ only), skipped");
         }
     }
-    backends.retain_mut(|(_, b)| b.w4_tensor_cores() && b.set_w4_bulk(false, 2, 2, false));
+    backends.retain_mut(|(_, b)| b.w4_tensor_cores() && b.set_w4_bulk(false, 2, 2, false, false));
     let fmts = [
         (
             "ct-sym-g128",
@@ -439,15 +440,17 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
         ),
         ("nvfp4", Fmt::Nvfp4),
     ];
-    // (stages, k blocks per stage, L2 hint).
+    // (stages, k blocks per stage, L2 hint, cluster form).
     let depths = [
-        (1usize, 1usize, false),
-        (3, 1, false),
-        (2, 2, false),
-        (3, 2, false),
-        (2, 2, true),
-        (1, 4, false),
-        (2, 4, false),
+        (1usize, 1usize, false, false),
+        (3, 1, false, false),
+        (2, 2, false, false),
+        (3, 2, false, false),
+        (2, 2, true, false),
+        (1, 4, false, false),
+        (2, 4, false, false),
+        (2, 2, false, true),
+        (3, 1, false, true),
     ];
     let mut failures = Vec::new();
     // Two small shapes first (1 and 8 K slices; `KILN_BULK_TEST_SMALL=1` stops there: the
@@ -477,22 +480,22 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
                     .collect();
                 let (mut same, mut all) = (0, 0);
                 for rows in 1..=8usize {
-                    b.set_w4_bulk(false, 2, 2, false);
+                    b.set_w4_bulk(false, 2, 2, false, false);
                     let base = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
-                    for &(stages, sk, hint) in &depths {
-                        b.set_w4_bulk(false, stages, sk, hint);
+                    for &(stages, sk, hint, cluster) in &depths {
+                        b.set_w4_bulk(false, stages, sk, hint, cluster);
                         let a = run(b, &w, &x, rows, n, k, Some(W4Kernel::GemvBulk));
                         all += 1;
                         if bits_equal(&a, &base) && a.iter().all(|v| v.is_finite()) {
                             same += 1;
                         } else {
                             failures.push(format!(
-                                "{dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint}: bulk != w4_gemv"
+                                "{dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint} cluster {cluster}: bulk != w4_gemv"
                             ));
                         }
                     }
                     // The default choice with the switch on runs the bulk kernel: same bits.
-                    b.set_w4_bulk(true, 2, 2, false);
+                    b.set_w4_bulk(true, 2, 2, false, false);
                     let picked = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
                     all += 1;
                     if bits_equal(&picked, &base) {
@@ -503,7 +506,7 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
                         ));
                     }
                 }
-                b.set_w4_bulk(false, 2, 2, false);
+                b.set_w4_bulk(false, 2, 2, false, false);
                 println!(
                     "RESULT w4a16 bulk-gemv {dtype} {label} N={n} K={k} rows=1..8 depths={depths:?} equal_to_w4_gemv={same}/{all} {}",
                     if same == all { "ok" } else { "FAIL" }

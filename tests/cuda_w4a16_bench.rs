@@ -586,8 +586,8 @@ fn w4a16_gemv_pdl() {
 /// copy bandwidth of the same run (bytes = packed words + scales). Shapes 17408×5120,
 /// 5120×17408, 10240×5120, 5120×6144 at 1 / 2 / 4 / 8 rows; PDL off, then on (trigger after
 /// the main loop, the default); the bulk kernel with the rings of `KILN_BULK_BENCH` (`SKxSTAGES`:
-/// k blocks per stage × stages per warp, `h` = with the L2 evict-first hint; default
-/// `1x4,2x2,2x3,2x4,4x2,4x3,2x2h`). Before the timings
+/// k blocks per stage × stages per warp, `h` = with the L2 evict-first hint, `c` = the cluster
+/// form; default `1x4,2x2,2x3,4x2,2x2h,1x4c,2x2c,2x3c,4x2c`). Before the timings
 /// every variant's output is **checked bit for bit** against `w4_gemv` on each shape and row
 /// count (asserted). Run (GPU machine):
 /// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_bulk`
@@ -596,21 +596,28 @@ fn w4a16_gemv_pdl() {
 fn w4a16_gemv_bulk() {
     let mut b = gpu("bf16", "auto");
     println!("device: {}", b.name());
-    if !b.set_w4_bulk(false, 2, 2, false) {
+    if !b.set_w4_bulk(false, 2, 2, false, false) {
         println!("RESULT bulk unavailable on this device (sm_90+ only): nothing to compare");
         return;
     }
     let copy = copy_bandwidth();
     println!("RESULT bulk copy_bandwidth_GBps={:.0}", copy / 1e9);
-    // (name, stages, k blocks per stage, hint) from "SKxSTAGES[h],...".
-    let variants: Vec<(String, usize, usize, bool)> = std::env::var("KILN_BULK_BENCH")
-        .unwrap_or_else(|_| "1x4,2x2,2x3,2x4,4x2,4x3,2x2h".into())
+    // (name, stages, k blocks per stage, hint, cluster) from "SKxSTAGES[h][c],...".
+    let variants: Vec<(String, usize, usize, bool, bool)> = std::env::var("KILN_BULK_BENCH")
+        .unwrap_or_else(|_| "1x4,2x2,2x3,4x2,2x2h,1x4c,2x2c,2x3c,4x2c".into())
         .split(',')
         .filter_map(|v| {
             let v = v.trim();
-            let (body, hint) = v.strip_suffix('h').map_or((v, false), |b| (b, true));
+            let (body, cluster) = v.strip_suffix('c').map_or((v, false), |b| (b, true));
+            let (body, hint) = body.strip_suffix('h').map_or((body, false), |b| (b, true));
             let (sk, st) = body.split_once('x')?;
-            Some((format!("bulk{v}"), st.parse().ok()?, sk.parse().ok()?, hint))
+            Some((
+                format!("bulk{v}"),
+                st.parse().ok()?,
+                sk.parse().ok()?,
+                hint,
+                cluster,
+            ))
         })
         .collect();
     let shapes = [
@@ -640,12 +647,12 @@ fn w4a16_gemv_bulk() {
     let mut all = 0;
     for (n, k, ws, x, out) in sets.iter_mut() {
         for rows in [1usize, 2, 4, 8] {
-            b.set_w4_bulk(false, 2, 2, false);
+            b.set_w4_bulk(false, 2, 2, false, false);
             b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
                 .expect("gemv");
             let base = down(&b, out, rows * *n);
-            for (name, stages, sk, hint) in &variants {
-                b.set_w4_bulk(false, *stages, *sk, *hint);
+            for (name, stages, sk, hint, cluster) in &variants {
+                b.set_w4_bulk(false, *stages, *sk, *hint, *cluster);
                 b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::GemvBulk)
                     .expect("bulk");
                 let got = down(&b, out, rows * *n);
@@ -667,13 +674,13 @@ fn w4a16_gemv_bulk() {
             for rows in [1usize, 2, 4, 8] {
                 let mut line = String::new();
                 let mut ts = Vec::new();
-                let runs = std::iter::once(("w4_gemv", W4Kernel::Gemv, 2, 2, false)).chain(
-                    variants
-                        .iter()
-                        .map(|(nm, st, sk, h)| (nm.as_str(), W4Kernel::GemvBulk, *st, *sk, *h)),
+                let runs = std::iter::once(("w4_gemv", W4Kernel::Gemv, 2, 2, false, false)).chain(
+                    variants.iter().map(|(nm, st, sk, h, c)| {
+                        (nm.as_str(), W4Kernel::GemvBulk, *st, *sk, *h, *c)
+                    }),
                 );
-                for (name, kernel, stages, sk, hint) in runs {
-                    b.set_w4_bulk(false, stages, sk, hint);
+                for (name, kernel, stages, sk, hint, cluster) in runs {
+                    b.set_w4_bulk(false, stages, sk, hint, cluster);
                     let mut j = 0usize;
                     let t = time(&b, || {
                         j = (j + 1) % ws.len();
@@ -696,6 +703,6 @@ fn w4a16_gemv_bulk() {
         }
     }
     b.set_pdl(true, true);
-    b.set_w4_bulk(false, 2, 2, false);
+    b.set_w4_bulk(false, 2, 2, false, false);
     assert_eq!(same, all, "a bulk variant's bits differ from w4_gemv");
 }

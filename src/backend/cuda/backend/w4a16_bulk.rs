@@ -15,6 +15,10 @@
 //! - `KILN_W4_BULK_SK` (1, 2 or 4; unset: [`DEFAULT_SK`]): k blocks per ring stage (one barrier
 //!   wait and one pair of bulk copies per stage).
 //! - `KILN_W4_BULK_HINT` (on / off; unset: off): the weight copies with the L2 evict-first policy.
+//! - `KILN_W4_BULK_CLUSTER` (on / off; unset: off): the cluster form `w4b_gemvc` (one warp per
+//!   CTA, grid z = the 8 K slices of a tile as one thread-block cluster, the slice sums added in
+//!   order through distributed shared memory: finer work units for the SMs) where the weight has
+//!   8 K slices.
 
 use std::collections::HashMap;
 
@@ -29,7 +33,7 @@ use crate::tensor::packed_tiles::TILE_N;
 pub const BULK_DEFAULT: bool = false;
 
 /// Ring stages per warp when `KILN_W4_BULK_STAGES` is unset.
-pub const DEFAULT_STAGES: usize = 4;
+pub const DEFAULT_STAGES: usize = 2;
 
 /// Most ring stages per warp.
 pub const MAX_STAGES: usize = 16;
@@ -40,38 +44,71 @@ pub const DEFAULT_SK: usize = 2;
 /// Bytes of one k block in a ring stage: 128 columns of two n8 tiles (`W4B_KB_BYTES`).
 const KB_BYTES: usize = 1024;
 
+/// K slices of the cluster form (`W4B_CLUSTER_KS`: its cluster size).
+const CLUSTER_KS: usize = 8;
+
 /// Shared memory a block may use with the opt-in on sm_90 / sm_100.
 const MAX_SMEM: usize = 227 * 1024;
 
-/// The resolved kernel and its settings.
+/// The bulk GEMV's settings (`KILN_W4_BULK*`; [`CudaBackend::set_w4_bulk`] changes them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BulkSettings {
+    /// Whether [`W4Kernel::Gemv`] steps of 1–8 rows run it where it applies.
+    pub on: bool,
+    /// Ring stages per warp (1..=[`MAX_STAGES`]).
+    pub stages: usize,
+    /// k blocks per stage: 1, 2 or 4 (others run as 2).
+    pub sk: usize,
+    /// The weight copies with the L2 evict-first policy.
+    pub hint: bool,
+    /// The cluster form `w4b_gemvc` (one warp per CTA, the slices of a tile one cluster) where
+    /// the weight has 8 K slices; else one block of ks warps per tile (`w4b_gemv`).
+    pub cluster: bool,
+}
+
+impl Default for BulkSettings {
+    fn default() -> Self {
+        BulkSettings {
+            on: BULK_DEFAULT,
+            stages: DEFAULT_STAGES,
+            sk: DEFAULT_SK,
+            hint: false,
+            cluster: false,
+        }
+    }
+}
+
+/// The resolved kernels and their settings.
 #[derive(Debug, Clone)]
 pub(crate) struct BulkGemv {
     f: CudaFunction,
-    /// Default choice for [`W4Kernel::Gemv`] steps of 1–8 rows.
-    on: bool,
-    stages: usize,
-    sk: usize,
-    hint: bool,
+    /// `w4b_gemvc_{t}`: the cluster form.
+    fc: CudaFunction,
+    set: BulkSettings,
 }
 
 impl BulkGemv {
-    /// The kernel for compute dtype suffix `t` where its module was built (sm_90+; `None`
+    /// The kernels for compute dtype suffix `t` where their module was built (sm_90+; `None`
     /// otherwise or for f32), with the settings of the environment.
     pub(crate) fn resolve(
         all: &HashMap<String, CudaFunction>,
         t: &str,
     ) -> Result<Option<BulkGemv>, BackendError> {
-        let Some(f) = all.get(&format!("w4b_gemv_{t}")) else {
+        let (Some(f), Some(fc)) = (
+            all.get(&format!("w4b_gemv_{t}")),
+            all.get(&format!("w4b_gemvc_{t}")),
+        ) else {
             return Ok(None);
         };
+        let d = BulkSettings::default();
         let stages = match std::env::var("KILN_W4_BULK_STAGES") {
-            Err(_) => DEFAULT_STAGES,
-            Ok(v) if v.trim().is_empty() => DEFAULT_STAGES,
+            Err(_) => d.stages,
+            Ok(v) if v.trim().is_empty() => d.stages,
             Ok(v) => parse_stages(&v)?,
         };
         let sk = match std::env::var("KILN_W4_BULK_SK") {
-            Err(_) => DEFAULT_SK,
-            Ok(v) if v.trim().is_empty() => DEFAULT_SK,
+            Err(_) => d.sk,
+            Ok(v) if v.trim().is_empty() => d.sk,
             Ok(v) => match v.trim() {
                 "1" => 1,
                 "2" => 2,
@@ -85,10 +122,14 @@ impl BulkGemv {
         };
         Ok(Some(BulkGemv {
             f: f.clone(),
-            on: env_switch("KILN_W4_BULK", BULK_DEFAULT)?,
-            stages,
-            sk,
-            hint: env_switch("KILN_W4_BULK_HINT", false)?,
+            fc: fc.clone(),
+            set: BulkSettings {
+                on: env_switch("KILN_W4_BULK", d.on)?,
+                stages,
+                sk,
+                hint: env_switch("KILN_W4_BULK_HINT", d.hint)?,
+                cluster: env_switch("KILN_W4_BULK_CLUSTER", d.cluster)?,
+            },
         }))
     }
 }
@@ -117,20 +158,36 @@ pub fn smem_bytes(ks: usize, stages: usize, sk: usize, ngs: usize, zero_points: 
 }
 
 impl CudaBackend {
-    /// Set the bulk GEMV's default choice, ring depth (`stages` of `sk` k blocks; `sk` 1, 2 or
-    /// 4, others run as 2) and L2 hint (benchmarks compare them in one process); returns whether
-    /// the kernel exists here (sm_90+, 16-bit dtype).
-    pub fn set_w4_bulk(&mut self, on: bool, stages: usize, sk: usize, hint: bool) -> bool {
+    /// Set the bulk GEMV's settings (benchmarks and tests compare them in one process): the
+    /// default choice `on`, `stages` ring stages (clamped to 1..=[`MAX_STAGES`]) of `sk` k
+    /// blocks (1, 2 or 4; others run as 2), the L2 `hint`, the `cluster` form (see
+    /// `KILN_W4_BULK_CLUSTER`); returns whether the kernels exist here (sm_90+, 16-bit dtype).
+    pub fn set_w4_bulk(
+        &mut self,
+        on: bool,
+        stages: usize,
+        sk: usize,
+        hint: bool,
+        cluster: bool,
+    ) -> bool {
         match self.k.w4_bulk.as_mut() {
             Some(b) => {
-                b.on = on;
-                b.stages = stages.clamp(1, MAX_STAGES);
-                b.sk = if matches!(sk, 1 | 4) { sk } else { 2 };
-                b.hint = hint;
+                b.set = BulkSettings {
+                    on,
+                    stages: stages.clamp(1, MAX_STAGES),
+                    sk: if matches!(sk, 1 | 4) { sk } else { 2 },
+                    hint,
+                    cluster,
+                };
                 true
             }
             None => false,
         }
+    }
+
+    /// Whether the cluster form runs a weight of `ks` K slices.
+    fn w4_bulk_cluster(set: &BulkSettings, ks: usize) -> bool {
+        set.cluster && ks == CLUSTER_KS
     }
 
     /// Whether a step of `rows` rows of `kernel` on this layout runs the bulk GEMV.
@@ -145,15 +202,20 @@ impl CudaBackend {
             return false;
         };
         let forced = kernel == W4Kernel::GemvBulk;
-        (forced || (kernel == W4Kernel::Gemv && b.on))
+        let warps = if Self::w4_bulk_cluster(&b.set, parts.k_slices) {
+            1
+        } else {
+            parts.k_slices
+        };
+        (forced || (kernel == W4Kernel::Gemv && b.set.on))
             && self.w4_tensor_cores()
             && self.k.w4_sm70.is_none()
             && parts.gemv_fast_ok(k)
             && rows <= GEMV8_ROWS
             && smem_bytes(
-                parts.k_slices,
-                b.stages,
-                b.sk,
+                warps,
+                b.set.stages,
+                b.set.sk,
                 slice_groups(parts.k_blocks / parts.k_slices, parts.group_shift),
                 parts.zeros.is_some(),
             ) <= MAX_SMEM
@@ -175,12 +237,15 @@ impl CudaBackend {
         let b = self.k.w4_bulk.as_ref().ok_or_else(|| {
             BackendError::Unsupported("the bulk GEMV needs sm_90+ and a 16-bit dtype".into())
         })?;
+        let set = b.set;
         let ks = parts.k_slices;
+        let cluster = Self::w4_bulk_cluster(&set, ks);
+        let (f, warps) = if cluster { (&b.fc, 1) } else { (&b.f, ks) };
         let ngs = slice_groups(parts.k_blocks / ks, parts.group_shift);
-        let shared = smem_bytes(ks, b.stages, b.sk, ngs, parts.zeros.is_some());
+        let shared = smem_bytes(warps, set.stages, set.sk, ngs, parts.zeros.is_some());
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
         // attribute, no stream work, so graph capture is unaffected).
-        b.f.set_attribute(
+        f.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             shared as i32,
         )
@@ -205,17 +270,17 @@ impl CudaBackend {
             .i32(i32::from(out_f32))
             .i32(i32::from(parts.values == W4Values::E2m1))
             .i32(i32::from(self.w4_trigger_late))
-            .i32(b.stages as i32)
+            .i32(set.stages as i32)
             .i32(ngs as i32)
-            .i32(i32::from(b.hint))
-            .i32(b.sk as i32);
+            .i32(i32::from(set.hint))
+            .i32(set.sk as i32);
         let cfg = LaunchConfig {
             grid_dim: (
                 (parts.n_pad / (2 * TILE_N)) as u32,
                 rows.div_ceil(GEMV8_ROWS) as u32,
-                1,
+                if cluster { ks as u32 } else { 1 },
             ),
-            block_dim: ((32 * ks) as u32, 1, 1),
+            block_dim: ((32 * warps) as u32, 1, 1),
             shared_mem_bytes: shared as u32,
         };
         // SAFETY: the parts were built by W4Tiles for this weight (a fast layout: no perm,
@@ -226,7 +291,9 @@ impl CudaBackend {
         // written only below (rows, n) (the caller vouches for both); shared memory is sized by
         // `smem_bytes` for the kernel's layout. The kernel reads only weights, scales and zeros
         // before its griddepcontrol.wait, which makes the PDL attribute allowed.
-        unsafe { self.launch_args(&b.f, cfg, &mut a, self.pdl_packed()) }
+        // The cluster form's cluster (1, 1, 8) is compiled in (`__cluster_dims__`), and its grid's
+        // z is ks == 8.
+        unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) }
     }
 }
 
