@@ -2,32 +2,34 @@
 //!
 //! Activations live in the compute dtype (bf16 on sm_80+, fp16 on sm_70/sm_75, or f32 for
 //! parity tests) as untyped device bytes; every kernel variant `{op}_{dtype}` the backend launches
-//! is resolved once, at creation, into a typed handle ([`handles::Kernels`]). Weights are dequantized to the compute dtype at load (GGUF Q8_0/Q4_0/Q4_1 on the GPU,
-//! other encodings on the host) and multiplied with cuBLAS (f32 accumulation); packed int4
-//! linears stay 4-bit on the device and run through the fused kernels of `w4a16`. The KV cache is
-//! stored in the compute dtype or fp8 (e5m2 / e4m3). All work is queued on one stream; a step's
+//! is resolved once, at creation, into a typed handle ([`handles::Kernels`]). Dense weights are
+//! dequantized to the compute dtype at load (GGUF K-quants and other encodings on the host) and
+//! multiplied with cuBLAS (f32 accumulation) or the batch-invariant kernels of `dense`; packed
+//! int4 and GGUF Q4/Q8 linears stay quantized on the device and run through the fused kernels of
+//! `w4a16` / `gguf`. The KV cache is stored in the compute dtype or fp8 (e5m2 / e4m3). All work is queued on one stream; a step's
 //! integer metadata is packed into one buffer and copied from pinned host memory in one copy
 //! (`step`, `staging`); scratch the ops need (split-K partials, sampler buffers) is kept by
 //! the backend and reused, so a step allocates nothing once it has run at its largest size.
 //!
-//! Child modules: `dtype` ([`ComputeDType`]), `graph` (stream capture into CUDA graphs), `handles` (the typed kernel handles), `step`
-//! ([`CudaStep`]), `staging` (pinned host → device buffers), `load` (host data and stored
-//! tensors onto the device), `attention` (the tiled prefill and split-K launches), `sampling`
-//! (f32 logits and the GPU sampler, with its greedy fast path), `gdn` (the hybrid models' state
-//! slots and Gated DeltaNet ops: [`crate::backend::hybrid::HybridBackend`]).
+//! This file holds the types and the [`Backend`] impl; most methods forward to a child module:
+//! `init` ([`CudaBackend::new`]: kernels, cuBLAS, launch settings), `matmul` (the one dispatch of
+//! a linear's product by weight format), `rowwise` (embedding, gathers, RMSNorm, SwiGLU and the
+//! element-wise ops), `rope_kv` (RoPE and the KV-cache writes), `dtype` ([`ComputeDType`]),
+//! `graph` (stream capture into CUDA graphs), `handles` (the typed kernel handles), `launch`
+//! (launch arguments, PDL), `step` ([`CudaStep`]), `staging` (pinned host → device buffers),
+//! `load` (host data and stored tensors onto the device), `attention` / `attention_mma` (the tiled
+//! prefill, split-K and tensor-core decode launches), `dense*` / `norm_1p` (the batch-invariant
+//! dense kernels and the fused decode layer), `w4a16` / `gguf` (quantized weights kept
+//! quantized), `sampling` (f32 logits and the GPU sampler, with its greedy fast path), `gdn` /
+//! `gdn_chunk` / `gated_attention` (the hybrid models' state slots and ops:
+//! [`crate::backend::hybrid::HybridBackend`]), `profile` (`KILN_PROFILE_OPS`).
 
-use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublas::sys as cublas_sys;
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut,
-    LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
-use super::attention_plan::{self, PrefillVariant};
+use super::attention_plan::PrefillVariant;
 
 mod attention;
 mod attention_mma;
@@ -43,10 +45,14 @@ mod gdn_chunk;
 mod gguf;
 mod graph;
 mod handles;
+mod init;
 mod launch;
 mod load;
+mod matmul;
 mod norm_1p;
 mod profile;
+mod rope_kv;
+mod rowwise;
 mod sampling;
 mod staging;
 mod step;
@@ -62,16 +68,15 @@ pub use dtype::ComputeDType;
 pub use gdn::{CudaStateCache, GDN_OPS};
 pub use gdn_chunk::{DEFAULT_CHUNKED_MIN_LEN, GDN_CHUNK_OPS};
 pub use gguf::{GgufKernel, GEMV_MAX_ROWS as GGUF_GEMV_MAX_ROWS};
+pub use init::CUBLAS_WORKSPACE_BYTES;
 pub use sampling::{CudaLogits, CudaPendingSamples};
 pub use step::CudaStep;
 pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS};
 
 use handles::Kernels;
 
-use super::device::{self, CudaError};
-use super::kernel_cache::KernelCache;
-use super::kernels::KernelModule;
-use super::nvrtc::{self, Arch};
+use super::device::CudaError;
+use super::nvrtc::Arch;
 use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{
     AttentionParams, Backend, BackendError, KvCacheSpec, PinnedShape, StepGraph, StepInput,
@@ -218,205 +223,6 @@ fn dev_err(e: impl Into<CudaError>) -> BackendError {
 }
 
 impl CudaBackend {
-    /// Open device `ordinal`, compile every kernel for it (or for `arch_override`, e.g.
-    /// `compute_70` to run the V100 path through the driver's JIT) and load them.
-    pub fn new(
-        ordinal: usize,
-        dtype: &str,
-        kv_cache_dtype: &str,
-        arch_override: Option<Arch>,
-    ) -> Result<CudaBackend, CudaError> {
-        device::require_driver()?;
-        device::require_nvrtc()?;
-        let ctx = CudaContext::new(ordinal)?;
-        let (major, minor) = ctx.compute_capability()?;
-        let device_arch = Arch::from_compute_capability(major as u32, minor as u32);
-        let arch = arch_override.unwrap_or(device_arch);
-        let dtype = ComputeDType::resolve(dtype, arch)?;
-        let kv = resolve_kv(kv_cache_dtype)?;
-        let include = nvrtc::find_include_dir(None)?;
-        let cache = KernelCache::from_env();
-        // All work of a backend is queued on this one stream (cuBLAS included), so cudarc's
-        // cross-stream event tracking (two events created and destroyed per allocation) only
-        // costs driver calls.
-        // SAFETY: no other stream ever touches this context's allocations: the backend creates
-        // only this one, and its slices never leave it.
-        unsafe { ctx.disable_event_tracking() };
-        // A created stream, not the legacy default one: only those can be captured into graphs.
-        let stream = ctx.new_stream()?;
-        let mut functions = HashMap::new();
-        let t0 = std::time::Instant::now();
-        // The modules compile in parallel (NVRTC programs are independent); each comes from the
-        // kernel cache when a valid entry exists.
-        let modules: Vec<KernelModule> = KernelModule::ALL
-            .into_iter()
-            .filter(|m| m.builds_for(arch))
-            .collect();
-        let images: Vec<_> = std::thread::scope(|s| {
-            let jobs: Vec<_> = modules
-                .iter()
-                .map(|&m| {
-                    let (include, cache) = (&include, cache.as_ref());
-                    let defines = m.defines(dtype.suffix(), kv.suffix());
-                    s.spawn(move || {
-                        nvrtc::load_or_compile(m, arch, include, cache, false, &defines)
-                    })
-                })
-                .collect();
-            jobs.into_iter()
-                .map(|j| j.join().expect("an NVRTC thread panicked"))
-                .collect()
-        });
-        let mut sources = Vec::new();
-        for (m, image) in modules.iter().copied().zip(images) {
-            let (image, mut source) = image?;
-            let module = match ctx.load_module(nvrtc::to_cudarc(image)) {
-                Ok(module) => module,
-                // A cached image the driver refuses (a driver change, a bad entry that passed the
-                // checks): compile it afresh and replace the entry.
-                Err(e) if source == nvrtc::Source::Cache => {
-                    tracing::warn!(module = m.file_name(), error = ?e,
-                        "Cached kernel image failed to load; recompiling it.");
-                    let defines = m.defines(dtype.suffix(), kv.suffix());
-                    let (image, s) =
-                        nvrtc::load_or_compile(m, arch, &include, cache.as_ref(), true, &defines)?;
-                    source = s;
-                    ctx.load_module(nvrtc::to_cudarc(image))?
-                }
-                Err(e) => return Err(e.into()),
-            };
-            sources.push(source);
-            for name in m.entry_points_for(dtype.suffix(), kv.suffix()) {
-                let f = module
-                    .load_function(&name)
-                    .map_err(|_| CudaError::MissingKernel {
-                        module: m.file_name(),
-                        function: name.clone(),
-                    })?;
-                functions.insert(name, f);
-            }
-        }
-        let cached = sources
-            .iter()
-            .filter(|s| **s == nvrtc::Source::Cache)
-            .count();
-        tracing::info!(
-            arch = %arch,
-            modules = sources.len(),
-            from_cache = cached,
-            cache = %cache.as_ref().map(|c| c.dir().display().to_string()).unwrap_or_else(|| "off".into()),
-            seconds = t0.elapsed().as_secs_f64(),
-            "Kernels ready."
-        );
-        // The largest prefill variant needs more than the default 48 KB of dynamic shared memory.
-        for v in PrefillVariant::ALL {
-            let bytes = v.shared_bytes(v.max_head_dim);
-            if bytes <= attention_plan::DEFAULT_SHARED_BYTES {
-                continue;
-            }
-            for (name, f) in &functions {
-                if name.starts_with("attention_prefill_")
-                    && name.ends_with(&format!("_{}", v.suffix))
-                {
-                    f.set_attribute(
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        bytes as i32,
-                    )?;
-                }
-            }
-        }
-        let kv_bytes = match kv {
-            KvStorage::Same => dtype.size(),
-            KvStorage::E5M2 | KvStorage::E4M3 => 1,
-        };
-        let k = Kernels::resolve(&functions, dtype.suffix(), kv.suffix(), kv_bytes)?;
-        let blas = CudaBlas::new(stream.clone())?;
-        // cuBLAS gets a fixed workspace of its own, so it never allocates inside a graph capture
-        // and picks its kernels with the same workspace eagerly and captured.
-        let blas_workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
-        {
-            let (wp, _sync) = blas_workspace.device_ptr(&stream);
-            // SAFETY: the workspace is a live allocation of CUBLAS_WORKSPACE_BYTES on the stream
-            // the handle uses, kept in the backend (dropped after the handle: field order).
-            let status = unsafe {
-                cublas_sys::cublasSetWorkspace_v2(
-                    *blas.handle(),
-                    wp as *mut c_void,
-                    CUBLAS_WORKSPACE_BYTES,
-                )
-            };
-            if status != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                return Err(CudaError::Cublas(cudarc::cublas::result::CublasError(
-                    status,
-                )));
-            }
-        }
-        let dense =
-            match dense::DenseMatmul::from_env().map_err(|e| CudaError::Nvrtc(e.to_string()))? {
-                // No tensor-core kernels below sm_80 or for f32: the CUDA-core one keeps the numerics
-                // batch-invariant there.
-                dense::DenseMatmul::Mma if arch.major < 8 || k.dense_mma.is_none() => {
-                    dense::DenseMatmul::Fma
-                }
-                d => d,
-            };
-        let mma = arch.major >= 8 && k.dense_mma.is_some();
-        let env_err = |e: BackendError| CudaError::Nvrtc(e.to_string());
-        let fused_rows = if mma {
-            dense::fused_rows_from_env(dense).map_err(env_err)?
-        } else {
-            0
-        };
-        let pdl = mma && arch.major >= 9 && dense::pdl_from_env().map_err(env_err)?;
-        let fused_mlp = if fused_rows > 0 && arch.major >= 9 && k.dense_mlp.is_some() {
-            dense_mlp::FusedMlp::from_env().map_err(env_err)?
-        } else {
-            dense_mlp::FusedMlp::Off
-        };
-        let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
-            + &if arch != device_arch {
-                format!(", kernels for {arch}")
-            } else {
-                String::new()
-            }
-            + &format!(", {})", dtype.suffix())
-            + match dense {
-                dense::DenseMatmul::Cublas => "",
-                dense::DenseMatmul::Fma => " [dense matmul: fma]",
-                dense::DenseMatmul::Mma => " [dense matmul: mma]",
-            }
-            + &if fused_rows > 0 {
-                format!(
-                    " [fused decode <= {fused_rows} rows{}{}]",
-                    if pdl { ", pdl" } else { "" },
-                    fused_mlp.label()
-                )
-            } else {
-                String::new()
-            };
-        Ok(CudaBackend {
-            ctx,
-            stream,
-            blas,
-            _blas_workspace: blas_workspace,
-            prof: profile::Profiler::from_env(),
-            k,
-            scratch: Mutex::new(Scratch::default()),
-            dense,
-            fused_rows,
-            pdl,
-            fused_mlp,
-            mlp_resident: Mutex::new(None),
-            mlp_refused: std::sync::atomic::AtomicBool::new(false),
-            pdl_packed: w4a16::pdl_packed_from_env().map_err(env_err)?,
-            w4_trigger_late: w4a16::trigger_late_from_env().map_err(env_err)?,
-            arch,
-            dtype,
-            kv,
-            device_name,
-        })
-    }
-
     /// The compute dtype.
     pub fn dtype(&self) -> ComputeDType {
         self.dtype
@@ -442,14 +248,6 @@ impl CudaBackend {
         self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(dev_err)
     }
 }
-
-/// Bytes of the workspace cuBLAS is given (NVIDIA's advice for Hopper; more than enough below).
-pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
-
-/// Threads per block of `qkv_rope_write` (`QKV_WARPS * 32` in kv_cache.cu).
-const QKV_THREADS: u32 = 4 * 32;
-/// Largest head_dim `qkv_rope_write` holds (`QKV_MAX_DIM`).
-const QKV_MAX_HEAD_DIM: usize = 256;
 
 /// A buffer of dtype `got` where `want` (the compute dtype) is needed.
 fn mixed(what: &str, got: ComputeDType, want: ComputeDType) -> BackendError {
@@ -837,49 +635,7 @@ impl Backend for CudaBackend {
         step: &CudaStep,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "embedding");
-        check_len("embedding output", out.len, step.num_tokens * table.k)?;
-        if table.packed.is_some() {
-            return Err(BackendError::Unsupported(
-                "embedding: a packed 4-bit table (embeddings load in 16 bits)".into(),
-            ));
-        }
-        if step.num_tokens == 0 {
-            return Ok(());
-        }
-        if let Some(parts) = &table.gguf {
-            let ids = step.token_ids();
-            // SAFETY: token ids were range-checked by ForwardBatch::step_input against the
-            // vocabulary (the table's rows); `out` holds num_tokens rows of k (checked above).
-            return unsafe {
-                self.gguf_gather(
-                    table,
-                    parts,
-                    &ids,
-                    step.num_tokens,
-                    &mut out.data,
-                    out.dtype,
-                )
-            };
-        }
-        let f = match (out.dtype, &self.k.embedding_to_f32) {
-            (d, _) if d == self.dtype => &self.k.embedding,
-            (ComputeDType::F32, Some(f)) => f,
-            (d, _) => return Err(mixed("embedding output", d, self.dtype)),
-        };
-        let ids = step.token_ids();
-        // SAFETY: token ids were range-checked by ForwardBatch::step_input against the vocabulary
-        // (the table's rows); `out` holds num_tokens rows of k (checked above).
-        unsafe {
-            self.launch_row_gather(
-                f,
-                &ids,
-                step.num_tokens,
-                &table.data,
-                &mut out.data,
-                table.k,
-            )
-        }
+        rowwise::embedding(self, table, step, out)
     }
 
     fn rms_norm(
@@ -891,26 +647,7 @@ impl Backend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "rms_norm");
-        check_len("rms_norm input", x.len, rows * dim)?;
-        check_len("rms_norm output", out.len, rows * dim)?;
-        check_len("rms_norm weight", weight.len, dim)?;
-        self.expect_compute("rms_norm output", out)?;
-        let kernel = match (x.dtype, &self.k.rms_norm_xf32) {
-            (d, _) if d == self.dtype => &self.k.rms_norm,
-            (ComputeDType::F32, Some(f)) => f,
-            (d, _) => return Err(mixed("rms_norm input", d, self.dtype)),
-        };
-        self.launch_rms_norm(
-            kernel,
-            &x.data,
-            None,
-            &weight.data,
-            &mut out.data,
-            rows,
-            dim,
-            eps,
-        )
+        rowwise::rms_norm(self, x, weight, out, rows, dim, eps)
     }
 
     fn add_rms_norm(
@@ -923,27 +660,7 @@ impl Backend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "add_rms_norm");
-        check_len("add_rms_norm residual", residual.len, rows * dim)?;
-        check_len("add_rms_norm delta", delta.len, rows * dim)?;
-        check_len("add_rms_norm output", out.len, rows * dim)?;
-        self.expect_compute("add_rms_norm delta", delta)?;
-        self.expect_compute("add_rms_norm output", out)?;
-        let kernel = match (residual.dtype, &self.k.rms_norm_rf32) {
-            (d, _) if d == self.dtype => &self.k.rms_norm,
-            (ComputeDType::F32, Some(f)) => f,
-            (d, _) => return Err(mixed("add_rms_norm residual", d, self.dtype)),
-        };
-        self.launch_rms_norm(
-            kernel,
-            &delta.data,
-            Some(&mut residual.data),
-            &weight.data,
-            &mut out.data,
-            rows,
-            dim,
-            eps,
-        )
+        rowwise::add_rms_norm(self, residual, delta, weight, out, rows, dim, eps)
     }
 
     fn matmul(
@@ -959,19 +676,7 @@ impl Backend for CudaBackend {
                 "a gate|up weight from upload_gate_up is for gate_up_swiglu only".into(),
             ));
         }
-        check_len("matmul input", x.len, rows * w.k)?;
-        check_len("matmul output", out.len, rows * w.n)?;
-        self.expect_compute("matmul input", x)?;
-        self.expect_compute("matmul output", out)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let (xp, _x_sync) = x.data.device_ptr(&self.stream);
-        let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
-        // SAFETY: w, x and out are live device allocations holding n × k, rows × k and rows × n
-        // elements of the compute dtype (checked above); the sync guards keep them in use on
-        // this stream for the call.
-        unsafe { self.gemm_xwt(w, rows, xp, op, self.dtype.cuda_type()) }
+        self.matmul_checked(["matmul input", "matmul output"], x, rows, w, out)
     }
 
     fn rope(
@@ -984,48 +689,7 @@ impl Backend for CudaBackend {
         num_kv_heads: usize,
         head_dim: usize,
     ) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "rope");
-        check_len("rope q", q.len, step.num_tokens * num_heads * head_dim)?;
-        check_len("rope k", k.len, step.num_tokens * num_kv_heads * head_dim)?;
-        if rope.spec.rotary_dim > head_dim {
-            return Err(BackendError::InvalidArgument(format!(
-                "rotary_dim {} > head_dim {head_dim}",
-                rope.spec.rotary_dim
-            )));
-        }
-        if step.max_context > rope.spec.max_positions {
-            return Err(BackendError::InvalidArgument(format!(
-                "position {} past the RoPE table ({})",
-                step.max_context, rope.spec.max_positions
-            )));
-        }
-        if step.num_tokens == 0 {
-            return Ok(());
-        }
-        let f = &self.k.rope;
-        let positions = step.positions();
-        let (nh, nkv, hd, half) = (
-            num_heads as i32,
-            num_kv_heads as i32,
-            head_dim as i32,
-            (rope.spec.rotary_dim / 2) as i32,
-        );
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&mut q.data)
-            .arg(&mut k.data)
-            .arg(&positions)
-            .arg(&rope.cos)
-            .arg(&rope.sin);
-        b.arg(&nh).arg(&nkv).arg(&hd).arg(&half);
-        let cfg = LaunchConfig {
-            grid_dim: (step.num_tokens as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: q and k hold num_tokens rows of their head counts (checked); positions are
-        // below the table length (checked via max_context).
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
+        rope_kv::rope(self, q, k, rope, step, num_heads, num_kv_heads, head_dim)
     }
 
     fn write_kv(
@@ -1036,40 +700,7 @@ impl Backend for CudaBackend {
         v: &CudaBuffer,
         step: &CudaStep,
     ) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "write_kv");
-        let spec = cache.spec;
-        if layer >= spec.num_layers {
-            return Err(BackendError::InvalidArgument(format!(
-                "layer {layer} of {}",
-                spec.num_layers
-            )));
-        }
-        let row = spec.slot_elems();
-        check_len("write_kv k", k.len, step.num_tokens * row)?;
-        check_len("write_kv v", v.len, step.num_tokens * row)?;
-        if step.num_tokens == 0 {
-            return Ok(());
-        }
-        let f = &self.k.kv_write;
-        let slots = step.slot_mapping();
-        let row_elems = row as i32;
-        let (kc, vc) = (&mut cache.k[layer], &mut cache.v[layer]);
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&k.data)
-            .arg(&v.data)
-            .arg(kc)
-            .arg(vc)
-            .arg(&slots)
-            .arg(&row_elems);
-        let cfg = LaunchConfig {
-            grid_dim: (step.num_tokens as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: slots come from ForwardBatch::step_input, which checked every block id against
-        // num_blocks, so each slot indexes inside the layer's cache.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
+        rope_kv::write_kv(self, cache, layer, k, v, step)
     }
 
     fn paged_attention(
@@ -1116,45 +747,11 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
         len: usize,
     ) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "silu_mul");
-        check_len("silu_mul gate", gate.len, len)?;
-        check_len("silu_mul up", up.len, len)?;
-        check_len("silu_mul output", out.len, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let st = &self.stream;
-        let mut b = launch::KernelArgs::new();
-        b.buf(&gate.data, st)
-            .buf(&up.data, st)
-            .buf(&out.data, st)
-            .i64(len as i64);
-        // SAFETY: all three buffers hold at least `len` elements; the kernel guards i < n and
-        // waits (griddepcontrol.wait) before touching memory, so PDL is allowed.
-        unsafe {
-            self.launch_args(
-                &self.k.silu_mul,
-                LaunchConfig::for_num_elems(len as u32),
-                &mut b,
-                self.pdl_packed(),
-            )
-        }
+        rowwise::silu_mul(self, gate, up, out, len)
     }
 
     fn add(&self, x: &mut CudaBuffer, y: &CudaBuffer, len: usize) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "add");
-        check_len("add x", x.len, len)?;
-        check_len("add y", y.len, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let f = &self.k.add;
-        let n = len as i64;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&mut x.data).arg(&y.data).arg(&n);
-        // SAFETY: both buffers hold at least `len` elements; the kernel guards i < n.
-        unsafe { b.launch(LaunchConfig::for_num_elems(len as u32)) }.map_err(dev_err)?;
-        Ok(())
+        rowwise::add(self, x, y, len)
     }
 
     fn gather_rows(
@@ -1164,20 +761,7 @@ impl Backend for CudaBackend {
         dim: usize,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "gather_rows");
-        check_len("gather_rows input", x.len, step.num_tokens * dim)?;
-        check_len("gather_rows output", out.len, step.num_logit_rows * dim)?;
-        if step.num_logit_rows == 0 {
-            return Ok(());
-        }
-        // The embedding kernel is a row gather: out[i] = x[logit_rows[i]].
-        let f = &self.k.embedding;
-        let rows = step.logit_rows();
-        // SAFETY: logit rows are token indices < num_tokens (built by ForwardBatch::step_input) and
-        // `x` holds num_tokens rows of dim, `out` num_logit_rows rows (checked above).
-        unsafe {
-            self.launch_row_gather(f, &rows, step.num_logit_rows, &x.data, &mut out.data, dim)
-        }
+        rowwise::gather_rows(self, x, step, dim, out)
     }
 
     fn logits(
@@ -1217,93 +801,7 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
         qk_norm: Option<(&CudaBuffer, &CudaBuffer, f32)>,
     ) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "qkv_rope_write");
-        let spec = cache.spec;
-        params.check_fits(&spec, layer)?;
-        let (t, hd) = (step.num_tokens, params.head_dim);
-        let width = (params.num_heads + 2 * params.num_kv_heads) * hd;
-        check_len("qkv_rope_write qkv", qkv.len, t * width)?;
-        check_len("qkv_rope_write q_out", q_out.len, t * params.num_heads * hd)?;
-        self.expect_compute("qkv_rope_write qkv", qkv)?;
-        self.expect_compute("qkv_rope_write q_out", q_out)?;
-        if hd > QKV_MAX_HEAD_DIM || rope.spec.rotary_dim > hd {
-            return Err(BackendError::InvalidArgument(format!(
-                "qkv_rope_write: head_dim {hd} (at most {QKV_MAX_HEAD_DIM}), rotary_dim {}",
-                rope.spec.rotary_dim
-            )));
-        }
-        if step.max_context > rope.spec.max_positions {
-            return Err(BackendError::InvalidArgument(format!(
-                "position {} past the RoPE table ({})",
-                step.max_context, rope.spec.max_positions
-            )));
-        }
-        if let Some((qn, kn, _)) = qk_norm {
-            check_len("qkv_rope_write q_norm", qn.len, hd)?;
-            check_len("qkv_rope_write k_norm", kn.len, hd)?;
-            self.expect_compute("qkv_rope_write q_norm", qn)?;
-            self.expect_compute("qkv_rope_write k_norm", kn)?;
-        }
-        if t == 0 {
-            return Ok(());
-        }
-        let positions = step.positions();
-        let slots = step.slot_mapping();
-        let null: u64 = 0;
-        let (nh, nkv, hdi, half) = (
-            params.num_heads as i32,
-            params.num_kv_heads as i32,
-            hd as i32,
-            (rope.spec.rotary_dim / 2) as i32,
-        );
-        let eps = qk_norm.map_or(0.0, |(_, _, e)| e);
-        let (kc, vc) = (&mut cache.k[layer], &mut cache.v[layer]);
-        let (qkv_p, _s0) = qkv.data.device_ptr(&self.stream);
-        let (q_p, _s1) = q_out.data.device_ptr_mut(&self.stream);
-        let (kc_p, _s2) = kc.device_ptr_mut(&self.stream);
-        let (vc_p, _s3) = vc.device_ptr_mut(&self.stream);
-        let (pos_p, _s4) = positions.device_ptr(&self.stream);
-        let (slot_p, _s5) = slots.device_ptr(&self.stream);
-        let (cos_p, _s6) = rope.cos.device_ptr(&self.stream);
-        let (sin_p, _s7) = rope.sin.device_ptr(&self.stream);
-        let (qn_p, kn_p) = match qk_norm {
-            Some((qn, kn, _)) => (
-                qn.data.device_ptr(&self.stream).0,
-                kn.data.device_ptr(&self.stream).0,
-            ),
-            None => (null, null),
-        };
-        let mut params = [
-            &qkv_p as *const u64 as *mut c_void,
-            &q_p as *const u64 as *mut c_void,
-            &kc_p as *const u64 as *mut c_void,
-            &vc_p as *const u64 as *mut c_void,
-            &pos_p as *const u64 as *mut c_void,
-            &slot_p as *const u64 as *mut c_void,
-            &cos_p as *const u64 as *mut c_void,
-            &sin_p as *const u64 as *mut c_void,
-            &qn_p as *const u64 as *mut c_void,
-            &kn_p as *const u64 as *mut c_void,
-            &nh as *const i32 as *mut c_void,
-            &nkv as *const i32 as *mut c_void,
-            &hdi as *const i32 as *mut c_void,
-            &half as *const i32 as *mut c_void,
-            &eps as *const f32 as *mut c_void,
-        ];
-        let cfg = LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            block_dim: (QKV_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the parameters match the kernel's signature, in order, and outlive the call
-        // (the sync guards keep every buffer in use on this stream); qkv holds t rows of (heads
-        // + 2 kv_heads) × head_dim and q_out t rows of heads × head_dim (checked); head_dim ≤
-        // QKV_MAX_DIM (the kernel's shared row); positions are below the RoPE table (checked
-        // via max_context); slots come from ForwardBatch::step_input, which checked every block
-        // id, so each indexes inside the layer's cache; the norm weights hold head_dim elements
-        // or are null (skipping the norm). The kernel waits (griddepcontrol) before reading, so
-        // it may be launched with PDL.
-        unsafe { self.launch_kernel(&self.k.qkv_rope_write, cfg, &mut params, self.pdl) }
+        rope_kv::qkv_rope_write(self, qkv, q_out, cache, layer, rope, step, params, qk_norm)
     }
 
     fn swiglu(
@@ -1313,22 +811,7 @@ impl Backend for CudaBackend {
         rows: usize,
         inter: usize,
     ) -> Result<(), BackendError> {
-        let _t = self.prof.op(&self.stream, "swiglu");
-        check_len("swiglu gate_up", gate_up.len, rows * 2 * inter)?;
-        check_len("swiglu output", out.len, rows * inter)?;
-        self.expect_compute("swiglu gate_up", gate_up)?;
-        self.expect_compute("swiglu output", out)?;
-        let n = rows * inter;
-        if n == 0 {
-            return Ok(());
-        }
-        let (r, i) = (rows as i64, inter as i32);
-        let mut b = self.stream.launch_builder(&self.k.swiglu);
-        b.arg(&gate_up.data).arg(&mut out.data).arg(&r).arg(&i);
-        // SAFETY: gate_up holds rows × 2·inter and out rows × inter elements (checked); the kernel
-        // guards i < rows × inter.
-        unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }.map_err(dev_err)?;
-        Ok(())
+        rowwise::swiglu(self, gate_up, out, rows, inter)
     }
 
     fn download_logits(
@@ -1381,27 +864,7 @@ impl Backend for CudaBackend {
     }
 
     fn copy_block(&self, cache: &mut CudaKvCache, src: u32, dst: u32) -> Result<(), BackendError> {
-        let spec = cache.spec;
-        if src as usize >= spec.num_blocks || dst as usize >= spec.num_blocks {
-            return Err(BackendError::InvalidArgument(format!(
-                "copy_block {src} → {dst} of {} blocks",
-                spec.num_blocks
-            )));
-        }
-        let f = &self.k.kv_copy_block;
-        let block_elems = (spec.block_size * spec.slot_elems()) as i64;
-        let (s, d) = (src as i64, dst as i64);
-        for layer in 0..spec.num_layers {
-            for part in [&mut cache.k[layer], &mut cache.v[layer]] {
-                let mut b = self.stream.launch_builder(f);
-                b.arg(part).arg(&s).arg(&d).arg(&block_elems);
-                // SAFETY: src and dst are < num_blocks (checked); each block holds block_elems
-                // elements of `elem` bytes, matching the kernel variant.
-                unsafe { b.launch(LaunchConfig::for_num_elems(block_elems as u32)) }
-                    .map_err(dev_err)?;
-            }
-        }
-        Ok(())
+        rope_kv::copy_block(self, cache, src, dst)
     }
 }
 
@@ -1413,188 +876,12 @@ impl CudaBackend {
         }
     }
 
-    /// Row-major `out[rows, w.n] = x[rows, w.k] · wᵀ` with cuBLAS, f32 accumulation (pedantic
-    /// f32 for an f32 compute dtype); x and w in the compute dtype, out in `out_type` (the
-    /// compute dtype, or f32 for logits). As column-major: outᵀ (n × rows) = op(W)(n × k) · xᵀ
-    /// (k × rows), with W seen column-major as k × n and transposed.
-    ///
-    /// # Safety
-    /// `xp` and `op` point to live device memory on this stream holding rows × k elements of
-    /// the compute dtype and rows × n elements of `out_type`.
-    pub(super) unsafe fn gemm_xwt(
-        &self,
-        w: &CudaWeight,
-        rows: usize,
-        xp: u64,
-        op: u64,
-        out_type: cublas_sys::cudaDataType,
-    ) -> Result<(), BackendError> {
-        if let Some(parts) = &w.packed {
-            let out_f32 = out_type == cublas_sys::cudaDataType::CUDA_R_32F;
-            let kernel = self.w4_kernel_for(rows);
-            // SAFETY: as this function's contract.
-            return unsafe { self.packed_matmul(w, parts, rows, xp, op, out_f32, kernel) };
-        }
-        if let Some(parts) = &w.gguf {
-            let out_f32 = out_type == cublas_sys::cudaDataType::CUDA_R_32F;
-            let kernel = self.gguf_kernel_for(rows);
-            // SAFETY: as this function's contract.
-            return unsafe { self.gguf_matmul(w, parts, rows, xp, op, out_f32, kernel) };
-        }
-        if self.dense_takes(w) {
-            let out_f32 = out_type == cublas_sys::cudaDataType::CUDA_R_32F;
-            // SAFETY: as this function's contract.
-            return unsafe { self.dense_matmul(w, rows, xp, op, out_f32) };
-        }
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let ty = self.dtype.cuda_type();
-        let compute = if self.dtype == ComputeDType::F32 {
-            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC
-        } else {
-            cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
-        };
-        let (wp, _w_sync) = w.data.device_ptr(&self.stream);
-        // SAFETY: w is a live n × k allocation (held by `_w_sync` for the call), x and out as
-        // the caller promises; alpha/beta are host f32 as CUBLAS_COMPUTE_32F expects.
-        unsafe {
-            cudarc::cublas::result::gemm_ex(
-                *self.blas.handle(),
-                cublas_sys::cublasOperation_t::CUBLAS_OP_T,
-                cublas_sys::cublasOperation_t::CUBLAS_OP_N,
-                w.n as i32,
-                rows as i32,
-                w.k as i32,
-                &alpha as *const f32 as *const c_void,
-                wp as *const c_void,
-                ty,
-                w.k as i32,
-                xp as *const c_void,
-                ty,
-                w.k as i32,
-                &beta as *const f32 as *const c_void,
-                op as *mut c_void,
-                out_type,
-                w.n as i32,
-                compute,
-                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(dev_err)
-    }
-
-    /// `out[i, :] = src[idx[i], :]` for `n` rows of `dim` elements through an `embedding_*`
-    /// kernel `f` (one block per row).
-    ///
-    /// # Safety
-    /// `idx` holds `n` row indices inside `src`; `out` holds `n × dim` elements of `f`'s output
-    /// type and `src` rows of `dim` elements of its input type.
-    unsafe fn launch_row_gather(
-        &self,
-        f: &CudaFunction,
-        idx: &CudaView<'_, i32>,
-        n: usize,
-        src: &CudaSlice<u8>,
-        out: &mut CudaSlice<u8>,
-        dim: usize,
-    ) -> Result<(), BackendError> {
-        let d = dim as i32;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(idx).arg(src).arg(out).arg(&d);
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the caller's promise; every thread guards `i < dim` within its row.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
-    }
-
     /// `Err(InvalidArgument)` unless `b` holds the compute dtype.
-    /// The gate|up product of an interleaved weight (`swiglu_rows`) through cuBLAS (or the
-    /// backend's dense kernel) into `scratch` `[rows, 2·inter]`, then `swiglu_il`.
-    fn interleaved_gate_up_swiglu(
-        &self,
-        x: &CudaBuffer,
-        rows: usize,
-        w: &CudaWeight,
-        scratch: &mut CudaBuffer,
-        out: &mut CudaBuffer,
-        inter: usize,
-    ) -> Result<(), BackendError> {
-        {
-            let _t = self.prof.op(&self.stream, "matmul");
-            check_len("gate_up_swiglu weight", w.n, 2 * inter)?;
-            check_len("gate_up_swiglu input", x.len, rows * w.k)?;
-            check_len("gate_up_swiglu scratch", scratch.len, rows * w.n)?;
-            self.expect_compute("gate_up_swiglu input", x)?;
-            self.expect_compute("gate_up_swiglu scratch", scratch)?;
-            if rows == 0 {
-                return Ok(());
-            }
-            let (xp, _x_sync) = x.data.device_ptr(&self.stream);
-            let (sp, _s_sync) = scratch.data.device_ptr_mut(&self.stream);
-            // SAFETY: w, x and scratch hold n × k, rows × k and rows × n compute-dtype elements
-            // (checked above); the sync guards keep them in use on this stream for the call.
-            unsafe { self.gemm_xwt(w, rows, xp, sp, self.dtype.cuda_type()) }?;
-        }
-        let _t = self.prof.op(&self.stream, "swiglu");
-        check_len("swiglu output", out.len, rows * inter)?;
-        self.expect_compute("swiglu output", out)?;
-        let (r, i) = (rows as i64, inter as i32);
-        let mut b = self.stream.launch_builder(&self.k.swiglu_il);
-        b.arg(&scratch.data).arg(&mut out.data).arg(&r).arg(&i);
-        // SAFETY: scratch holds rows × 2·inter and out rows × inter elements (checked); the
-        // kernel guards i < rows × inter.
-        unsafe { b.launch(LaunchConfig::for_num_elems((rows * inter) as u32)) }.map_err(dev_err)?;
-        Ok(())
-    }
-
     fn expect_compute(&self, what: &str, b: &CudaBuffer) -> Result<(), BackendError> {
         if b.dtype == self.dtype {
             Ok(())
         } else {
             Err(mixed(what, b.dtype, self.dtype))
         }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn launch_rms_norm(
-        &self,
-        f: &CudaFunction,
-        x: &CudaSlice<u8>,
-        residual: Option<&mut CudaSlice<u8>>,
-        weight: &CudaSlice<u8>,
-        out: &mut CudaSlice<u8>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> Result<(), BackendError> {
-        if rows == 0 {
-            return Ok(());
-        }
-        let d = dim as i32;
-        let null: u64 = 0;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(x);
-        match residual {
-            Some(r) => b.arg(r),
-            None => b.arg(&null),
-        };
-        b.arg(weight).arg(out).arg(&d).arg(&eps);
-        let threads = if dim >= 1024 {
-            1024
-        } else {
-            (dim.div_ceil(32) * 32) as u32
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: x, residual and out hold rows × dim elements and weight dim (checked by the
-        // callers); a null residual pointer selects the unfused path in the kernel.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
     }
 }
