@@ -7,6 +7,13 @@
 /// Shared device helpers, prepended to every kernel source.
 pub const COMMON_HEADER: &str = include_str!("../../../kernels/common.cuh");
 
+/// The entry points of `kernels/w4a16_bulk.cu` for compute dtype suffix `t` (16-bit only): the
+/// block form `w4b_gemv_{t}` and the cluster form `w4b_gemvc_{t}`; the backend resolves exactly
+/// these (`w4a16_bulk.rs`), so the loaded list and the resolved one cannot drift apart.
+pub(crate) fn w4_bulk_names(t: &str) -> [String; 2] {
+    [format!("w4b_gemv_{t}"), format!("w4b_gemvc_{t}")]
+}
+
 /// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
 /// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).
 const W4A16_ENTRIES_MARK: &str = "#define W4_ARGS(T)";
@@ -404,10 +411,10 @@ impl KernelModule {
                         }
                     }
                 }
-                // The 16-bit dtypes (the host launches it on sm_90+ only).
+                // The 16-bit dtypes (the host launches them on sm_90+ only).
                 KernelModule::W4a16Bulk => {
                     if t != "f32" {
-                        names.push(format!("w4b_gemv_{t}"));
+                        names.extend(w4_bulk_names(t));
                     }
                 }
                 KernelModule::GgufMm => {
@@ -538,5 +545,16 @@ mod tests {
         }
         assert!(!full.contains("W4_TC_ENTRIES(bf16"));
         assert!(full.ends_with(KernelModule::W4a16Bulk.source()));
+        // Both forms are loaded (the cluster one was missing once: the backend then found no
+        // bulk kernel at all) and both macro-built names exist in the source.
+        let names = KernelModule::W4a16Bulk.entry_points();
+        for t in ["f16", "bf16"] {
+            for n in w4_bulk_names(t) {
+                assert!(names.contains(&n), "{n}");
+            }
+        }
+        assert_eq!(names.len(), 4);
+        let src = KernelModule::W4a16Bulk.source();
+        assert!(src.contains("w4b_gemv_##SUF") && src.contains("w4b_gemvc_##SUF"));
     }
 }

@@ -11,6 +11,8 @@
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; on sm_70 / sm_75 with fp16 the mma m8n8k4 kernels of the child module
 //! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
+//! On sm_90+ the 1–8-row steps may run the child module `w4a16_bulk.rs` instead (`w4b_gemv`: the
+//! same arithmetic, its weights streamed by bulk copies into shared memory; `KILN_W4_BULK`).
 //! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
 //! Nothing here allocates per call, and every launch takes fixed pointers (graph-capturable).
 //!

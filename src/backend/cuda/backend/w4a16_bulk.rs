@@ -94,11 +94,16 @@ impl BulkGemv {
         all: &HashMap<String, CudaFunction>,
         t: &str,
     ) -> Result<Option<BulkGemv>, BackendError> {
-        let (Some(f), Some(fc)) = (
-            all.get(&format!("w4b_gemv_{t}")),
-            all.get(&format!("w4b_gemvc_{t}")),
-        ) else {
-            return Ok(None);
+        let [name, cname] = crate::backend::cuda::kernels::w4_bulk_names(t);
+        let (f, fc) = match (all.get(&name), all.get(&cname)) {
+            (Some(f), Some(fc)) => (f, fc),
+            (None, None) => return Ok(None),
+            // The module was built but one form is missing: say so rather than run without it.
+            _ => {
+                return Err(BackendError::Unsupported(format!(
+                    "w4a16_bulk.cu: {name} / {cname}: only one of the two was loaded"
+                )))
+            }
         };
         let d = BulkSettings::default();
         let stages = match std::env::var("KILN_W4_BULK_STAGES") {
