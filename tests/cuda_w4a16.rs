@@ -383,3 +383,145 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// The bulk-copy GEMV (`kernels/w4a16_bulk.cu`, [`W4Kernel::GemvBulk`], sm_90+) against
+/// `w4_gemv` ([`W4Kernel::Gemv`] with the bulk kernel switched off), bit for bit, 1–8 rows:
+/// two small shapes first (64×1152: 1 K slice; 200×4096: 8), then every packed Qwen3.5-27B
+/// linear shape (the 248320-output lm_head is dense in the model and left out). Formats: CT
+/// symmetric and asymmetric g128 on every shape (bf16 and fp16); CT asymmetric g32, AWQ g128,
+/// GPTQ g64 and NVFP4 (bf16) on the small shapes, 48×5120 and 5120×6144. Rings (stages × k
+/// blocks per stage): 1×1, 3×1, 2×2, 3×2, 1×4, 2×4 (odd depths wrap the ring at odd places;
+/// partial last stages), 2×2 with the L2 hint, and the cluster form at 2×2 and 3×1 (where the
+/// weight has 8 K slices; else the block form again); plus the default pick with the switch on.
+/// Where the kernel does not exist (below sm_90) the test says so and passes. Run (GPU machine,
+/// repository root; `KILN_BULK_TEST_SMALL=1` runs the small shapes only):
+/// `cuda_w4a16-<hash> --ignored --exact --test-threads=1 --nocapture bulk_gemv_equals_w4_gemv_bit_for_bit`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
+    let mut backends: Vec<(&str, CudaBackend)> = half_dtypes()
+        .into_iter()
+        .map(|d| (d, gpu(d, "auto")))
+        .collect();
+    for (dtype, b) in backends.iter_mut() {
+        if !b.w4_tensor_cores() || !b.set_w4_bulk(false, 2, 2, false, false) {
+            println!("RESULT w4a16 bulk-gemv {dtype}: no bulk kernel here (sm_90+ only), skipped");
+        }
+    }
+    backends.retain_mut(|(_, b)| b.w4_tensor_cores() && b.set_w4_bulk(false, 2, 2, false, false));
+    let fmts = [
+        (
+            "ct-sym-g128",
+            Fmt::Ct {
+                group: 128,
+                symmetric: true,
+                act_order: false,
+            },
+        ),
+        (
+            "ct-asym-g128",
+            Fmt::Ct {
+                group: 128,
+                symmetric: false,
+                act_order: false,
+            },
+        ),
+        (
+            "ct-asym-g32",
+            Fmt::Ct {
+                group: 32,
+                symmetric: false,
+                act_order: false,
+            },
+        ),
+        ("awq-g128", Fmt::Awq { group: 128 }),
+        (
+            "gptq-g64",
+            Fmt::Gptq {
+                group: 64,
+                desc_act: false,
+            },
+        ),
+        ("nvfp4", Fmt::Nvfp4),
+    ];
+    // (stages, k blocks per stage, L2 hint, cluster form).
+    let depths = [
+        (1usize, 1usize, false, false),
+        (3, 1, false, false),
+        (2, 2, false, false),
+        (3, 2, false, false),
+        (2, 2, true, false),
+        (1, 4, false, false),
+        (2, 4, false, false),
+        (2, 2, false, true),
+        (3, 1, false, true),
+    ];
+    let mut failures = Vec::new();
+    // Two small shapes first (1 and 8 K slices; `KILN_BULK_TEST_SMALL=1` stops there: the
+    // quick pass run under compute-sanitizer), then the 27B ones.
+    let small_only = std::env::var("KILN_BULK_TEST_SMALL").is_ok_and(|v| v == "1");
+    let shapes: Vec<(usize, usize)> = [(64usize, 1152usize), (200, 4096)]
+        .into_iter()
+        .chain(
+            SHAPES_27B
+                .into_iter()
+                .filter(|s| s.0 != 248320 && !small_only),
+        )
+        .collect();
+    for (i, (label, fmt)) in fmts.into_iter().enumerate() {
+        // CT sym / asym g128 (the 27B checkpoints' formats) on every shape; the other formats
+        // on the small shapes, 48×5120 and 5120×6144, to keep the test short.
+        for &(n, k) in shapes
+            .iter()
+            .filter(|&&(n, k)| i < 2 || n < 1000 || (n, k) == (5120, 6144))
+        {
+            let o = Owned::random(fmt, n, k, 900 + 10 * i as u64 + n as u64);
+            for (dtype, b) in backends.iter_mut() {
+                if *dtype == "fp16" && i >= 2 {
+                    continue;
+                }
+                let w = b
+                    .upload_linear(label, &LinearView::Packed(o.linear()))
+                    .expect("upload_linear");
+                let x: Vec<f32> = data(8 * k, 31 + k as u64)
+                    .into_iter()
+                    .map(|v| round(dtype, v))
+                    .collect();
+                let (mut same, mut all) = (0, 0);
+                for rows in 1..=8usize {
+                    b.set_w4_bulk(false, 2, 2, false, false);
+                    let base = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
+                    for &(stages, sk, hint, cluster) in &depths {
+                        b.set_w4_bulk(false, stages, sk, hint, cluster);
+                        let a = run(b, &w, &x, rows, n, k, Some(W4Kernel::GemvBulk));
+                        all += 1;
+                        if bits_equal(&a, &base) && a.iter().all(|v| v.is_finite()) {
+                            same += 1;
+                        } else {
+                            failures.push(format!(
+                                "{dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint} cluster {cluster}: bulk != w4_gemv"
+                            ));
+                        }
+                    }
+                    // The default choice with the switch on runs the bulk kernel: same bits.
+                    b.set_w4_bulk(true, 2, 2, false, false);
+                    let picked = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
+                    all += 1;
+                    if bits_equal(&picked, &base) {
+                        same += 1;
+                    } else {
+                        failures.push(format!(
+                            "{dtype} {label} {n}x{k} rows {rows}: picked != w4_gemv"
+                        ));
+                    }
+                }
+                b.set_w4_bulk(false, 2, 2, false, false);
+                println!(
+                    "RESULT w4a16 bulk-gemv {dtype} {label} N={n} K={k} rows=1..8 depths={depths:?} equal_to_w4_gemv={same}/{all} {}",
+                    if same == all { "ok" } else { "FAIL" }
+                );
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

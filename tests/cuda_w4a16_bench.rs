@@ -580,3 +580,131 @@ fn w4a16_gemv_pdl() {
     }
     b.set_pdl(true, true);
 }
+
+/// The bulk-copy GEMV (`kernels/w4a16_bulk.cu`, [`W4Kernel::GemvBulk`]) against `w4_gemv`
+/// ([`W4Kernel::Gemv`] with the bulk kernel off) in the same process: CT W4A16 sym g128, bf16,
+/// rotating over 4 distinct weights per shape (every launch from DRAM, the method of
+/// `w4a16_gemv_profile_launches`), 20 launches back to back, median of 7, µs and fraction of the
+/// copy bandwidth of the same run (bytes = packed words + scales). Shapes 17408×5120,
+/// 5120×17408, 10240×5120, 5120×6144 at 1 / 2 / 4 / 8 rows; PDL off, then on (trigger after
+/// the main loop, the default); the bulk kernel with the rings of `KILN_BULK_BENCH` (`SKxSTAGES`:
+/// k blocks per stage × stages per warp, `h` = with the L2 evict-first hint, `c` = the cluster
+/// form; default `1x4,2x2,2x3,4x2,2x2h,1x4c,2x2c,2x3c,4x2c`). Before the timings
+/// every variant's output is **checked bit for bit** against `w4_gemv` on each shape and row
+/// count (asserted). Run (GPU machine):
+/// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_bulk`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_bulk() {
+    let mut b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    if !b.set_w4_bulk(false, 2, 2, false, false) {
+        println!("RESULT bulk unavailable on this device (sm_90+ only): nothing to compare");
+        return;
+    }
+    let copy = copy_bandwidth();
+    println!("RESULT bulk copy_bandwidth_GBps={:.0}", copy / 1e9);
+    // (name, stages, k blocks per stage, hint, cluster) from "SKxSTAGES[h][c],...".
+    let variants: Vec<(String, usize, usize, bool, bool)> = std::env::var("KILN_BULK_BENCH")
+        .unwrap_or_else(|_| "1x4,2x2,2x3,4x2,2x2h,1x4c,2x2c,2x3c,4x2c".into())
+        .split(',')
+        .filter_map(|v| {
+            let v = v.trim();
+            let (body, cluster) = v.strip_suffix('c').map_or((v, false), |b| (b, true));
+            let (body, hint) = body.strip_suffix('h').map_or((body, false), |b| (b, true));
+            let (sk, st) = body.split_once('x')?;
+            Some((
+                format!("bulk{v}"),
+                st.parse().ok()?,
+                sk.parse().ok()?,
+                hint,
+                cluster,
+            ))
+        })
+        .collect();
+    let shapes = [
+        (17408usize, 5120usize),
+        (5120, 17408),
+        (10240, 5120),
+        (5120, 6144),
+    ];
+    let mut sets: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| {
+            let ws: Vec<_> = (0..4u64)
+                .map(|j| {
+                    let o = ct_g128(n, k, 500 + 10 * i as u64 + j);
+                    b.upload_linear("bulk", &LinearView::Packed(o.linear()))
+                        .expect("upload")
+                })
+                .collect();
+            let x = b.upload(&data(8 * k, 9 + i as u64)).expect("x");
+            let out = b.alloc(8 * n).expect("out");
+            (n, k, ws, x, out)
+        })
+        .collect();
+    // Bits first: every variant against w4_gemv.
+    let mut same = 0;
+    let mut all = 0;
+    for (n, k, ws, x, out) in sets.iter_mut() {
+        for rows in [1usize, 2, 4, 8] {
+            b.set_w4_bulk(false, 2, 2, false, false);
+            b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
+                .expect("gemv");
+            let base = down(&b, out, rows * *n);
+            for (name, stages, sk, hint, cluster) in &variants {
+                b.set_w4_bulk(false, *stages, *sk, *hint, *cluster);
+                b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::GemvBulk)
+                    .expect("bulk");
+                let got = down(&b, out, rows * *n);
+                all += 1;
+                if bits_equal(&got, &base) && got.iter().all(|v| v.is_finite()) {
+                    same += 1;
+                } else {
+                    println!("RESULT bulk bits N={n} K={k} rows={rows} {name} DIFFERS");
+                }
+            }
+        }
+    }
+    println!("RESULT bulk bits_equal_to_w4_gemv={same}/{all}");
+    for (pdl_name, pdl) in [("pdl_off", false), ("pdl_on", true)] {
+        b.set_pdl(pdl, true);
+        for (n, k, ws, x, out) in sets.iter_mut() {
+            let bytes = b.weight_bytes(&ws[0]) as f64;
+            let mut one_row = Vec::new();
+            for rows in [1usize, 2, 4, 8] {
+                let mut line = String::new();
+                let mut ts = Vec::new();
+                let runs = std::iter::once(("w4_gemv", W4Kernel::Gemv, 2, 2, false, false)).chain(
+                    variants.iter().map(|(nm, st, sk, h, c)| {
+                        (nm.as_str(), W4Kernel::GemvBulk, *st, *sk, *h, *c)
+                    }),
+                );
+                for (name, kernel, stages, sk, hint, cluster) in runs {
+                    b.set_w4_bulk(false, stages, sk, hint, cluster);
+                    let mut j = 0usize;
+                    let t = time(&b, || {
+                        j = (j + 1) % ws.len();
+                        b.matmul_w4_with(x, rows, &ws[j], out, kernel)
+                            .expect("gemv")
+                    });
+                    line += &format!(" {name}={:.2}us({:.3})", t * 1e6, bytes / t / copy);
+                    ts.push(t);
+                }
+                if rows == 1 {
+                    one_row = ts.clone();
+                } else {
+                    line += " ratio_to_1row:";
+                    for (t, t1) in ts.iter().zip(&one_row) {
+                        line += &format!(" {:.2}", t / t1);
+                    }
+                }
+                println!("RESULT bulk {pdl_name} N={n} K={k} rows={rows}{line}");
+            }
+        }
+    }
+    b.set_pdl(true, true);
+    b.set_w4_bulk(false, 2, 2, false, false);
+    assert_eq!(same, all, "a bulk variant's bits differ from w4_gemv");
+}

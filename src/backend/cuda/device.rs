@@ -51,6 +51,9 @@ pub enum CudaError {
     /// A cuBLAS call failed.
     #[error("cuBLAS: {0:?}")]
     Cublas(cudarc::cublas::result::CublasError),
+    /// An environment setting read when the backend is created has an invalid value.
+    #[error("{0}")]
+    Setting(String),
 }
 
 impl CudaError {

@@ -7,6 +7,17 @@
 /// Shared device helpers, prepended to every kernel source.
 pub const COMMON_HEADER: &str = include_str!("../../../kernels/common.cuh");
 
+/// The entry points of `kernels/w4a16_bulk.cu` for compute dtype suffix `t` (16-bit only): the
+/// block form `w4b_gemv_{t}` and the cluster form `w4b_gemvc_{t}`; the backend resolves exactly
+/// these (`w4a16_bulk.rs`), so the loaded list and the resolved one cannot drift apart.
+pub(crate) fn w4_bulk_names(t: &str) -> [String; 2] {
+    [format!("w4b_gemv_{t}"), format!("w4b_gemvc_{t}")]
+}
+
+/// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
+/// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).
+const W4A16_ENTRIES_MARK: &str = "#define W4_ARGS(T)";
+
 /// One `.cu` file of `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelModule {
@@ -44,6 +55,9 @@ pub enum KernelModule {
     W4a16Gemm,
     /// The sm_90a warpgroup-MMA GEMM on 4-bit weights (w4 tiles, the common layouts).
     W4a16Wgmma,
+    /// The sm_90+ 1–8-row GEMV on 4-bit weights fed by bulk copies (w4 tiles, the common
+    /// layouts); compiled after `w4a16.cu`'s helpers ([`KernelModule::full_source`]).
+    W4a16Bulk,
 
     /// Decode attention on tensor cores (mma m16n8k16, sm_80+, 16-bit compute) for long contexts.
     AttentionDecodeMma,
@@ -51,7 +65,7 @@ pub enum KernelModule {
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 18] = [
+    pub const ALL: [KernelModule; 19] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -69,6 +83,7 @@ impl KernelModule {
         KernelModule::W4a16Sm70,
         KernelModule::W4a16Gemm,
         KernelModule::W4a16Wgmma,
+        KernelModule::W4a16Bulk,
         KernelModule::AttentionDecodeMma,
     ];
 
@@ -92,6 +107,7 @@ impl KernelModule {
             KernelModule::W4a16Sm70 => "w4a16_sm70.cu",
             KernelModule::W4a16Gemm => "w4a16_gemm.cu",
             KernelModule::W4a16Wgmma => "w4a16_wgmma.cu",
+            KernelModule::W4a16Bulk => "w4a16_bulk.cu",
 
             KernelModule::AttentionDecodeMma => "attention_decode_mma.cu",
         }
@@ -119,6 +135,7 @@ impl KernelModule {
             KernelModule::W4a16Sm70 => include_str!("../../../kernels/w4a16_sm70.cu"),
             KernelModule::W4a16Gemm => include_str!("../../../kernels/w4a16_gemm.cu"),
             KernelModule::W4a16Wgmma => include_str!("../../../kernels/w4a16_wgmma.cu"),
+            KernelModule::W4a16Bulk => include_str!("../../../kernels/w4a16_bulk.cu"),
 
             KernelModule::AttentionDecodeMma => {
                 include_str!("../../../kernels/attention_decode_mma.cu")
@@ -126,8 +143,20 @@ impl KernelModule {
         }
     }
 
-    /// `common.cuh` followed by the module's source: what NVRTC compiles.
+    /// `common.cuh` followed by the module's source: what NVRTC compiles. `w4a16_bulk.cu` gets
+    /// `w4a16.cu` up to its entry points ([`W4A16_ENTRIES_MARK`]) in between: its layout,
+    /// decode and PDL helpers, the same code as the other GEMVs (templates only: nothing of it
+    /// is instantiated twice).
     pub fn full_source(self) -> String {
+        if self == KernelModule::W4a16Bulk {
+            let w4 = KernelModule::W4a16.source();
+            let helpers = w4.split(W4A16_ENTRIES_MARK).next().unwrap_or(w4);
+            return format!(
+                "{COMMON_HEADER}\n#line 1 \"w4a16.cu\"\n{helpers}\n#line 1 \"{}\"\n{}",
+                self.file_name(),
+                self.source()
+            );
+        }
         // `#pragma once` in common.cuh is harmless here; the #line resets error locations so
         // NVRTC logs point into the .cu file itself.
         format!(
@@ -149,6 +178,8 @@ impl KernelModule {
             // 224 KB of shared memory a block, thread-block clusters: sm_90 and newer
             // (w4g_gemm_ok picks the GPUs).
             KernelModule::W4a16Gemm | KernelModule::W4a16Wgmma => arch.major >= 9,
+            // cp.async.bulk and mbarrier transaction counts: sm_90 and newer.
+            KernelModule::W4a16Bulk => arch.major >= 9,
             _ => true,
         }
     }
@@ -411,6 +442,12 @@ impl KernelModule {
                         names.push(format!("w4g_ws_{t}"));
                     }
                 }
+                // The 16-bit dtypes (the host launches them on sm_90+ only).
+                KernelModule::W4a16Bulk => {
+                    if t != "f32" {
+                        names.extend(w4_bulk_names(t));
+                    }
+                }
                 KernelModule::GgufMm => {
                     for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {
@@ -525,5 +562,34 @@ mod tests {
             }
             assert!(m.full_source().starts_with(COMMON_HEADER));
         }
+    }
+
+    #[test]
+    fn the_bulk_gemv_gets_w4a16_helpers_without_its_entry_points() {
+        let w4 = KernelModule::W4a16.source();
+        assert_eq!(w4.matches(W4A16_ENTRIES_MARK).count(), 1);
+        let full = KernelModule::W4a16Bulk.full_source();
+        for helper in [
+            "struct W4Dec",
+            "w4_decode_any",
+            "w4_mma",
+            "w4_pdl_wait",
+            "w4_store",
+        ] {
+            assert!(full.contains(helper), "{helper}");
+        }
+        assert!(!full.contains("W4_TC_ENTRIES(bf16"));
+        assert!(full.ends_with(KernelModule::W4a16Bulk.source()));
+        // Both forms are loaded (the cluster one was missing once: the backend then found no
+        // bulk kernel at all) and both macro-built names exist in the source.
+        let names = KernelModule::W4a16Bulk.entry_points();
+        for t in ["f16", "bf16"] {
+            for n in w4_bulk_names(t) {
+                assert!(names.contains(&n), "{n}");
+            }
+        }
+        assert_eq!(names.len(), 4);
+        let src = KernelModule::W4a16Bulk.source();
+        assert!(src.contains("w4b_gemv_##SUF") && src.contains("w4b_gemvc_##SUF"));
     }
 }

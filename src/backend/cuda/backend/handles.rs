@@ -78,6 +78,10 @@ pub(crate) struct Kernels {
     /// `w4g_{gemm,tile,split}_{t}`: the sm_90 packed 4-bit GEMMs of `kernels/w4a16_gemm.cu`;
     /// `None` below sm_90 (the module is not built there) or when `t` is f32.
     pub w4g_gemm: Option<super::w4a16::WideKernels>,
+    /// `w4b_gemv_{t}`: the sm_90+ bulk-copy packed 4-bit GEMV of `kernels/w4a16_bulk.cu` and its
+    /// settings (`KILN_W4_BULK*`); `None` below sm_90 (the module is not built there) or when
+    /// `t` is f32.
+    pub w4_bulk: Option<super::w4a16::BulkGemv>,
     /// `w4_fma_{t}`: packed 4-bit matmul on CUDA cores (sm_70 / sm_75, f32).
     pub w4_fma: CudaFunction,
     /// `w4s70_{gemv,gemm}_f16`: the sm_70 / sm_75 tensor-core packed 4-bit matmuls; `None`
@@ -164,6 +168,12 @@ impl Kernels {
             // points are checked at load.
             w4g_gemm: if wide {
                 super::w4a16::WideKernels::resolve(all, t)
+            } else {
+                None
+            },
+            w4_bulk: if wide {
+                super::w4a16::BulkGemv::resolve(all, t)
+                    .map_err(|e| CudaError::Setting(e.to_string()))?
             } else {
                 None
             },

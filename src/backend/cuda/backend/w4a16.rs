@@ -11,6 +11,8 @@
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; on sm_70 / sm_75 with fp16 the mma m8n8k4 kernels of the child module
 //! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
+//! On sm_90+ the 1–8-row steps may run the child module `w4a16_bulk.rs` instead (`w4b_gemv`: the
+//! same arithmetic, its weights streamed by bulk copies into shared memory; `KILN_W4_BULK`).
 //! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
 //! Nothing here allocates per call, and every launch takes fixed pointers (graph-capturable).
 //!
@@ -40,6 +42,11 @@ pub(crate) use sm70::Sm70Kernels;
 #[path = "w4a16_gemm.rs"]
 mod wide;
 pub(crate) use wide::WideKernels;
+
+// The sm_90+ bulk-copy GEMV (`kernels/w4a16_bulk.cu`), a child module for the same reason.
+#[path = "w4a16_bulk.rs"]
+mod bulk;
+pub(crate) use bulk::BulkGemv;
 
 /// Rows the GEMV always covers; larger steps run [`W4Kernel::Gemm`], which picks by the row
 /// count and the weight (same numerics, so every switch is a speed choice only).
@@ -116,6 +123,10 @@ pub enum W4Kernel {
     /// picked for 1–[`GEMV_MAX_ROWS`], and by [`W4Kernel::Gemm`] to [`GEMV_MID_ROWS`] where the
     /// sm_90 GEMMs do not apply).
     Gemv,
+    /// The bulk-copy GEMV (`kernels/w4a16_bulk.cu`, sm_90+, 1–8 rows on the layouts of
+    /// `w4_gemv`; same bits) forced: an error where it does not apply. [`W4Kernel::Gemv`] runs
+    /// it for 1–8 rows where `KILN_W4_BULK` is on (`w4a16_bulk.rs`).
+    GemvBulk,
     /// Tensor-core GEMM (picked above [`GEMV_MAX_ROWS`] rows), the kernel by the step's shape: on
     /// sm_90 / sm_100 where they apply, the GEMMs of `w4a16_gemm.rs` (cluster split-K while the
     /// step has few 64 × 128 tiles, one-CTA 64 × 128 tiles to 2048 rows, 128 × 256 tiles above;
@@ -386,6 +397,17 @@ impl CudaBackend {
             | W4Kernel::GemmWs => W4Kernel::Gemm,
             other => other,
         };
+        if self.w4_bulk_runs(kernel, parts, w.k, rows) {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe { self.packed_gemv_bulk(w, parts, rows, xp, op, out_f32) };
+        }
+        if kernel == W4Kernel::GemvBulk {
+            return Err(BackendError::Unsupported(format!(
+                "the bulk packed GEMV runs 1–8 rows of the common layouts on sm_90+ with a \
+                 16-bit dtype ({}, {rows} rows)",
+                self.device_name
+            )));
+        }
         if let (Some(s70), W4Kernel::Gemv | W4Kernel::Gemm) = (&self.k.w4_sm70, kernel) {
             // SAFETY: the caller's guarantees, passed on unchanged.
             return unsafe {
@@ -420,6 +442,8 @@ impl CudaBackend {
             | W4Kernel::GemmWgmma
             | W4Kernel::GemmWs => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Fma => Some(&self.k.w4_fma),
+            // Launched above or refused there.
+            W4Kernel::GemvBulk => None,
         }
         .ok_or_else(|| {
             BackendError::Unsupported(format!(
@@ -428,7 +452,7 @@ impl CudaBackend {
             ))
         })?;
         let (block, grid) = match kernel {
-            W4Kernel::Gemv => (
+            W4Kernel::Gemv | W4Kernel::GemvBulk => (
                 32 * parts.k_slices,
                 (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
             ),
