@@ -27,7 +27,7 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
 
 use super::attention_plan::PrefillVariant;
 
@@ -839,6 +839,23 @@ impl CudaBackend {
         match self.kv {
             KvStorage::Same => self.dtype.size(),
             KvStorage::E5M2 | KvStorage::E4M3 => 1,
+        }
+    }
+
+    /// The variant of a kernel for a buffer of dtype `got` (named `what` in the error): `same` for
+    /// the compute dtype, `f32` (the f32-side variant, where the backend has one) for f32, else
+    /// `Err(InvalidArgument)`.
+    fn for_dtype<'k>(
+        &self,
+        what: &str,
+        got: ComputeDType,
+        same: &'k CudaFunction,
+        f32: Option<&'k CudaFunction>,
+    ) -> Result<&'k CudaFunction, BackendError> {
+        match (got, f32) {
+            (d, _) if d == self.dtype => Ok(same),
+            (ComputeDType::F32, Some(f)) => Ok(f),
+            (d, _) => Err(mixed(what, d, self.dtype)),
         }
     }
 

@@ -315,11 +315,12 @@ impl CudaBackend {
         out_dtype: ComputeDType,
     ) -> Result<(), BackendError> {
         let fk = self.k.gguf.of(parts.format);
-        let f = match (out_dtype, &fk.gather_to_f32) {
-            (d, _) if d == self.dtype => &fk.gather,
-            (ComputeDType::F32, Some(f)) => f,
-            (d, _) => return Err(mixed("embedding output", d, self.dtype)),
-        };
+        let f = self.for_dtype(
+            "embedding output",
+            out_dtype,
+            &fk.gather,
+            fk.gather_to_f32.as_ref(),
+        )?;
         if n == 0 {
             return Ok(());
         }

@@ -13,7 +13,7 @@
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 
 use super::launch::KernelArgs;
-use super::{check_len, mixed, ComputeDType, CudaBackend, CudaBuffer};
+use super::{check_len, CudaBackend, CudaBuffer};
 use crate::backend::BackendError;
 
 impl CudaBackend {
@@ -40,11 +40,12 @@ impl CudaBackend {
         let g = &self.k.gdn;
         match residual {
             None => {
-                let kernel = match (x.dtype, &g.rms_norm_1p_xf32) {
-                    (d, _) if d == self.dtype => &g.rms_norm_1p,
-                    (ComputeDType::F32, Some(f)) => f,
-                    (d, _) => return Err(mixed("rms_norm_1p input", d, self.dtype)),
-                };
+                let kernel = self.for_dtype(
+                    "rms_norm_1p input",
+                    x.dtype,
+                    &g.rms_norm_1p,
+                    g.rms_norm_1p_xf32.as_ref(),
+                )?;
                 self.launch_norm_1p(
                     kernel,
                     &x.data,
@@ -59,11 +60,12 @@ impl CudaBackend {
             Some(r) => {
                 check_len("add_rms_norm_1p residual", r.len, rows * dim)?;
                 self.expect_compute("add_rms_norm_1p delta", x)?;
-                let kernel = match (r.dtype, &g.rms_norm_1p_rf32) {
-                    (d, _) if d == self.dtype => &g.rms_norm_1p,
-                    (ComputeDType::F32, Some(f)) => f,
-                    (d, _) => return Err(mixed("add_rms_norm_1p residual", d, self.dtype)),
-                };
+                let kernel = self.for_dtype(
+                    "add_rms_norm_1p residual",
+                    r.dtype,
+                    &g.rms_norm_1p,
+                    g.rms_norm_1p_rf32.as_ref(),
+                )?;
                 self.launch_norm_1p(
                     kernel,
                     &x.data,

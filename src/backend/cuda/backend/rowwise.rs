@@ -6,9 +6,7 @@
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 
-use super::{
-    check_len, dev_err, launch, mixed, ComputeDType, CudaBackend, CudaBuffer, CudaStep, CudaWeight,
-};
+use super::{check_len, dev_err, launch, CudaBackend, CudaBuffer, CudaStep, CudaWeight};
 use crate::backend::BackendError;
 
 pub(super) fn embedding(
@@ -42,11 +40,12 @@ pub(super) fn embedding(
             )
         };
     }
-    let f = match (out.dtype, &be.k.embedding_to_f32) {
-        (d, _) if d == be.dtype => &be.k.embedding,
-        (ComputeDType::F32, Some(f)) => f,
-        (d, _) => return Err(mixed("embedding output", d, be.dtype)),
-    };
+    let f = be.for_dtype(
+        "embedding output",
+        out.dtype,
+        &be.k.embedding,
+        be.k.embedding_to_f32.as_ref(),
+    )?;
     let ids = step.token_ids();
     // SAFETY: token ids were range-checked by ForwardBatch::step_input against the vocabulary
     // (the table's rows); `out` holds num_tokens rows of k (checked above).
@@ -97,11 +96,12 @@ pub(super) fn rms_norm(
     check_len("rms_norm output", out.len, rows * dim)?;
     check_len("rms_norm weight", weight.len, dim)?;
     be.expect_compute("rms_norm output", out)?;
-    let kernel = match (x.dtype, &be.k.rms_norm_xf32) {
-        (d, _) if d == be.dtype => &be.k.rms_norm,
-        (ComputeDType::F32, Some(f)) => f,
-        (d, _) => return Err(mixed("rms_norm input", d, be.dtype)),
-    };
+    let kernel = be.for_dtype(
+        "rms_norm input",
+        x.dtype,
+        &be.k.rms_norm,
+        be.k.rms_norm_xf32.as_ref(),
+    )?;
     be.launch_rms_norm(
         kernel,
         &x.data,
@@ -130,11 +130,12 @@ pub(super) fn add_rms_norm(
     check_len("add_rms_norm output", out.len, rows * dim)?;
     be.expect_compute("add_rms_norm delta", delta)?;
     be.expect_compute("add_rms_norm output", out)?;
-    let kernel = match (residual.dtype, &be.k.rms_norm_rf32) {
-        (d, _) if d == be.dtype => &be.k.rms_norm,
-        (ComputeDType::F32, Some(f)) => f,
-        (d, _) => return Err(mixed("add_rms_norm residual", d, be.dtype)),
-    };
+    let kernel = be.for_dtype(
+        "add_rms_norm residual",
+        residual.dtype,
+        &be.k.rms_norm,
+        be.k.rms_norm_rf32.as_ref(),
+    )?;
     be.launch_rms_norm(
         kernel,
         &delta.data,
