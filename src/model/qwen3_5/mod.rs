@@ -1,6 +1,7 @@
 //! The Qwen3.5 hybrid decoder (`qwen3_5`, `qwen3_5_text`; Qwen3.6 / 3.8 use the same code):
 //! Gated DeltaNet (linear attention, a recurrent state per sequence) and gated full-attention
-//! layers, generic over a [`HybridBackend`], as one [`ModelRunner`](crate::model::step::ModelRunner).
+//! layers, generic over a [`HybridBackend`], as one
+//! [`ModelRunner`](crate::model::step::ModelRunner).
 //!
 //! Per layer (transformers `Qwen3_5DecoderLayer`; shared/docs/qwen3_5.md §3):
 //! ```text
