@@ -9,7 +9,7 @@ use kiln::backend::Backend;
 use kiln::engine::{Device, EngineConfig};
 use kiln::model::files::ModelFiles;
 use kiln::model::runner::build_runner_for;
-use kiln::model::step::{ForwardOutput, LogitsFor, ModelRunner};
+use kiln::model::step::{Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
 use kiln::sampling::SamplingRow;
 use kiln::tools::probe::{probe, Positions, ProbeOutput};
 
@@ -368,4 +368,59 @@ pub fn model_matches(dtype: &str, worst: f32, worst_cos: f64, agree: usize) -> b
         "f32" => worst <= MODEL_F32_MAX_ABS && agree == 16,
         _ => worst_cos >= MODEL_HALF_MIN_COS,
     }
+}
+
+/// The sampled ids of `n` sequences over the prefill `first` and `steps` decode steps on `r`:
+/// `next(k, ids)` builds decode step k (1..=steps) from the previous step's ids (it keeps the
+/// sequences' lengths). Each step's forward before the next (`pipelined` false), or each step
+/// submitted ahead with placeholder ids that the device replaces by the previous step's samples
+/// (`Feed` row i into token i; `pipelined` true). `[sequence][step]`.
+pub fn step_tokens(
+    r: &mut dyn ModelRunner,
+    first: ForwardBatch,
+    n: usize,
+    steps: usize,
+    pipelined: bool,
+    mut next: impl FnMut(usize, &[u32]) -> ForwardBatch,
+) -> Vec<Vec<u32>> {
+    let ids = |o: &ForwardOutput| -> Vec<u32> {
+        o.samples
+            .iter()
+            .map(|s| s.as_ref().expect("sampled").token_id)
+            .collect()
+    };
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
+    if !pipelined {
+        let mut batch = first;
+        for k in 0..=steps {
+            eprintln!("PROGRESS sync n={n} step {k}");
+            let got = ids(&r.forward(&batch).expect("forward"));
+            for (i, &t) in got.iter().enumerate() {
+                out[i].push(t);
+            }
+            if k < steps {
+                batch = next(k + 1, &got);
+            }
+        }
+        return out;
+    }
+    let feeds: Vec<Feed> = (0..n).map(|i| Feed { token: i, row: i }).collect();
+    let mut in_flight = r.submit(&first, &[]).expect("submit");
+    for k in 0..=steps {
+        eprintln!("PROGRESS pipelined n={n} step {k}");
+        // Placeholder ids: the device writes the sampled ones before the step reads them.
+        let ahead = (k < steps).then(|| {
+            let b = next(k + 1, &vec![0; n]);
+            r.submit(&b, &feeds).expect("submit ahead")
+        });
+        let got = ids(&r.collect(in_flight).expect("collect"));
+        for (i, &t) in got.iter().enumerate() {
+            out[i].push(t);
+        }
+        match ahead {
+            Some(s) => in_flight = s,
+            None => break,
+        }
+    }
+    out
 }
