@@ -101,8 +101,57 @@ impl CpuBackend {
     }
 }
 
-/// `Err(InvalidArgument)` unless `len >= need`.
-fn check_len(what: &str, len: usize, need: usize) -> Result<(), BackendError> {
+impl CpuBackend {
+    /// A row norm `op(x, weight, out)` over the first `rows × dim` elements of `x` and `out`,
+    /// on the backend's threads, after the length checks (errors name `name`: its input, output
+    /// and weight). The body of [`Backend::rms_norm`] and `rms_norm_1p`.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rows(
+        &self,
+        name: &str,
+        x: &[f32],
+        weight: &[f32],
+        out: &mut [f32],
+        rows: usize,
+        dim: usize,
+        op: impl Fn(&[f32], &[f32], &mut [f32]) + Send + Sync,
+    ) -> Result<(), BackendError> {
+        let n = rows * dim;
+        check_len(format_args!("{name} input"), x.len(), n)?;
+        check_len(format_args!("{name} output"), out.len(), n)?;
+        check_len(format_args!("{name} weight"), weight.len(), dim)?;
+        self.pool.install(|| op(&x[..n], weight, &mut out[..n]));
+        Ok(())
+    }
+
+    /// A residual add fused with the next row norm, `op(residual, delta, weight, out)` over the
+    /// first `rows × dim` elements, on the backend's threads, after the length checks (errors name
+    /// `name`). The body of [`Backend::add_rms_norm`] and `add_rms_norm_1p`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_norm_rows(
+        &self,
+        name: &str,
+        residual: &mut [f32],
+        delta: &[f32],
+        weight: &[f32],
+        out: &mut [f32],
+        rows: usize,
+        dim: usize,
+        op: impl Fn(&mut [f32], &[f32], &[f32], &mut [f32]) + Send + Sync,
+    ) -> Result<(), BackendError> {
+        let n = rows * dim;
+        check_len(format_args!("{name} residual"), residual.len(), n)?;
+        check_len(format_args!("{name} delta"), delta.len(), n)?;
+        check_len(format_args!("{name} output"), out.len(), n)?;
+        check_len(format_args!("{name} weight"), weight.len(), dim)?;
+        self.pool
+            .install(|| op(&mut residual[..n], &delta[..n], weight, &mut out[..n]));
+        Ok(())
+    }
+}
+
+/// `Err(InvalidArgument)` unless `len >= need` (`what` names the buffer; formatted only then).
+fn check_len(what: impl std::fmt::Display, len: usize, need: usize) -> Result<(), BackendError> {
     if len < need {
         return Err(BackendError::InvalidArgument(format!(
             "{what}: {len} elements, need {need}"
@@ -312,12 +361,9 @@ impl Backend for CpuBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        check_len("rms_norm input", x.len(), rows * dim)?;
-        check_len("rms_norm output", out.len(), rows * dim)?;
-        check_len("rms_norm weight", weight.len(), dim)?;
-        self.pool
-            .install(|| ops::rms_norm(&x[..rows * dim], weight, &mut out[..rows * dim], dim, eps));
-        Ok(())
+        self.norm_rows("rms_norm", x, weight, out, rows, dim, |x, w, o| {
+            ops::rms_norm(x, w, o, dim, eps)
+        })
     }
 
     fn add_rms_norm(
@@ -330,22 +376,16 @@ impl Backend for CpuBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        let n = rows * dim;
-        check_len("add_rms_norm residual", residual.len(), n)?;
-        check_len("add_rms_norm delta", delta.len(), n)?;
-        check_len("add_rms_norm output", out.len(), n)?;
-        check_len("add_rms_norm weight", weight.len(), dim)?;
-        self.pool.install(|| {
-            ops::add_rms_norm(
-                &mut residual[..n],
-                &delta[..n],
-                weight,
-                &mut out[..n],
-                dim,
-                eps,
-            )
-        });
-        Ok(())
+        self.add_norm_rows(
+            "add_rms_norm",
+            residual,
+            delta,
+            weight,
+            out,
+            rows,
+            dim,
+            |r, d, w, o| ops::add_rms_norm(r, d, w, o, dim, eps),
+        )
     }
 
     fn matmul(
