@@ -493,19 +493,11 @@ impl Backend for CpuBackend {
     }
 
     fn logits(&self, x: &Vec<f32>, rows: usize, w: &CpuWeight) -> Result<CpuLogits, BackendError> {
-        let mut data = self.alloc(rows * w.shape[0])?;
-        self.matmul(x, rows, w, &mut data)?;
-        Ok(CpuLogits {
-            data,
-            vocab: w.shape[0],
-        })
+        sample::logits(self, x, rows, w)
     }
 
     fn alloc_logits(&self, rows: usize, vocab: usize) -> Result<CpuLogits, BackendError> {
-        Ok(CpuLogits {
-            data: self.alloc(rows * vocab)?,
-            vocab,
-        })
+        sample::alloc_logits(self, rows, vocab)
     }
 
     fn logits_into(
@@ -515,12 +507,7 @@ impl Backend for CpuBackend {
         w: &CpuWeight,
         out: &mut CpuLogits,
     ) -> Result<(), BackendError> {
-        let n = rows * w.shape[0];
-        check_len("logits output", out.data.capacity(), n)?;
-        // Within the capacity: no allocation. The rows are exactly `rows` afterwards.
-        out.data.resize(n, 0.0);
-        out.vocab = w.shape[0];
-        self.matmul(x, rows, w, &mut out.data)
+        sample::logits_into(self, x, rows, w, out)
     }
 
     fn qkv_rope_write(

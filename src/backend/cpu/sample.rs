@@ -1,14 +1,14 @@
-//! The CPU backend's logits-side ops: raw logits rows to the host, sampling each row on the
-//! backend's threads (exactly [`crate::sampling::sample_row`]), and feeding sampled ids into the
-//! next step's tokens. The [`Backend`](crate::backend::Backend) methods of the same names forward
-//! here.
+//! The CPU backend's logits-side ops: the lm_head product into f32 logits rows (a matmul), raw
+//! logits rows to the host, sampling each row on the backend's threads (exactly
+//! [`crate::sampling::sample_row`]), and feeding sampled ids into the next step's tokens. The
+//! [`Backend`] methods of the same names forward here.
 
 // The CPU backend's buffers are `Vec<f32>` (`Backend::Buffer`): these take what the trait
 // methods take and hand them on.
 #![allow(clippy::ptr_arg)]
 
-use super::{CpuBackend, CpuLogits};
-use crate::backend::{BackendError, StepInput};
+use super::{check_len, CpuBackend, CpuLogits, CpuWeight};
+use crate::backend::{Backend, BackendError, StepInput};
 use crate::sampling::{sample_row, SampleError, Sampled, SamplingRow};
 
 pub(super) fn download_logits(
@@ -72,4 +72,44 @@ pub(super) fn sample(
             .map(|&(r, desc)| sample_row(&logits.data[r * vocab..(r + 1) * vocab], desc))
             .collect()
     }))
+}
+
+pub(super) fn logits(
+    be: &CpuBackend,
+    x: &Vec<f32>,
+    rows: usize,
+    w: &CpuWeight,
+) -> Result<CpuLogits, BackendError> {
+    let mut data = be.alloc(rows * w.shape[0])?;
+    be.matmul(x, rows, w, &mut data)?;
+    Ok(CpuLogits {
+        data,
+        vocab: w.shape[0],
+    })
+}
+
+pub(super) fn alloc_logits(
+    be: &CpuBackend,
+    rows: usize,
+    vocab: usize,
+) -> Result<CpuLogits, BackendError> {
+    Ok(CpuLogits {
+        data: be.alloc(rows * vocab)?,
+        vocab,
+    })
+}
+
+pub(super) fn logits_into(
+    be: &CpuBackend,
+    x: &Vec<f32>,
+    rows: usize,
+    w: &CpuWeight,
+    out: &mut CpuLogits,
+) -> Result<(), BackendError> {
+    let n = rows * w.shape[0];
+    check_len("logits output", out.data.capacity(), n)?;
+    // Within the capacity: no allocation. The rows are exactly `rows` afterwards.
+    out.data.resize(n, 0.0);
+    out.vocab = w.shape[0];
+    be.matmul(x, rows, w, &mut out.data)
 }
