@@ -15,7 +15,7 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 2] {
 }
 
 /// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
-/// `w4a16_bulk.cu`, `w4a16_gemm.cu` and `w4a16_wgmma.cu` too ([`KernelModule::full_source`]).
+/// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).
 const W4A16_ENTRIES_MARK: &str = "#define W4_ARGS(T)";
 
 /// One `.cu` file of `kernels/`.
@@ -145,12 +145,13 @@ impl KernelModule {
         }
     }
 
-    /// `common.cuh` followed by the module's source: what NVRTC compiles. The modules that build
-    /// on the w4 tile layout (`w4a16_bulk.cu`, `w4a16_gemm.cu`, `w4a16_wgmma.cu`) get
+    /// `common.cuh` followed by the module's source: what NVRTC compiles. `w4a16_bulk.cu` gets
     /// `w4a16.cu` up to its entry points ([`W4A16_ENTRIES_MARK`]) in between: its layout,
-    /// decode, mma, cp.async and PDL helpers, one copy of the code every w4 kernel runs
-    /// (templates only: nothing of it is instantiated twice).
+    /// decode and PDL helpers, the same code as the other GEMVs (templates only: nothing of it
+    /// is instantiated twice).
     pub fn full_source(self) -> String {
+        // So do the sm_90 GEMMs (`w4a16_gemm.cu`, `w4a16_wgmma.cu`): their decode, mma, swizzle
+        // and cp.async helpers are w4a16.cu's, one copy for every w4 kernel.
         if matches!(
             self,
             KernelModule::W4a16Bulk | KernelModule::W4a16Gemm | KernelModule::W4a16Wgmma
@@ -571,26 +572,6 @@ mod tests {
     }
 
     #[test]
-    fn the_w4_gemms_get_w4a16_helpers_without_its_entry_points() {
-        for m in [KernelModule::W4a16Gemm, KernelModule::W4a16Wgmma] {
-            let full = m.full_source();
-            for helper in [
-                "struct W4Dec",
-                "w4_decode2",
-                "w4_mma",
-                "w4_word",
-                "#define W4_KB",
-            ] {
-                assert!(full.contains(helper), "{}: {helper}", m.file_name());
-            }
-            assert!(!full.contains("W4_TC_ENTRIES(bf16"), "{}", m.file_name());
-            assert!(full.ends_with(m.source()), "{}", m.file_name());
-            // One copy: the module itself defines none of them again.
-            assert!(!m.source().contains("struct W4Dec"), "{}", m.file_name());
-        }
-    }
-
-    #[test]
     fn the_bulk_gemv_gets_w4a16_helpers_without_its_entry_points() {
         let w4 = KernelModule::W4a16.source();
         assert_eq!(w4.matches(W4A16_ENTRIES_MARK).count(), 1);
@@ -617,5 +598,25 @@ mod tests {
         assert_eq!(names.len(), 4);
         let src = KernelModule::W4a16Bulk.source();
         assert!(src.contains("w4b_gemv_##SUF") && src.contains("w4b_gemvc_##SUF"));
+    }
+
+    #[test]
+    fn the_w4_gemms_get_w4a16_helpers_without_its_entry_points() {
+        for m in [KernelModule::W4a16Gemm, KernelModule::W4a16Wgmma] {
+            let full = m.full_source();
+            for helper in [
+                "struct W4Dec",
+                "w4_decode2",
+                "w4_mma",
+                "w4_word",
+                "#define W4_KB",
+            ] {
+                assert!(full.contains(helper), "{}: {helper}", m.file_name());
+            }
+            assert!(!full.contains("W4_TC_ENTRIES(bf16"), "{}", m.file_name());
+            assert!(full.ends_with(m.source()), "{}", m.file_name());
+            // One copy: the module itself defines none of them again.
+            assert!(!m.source().contains("struct W4Dec"), "{}", m.file_name());
+        }
     }
 }
