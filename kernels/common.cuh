@@ -131,3 +131,33 @@ __device__ __forceinline__ float block_sum(float v) {
 
 // Instantiate `NAME_<suffix>` entry points for the three compute/storage types.
 #define KILN_FOR_FLOAT_TYPES(M) M(f32, float) M(f16, __half) M(bf16, bf16_t)
+
+// D += A * B for one m16n8k16 tensor-core tile with f32 accumulators (the fragments as the PTX
+// ISA lays them out: a[4] the 16 x 16 A tile, b0 / b1 the 16 x 8 B tile, d[4] the 16 x 8 D tile),
+// T = __half or bf16_t. sm_80+: the host launches tensor-core kernels there only (traps below).
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float* d, const unsigned* a, unsigned b0, unsigned b1);
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__half>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+template <>
+__device__ __forceinline__ void mma_m16n8k16<bf16_t>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}

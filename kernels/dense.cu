@@ -134,36 +134,16 @@ DENSE(bf16, bf16_t)
 // (d2, d3) of the same intermediate column and rows: the epilogue rounds both to T and writes
 // T(silu(g) * u) into out [m, n / 2], exactly what the unfused matmul + swiglu_* computes.
 
+// One m16n8k16 (common.cuh `mma_m16n8k16`) on chunk c of the k block: A from the 128-bit words
+// a_lo (rows g) and a_hi (rows g + 8), B from b; chunk 0 the .x / .y words, chunk 1 .z / .w.
 template <typename T>
-__device__ __forceinline__ void dmma(float* d, uint4 a_lo, uint4 a_hi, uint4 b, int c);
-template <>
-__device__ __forceinline__ void dmma<__half>(float* d, uint4 a_lo, uint4 a_hi, uint4 b, int c) {
+__device__ __forceinline__ void dmma(float* d, uint4 a_lo, uint4 a_hi, uint4 b, int c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned a0 = c ? a_lo.z : a_lo.x, a1 = c ? a_hi.z : a_hi.x;
-    const unsigned a2 = c ? a_lo.w : a_lo.y, a3 = c ? a_hi.w : a_hi.y;
-    const unsigned b0 = c ? b.z : b.x, b1 = c ? b.w : b.y;
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    const unsigned a[4] = {c ? a_lo.z : a_lo.x, c ? a_hi.z : a_hi.x, c ? a_lo.w : a_lo.y,
+                           c ? a_hi.w : a_hi.y};
+    mma_m16n8k16<T>(d, a, c ? b.z : b.x, c ? b.w : b.y);
 #else
     __trap();  // the host launches the tensor-core kernels on sm_80+ only
-#endif
-}
-template <>
-__device__ __forceinline__ void dmma<bf16_t>(float* d, uint4 a_lo, uint4 a_hi, uint4 b, int c) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned a0 = c ? a_lo.z : a_lo.x, a1 = c ? a_hi.z : a_hi.x;
-    const unsigned a2 = c ? a_lo.w : a_lo.y, a3 = c ? a_hi.w : a_hi.y;
-    const unsigned b0 = c ? b.z : b.x, b1 = c ? b.w : b.y;
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    __trap();
 #endif
 }
 

@@ -49,29 +49,6 @@ template <> struct GcPack<bf16_t> {
     }
 };
 
-template <typename T>
-__device__ __forceinline__ void gc_mma(float* d, const unsigned* a, unsigned b0, unsigned b1);
-template <>
-__device__ __forceinline__ void gc_mma<__half>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-template <>
-__device__ __forceinline__ void gc_mma<bf16_t>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
 __device__ __forceinline__ unsigned gc_ld32(const void* p) { return *reinterpret_cast<const unsigned*>(p); }
 
 // c += A B^T-stored for one tile from 16-bit shared rows where k is contiguous on both sides:
@@ -91,7 +68,7 @@ __device__ __forceinline__ void gc_tile_nt(float* c, const T* a, int lda, const 
     ra[2] = gc_ld32(a0 + 8);
     ra[3] = gc_ld32(a1 + 8);
     const T* b0 = b + grp * ldb + 2 * t;
-    gc_mma<T>(c, ra, gc_ld32(b0), gc_ld32(b0 + 8));
+    mma_m16n8k16<T>(c, ra, gc_ld32(b0), gc_ld32(b0 + 8));
 #else
 #pragma unroll 4
     for (int k = 0; k < 16; k++) {

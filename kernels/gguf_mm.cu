@@ -59,34 +59,6 @@ template <> struct GgPack<bf16_t> {
     }
 };
 
-// D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
-template <typename T>
-__device__ __forceinline__ void gg_mma(float* d, const unsigned* a, unsigned b0, unsigned b1);
-template <>
-__device__ __forceinline__ void gg_mma<__half>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();  // the host launches the tensor-core kernels on sm_80+ only
-#endif
-}
-template <>
-__device__ __forceinline__ void gg_mma<bf16_t>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();
-#endif
-}
-
 // x[row, col] and x[row, col + 1] (16-bit each) as one word; 0 outside the m x k input (k is a
 // multiple of 32, col even: the word is aligned).
 __device__ __forceinline__ unsigned gg_pair(const unsigned short* __restrict__ x, int row, int m,
@@ -282,7 +254,7 @@ __device__ __forceinline__ void gg_gemv(const T* x, int m, int k, const uint4* _
             for (int j = 0; j < GG_GEMV_NT; ++j) {
                 unsigned b0, b1;
                 gg_frag<F, T>(w[j], c, pc[j], b0, b1);
-                gg_mma<T>(acc[j], a, b0, b1);
+                mma_m16n8k16<T>(acc[j], a, b0, b1);
             }
         }
     }
@@ -356,7 +328,7 @@ __device__ __forceinline__ void gg_gemm(const T* x, int m, int k, const uint4* _
                     a[2] = gg_pair(xs, row, m, col + 8, k);
                     a[3] = gg_pair(xs, row + 8, m, col + 8, k);
 #pragma unroll
-                    for (int j = 0; j < GG_GEMM_NT; ++j) gg_mma<T>(acc[i][j], a, b[j][0], b[j][1]);
+                    for (int j = 0; j < GG_GEMM_NT; ++j) mma_m16n8k16<T>(acc[i][j], a, b[j][0], b[j][1]);
                 }
             }
         }

@@ -12,9 +12,9 @@
 // host's `ks` slices, slice s accumulated from zero in f32 and the total ((0 + P_0) + P_1) + ...
 // in f32. So these kernels give the same bits as `w4_gemv*` / `w4_gemm` of w4a16.cu for every
 // row (tests/cuda_w4a16.rs checks GEMV = GEMM bit for bit), and which of them runs a step does
-// not change a row's result. The decode helpers below are copies of w4a16.cu's `W4Dec`,
-// `w4_and_or`, `w4_decode2`, `w4_mma`, `w4_a_unit` (renamed w4g_*; keep them in step with the
-// originals).
+// not change a row's result. The registry compiles this file after w4a16.cu's helpers
+// (`KernelModule::full_source`), so the decode, mma, swizzle and cp.async helpers (`W4Dec`,
+// `w4_decode2`, `w4_mma`, `w4_a_unit`, `w4_cp16`, ...) and `W4_KB` are w4a16.cu's own: one copy.
 //
 // Scope (the host checks it: src/backend/cuda/backend/w4a16_gemm.rs): 16-bit compute dtype on
 // sm_90 / sm_100 (the wide block needs 224 KB of shared memory, the split kernel clusters),
@@ -31,110 +31,12 @@
 // Two cp.async stages of one 128-column k block: x 128 rows x 256 B (16-byte units swizzled as
 // w4a16.cu's GEMM does) and the CTA's 32 n8 weight tiles (32 x 512 B).
 
-#define W4G_KB 128                                        // k per k block
 #define W4G_X_BYTES (128 * 256)                           // x rows of one stage
 #define W4G_W_BYTES (32 * 512)                            // weight tiles of one stage
 #define W4G_STAGE_BYTES (W4G_X_BYTES + W4G_W_BYTES)       // 48 KB
 #define W4G_STAGES 2
 #define W4G_TOTAL_BYTES (128 * 256 * 4)                   // f32 running totals, 128 KB
 #define W4G_SMEM_BYTES (W4G_STAGES * W4G_STAGE_BYTES + W4G_TOTAL_BYTES)  // 224 KB
-
-// D += A * B for one m16n8k16 tile (copy of w4a16.cu `w4_mma`).
-template <typename T>
-__device__ __forceinline__ void w4g_mma(float* d, const unsigned* a, unsigned b0, unsigned b1);
-template <>
-__device__ __forceinline__ void w4g_mma<__half>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();  // the host launches this kernel on sm_90+ only
-#endif
-}
-template <>
-__device__ __forceinline__ void w4g_mma<bf16_t>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();
-#endif
-}
-
-// The exact decode (copy of w4a16.cu `W4Dec`): nibble u OR-ed into MAGIC's mantissa is MAGIC + u,
-// minus (MAGIC + z) the exact u - z, times the scale one rounding.
-template <typename T> struct W4gDec;
-template <> struct W4gDec<__half> {
-    static constexpr unsigned MAGIC = 0x64006400u;
-    static __device__ __forceinline__ unsigned bias(int z) { return (0x6400u + (unsigned)z) * 0x10001u; }
-    static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
-        const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&q),
-                                  *reinterpret_cast<const __half2*>(&zb));
-        const __half2 w = __hmul2(d, *reinterpret_cast<const __half2*>(&s2));
-        return *reinterpret_cast<const unsigned*>(&w);
-    }
-};
-template <> struct W4gDec<bf16_t> {
-    static constexpr unsigned MAGIC = 0x43004300u;
-    static __device__ __forceinline__ unsigned bias(int z) { return (0x4300u + (unsigned)z) * 0x10001u; }
-    static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        unsigned d, w;
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(q), "r"(0x3f803f80u), "r"(zb ^ 0x80008000u));
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(w) : "r"(d), "r"(s2), "r"(0x80008000u));
-        return w;
-#else
-        __trap();
-        return 0u;
-#endif
-    }
-};
-
-// (a & b) | c in one LOP3 (copy of w4a16.cu `w4_and_or`).
-__device__ __forceinline__ unsigned w4g_and_or(unsigned a, unsigned b, unsigned c) {
-    unsigned r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-    return r;
-}
-
-// The A-fragment halves of chunks 2q (b[0], b[1]) and 2q + 1 (b[2], b[3]) from word q (copy of
-// w4a16.cu `w4_decode2`).
-template <typename T>
-__device__ __forceinline__ void w4g_decode2(unsigned w, unsigned s2, unsigned zb, unsigned* b) {
-    const unsigned M = 0x000f000fu, X = W4gDec<T>::MAGIC;
-    b[0] = W4gDec<T>::apply(w4g_and_or(w, M, X), zb, s2);
-    b[1] = W4gDec<T>::apply(w4g_and_or(w >> 4, M, X), zb, s2);
-    b[2] = W4gDec<T>::apply(w4g_and_or(w >> 8, M, X), zb, s2);
-    b[3] = W4gDec<T>::apply(w4g_and_or(w >> 12, M, X), zb, s2);
-}
-
-// The swizzled 16-byte unit of x unit u (columns 8u..8u+7 of the k block) in a 256-byte smem row
-// (copy of w4a16.cu `w4_a_unit`: conflict-free 128-bit reads of 8 rows x 4 lanes).
-__device__ __forceinline__ int w4g_unit(int u, int row) { return u ^ ((u >> 3) << 1) ^ (row & 1); }
-
-__device__ __forceinline__ void w4g_cp16(unsigned dst, const void* src, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-#else
-    __trap();
-#endif
-}
-__device__ __forceinline__ void w4g_cp_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-__device__ __forceinline__ void w4g_cp_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group 0;\n" ::);
-#endif
-}
 
 // Stage k block kb of the CTA (rows r0 .. r0 + 127, n8 tiles ntc .. ntc + 31) into `st`: x by
 // cp.async with zero fill past row m (k % 128 == 0: every column exists), the tiles that exist.
@@ -145,18 +47,18 @@ __device__ __forceinline__ void w4g_stage(unsigned char* st, const unsigned shor
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int id = tid + 256 * i, row = id >> 4, u = id & 15;
-        unsigned char* dst = st + row * 256 + w4g_unit(u, row) * 16;
+        unsigned char* dst = st + row * 256 + w4_a_unit(u, row) * 16;
         const int r = r0 + row;
         const bool in = r < m;
-        const unsigned short* src = in ? xs + (size_t)r * k + kb * W4G_KB + 8 * u : xs;
-        w4g_cp16((unsigned)__cvta_generic_to_shared(dst), src, in ? 16 : 0);
+        const unsigned short* src = in ? xs + (size_t)r * k + kb * W4_KB + 8 * u : xs;
+        w4_cp16((unsigned)__cvta_generic_to_shared(dst), src, in ? 16 : 0);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int id = tid + 256 * i, tile = id >> 5, l = id & 31;
         if (ntc + tile < tiles) {
             unsigned char* dst = st + W4G_X_BYTES + tile * 512 + l * 16;
-            w4g_cp16((unsigned)__cvta_generic_to_shared(dst),
+            w4_cp16((unsigned)__cvta_generic_to_shared(dst),
                      qw + ((size_t)(ntc + tile) * kblocks + kb) * 32 + l, 16);
         }
     }
@@ -206,14 +108,14 @@ __device__ __forceinline__ void w4g_gemm(const T* x, int m, int k, const uint4* 
     };
     if (active) load_sz(0);
     w4g_stage(w4g_smem, xs, m, k, qw, kblocks, tiles, r0, ntc, 0);
-    w4g_cp_commit();
+    w4_cp_commit();
     for (int kb = 0; kb < kblocks; ++kb) {
-        w4g_cp_wait_all();
+        w4_cp_wait(0);
         __syncthreads();  // stage kb landed for all; stage kb - 1's buffer is free
         if (kb + 1 < kblocks)
             w4g_stage(w4g_smem + ((kb + 1) & 1) * W4G_STAGE_BYTES, xs, m, k, qw, kblocks, tiles,
                       r0, ntc, kb + 1);
-        w4g_cp_commit();
+        w4_cp_commit();
         if (!active) continue;
         const unsigned char* st = w4g_smem + (kb & 1) * W4G_STAGE_BYTES;
         const unsigned char* wst = st + W4G_X_BYTES + wn * 8 * 512 + lane * 16;
@@ -223,7 +125,7 @@ __device__ __forceinline__ void w4g_gemm(const T* x, int m, int k, const uint4* 
         for (int j = 0; j < 8; ++j) sz[j] = szc[j];
         if (kb + 1 < kblocks) load_sz(kb + 1);
         auto s2 = [&](int j) { return __byte_perm(sz[j], 0u, 0x1010); };
-        auto zb = [&](int j) { return W4gDec<T>::bias((int)(sz[j] >> 16)); };
+        auto zb = [&](int j) { return W4Dec<T>::bias((int)(sz[j] >> 16)); };
 #pragma unroll 1
         for (int h = 0; h < 2; ++h) {
             // Words 2h, 2h + 1 of the lane's word in each of the warp's 8 tiles.
@@ -237,20 +139,20 @@ __device__ __forceinline__ void w4g_gemm(const T* x, int m, int k, const uint4* 
 #pragma unroll
                 for (int rg = 0; rg < 8; ++rg) {
                     const int row = wm * 64 + rg * 8 + g;
-                    xr[rg] = *reinterpret_cast<const uint4*>(st + row * 256 + w4g_unit(4 * t + q, row) * 16);
+                    xr[rg] = *reinterpret_cast<const uint4*>(st + row * 256 + w4_a_unit(4 * t + q, row) * 16);
                 }
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     unsigned d0[4], d1[4];
-                    w4g_decode2<T>(qq ? wv[2 * u].y : wv[2 * u].x, s2(2 * u), zb(2 * u), d0);
-                    w4g_decode2<T>(qq ? wv[2 * u + 1].y : wv[2 * u + 1].x, s2(2 * u + 1),
+                    w4_decode2<T>(qq ? wv[2 * u].y : wv[2 * u].x, s2(2 * u), zb(2 * u), d0);
+                    w4_decode2<T>(qq ? wv[2 * u + 1].y : wv[2 * u + 1].x, s2(2 * u + 1),
                                    zb(2 * u + 1), d1);
                     const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};
                     const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};
 #pragma unroll
                     for (int rg = 0; rg < 8; ++rg) {
-                        w4g_mma<T>(acc[u][rg], a0, xr[rg].x, xr[rg].y);
-                        w4g_mma<T>(acc[u][rg], a1, xr[rg].z, xr[rg].w);
+                        w4_mma<T>(acc[u][rg], a0, xr[rg].x, xr[rg].y);
+                        w4_mma<T>(acc[u][rg], a1, xr[rg].z, xr[rg].w);
                     }
                 }
             }
@@ -269,7 +171,7 @@ __device__ __forceinline__ void w4g_gemm(const T* x, int m, int k, const uint4* 
                     }
         }
     }
-    w4g_cp_wait_all();
+    w4_cp_wait(0);
     if (!active) return;
 #pragma unroll
     for (int u = 0; u < 4; ++u)
@@ -326,18 +228,18 @@ __device__ __forceinline__ void w4g_tile_stage(unsigned char* st, const unsigned
 #pragma unroll
     for (int i = 0; i < C::ROWS * 16 / C::THREADS; ++i) {
         const int id = tid + C::THREADS * i, row = id >> 4, u = id & 15;
-        unsigned char* dst = st + row * 256 + w4g_unit(u, row) * 16;
+        unsigned char* dst = st + row * 256 + w4_a_unit(u, row) * 16;
         const int r = r0 + row;
         const bool in = r < m;
-        const unsigned short* src = in ? xs + (size_t)r * k + kb * W4G_KB + 8 * u : xs;
-        w4g_cp16((unsigned)__cvta_generic_to_shared(dst), src, in ? 16 : 0);
+        const unsigned short* src = in ? xs + (size_t)r * k + kb * W4_KB + 8 * u : xs;
+        w4_cp16((unsigned)__cvta_generic_to_shared(dst), src, in ? 16 : 0);
     }
 #pragma unroll
     for (int i = 0; i < C::TILES * 32 / C::THREADS; ++i) {
         const int id = tid + C::THREADS * i, tile = id >> 5, l = id & 31;
         if (ntc + tile < tiles) {
             unsigned char* dst = st + C::XB + tile * 512 + l * 16;
-            w4g_cp16((unsigned)__cvta_generic_to_shared(dst),
+            w4_cp16((unsigned)__cvta_generic_to_shared(dst),
                      qw + ((size_t)(ntc + tile) * kblocks + kb) * 32 + l, 16);
         }
     }
@@ -366,10 +268,10 @@ __device__ __forceinline__ void w4g_tile_kblock(float (*acc)[RGW][4], const unsi
             for (int u = 0; u < U; ++u) {
                 unsigned d0[4], d1[4];
                 const int j0 = 2 * u, j1 = 2 * u + 1;
-                w4g_decode2<T>(qq ? wv[j0].y : wv[j0].x, __byte_perm(sz[j0], 0u, 0x1010),
-                               W4gDec<T>::bias((int)(sz[j0] >> 16)), d0);
-                w4g_decode2<T>(qq ? wv[j1].y : wv[j1].x, __byte_perm(sz[j1], 0u, 0x1010),
-                               W4gDec<T>::bias((int)(sz[j1] >> 16)), d1);
+                w4_decode2<T>(qq ? wv[j0].y : wv[j0].x, __byte_perm(sz[j0], 0u, 0x1010),
+                               W4Dec<T>::bias((int)(sz[j0] >> 16)), d0);
+                w4_decode2<T>(qq ? wv[j1].y : wv[j1].x, __byte_perm(sz[j1], 0u, 0x1010),
+                               W4Dec<T>::bias((int)(sz[j1] >> 16)), d1);
                 a0[u][0] = d0[0]; a0[u][1] = d1[0]; a0[u][2] = d0[1]; a0[u][3] = d1[1];
                 a1[u][0] = d0[2]; a1[u][1] = d1[2]; a1[u][2] = d0[3]; a1[u][3] = d1[3];
             }
@@ -377,11 +279,11 @@ __device__ __forceinline__ void w4g_tile_kblock(float (*acc)[RGW][4], const unsi
             for (int rg = 0; rg < RGW; ++rg) {
                 if (rg == 0 || rg < nrg) {
                     const int row = rg * 8 + g;
-                    const uint4 xr = *reinterpret_cast<const uint4*>(st + row * 256 + w4g_unit(4 * t + q, row) * 16);
+                    const uint4 xr = *reinterpret_cast<const uint4*>(st + row * 256 + w4_a_unit(4 * t + q, row) * 16);
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
-                        w4g_mma<T>(acc[u][rg], a0[u], xr.x, xr.y);
-                        w4g_mma<T>(acc[u][rg], a1[u], xr.z, xr.w);
+                        w4_mma<T>(acc[u][rg], a0[u], xr.x, xr.y);
+                        w4_mma<T>(acc[u][rg], a1[u], xr.z, xr.w);
                     }
                 }
             }
@@ -436,7 +338,7 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
         if (p < kblocks)
             w4g_tile_stage<RGW, NTW, WN, S>(w4g_smem + p * C::STAGE, xs, m, k, qw, kblocks, tiles,
                                             r0, ntc, p);
-        w4g_cp_commit();
+        w4_cp_commit();
     }
     for (int kb = 0; kb < kblocks; ++kb) {
         w4g_cp_wait<S - 2>();
@@ -446,7 +348,7 @@ __device__ __forceinline__ void w4g_tile(const T* x, int m, int k, const uint4* 
             if (kn < kblocks)
                 w4g_tile_stage<RGW, NTW, WN, S>(w4g_smem + (kn % S) * C::STAGE, xs, m, k, qw,
                                                 kblocks, tiles, r0, ntc, kn);
-            w4g_cp_commit();
+            w4_cp_commit();
         }
         if (!active) continue;
         unsigned sz[NTW];
@@ -569,7 +471,7 @@ __device__ __forceinline__ void w4g_split(const T* x, int m, int k, const uint4*
         if (p < per)
             w4g_tile_stage<RGW, NTW, WN, S>(w4g_smem + p * C::STAGE, xs, m, k, qw, kblocks, tiles,
                                             r0, ntc, kb0 + p);
-        w4g_cp_commit();
+        w4_cp_commit();
     }
     for (int i = 0; i < per; ++i) {
         w4g_cp_wait<S - 2>();
@@ -579,7 +481,7 @@ __device__ __forceinline__ void w4g_split(const T* x, int m, int k, const uint4*
             if (kn < per)
                 w4g_tile_stage<RGW, NTW, WN, S>(w4g_smem + (kn % S) * C::STAGE, xs, m, k, qw,
                                                 kblocks, tiles, r0, ntc, kb0 + kn);
-            w4g_cp_commit();
+            w4_cp_commit();
         }
         if (!active) continue;
         unsigned sz[NTW];

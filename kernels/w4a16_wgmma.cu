@@ -8,57 +8,8 @@
 // kernels/w4a16_gemm.cu keeps the plain arch.
 //
 // Layout, scope and numerics: those of kernels/w4a16_gemm.cu (read its header and w4a16.cu's
-// first). The decode helpers below are copies of w4a16.cu's `W4Dec`, `w4_and_or`, `w4_decode2`
-// (as in w4a16_gemm.cu, named w4g_*; keep them in step with the originals).
-
-#define W4G_KB 128  // k per k block
-
-// The exact decode (copy of w4a16.cu `W4Dec`): nibble u OR-ed into MAGIC's mantissa is MAGIC + u,
-// minus (MAGIC + z) the exact u - z, times the scale one rounding.
-template <typename T> struct W4gDec;
-template <> struct W4gDec<__half> {
-    static constexpr unsigned MAGIC = 0x64006400u;
-    static __device__ __forceinline__ unsigned bias(int z) { return (0x6400u + (unsigned)z) * 0x10001u; }
-    static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
-        const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&q),
-                                  *reinterpret_cast<const __half2*>(&zb));
-        const __half2 w = __hmul2(d, *reinterpret_cast<const __half2*>(&s2));
-        return *reinterpret_cast<const unsigned*>(&w);
-    }
-};
-template <> struct W4gDec<bf16_t> {
-    static constexpr unsigned MAGIC = 0x43004300u;
-    static __device__ __forceinline__ unsigned bias(int z) { return (0x4300u + (unsigned)z) * 0x10001u; }
-    static __device__ __forceinline__ unsigned apply(unsigned q, unsigned zb, unsigned s2) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        unsigned d, w;
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(q), "r"(0x3f803f80u), "r"(zb ^ 0x80008000u));
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(w) : "r"(d), "r"(s2), "r"(0x80008000u));
-        return w;
-#else
-        __trap();
-        return 0u;
-#endif
-    }
-};
-
-// (a & b) | c in one LOP3 (copy of w4a16.cu `w4_and_or`).
-__device__ __forceinline__ unsigned w4g_and_or(unsigned a, unsigned b, unsigned c) {
-    unsigned r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-    return r;
-}
-
-// The A-fragment halves of chunks 2q (b[0], b[1]) and 2q + 1 (b[2], b[3]) from word q (copy of
-// w4a16.cu `w4_decode2`).
-template <typename T>
-__device__ __forceinline__ void w4g_decode2(unsigned w, unsigned s2, unsigned zb, unsigned* b) {
-    const unsigned M = 0x000f000fu, X = W4gDec<T>::MAGIC;
-    b[0] = W4gDec<T>::apply(w4g_and_or(w, M, X), zb, s2);
-    b[1] = W4gDec<T>::apply(w4g_and_or(w >> 4, M, X), zb, s2);
-    b[2] = W4gDec<T>::apply(w4g_and_or(w >> 8, M, X), zb, s2);
-    b[3] = W4gDec<T>::apply(w4g_and_or(w >> 12, M, X), zb, s2);
-}
+// first). Compiled after w4a16.cu's helpers (`KernelModule::full_source`): the decode (`W4Dec`,
+// `w4_decode2`, `w4_word`) and `W4_KB` are w4a16.cu's own.
 
 // `w4g_wgmma`: the sm_90a warpgroup-MMA GEMM for large steps (issue 10 item 7). Same arithmetic
 // as every kernel above: tests/cuda_wgmma_probe.rs showed on the H200 that one wgmma m64nNk16
@@ -69,7 +20,7 @@ __device__ __forceinline__ void w4g_decode2(unsigned w, unsigned s2, unsigned zb
 //
 // The transposed problem out^T = W x^T: the decoded weights are the wgmma A operand from
 // registers (m64 = 64 outputs per instruction; warp w of the warpgroup holds outputs 16 w ..
-// 16 w + 15 in exactly the m16n8k16 A fragment `w4g_decode2` builds), x the B operand (k16 x 128
+// 16 w + 15 in exactly the m16n8k16 A fragment `w4_decode2` builds), x the B operand (k16 x 128
 // rows) from shared memory. CTA: 256 threads = 2 warpgroups; CTA tile 256 outputs x 128 rows;
 // warpgroup h covers outputs 128 h .. 128 h + 127 as two m64 tiles (accumulators 2 x 64 f32 per
 // thread: wgmma m64n128k16). Per k block each warpgroup decodes its 16 n8 tiles' words (the
@@ -207,7 +158,7 @@ __device__ __forceinline__ void w4w_load_x(uint4* v, const unsigned short* xs, i
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
             v[4 * h + t] = r < m ? __ldg(reinterpret_cast<const uint4*>(
-                                       xs + (size_t)r * k + kb * W4G_KB + 8 * (u0 + 4 * t)))
+                                       xs + (size_t)r * k + kb * W4_KB + 8 * (u0 + 4 * t)))
                                  : make_uint4(0u, 0u, 0u, 0u);
         }
     }
@@ -223,6 +174,50 @@ __device__ __forceinline__ void w4w_store_x(unsigned char* st, const uint4* v) {
         *reinterpret_cast<uint4*>(st + w4w_off(2 * u0, 1, n)) = make_uint4(u[0].y, u[1].y, u[2].y, u[3].y);
         *reinterpret_cast<uint4*>(st + w4w_off(2 * u0 + 1, 0, n)) = make_uint4(u[0].z, u[1].z, u[2].z, u[3].z);
         *reinterpret_cast<uint4*>(st + w4w_off(2 * u0 + 1, 1, n)) = make_uint4(u[0].w, u[1].w, u[2].w, u[3].w);
+    }
+}
+
+// The lane's weight words and packed (scale | zero << 16) words of k block kb for its 4 n8 tiles
+// (lane = 4 g + t; q = 0..3: tile ntw + 8 (q / 2) + q % 2, clamped to the last tile: an m64 tile past the
+// outputs runs on those and is not stored); both kernels load them one k block ahead.
+__device__ __forceinline__ void w4w_load_w(uint4* wq, unsigned* szc, const uint4* __restrict__ qw,
+                                           const unsigned short* sp, const unsigned char* zeros,
+                                           int ntw, int tiles, int kblocks, int sstride,
+                                           int gshift, int g, int t, int lane, int kb) {
+    const int gi = (kb * 8 + 2 * t) >> gshift;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const int nt = min(ntw + 8 * (q >> 1) + (q & 1), tiles - 1);
+        wq[q] = __ldg(qw + ((size_t)nt * kblocks + kb) * 32 + lane);
+        const size_t i = (size_t)nt * sstride + g + (size_t)gi * 8;
+        szc[q] = (unsigned)__ldg(sp + i) | ((zeros ? (unsigned)__ldg(zeros + i) : 8u) << 16);
+    }
+}
+
+// Store the thread's slice totals: `tot(j, i)` is accumulator i of m64 tile j (D fragment: n8
+// block i / 4 of x rows, e = i % 4); a tile past the outputs (act0 / act1 false) and elements
+// past row m or column n are skipped. out is [m, n] row-major, f32 when `out_f32`, else T.
+template <typename T, typename Tot>
+__device__ __forceinline__ void w4w_store_out(void* out, int out_f32, int m, int n, int r0, int ntw,
+                                              bool act0, bool act1, int g, int t, Tot tot) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        if (j == 0 ? !act0 : !act1) continue;
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+            const int e = i & 3;
+            const int row = r0 + 8 * (i >> 2) + 2 * t + (e & 1);
+            const int col = (ntw + 8 * j) * 8 + g + (e >= 2 ? 8 : 0);
+            if (row < m && col < n) {
+                const float v = tot(j, i);
+                const size_t o = (size_t)row * n + col;
+                if (out_f32) {
+                    static_cast<float*>(out)[o] = v;
+                } else {
+                    Io<T>::store(static_cast<T*>(out), (long)o, v);
+                }
+            }
+        }
     }
 }
 
@@ -257,14 +252,7 @@ __device__ __forceinline__ void w4g_wgmma(const T* x, int m, int k, const uint4*
     uint4 wq[4];
     unsigned szc[4];
     auto load_w = [&](int kb) {
-        const int gi = (kb * 8 + 2 * t) >> gshift;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int nt = min(ntw + 8 * (q >> 1) + (q & 1), tiles - 1);
-            wq[q] = __ldg(qw + ((size_t)nt * kblocks + kb) * 32 + lane);
-            const size_t i = (size_t)nt * sstride + g + (size_t)gi * 8;
-            szc[q] = (unsigned)__ldg(sp + i) | ((zeros ? (unsigned)__ldg(zeros + i) : 8u) << 16);
-        }
+        w4w_load_w(wq, szc, qw, sp, zeros, ntw, tiles, kblocks, sstride, gshift, g, t, lane, kb);
     };
     uint4 xv[8];
     w4w_load_x(xv, xs, m, k, r0, 0);
@@ -297,10 +285,10 @@ __device__ __forceinline__ void w4g_wgmma(const T* x, int m, int k, const uint4*
                 const unsigned s0 = csz[2 * j], s1 = csz[2 * j + 1];
                 const uint4& c0 = cw[2 * j];
                 const uint4& c1 = cw[2 * j + 1];
-                const unsigned w0 = q == 0 ? c0.x : q == 1 ? c0.y : q == 2 ? c0.z : c0.w;
-                const unsigned w1 = q == 0 ? c1.x : q == 1 ? c1.y : q == 2 ? c1.z : c1.w;
-                w4g_decode2<T>(w0, __byte_perm(s0, 0u, 0x1010), W4gDec<T>::bias((int)(s0 >> 16)), d0);
-                w4g_decode2<T>(w1, __byte_perm(s1, 0u, 0x1010), W4gDec<T>::bias((int)(s1 >> 16)), d1);
+                const unsigned w0 = w4_word(c0, q);
+                const unsigned w1 = w4_word(c1, q);
+                w4_decode2<T>(w0, __byte_perm(s0, 0u, 0x1010), W4Dec<T>::bias((int)(s0 >> 16)), d0);
+                w4_decode2<T>(w1, __byte_perm(s1, 0u, 0x1010), W4Dec<T>::bias((int)(s1 >> 16)), d1);
                 unsigned* f0 = fa[q & 1][j][0];
                 unsigned* f1 = fa[q & 1][j][1];
                 f0[0] = d0[0]; f0[1] = d1[0]; f0[2] = d0[1]; f0[3] = d1[1];
@@ -335,26 +323,8 @@ __device__ __forceinline__ void w4g_wgmma(const T* x, int m, int k, const uint4*
         }
     }
     w4w_wait<0>();
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        if (j == 0 ? !act0 : !act1) continue;
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-            // D fragment: n8 block i / 4 (x rows), e = i % 4.
-            const int e = i & 3;
-            const int row = r0 + 8 * (i >> 2) + 2 * t + (e & 1);
-            const int col = (ntw + 8 * j) * 8 + g + (e >= 2 ? 8 : 0);
-            if (row < m && col < n) {
-                const float v = tot[(j * 64 + i) * 256 + tid];
-                const size_t o = (size_t)row * n + col;
-                if (out_f32) {
-                    static_cast<float*>(out)[o] = v;
-                } else {
-                    Io<T>::store(static_cast<T*>(out), (long)o, v);
-                }
-            }
-        }
-    }
+    w4w_store_out<T>(out, out_f32, m, n, r0, ntw, act0, act1, g, t,
+                     [&](int j, int i) { return tot[(j * 64 + i) * 256 + tid]; });
 }
 
 // `w4g_wgmma_{f16,bf16}`: grid (ceil(Np / 256), ceil(m / 128)), 256 threads, W4W_SMEM_BYTES of
@@ -463,15 +433,15 @@ __device__ __forceinline__ void w4s_tile(int& bx, int& by) {
 #endif
 }
 
-// The two A-fragment halves of chunk 2q + hf from word q (`w4g_decode2`'s b[2 hf], b[2 hf + 1]:
+// The two A-fragment halves of chunk 2q + hf from word q (`w4_decode2`'s b[2 hf], b[2 hf + 1]:
 // the same operations on the same nibbles).
 template <typename T>
 __device__ __forceinline__ void w4s_decode1(unsigned w, unsigned s2, unsigned zb, int hf,
                                             unsigned* b) {
-    const unsigned M = 0x000f000fu, X = W4gDec<T>::MAGIC;
+    const unsigned M = 0x000f000fu, X = W4Dec<T>::MAGIC;
     const unsigned v = w >> (8 * hf);
-    b[0] = W4gDec<T>::apply(w4g_and_or(v, M, X), zb, s2);
-    b[1] = W4gDec<T>::apply(w4g_and_or(v >> 4, M, X), zb, s2);
+    b[0] = W4Dec<T>::apply(w4_and_or(v, M, X), zb, s2);
+    b[1] = W4Dec<T>::apply(w4_and_or(v >> 4, M, X), zb, s2);
 }
 
 template <typename T>
@@ -522,7 +492,7 @@ __device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __
             // Stage s free: the consumers finished k block kb - W4S_STAGES.
             if (kb >= W4S_STAGES) w4s_wait(empty + 8 * s, (unsigned)(kb / W4S_STAGES - 1) & 1u);
             const unsigned st = sbase + s * W4W_STAGE_BYTES;
-            const unsigned short* src = row0 + kb * W4G_KB;
+            const unsigned short* src = row0 + kb * W4_KB;
 #pragma unroll 8
             for (int i = 0; i < 32; ++i) {
                 const bool in = i < nin;
@@ -563,14 +533,7 @@ __device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __
     uint4 wq[4];
     unsigned szc[4];
     auto load_w = [&](int kb) {
-        const int gi = (kb * 8 + 2 * t) >> gshift;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int nt = min(ntw + 8 * (q >> 1) + (q & 1), tiles - 1);
-            wq[q] = __ldg(qw + ((size_t)nt * kblocks + kb) * 32 + lane);
-            const size_t i = (size_t)nt * sstride + g + (size_t)gi * 8;
-            szc[q] = (unsigned)__ldg(sp + i) | ((zeros ? (unsigned)__ldg(zeros + i) : 8u) << 16);
-        }
+        w4w_load_w(wq, szc, qw, sp, zeros, ntw, tiles, kblocks, sstride, gshift, g, t, lane, kb);
     };
     load_w(0);
     unsigned fa[W4S_RING][2][4];
@@ -597,10 +560,10 @@ __device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __
                 const unsigned s0 = csz[2 * j], s1 = csz[2 * j + 1];
                 const uint4& c0 = cq[2 * j];
                 const uint4& c1 = cq[2 * j + 1];
-                const unsigned w0 = q == 0 ? c0.x : q == 1 ? c0.y : q == 2 ? c0.z : c0.w;
-                const unsigned w1 = q == 0 ? c1.x : q == 1 ? c1.y : q == 2 ? c1.z : c1.w;
-                w4s_decode1<T>(w0, __byte_perm(s0, 0u, 0x1010), W4gDec<T>::bias((int)(s0 >> 16)), hf, d0);
-                w4s_decode1<T>(w1, __byte_perm(s1, 0u, 0x1010), W4gDec<T>::bias((int)(s1 >> 16)), hf, d1);
+                const unsigned w0 = w4_word(c0, q);
+                const unsigned w1 = w4_word(c1, q);
+                w4s_decode1<T>(w0, __byte_perm(s0, 0u, 0x1010), W4Dec<T>::bias((int)(s0 >> 16)), hf, d0);
+                w4s_decode1<T>(w1, __byte_perm(s1, 0u, 0x1010), W4Dec<T>::bias((int)(s1 >> 16)), hf, d1);
                 f[4 * j + 0] = d0[0];
                 f[4 * j + 1] = d1[0];
                 f[4 * j + 2] = d0[1];
@@ -639,27 +602,11 @@ __device__ __forceinline__ void w4g_ws(const T* x, int m, int k, const uint4* __
         }
     }
     w4w_wait<0>();
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        if (j == 0 ? !act0 : !act1) continue;
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-            // D fragment: n8 block i / 4 (x rows), e = i % 4.
-            const int e = i & 3;
-            const int row = r0 + 8 * (i >> 2) + 2 * t + (e & 1);
-            const int col = (ntw + 8 * j) * 8 + g + (e >= 2 ? 8 : 0);
-            if (row < m && col < n) {
-                const float4 v4 = tot4[(j * 16 + (i >> 2)) * 256 + ct];
-                const float v = e == 0 ? v4.x : e == 1 ? v4.y : e == 2 ? v4.z : v4.w;
-                const size_t o = (size_t)row * n + col;
-                if (out_f32) {
-                    static_cast<float*>(out)[o] = v;
-                } else {
-                    Io<T>::store(static_cast<T*>(out), (long)o, v);
-                }
-            }
-        }
-    }
+    w4w_store_out<T>(out, out_f32, m, n, r0, ntw, act0, act1, g, t, [&](int j, int i) {
+        const float4 v4 = tot4[(j * 16 + (i >> 2)) * 256 + ct];
+        const int e = i & 3;
+        return e == 0 ? v4.x : e == 1 ? v4.y : e == 2 ? v4.z : v4.w;
+    });
 #else
     __trap();
 #endif

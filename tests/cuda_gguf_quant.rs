@@ -37,8 +37,6 @@ use kiln::engine::Device;
 use kiln::model::files::ModelFiles;
 use kiln::quant::dequantize_row;
 use kiln::tensor::WeightDType;
-use kiln::tools::probe::{probe, Positions};
-use rayon::prelude::*;
 
 /// N × K of every SmolLM2-135M linear (q/o, k/v, gate/up, down, the tied lm_head) and a large one
 /// (Qwen3.5-27B's down_proj).
@@ -64,36 +62,13 @@ const K_SHAPES: [(usize, usize); 7] = [
 ];
 const ROWS: [usize; 6] = [1, 2, 7, 16, 64, 257];
 const REL_TOL: f64 = 1e-2;
-/// Whole model, f32 compute against the CPU f32 reference: max |Δlogit| (both dequantize the same
-/// blocks exactly in f32; only the summation order differs), and all 16 greedy tokens equal (the
-/// criteria of tests/cuda_parity.rs).
-const MODEL_F32_MAX_ABS: f32 = 1e-3;
-/// Whole model, 16-bit compute: min cosine of the logits per position (as tests/cuda_parity.rs).
-const MODEL_HALF_MIN_COS: f64 = 0.999;
 
 /// The reference outputs `[rows][cols.len()]` for columns `cols` of `o` on input `x`.
 fn reference(o: &OwnedGguf, x: &[f32], rows: usize, cols: &[usize]) -> Vec<Vec<f64>> {
-    let k = o.k;
-    let rb = o.dtype.row_bytes(k).expect("whole blocks");
-    let per_col: Vec<Vec<f64>> = cols
-        .par_iter()
-        .map(|&n| {
-            let mut w = vec![0f32; k];
-            dequantize_row(o.dtype, &o.data[n * rb..(n + 1) * rb], &mut w);
-            (0..rows)
-                .map(|r| {
-                    x[r * k..(r + 1) * k]
-                        .iter()
-                        .zip(&w)
-                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                        .sum()
-                })
-                .collect()
-        })
-        .collect();
-    (0..rows)
-        .map(|r| per_col.iter().map(|c| c[r]).collect())
-        .collect()
+    let rb = o.dtype.row_bytes(o.k).expect("whole blocks");
+    reference_outputs(x, rows, o.k, cols, |n, w| {
+        dequantize_row(o.dtype, &o.data[n * rb..(n + 1) * rb], w)
+    })
 }
 
 /// `w` on the first `rows` rows of `x` with `kernel` (None: the backend's choice), the output
@@ -107,17 +82,12 @@ fn run(
     k: usize,
     kernel: Option<GgufKernel>,
 ) -> Vec<f32> {
-    let xb = b.upload(&x[..rows * k]).expect("upload x");
-    let mut out = b.alloc(rows * n).expect("alloc out");
-    let nan = b.upload(&vec![f32::NAN; rows * n]).expect("poison");
-    b.add(&mut out, &nan, rows * n).expect("poison add");
-    match kernel {
+    run_poisoned(b, x, rows, n, k, |xb, out| match kernel {
         Some(kk) => b
-            .matmul_gguf_with(&xb, rows, w, &mut out, kk)
+            .matmul_gguf_with(xb, rows, w, out, kk)
             .expect("matmul_gguf_with"),
-        None => b.matmul(&xb, rows, w, &mut out).expect("matmul"),
-    }
-    down(b, &out, rows * n)
+        None => b.matmul(xb, rows, w, out).expect("matmul"),
+    })
 }
 
 /// One weight on one backend: every row count against the reference; every prefix of rows equal
@@ -257,17 +227,8 @@ fn whole_gguf_models_match_the_cpu_backend() {
             .to_string_lossy()
             .to_string();
         let files = ModelFiles::open(&path).expect("model");
-        let vocab = files.config.vocab_size as u32;
-        let prompt: Vec<u32> = (0..40u32)
-            .map(|i| (i * 37 + 11) % vocab.min(5000))
-            .collect();
-        let cpu = probe(
-            runner(&files, Device::Cpu, "f32", "auto").as_mut(),
-            &prompt,
-            &Positions::All,
-            16,
-        )
-        .expect("cpu");
+        let prompt = model_prompt(files.config.vocab_size);
+        let cpu = probe16(&files, Device::Cpu, "f32", "auto", &prompt);
         let modes: &[&str] = if name.contains("SmolLM2") {
             &["4bit", "dequant"]
         } else {
@@ -282,18 +243,9 @@ fn whole_gguf_models_match_the_cpu_backend() {
                 std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, "quantized");
             }
             for dtype in dtypes() {
-                let got = probe(
-                    runner(&files, Device::Cuda(0), dtype, "auto").as_mut(),
-                    &prompt,
-                    &Positions::All,
-                    16,
-                )
-                .expect("gpu");
+                let got = probe16(&files, Device::Cuda(0), dtype, "auto", &prompt);
                 let (worst, worst_cos, agree) = compare(&cpu, &got);
-                let ok = match dtype {
-                    "f32" => worst <= MODEL_F32_MAX_ABS && agree == 16,
-                    _ => worst_cos >= MODEL_HALF_MIN_COS,
-                };
+                let ok = model_matches(dtype, worst, worst_cos, agree);
                 println!(
                     "RESULT gguf model {name} weights={mode} dtype={dtype} logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_agree={agree}/16 {}",
                     if ok { "ok" } else { "FAIL" }
@@ -403,25 +355,15 @@ fn whole_k_quant_model_matches_the_cpu_backend() {
     let files = ModelFiles::open(&path).expect("model");
     let vocab = files.config.vocab_size as u32;
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % vocab).collect();
-    let cpu = probe(
-        runner(&files, Device::Cpu, "f32", "auto").as_mut(),
-        &prompt,
-        &Positions::All,
-        16,
-    )
-    .expect("cpu");
+    let cpu = probe16(&files, Device::Cpu, "f32", "auto", &prompt);
     let mut failures = Vec::new();
     for mode in ["quantized", "dequantized"] {
         // SAFETY of the environment change: --test-threads=1, read once per weight upload.
         std::env::set_var(kiln::tensor::gguf_tiles::WEIGHTS_ENV, mode);
         for dtype in dtypes() {
-            let mut r = runner(&files, Device::Cuda(0), dtype, "auto");
-            let got = probe(r.as_mut(), &prompt, &Positions::All, 16).expect("gpu");
+            let got = probe16(&files, Device::Cuda(0), dtype, "auto", &prompt);
             let (worst, worst_cos, agree) = compare(&cpu, &got);
-            let ok = match dtype {
-                "f32" => worst <= MODEL_F32_MAX_ABS && agree == 16,
-                _ => worst_cos >= MODEL_HALF_MIN_COS,
-            };
+            let ok = model_matches(dtype, worst, worst_cos, agree);
             println!(
                 "RESULT gguf model tiny-llama-q4_k_m weights={mode} dtype={dtype} logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_agree={agree}/16 {}",
                 if ok { "ok" } else { "FAIL" }

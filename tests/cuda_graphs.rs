@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use kiln::model::files::ModelFiles;
 use kiln::model::llama::Llama;
-use kiln::model::step::{Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
+use kiln::model::step::{ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
 use kiln::sampling::SamplingRow;
 
 const BLOCK: usize = 16;
@@ -216,50 +216,13 @@ fn decode_tokens(
         }
         b
     };
-    let ids = |o: &ForwardOutput| -> Vec<u32> {
-        o.samples
-            .iter()
-            .map(|s| s.as_ref().expect("sampled").token_id)
-            .collect()
-    };
-    let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
-    if !pipelined {
-        for k in 0..=steps {
-            eprintln!("PROGRESS sync n={n} step {k}");
-            let got = ids(&r.forward(&batch).expect("forward"));
-            for (i, &t) in got.iter().enumerate() {
-                out[i].push(t);
-            }
-            if k < steps {
-                batch = decode(&lens, k + 1, &got);
-                for l in &mut lens {
-                    *l += 1;
-                }
-            }
+    step_tokens(r, batch, n, steps, pipelined, |k, ids| {
+        let b = decode(&lens, k, ids);
+        for l in &mut lens {
+            *l += 1;
         }
-        return out;
-    }
-    let feeds: Vec<Feed> = (0..n).map(|i| Feed { token: i, row: i }).collect();
-    let mut in_flight = r.submit(&batch, &[]).expect("submit");
-    for k in 0..=steps {
-        eprintln!("PROGRESS pipelined n={n} step {k}");
-        let next = (k < steps).then(|| {
-            let b = decode(&lens, k + 1, &vec![0; n]);
-            for l in &mut lens {
-                *l += 1;
-            }
-            r.submit(&b, &feeds).expect("submit ahead")
-        });
-        let got = ids(&r.collect(in_flight).expect("collect"));
-        for (i, &t) in got.iter().enumerate() {
-            out[i].push(t);
-        }
-        match next {
-            Some(s) => in_flight = s,
-            None => break,
-        }
-    }
-    out
+        b
+    })
 }
 
 #[test]

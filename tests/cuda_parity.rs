@@ -342,32 +342,14 @@ fn whole_models_match_the_cpu_backend() {
     let mut failures = Vec::new();
     for path in models() {
         let files = ModelFiles::open(&path).expect("model");
-        let vocab = files.config.vocab_size as u32;
-        let prompt: Vec<u32> = (0..40u32)
-            .map(|i| (i * 37 + 11) % vocab.min(5000))
-            .collect();
-        let cpu = probe(
-            runner(&files, Device::Cpu, "f32", "auto").as_mut(),
-            &prompt,
-            &Positions::All,
-            16,
-        )
-        .expect("cpu");
+        let prompt = model_prompt(files.config.vocab_size);
+        let cpu = probe16(&files, Device::Cpu, "f32", "auto", &prompt);
         for dtype in dtypes() {
-            let got = probe(
-                runner(&files, Device::Cuda(0), dtype, "auto").as_mut(),
-                &prompt,
-                &Positions::All,
-                16,
-            )
-            .expect("gpu");
+            let got = probe16(&files, Device::Cuda(0), dtype, "auto", &prompt);
             let (worst, worst_cos, agree) = compare(&cpu, &got);
             // f32 compute must match the reference to 1e-3 (as the CPU matches transformers);
             // 16-bit compute by cosine ≥ 0.999.
-            let ok = match dtype {
-                "f32" => worst <= 1e-3 && agree == 16,
-                _ => worst_cos >= 0.999,
-            };
+            let ok = model_matches(dtype, worst, worst_cos, agree);
             println!(
                 "RESULT model {} dtype={dtype} kv=auto logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_agree={agree}/16 {}",
                 path.file_name().unwrap_or_default().to_string_lossy(),
@@ -395,19 +377,8 @@ fn whole_models_with_fp8_kv_match_the_cpu_fp8_reference() {
             .unwrap_or_default()
             .to_string_lossy()
             .to_string();
-        let vocab = files.config.vocab_size as u32;
-        let prompt: Vec<u32> = (0..40u32)
-            .map(|i| (i * 37 + 11) % vocab.min(5000))
-            .collect();
-        let run = |device, dtype, kv| {
-            probe(
-                runner(&files, device, dtype, kv).as_mut(),
-                &prompt,
-                &Positions::All,
-                16,
-            )
-            .expect("probe")
-        };
+        let prompt = model_prompt(files.config.vocab_size);
+        let run = |device, dtype, kv| probe16(&files, device, dtype, kv, &prompt);
         let exact = run(Device::Cpu, "f32", "auto");
         for kv in ["fp8_e5m2", "fp8_e4m3"] {
             let reference = run(Device::Cpu, "f32", kv);

@@ -33,7 +33,7 @@ use kiln::engine::{
 };
 use kiln::model::files::ModelFiles;
 use kiln::model::qwen3_5::Qwen3_5;
-use kiln::model::step::{Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
+use kiln::model::step::{ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
 use kiln::sampling::SamplingRow;
 
 const MODELS: [&str; 3] = [
@@ -320,49 +320,13 @@ fn decode_tokens(
         }
         b
     };
-    let ids = |o: &ForwardOutput| -> Vec<u32> {
-        o.samples
-            .iter()
-            .map(|s| s.as_ref().expect("sampled").token_id)
-            .collect()
-    };
-    let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
-    if !pipelined {
-        for k in 0..=steps {
-            let got = ids(&m.forward(&batch).expect("forward"));
-            for (i, &t) in got.iter().enumerate() {
-                out[i].push(t);
-            }
-            if k < steps {
-                batch = decode(&lens, &got);
-                for l in &mut lens {
-                    *l += 1;
-                }
-            }
+    step_tokens(m, batch, n, steps, pipelined, |_, ids| {
+        let b = decode(&lens, ids);
+        for l in &mut lens {
+            *l += 1;
         }
-        return out;
-    }
-    let feeds: Vec<Feed> = (0..n).map(|i| Feed { token: i, row: i }).collect();
-    let mut in_flight = m.submit(&batch, &[]).expect("submit");
-    for k in 0..=steps {
-        let next = (k < steps).then(|| {
-            // Placeholder ids: the device writes the sampled ones before the step reads them.
-            let b = decode(&lens, &vec![0; n]);
-            for l in &mut lens {
-                *l += 1;
-            }
-            m.submit(&b, &feeds).expect("submit ahead")
-        });
-        let got = ids(&m.collect(in_flight).expect("collect"));
-        for (i, &t) in got.iter().enumerate() {
-            out[i].push(t);
-        }
-        match next {
-            Some(s) => in_flight = s,
-            None => break,
-        }
-    }
-    out
+        b
+    })
 }
 
 #[test]

@@ -28,8 +28,6 @@ use kiln::engine::Device;
 use kiln::model::files::ModelFiles;
 use kiln::quant::packed::dequantize_packed_row;
 use kiln::tensor::LinearView;
-use kiln::tools::probe::{probe, Positions};
-use rayon::prelude::*;
 use w4_support::{all_formats, Fmt, Owned, Rng};
 
 /// N × K of every linear of Qwen3.5-27B.
@@ -52,26 +50,7 @@ const REL_TOL: f64 = 1e-2;
 /// The reference outputs `[rows][cols.len()]` for columns `cols` of `o` on input `x` (`[rows, K]`).
 fn reference(o: &Owned, x: &[f32], rows: usize, cols: &[usize]) -> Vec<Vec<f64>> {
     let p = o.linear();
-    let k = o.k;
-    let per_col: Vec<Vec<f64>> = cols
-        .par_iter()
-        .map(|&n| {
-            let mut w = vec![0f32; k];
-            dequantize_packed_row(&p, n, &mut w);
-            (0..rows)
-                .map(|r| {
-                    x[r * k..(r + 1) * k]
-                        .iter()
-                        .zip(&w)
-                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                        .sum()
-                })
-                .collect()
-        })
-        .collect();
-    (0..rows)
-        .map(|r| per_col.iter().map(|c| c[r]).collect())
-        .collect()
+    reference_outputs(x, rows, o.k, cols, |n, w| dequantize_packed_row(&p, n, w))
 }
 
 /// Run `o` on the first `rows` rows of `x` with `kernel` (None: the backend's choice).
@@ -84,18 +63,12 @@ fn run(
     k: usize,
     kernel: Option<W4Kernel>,
 ) -> Vec<f32> {
-    let xb = b.upload(&x[..rows * k]).expect("upload x");
-    let mut out = b.alloc(rows * n).expect("alloc out");
-    // Poison the output first.
-    let nan = b.upload(&vec![f32::NAN; rows * n]).expect("poison");
-    b.add(&mut out, &nan, rows * n).expect("poison add");
-    match kernel {
+    run_poisoned(b, x, rows, n, k, |xb, out| match kernel {
         Some(kk) => b
-            .matmul_w4_with(&xb, rows, w, &mut out, kk)
+            .matmul_w4_with(xb, rows, w, out, kk)
             .expect("matmul_w4_with"),
-        None => b.matmul(&xb, rows, w, &mut out).expect("matmul"),
-    }
-    down(b, &out, rows * n)
+        None => b.matmul(xb, rows, w, out).expect("matmul"),
+    })
 }
 
 /// One linear on one backend: every row count against the reference; every prefix of rows equal
@@ -247,30 +220,12 @@ fn tiny_quantized_models_match_the_cpu_backend() {
     ] {
         let path = root().join("tests/fixtures").join(fixture);
         let files = ModelFiles::open(&path).expect("model");
-        let vocab = files.config.vocab_size as u32;
-        let prompt: Vec<u32> = (0..40u32)
-            .map(|i| (i * 37 + 11) % vocab.min(5000))
-            .collect();
-        let cpu = probe(
-            runner(&files, Device::Cpu, "f32", "auto").as_mut(),
-            &prompt,
-            &Positions::All,
-            16,
-        )
-        .expect("cpu");
+        let prompt = model_prompt(files.config.vocab_size);
+        let cpu = probe16(&files, Device::Cpu, "f32", "auto", &prompt);
         for dtype in dtypes() {
-            let got = probe(
-                runner(&files, Device::Cuda(0), dtype, "auto").as_mut(),
-                &prompt,
-                &Positions::All,
-                16,
-            )
-            .expect("gpu");
+            let got = probe16(&files, Device::Cuda(0), dtype, "auto", &prompt);
             let (worst, worst_cos, agree) = compare(&cpu, &got);
-            let ok = match dtype {
-                "f32" => worst <= 1e-3 && agree == 16,
-                _ => worst_cos >= 0.999,
-            };
+            let ok = model_matches(dtype, worst, worst_cos, agree);
             println!(
                 "RESULT w4a16 model {fixture} dtype={dtype} logits_max_abs_diff={worst:.3e} min_cosine={worst_cos:.6} greedy_agree={agree}/16 {}",
                 if ok { "ok" } else { "FAIL" }

@@ -24,7 +24,6 @@ use kiln::backend::cuda::{CudaBackend, W4Kernel};
 use kiln::backend::Backend;
 use kiln::quant::packed::dequantize_packed_row;
 use kiln::tensor::LinearView;
-use rayon::prelude::*;
 use w4_support::{all_formats, Fmt, Owned, Rng};
 
 /// N × K of every linear of Qwen3.5-27B.
@@ -64,26 +63,7 @@ fn sm70_backend() -> Option<CudaBackend> {
 /// The reference outputs `[rows][cols.len()]` for columns `cols` of `o` on input `x` (`[rows, K]`).
 fn reference(o: &Owned, x: &[f32], rows: usize, cols: &[usize]) -> Vec<Vec<f64>> {
     let p = o.linear();
-    let k = o.k;
-    let per_col: Vec<Vec<f64>> = cols
-        .par_iter()
-        .map(|&n| {
-            let mut w = vec![0f32; k];
-            dequantize_packed_row(&p, n, &mut w);
-            (0..rows)
-                .map(|r| {
-                    x[r * k..(r + 1) * k]
-                        .iter()
-                        .zip(&w)
-                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                        .sum()
-                })
-                .collect()
-        })
-        .collect();
-    (0..rows)
-        .map(|r| per_col.iter().map(|c| c[r]).collect())
-        .collect()
+    reference_outputs(x, rows, o.k, cols, |n, w| dequantize_packed_row(&p, n, w))
 }
 
 /// The first `rows` rows of `x` through `w` with `kernel` (None: the backend's choice), the
@@ -96,17 +76,12 @@ fn run(
     (n, k): (usize, usize),
     kernel: Option<W4Kernel>,
 ) -> Vec<f32> {
-    let xb = b.upload(&x[..rows * k]).expect("upload x");
-    let mut out = b.alloc(rows * n).expect("alloc out");
-    let nan = b.upload(&vec![f32::NAN; rows * n]).expect("poison");
-    b.add(&mut out, &nan, rows * n).expect("poison add");
-    match kernel {
+    run_poisoned(b, x, rows, n, k, |xb, out| match kernel {
         Some(kk) => b
-            .matmul_w4_with(&xb, rows, w, &mut out, kk)
+            .matmul_w4_with(xb, rows, w, out, kk)
             .expect("matmul_w4_with"),
-        None => b.matmul(&xb, rows, w, &mut out).expect("matmul"),
-    }
-    down(b, &out, rows * n)
+        None => b.matmul(xb, rows, w, out).expect("matmul"),
+    })
 }
 
 /// One linear: every row count against the reference; every step's rows equal bit for bit to

@@ -9,9 +9,9 @@ use kiln::backend::Backend;
 use kiln::engine::{Device, EngineConfig};
 use kiln::model::files::ModelFiles;
 use kiln::model::runner::build_runner_for;
-use kiln::model::step::{ForwardOutput, LogitsFor, ModelRunner};
+use kiln::model::step::{Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
 use kiln::sampling::SamplingRow;
-use kiln::tools::probe::ProbeOutput;
+use kiln::tools::probe::{probe, Positions, ProbeOutput};
 
 /// Max |Δ| per compute dtype for single ops on O(1) data.
 pub const OP_TOL_F32: f32 = 1e-4;
@@ -276,4 +276,151 @@ pub fn next_tokens(out: &ForwardOutput, n: usize, vocab: usize) -> Vec<u32> {
             }
         })
         .collect()
+}
+
+/// The f64 reference outputs `[rows][cols.len()]` of a `[N, k]` weight on input `x` (`[rows, k]`)
+/// for its columns `cols`: column n's weights from `dequant(n, row)` (exactly, in f32), the
+/// products and their sums in f64 (the oracle of the quantized-matmul tests).
+pub fn reference_outputs(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    cols: &[usize],
+    dequant: impl Fn(usize, &mut [f32]) + Sync,
+) -> Vec<Vec<f64>> {
+    use rayon::prelude::*;
+    let per_col: Vec<Vec<f64>> = cols
+        .par_iter()
+        .map(|&n| {
+            let mut w = vec![0f32; k];
+            dequant(n, &mut w);
+            (0..rows)
+                .map(|r| {
+                    x[r * k..(r + 1) * k]
+                        .iter()
+                        .zip(&w)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum()
+                })
+                .collect()
+        })
+        .collect();
+    (0..rows)
+        .map(|r| per_col.iter().map(|c| c[r]).collect())
+        .collect()
+}
+
+/// The `[rows, n]` output of `matmul` (a product of `b` on the first `rows` rows of `x`, `[.., k]`,
+/// uploaded), written over an output poisoned with NaN first, downloaded.
+pub fn run_poisoned(
+    b: &CudaBackend,
+    x: &[f32],
+    rows: usize,
+    n: usize,
+    k: usize,
+    matmul: impl FnOnce(&<CudaBackend as Backend>::Buffer, &mut <CudaBackend as Backend>::Buffer),
+) -> Vec<f32> {
+    let xb = b.upload(&x[..rows * k]).expect("upload x");
+    let mut out = b.alloc(rows * n).expect("alloc out");
+    let nan = b.upload(&vec![f32::NAN; rows * n]).expect("poison");
+    b.add(&mut out, &nan, rows * n).expect("poison add");
+    matmul(&xb, &mut out);
+    down(b, &out, rows * n)
+}
+
+/// Whole model, f32 compute against the CPU f32 reference: max |Δlogit| (both dequantize the same
+/// weights exactly; only the summation order differs), with all 16 greedy tokens equal.
+pub const MODEL_F32_MAX_ABS: f32 = 1e-3;
+/// Whole model, 16-bit compute: min cosine of the logits per position.
+pub const MODEL_HALF_MIN_COS: f64 = 0.999;
+
+/// The 40-token prompt of the whole-model comparisons: ids `(37 i + 11) mod min(vocab, 5000)`.
+pub fn model_prompt(vocab: usize) -> Vec<u32> {
+    let vocab = vocab as u32;
+    (0..40u32)
+        .map(|i| (i * 37 + 11) % vocab.min(5000))
+        .collect()
+}
+
+/// `probe` of a fresh runner of `files` (`device`, compute `dtype`, KV `kv`) over `prompt`: the
+/// logits of every position and 16 greedy tokens.
+pub fn probe16(
+    files: &ModelFiles,
+    device: Device,
+    dtype: &str,
+    kv: &str,
+    prompt: &[u32],
+) -> ProbeOutput {
+    probe(
+        runner(files, device, dtype, kv).as_mut(),
+        prompt,
+        &Positions::All,
+        16,
+    )
+    .expect("probe")
+}
+
+/// Whether a whole-model comparison ([`compare`]'s worst |Δ|, worst cosine, greedy agreement out
+/// of 16) passes at compute `dtype`: [`MODEL_F32_MAX_ABS`] and all 16 tokens at f32,
+/// [`MODEL_HALF_MIN_COS`] at 16 bits.
+pub fn model_matches(dtype: &str, worst: f32, worst_cos: f64, agree: usize) -> bool {
+    match dtype {
+        "f32" => worst <= MODEL_F32_MAX_ABS && agree == 16,
+        _ => worst_cos >= MODEL_HALF_MIN_COS,
+    }
+}
+
+/// The sampled ids of `n` sequences over the prefill `first` and `steps` decode steps on `r`:
+/// `next(k, ids)` builds decode step k (1..=steps) from the previous step's ids (it keeps the
+/// sequences' lengths). Each step's forward before the next (`pipelined` false), or each step
+/// submitted ahead with placeholder ids that the device replaces by the previous step's samples
+/// (`Feed` row i into token i; `pipelined` true). `[sequence][step]`.
+pub fn step_tokens(
+    r: &mut dyn ModelRunner,
+    first: ForwardBatch,
+    n: usize,
+    steps: usize,
+    pipelined: bool,
+    mut next: impl FnMut(usize, &[u32]) -> ForwardBatch,
+) -> Vec<Vec<u32>> {
+    let ids = |o: &ForwardOutput| -> Vec<u32> {
+        o.samples
+            .iter()
+            .map(|s| s.as_ref().expect("sampled").token_id)
+            .collect()
+    };
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
+    if !pipelined {
+        let mut batch = first;
+        for k in 0..=steps {
+            eprintln!("PROGRESS sync n={n} step {k}");
+            let got = ids(&r.forward(&batch).expect("forward"));
+            for (i, &t) in got.iter().enumerate() {
+                out[i].push(t);
+            }
+            if k < steps {
+                batch = next(k + 1, &got);
+            }
+        }
+        return out;
+    }
+    let feeds: Vec<Feed> = (0..n).map(|i| Feed { token: i, row: i }).collect();
+    let mut in_flight = r.submit(&first, &[]).expect("submit");
+    for k in 0..=steps {
+        eprintln!("PROGRESS pipelined n={n} step {k}");
+        // Placeholder ids: the device writes the sampled ones before the step reads them.
+        let ahead = (k < steps).then(|| {
+            let b = next(k + 1, &vec![0; n]);
+            r.submit(&b, &feeds).expect("submit ahead")
+        });
+        let got = ids(&r.collect(in_flight).expect("collect"));
+        for (i, &t) in got.iter().enumerate() {
+            out[i].push(t);
+        }
+        match ahead {
+            Some(s) => in_flight = s,
+            None => break,
+        }
+    }
+    out
 }

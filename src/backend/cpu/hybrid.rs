@@ -191,13 +191,9 @@ impl HybridBackend for CpuBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        let n = rows * dim;
-        check_len("rms_norm_1p input", x.len(), n)?;
-        check_len("rms_norm_1p output", out.len(), n)?;
-        check_len("rms_norm_1p weight", weight.len(), dim)?;
-        self.pool
-            .install(|| gdn::rms_norm_1p(&x[..n], weight, &mut out[..n], dim, eps));
-        Ok(())
+        self.norm_rows("rms_norm_1p", x, weight, out, rows, dim, |x, w, o| {
+            gdn::rms_norm_1p(x, w, o, dim, eps)
+        })
     }
 
     fn add_rms_norm_1p(
@@ -210,22 +206,16 @@ impl HybridBackend for CpuBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        let n = rows * dim;
-        check_len("add_rms_norm_1p residual", residual.len(), n)?;
-        check_len("add_rms_norm_1p delta", delta.len(), n)?;
-        check_len("add_rms_norm_1p output", out.len(), n)?;
-        check_len("add_rms_norm_1p weight", weight.len(), dim)?;
-        self.pool.install(|| {
-            gdn::add_rms_norm_1p(
-                &mut residual[..n],
-                &delta[..n],
-                weight,
-                &mut out[..n],
-                dim,
-                eps,
-            )
-        });
-        Ok(())
+        self.add_norm_rows(
+            "add_rms_norm_1p",
+            residual,
+            delta,
+            weight,
+            out,
+            rows,
+            dim,
+            |r, d, w, o| gdn::add_rms_norm_1p(r, d, w, o, dim, eps),
+        )
     }
 
     fn gated_rms_norm(

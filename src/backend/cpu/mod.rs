@@ -17,13 +17,15 @@ mod hybrid;
 pub mod matmul;
 pub mod ops;
 pub mod reference;
+mod rope_kv;
+mod sample;
 mod weight;
 
 use crate::backend::rope::{cos_sin_table, RopeSpec};
 use crate::backend::{
     AttentionParams, Backend, BackendError, KvCacheDType, KvCacheSpec, StepInput,
 };
-use crate::sampling::{sample_row, SampleError, Sampled, SamplingRow};
+use crate::sampling::{SampleError, Sampled, SamplingRow};
 use crate::tensor::{LinearView, TensorView};
 
 pub use attention::CpuKvCache;
@@ -99,8 +101,57 @@ impl CpuBackend {
     }
 }
 
-/// `Err(InvalidArgument)` unless `len >= need`.
-fn check_len(what: &str, len: usize, need: usize) -> Result<(), BackendError> {
+impl CpuBackend {
+    /// A row norm `op(x, weight, out)` over the first `rows × dim` elements of `x` and `out`,
+    /// on the backend's threads, after the length checks (errors name `name`: its input, output
+    /// and weight). The body of [`Backend::rms_norm`] and `rms_norm_1p`.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rows(
+        &self,
+        name: &str,
+        x: &[f32],
+        weight: &[f32],
+        out: &mut [f32],
+        rows: usize,
+        dim: usize,
+        op: impl Fn(&[f32], &[f32], &mut [f32]) + Send + Sync,
+    ) -> Result<(), BackendError> {
+        let n = rows * dim;
+        check_len(format_args!("{name} input"), x.len(), n)?;
+        check_len(format_args!("{name} output"), out.len(), n)?;
+        check_len(format_args!("{name} weight"), weight.len(), dim)?;
+        self.pool.install(|| op(&x[..n], weight, &mut out[..n]));
+        Ok(())
+    }
+
+    /// A residual add fused with the next row norm, `op(residual, delta, weight, out)` over the
+    /// first `rows × dim` elements, on the backend's threads, after the length checks (errors name
+    /// `name`). The body of [`Backend::add_rms_norm`] and `add_rms_norm_1p`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_norm_rows(
+        &self,
+        name: &str,
+        residual: &mut [f32],
+        delta: &[f32],
+        weight: &[f32],
+        out: &mut [f32],
+        rows: usize,
+        dim: usize,
+        op: impl Fn(&mut [f32], &[f32], &[f32], &mut [f32]) + Send + Sync,
+    ) -> Result<(), BackendError> {
+        let n = rows * dim;
+        check_len(format_args!("{name} residual"), residual.len(), n)?;
+        check_len(format_args!("{name} delta"), delta.len(), n)?;
+        check_len(format_args!("{name} output"), out.len(), n)?;
+        check_len(format_args!("{name} weight"), weight.len(), dim)?;
+        self.pool
+            .install(|| op(&mut residual[..n], &delta[..n], weight, &mut out[..n]));
+        Ok(())
+    }
+}
+
+/// `Err(InvalidArgument)` unless `len >= need` (`what` names the buffer; formatted only then).
+fn check_len(what: impl std::fmt::Display, len: usize, need: usize) -> Result<(), BackendError> {
     if len < need {
         return Err(BackendError::InvalidArgument(format!(
             "{what}: {len} elements, need {need}"
@@ -310,12 +361,9 @@ impl Backend for CpuBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        check_len("rms_norm input", x.len(), rows * dim)?;
-        check_len("rms_norm output", out.len(), rows * dim)?;
-        check_len("rms_norm weight", weight.len(), dim)?;
-        self.pool
-            .install(|| ops::rms_norm(&x[..rows * dim], weight, &mut out[..rows * dim], dim, eps));
-        Ok(())
+        self.norm_rows("rms_norm", x, weight, out, rows, dim, |x, w, o| {
+            ops::rms_norm(x, w, o, dim, eps)
+        })
     }
 
     fn add_rms_norm(
@@ -328,22 +376,16 @@ impl Backend for CpuBackend {
         dim: usize,
         eps: f32,
     ) -> Result<(), BackendError> {
-        let n = rows * dim;
-        check_len("add_rms_norm residual", residual.len(), n)?;
-        check_len("add_rms_norm delta", delta.len(), n)?;
-        check_len("add_rms_norm output", out.len(), n)?;
-        check_len("add_rms_norm weight", weight.len(), dim)?;
-        self.pool.install(|| {
-            ops::add_rms_norm(
-                &mut residual[..n],
-                &delta[..n],
-                weight,
-                &mut out[..n],
-                dim,
-                eps,
-            )
-        });
-        Ok(())
+        self.add_norm_rows(
+            "add_rms_norm",
+            residual,
+            delta,
+            weight,
+            out,
+            rows,
+            dim,
+            |r, d, w, o| ops::add_rms_norm(r, d, w, o, dim, eps),
+        )
     }
 
     fn matmul(
@@ -379,48 +421,7 @@ impl Backend for CpuBackend {
         num_kv_heads: usize,
         head_dim: usize,
     ) -> Result<(), BackendError> {
-        let t = step.num_tokens();
-        check_len("rope q", q.len(), t * num_heads * head_dim)?;
-        check_len("rope k", k.len(), t * num_kv_heads * head_dim)?;
-        if rope.spec.rotary_dim > head_dim {
-            return Err(BackendError::InvalidArgument(format!(
-                "rotary dim {} > head dim {head_dim}",
-                rope.spec.rotary_dim
-            )));
-        }
-        if let Some(&p) = step
-            .positions
-            .iter()
-            .find(|&&p| p as usize >= rope.spec.max_positions)
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "position {p} is past the RoPE table ({} positions)",
-                rope.spec.max_positions
-            )));
-        }
-        let half = rope.spec.rotary_dim / 2;
-        self.pool.install(|| {
-            let (pos, cos, sin) = (&step.positions, &rope.cos, &rope.sin);
-            ops::rope(
-                &mut q[..t * num_heads * head_dim],
-                pos,
-                cos,
-                sin,
-                num_heads,
-                head_dim,
-                half,
-            );
-            ops::rope(
-                &mut k[..t * num_kv_heads * head_dim],
-                pos,
-                cos,
-                sin,
-                num_kv_heads,
-                head_dim,
-                half,
-            );
-        });
-        Ok(())
+        rope_kv::rope(self, q, k, rope, step, num_heads, num_kv_heads, head_dim)
     }
 
     fn write_kv(
@@ -431,30 +432,7 @@ impl Backend for CpuBackend {
         v: &Vec<f32>,
         step: &StepInput,
     ) -> Result<(), BackendError> {
-        let spec = cache.spec;
-        if layer >= spec.num_layers {
-            return Err(BackendError::InvalidArgument(format!(
-                "layer {layer} of {}",
-                spec.num_layers
-            )));
-        }
-        if step.block_size != spec.block_size {
-            return Err(BackendError::InvalidArgument(format!(
-                "step block size {} ≠ cache block size {}",
-                step.block_size, spec.block_size
-            )));
-        }
-        let slots = spec.num_blocks * spec.block_size;
-        if let Some(&s) = step.slot_mapping.iter().find(|&&s| s as usize >= slots) {
-            return Err(BackendError::InvalidArgument(format!(
-                "KV slot {s} of {slots}"
-            )));
-        }
-        let n = step.num_tokens() * spec.slot_elems();
-        check_len("write_kv k", k.len(), n)?;
-        check_len("write_kv v", v.len(), n)?;
-        cache.write(layer, &k[..n], &v[..n], &step.slot_mapping);
-        Ok(())
+        rope_kv::write_kv(cache, layer, k, v, step)
     }
 
     fn paged_attention(
@@ -466,25 +444,7 @@ impl Backend for CpuBackend {
         params: &AttentionParams,
         out: &mut Vec<f32>,
     ) -> Result<(), BackendError> {
-        let spec = cache.spec;
-        params.check_fits(&spec, layer)?;
-        if let Some(s) = step
-            .seqs
-            .iter()
-            .find(|s| s.block_table.iter().any(|&b| b as usize >= spec.num_blocks))
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "block table {:?} out of range",
-                s.block_table
-            )));
-        }
-        let n = step.num_tokens() * params.num_heads * params.head_dim;
-        check_len("attention q", q.len(), n)?;
-        check_len("attention output", out.len(), n)?;
-        self.pool.install(|| {
-            attention::paged_attention(cache, layer, step, params, &q[..n], &mut out[..n])
-        });
-        Ok(())
+        rope_kv::paged_attention(self, q, cache, layer, step, params, out)
     }
 
     fn silu_mul(
@@ -533,19 +493,11 @@ impl Backend for CpuBackend {
     }
 
     fn logits(&self, x: &Vec<f32>, rows: usize, w: &CpuWeight) -> Result<CpuLogits, BackendError> {
-        let mut data = self.alloc(rows * w.shape[0])?;
-        self.matmul(x, rows, w, &mut data)?;
-        Ok(CpuLogits {
-            data,
-            vocab: w.shape[0],
-        })
+        sample::logits(self, x, rows, w)
     }
 
     fn alloc_logits(&self, rows: usize, vocab: usize) -> Result<CpuLogits, BackendError> {
-        Ok(CpuLogits {
-            data: self.alloc(rows * vocab)?,
-            vocab,
-        })
+        sample::alloc_logits(self, rows, vocab)
     }
 
     fn logits_into(
@@ -555,12 +507,7 @@ impl Backend for CpuBackend {
         w: &CpuWeight,
         out: &mut CpuLogits,
     ) -> Result<(), BackendError> {
-        let n = rows * w.shape[0];
-        check_len("logits output", out.data.capacity(), n)?;
-        // Within the capacity: no allocation. The rows are exactly `rows` afterwards.
-        out.data.resize(n, 0.0);
-        out.vocab = w.shape[0];
-        self.matmul(x, rows, w, &mut out.data)
+        sample::logits_into(self, x, rows, w, out)
     }
 
     fn qkv_rope_write(
@@ -574,45 +521,7 @@ impl Backend for CpuBackend {
         params: &AttentionParams,
         qk_norm: Option<(&Vec<f32>, &Vec<f32>, f32)>,
     ) -> Result<(), BackendError> {
-        // The reference: the unfused ops on the split rows, so both paths agree bit for bit.
-        let (t, hd) = (step.num_tokens(), params.head_dim);
-        let (qd, kvd) = (params.num_heads * hd, params.num_kv_heads * hd);
-        let width = qd + 2 * kvd;
-        check_len("qkv_rope_write qkv", qkv.len(), t * width)?;
-        check_len("qkv_rope_write q_out", q_out.len(), t * qd)?;
-        // Reused split rows (every element is written below before it is read).
-        let mut scratch = self.qkv_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let [q, k, v, kn_out] = &mut *scratch;
-        for (buf, n) in [(&mut *q, t * qd), (&mut *k, t * kvd), (&mut *v, t * kvd)] {
-            buf.resize(n, 0.0);
-        }
-        for (r, row) in qkv[..t * width].chunks_exact(width).enumerate() {
-            q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
-            k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
-            v[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd + kvd..]);
-        }
-        let k = match qk_norm {
-            Some((qn, kn, eps)) => {
-                self.rms_norm(q, qn, q_out, t * params.num_heads, hd, eps)?;
-                kn_out.resize(t * kvd, 0.0);
-                self.rms_norm(k, kn, kn_out, t * params.num_kv_heads, hd, eps)?;
-                kn_out
-            }
-            None => {
-                q_out[..t * qd].copy_from_slice(q);
-                k
-            }
-        };
-        self.rope(
-            q_out,
-            k,
-            rope,
-            step,
-            params.num_heads,
-            params.num_kv_heads,
-            hd,
-        )?;
-        self.write_kv(cache, layer, k, v, step)
+        rope_kv::qkv_rope_write(self, qkv, q_out, cache, layer, rope, step, params, qk_norm)
     }
 
     fn swiglu(
@@ -646,16 +555,7 @@ impl Backend for CpuBackend {
         first_row: usize,
         dst: &mut [f32],
     ) -> Result<(), BackendError> {
-        let start = first_row * logits.vocab;
-        let src = logits.data.get(start..start + dst.len()).ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "logits rows {first_row}.. ({} values) of {} values",
-                dst.len(),
-                logits.data.len()
-            ))
-        })?;
-        dst.copy_from_slice(src);
-        Ok(())
+        sample::download_logits(logits, first_row, dst)
     }
 
     fn sample_submit(
@@ -683,24 +583,7 @@ impl Backend for CpuBackend {
         from: &Vec<Result<Sampled, SampleError>>,
         feeds: &[(u32, u32)],
     ) -> Result<(), BackendError> {
-        for &(t, r) in feeds {
-            let id = match from.get(r as usize) {
-                Some(Ok(s)) => s.token_id,
-                Some(Err(_)) => 0,
-                None => {
-                    return Err(BackendError::InvalidArgument(format!(
-                        "feed from sampling row {r} of {}",
-                        from.len()
-                    )))
-                }
-            };
-            let len = step.token_ids.len();
-            let slot = step.token_ids.get_mut(t as usize).ok_or_else(|| {
-                BackendError::InvalidArgument(format!("fed token {t} of a step of {len} tokens"))
-            })?;
-            *slot = id;
-        }
-        Ok(())
+        sample::feed_tokens(step, from, feeds)
     }
 
     fn sample(
@@ -708,20 +591,7 @@ impl Backend for CpuBackend {
         logits: &CpuLogits,
         rows: &[(usize, &SamplingRow)],
     ) -> Result<Vec<Result<Sampled, SampleError>>, BackendError> {
-        use rayon::prelude::*;
-        let vocab = logits.vocab;
-        let n_rows = logits.data.len() / vocab.max(1);
-        if let Some((r, _)) = rows.iter().find(|(r, _)| *r >= n_rows) {
-            return Err(BackendError::InvalidArgument(format!(
-                "sample row {r} of {n_rows} logits rows"
-            )));
-        }
-        // Rows are independent; each is the pure function on its own row.
-        Ok(self.pool.install(|| {
-            rows.par_iter()
-                .map(|&(r, desc)| sample_row(&logits.data[r * vocab..(r + 1) * vocab], desc))
-                .collect()
-        }))
+        sample::sample(self, logits, rows)
     }
 
     fn copy_block(&self, cache: &mut CpuKvCache, src: u32, dst: u32) -> Result<(), BackendError> {

@@ -51,9 +51,11 @@ pub enum KernelModule {
     GgufMm,
     /// The sm_70 / sm_75 tensor-core (mma m8n8k4, fp16) matmuls on 4-bit weights (w4 tiles).
     W4a16Sm70,
-    /// The wide sm_90+ tensor-core GEMM on 4-bit weights (w4 tiles, the common layouts).
+    /// The wide sm_90+ tensor-core GEMM on 4-bit weights (w4 tiles, the common layouts);
+    /// compiled after `w4a16.cu`'s helpers ([`KernelModule::full_source`]).
     W4a16Gemm,
-    /// The sm_90a warpgroup-MMA GEMM on 4-bit weights (w4 tiles, the common layouts).
+    /// The sm_90a warpgroup-MMA GEMM on 4-bit weights (w4 tiles, the common layouts); compiled
+    /// after `w4a16.cu`'s helpers ([`KernelModule::full_source`]).
     W4a16Wgmma,
     /// The sm_90+ 1–8-row GEMV on 4-bit weights fed by bulk copies (w4 tiles, the common
     /// layouts); compiled after `w4a16.cu`'s helpers ([`KernelModule::full_source`]).
@@ -148,7 +150,12 @@ impl KernelModule {
     /// decode and PDL helpers, the same code as the other GEMVs (templates only: nothing of it
     /// is instantiated twice).
     pub fn full_source(self) -> String {
-        if self == KernelModule::W4a16Bulk {
+        // So do the sm_90 GEMMs (`w4a16_gemm.cu`, `w4a16_wgmma.cu`): their decode, mma, swizzle
+        // and cp.async helpers are w4a16.cu's, one copy for every w4 kernel.
+        if matches!(
+            self,
+            KernelModule::W4a16Bulk | KernelModule::W4a16Gemm | KernelModule::W4a16Wgmma
+        ) {
             let w4 = KernelModule::W4a16.source();
             let helpers = w4.split(W4A16_ENTRIES_MARK).next().unwrap_or(w4);
             return format!(
@@ -591,5 +598,25 @@ mod tests {
         assert_eq!(names.len(), 4);
         let src = KernelModule::W4a16Bulk.source();
         assert!(src.contains("w4b_gemv_##SUF") && src.contains("w4b_gemvc_##SUF"));
+    }
+
+    #[test]
+    fn the_w4_gemms_get_w4a16_helpers_without_its_entry_points() {
+        for m in [KernelModule::W4a16Gemm, KernelModule::W4a16Wgmma] {
+            let full = m.full_source();
+            for helper in [
+                "struct W4Dec",
+                "w4_decode2",
+                "w4_mma",
+                "w4_word",
+                "#define W4_KB",
+            ] {
+                assert!(full.contains(helper), "{}: {helper}", m.file_name());
+            }
+            assert!(!full.contains("W4_TC_ENTRIES(bf16"), "{}", m.file_name());
+            assert!(full.ends_with(m.source()), "{}", m.file_name());
+            // One copy: the module itself defines none of them again.
+            assert!(!m.source().contains("struct W4Dec"), "{}", m.file_name());
+        }
     }
 }

@@ -11,7 +11,8 @@
 //! step, so every step of a run has the same numerics.
 //!
 //! THE FUSED DECODE OPS (`norm_matmul`, `norm_gate_up_swiglu`, `matmul_residual`: the small `mma`
-//! kernel with the RMSNorm prologue or the residual-add epilogue, see dense.cu) run the llama
+//! kernel with the RMSNorm prologue or the residual-add epilogue, see dense.cu; their launches
+//! are in `fused.rs`) run the llama
 //! layers of steps of at most [`CudaBackend::fused_decode_limit`] tokens:
 //! `KILN_FUSED_DECODE_ROWS` ([`fused_rows_from_env`], default [`DEFAULT_FUSED_DECODE_ROWS`],
 //! `0` = off; at most [`MMA_SMALL_MAX_ROWS`]). With cuBLAS (the default for everything else),
@@ -316,7 +317,7 @@ impl CudaBackend {
     /// As [`CudaBackend::dense_matmul`], with the output size of the epilogue; `norm`'s pointer a
     /// live `[k]` compute-dtype buffer.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn mma_matmul(
+    pub(super) unsafe fn mma_matmul(
         &self,
         w: &CudaWeight,
         rows: usize,
@@ -538,111 +539,11 @@ impl CudaBackend {
     }
 }
 
-impl CudaBackend {
-    /// Largest step (tokens) whose layers take the fused decode ops on this backend
-    /// (`KILN_FUSED_DECODE_ROWS`, 0 without tensor-core kernels).
-    pub fn fused_decode_limit(&self) -> usize {
-        self.fused_rows
-    }
-
-    /// Whether the fused decode ops take `w`: a dense 16-bit weight with `k` a multiple of 8 on
-    /// a backend with the tensor-core kernels.
-    pub(super) fn fused_takes(&self, w: &CudaWeight) -> bool {
-        self.fused_rows > 0
-            && self.k.dense_mma.is_some()
-            && self.arch.major >= 8
-            && w.packed.is_none()
-            && w.gguf.is_none()
-            && w.k.is_multiple_of(8)
-    }
-
-    /// `out = rms_norm(x) · w ᵀ` (`swiglu`: SwiGLU of the interleaved gate|up product, `out`
-    /// `[rows, n / 2]`) in one small `mma` kernel with the NORM prologue.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn mma_norm_matmul(
-        &self,
-        x: &CudaBuffer,
-        norm: &CudaBuffer,
-        eps: f32,
-        rows: usize,
-        w: &CudaWeight,
-        out: &mut CudaBuffer,
-        swiglu: bool,
-    ) -> Result<(), BackendError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        if rows > MMA_SMALL_MAX_ROWS {
-            return Err(BackendError::InvalidArgument(format!(
-                "fused norm matmul: {rows} rows (at most {MMA_SMALL_MAX_ROWS})"
-            )));
-        }
-        if x.dtype != super::ComputeDType::F32 {
-            return Err(super::mixed(
-                "fused norm matmul input",
-                x.dtype,
-                super::ComputeDType::F32,
-            ));
-        }
-        let n_out = if swiglu { w.n / 2 } else { w.n };
-        super::check_len("fused norm matmul input", x.len, rows * w.k)?;
-        super::check_len("fused norm matmul weight", norm.len, w.k)?;
-        super::check_len("fused norm matmul output", out.len, rows * n_out)?;
-        self.expect_compute("fused norm matmul norm weight", norm)?;
-        self.expect_compute("fused norm matmul output", out)?;
-        let (xp, _x_sync) = x.data.device_ptr(&self.stream);
-        let (np, _n_sync) = norm.data.device_ptr(&self.stream);
-        let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
-        if !xp.is_multiple_of(16) || !np.is_multiple_of(16) {
-            return Err(BackendError::InvalidArgument(
-                "fused norm matmul: input or norm weight not 16-byte aligned".into(),
-            ));
-        }
-        let epilogue = if swiglu {
-            Epilogue::Swiglu
-        } else {
-            Epilogue::Same
-        };
-        // SAFETY: x holds rows × k f32, norm k and out rows × n_out compute-dtype elements
-        // (checked above); the sync guards keep them in use for the call.
-        unsafe { self.mma_matmul(w, rows, xp, op, epilogue, MmaKernel::Small, Some((np, eps))) }
-    }
-
-    /// `residual += T(x · wᵀ)` in one small `mma` kernel with the RES epilogue.
-    pub(super) fn mma_matmul_residual(
-        &self,
-        x: &CudaBuffer,
-        rows: usize,
-        w: &CudaWeight,
-        residual: &mut CudaBuffer,
-    ) -> Result<(), BackendError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        if rows > MMA_SMALL_MAX_ROWS {
-            return Err(BackendError::InvalidArgument(format!(
-                "fused matmul residual: {rows} rows (at most {MMA_SMALL_MAX_ROWS})"
-            )));
-        }
-        if residual.dtype != super::ComputeDType::F32 {
-            return Err(super::mixed(
-                "fused matmul residual",
-                residual.dtype,
-                super::ComputeDType::F32,
-            ));
-        }
-        super::check_len("fused matmul residual input", x.len, rows * w.k)?;
-        super::check_len("fused matmul residual", residual.len, rows * w.n)?;
-        self.expect_compute("fused matmul residual input", x)?;
-        let (xp, _x_sync) = x.data.device_ptr(&self.stream);
-        let (rp, _r_sync) = residual.data.device_ptr_mut(&self.stream);
-        // SAFETY: x holds rows × k compute-dtype elements and residual rows × n f32 (checked
-        // above); the sync guards keep them in use for the call.
-        unsafe { self.mma_matmul(w, rows, xp, rp, Epilogue::Residual, MmaKernel::Small, None) }
-    }
-}
-
 /// What the `mma` kernel writes: the product in the compute dtype, in f32, SwiGLU of the
 /// interleaved gate|up product in the compute dtype, or the product rounded to the compute dtype
 /// added into an f32 residual stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Epilogue {
+pub(super) enum Epilogue {
     Same,
     F32,
     Swiglu,
@@ -660,52 +561,4 @@ fn check_aligned(xp: u64, op: u64) -> Result<(), BackendError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_k_slices_depend_on_k_alone_and_stay_within_the_kernel_limits() {
-        assert_eq!(slice_blocks(576), 4);
-        assert_eq!(slice_blocks(1536), 4);
-        assert_eq!(slice_blocks(8192), 16);
-        for k in (8..20_000).step_by(8) {
-            let sb = slice_blocks(k);
-            let slices = k.div_ceil(32).div_ceil(sb);
-            assert!(sb >= 4, "k {k}");
-            assert!(slices <= 16, "k {k}: {slices} slices");
-            assert!(slices * sb * 32 >= k, "k {k}: slices do not cover K");
-        }
-    }
-
-    #[test]
-    fn the_switch_parses_its_documented_values_and_refuses_others() {
-        assert_eq!(DenseMatmul::parse("mma").unwrap(), DenseMatmul::Mma);
-        assert_eq!(DenseMatmul::parse("MMA").unwrap(), DenseMatmul::Mma);
-        assert_eq!(DenseMatmul::parse("1").unwrap(), DenseMatmul::Fma);
-        assert_eq!(DenseMatmul::parse("fma").unwrap(), DenseMatmul::Fma);
-        assert_eq!(DenseMatmul::parse("cublas").unwrap(), DenseMatmul::Cublas);
-        assert_eq!(DenseMatmul::parse("0").unwrap(), DenseMatmul::Cublas);
-        assert_eq!(DenseMatmul::parse("").unwrap(), DenseMatmul::DEFAULT);
-        assert!(DenseMatmul::parse("tensor").is_err());
-    }
-
-    #[test]
-    fn the_fused_rows_switch_parses_counts_clamps_them_and_refuses_words() {
-        assert_eq!(parse_fused_rows("").unwrap(), DEFAULT_FUSED_DECODE_ROWS);
-        assert_eq!(parse_fused_rows("0").unwrap(), 0);
-        assert_eq!(parse_fused_rows(" 8 ").unwrap(), 8);
-        assert_eq!(parse_fused_rows("1000").unwrap(), MMA_SMALL_MAX_ROWS);
-        assert!(parse_fused_rows("on").is_err());
-        assert!(parse_fused_rows("-1").is_err());
-    }
-
-    #[test]
-    fn row_groups_cover_the_small_kernel_range() {
-        assert_eq!(row_groups(1), 1);
-        assert_eq!(row_groups(8), 1);
-        assert_eq!(row_groups(9), 2);
-        assert_eq!(row_groups(16), 2);
-        assert_eq!(row_groups(17), 4);
-        assert_eq!(row_groups(64), 4);
-    }
-}
+mod tests;

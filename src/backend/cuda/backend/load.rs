@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::{dev_err, ComputeDType, CudaBackend};
+use super::{dev_err, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
 use crate::quant::dequantize_row;
 use crate::tensor::{TensorView, WeightDType};
@@ -94,4 +94,83 @@ impl CudaBackend {
         }
         self.upload_host_f32(&host)
     }
+}
+
+pub(super) fn download(
+    be: &CudaBackend,
+    src: &CudaBuffer,
+    dst: &mut [f32],
+) -> Result<(), BackendError> {
+    if dst.len() != src.len {
+        return Err(BackendError::InvalidArgument(format!(
+            "download of {} elements into {}",
+            src.len,
+            dst.len()
+        )));
+    }
+    if dst.is_empty() {
+        return Ok(());
+    }
+    match src.dtype {
+        ComputeDType::F32 => {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+            be.stream.memcpy_dtoh(&src.data, bytes).map_err(dev_err)?;
+        }
+        dt => {
+            let mut host = vec![0u16; src.len];
+            be.stream
+                .memcpy_dtoh(&src.data, bytemuck::cast_slice_mut::<u16, u8>(&mut host))
+                .map_err(dev_err)?;
+            for (d, h) in dst.iter_mut().zip(host) {
+                *d = if dt == ComputeDType::F16 {
+                    half::f16::from_bits(h).to_f32()
+                } else {
+                    half::bf16::from_bits(h).to_f32()
+                };
+            }
+        }
+    }
+    be.stream.synchronize().map_err(dev_err)
+}
+
+pub(super) fn upload_weight(
+    be: &CudaBackend,
+    name: &str,
+    view: &TensorView<'_>,
+) -> Result<CudaWeight, BackendError> {
+    let &[n, k] = view.shape else {
+        return Err(BackendError::InvalidArgument(format!(
+            "`{name}`: expected a 2-D weight, found shape {:?}",
+            view.shape
+        )));
+    };
+    if let Some(w) = be.upload_gguf(name, view)? {
+        return Ok(w);
+    }
+    Ok(CudaWeight {
+        data: be.dequantize_to_device(name, view)?,
+        n,
+        k,
+        packed: None,
+        gguf: None,
+        swiglu_rows: false,
+    })
+}
+
+pub(super) fn upload_vector(
+    be: &CudaBackend,
+    name: &str,
+    view: &TensorView<'_>,
+) -> Result<CudaBuffer, BackendError> {
+    let &[n] = view.shape else {
+        return Err(BackendError::InvalidArgument(format!(
+            "`{name}`: expected a 1-D tensor, found shape {:?}",
+            view.shape
+        )));
+    };
+    Ok(CudaBuffer {
+        data: be.dequantize_to_device(name, view)?,
+        len: n,
+        dtype: be.dtype,
+    })
 }

@@ -5,14 +5,12 @@
 //! [`HybridBackend::rms_norm_1p`] and [`HybridBackend::add_rms_norm_1p`].
 //!
 //! The kernel waits (`griddepcontrol.wait`) before touching memory, so it is launched with the
-//! programmatic-dependent-launch attribute where the backend has PDL (`CudaBackend::pdl`).
+//! programmatic-dependent-launch attribute where the backend has PDL (`CudaBackend::pdl`),
+//! through the one RMSNorm launch of `rowwise.rs` (`launch_rms_norm`).
 //!
 //! [`HybridBackend::rms_norm_1p`]: crate::backend::hybrid::HybridBackend::rms_norm_1p
 //! [`HybridBackend::add_rms_norm_1p`]: crate::backend::hybrid::HybridBackend::add_rms_norm_1p
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
-
-use super::launch::KernelArgs;
 use super::{check_len, CudaBackend, CudaBuffer};
 use crate::backend::BackendError;
 
@@ -46,7 +44,7 @@ impl CudaBackend {
                     &g.rms_norm_1p,
                     g.rms_norm_1p_xf32.as_ref(),
                 )?;
-                self.launch_norm_1p(
+                self.launch_rms_norm(
                     kernel,
                     &x.data,
                     None,
@@ -55,6 +53,7 @@ impl CudaBackend {
                     rows,
                     dim,
                     eps,
+                    self.pdl_packed(),
                 )
             }
             Some(r) => {
@@ -66,7 +65,7 @@ impl CudaBackend {
                     &g.rms_norm_1p,
                     g.rms_norm_1p_rf32.as_ref(),
                 )?;
-                self.launch_norm_1p(
+                self.launch_rms_norm(
                     kernel,
                     &x.data,
                     Some(&mut r.data),
@@ -75,48 +74,9 @@ impl CudaBackend {
                     rows,
                     dim,
                     eps,
+                    self.pdl_packed(),
                 )
             }
         }
-    }
-
-    /// Launch an `rms_norm_1p*` kernel: one block per row (`residual` None = the unfused form).
-    #[allow(clippy::too_many_arguments)]
-    fn launch_norm_1p(
-        &self,
-        f: &CudaFunction,
-        x: &CudaSlice<u8>,
-        residual: Option<&mut CudaSlice<u8>>,
-        weight: &CudaSlice<u8>,
-        out: &mut CudaSlice<u8>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> Result<(), BackendError> {
-        if rows == 0 {
-            return Ok(());
-        }
-        let st = &self.stream;
-        let mut b = KernelArgs::new();
-        b.buf(x, st);
-        match residual {
-            Some(r) => b.buf(&*r, st),
-            None => b.ptr(0),
-        };
-        b.buf(weight, st).buf(&*out, st).i32(dim as i32).f32(eps);
-        let threads = if dim >= 1024 {
-            1024
-        } else {
-            (dim.div_ceil(32) * 32) as u32
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: x, residual and out hold rows × dim elements and weight dim (checked by
-        // `norm_1p`); a null residual selects the unfused path; the kernel waits (PDL) before it
-        // touches memory, so the attribute is allowed.
-        unsafe { self.launch_args(f, cfg, &mut b, self.pdl_packed()) }
     }
 }

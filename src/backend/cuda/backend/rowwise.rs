@@ -6,6 +6,7 @@
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 
+use super::launch::KernelArgs;
 use super::{check_len, dev_err, launch, CudaBackend, CudaBuffer, CudaStep, CudaWeight};
 use crate::backend::BackendError;
 
@@ -111,6 +112,7 @@ pub(super) fn rms_norm(
         rows,
         dim,
         eps,
+        false,
     )
 }
 
@@ -145,6 +147,7 @@ pub(super) fn add_rms_norm(
         rows,
         dim,
         eps,
+        false,
     )
 }
 
@@ -287,8 +290,12 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Launch an RMSNorm kernel of `kernels/rms_norm.cu` (`rms_norm_*`) or `kernels/gdn.cu`
+    /// (`rms_norm_1p_*`, the `(1 + w)` form: `norm_1p`): one block per row, `residual` None =
+    /// the unfused form (a null pointer). Both take (x, residual, weight, out, dim, eps). `pdl`:
+    /// with the programmatic-dependent-launch attribute (only for a kernel that waits first).
     #[allow(clippy::too_many_arguments)]
-    fn launch_rms_norm(
+    pub(super) fn launch_rms_norm(
         &self,
         f: &CudaFunction,
         x: &CudaSlice<u8>,
@@ -298,19 +305,19 @@ impl CudaBackend {
         rows: usize,
         dim: usize,
         eps: f32,
+        pdl: bool,
     ) -> Result<(), BackendError> {
         if rows == 0 {
             return Ok(());
         }
-        let d = dim as i32;
-        let null: u64 = 0;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(x);
+        let st = &self.stream;
+        let mut b = KernelArgs::new();
+        b.buf(x, st);
         match residual {
-            Some(r) => b.arg(r),
-            None => b.arg(&null),
+            Some(r) => b.buf(&*r, st),
+            None => b.ptr(0),
         };
-        b.arg(weight).arg(out).arg(&d).arg(&eps);
+        b.buf(weight, st).buf(&*out, st).i32(dim as i32).f32(eps);
         let threads = if dim >= 1024 {
             1024
         } else {
@@ -322,8 +329,8 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: x, residual and out hold rows × dim elements and weight dim (checked by the
-        // callers); a null residual pointer selects the unfused path in the kernel.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
+        // callers); a null residual pointer selects the unfused path in the kernel; `pdl` only
+        // for the `rms_norm_1p*` kernels, which wait (griddepcontrol.wait) before touching memory.
+        unsafe { self.launch_args(f, cfg, &mut b, pdl) }
     }
 }
