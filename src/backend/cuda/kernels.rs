@@ -14,6 +14,19 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 2] {
     [format!("w4b_gemv_{t}"), format!("w4b_gemvc_{t}")]
 }
 
+/// The entry points of `kernels/w4a16_xs.cu` for compute dtype suffix `t` (16-bit only):
+/// `w4_gemvxc{tpc}d{d}_{t}` for each (m16 tiles per CTA, k blocks of weights in flight per warp)
+/// of [`W4_XC_VARIANTS`]; the backend resolves exactly these (`w4a16_xc.rs`).
+pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
+    W4_XC_VARIANTS
+        .iter()
+        .map(|(tpc, d)| format!("w4_gemvxc{tpc}d{d}_{t}"))
+        .collect()
+}
+
+/// The (tiles per CTA, weight ring depth) builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`).
+pub(crate) const W4_XC_VARIANTS: [(usize, usize); 4] = [(8, 1), (8, 2), (4, 1), (4, 2)];
+
 /// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
 /// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).
 const W4A16_ENTRIES_MARK: &str = "#define W4_ARGS(T)";
@@ -61,11 +74,15 @@ pub enum KernelModule {
 
     /// Decode attention on tensor cores (mma m16n8k16, sm_80+, 16-bit compute) for long contexts.
     AttentionDecodeMma,
+    /// The sm_90+ 9–16-row GEMV on 4-bit weights with x resident per K slice (thread-block
+    /// clusters; w4 tiles, the common layouts); compiled after `w4a16.cu`'s helpers
+    /// ([`KernelModule::full_source`]).
+    W4a16Xs,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 19] = [
+    pub const ALL: [KernelModule; 20] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -85,6 +102,7 @@ impl KernelModule {
         KernelModule::W4a16Wgmma,
         KernelModule::W4a16Bulk,
         KernelModule::AttentionDecodeMma,
+        KernelModule::W4a16Xs,
     ];
 
     /// File name under `kernels/`.
@@ -110,6 +128,7 @@ impl KernelModule {
             KernelModule::W4a16Bulk => "w4a16_bulk.cu",
 
             KernelModule::AttentionDecodeMma => "attention_decode_mma.cu",
+            KernelModule::W4a16Xs => "w4a16_xs.cu",
         }
     }
 
@@ -140,6 +159,7 @@ impl KernelModule {
             KernelModule::AttentionDecodeMma => {
                 include_str!("../../../kernels/attention_decode_mma.cu")
             }
+            KernelModule::W4a16Xs => include_str!("../../../kernels/w4a16_xs.cu"),
         }
     }
 
@@ -148,7 +168,7 @@ impl KernelModule {
     /// decode and PDL helpers, the same code as the other GEMVs (templates only: nothing of it
     /// is instantiated twice).
     pub fn full_source(self) -> String {
-        if self == KernelModule::W4a16Bulk {
+        if matches!(self, KernelModule::W4a16Bulk | KernelModule::W4a16Xs) {
             let w4 = KernelModule::W4a16.source();
             let helpers = w4.split(W4A16_ENTRIES_MARK).next().unwrap_or(w4);
             return format!(
@@ -180,6 +200,8 @@ impl KernelModule {
             KernelModule::W4a16Gemm | KernelModule::W4a16Wgmma => arch.major >= 9,
             // cp.async.bulk and mbarrier transaction counts: sm_90 and newer.
             KernelModule::W4a16Bulk => arch.major >= 9,
+            // Thread-block clusters and distributed shared memory: sm_90 and newer.
+            KernelModule::W4a16Xs => arch.major >= 9,
             _ => true,
         }
     }
@@ -446,6 +468,12 @@ impl KernelModule {
                 KernelModule::W4a16Bulk => {
                     if t != "f32" {
                         names.extend(w4_bulk_names(t));
+                    }
+                }
+                // The 16-bit dtypes (the host launches them on sm_90+ only).
+                KernelModule::W4a16Xs => {
+                    if t != "f32" {
+                        names.extend(w4_xc_names(t));
                     }
                 }
                 KernelModule::GgufMm => {

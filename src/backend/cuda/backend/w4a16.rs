@@ -48,6 +48,11 @@ pub(crate) use wide::WideKernels;
 mod bulk;
 pub(crate) use bulk::BulkGemv;
 
+// The sm_90+ cluster GEMV for 9–16 rows (`kernels/w4a16_xs.cu`), a child module likewise.
+#[path = "w4a16_xc.rs"]
+mod xc;
+pub(crate) use xc::XcGemv;
+
 /// Rows the GEMV always covers; larger steps run [`W4Kernel::Gemm`], which picks by the row
 /// count and the weight (same numerics, so every switch is a speed choice only).
 pub const GEMV_MAX_ROWS: usize = 32;
@@ -419,7 +424,10 @@ impl CudaBackend {
             && parts.gemv_fast_ok(w.k)
             && rows > GEMV8_ROWS
         {
-            // SAFETY: the caller's guarantees, passed on unchanged.
+            // SAFETY (both): the caller's guarantees, passed on unchanged.
+            if let Some(build) = self.w4_xc_runs(parts, w.k, rows) {
+                return unsafe { self.packed_gemv_xc(w, parts, rows, xp, op, out_f32, build) };
+            }
             return unsafe { self.packed_gemv_xs(w, parts, rows, xp, op, out_f32) };
         }
         // Rows of one GEMV block: 8 (fast layouts, up to 8 rows) or 32.
