@@ -245,9 +245,9 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     w4xc_cluster_sync();  // no CTA leaves while another still reads its shared memory
 }
 
-// Entry points: `w4_gemvxc{TPC}d{D}_{t}` (TPC m16 tiles per CTA, D k blocks of weights in flight
-// per warp); the host lists them in `kernels.rs` `w4_xc_names`. Registers capped for 32 warps
-// per SM (64 per thread).
+// Entry points: `w4_gemvxc{TPC}d{D}b{B}_{t}` (TPC m16 tiles per CTA, D k blocks of weights in
+// flight per warp, registers capped for B CTAs per SM: 64 at 32 warps, 56 at 36, 48 at 40); the
+// host lists them in `kernels.rs` `W4_XC_VARIANTS` and picks one per launch (`w4a16_xc.rs`).
 #define W4XC_ARGS(T)                                                                            \
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int gshift, int gstore, int n, void *out, int out_f32, int fp4, int trig
@@ -256,15 +256,18 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     if (fp4) w4_gemv_xc<T, true, false, TPC, D>(W4XC_PASS);                                     \
     else if (zeros) w4_gemv_xc<T, false, true, TPC, D>(W4XC_PASS);                              \
     else w4_gemv_xc<T, false, false, TPC, D>(W4XC_PASS);
-#define W4XC_ENTRY(SUF, T, TPC, D)                                                              \
-    extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, 32 / TPC)               \
-        w4_gemvxc##TPC##d##D##_##SUF(W4XC_ARGS(T)) {                                            \
+#define W4XC_ENTRY(SUF, T, TPC, D, B)                                                           \
+    extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
+        w4_gemvxc##TPC##d##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
         W4XC_ANY(T, TPC, D)                                                                     \
     }
 #define W4XC_ENTRIES(SUF, T)                                                                    \
-    W4XC_ENTRY(SUF, T, 8, 1)                                                                    \
-    W4XC_ENTRY(SUF, T, 8, 2)                                                                    \
-    W4XC_ENTRY(SUF, T, 4, 1)                                                                    \
-    W4XC_ENTRY(SUF, T, 4, 2)
+    W4XC_ENTRY(SUF, T, 8, 2, 4)                                                                 \
+    W4XC_ENTRY(SUF, T, 4, 1, 9)                                                                 \
+    W4XC_ENTRY(SUF, T, 8, 1, 5)                                                                 \
+    W4XC_ENTRY(SUF, T, 4, 1, 10)                                                                \
+    W4XC_ENTRY(SUF, T, 8, 1, 4)                                                                 \
+    W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
+    W4XC_ENTRY(SUF, T, 4, 2, 9)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

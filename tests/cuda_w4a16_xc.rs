@@ -20,8 +20,25 @@ use kiln::backend::Backend;
 use kiln::tensor::LinearView;
 use w4_support::{Fmt, Owned};
 
-/// The (tiles per CTA, weight ring depth) builds (`kernels.rs` `W4_XC_VARIANTS`).
-const BUILDS: [(usize, usize); 4] = [(8, 1), (8, 2), (4, 1), (4, 2)];
+/// A build: (tiles per CTA, weight ring depth, CTAs per SM of its register cap).
+type Build = (usize, usize, usize);
+
+/// The builds (`kernels.rs` `W4_XC_VARIANTS`), then `None`: the backend's pick per launch.
+const BUILDS: [Option<Build>; 8] = [
+    Some((8, 2, 4)),
+    Some((4, 1, 9)),
+    Some((8, 1, 5)),
+    Some((4, 1, 10)),
+    Some((8, 1, 4)),
+    Some((4, 2, 8)),
+    Some((4, 2, 9)),
+    None,
+];
+
+/// A build's label in the RESULT lines.
+fn label(build: Option<Build>) -> String {
+    build.map_or("pick".into(), |(t, d, b)| format!("xc{t}x{d}b{b}"))
+}
 
 /// `o` on the first `rows` rows of `x` through [`W4Kernel::Gemv`], output NaN-poisoned first.
 fn run(
@@ -62,7 +79,7 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
         .map(|d| (d, gpu(d, "auto")))
         .collect();
     backends.retain_mut(|(d, b)| {
-        let ok = b.w4_tensor_cores() && b.set_w4_xc(None, 16);
+        let ok = b.w4_tensor_cores() && b.set_w4_xc(false, None, 16);
         if !ok {
             println!("RESULT w4a16 xc-gemv {d}: no cluster kernel here (sm_90+ only), skipped");
         }
@@ -117,10 +134,10 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
                     .collect();
                 let (mut same, mut all, mut ran) = (0, 0, 0);
                 for &rows in &rows_list {
-                    b.set_w4_xc(None, 32);
+                    b.set_w4_xc(false, None, 32);
                     let base = run(b, &w, &x, rows, n, k);
                     for build in BUILDS {
-                        b.set_w4_xc(Some(build), 32);
+                        b.set_w4_xc(true, build, 32);
                         if b.w4_xc_build_for(&w, rows).is_none() {
                             continue;
                         }
@@ -142,7 +159,7 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
                         }
                     }
                 }
-                b.set_w4_xc(None, 16);
+                b.set_w4_xc(false, None, 16);
                 println!(
                     "RESULT w4a16 xc-gemv {dtype} {label} N={n} K={k} rows=9..16,17,24,31,32 builds_run={ran} equal_to_w4_gemvx={same}/{all} {}",
                     if same == all { "ok" } else { "FAIL" }
@@ -151,23 +168,26 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
         }
     }
     for (_, b) in backends.iter_mut() {
-        b.set_w4_xc(Some(BUILDS[0]), 16);
+        b.set_w4_xc(true, None, 16);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Same-run speed: CT W4A16 sym g128, bf16, rotating over 4 distinct weights per shape (every
-/// launch from DRAM), `common::time` (20 launches back to back, median of 7). Per shape and row
-/// count: the backend's GEMV with the cluster kernel off (`w4_gemv` to 8 rows, `w4_gemvx1` /
-/// `w4_gemvx2` above) and with each build on (9+ rows), µs and the ratio to the 1-row time of
-/// the same run (target: ≤ 1.3 at 9–16 rows). Every build's output is first checked bit for bit
-/// against the cluster-off output on the same data (asserted).
+/// launch from DRAM), `common::time` (20 launches back to back, median of 7), PDL as the backend
+/// has it (on, sm_90). Per shape (the 27B's with 8 K slices) and row count: the backend's GEMV
+/// with the cluster kernel off (`w4_gemv` to 8 rows, `w4_gemvx1` / `w4_gemvx2` above) and each
+/// build plus the backend's pick (9+ rows; above 16 the pick and 8x2b4 only), µs and the ratio to
+/// the 1-row time of the same run (target: ≤ 1.3 at 9–16 rows). Then the 1- and 16-row times
+/// with PDL off (off and pick). Every build's output is first checked bit for bit against the
+/// cluster-off output on the same data (asserted). `KILN_XC_BENCH_SHAPES=17408x5120,...` keeps
+/// those shapes only.
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_gemv_xc_speed() {
     let mut b = gpu("bf16", "auto");
     println!("device: {}", b.name());
-    if !b.set_w4_xc(None, 32) {
+    if !b.set_w4_xc(false, None, 32) {
         println!("RESULT xc no cluster kernel here (sm_90+ only): nothing to compare");
         return;
     }
@@ -179,6 +199,9 @@ fn w4a16_gemv_xc_speed() {
         (5120, 17408),
         (10240, 5120),
         (5120, 6144),
+        (12288, 5120),
+        (6144, 5120),
+        (1024, 5120),
     ];
     for (si, &(n, k)) in shapes.iter().enumerate() {
         if only
@@ -201,45 +224,43 @@ fn w4a16_gemv_xc_speed() {
         let x = b.upload(&xh).expect("x");
         let mut out = b.alloc(32 * n).expect("out");
         let bytes = b.weight_bytes(&ws[0]) as f64;
-        let mut one = 0.0;
-        for rows in [1usize, 8, 9, 12, 16, 24, 32] {
-            b.set_w4_xc(None, 32);
-            let base_bits = run(&b, &ws[0], &xh, rows, n, k);
+        let mut timed = |b: &CudaBackend, rows: usize| {
             let mut j = 0usize;
-            let t0 = time(&b, || {
+            time(b, || {
                 j = (j + 1) % ws.len();
                 b.matmul_w4_with(&x, rows, &ws[j], &mut out, W4Kernel::Gemv)
                     .expect("gemv")
-            });
+            })
+        };
+        let mut one = 0.0;
+        for rows in [1usize, 8, 9, 12, 16, 24, 32] {
+            b.set_w4_xc(false, None, 32);
+            let base_bits = run(&b, &ws[0], &xh, rows, n, k);
+            let t0 = timed(&b, rows);
             if rows == 1 {
                 one = t0;
             }
             let mut line = format!(" off_us={:.2} ({:.2}x)", t0 * 1e6, t0 / one);
             if rows > 8 {
                 for build in BUILDS {
-                    b.set_w4_xc(Some(build), 32);
-                    if b.w4_xc_build_for(&ws[0], rows).is_none() {
-                        line += &format!(" xc{}x{}=n/a", build.0, build.1);
+                    if rows > 16 && build.is_some() && build != BUILDS[0] {
                         continue;
                     }
+                    b.set_w4_xc(true, build, 32);
+                    let Some(ran) = b.w4_xc_build_for(&ws[0], rows) else {
+                        line += &format!(" {}=n/a", label(build));
+                        continue;
+                    };
                     let a = run(&b, &ws[0], &xh, rows, n, k);
                     assert!(
                         bits_equal(&a, &base_bits),
                         "{n}x{k} rows {rows} build {build:?}: bits differ from the cluster-off GEMV"
                     );
-                    let mut j = 0usize;
-                    let t = time(&b, || {
-                        j = (j + 1) % ws.len();
-                        b.matmul_w4_with(&x, rows, &ws[j], &mut out, W4Kernel::Gemv)
-                            .expect("gemv")
-                    });
-                    line += &format!(
-                        " xc{}x{}_us={:.2} ({:.2}x)",
-                        build.0,
-                        build.1,
-                        t * 1e6,
-                        t / one
-                    );
+                    let t = timed(&b, rows);
+                    line += &format!(" {}_us={:.2} ({:.2}x)", label(build), t * 1e6, t / one);
+                    if build.is_none() {
+                        line += &format!(" picked={}", label(Some(ran)));
+                    }
                 }
             }
             println!(
@@ -247,6 +268,24 @@ fn w4a16_gemv_xc_speed() {
                 bytes / one / copy
             );
         }
+        // PDL off: 1 and 16 rows, the cluster kernel off and picked.
+        {
+            b.set_pdl(false, true);
+            b.set_w4_xc(false, None, 32);
+            let t1 = timed(&b, 1);
+            let t16 = timed(&b, 16);
+            b.set_w4_xc(true, None, 32);
+            let p16 = timed(&b, 16);
+            println!(
+                "RESULT xc gemv N={n} K={k} pdl_off rows=1 us={:.2} rows=16 off_us={:.2} ({:.2}x) pick_us={:.2} ({:.2}x)",
+                t1 * 1e6,
+                t16 * 1e6,
+                t16 / t1,
+                p16 * 1e6,
+                p16 / t1
+            );
+            b.set_pdl(true, true);
+        }
     }
-    b.set_w4_xc(Some(BUILDS[0]), 16);
+    b.set_w4_xc(true, None, 16);
 }

@@ -15,17 +15,27 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 2] {
 }
 
 /// The entry points of `kernels/w4a16_xs.cu` for compute dtype suffix `t` (16-bit only):
-/// `w4_gemvxc{tpc}d{d}_{t}` for each (m16 tiles per CTA, k blocks of weights in flight per warp)
-/// of [`W4_XC_VARIANTS`]; the backend resolves exactly these (`w4a16_xc.rs`).
+/// `w4_gemvxc{tpc}d{d}b{b}_{t}` for each build of [`W4_XC_VARIANTS`]; the backend resolves
+/// exactly these (`w4a16_xc.rs`).
 pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
     W4_XC_VARIANTS
         .iter()
-        .map(|(tpc, d)| format!("w4_gemvxc{tpc}d{d}_{t}"))
+        .map(|(tpc, d, b)| format!("w4_gemvxc{tpc}d{d}b{b}_{t}"))
         .collect()
 }
 
-/// The (tiles per CTA, weight ring depth) builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`).
-pub(crate) const W4_XC_VARIANTS: [(usize, usize); 4] = [(8, 1), (8, 2), (4, 1), (4, 2)];
+/// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`): (m16 tiles per CTA, k blocks of weights
+/// in flight per warp, CTAs per SM the register cap allows), in the backend's order of
+/// preference.
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize); 7] = [
+    (8, 2, 4),
+    (4, 1, 9),
+    (8, 1, 5),
+    (4, 1, 10),
+    (8, 1, 4),
+    (4, 2, 8),
+    (4, 2, 9),
+];
 
 /// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
 /// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).

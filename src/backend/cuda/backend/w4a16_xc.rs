@@ -8,11 +8,12 @@
 //! ([`CudaBackend::w4_xc_runs`]).
 //!
 //! Switch, read when the backend is created ([`XcGemv::resolve`]); tests and benchmarks change it
-//! in one process with [`CudaBackend::set_w4_xc`]:
-//! `KILN_W4_XC` = `off`, `on` (the default build, [`DEFAULT_VARIANT`]) or `TPCxD` (one of
-//! `kernels.rs` `W4_XC_VARIANTS`: `8x1`, `8x2`, `4x1`, `4x2`); unset: [`XC_DEFAULT_ON`].
-//! [`W4Kernel::Gemv`] steps of 9–[`XcSettings::max_rows`] rows run it where it applies, else
-//! `w4_gemvx1` / `w4_gemvx2`.
+//! in one process with [`CudaBackend::set_w4_xc`]: `KILN_W4_XC` = `off`, `on` (unset: on where
+//! [`XC_DEFAULT_ON`]) or one build `TPCxDbB` of `kernels.rs` `W4_XC_VARIANTS` (e.g. `8x2b4`).
+//! `on` picks the build per launch ([`pick_build`]): the fewest rounds of CTAs over the GPU
+//! (CTAs per SM bounded by the build's register cap and by shared memory), ties in the list's
+//! order. [`W4Kernel::Gemv`] steps of 9–[`XcSettings::max_rows`] rows run it where it applies,
+//! else `w4_gemvx1` / `w4_gemvx2`.
 
 use std::collections::HashMap;
 
@@ -27,8 +28,8 @@ use crate::tensor::packed_tiles::TILE_N;
 /// Whether the kernel runs when `KILN_W4_XC` is unset.
 pub const XC_DEFAULT_ON: bool = true;
 
-/// The (tiles per CTA, weight ring depth) build `on` selects.
-pub const DEFAULT_VARIANT: (usize, usize) = (8, 1);
+/// A build: (m16 tiles per CTA, weight ring depth, CTAs per SM its register cap allows).
+pub type XcBuild = (usize, usize, usize);
 
 /// K slices the kernel runs (its cluster size, `W4XC_KS`).
 const XC_KS: usize = 8;
@@ -42,37 +43,44 @@ const XC_KB_BYTES: usize = XC_ROWS * 256;
 /// Shared memory a block may use with the opt-in on sm_90 / sm_100.
 const MAX_SMEM: usize = 227 * 1024;
 
+/// Shared memory of an SM on sm_90 / sm_100 and what the driver reserves per CTA.
+const SM_SMEM: usize = 228 * 1024;
+const CTA_RESERVED: usize = 1024;
+
 /// The kernel's settings (`KILN_W4_XC`; [`CudaBackend::set_w4_xc`] changes them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct XcSettings {
-    /// The build that runs (an entry of `W4_XC_VARIANTS`), or `None`: off.
-    pub variant: Option<(usize, usize)>,
+    /// Whether it runs.
+    pub on: bool,
+    /// One build for every launch, or `None`: [`pick_build`] per launch.
+    pub build: Option<XcBuild>,
     /// Most rows it runs (16; benchmarks may try 32: ceil(rows / 16) row tiles).
     pub max_rows: usize,
 }
 
-/// The resolved kernels (one per build) and the settings.
+/// The resolved kernels (one per build), the settings and the GPU's SM count (read at the first
+/// launch).
 #[derive(Debug, Clone)]
 pub(crate) struct XcGemv {
-    f: Vec<((usize, usize), CudaFunction)>,
+    f: Vec<(XcBuild, CudaFunction)>,
     set: XcSettings,
+    sms: std::sync::OnceLock<usize>,
 }
 
-/// Parse a `KILN_W4_XC` value.
-fn parse_xc(v: &str) -> Result<Option<(usize, usize)>, BackendError> {
+/// Parse a `KILN_W4_XC` value: (on, fixed build).
+fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>), BackendError> {
     let v = v.trim().to_ascii_lowercase();
     match v.as_str() {
-        "" => Ok(XC_DEFAULT_ON.then_some(DEFAULT_VARIANT)),
-        "0" | "off" | "false" => Ok(None),
-        "1" | "on" | "true" => Ok(Some(DEFAULT_VARIANT)),
+        "" => Ok((XC_DEFAULT_ON, None)),
+        "0" | "off" | "false" => Ok((false, None)),
+        "1" | "on" | "true" => Ok((true, None)),
         other => W4_XC_VARIANTS
             .iter()
-            .find(|(tpc, d)| format!("{tpc}x{d}") == other)
-            .map(|p| Some(*p))
+            .find(|(tpc, d, b)| format!("{tpc}x{d}b{b}") == other)
+            .map(|p| (true, Some(*p)))
             .ok_or_else(|| {
                 BackendError::InvalidArgument(format!(
-                    "KILN_W4_XC={v:?}: expected off, on or one of {:?} as TPCxD",
-                    W4_XC_VARIANTS
+                    "KILN_W4_XC={v:?}: expected off, on or one of {W4_XC_VARIANTS:?} as TPCxDbB"
                 ))
             }),
     }
@@ -97,8 +105,8 @@ impl XcGemv {
                 found.len()
             )));
         }
-        let variant = match std::env::var("KILN_W4_XC") {
-            Err(_) => XC_DEFAULT_ON.then_some(DEFAULT_VARIANT),
+        let (on, build) = match std::env::var("KILN_W4_XC") {
+            Err(_) => (XC_DEFAULT_ON, None),
             Ok(v) => parse_xc(&v)?,
         };
         Ok(Some(XcGemv {
@@ -108,11 +116,46 @@ impl XcGemv {
                 .zip(found.into_iter().cloned())
                 .collect(),
             set: XcSettings {
-                variant,
+                on,
+                build,
                 max_rows: XC_ROWS,
             },
+            sms: std::sync::OnceLock::new(),
         }))
     }
+}
+
+/// CTAs of `build` an SM holds for a weight of `per` k blocks per slice: its register cap, the
+/// shared memory, 2048 threads.
+pub fn ctas_per_sm(build: XcBuild, per: usize) -> usize {
+    let (tpc, _, b) = build;
+    b.min(SM_SMEM / (smem_bytes(per, tpc) + CTA_RESERVED))
+        .min(2048 / (32 * tpc))
+}
+
+/// The build for a step of `row_tiles` 16-row tiles on `tiles` m16 output tiles of `per` k blocks
+/// per slice on `sms` SMs: of the builds that apply (tiles a multiple of the build's tiles per
+/// CTA, the shared memory within a block's limit, at least one CTA per SM), the one with the
+/// fewest rounds of CTAs, ceil(CTAs / (sms × CTAs per SM)); ties in [`W4_XC_VARIANTS`]' order.
+/// (A K = 5120 weight's slice is 5 k blocks: a CTA's fixed costs — x's first copy, the cluster
+/// barriers — are a large part of its time, so a last round of a few CTAs costs nearly a whole
+/// round; measured on the H200, docs/benchmarks.md.)
+pub fn pick_build(tiles: usize, per: usize, row_tiles: usize, sms: usize) -> Option<XcBuild> {
+    W4_XC_VARIANTS
+        .iter()
+        .copied()
+        .filter(|&v| build_applies(v, tiles, per))
+        .min_by_key(|&v| {
+            let ctas = tiles / v.0 * XC_KS * row_tiles;
+            ctas.div_ceil(sms * ctas_per_sm(v, per))
+        })
+}
+
+/// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice.
+fn build_applies(build: XcBuild, tiles: usize, per: usize) -> bool {
+    tiles.is_multiple_of(build.0)
+        && smem_bytes(per, build.0) <= MAX_SMEM
+        && ctas_per_sm(build, per) >= 1
 }
 
 /// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]), which the
@@ -122,13 +165,18 @@ pub fn smem_bytes(per: usize, tpc: usize) -> usize {
 }
 
 impl CudaBackend {
-    /// Set the cluster GEMV's build (`None`: off) and the most rows it runs (benchmarks and
-    /// tests compare them in one process); returns whether the kernels exist here (sm_90+,
-    /// 16-bit dtype) and the build is one of `W4_XC_VARIANTS`.
-    pub fn set_w4_xc(&mut self, variant: Option<(usize, usize)>, max_rows: usize) -> bool {
+    /// Set the cluster GEMV: `on`, one `build` for every launch (an entry of `W4_XC_VARIANTS`)
+    /// or `None` ([`pick_build`] per launch), the most rows it runs (benchmarks and tests
+    /// compare them in one process); returns whether the kernels exist here (sm_90+, 16-bit
+    /// dtype) and the build is known.
+    pub fn set_w4_xc(&mut self, on: bool, build: Option<XcBuild>, max_rows: usize) -> bool {
         match self.k.w4_xc.as_mut() {
-            Some(x) if variant.is_none_or(|v| W4_XC_VARIANTS.contains(&v)) => {
-                x.set = XcSettings { variant, max_rows };
+            Some(x) if build.is_none_or(|v| W4_XC_VARIANTS.contains(&v)) => {
+                x.set = XcSettings {
+                    on,
+                    build,
+                    max_rows,
+                };
                 true
             }
             _ => false,
@@ -137,7 +185,7 @@ impl CudaBackend {
 
     /// The build a [`super::W4Kernel::Gemv`] step of `rows` rows on packed `w` runs now, if the
     /// cluster GEMV applies (tests check that it ran).
-    pub fn w4_xc_build_for(&self, w: &CudaWeight, rows: usize) -> Option<(usize, usize)> {
+    pub fn w4_xc_build_for(&self, w: &CudaWeight, rows: usize) -> Option<XcBuild> {
         self.w4_xc_runs(w.packed.as_deref()?, w.k, rows)
     }
 
@@ -148,21 +196,35 @@ impl CudaBackend {
         parts: &CudaPackedParts,
         k: usize,
         rows: usize,
-    ) -> Option<(usize, usize)> {
+    ) -> Option<XcBuild> {
         let x = self.k.w4_xc.as_ref()?;
-        let (tpc, d) = x.set.variant?;
-        let ok = self.w4_tensor_cores()
+        let ok = x.set.on
+            && self.w4_tensor_cores()
             && self.k.w4_sm70.is_none()
             && parts.gemv_fast_ok(k)
             && rows > GEMV8_ROWS
             && rows <= x.set.max_rows
-            && parts.k_slices == XC_KS
-            && (parts.n_pad / (2 * TILE_N)).is_multiple_of(tpc)
-            && smem_bytes(parts.k_blocks / XC_KS, tpc) <= MAX_SMEM;
-        ok.then_some((tpc, d))
+            && parts.k_slices == XC_KS;
+        if !ok {
+            return None;
+        }
+        let (tiles, per) = (parts.n_pad / (2 * TILE_N), parts.k_blocks / XC_KS);
+        match x.set.build {
+            Some(v) => build_applies(v, tiles, per).then_some(v),
+            None => {
+                let sms = *x.sms.get_or_init(|| {
+                    self.ctx
+                        .attribute(
+                            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                        )
+                        .map_or(132, |v| v.max(1) as usize)
+                });
+                pick_build(tiles, per, rows.div_ceil(XC_ROWS), sms)
+            }
+        }
     }
 
-    /// Launch `w4_gemvxc{tpc}d{d}` for a step of `rows` rows ([`Self::w4_xc_runs`] gave the build).
+    /// Launch `w4_gemvxc{tpc}d{d}b{b}` for a step of `rows` rows ([`Self::w4_xc_runs`] gave the build).
     ///
     /// # Safety
     /// As [`Self::packed_matmul`].
@@ -175,7 +237,7 @@ impl CudaBackend {
         xp: u64,
         op: u64,
         out_f32: bool,
-        build: (usize, usize),
+        build: XcBuild,
     ) -> Result<(), BackendError> {
         let x = self.k.w4_xc.as_ref().ok_or_else(|| {
             BackendError::Unsupported("the cluster GEMV needs sm_90+ and a 16-bit dtype".into())
@@ -241,20 +303,33 @@ mod tests {
 
     #[test]
     fn xc_switch_parses_its_builds() {
-        assert_eq!(parse_xc("off").unwrap(), None);
-        assert_eq!(parse_xc(" On ").unwrap(), Some(DEFAULT_VARIANT));
-        assert_eq!(parse_xc("4x2").unwrap(), Some((4, 2)));
-        assert!(parse_xc("3x1").is_err());
-        assert!(W4_XC_VARIANTS.contains(&DEFAULT_VARIANT));
+        assert_eq!(parse_xc("off").unwrap(), (false, None));
+        assert_eq!(parse_xc(" On ").unwrap(), (true, None));
+        assert_eq!(parse_xc("4x1b9").unwrap(), (true, Some((4, 1, 9))));
+        assert!(parse_xc("3x1b4").is_err());
     }
 
     #[test]
     fn shared_memory_of_the_27b_shapes() {
-        // K = 5120 (40 k blocks: 5 per slice) and 17408 (136: 17): 20 KB and 68 KB, so 4 and 3
-        // CTAs per SM (228 KB, 1 KB reserved per CTA).
+        // K = 5120 (40 k blocks: 5 per slice) and 17408 (136: 17): 20 KB and 68 KB.
         assert_eq!(smem_bytes(5, 8), 20 * 1024);
         assert_eq!(smem_bytes(17, 8), 68 * 1024);
         assert_eq!(smem_bytes(1, 8), 8 * 1024);
-        assert!(3 * (smem_bytes(17, 8) + 1024) <= 228 * 1024);
+        assert_eq!(ctas_per_sm((8, 2, 4), 17), 3);
+        assert_eq!(ctas_per_sm((4, 1, 9), 5), 9);
+        assert_eq!(ctas_per_sm((4, 1, 10), 17), 3);
+    }
+
+    #[test]
+    fn the_pick_takes_the_fewest_rounds_on_the_h200() {
+        // 17408×5120 (1088 m16 tiles, 5 k blocks per slice): 8x2b4 needs 3 rounds of 528
+        // CTAs, 4x1b9 two of 1188.
+        assert_eq!(pick_build(1088, 5, 1, 132), Some((4, 1, 9)));
+        // 5120×17408 (320 tiles, 17 per slice): one round of 320 CTAs at 3 per SM.
+        assert_eq!(pick_build(320, 17, 1, 132), Some((8, 2, 4)));
+        // 10240×5120 (640 tiles): one round only at 5 CTAs of 8 warps per SM.
+        assert_eq!(pick_build(640, 5, 1, 132), Some((8, 1, 5)));
+        // Tiles not a multiple of 4: none.
+        assert_eq!(pick_build(2, 5, 1, 132), None);
     }
 }
