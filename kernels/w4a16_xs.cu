@@ -63,6 +63,16 @@ __device__ __forceinline__ void w4xc_cluster_sync() {
 #endif
 }
 
+// The same barrier without memory ordering (the last one: every CTA's reads of the others' shared
+// memory have returned, their values stored, before it arrives; nothing is published).
+__device__ __forceinline__ void w4xc_cluster_sync_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
 // The f32 at shared address `a` (this CTA's window) in the cluster's CTA `rank`.
 __device__ __forceinline__ float w4xc_dsmem_f(unsigned a, unsigned rank) {
     float v = 0.0f;
@@ -242,12 +252,12 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         const int col = (blockIdx.x * TPC + vw) * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
         if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
     }
-    w4xc_cluster_sync();  // no CTA leaves while another still reads its shared memory
+    w4xc_cluster_sync_relaxed();  // no CTA leaves while another still reads its shared memory
 }
 
 // Entry points: `w4_gemvxc{TPC}d{D}b{B}_{t}` (TPC m16 tiles per CTA, D k blocks of weights in
-// flight per warp, registers capped for B CTAs per SM: 64 at 32 warps, 56 at 36, 48 at 40); the
-// host lists them in `kernels.rs` `W4_XC_VARIANTS` and picks one per launch (`w4a16_xc.rs`).
+// flight per warp, registers capped for B CTAs per SM: 64 at 32 warps); the host lists them in
+// `kernels.rs` `W4_XC_VARIANTS` and runs the first that applies (`w4a16_xc.rs`).
 #define W4XC_ARGS(T)                                                                            \
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int gshift, int gstore, int n, void *out, int out_f32, int fp4, int trig
@@ -263,11 +273,7 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     }
 #define W4XC_ENTRIES(SUF, T)                                                                    \
     W4XC_ENTRY(SUF, T, 8, 2, 4)                                                                 \
-    W4XC_ENTRY(SUF, T, 4, 1, 9)                                                                 \
-    W4XC_ENTRY(SUF, T, 8, 1, 5)                                                                 \
-    W4XC_ENTRY(SUF, T, 4, 1, 10)                                                                \
-    W4XC_ENTRY(SUF, T, 8, 1, 4)                                                                 \
     W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
-    W4XC_ENTRY(SUF, T, 4, 2, 9)
+    W4XC_ENTRY(SUF, T, 16, 2, 2)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

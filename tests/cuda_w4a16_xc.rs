@@ -24,16 +24,7 @@ use w4_support::{Fmt, Owned};
 type Build = (usize, usize, usize);
 
 /// The builds (`kernels.rs` `W4_XC_VARIANTS`), then `None`: the backend's pick per launch.
-const BUILDS: [Option<Build>; 8] = [
-    Some((8, 2, 4)),
-    Some((4, 1, 9)),
-    Some((8, 1, 5)),
-    Some((4, 1, 10)),
-    Some((8, 1, 4)),
-    Some((4, 2, 8)),
-    Some((4, 2, 9)),
-    None,
-];
+const BUILDS: [Option<Build>; 4] = [Some((8, 2, 4)), Some((4, 2, 8)), Some((16, 2, 2)), None];
 
 /// A build's label in the RESULT lines.
 fn label(build: Option<Build>) -> String {

@@ -25,17 +25,8 @@ pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
 }
 
 /// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`): (m16 tiles per CTA, k blocks of weights
-/// in flight per warp, CTAs per SM the register cap allows), in the backend's order of
-/// preference.
-pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize); 7] = [
-    (8, 2, 4),
-    (4, 1, 9),
-    (8, 1, 5),
-    (4, 1, 10),
-    (8, 1, 4),
-    (4, 2, 8),
-    (4, 2, 9),
-];
+/// in flight per warp, CTAs per SM of the register cap), in the backend's order of preference.
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize); 3] = [(8, 2, 4), (4, 2, 8), (16, 2, 2)];
 
 /// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
 /// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).

@@ -10,9 +10,8 @@
 //! Switch, read when the backend is created ([`XcGemv::resolve`]); tests and benchmarks change it
 //! in one process with [`CudaBackend::set_w4_xc`]: `KILN_W4_XC` = `off`, `on` (unset: on where
 //! [`XC_DEFAULT_ON`]) or one build `TPCxDbB` of `kernels.rs` `W4_XC_VARIANTS` (e.g. `8x2b4`).
-//! `on` picks the build per launch ([`pick_build`]): the fewest rounds of CTAs over the GPU
-//! (CTAs per SM bounded by the build's register cap and by shared memory), ties in the list's
-//! order. [`W4Kernel::Gemv`] steps of 9–[`XcSettings::max_rows`] rows run it where it applies,
+//! `on` runs the first build of that list that applies to the weight ([`pick_build`]).
+//! [`W4Kernel::Gemv`] steps of 9–[`XcSettings::max_rows`] rows run it where it applies,
 //! else `w4_gemvx1` / `w4_gemvx2`.
 
 use std::collections::HashMap;
@@ -43,10 +42,6 @@ const XC_KB_BYTES: usize = XC_ROWS * 256;
 /// Shared memory a block may use with the opt-in on sm_90 / sm_100.
 const MAX_SMEM: usize = 227 * 1024;
 
-/// Shared memory of an SM on sm_90 / sm_100 and what the driver reserves per CTA.
-const SM_SMEM: usize = 228 * 1024;
-const CTA_RESERVED: usize = 1024;
-
 /// The kernel's settings (`KILN_W4_XC`; [`CudaBackend::set_w4_xc`] changes them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct XcSettings {
@@ -58,13 +53,11 @@ pub(crate) struct XcSettings {
     pub max_rows: usize,
 }
 
-/// The resolved kernels (one per build), the settings and the GPU's SM count (read at the first
-/// launch).
+/// The resolved kernels (one per build) and the settings.
 #[derive(Debug, Clone)]
 pub(crate) struct XcGemv {
     f: Vec<(XcBuild, CudaFunction)>,
     set: XcSettings,
-    sms: std::sync::OnceLock<usize>,
 }
 
 /// Parse a `KILN_W4_XC` value: (on, fixed build).
@@ -120,42 +113,25 @@ impl XcGemv {
                 build,
                 max_rows: XC_ROWS,
             },
-            sms: std::sync::OnceLock::new(),
         }))
     }
 }
 
-/// CTAs of `build` an SM holds for a weight of `per` k blocks per slice: its register cap, the
-/// shared memory, 2048 threads.
-pub fn ctas_per_sm(build: XcBuild, per: usize) -> usize {
-    let (tpc, _, b) = build;
-    b.min(SM_SMEM / (smem_bytes(per, tpc) + CTA_RESERVED))
-        .min(2048 / (32 * tpc))
-}
-
-/// The build for a step of `row_tiles` 16-row tiles on `tiles` m16 output tiles of `per` k blocks
-/// per slice on `sms` SMs: of the builds that apply (tiles a multiple of the build's tiles per
-/// CTA, the shared memory within a block's limit, at least one CTA per SM), the one with the
-/// fewest rounds of CTAs, ceil(CTAs / (sms × CTAs per SM)); ties in [`W4_XC_VARIANTS`]' order.
-/// (A K = 5120 weight's slice is 5 k blocks: a CTA's fixed costs — x's first copy, the cluster
-/// barriers — are a large part of its time, so a last round of a few CTAs costs nearly a whole
-/// round; measured on the H200, docs/benchmarks.md.)
-pub fn pick_build(tiles: usize, per: usize, row_tiles: usize, sms: usize) -> Option<XcBuild> {
+/// The build for a weight of `tiles` m16 output tiles and `per` k blocks per slice: the first of
+/// [`W4_XC_VARIANTS`] that applies. (Measured on the H200, run 2 of docs/benchmarks.md's "the
+/// cluster GEMV for 9–16 rows": 8 tiles per CTA with a 2-deep weight ring at 64 registers was the
+/// fastest or within 1.5% of it on every 27B shape; the builds with more CTAs per SM under 56 or
+/// 48 registers were 4–35% slower, so fewer rounds of CTAs is not what this kernel needs.)
+pub fn pick_build(tiles: usize, per: usize) -> Option<XcBuild> {
     W4_XC_VARIANTS
         .iter()
         .copied()
-        .filter(|&v| build_applies(v, tiles, per))
-        .min_by_key(|&v| {
-            let ctas = tiles / v.0 * XC_KS * row_tiles;
-            ctas.div_ceil(sms * ctas_per_sm(v, per))
-        })
+        .find(|&v| build_applies(v, tiles, per))
 }
 
 /// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice.
 fn build_applies(build: XcBuild, tiles: usize, per: usize) -> bool {
-    tiles.is_multiple_of(build.0)
-        && smem_bytes(per, build.0) <= MAX_SMEM
-        && ctas_per_sm(build, per) >= 1
+    tiles.is_multiple_of(build.0) && smem_bytes(per, build.0) <= MAX_SMEM
 }
 
 /// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]), which the
@@ -211,16 +187,7 @@ impl CudaBackend {
         let (tiles, per) = (parts.n_pad / (2 * TILE_N), parts.k_blocks / XC_KS);
         match x.set.build {
             Some(v) => build_applies(v, tiles, per).then_some(v),
-            None => {
-                let sms = *x.sms.get_or_init(|| {
-                    self.ctx
-                        .attribute(
-                            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                        )
-                        .map_or(132, |v| v.max(1) as usize)
-                });
-                pick_build(tiles, per, rows.div_ceil(XC_ROWS), sms)
-            }
+            None => pick_build(tiles, per),
         }
     }
 
@@ -305,7 +272,7 @@ mod tests {
     fn xc_switch_parses_its_builds() {
         assert_eq!(parse_xc("off").unwrap(), (false, None));
         assert_eq!(parse_xc(" On ").unwrap(), (true, None));
-        assert_eq!(parse_xc("4x1b9").unwrap(), (true, Some((4, 1, 9))));
+        assert_eq!(parse_xc("16x2b2").unwrap(), (true, Some((16, 2, 2))));
         assert!(parse_xc("3x1b4").is_err());
     }
 
@@ -314,22 +281,17 @@ mod tests {
         // K = 5120 (40 k blocks: 5 per slice) and 17408 (136: 17): 20 KB and 68 KB.
         assert_eq!(smem_bytes(5, 8), 20 * 1024);
         assert_eq!(smem_bytes(17, 8), 68 * 1024);
-        assert_eq!(smem_bytes(1, 8), 8 * 1024);
-        assert_eq!(ctas_per_sm((8, 2, 4), 17), 3);
-        assert_eq!(ctas_per_sm((4, 1, 9), 5), 9);
-        assert_eq!(ctas_per_sm((4, 1, 10), 17), 3);
+        assert_eq!(smem_bytes(1, 16), 16 * 1024);
     }
 
     #[test]
-    fn the_pick_takes_the_fewest_rounds_on_the_h200() {
-        // 17408×5120 (1088 m16 tiles, 5 k blocks per slice): 8x2b4 needs 3 rounds of 528
-        // CTAs, 4x1b9 two of 1188.
-        assert_eq!(pick_build(1088, 5, 1, 132), Some((4, 1, 9)));
-        // 5120×17408 (320 tiles, 17 per slice): one round of 320 CTAs at 3 per SM.
-        assert_eq!(pick_build(320, 17, 1, 132), Some((8, 2, 4)));
-        // 10240×5120 (640 tiles): one round only at 5 CTAs of 8 warps per SM.
-        assert_eq!(pick_build(640, 5, 1, 132), Some((8, 1, 5)));
-        // Tiles not a multiple of 4: none.
-        assert_eq!(pick_build(2, 5, 1, 132), None);
+    fn the_pick_is_the_first_build_that_applies() {
+        assert_eq!(pick_build(1088, 5), Some((8, 2, 4)));
+        assert_eq!(pick_build(320, 17), Some((8, 2, 4)));
+        // 4 m16 tiles (N = 64): the 4-tile build.
+        assert_eq!(pick_build(4, 5), Some((4, 2, 8)));
+        assert_eq!(pick_build(2, 5), None);
+        // A slice's x above a block's shared memory: none.
+        assert_eq!(pick_build(1088, 64), None);
     }
 }
