@@ -14,19 +14,14 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 2] {
     [format!("w4b_gemv_{t}"), format!("w4b_gemvc_{t}")]
 }
 
-/// The entry points of `kernels/w4a16_xs.cu` for compute dtype suffix `t` (16-bit only):
-/// `w4_gemvxc{tpc}d{d}b{b}_{t}` for each build of [`W4_XC_VARIANTS`]; the backend resolves
-/// exactly these (`w4a16_xc.rs`).
-pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
-    W4_XC_VARIANTS
-        .iter()
-        .map(|(tpc, d, b)| format!("w4_gemvxc{tpc}d{d}b{b}_{t}"))
-        .collect()
-}
-
-/// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`): (m16 tiles per CTA, k blocks of weights
-/// in flight per warp, CTAs per SM of the register cap), in the backend's order of preference.
+/// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`: m16 tiles per CTA, weight ring depth,
+/// CTAs per SM of the register cap; the backend's order of preference) and their entry points
+/// for compute dtype suffix `t`, which the backend resolves (`w4a16_xc.rs`).
 pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize); 3] = [(8, 2, 4), (4, 2, 8), (16, 2, 2)];
+pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
+    let name = |(tpc, d, b): &(usize, usize, usize)| format!("w4_gemvxc{tpc}d{d}b{b}_{t}");
+    W4_XC_VARIANTS.iter().map(name).collect()
+}
 
 /// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
 /// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).
@@ -75,9 +70,7 @@ pub enum KernelModule {
 
     /// Decode attention on tensor cores (mma m16n8k16, sm_80+, 16-bit compute) for long contexts.
     AttentionDecodeMma,
-    /// The sm_90+ 9–16-row GEMV on 4-bit weights with x resident per K slice (thread-block
-    /// clusters; w4 tiles, the common layouts); compiled after `w4a16.cu`'s helpers
-    /// ([`KernelModule::full_source`]).
+    /// The sm_90+ 9–16-row cluster GEMV on 4-bit weights; after `w4a16.cu`'s helpers.
     W4a16Xs,
 }
 
@@ -201,8 +194,7 @@ impl KernelModule {
             KernelModule::W4a16Gemm | KernelModule::W4a16Wgmma => arch.major >= 9,
             // cp.async.bulk and mbarrier transaction counts: sm_90 and newer.
             KernelModule::W4a16Bulk => arch.major >= 9,
-            // Thread-block clusters and distributed shared memory: sm_90 and newer.
-            KernelModule::W4a16Xs => arch.major >= 9,
+            KernelModule::W4a16Xs => arch.major >= 9, // clusters, distributed shared memory
             _ => true,
         }
     }
@@ -471,12 +463,8 @@ impl KernelModule {
                         names.extend(w4_bulk_names(t));
                     }
                 }
-                // The 16-bit dtypes (the host launches them on sm_90+ only).
-                KernelModule::W4a16Xs => {
-                    if t != "f32" {
-                        names.extend(w4_xc_names(t));
-                    }
-                }
+                KernelModule::W4a16Xs if t != "f32" => names.extend(w4_xc_names(t)),
+                KernelModule::W4a16Xs => {}
                 KernelModule::GgufMm => {
                     for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {
