@@ -1,4 +1,4 @@
-//! The cluster W4A16 GEMV for 9–16 rows (`kernels/w4a16_xs.cu` `w4_gemvxc{tpc}d{d}_{f16,bf16}`,
+//! The cluster W4A16 GEMV for 9–16 rows (`kernels/w4a16_xs.cu` `w4_gemvxc{tpc}d{d}b{b}_{f16,bf16}`,
 //! sm_90+): the numerics of `w4_gemv_xs` (same bits), with the 8 K slices of `tpc` m16 output
 //! tiles as one thread-block cluster (1, 1, 8), each CTA holding its slice's 16 x rows in shared
 //! memory once for all its tiles, the slice sums added in order through distributed shared memory.
