@@ -33,8 +33,8 @@
 // order, chunks 0..7 in order, from zero into P_s, and the result is ((0 + P_0) + P_1) + ... in
 // f32. The GEMV (rows 1..32: `w4_gemv`, blocks of one n8 row group, for 1..8 rows;
 // `w4_gemvx1` / `w4_gemvx2`, two row groups sharing one weight decode with x staged in shared
-// memory, for 9..32 rows; `w4_gemv32`, four row groups, for 9..32 rows of the generic layouts;
-// one warp per slice, P_s summed through shared memory after the main loop) and `w4_gemm`
+// memory, for 9..32 rows (9..16 on sm_90: w4a16_xs.cu's cluster `w4_gemvxc`, the same sums);
+// `w4_gemv32` for 9..32 rows of the generic layouts; one warp per slice) and `w4_gemm`
 // (larger steps: the slices one after another, each added into the total at its end) perform
 // exactly these operations per output element, so a row's result does not depend on its batch and the two
 // kernels agree bit for bit (tests/cuda_w4a16.rs checks it). `w4_fma` is the path for sm_70 /

@@ -14,6 +14,15 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 2] {
     [format!("w4b_gemv_{t}"), format!("w4b_gemvc_{t}")]
 }
 
+/// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`: m16 tiles per CTA, weight ring depth,
+/// CTAs per SM of the register cap; the backend's order of preference) and their entry points
+/// for compute dtype suffix `t`, which the backend resolves (`w4a16_xc.rs`).
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize); 3] = [(8, 2, 4), (4, 2, 8), (16, 2, 2)];
+pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
+    let name = |(tpc, d, b): &(usize, usize, usize)| format!("w4_gemvxc{tpc}d{d}b{b}_{t}");
+    W4_XC_VARIANTS.iter().map(name).collect()
+}
+
 /// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
 /// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).
 const W4A16_ENTRIES_MARK: &str = "#define W4_ARGS(T)";
@@ -63,11 +72,13 @@ pub enum KernelModule {
 
     /// Decode attention on tensor cores (mma m16n8k16, sm_80+, 16-bit compute) for long contexts.
     AttentionDecodeMma,
+    /// The sm_90+ 9–16-row cluster GEMV on 4-bit weights; after `w4a16.cu`'s helpers.
+    W4a16Xs,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 19] = [
+    pub const ALL: [KernelModule; 20] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -87,6 +98,7 @@ impl KernelModule {
         KernelModule::W4a16Wgmma,
         KernelModule::W4a16Bulk,
         KernelModule::AttentionDecodeMma,
+        KernelModule::W4a16Xs,
     ];
 
     /// File name under `kernels/`.
@@ -112,6 +124,7 @@ impl KernelModule {
             KernelModule::W4a16Bulk => "w4a16_bulk.cu",
 
             KernelModule::AttentionDecodeMma => "attention_decode_mma.cu",
+            KernelModule::W4a16Xs => "w4a16_xs.cu",
         }
     }
 
@@ -142,6 +155,7 @@ impl KernelModule {
             KernelModule::AttentionDecodeMma => {
                 include_str!("../../../kernels/attention_decode_mma.cu")
             }
+            KernelModule::W4a16Xs => include_str!("../../../kernels/w4a16_xs.cu"),
         }
     }
 
@@ -150,11 +164,15 @@ impl KernelModule {
     /// decode and PDL helpers, the same code as the other GEMVs (templates only: nothing of it
     /// is instantiated twice).
     pub fn full_source(self) -> String {
-        // So do the sm_90 GEMMs (`w4a16_gemm.cu`, `w4a16_wgmma.cu`): their decode, mma, swizzle
+        // So do the 9–16-row cluster GEMV (`w4a16_xs.cu`) and the sm_90 GEMMs (`w4a16_gemm.cu`,
+        // `w4a16_wgmma.cu`): their decode, mma, swizzle
         // and cp.async helpers are w4a16.cu's, one copy for every w4 kernel.
         if matches!(
             self,
-            KernelModule::W4a16Bulk | KernelModule::W4a16Gemm | KernelModule::W4a16Wgmma
+            KernelModule::W4a16Bulk
+                | KernelModule::W4a16Xs
+                | KernelModule::W4a16Gemm
+                | KernelModule::W4a16Wgmma
         ) {
             let w4 = KernelModule::W4a16.source();
             let helpers = w4.split(W4A16_ENTRIES_MARK).next().unwrap_or(w4);
@@ -187,6 +205,7 @@ impl KernelModule {
             KernelModule::W4a16Gemm | KernelModule::W4a16Wgmma => arch.major >= 9,
             // cp.async.bulk and mbarrier transaction counts: sm_90 and newer.
             KernelModule::W4a16Bulk => arch.major >= 9,
+            KernelModule::W4a16Xs => arch.major >= 9, // clusters, distributed shared memory
             _ => true,
         }
     }
@@ -455,6 +474,8 @@ impl KernelModule {
                         names.extend(w4_bulk_names(t));
                     }
                 }
+                KernelModule::W4a16Xs if t != "f32" => names.extend(w4_xc_names(t)),
+                KernelModule::W4a16Xs => {}
                 KernelModule::GgufMm => {
                     for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {

@@ -48,6 +48,10 @@ pub(crate) use wide::WideKernels;
 mod bulk;
 pub(crate) use bulk::BulkGemv;
 
+#[path = "w4a16_xc.rs"] // the sm_90+ cluster GEMV for 9–16 rows (`kernels/w4a16_xs.cu`)
+mod xc;
+pub(crate) use xc::XcGemv;
+
 /// Rows the GEMV always covers; larger steps run [`W4Kernel::Gemm`], which picks by the row
 /// count and the weight (same numerics, so every switch is a speed choice only).
 pub const GEMV_MAX_ROWS: usize = 32;
@@ -65,14 +69,12 @@ pub const GEMV_MID_ROWS: usize = 128;
 /// when the layout allows ([`CudaPackedParts::gemv_fast_ok`]).
 const GEMV8_ROWS: usize = 8;
 
-/// Rows of one x-staged `w4_gemvx1` / `w4_gemvx2` block (RG = 2); steps of 9 to
-/// [`GEMV_MAX_ROWS`] rows run them, in row tiles of this many, when the layout allows
-/// ([`CudaPackedParts::gemv_fast_ok`]).
+/// Rows of one x-staged `w4_gemvx1` / `w4_gemvx2` block (RG = 2); 9–[`GEMV_MAX_ROWS`]-row steps
+/// run them, in row tiles of this many, on the fast layouts ([`CudaPackedParts::gemv_fast_ok`]).
 const GEMVX_ROWS: usize = 16;
 
-/// `w4_gemvx2` (two m16 tiles per block sharing the x stages) runs when its grid has at least
-/// this many blocks (2 per SM on the H200's 132); smaller grids run `w4_gemvx1` (one tile per
-/// block), which fills more SMs (docs/benchmarks.md, "the x-staged W4A16 GEMV").
+/// `w4_gemvx2` (two m16 tiles per block sharing the x stages) runs when its grid has at least this
+/// many blocks (2 per SM on the H200); else `w4_gemvx1` (docs/benchmarks.md, "the x-staged GEMV").
 const GEMVX2_MIN_BLOCKS: usize = 256;
 
 /// Rows of one `w4_gemv32` block (RG = 4).
@@ -553,7 +555,8 @@ impl CudaBackend {
 
     /// Launch the x-staged GEMV (`kernels/w4a16.cu` `w4_gemv_xs`: `w4_gemvx2`, two m16 tiles
     /// per block, when that grid has at least [`GEMVX2_MIN_BLOCKS`] blocks, else `w4_gemvx1`)
-    /// for a step of 9..=32 rows on a fast layout, in row tiles of [`GEMVX_ROWS`].
+    /// for a step of 9..=32 rows on a fast layout, in row tiles of [`GEMVX_ROWS`] (the cluster
+    /// GEMV of `w4a16_xc.rs` where it applies).
     ///
     /// # Safety
     /// As [`Self::packed_matmul`].
@@ -566,26 +569,22 @@ impl CudaBackend {
         op: u64,
         out_f32: bool,
     ) -> Result<(), BackendError> {
-        let (tiles, row_tiles) = (parts.n_pad / (2 * TILE_N), rows.div_ceil(GEMVX_ROWS));
-        let p = if tiles / 2 * row_tiles >= GEMVX2_MIN_BLOCKS {
-            2
-        } else {
-            1
-        };
-        let f = if p == 2 {
-            self.k.w4_gemvx2.as_ref()
-        } else {
-            self.k.w4_gemvx1.as_ref()
+        if let Some(build) = self.w4_xc_runs(parts, w.k, rows) {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe { self.packed_gemv_xc(w, parts, rows, xp, op, out_f32, build) };
         }
-        .ok_or_else(|| {
-            BackendError::Unsupported(format!(
-                "the x-staged packed GEMV needs sm_80+ and a 16-bit dtype ({})",
-                self.device_name
-            ))
-        })?;
+        let (tiles, row_tiles) = (parts.n_pad / (2 * TILE_N), rows.div_ceil(GEMVX_ROWS));
+        let p = 1 + usize::from(tiles / 2 * row_tiles >= GEMVX2_MIN_BLOCKS);
+        let f = [&self.k.w4_gemvx1, &self.k.w4_gemvx2][p - 1]
+            .as_ref()
+            .ok_or_else(|| {
+                BackendError::Unsupported(format!(
+                    "the x-staged packed GEMV needs sm_80+ and a 16-bit dtype ({})",
+                    self.device_name
+                ))
+            })?;
         let ks = parts.k_slices;
-        // x stages: ks slices x 2 stages x 16 rows x 128 bytes (the slice sums, P ks x 16 rows
-        // x 16 outputs x 4 bytes, reuse them). At most 32 KB: under every arch's default 48 KB.
+        // x stages: ks slices x 2 stages x 16 rows x 128 B, reused by the slice sums (<= 32 KB).
         let shared = ks * 2 * GEMVX_ROWS * 128;
         debug_assert!(p * ks * GEMVX_ROWS * 16 * 4 <= shared);
         let (qp, _q) = w.data.device_ptr(&self.stream);

@@ -1,0 +1,279 @@
+// w4a16_xs.cu: the 9..16-row W4A16 GEMV with x resident in shared memory per K slice (sm_90+,
+// issue 10 item 7): `w4_gemvxc{TPC}d{D}_{f16,bf16}`.
+//
+// What NVRTC compiles: common.cuh, then kernels/w4a16.cu up to its entry points (the layout, the
+// decode helpers W4Dec / w4_decode_any / w4_mma / w4_szf / w4_store, the PDL helpers: the same
+// code, not a copy; src/backend/cuda/kernels.rs `KernelModule::full_source`), then this file.
+//
+// Numerics: exactly those of w4a16.cu's `w4_gemv_fast` / `w4_gemv_xs` with RG = 2 (read
+// w4a16.cu's header, "ONE NUMERIC PATH FOR EVERY ROW COUNT"): for each m16 output tile and K
+// slice s, P_s accumulates the slice's k blocks in ascending order, chunks 0..7 in order, each
+// row group's mma.sync.m16n8k16 from a zero f32 accumulator on the same decoded A fragments and
+// the same x words; the output is ((0 + P_0) + P_1) + ... + P_7 in f32, stored once. So its
+// outputs equal `w4_gemv_xs`'s (and the GEMM's) bit for bit (tests/cuda_w4a16.rs checks it).
+//
+// What differs is who shares x. In `w4_gemv_xs` a block is one m16 tile (or two) x the 8 K
+// slices; each warp streams its slice's x (4 KB per k block at 16 rows, 4x the tile's 1 KB of
+// weights) through a 2-stage cp.async ring with a barrier per half k block, so x costs L2
+// traffic and issue slots in proportion to the weights, and a warp waits on x besides its weights
+// (docs/benchmarks.md, "the x-staged W4A16 GEMV": ~220 SASS instructions per k block, 1.6x the
+// one-row time at 16 rows). Here the 8 CTAs of one thread-block cluster (1, 1, 8) are the 8 K
+// slices of TPC m16 tiles: CTA s (cluster rank s = blockIdx.z) copies its slice's x of the 16
+// rows ONCE into shared memory (per k blocks x 4 KB, cp.async: the first k block in one group,
+// the rest in a second), and each of its TPC warps runs one tile over that slice, reading its B
+// fragments from the resident x (one 128-bit shared load per row group and x word, no barrier in
+// the main loop). The weights and (scale, zero) words come through a register ring of D k blocks
+// per warp as in `w4_gemv_fast`. After the main loop each CTA writes its slice sums
+// [TPC][2][4][32] f32 into its own shared memory, the cluster synchronises, and thread i of CTA s
+// sums value s * 32 TPC + i over the 8 CTAs in slice order through distributed shared memory
+// (`mapa` + `ld.shared::cluster`), then stores it; a second cluster barrier keeps every CTA's
+// shared memory alive until all reads are done.
+//
+// x layout in shared memory: k block j of the slice at j * 4096 bytes, row r (0..15) at r * 256,
+// its 16-byte unit u (columns 8u .. 8u + 7 of the block) at slot u ^ ((u >> 3) << 1) ^ (r & 1)
+// (`w4_xc_unit`; the GEMM's `w4_a_unit` rule): a 128-bit B-fragment load phase (lanes g = 2p,
+// 2p + 1, t = 0..3, word q: units 4t + q of rows g) hits 8 distinct 16-byte bank groups.
+//
+// Launch (the host checks it): grid (Np / (16 TPC), ceil(m / 16), 8), 32 TPC threads, cluster
+// (1, 1, 8) (compiled in), ks == 8, dynamic shared memory max(per x 4096, TPC x 1024) bytes (per =
+// kblocks / 8: 20 KB for K = 5120, 68 KB for K = 17408), 16-bit compute dtype, k % 128 == 0, no
+// perm, NVFP4 or groups of >= 32 columns (the fast layouts), Np / 16 a multiple of TPC, sm_90+
+// (below it the kernel traps: the module is built only for sm_90+, `KernelModule::builds_for`,
+// but `cuda_kernels_compile` compiles it everywhere). Rows past m are zero-filled in shared
+// memory and their outputs are not stored.
+//
+// PDL: the first D k blocks of weights and (scale, zero) words are loaded before
+// griddepcontrol.wait (they are never written by a step); x is read and out written after it.
+// `trig` places griddepcontrol.launch_dependents (0 first, 1 after the main loop).
+
+#define W4XC_KS 8           // K slices = cluster size
+#define W4XC_KB_BYTES 4096  // one k block of 16 x rows in shared memory
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define W4XC_CLUSTER __cluster_dims__(1, 1, W4XC_KS)
+#else
+#define W4XC_CLUSTER
+#endif
+
+__device__ __forceinline__ void w4xc_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+// The same barrier without memory ordering (the last one: every CTA's reads of the others' shared
+// memory have returned, their values stored, before it arrives; nothing is published).
+__device__ __forceinline__ void w4xc_cluster_sync_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+// The f32 at shared address `a` (this CTA's window) in the cluster's CTA `rank`.
+__device__ __forceinline__ float w4xc_dsmem_f(unsigned a, unsigned rank) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(ra) : "memory");
+#else
+    __trap();
+#endif
+    return v;
+}
+
+__device__ __forceinline__ uint4 w4xc_lds128(unsigned a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(a));
+    return v;
+}
+
+__device__ __forceinline__ void w4xc_cp16(unsigned dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+#else
+    __trap();
+#endif
+}
+
+// Slot of 16-byte unit u (0..15) of x row r in a k block's 256-byte row.
+__device__ __forceinline__ unsigned w4_xc_unit(unsigned u, unsigned r) {
+    return u ^ ((u >> 3) << 1) ^ (r & 1u);
+}
+
+template <typename T, bool FP4, bool ZP, int TPC, int D>
+__device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                           const T* scales, const unsigned char* zeros,
+                                           int kblocks, int gshift, int gstore, int n, void* out,
+                                           int out_f32, int trig) {
+    constexpr int RG = 2;
+    constexpr bool G16 = FP4;
+    extern __shared__ __align__(16) unsigned char w4_smem[];
+    if (trig == 0) w4_pdl_launch_dependents();
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int s = blockIdx.z;  // K slice = rank in the cluster (cluster dims (1, 1, 8))
+    const int nt0 = (blockIdx.x * TPC + w) * 2;
+    const int r0 = blockIdx.y * 8 * RG;
+    const int per = kblocks / W4XC_KS, kb0 = s * per;
+    const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
+    const uint4* wp1 = wp0 + (size_t)kblocks * 32;
+    const unsigned sstride = (unsigned)gstore * 8u;
+    const size_t sbase = (size_t)nt0 * sstride + g;
+    const unsigned short* sp0 = reinterpret_cast<const unsigned short*>(scales) + sbase;
+    const unsigned char* zp0 = ZP ? zeros + sbase : nullptr;
+    asm("" : "+l"(sp0));
+    asm("" : "+l"(zp0));
+    const unsigned gbase = (unsigned)(kb0 * 8 + 2 * t);
+    float acc[RG][4];
+#pragma unroll
+    for (int h = 0; h < RG; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
+    uint4 wr[D][2];
+    unsigned sz[D][2], szh[D][2];
+    // Slot d's loads for k block jb + o of the slice (as `w4_gemv_fast`'s `load`).
+    auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o) {
+        wr[d][0] = __ldg(wq0 + o * 32);
+        wr[d][1] = __ldg(wq1 + o * 32);
+        const unsigned glo = (gq + 8u * o) >> gshift;
+        sz[d][0] = w4_szf<ZP>(sp0, zp0, glo * 8u);
+        sz[d][1] = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
+        if (G16) {
+            const unsigned ghi = (gq + 8u * o + 1u) >> gshift;
+            szh[d][0] = w4_szf<ZP>(sp0, zp0, ghi * 8u);
+            szh[d][1] = w4_szf<ZP>(sp0, zp0, ghi * 8u + sstride);
+        }
+    };
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+        if (d < per) load(d, wp0, wp1, gbase, d);
+    w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
+
+    // The slice's x: piece id = j * 256 + r * 16 + u (k block j, row r, unit u); k block 0 in
+    // the first commit group, the others in the second.
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
+    {
+        const unsigned short* xs = reinterpret_cast<const unsigned short*>(x) + (size_t)kb0 * W4_KB;
+        auto copy = [&](int id) {
+            const unsigned j = (unsigned)id >> 8, r = ((unsigned)id >> 4) & 15u, u = (unsigned)id & 15u;
+            const int row = r0 + (int)r;
+            const bool in = row < m;
+            w4xc_cp16(sm0 + j * W4XC_KB_BYTES + r * 256u + (w4_xc_unit(u, r) << 4),
+                      xs + (size_t)(in ? row : r0) * k + j * W4_KB + 8u * u, in ? 16 : 0);
+        };
+        for (int id = threadIdx.x; id < 256; id += 32 * TPC) copy(id);
+        w4x_commit();
+        for (int id = 256 + threadIdx.x; id < per * 256; id += 32 * TPC) copy(id);
+        w4x_commit();
+    }
+    // The lane's B-fragment word q of row group rg in k block j: xq[q] + j * 4096 + rg * 2048.
+    unsigned xq[4];
+    {
+        const unsigned c = ((unsigned)(t >> 1) << 1) ^ (unsigned)(g & 1);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) xq[q] = sm0 + (unsigned)g * 256u + ((unsigned)(4 * t) + ((unsigned)q ^ c)) * 16u;
+    }
+    w4x_wait<1>();
+    __syncthreads();  // k block 0 of x is in (every thread's copies)
+
+    auto consume = [&](int d, unsigned xoff) {
+        const unsigned zc = W4Dec<T>::bias(8);
+        const unsigned s0l = __byte_perm(sz[d][0], 0u, 0x1010), s1l = __byte_perm(sz[d][1], 0u, 0x1010);
+        const unsigned z0l = ZP ? W4Dec<T>::bias((int)(sz[d][0] >> 16)) : zc;
+        const unsigned z1l = ZP ? W4Dec<T>::bias((int)(sz[d][1] >> 16)) : zc;
+        const unsigned s0h = G16 ? __byte_perm(szh[d][0], 0u, 0x1010) : s0l;
+        const unsigned s1h = G16 ? __byte_perm(szh[d][1], 0u, 0x1010) : s1l;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            uint4 xr[RG];
+#pragma unroll
+            for (int rg = 0; rg < RG; ++rg) xr[rg] = w4xc_lds128(xq[q] + xoff + (unsigned)rg * 2048u);
+            unsigned d0[4], d1[4];
+            w4_decode_any<T, FP4>(w4_word(wr[d][0], q), q < 2 ? s0l : s0h, z0l, d0);
+            w4_decode_any<T, FP4>(w4_word(wr[d][1], q), q < 2 ? s1l : s1h, z1l, d1);
+            const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+            const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+#pragma unroll
+            for (int rg = 0; rg < RG; ++rg) {
+                w4_mma<T>(acc[rg], a0, xr[rg].x, xr[rg].y);
+                w4_mma<T>(acc[rg], a1, xr[rg].z, xr[rg].w);
+            }
+        }
+    };
+    const uint4* wq0 = wp0;
+    const uint4* wq1 = wp1;
+    unsigned gq = gbase, xoff = 0;
+    for (int i = 0; i < per; i += D) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            if (i + d < per) {
+                if (i + d == 1) {
+                    w4x_wait<0>();
+                    __syncthreads();  // the rest of the slice's x is in
+                }
+                consume(d, xoff + (unsigned)d * W4XC_KB_BYTES);
+                if (i + d + D < per) load(d, wq0, wq1, gq, d + D);
+            }
+        }
+        wq0 += D * 32;
+        wq1 += D * 32;
+        gq += 8u * D;
+        xoff += (unsigned)D * W4XC_KB_BYTES;
+    }
+    if (per == 1) w4x_wait<0>();  // the (empty) second group
+    if (trig != 0) w4_pdl_launch_dependents();
+    __syncthreads();  // every warp is done with x: its space takes the slice sums
+    float* part = reinterpret_cast<float*>(w4_smem);  // [TPC][RG][4][32]
+#pragma unroll
+    for (int h = 0; h < RG; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[((w * RG + h) * 4 + e) * 32 + lane] = acc[h][e];
+    w4xc_cluster_sync();
+    {
+        // Value v of the cluster's [TPC][RG][4][32] slice sums: thread i of CTA s takes
+        // v = s * 32 TPC + i (8 CTAs x 32 TPC threads = TPC x 256 values).
+        const int v = s * 32 * TPC + (int)threadIdx.x;
+        const int vw = v >> 8, h = (v >> 7) & 1, e = (v >> 5) & 3, vl = v & 31;
+        const unsigned a = sm0 + (unsigned)v * 4u;
+        float p[W4XC_KS];
+#pragma unroll
+        for (int q = 0; q < W4XC_KS; ++q) p[q] = w4xc_dsmem_f(a, (unsigned)q);
+        float total = 0.0f;
+#pragma unroll
+        for (int q = 0; q < W4XC_KS; ++q) total += p[q];
+        const int row = r0 + 8 * h + 2 * (vl & 3) + (e & 1);
+        const int col = (blockIdx.x * TPC + vw) * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
+        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+    }
+    w4xc_cluster_sync_relaxed();  // no CTA leaves while another still reads its shared memory
+}
+
+// Entry points: `w4_gemvxc{TPC}d{D}b{B}_{t}` (TPC m16 tiles per CTA, D k blocks of weights in
+// flight per warp, registers capped for B CTAs per SM: 64 at 32 warps); the host lists them in
+// `kernels.rs` `W4_XC_VARIANTS` and runs the first that applies (`w4a16_xc.rs`).
+#define W4XC_ARGS(T)                                                                            \
+    const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
+        int kblocks, int gshift, int gstore, int n, void *out, int out_f32, int fp4, int trig
+#define W4XC_PASS x, m, k, qw, scales, zeros, kblocks, gshift, gstore, n, out, out_f32, trig
+#define W4XC_ANY(T, TPC, D)                                                                     \
+    if (fp4) w4_gemv_xc<T, true, false, TPC, D>(W4XC_PASS);                                     \
+    else if (zeros) w4_gemv_xc<T, false, true, TPC, D>(W4XC_PASS);                              \
+    else w4_gemv_xc<T, false, false, TPC, D>(W4XC_PASS);
+#define W4XC_ENTRY(SUF, T, TPC, D, B)                                                           \
+    extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
+        w4_gemvxc##TPC##d##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
+        W4XC_ANY(T, TPC, D)                                                                     \
+    }
+#define W4XC_ENTRIES(SUF, T)                                                                    \
+    W4XC_ENTRY(SUF, T, 8, 2, 4)                                                                 \
+    W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
+    W4XC_ENTRY(SUF, T, 16, 2, 2)
+W4XC_ENTRIES(f16, __half)
+W4XC_ENTRIES(bf16, bf16_t)

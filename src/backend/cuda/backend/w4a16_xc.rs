@@ -1,0 +1,297 @@
+//! The cluster W4A16 GEMV for 9–16 rows (`kernels/w4a16_xs.cu` `w4_gemvxc{tpc}d{d}b{b}_{f16,bf16}`,
+//! sm_90+): the numerics of `w4_gemv_xs` (same bits), with the 8 K slices of `tpc` m16 output
+//! tiles as one thread-block cluster (1, 1, 8), each CTA holding its slice's 16 x rows in shared
+//! memory once for all its tiles, the slice sums added in order through distributed shared memory.
+//!
+//! Launch: grid (Np / (16 tpc), ceil(rows / 16), 8), 32 tpc threads, dynamic shared memory
+//! [`smem_bytes`]; only for weights of 8 K slices on the fast layouts
+//! ([`CudaBackend::w4_xc_runs`]).
+//!
+//! Switch, read when the backend is created ([`XcGemv::resolve`]); tests and benchmarks change it
+//! in one process with [`CudaBackend::set_w4_xc`]: `KILN_W4_XC` = `off`, `on` (unset: on where
+//! [`XC_DEFAULT_ON`]) or one build `TPCxDbB` of `kernels.rs` `W4_XC_VARIANTS` (e.g. `8x2b4`).
+//! `on` runs the first build of that list that applies to the weight ([`pick_build`]).
+//! [`W4Kernel::Gemv`] steps of 9–[`XcSettings::max_rows`] rows run it where it applies,
+//! else `w4_gemvx1` / `w4_gemvx2`.
+
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaFunction, DevicePtr, LaunchConfig};
+
+use super::super::launch::KernelArgs;
+use super::{dev_err, CudaBackend, CudaPackedParts, CudaWeight, W4Values, GEMV8_ROWS};
+use crate::backend::cuda::kernels::{w4_xc_names, W4_XC_VARIANTS};
+use crate::backend::BackendError;
+use crate::tensor::packed_tiles::TILE_N;
+
+/// Whether the kernel runs when `KILN_W4_XC` is unset.
+pub const XC_DEFAULT_ON: bool = true;
+
+/// A build: (m16 tiles per CTA, weight ring depth, CTAs per SM its register cap allows).
+pub type XcBuild = (usize, usize, usize);
+
+/// K slices the kernel runs (its cluster size, `W4XC_KS`).
+const XC_KS: usize = 8;
+
+/// Rows of one CTA's x (`RG` = 2 row groups of 8).
+const XC_ROWS: usize = 16;
+
+/// Bytes of one k block of x in shared memory (`W4XC_KB_BYTES`: 16 rows × 256 bytes).
+const XC_KB_BYTES: usize = XC_ROWS * 256;
+
+/// Shared memory a block may use with the opt-in on sm_90 / sm_100.
+const MAX_SMEM: usize = 227 * 1024;
+
+/// The kernel's settings (`KILN_W4_XC`; [`CudaBackend::set_w4_xc`] changes them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct XcSettings {
+    /// Whether it runs.
+    pub on: bool,
+    /// One build for every launch, or `None`: [`pick_build`] per launch.
+    pub build: Option<XcBuild>,
+    /// Most rows it runs (16; benchmarks may try 32: ceil(rows / 16) row tiles).
+    pub max_rows: usize,
+}
+
+/// The resolved kernels (one per build) and the settings.
+#[derive(Debug, Clone)]
+pub(crate) struct XcGemv {
+    f: Vec<(XcBuild, CudaFunction)>,
+    set: XcSettings,
+}
+
+/// Parse a `KILN_W4_XC` value: (on, fixed build).
+fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>), BackendError> {
+    let v = v.trim().to_ascii_lowercase();
+    match v.as_str() {
+        "" => Ok((XC_DEFAULT_ON, None)),
+        "0" | "off" | "false" => Ok((false, None)),
+        "1" | "on" | "true" => Ok((true, None)),
+        other => W4_XC_VARIANTS
+            .iter()
+            .find(|(tpc, d, b)| format!("{tpc}x{d}b{b}") == other)
+            .map(|p| (true, Some(*p)))
+            .ok_or_else(|| {
+                BackendError::InvalidArgument(format!(
+                    "KILN_W4_XC={v:?}: expected off, on or one of {W4_XC_VARIANTS:?} as TPCxDbB"
+                ))
+            }),
+    }
+}
+
+impl XcGemv {
+    /// The kernels for compute dtype suffix `t` where their module was built (sm_90+; `None`
+    /// otherwise or for f32), with the setting of the environment. An error if only some of the
+    /// builds were loaded.
+    pub(crate) fn resolve(
+        all: &HashMap<String, CudaFunction>,
+        t: &str,
+    ) -> Result<Option<XcGemv>, BackendError> {
+        let names = w4_xc_names(t);
+        let found: Vec<_> = names.iter().filter_map(|n| all.get(n)).collect();
+        if found.is_empty() {
+            return Ok(None);
+        }
+        if found.len() != names.len() {
+            return Err(BackendError::Unsupported(format!(
+                "w4a16_xs.cu: only {} of {names:?} were loaded",
+                found.len()
+            )));
+        }
+        let (on, build) = match std::env::var("KILN_W4_XC") {
+            Err(_) => (XC_DEFAULT_ON, None),
+            Ok(v) => parse_xc(&v)?,
+        };
+        Ok(Some(XcGemv {
+            f: W4_XC_VARIANTS
+                .iter()
+                .copied()
+                .zip(found.into_iter().cloned())
+                .collect(),
+            set: XcSettings {
+                on,
+                build,
+                max_rows: XC_ROWS,
+            },
+        }))
+    }
+}
+
+/// The build for a weight of `tiles` m16 output tiles and `per` k blocks per slice: the first of
+/// [`W4_XC_VARIANTS`] that applies. (Measured on the H200, run 2 of docs/benchmarks.md's "the
+/// cluster GEMV for 9–16 rows": 8 tiles per CTA with a 2-deep weight ring at 64 registers was the
+/// fastest or within 1.5% of it on every 27B shape; the builds with more CTAs per SM under 56 or
+/// 48 registers were 4–35% slower, so fewer rounds of CTAs is not what this kernel needs.)
+pub fn pick_build(tiles: usize, per: usize) -> Option<XcBuild> {
+    W4_XC_VARIANTS
+        .iter()
+        .copied()
+        .find(|&v| build_applies(v, tiles, per))
+}
+
+/// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice.
+fn build_applies(build: XcBuild, tiles: usize, per: usize) -> bool {
+    tiles.is_multiple_of(build.0) && smem_bytes(per, build.0) <= MAX_SMEM
+}
+
+/// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]), which the
+/// slice sums ([`XC_ROWS`] × 16 outputs × 4 bytes per tile) reuse.
+pub fn smem_bytes(per: usize, tpc: usize) -> usize {
+    (per * XC_KB_BYTES).max(tpc * XC_ROWS * 16 * 4)
+}
+
+impl CudaBackend {
+    /// Set the cluster GEMV: `on`, one `build` for every launch (an entry of `W4_XC_VARIANTS`)
+    /// or `None` ([`pick_build`] per launch), the most rows it runs (benchmarks and tests
+    /// compare them in one process); returns whether the kernels exist here (sm_90+, 16-bit
+    /// dtype) and the build is known.
+    pub fn set_w4_xc(&mut self, on: bool, build: Option<XcBuild>, max_rows: usize) -> bool {
+        match self.k.w4_xc.as_mut() {
+            Some(x) if build.is_none_or(|v| W4_XC_VARIANTS.contains(&v)) => {
+                x.set = XcSettings {
+                    on,
+                    build,
+                    max_rows,
+                };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The build a [`super::W4Kernel::Gemv`] step of `rows` rows on packed `w` runs now, if the
+    /// cluster GEMV applies (tests check that it ran).
+    pub fn w4_xc_build_for(&self, w: &CudaWeight, rows: usize) -> Option<XcBuild> {
+        self.w4_xc_runs(w.packed.as_deref()?, w.k, rows)
+    }
+
+    /// The build that runs a [`super::W4Kernel::Gemv`] step of `rows` rows on this layout, if
+    /// the cluster GEMV applies.
+    pub(super) fn w4_xc_runs(
+        &self,
+        parts: &CudaPackedParts,
+        k: usize,
+        rows: usize,
+    ) -> Option<XcBuild> {
+        let x = self.k.w4_xc.as_ref()?;
+        let ok = x.set.on
+            && self.w4_tensor_cores()
+            && self.k.w4_sm70.is_none()
+            && parts.gemv_fast_ok(k)
+            && rows > GEMV8_ROWS
+            && rows <= x.set.max_rows
+            && parts.k_slices == XC_KS;
+        if !ok {
+            return None;
+        }
+        let (tiles, per) = (parts.n_pad / (2 * TILE_N), parts.k_blocks / XC_KS);
+        match x.set.build {
+            Some(v) => build_applies(v, tiles, per).then_some(v),
+            None => pick_build(tiles, per),
+        }
+    }
+
+    /// Launch `w4_gemvxc{tpc}d{d}b{b}` for a step of `rows` rows ([`Self::w4_xc_runs`] gave the build).
+    ///
+    /// # Safety
+    /// As [`Self::packed_matmul`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn packed_gemv_xc(
+        &self,
+        w: &CudaWeight,
+        parts: &CudaPackedParts,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        out_f32: bool,
+        build: XcBuild,
+    ) -> Result<(), BackendError> {
+        let x = self.k.w4_xc.as_ref().ok_or_else(|| {
+            BackendError::Unsupported("the cluster GEMV needs sm_90+ and a 16-bit dtype".into())
+        })?;
+        let f = x
+            .f
+            .iter()
+            .find(|(v, _)| *v == build)
+            .map(|(_, f)| f)
+            .ok_or_else(|| BackendError::Unsupported(format!("no w4_gemvxc build {build:?}")))?;
+        let tpc = build.0;
+        let shared = smem_bytes(parts.k_blocks / XC_KS, tpc);
+        // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
+        // attribute, no stream work, so graph capture is unaffected).
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(dev_err)?;
+        let (qp, _q) = w.data.device_ptr(&self.stream);
+        let (sp, _s) = parts.scales.device_ptr(&self.stream);
+        let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
+        let zp: u64 = zg.as_ref().map_or(0, |(p, _)| *p);
+        let mut a = KernelArgs::new();
+        a.ptr(xp)
+            .i32(rows as i32)
+            .i32(w.k as i32)
+            .ptr(qp)
+            .ptr(sp)
+            .ptr(zp);
+        a.i32(parts.k_blocks as i32)
+            .i32(parts.group_shift as i32)
+            .i32(parts.groups as i32)
+            .i32(w.n as i32)
+            .ptr(op)
+            .i32(i32::from(out_f32))
+            .i32(i32::from(parts.values == W4Values::E2m1))
+            .i32(i32::from(self.w4_trigger_late));
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (parts.n_pad / (2 * TILE_N * tpc)) as u32,
+                rows.div_ceil(XC_ROWS) as u32,
+                XC_KS as u32,
+            ),
+            block_dim: ((32 * tpc) as u32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        // SAFETY: the parts were built by W4Tiles for this weight (a fast layout: no perm,
+        // k % 128 == 0, n_pad / 8 tiles of k_blocks blocks, `groups` stored groups, 8 K slices:
+        // w4_xc_runs checked it, and that n_pad / 16 is a multiple of tpc); the grid covers n_pad
+        // outputs in m16 tiles, ceil(rows / 16) row tiles and the 8 slices (z, the compiled-in
+        // cluster (1, 1, 8)); x is read only below (rows, k) and out written only below
+        // (rows, n) (the caller vouches for both); shared memory is sized by `smem_bytes` for the
+        // kernel's layout. The kernel reads only weights, scales and zeros before its
+        // griddepcontrol.wait, which makes the PDL attribute allowed.
+        unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xc_switch_parses_its_builds() {
+        assert_eq!(parse_xc("off").unwrap(), (false, None));
+        assert_eq!(parse_xc(" On ").unwrap(), (true, None));
+        assert_eq!(parse_xc("16x2b2").unwrap(), (true, Some((16, 2, 2))));
+        assert!(parse_xc("3x1b4").is_err());
+    }
+
+    #[test]
+    fn shared_memory_of_the_27b_shapes() {
+        // K = 5120 (40 k blocks: 5 per slice) and 17408 (136: 17): 20 KB and 68 KB.
+        assert_eq!(smem_bytes(5, 8), 20 * 1024);
+        assert_eq!(smem_bytes(17, 8), 68 * 1024);
+        assert_eq!(smem_bytes(1, 16), 16 * 1024);
+    }
+
+    #[test]
+    fn the_pick_is_the_first_build_that_applies() {
+        assert_eq!(pick_build(1088, 5), Some((8, 2, 4)));
+        assert_eq!(pick_build(320, 17), Some((8, 2, 4)));
+        // 4 m16 tiles (N = 64): the 4-tile build.
+        assert_eq!(pick_build(4, 5), Some((4, 2, 8)));
+        assert_eq!(pick_build(2, 5), None);
+        // A slice's x above a block's shared memory: none.
+        assert_eq!(pick_build(1088, 64), None);
+    }
+}

@@ -1,0 +1,282 @@
+//! The cluster W4A16 GEMV for 9–16 rows (`kernels/w4a16_xs.cu` `w4_gemvxc*`, sm_90+; issue 10
+//! item 7): its outputs against the x-staged GEMV it replaces (`w4_gemvx1` / `w4_gemvx2`) bit
+//! for bit, and its speed against it in the same process.
+//!
+//! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run --test
+//! cuda_w4a16_xc`):
+//! `cuda_w4a16_xc-<hash> --ignored --exact --test-threads=1 --nocapture xc_gemv_equals_xs_gemv_bit_for_bit`
+//! (`KILN_XC_TEST_SMALL=1`: the small shapes only, the quick pass for compute-sanitizer) and
+//! `cuda_w4a16_xc-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_xc_speed`.
+//! Both print `RESULT` lines (docs/gpu-validation.md, docs/benchmarks.md) and skip with a message
+//! where the kernel does not exist (below sm_90).
+#![cfg(feature = "cuda")]
+
+mod common;
+mod w4_support;
+
+use common::*;
+use kiln::backend::cuda::{CudaBackend, W4Kernel};
+use kiln::backend::Backend;
+use kiln::tensor::LinearView;
+use w4_support::{Fmt, Owned};
+
+/// A build: (tiles per CTA, weight ring depth, CTAs per SM of its register cap).
+type Build = (usize, usize, usize);
+
+/// The builds (`kernels.rs` `W4_XC_VARIANTS`), then `None`: the backend's pick per launch.
+const BUILDS: [Option<Build>; 4] = [Some((8, 2, 4)), Some((4, 2, 8)), Some((16, 2, 2)), None];
+
+/// A build's label in the RESULT lines.
+fn label(build: Option<Build>) -> String {
+    build.map_or("pick".into(), |(t, d, b)| format!("xc{t}x{d}b{b}"))
+}
+
+/// `o` on the first `rows` rows of `x` through [`W4Kernel::Gemv`], output NaN-poisoned first.
+fn run(
+    b: &CudaBackend,
+    w: &<CudaBackend as Backend>::Weight,
+    x: &[f32],
+    rows: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
+    let xb = b.upload(&x[..rows * k]).expect("upload x");
+    let mut out = b.alloc(rows * n).expect("alloc out");
+    let nan = b.upload(&vec![f32::NAN; rows * n]).expect("poison");
+    b.add(&mut out, &nan, rows * n).expect("poison add");
+    b.matmul_w4_with(&xb, rows, w, &mut out, W4Kernel::Gemv)
+        .expect("matmul_w4_with");
+    down(b, &out, rows * n)
+}
+
+fn ct(group: usize, symmetric: bool) -> Fmt {
+    Fmt::Ct {
+        group,
+        symmetric,
+        act_order: false,
+    }
+}
+
+/// Every build at rows 9–16 (and 17, 24, 31, 32: two row tiles) against `w4_gemvx1` /
+/// `w4_gemvx2` (the cluster kernel off) bit for bit, outputs finite: bf16 and fp16; CT sym / asym
+/// g128 on the small shapes and the 27B shapes with 8 K slices, CT sym g32, AWQ g64, GPTQ g64
+/// and NVFP4 (bf16) on the small shapes and 5120×6144. Each comparison also asserts that the
+/// cluster kernel ran (the shape's tile count allows the build) or says it did not.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn xc_gemv_equals_xs_gemv_bit_for_bit() {
+    let mut backends: Vec<(&str, CudaBackend)> = ["bf16", "fp16"]
+        .into_iter()
+        .map(|d| (d, gpu(d, "auto")))
+        .collect();
+    backends.retain_mut(|(d, b)| {
+        let ok = b.w4_tensor_cores() && b.set_w4_xc(false, None, 16);
+        if !ok {
+            println!("RESULT w4a16 xc-gemv {d}: no cluster kernel here (sm_90+ only), skipped");
+        }
+        ok
+    });
+    let fmts = [
+        ("ct-sym-g128", ct(128, true)),
+        ("ct-asym-g128", ct(128, false)),
+        ("ct-sym-g32", ct(32, true)),
+        ("awq-g64", Fmt::Awq { group: 64 }),
+        (
+            "gptq-g64",
+            Fmt::Gptq {
+                group: 64,
+                desc_act: false,
+            },
+        ),
+        ("nvfp4", Fmt::Nvfp4),
+    ];
+    // Small shapes first: 1 k block per slice (K = 1024) and 2 (K = 2048), 8 and 16 m16 tiles.
+    let small_only = std::env::var("KILN_XC_TEST_SMALL").is_ok_and(|v| v == "1");
+    let mut shapes = vec![(128usize, 1024usize), (256, 2048)];
+    if !small_only {
+        shapes.extend([
+            (5120, 6144),
+            (17408, 5120),
+            (5120, 17408),
+            (10240, 5120),
+            (6144, 5120),
+            (12288, 5120),
+            (1024, 5120),
+        ]);
+    }
+    let rows_list: Vec<usize> = (9..=16).chain([17, 24, 31, 32]).collect();
+    let mut failures = Vec::new();
+    for (i, (label, fmt)) in fmts.into_iter().enumerate() {
+        for &(n, k) in shapes
+            .iter()
+            .filter(|&&(n, k)| i < 2 || n < 1000 || (n, k) == (5120, 6144))
+        {
+            let o = Owned::random(fmt, n, k, 700 + 10 * i as u64 + n as u64);
+            for (dtype, b) in backends.iter_mut() {
+                if *dtype == "fp16" && i >= 2 {
+                    continue;
+                }
+                let w = b
+                    .upload_linear(label, &LinearView::Packed(o.linear()))
+                    .expect("upload_linear");
+                let x: Vec<f32> = data(32 * k, 51 + k as u64)
+                    .into_iter()
+                    .map(|v| round(dtype, v))
+                    .collect();
+                let (mut same, mut all, mut ran) = (0, 0, 0);
+                for &rows in &rows_list {
+                    b.set_w4_xc(false, None, 32);
+                    let base = run(b, &w, &x, rows, n, k);
+                    for build in BUILDS {
+                        b.set_w4_xc(true, build, 32);
+                        if b.w4_xc_build_for(&w, rows).is_none() {
+                            continue;
+                        }
+                        ran += 1;
+                        let a = run(b, &w, &x, rows, n, k);
+                        all += 1;
+                        if bits_equal(&a, &base) && a.iter().all(|v| v.is_finite()) {
+                            same += 1;
+                        } else {
+                            let diff = a
+                                .iter()
+                                .zip(&base)
+                                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                                .count();
+                            failures.push(format!(
+                                "{dtype} {label} {n}x{k} rows {rows} build {build:?}: {diff} of {} outputs differ from w4_gemvx",
+                                a.len()
+                            ));
+                        }
+                    }
+                }
+                b.set_w4_xc(false, None, 16);
+                println!(
+                    "RESULT w4a16 xc-gemv {dtype} {label} N={n} K={k} rows=9..16,17,24,31,32 builds_run={ran} equal_to_w4_gemvx={same}/{all} {}",
+                    if same == all { "ok" } else { "FAIL" }
+                );
+            }
+        }
+    }
+    for (_, b) in backends.iter_mut() {
+        b.set_w4_xc(true, None, 16);
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Same-run speed: CT W4A16 sym g128, bf16, rotating over 4 distinct weights per shape (every
+/// launch from DRAM), `common::time` (20 launches back to back, median of 7), PDL as the backend
+/// has it (on, sm_90). Per shape (the 27B's with 8 K slices) and row count: the backend's GEMV
+/// with the cluster kernel off (`w4_gemv` to 8 rows, `w4_gemvx1` / `w4_gemvx2` above) and each
+/// build plus the backend's pick (9+ rows; above 16 the pick and 8x2b4 only), µs and the ratio to
+/// the 1-row time of the same run (target: ≤ 1.3 at 9–16 rows). Then the 1- and 16-row times
+/// with PDL off (off and pick). Every build's output is first checked bit for bit against the
+/// cluster-off output on the same data (asserted). `KILN_XC_BENCH_SHAPES=17408x5120,...` keeps
+/// those shapes only.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_xc_speed() {
+    let mut b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    if !b.set_w4_xc(false, None, 32) {
+        println!("RESULT xc no cluster kernel here (sm_90+ only): nothing to compare");
+        return;
+    }
+    let copy = copy_bandwidth();
+    println!("RESULT xc copy_bandwidth_GBps={:.0}", copy / 1e9);
+    let only: Option<String> = std::env::var("KILN_XC_BENCH_SHAPES").ok();
+    let shapes = [
+        (17408usize, 5120usize),
+        (5120, 17408),
+        (10240, 5120),
+        (5120, 6144),
+        (12288, 5120),
+        (6144, 5120),
+        (1024, 5120),
+    ];
+    for (si, &(n, k)) in shapes.iter().enumerate() {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.split(',').any(|s| s == format!("{n}x{k}")))
+        {
+            continue;
+        }
+        let ws: Vec<_> = (0..4u64)
+            .map(|j| {
+                let o = Owned::random(ct(128, true), n, k, 500 + 10 * si as u64 + j);
+                b.upload_linear("xc", &LinearView::Packed(o.linear()))
+                    .expect("upload")
+            })
+            .collect();
+        let xh: Vec<f32> = data(32 * k, 9 + si as u64)
+            .into_iter()
+            .map(|v| round("bf16", v))
+            .collect();
+        let x = b.upload(&xh).expect("x");
+        let mut out = b.alloc(32 * n).expect("out");
+        let bytes = b.weight_bytes(&ws[0]) as f64;
+        let mut timed = |b: &CudaBackend, rows: usize| {
+            let mut j = 0usize;
+            time(b, || {
+                j = (j + 1) % ws.len();
+                b.matmul_w4_with(&x, rows, &ws[j], &mut out, W4Kernel::Gemv)
+                    .expect("gemv")
+            })
+        };
+        let mut one = 0.0;
+        for rows in [1usize, 8, 9, 12, 16, 24, 32] {
+            b.set_w4_xc(false, None, 32);
+            let base_bits = run(&b, &ws[0], &xh, rows, n, k);
+            let t0 = timed(&b, rows);
+            if rows == 1 {
+                one = t0;
+            }
+            let mut line = format!(" off_us={:.2} ({:.2}x)", t0 * 1e6, t0 / one);
+            if rows > 8 {
+                for build in BUILDS {
+                    if rows > 16 && build.is_some() && build != BUILDS[0] {
+                        continue;
+                    }
+                    b.set_w4_xc(true, build, 32);
+                    let Some(ran) = b.w4_xc_build_for(&ws[0], rows) else {
+                        line += &format!(" {}=n/a", label(build));
+                        continue;
+                    };
+                    let a = run(&b, &ws[0], &xh, rows, n, k);
+                    assert!(
+                        bits_equal(&a, &base_bits),
+                        "{n}x{k} rows {rows} build {build:?}: bits differ from the cluster-off GEMV"
+                    );
+                    let t = timed(&b, rows);
+                    line += &format!(" {}_us={:.2} ({:.2}x)", label(build), t * 1e6, t / one);
+                    if build.is_none() {
+                        line += &format!(" picked={}", label(Some(ran)));
+                    }
+                }
+            }
+            println!(
+                "RESULT xc gemv N={n} K={k} rows={rows} rotating_4_weights 1row={:.3}_of_copy{line}",
+                bytes / one / copy
+            );
+        }
+        // PDL off: 1 and 16 rows, the cluster kernel off and picked.
+        {
+            b.set_pdl(false, true);
+            b.set_w4_xc(false, None, 32);
+            let t1 = timed(&b, 1);
+            let t16 = timed(&b, 16);
+            b.set_w4_xc(true, None, 32);
+            let p16 = timed(&b, 16);
+            println!(
+                "RESULT xc gemv N={n} K={k} pdl_off rows=1 us={:.2} rows=16 off_us={:.2} ({:.2}x) pick_us={:.2} ({:.2}x)",
+                t1 * 1e6,
+                t16 * 1e6,
+                t16 / t1,
+                p16 * 1e6,
+                p16 / t1
+            );
+            b.set_pdl(true, true);
+        }
+    }
+    b.set_w4_xc(true, None, 16);
+}
