@@ -165,8 +165,8 @@ impl KernelModule {
     /// is instantiated twice).
     pub fn full_source(self) -> String {
         // So do the 9–16-row cluster GEMV (`w4a16_xs.cu`) and the sm_90 GEMMs (`w4a16_gemm.cu`,
-        // `w4a16_wgmma.cu`): their decode, mma, swizzle
-        // and cp.async helpers are w4a16.cu's, one copy for every w4 kernel.
+        // `w4a16_wgmma.cu`): their decode, mma, swizzle and cp.async helpers are w4a16.cu's, one
+        // copy for every w4 kernel.
         if matches!(
             self,
             KernelModule::W4a16Bulk
