@@ -581,17 +581,54 @@ fn w4a16_gemv_pdl() {
     b.set_pdl(true, true);
 }
 
+/// Median seconds of a device-to-device copy of `bytes` bytes timed as the GEMVs here: rotating
+/// over 4 source / destination pairs (from DRAM, as the rotating weights), 20 copies back to
+/// back, median of 7 (`common::time`'s method). Its bandwidth, read + write as
+/// [`copy_bandwidth`], is the ceiling of a launch of that size: a ~45 MB launch has a ramp and
+/// tail a 1 GiB copy does not.
+fn same_size_copy_seconds(bytes: usize) -> f64 {
+    let ctx = cudarc::driver::CudaContext::new(0).expect("context");
+    let s = ctx.default_stream();
+    let mut pairs: Vec<_> = (0..4)
+        .map(|_| {
+            (
+                s.alloc_zeros::<u8>(bytes).expect("alloc"),
+                s.alloc_zeros::<u8>(bytes).expect("alloc"),
+            )
+        })
+        .collect();
+    let mut j = 0usize;
+    let mut batch = |n: usize| {
+        let st = std::time::Instant::now();
+        for _ in 0..n {
+            j = (j + 1) % pairs.len();
+            let (src, dst) = &mut pairs[j];
+            s.memcpy_dtod(src, dst).expect("copy");
+        }
+        s.synchronize().expect("sync");
+        st.elapsed().as_secs_f64() / n as f64
+    };
+    batch(ITERS);
+    let mut t: Vec<f64> = (0..REPS).map(|_| batch(ITERS)).collect();
+    t.sort_by(f64::total_cmp);
+    t[REPS / 2]
+}
+
 /// The bulk-copy GEMV (`kernels/w4a16_bulk.cu`, [`W4Kernel::GemvBulk`]) against `w4_gemv`
 /// ([`W4Kernel::Gemv`] with the bulk kernel off) in the same process: CT W4A16 sym g128, bf16,
 /// rotating over 4 distinct weights per shape (every launch from DRAM, the method of
 /// `w4a16_gemv_profile_launches`), 20 launches back to back, median of 7, µs and fraction of the
-/// copy bandwidth of the same run (bytes = packed words + scales). Shapes 17408×5120,
-/// 5120×17408, 10240×5120, 5120×6144 at 1 / 2 / 4 / 8 rows; PDL off, then on (trigger after
-/// the main loop, the default); the bulk kernel with the rings of `KILN_BULK_BENCH` (`SKxSTAGES`:
-/// k blocks per stage × stages per warp, `h` = with the L2 evict-first hint, `c` = the cluster
-/// form; default `1x4,2x2,2x3,4x2,2x2h,1x4c,2x2c,2x3c,4x2c`). Before the timings
-/// every variant's output is **checked bit for bit** against `w4_gemv` on each shape and row
-/// count (asserted). Run (GPU machine):
+/// copy bandwidth of the same run (bytes = packed words + scales), and per shape the fraction of
+/// a copy of the weight's own byte count timed the same way (`same`, [`same_size_copy_seconds`]).
+/// Shapes 17408×5120, 5120×17408, 10240×5120, 5120×6144 at 1 / 2 / 4 / 8 rows; PDL off, then
+/// on (trigger after the main loop, the default); the bulk kernel with the rings of
+/// `KILN_BULK_BENCH` (`SKxSTAGES`: k blocks per stage × stages per warp, `h` = with the L2
+/// evict-first hint, `c` = the cluster form; default `w4_support::BULK_VARIANTS`, every one of
+/// which the bit test `cuda_w4a16 bulk_gemv_equals_w4_gemv_bit_for_bit` covers). Before the
+/// timings every variant's output is **checked bit for bit** against `w4_gemv` on each shape and
+/// row count (asserted), each launch synchronized so that a device error names its variant
+/// (`RESULT bulk FAULT ...`). `KILN_BULK_BENCH_SHAPES=NxK,...` picks the shapes. Ends with the
+/// best variant per (PDL, shape, rows). Run (GPU machine):
 /// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_bulk`
 #[test]
 #[ignore = "needs a GPU: see the header"]
@@ -604,30 +641,19 @@ fn w4a16_gemv_bulk() {
     }
     let copy = copy_bandwidth();
     println!("RESULT bulk copy_bandwidth_GBps={:.0}", copy / 1e9);
-    // (name, stages, k blocks per stage, hint, cluster) from "SKxSTAGES[h][c],...".
-    let variants: Vec<(String, usize, usize, bool, bool)> = std::env::var("KILN_BULK_BENCH")
-        .unwrap_or_else(|_| "1x4,2x2,2x3,4x2,2x2h,1x4c,2x2c,2x3c,4x2c".into())
-        .split(',')
-        .filter_map(|v| {
-            let v = v.trim();
-            let (body, cluster) = v.strip_suffix('c').map_or((v, false), |b| (b, true));
-            let (body, hint) = body.strip_suffix('h').map_or((body, false), |b| (b, true));
-            let (sk, st) = body.split_once('x')?;
-            Some((
-                format!("bulk{v}"),
-                st.parse().ok()?,
-                sk.parse().ok()?,
-                hint,
-                cluster,
-            ))
-        })
-        .collect();
-    let shapes = [
-        (17408usize, 5120usize),
-        (5120, 17408),
-        (10240, 5120),
-        (5120, 6144),
-    ];
+    let variants = w4_support::bulk_variants(
+        &std::env::var("KILN_BULK_BENCH").unwrap_or_else(|_| w4_support::BULK_VARIANTS.into()),
+    );
+    let shapes: Vec<(usize, usize)> = match std::env::var("KILN_BULK_BENCH_SHAPES") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|s| {
+                let (n, k) = s.trim().split_once('x')?;
+                Some((n.parse().ok()?, k.parse().ok()?))
+            })
+            .collect(),
+        Err(_) => vec![(17408, 5120), (5120, 17408), (10240, 5120), (5120, 6144)],
+    };
     let mut sets: Vec<_> = shapes
         .iter()
         .enumerate()
@@ -644,7 +670,8 @@ fn w4a16_gemv_bulk() {
             (n, k, ws, x, out)
         })
         .collect();
-    // Bits first: every variant against w4_gemv.
+    // Bits first: every variant against w4_gemv, each launch synchronized (a device error is
+    // sticky: the line before the panic names the launch that raised it).
     let mut same = 0;
     let mut all = 0;
     for (n, k, ws, x, out) in sets.iter_mut() {
@@ -652,11 +679,19 @@ fn w4a16_gemv_bulk() {
             b.set_w4_bulk(false, 2, 2, false, false);
             b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
                 .expect("gemv");
+            if let Err(e) = b.synchronize() {
+                println!("RESULT bulk FAULT w4_gemv N={n} K={k} rows={rows}: {e}");
+                panic!("w4_gemv faulted");
+            }
             let base = down(&b, out, rows * *n);
             for (name, stages, sk, hint, cluster) in &variants {
                 b.set_w4_bulk(false, *stages, *sk, *hint, *cluster);
                 b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::GemvBulk)
                     .expect("bulk");
+                if let Err(e) = b.synchronize() {
+                    println!("RESULT bulk FAULT {name} N={n} K={k} rows={rows}: {e}");
+                    panic!("{name} faulted");
+                }
                 let got = down(&b, out, rows * *n);
                 all += 1;
                 if bits_equal(&got, &base) && got.iter().all(|v| v.is_finite()) {
@@ -668,10 +703,19 @@ fn w4a16_gemv_bulk() {
         }
     }
     println!("RESULT bulk bits_equal_to_w4_gemv={same}/{all}");
+    let mut best = Vec::new();
     for (pdl_name, pdl) in [("pdl_off", false), ("pdl_on", true)] {
         b.set_pdl(pdl, true);
         for (n, k, ws, x, out) in sets.iter_mut() {
             let bytes = b.weight_bytes(&ws[0]) as f64;
+            let same_copy = 2.0 * bytes / same_size_copy_seconds(bytes as usize);
+            if !pdl {
+                println!(
+                    "RESULT bulk same_size_copy N={n} K={k} bytes={bytes:.0} GBps={:.0} of_1GiB_copy={:.3}",
+                    same_copy / 1e9,
+                    same_copy / copy
+                );
+            }
             let mut one_row = Vec::new();
             for rows in [1usize, 2, 4, 8] {
                 let mut line = String::new();
@@ -681,6 +725,7 @@ fn w4a16_gemv_bulk() {
                         (nm.as_str(), W4Kernel::GemvBulk, *st, *sk, *h, *c)
                     }),
                 );
+                let mut top = ("", f64::INFINITY);
                 for (name, kernel, stages, sk, hint, cluster) in runs {
                     b.set_w4_bulk(false, stages, sk, hint, cluster);
                     let mut j = 0usize;
@@ -691,7 +736,21 @@ fn w4a16_gemv_bulk() {
                     });
                     line += &format!(" {name}={:.2}us({:.3})", t * 1e6, bytes / t / copy);
                     ts.push(t);
+                    if kernel == W4Kernel::GemvBulk && t < top.1 {
+                        top = (name, t);
+                    }
                 }
+                best.push(format!(
+                    "RESULT bulk best {pdl_name} N={n} K={k} rows={rows} w4_gemv={:.2}us({:.3} copy, {:.3} same) {}={:.2}us({:.3} copy, {:.3} same) speedup={:.3}",
+                    ts[0] * 1e6,
+                    bytes / ts[0] / copy,
+                    bytes / ts[0] / same_copy,
+                    top.0,
+                    top.1 * 1e6,
+                    bytes / top.1 / copy,
+                    bytes / top.1 / same_copy,
+                    ts[0] / top.1
+                ));
                 if rows == 1 {
                     one_row = ts.clone();
                 } else {
@@ -703,6 +762,9 @@ fn w4a16_gemv_bulk() {
                 println!("RESULT bulk {pdl_name} N={n} K={k} rows={rows}{line}");
             }
         }
+    }
+    for l in &best {
+        println!("{l}");
     }
     b.set_pdl(true, true);
     b.set_w4_bulk(false, 2, 2, false, false);

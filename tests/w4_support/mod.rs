@@ -229,3 +229,32 @@ pub fn all_formats() -> Vec<(&'static str, Fmt)> {
         ("nvfp4", Fmt::Nvfp4),
     ]
 }
+
+/// The bulk-copy GEMV's ring settings swept by `cuda_w4a16_bench w4a16_gemv_bulk` when
+/// `KILN_BULK_BENCH` is unset, as `SKxSTAGES[h][c]` (k blocks per stage × stages, `h` the L2
+/// hint, `c` the cluster form); `cuda_w4a16 bulk_gemv_equals_w4_gemv_bit_for_bit` checks every
+/// one of them bit for bit, so the bench never times a setting the bit test did not cover.
+pub const BULK_VARIANTS: &str =
+    "1x4,1x8,2x2,2x3,2x4,2x6,4x2,4x3,2x2h,2x4h,1x4c,1x6c,2x2c,2x3c,2x4c,4x2c";
+
+/// One bulk ring setting: (label, stages, k blocks per stage, L2 hint, cluster form).
+pub type BulkVariant = (String, usize, usize, bool, bool);
+
+/// The settings of a comma-separated `SKxSTAGES[h][c]` list (unparsable items are dropped).
+pub fn bulk_variants(spec: &str) -> Vec<BulkVariant> {
+    spec.split(',')
+        .filter_map(|v| {
+            let v = v.trim();
+            let (body, cluster) = v.strip_suffix('c').map_or((v, false), |b| (b, true));
+            let (body, hint) = body.strip_suffix('h').map_or((body, false), |b| (b, true));
+            let (sk, st) = body.split_once('x')?;
+            Some((
+                format!("bulk{v}"),
+                st.parse().ok()?,
+                sk.parse().ok()?,
+                hint,
+                cluster,
+            ))
+        })
+        .collect()
+}
