@@ -447,22 +447,30 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
         ),
         ("nvfp4", Fmt::Nvfp4),
     ];
-    // (stages, k blocks per stage, L2 hint, cluster form): this test's own settings, then every
-    // one `cuda_w4a16_bench w4a16_gemv_bulk` sweeps (`w4_support::BULK_VARIANTS`) not among them.
+    // (stages, k blocks per stage, L2 hint, cluster form, persistent blocks per SM, grid cap):
+    // this test's own settings (the capped grids make a block run several tiles, its rings
+    // running on from one tile into the next, on every shape), then every one
+    // `cuda_w4a16_bench w4a16_gemv_bulk` sweeps (`w4_support::BULK_VARIANTS`) not among them.
     let mut depths = vec![
-        (1usize, 1usize, false, false),
-        (3, 1, false, false),
-        (2, 2, false, false),
-        (3, 2, false, false),
-        (2, 2, true, false),
-        (1, 4, false, false),
-        (2, 4, false, false),
-        (2, 2, false, true),
-        (3, 1, false, true),
+        (1usize, 1usize, false, false, 0usize, 0usize),
+        (3, 1, false, false, 0, 0),
+        (2, 2, false, false, 0, 0),
+        (3, 2, false, false, 0, 0),
+        (2, 2, true, false, 0, 0),
+        (1, 4, false, false, 0, 0),
+        (2, 4, false, false, 0, 0),
+        (2, 2, false, true, 0, 0),
+        (3, 1, false, true, 0, 0),
+        (3, 1, false, false, 0, 2),
+        (2, 2, false, false, 0, 5),
+        (1, 4, false, false, 0, 3),
+        (4, 1, true, false, 1, 7),
     ];
-    for (_, stages, sk, hint, cluster) in w4_support::bulk_variants(w4_support::BULK_VARIANTS) {
-        if !depths.contains(&(stages, sk, hint, cluster)) {
-            depths.push((stages, sk, hint, cluster));
+    for (_, stages, sk, hint, cluster, persist) in
+        w4_support::bulk_variants(w4_support::BULK_VARIANTS)
+    {
+        if !depths.contains(&(stages, sk, hint, cluster, persist, 0)) {
+            depths.push((stages, sk, hint, cluster, persist, 0));
         }
     }
     let mut failures = Vec::new();
@@ -516,10 +524,11 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
                 for &rows in &row_counts {
                     b.set_w4_bulk(false, 2, 2, false, false);
                     let base = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
-                    for &(stages, sk, hint, cluster) in &depths {
+                    for &(stages, sk, hint, cluster, persist, cap) in &depths {
                         b.set_w4_bulk(false, stages, sk, hint, cluster);
+                        b.set_w4_bulk_grid(persist, cap);
                         if trace {
-                            println!("TRACE {dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint} cluster {cluster}");
+                            println!("TRACE {dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint} cluster {cluster} persist {persist} cap {cap}");
                         }
                         let a = run(b, &w, &x, rows, n, k, Some(W4Kernel::GemvBulk));
                         all += 1;
@@ -527,12 +536,13 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
                             same += 1;
                         } else {
                             failures.push(format!(
-                                "{dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint} cluster {cluster}: bulk != w4_gemv"
+                                "{dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint} cluster {cluster} persist {persist} cap {cap}: bulk != w4_gemv"
                             ));
                         }
                     }
                     // The default choice with the switch on runs the bulk kernel: same bits.
                     b.set_w4_bulk(true, 2, 2, false, false);
+                    b.set_w4_bulk_grid(0, 0);
                     let picked = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
                     all += 1;
                     if bits_equal(&picked, &base) {
@@ -544,6 +554,7 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
                     }
                 }
                 b.set_w4_bulk(false, 2, 2, false, false);
+                b.set_w4_bulk_grid(0, 0);
                 println!(
                     "RESULT w4a16 bulk-gemv {dtype} {label} N={n} K={k} rows={row_counts:?} settings={} equal_to_w4_gemv={same}/{all} {}",
                     depths.len(),

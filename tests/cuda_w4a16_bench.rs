@@ -623,7 +623,8 @@ fn same_size_copy_seconds(bytes: usize) -> f64 {
 /// Shapes 17408×5120, 5120×17408, 10240×5120, 5120×6144 at 1 / 2 / 4 / 8 rows; PDL off, then
 /// on (trigger after the main loop, the default); the bulk kernel with the rings of
 /// `KILN_BULK_BENCH` (`SKxSTAGES`: k blocks per stage × stages per warp, `h` = with the L2
-/// evict-first hint, `c` = the cluster form; default `w4_support::BULK_VARIANTS`, every one of
+/// evict-first hint, `c` = the cluster form, `pN` = the block form on a persistent grid of N
+/// blocks per SM; default `w4_support::BULK_VARIANTS`, every one of
 /// which the bit test `cuda_w4a16 bulk_gemv_equals_w4_gemv_bit_for_bit` covers). Before the
 /// timings every variant's output is **checked bit for bit** against `w4_gemv` on each shape and
 /// row count (asserted), each launch synchronized so that a device error names its variant
@@ -677,6 +678,7 @@ fn w4a16_gemv_bulk() {
     for (n, k, ws, x, out) in sets.iter_mut() {
         for rows in [1usize, 2, 4, 8] {
             b.set_w4_bulk(false, 2, 2, false, false);
+            b.set_w4_bulk_grid(0, 0);
             b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
                 .expect("gemv");
             if let Err(e) = b.synchronize() {
@@ -684,8 +686,9 @@ fn w4a16_gemv_bulk() {
                 panic!("w4_gemv faulted");
             }
             let base = down(&b, out, rows * *n);
-            for (name, stages, sk, hint, cluster) in &variants {
+            for (name, stages, sk, hint, cluster, persist) in &variants {
                 b.set_w4_bulk(false, *stages, *sk, *hint, *cluster);
+                b.set_w4_bulk_grid(*persist, 0);
                 b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::GemvBulk)
                     .expect("bulk");
                 if let Err(e) = b.synchronize() {
@@ -720,14 +723,14 @@ fn w4a16_gemv_bulk() {
             for rows in [1usize, 2, 4, 8] {
                 let mut line = String::new();
                 let mut ts = Vec::new();
-                let runs = std::iter::once(("w4_gemv", W4Kernel::Gemv, 2, 2, false, false)).chain(
-                    variants.iter().map(|(nm, st, sk, h, c)| {
-                        (nm.as_str(), W4Kernel::GemvBulk, *st, *sk, *h, *c)
-                    }),
-                );
+                let runs = std::iter::once(("w4_gemv", W4Kernel::Gemv, 2, 2, false, false, 0))
+                    .chain(variants.iter().map(|(nm, st, sk, h, c, p)| {
+                        (nm.as_str(), W4Kernel::GemvBulk, *st, *sk, *h, *c, *p)
+                    }));
                 let mut top = ("", f64::INFINITY);
-                for (name, kernel, stages, sk, hint, cluster) in runs {
+                for (name, kernel, stages, sk, hint, cluster, persist) in runs {
                     b.set_w4_bulk(false, stages, sk, hint, cluster);
+                    b.set_w4_bulk_grid(persist, 0);
                     let mut j = 0usize;
                     let t = time(&b, || {
                         j = (j + 1) % ws.len();
@@ -768,5 +771,6 @@ fn w4a16_gemv_bulk() {
     }
     b.set_pdl(true, true);
     b.set_w4_bulk(false, 2, 2, false, false);
+    b.set_w4_bulk_grid(0, 0);
     assert_eq!(same, all, "a bulk variant's bits differ from w4_gemv");
 }
