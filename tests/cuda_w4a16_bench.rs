@@ -672,30 +672,36 @@ fn w4a16_gemv_bulk() {
         })
         .collect();
     // Bits first: every variant against w4_gemv, each launch synchronized (a device error is
-    // sticky: the line before the panic names the launch that raised it).
+    // sticky: the line before the panic names the launch that raised it), into an output of
+    // exactly `rows` rows poisoned with NaN (`download` takes the whole buffer: the bench's first
+    // version downloaded `rows` rows of the 8-row timing buffer, an argument error that the
+    // merged-main run of 80b2937 reported as a device fault).
     let mut same = 0;
     let mut all = 0;
-    for (n, k, ws, x, out) in sets.iter_mut() {
+    for (n, k, ws, x, _) in sets.iter_mut() {
         for rows in [1usize, 2, 4, 8] {
+            let nan = vec![f32::NAN; rows * *n];
             b.set_w4_bulk(false, 2, 2, false, false);
             b.set_w4_bulk_grid(0, 0);
-            b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::Gemv)
+            let mut o = b.upload(&nan).expect("out");
+            b.matmul_w4_with(x, rows, &ws[0], &mut o, W4Kernel::Gemv)
                 .expect("gemv");
             if let Err(e) = b.synchronize() {
                 println!("RESULT bulk FAULT w4_gemv N={n} K={k} rows={rows}: {e}");
                 panic!("w4_gemv faulted");
             }
-            let base = down(&b, out, rows * *n);
+            let base = down(&b, &o, rows * *n);
             for (name, stages, sk, hint, cluster, persist) in &variants {
                 b.set_w4_bulk(false, *stages, *sk, *hint, *cluster);
                 b.set_w4_bulk_grid(*persist, 0);
-                b.matmul_w4_with(x, rows, &ws[0], out, W4Kernel::GemvBulk)
+                let mut o = b.upload(&nan).expect("out");
+                b.matmul_w4_with(x, rows, &ws[0], &mut o, W4Kernel::GemvBulk)
                     .expect("bulk");
                 if let Err(e) = b.synchronize() {
                     println!("RESULT bulk FAULT {name} N={n} K={k} rows={rows}: {e}");
                     panic!("{name} faulted");
                 }
-                let got = down(&b, out, rows * *n);
+                let got = down(&b, &o, rows * *n);
                 all += 1;
                 if bits_equal(&got, &base) && got.iter().all(|v| v.is_finite()) {
                     same += 1;
