@@ -540,9 +540,9 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
                             ));
                         }
                     }
-                    // The default choice with the switch on runs the bulk kernel: same bits.
-                    b.set_w4_bulk(true, 2, 2, false, false);
-                    b.set_w4_bulk_grid(0, 0);
+                    // The default choice with the switch on, at the built-in ring settings,
+                    // runs the bulk kernel: same bits.
+                    b.reset_w4_bulk(true);
                     let picked = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
                     all += 1;
                     if bits_equal(&picked, &base) {

@@ -628,7 +628,8 @@ fn same_size_copy_seconds(bytes: usize) -> f64 {
 /// which the bit test `cuda_w4a16 bulk_gemv_equals_w4_gemv_bit_for_bit` covers). Before the
 /// timings every variant's output is **checked bit for bit** against `w4_gemv` on each shape and
 /// row count (asserted), each launch synchronized so that a device error names its variant
-/// (`RESULT bulk FAULT ...`). `KILN_BULK_BENCH_SHAPES=NxK,...` picks the shapes. Ends with the
+/// (`RESULT bulk FAULT ...`). `KILN_BULK_BENCH_SHAPES=NxK,...` picks the shapes;
+/// `KILN_BULK_BENCH_BITS_ONLY=1` stops after the bits (a profiler pass). Ends with the
 /// best variant per (PDL, shape, rows). Run (GPU machine):
 /// `cuda_w4a16_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_bulk`
 #[test]
@@ -712,6 +713,13 @@ fn w4a16_gemv_bulk() {
         }
     }
     println!("RESULT bulk bits_equal_to_w4_gemv={same}/{all}");
+    if std::env::var("KILN_BULK_BENCH_BITS_ONLY").is_ok_and(|v| v == "1") {
+        // (A profiler pass: the first launches are the bits pass's.)
+        b.set_w4_bulk(false, 2, 2, false, false);
+        b.set_w4_bulk_grid(0, 0);
+        assert_eq!(same, all, "a bulk variant's bits differ from w4_gemv");
+        return;
+    }
     let mut best = Vec::new();
     for (pdl_name, pdl) in [("pdl_off", false), ("pdl_on", true)] {
         b.set_pdl(pdl, true);

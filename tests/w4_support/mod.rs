@@ -236,7 +236,8 @@ pub fn all_formats() -> Vec<(&'static str, Fmt)> {
 /// `cuda_w4a16 bulk_gemv_equals_w4_gemv_bit_for_bit` checks every one of them bit for bit, so
 /// the bench never times a setting the bit test did not cover.
 pub const BULK_VARIANTS: &str = "1x4,1x8,2x2,2x3,2x4,2x6,4x2,4x3,2x2h,1x4c,2x2c,2x4c,4x2c,\
-     1x4p4,1x8p4,2x2p4,2x3p4,2x4p4,4x2p4,2x4p2,2x6p2,4x4p1";
+     1x4p4,1x8p4,2x2p4,2x3p4,2x4p4,4x2p4,2x4p2,2x6p2,4x4p1,\
+     1x2h,1x3h,1x4h,2x3h,4x2h,2x1h,2x2hp4,1x4hp4,2x3hp4,4x2hp4";
 
 /// One bulk setting: (label, stages, k blocks per stage, L2 hint, cluster form, persistent
 /// blocks per SM).

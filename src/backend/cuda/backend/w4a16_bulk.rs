@@ -234,6 +234,21 @@ impl CudaBackend {
         }
     }
 
+    /// Back to the built-in settings ([`BulkSettings::default`]) with the default choice `on`
+    /// (tests check the default pick); returns whether the kernels exist.
+    pub fn reset_w4_bulk(&mut self, on: bool) -> bool {
+        match self.k.w4_bulk.as_mut() {
+            Some(b) => {
+                b.set = BulkSettings {
+                    on,
+                    ..BulkSettings::default()
+                };
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Set the block form's persistent grid (`persist` blocks per SM, clamped to
     /// [`MAX_PERSIST`]; 0: one block per tile) and a cap on its block count (`grid_cap`, 0:
     /// none; tests use it to make a block run several tiles); returns whether the kernels exist.
