@@ -450,7 +450,7 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
     // (stages, k blocks per stage, L2 hint, cluster form, persistent blocks per SM, grid cap):
     // this test's own settings (the capped grids make a block run several tiles, its rings
     // running on from one tile into the next, on every shape), then every one
-    // `cuda_w4a16_bench w4a16_gemv_bulk` sweeps (`w4_support::BULK_VARIANTS`) not among them.
+    // `cuda_w4a16_bulk_bench w4a16_gemv_bulk` sweeps (`w4_support::BULK_VARIANTS`) not among them.
     let mut depths = vec![
         (1usize, 1usize, false, false, 0usize, 0usize),
         (3, 1, false, false, 0, 0),

@@ -230,7 +230,7 @@ pub fn all_formats() -> Vec<(&'static str, Fmt)> {
     ]
 }
 
-/// The bulk-copy GEMV's settings swept by `cuda_w4a16_bench w4a16_gemv_bulk` when
+/// The bulk-copy GEMV's settings swept by `cuda_w4a16_bulk_bench w4a16_gemv_bulk` when
 /// `KILN_BULK_BENCH` is unset, as `SKxSTAGES[h][c][pN]` (k blocks per stage × stages, `h` the L2
 /// hint, `c` the cluster form, `pN` the block form on a persistent grid of N blocks per SM);
 /// `cuda_w4a16 bulk_gemv_equals_w4_gemv_bit_for_bit` checks every one of them bit for bit, so

@@ -7,16 +7,11 @@
 /// Shared device helpers, prepended to every kernel source.
 pub const COMMON_HEADER: &str = include_str!("../../../kernels/common.cuh");
 
-/// The entry points of `kernels/w4a16_bulk.cu` for compute dtype suffix `t` (16-bit only): the
-/// block form `w4b_gemv_{t}`, the cluster form `w4b_gemvc_{t}` and the persistent block form
-/// `w4b_gemvp_{t}`; the backend resolves exactly these (`w4a16_bulk.rs`), so the loaded list
-/// and the resolved one cannot drift apart.
+/// The entry points of `kernels/w4a16_bulk.cu` for dtype suffix `t` (16-bit only): block, cluster
+/// and persistent forms `w4b_gemv{,c,p}_{t}`; the backend resolves exactly these
+/// (`w4a16_bulk.rs`), so the loaded list and the resolved one cannot drift apart.
 pub(crate) fn w4_bulk_names(t: &str) -> [String; 3] {
-    [
-        format!("w4b_gemv_{t}"),
-        format!("w4b_gemvc_{t}"),
-        format!("w4b_gemvp_{t}"),
-    ]
+    ["w4b_gemv", "w4b_gemvc", "w4b_gemvp"].map(|f| format!("{f}_{t}"))
 }
 
 /// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
@@ -595,8 +590,7 @@ mod tests {
         }
         assert_eq!(names.len(), 6);
         let src = KernelModule::W4a16Bulk.source();
-        for form in ["w4b_gemv_##SUF", "w4b_gemvc_##SUF", "w4b_gemvp_##SUF"] {
-            assert!(src.contains(form), "{form}");
-        }
+        let forms = ["w4b_gemv_##SUF", "w4b_gemvc_##SUF", "w4b_gemvp_##SUF"];
+        assert!(forms.iter().all(|f| src.contains(f)));
     }
 }
