@@ -38,7 +38,9 @@
 //   scales  [ks][2 tiles][ngs][8] u16      (16 B per (tile, group))
 //   zeros   [ks][2 tiles][ngs][8] u8       (the host reserves them only with zero points)
 //   bars    [ks][stages] u64
-// (every part a multiple of 16 bytes but the barriers, which come last).
+// (every part a multiple of 16 bytes but the barriers, which come last). The persistent form
+// `w4b_gemvp` (below) has its own: ring [ks][stages][1 KB sk], sums [ks][4][32] f32, tables
+// [2 buffers][ks][scales (+ zeros)], bars [ks][stages] u64 (host: `smem_bytes`).
 // Scope (the host checks it): 16-bit compute dtype, k % 128 == 0, no perm, NVFP4 or groups of
 // >= 32 columns (the fast layouts), m <= 8 rows per grid.y block, sm_90+ (below it the kernel
 // traps: the module is built only for sm_90+, `KernelModule::builds_for`, but
@@ -295,10 +297,213 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     }
 }
 
+// cp.async of 16 / 8 bytes (the next tile's (scale, zero) table) and its group bookkeeping.
+__device__ __forceinline__ void w4b_cp(unsigned dst, const void* src, int bytes16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (bytes16)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void w4b_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// All but the newest `N` committed groups of this thread have landed.
+template <int N>
+__device__ __forceinline__ void w4b_cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// `w4b_gemvp`: the block form on a persistent grid (`KILN_W4_BULK_PERSIST`): block x of grid
+// (G, ceil(m / 8)) runs the m16 tiles x, x + G, ... < ntiles, one warp per K slice as
+// `w4b_gemv`; a warp's ring runs on from one tile's last stage into the next tile's first
+// (stream index v = tile pass i * nst + stage u; slot v % stages, parity (v / stages) & 1),
+// and the next tile's (scale, zero) table is copied by cp.async into the other of two table
+// buffers while the current tile runs. Every tile's arithmetic is the single-tile one.
+template <typename T, bool FP4, bool ZP, int SK>
+__device__ __forceinline__ void w4b_gemvp(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                         const T* scales, const unsigned char* zeros, int kblocks,
+                                         int ks, int gshift, int gstore, int n, void* out,
+                                         int out_f32, int trig, int stages, int ngs, int hint,
+                                         int ntiles) {
+    constexpr bool G16 = FP4;
+    constexpr unsigned STAGE = SK * W4B_KB_BYTES, HALF = SK * 512;
+    extern __shared__ __align__(16) unsigned char w4b_sm[];
+    if (trig == 0) w4_pdl_launch_dependents();
+    const int lane = threadIdx.x & 31, s = (int)(threadIdx.x >> 5);
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.y * 8;
+    const int per = kblocks / ks, kb0 = s * per;
+    const int nst = (per + SK - 1) / SK;  // stages of the slice (the last one may be partial)
+    // Tiles of this block: blockIdx.x + i gridDim.x for i < mine_n.
+    const int tstep = (int)gridDim.x;
+    const int mine_n = (ntiles - (int)blockIdx.x + tstep - 1) / tstep;
+    const int nv = mine_n * nst;  // stages of this warp's whole stream
+    // This warp's ring, slice sum, tables and barriers (warp w of the block's nb).
+    const int nb = ks, w = s;
+    const unsigned ring_a = w4b_smem(w4b_sm) + (unsigned)(w * stages) * STAGE;
+    float* sums = reinterpret_cast<float*>(w4b_sm + (size_t)nb * stages * STAGE);  // [nb][4][32]
+    unsigned char* tables = w4b_sm + (size_t)nb * stages * STAGE + (size_t)nb * 512;
+    // Table buffer b of this warp: scales [2 tiles][ngs][8] u16, then (ZP) zeros [2][ngs][8] u8.
+    const unsigned tb_bytes = 2u * ngs * (ZP ? 24 : 16);
+    auto table_at = [&](int b) { return tables + ((size_t)b * nb + w) * tb_bytes; };
+    const unsigned bars_a = w4b_smem(tables + (size_t)2 * nb * tb_bytes) + 8u * w * stages;
+    // Stage u of a tile pass: k blocks kb0 + u SK .. of the tile's two n8 tiles, 1 KB per k
+    // block, at `base` + 32 SK u (tile 0) and + 32 kblocks more (tile 1); the next pass's base
+    // is 2 tstep kblocks x 32 words further.
+    auto stage_bytes = [&](int u) { return (unsigned)min(SK, per - u * SK) * W4B_KB_BYTES; };
+    // The slice's groups gfirst .. glast of both n8 tiles (16 B of scales and 8 B of zeros per
+    // (tile, group): aligned units of the [Np/8][GS][8] arrays), the same for every tile.
+    const int gfirst = (kb0 * 8) >> gshift, glast = ((kb0 + per) * 8 - 1) >> gshift;
+    const int cnt = glast - gfirst + 1;  // <= ngs (the host's bound)
+    // Tile pass i's table into buffer b: entry e = (n8 tile j, group r) of the 2 cnt, at
+    // element ((nt0 + j) gstore + gfirst + r) 8 of scales / zeros (nt0 = 2 (blockIdx.x + i
+    // tstep)): `tab0` + i `tab_step` for the lane's first entry (e = lane), 32 entries apart.
+    const size_t tab_step = (size_t)2 * tstep * gstore * 8;
+    auto entry_at = [&](int e) {
+        const int j = e >= cnt ? 1 : 0, r = e - j * cnt;
+        return ((size_t)(2 * blockIdx.x + j) * gstore + gfirst + r) * 8;
+    };
+    auto table_copy = [&](int i, int b) {
+        const unsigned tb = w4b_smem(table_at(b));
+        for (int e = lane; e < 2 * cnt; e += 32) {
+            const int j = e >= cnt ? 1 : 0, r = e - j * cnt;
+            const size_t at = entry_at(e) + (size_t)i * tab_step;
+            w4b_cp(tb + (j * ngs + r) * 16, reinterpret_cast<const unsigned short*>(scales) + at, 1);
+            if (ZP) w4b_cp(tb + 2 * ngs * 16 + (j * ngs + r) * 8, zeros + at, 0);
+        }
+        w4b_commit();  // one group per tile (empty for lanes past 2 cnt)
+    };
+    unsigned long long pol = 0;
+    // Lane 0's next stage to issue: stage uu of the tile pass at `base` (stream index vi).
+    const uint4* base = qw + ((size_t)(2 * blockIdx.x) * kblocks + kb0) * 32;
+    const size_t pass_step = (size_t)2 * tstep * kblocks * 32;
+    int uu = 0, vi = 0;
+    if (lane == 0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (hint) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+        for (int d = 0; d < stages; ++d) w4b_bar_init(bars_a + 8u * d);
+        w4b_bar_fence();
+        for (; vi < min(stages, nv); ++vi) {
+            const uint4* s0 = base + 32 * SK * uu;
+            w4b_issue(ring_a + vi * STAGE, HALF, bars_a + 8u * vi, s0, s0 + (size_t)kblocks * 32,
+                      stage_bytes(uu), hint, pol);
+            if (++uu == nst) {
+                uu = 0;
+                base += pass_step;
+            }
+        }
+    }
+    table_copy(0, 0);
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+    const uint4* xp = reinterpret_cast<const uint4*>(xs + (size_t)min(r0 + g, m - 1) * k + 32 * t) +
+                      (size_t)kb0 * 16;
+    // The lane's 16-column chunk index of chunks 0..3 in k block j: c0 + 8 j.
+    const int c0 = kb0 * 8 + 2 * t;
+    const unsigned zc = W4Dec<T>::bias(8);
+    w4_pdl_wait();  // weights and (scale, zero) values only above; x from here on
+    int slot = 0;
+    unsigned parity = 0;
+#pragma unroll 1
+    for (int i = 0; i < mine_n; ++i) {
+        // The next tile's table into the other buffer (its last reader, tile i - 1, is done:
+        // the block barriers of its slice sum), then wait for this tile's.
+        if (i + 1 < mine_n) {
+            table_copy(i + 1, (i + 1) & 1);
+            w4b_cp_wait<1>();
+        } else {
+            w4b_cp_wait<0>();
+        }
+        __syncwarp();
+        const unsigned short* ssm = reinterpret_cast<const unsigned short*>(table_at(i & 1));
+        const unsigned char* zsm = table_at(i & 1) + 2 * ngs * 16;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int u = 0; u < nst; ++u) {
+            const unsigned st = ring_a + slot * STAGE + 16 * lane;
+            w4b_wait(bars_a + 8u * slot, parity);
+#pragma unroll
+            for (int q8 = 0; q8 < SK; ++q8) {
+                const int j = u * SK + q8;
+                if (q8 == 0 || j < per) {
+                    uint4 xr[4];
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) xr[q] = __ldg(xp + j * 16 + q);
+                    const int glo = ((c0 + 8 * j) >> gshift) - gfirst;
+                    const unsigned sz0 = ssm[glo * 8 + g], sz1 = ssm[(ngs + glo) * 8 + g];
+                    const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
+                    const unsigned z0l = ZP ? W4Dec<T>::bias((int)zsm[glo * 8 + g]) : zc;
+                    const unsigned z1l = ZP ? W4Dec<T>::bias((int)zsm[(ngs + glo) * 8 + g]) : zc;
+                    unsigned s0h = s0l, s1h = s1l;
+                    if (G16) {
+                        const int ghi = ((c0 + 8 * j + 1) >> gshift) - gfirst;
+                        s0h = __byte_perm((unsigned)ssm[ghi * 8 + g], 0u, 0x1010);
+                        s1h = __byte_perm((unsigned)ssm[(ngs + ghi) * 8 + g], 0u, 0x1010);
+                    }
+                    const uint4 w0 = w4b_lds128(st + 512 * q8), w1 = w4b_lds128(st + HALF + 512 * q8);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        unsigned d0[4], d1[4];
+                        w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, z0l, d0);
+                        w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
+                        const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+                        const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+                        w4_mma<T>(acc, a0, xr[q].x, xr[q].y);
+                        w4_mma<T>(acc, a1, xr[q].z, xr[q].w);
+                    }
+                }
+            }
+            // Every lane's words of the stage are decoded (used): it may be overwritten.
+            __syncwarp();
+            if (lane == 0 && vi < nv) {
+                const uint4* s0 = base + 32 * SK * uu;
+                w4b_issue(ring_a + slot * STAGE, HALF, bars_a + 8u * slot, s0,
+                          s0 + (size_t)kblocks * 32, stage_bytes(uu), hint, pol);
+                ++vi;
+                if (++uu == nst) {
+                    uu = 0;
+                    base += pass_step;
+                }
+            }
+            if (++slot == stages) {
+                slot = 0;
+                parity ^= 1u;
+            }
+        }
+        if (trig != 0 && i + 1 == mine_n) w4_pdl_launch_dependents();
+        const int nt0 = 2 * ((int)blockIdx.x + i * tstep);
+        // The slice sum: [4][32] f32 of this warp.
+        float* mine = sums + w * 128;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[e * 32 + lane] = acc[e];
+        __syncthreads();
+        // Warp e (< 4) sums element e over the slices in order (as `w4_gemv_fast` with RG = 1).
+        const int nw = blockDim.x >> 5;
+        for (int e = s; e < 4; e += nw) {
+            float total = 0.0f;
+            for (int q = 0; q < ks; ++q) total += sums[q * 128 + e * 32 + lane];
+            const int row = r0 + 2 * t + (e & 1);
+            const int col = nt0 * 8 + g + (e >= 2 ? 8 : 0);
+            if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+        }
+        // The sums are read before the next tile writes them (and the table buffer of tile i
+        // is no longer read when tile i + 2's copy lands in it).
+        if (i + 1 < mine_n) __syncthreads();
+    }
+}
+
 #define W4B_ARGS(T)                                                                             \
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int ks, int gshift, int gstore, int n, void *out, int out_f32, int fp4,   \
-        int trig, int stages, int ngs, int hint, int sk
+        int trig, int stages, int ngs, int hint, int sk, int ntiles
+#define W4BP_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32, trig, stages, ngs, hint, ntiles
 #define W4B_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32, trig, stages, ngs, hint
 #define W4B_SK(T, SK, CL)                                                                       \
     if (fp4) w4b_gemv<T, true, false, SK, CL>(W4B_PASS);                                        \
@@ -312,6 +517,23 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     } else {                                                                                    \
         W4B_SK(T, 2, CL)                                                                        \
     }
+#define W4BP_SK(T, SK)                                                                          \
+    if (fp4) w4b_gemvp<T, true, false, SK>(W4BP_PASS);                                          \
+    else if (zeros) w4b_gemvp<T, false, true, SK>(W4BP_PASS);                                   \
+    else w4b_gemvp<T, false, false, SK>(W4BP_PASS);
+#define W4BP_ANY_SK(T)                                                                          \
+    if (sk == 1) {                                                                              \
+        W4BP_SK(T, 1)                                                                           \
+    } else if (sk == 4) {                                                                       \
+        W4BP_SK(T, 4)                                                                           \
+    } else {                                                                                    \
+        W4BP_SK(T, 2)                                                                           \
+    }
+// Resident blocks of 256 per SM the persistent form's register budget allows (80 registers:
+// its tile loop does not fit in 64 without spilling, NVRTC 12.9 ptxas).
+#ifndef W4BP_BLOCKS
+#define W4BP_BLOCKS 3
+#endif
 // The cluster form's slice count (the 27B weights' K all have 8 slices).
 #define W4B_CLUSTER_KS 8
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -319,7 +541,8 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
 #else
 #define W4B_CLUSTER
 #endif
-// `w4b_gemv_*`: grid (Np / 16, ceil(m / 8)), 32 ks threads. `w4b_gemvc_*`: grid (Np / 16,
+// `w4b_gemv_*`: grid (Np / 16, ceil(m / 8)), 32 ks threads. `w4b_gemvp_*`: grid (G <= Np / 16,
+// ceil(m / 8)), 32 ks threads, block x running tiles x, x + G, ... (`ntiles` = Np / 16). `w4b_gemvc_*`: grid (Np / 16,
 // ceil(m / 8), 8), 32 threads, cluster (1, 1, 8) (the host runs it when ks == 8). `sk`: k blocks
 // per ring stage, 1, 2 or 4 (others run as 2).
 #define W4B_ENTRY(SUF, T)                                                                       \
@@ -328,6 +551,9 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     }                                                                                           \
     extern "C" __global__ void W4B_CLUSTER __launch_bounds__(32, 32) w4b_gemvc_##SUF(W4B_ARGS(T)) { \
         W4B_ANY_SK(T, true)                                                                     \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, W4BP_BLOCKS) w4b_gemvp_##SUF(W4B_ARGS(T)) { \
+        W4BP_ANY_SK(T)                                                                          \
     }
 W4B_ENTRY(f16, __half)
 W4B_ENTRY(bf16, bf16_t)

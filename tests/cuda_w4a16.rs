@@ -347,9 +347,12 @@ fn wide_gemm_equals_the_base_gemm_bit_for_bit() {
 /// GPTQ g64 and NVFP4 (bf16) on the small shapes, 48×5120 and 5120×6144. Rings (stages × k
 /// blocks per stage): 1×1, 3×1, 2×2, 3×2, 1×4, 2×4 (odd depths wrap the ring at odd places;
 /// partial last stages), 2×2 with the L2 hint, and the cluster form at 2×2 and 3×1 (where the
-/// weight has 8 K slices; else the block form again); plus the default pick with the switch on.
-/// Where the kernel does not exist (below sm_90) the test says so and passes. Run (GPU machine,
-/// repository root; `KILN_BULK_TEST_SMALL=1` runs the small shapes only):
+/// weight has 8 K slices; else the block form again), then every setting the bench
+/// `w4a16_gemv_bulk` sweeps by default (`w4_support::BULK_VARIANTS`); plus the default pick with
+/// the switch on. Where the kernel does not exist (below sm_90) the test says so and passes.
+/// `KILN_BULK_TEST_TRACE=1` prints each bulk launch's setting before it (so that a device
+/// error's last line names it). Run (GPU machine, repository root; `KILN_BULK_TEST_SMALL=1`
+/// runs the small shapes only, `KILN_BULK_TEST_SHAPES` / `_ROWS` replace shapes / rows):
 /// `cuda_w4a16-<hash> --ignored --exact --test-threads=1 --nocapture bulk_gemv_equals_w4_gemv_bit_for_bit`
 #[test]
 #[ignore = "needs a GPU: see the header"]
@@ -399,33 +402,60 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
         ),
         ("nvfp4", Fmt::Nvfp4),
     ];
-    // (stages, k blocks per stage, L2 hint, cluster form).
-    let depths = [
-        (1usize, 1usize, false, false),
-        (3, 1, false, false),
-        // 4 stages of 1 k block: the first variant of `w4a16_gemv_bulk`, whose run on merged main
-        // 80b2937 ended in a device error while this test (without it) passed.
-        (4, 1, false, false),
-        (2, 2, false, false),
-        (3, 2, false, false),
-        (2, 2, true, false),
-        (1, 4, false, false),
-        (2, 4, false, false),
-        (2, 2, false, true),
-        (3, 1, false, true),
+    // (stages, k blocks per stage, L2 hint, cluster form, persistent blocks per SM, grid cap):
+    // this test's own settings (the capped grids make a block run several tiles, its rings
+    // running on from one tile into the next, on every shape), then every one
+    // `cuda_w4a16_bulk_bench w4a16_gemv_bulk` sweeps (`w4_support::BULK_VARIANTS`) not among them.
+    let mut depths = vec![
+        (1usize, 1usize, false, false, 0usize, 0usize),
+        (3, 1, false, false, 0, 0),
+        (2, 2, false, false, 0, 0),
+        (3, 2, false, false, 0, 0),
+        (2, 2, true, false, 0, 0),
+        (1, 4, false, false, 0, 0),
+        (2, 4, false, false, 0, 0),
+        (2, 2, false, true, 0, 0),
+        (3, 1, false, true, 0, 0),
+        (3, 1, false, false, 0, 2),
+        (2, 2, false, false, 0, 5),
+        (1, 4, false, false, 0, 3),
+        (4, 1, true, false, 1, 7),
     ];
+    for (_, stages, sk, hint, cluster, persist) in
+        w4_support::bulk_variants(w4_support::BULK_VARIANTS)
+    {
+        if !depths.contains(&(stages, sk, hint, cluster, persist, 0)) {
+            depths.push((stages, sk, hint, cluster, persist, 0));
+        }
+    }
     let mut failures = Vec::new();
     // Two small shapes first (1 and 8 K slices; `KILN_BULK_TEST_SMALL=1` stops there: the
     // quick pass run under compute-sanitizer), then the 27B ones.
+    // `KILN_BULK_TEST_SHAPES=NxK,...` replaces the shapes and `KILN_BULK_TEST_ROWS=r,...` the
+    // row counts (a sanitizer pass on one big shape at a few rows).
     let small_only = std::env::var("KILN_BULK_TEST_SMALL").is_ok_and(|v| v == "1");
-    let shapes: Vec<(usize, usize)> = [(64usize, 1152usize), (200, 4096)]
-        .into_iter()
-        .chain(
-            SHAPES_27B
-                .into_iter()
-                .filter(|s| s.0 != 248320 && !small_only),
-        )
-        .collect();
+    let trace = std::env::var("KILN_BULK_TEST_TRACE").is_ok_and(|v| v == "1");
+    let shapes: Vec<(usize, usize)> = match std::env::var("KILN_BULK_TEST_SHAPES") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|s| {
+                let (n, k) = s.trim().split_once('x')?;
+                Some((n.parse().ok()?, k.parse().ok()?))
+            })
+            .collect(),
+        Err(_) => [(64usize, 1152usize), (200, 4096)]
+            .into_iter()
+            .chain(
+                SHAPES_27B
+                    .into_iter()
+                    .filter(|s| s.0 != 248320 && !small_only),
+            )
+            .collect(),
+    };
+    let row_counts: Vec<usize> = std::env::var("KILN_BULK_TEST_ROWS").map_or_else(
+        |_| (1..=8).collect(),
+        |v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect(),
+    );
     for (i, (label, fmt)) in fmts.into_iter().enumerate() {
         // CT sym / asym g128 (the 27B checkpoints' formats) on every shape; the other formats
         // on the small shapes, 48×5120 and 5120×6144, to keep the test short.
@@ -446,23 +476,28 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
                     .map(|v| round(dtype, v))
                     .collect();
                 let (mut same, mut all) = (0, 0);
-                for rows in 1..=8usize {
+                for &rows in &row_counts {
                     b.set_w4_bulk(false, 2, 2, false, false);
                     let base = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
-                    for &(stages, sk, hint, cluster) in &depths {
+                    for &(stages, sk, hint, cluster, persist, cap) in &depths {
                         b.set_w4_bulk(false, stages, sk, hint, cluster);
+                        b.set_w4_bulk_grid(persist, cap);
+                        if trace {
+                            println!("TRACE {dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint} cluster {cluster} persist {persist} cap {cap}");
+                        }
                         let a = run(b, &w, &x, rows, n, k, Some(W4Kernel::GemvBulk));
                         all += 1;
                         if bits_equal(&a, &base) && a.iter().all(|v| v.is_finite()) {
                             same += 1;
                         } else {
                             failures.push(format!(
-                                "{dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint} cluster {cluster}: bulk != w4_gemv"
+                                "{dtype} {label} {n}x{k} rows {rows} stages {stages}x{sk} hint {hint} cluster {cluster} persist {persist} cap {cap}: bulk != w4_gemv"
                             ));
                         }
                     }
-                    // The default choice with the switch on runs the bulk kernel: same bits.
-                    b.set_w4_bulk(true, 2, 2, false, false);
+                    // The default choice with the switch on, at the built-in ring settings,
+                    // runs the bulk kernel: same bits.
+                    b.reset_w4_bulk(true);
                     let picked = run(b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
                     all += 1;
                     if bits_equal(&picked, &base) {
@@ -474,8 +509,10 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
                     }
                 }
                 b.set_w4_bulk(false, 2, 2, false, false);
+                b.set_w4_bulk_grid(0, 0);
                 println!(
-                    "RESULT w4a16 bulk-gemv {dtype} {label} N={n} K={k} rows=1..8 depths={depths:?} equal_to_w4_gemv={same}/{all} {}",
+                    "RESULT w4a16 bulk-gemv {dtype} {label} N={n} K={k} rows={row_counts:?} settings={} equal_to_w4_gemv={same}/{all} {}",
+                    depths.len(),
                     if same == all { "ok" } else { "FAIL" }
                 );
             }

@@ -229,3 +229,40 @@ pub fn all_formats() -> Vec<(&'static str, Fmt)> {
         ("nvfp4", Fmt::Nvfp4),
     ]
 }
+
+/// The bulk-copy GEMV's settings swept by `cuda_w4a16_bulk_bench w4a16_gemv_bulk` when
+/// `KILN_BULK_BENCH` is unset, as `SKxSTAGES[h][c][pN]` (k blocks per stage × stages, `h` the L2
+/// hint, `c` the cluster form, `pN` the block form on a persistent grid of N blocks per SM);
+/// `cuda_w4a16 bulk_gemv_equals_w4_gemv_bit_for_bit` checks every one of them bit for bit, so
+/// the bench never times a setting the bit test did not cover.
+pub const BULK_VARIANTS: &str = "1x4,1x8,2x2,2x3,2x4,2x6,4x2,4x3,2x2h,1x4c,2x2c,2x4c,4x2c,\
+     1x4p4,1x8p4,2x2p4,2x3p4,2x4p4,4x2p4,2x4p2,2x6p2,4x4p1,\
+     1x2h,1x3h,1x4h,2x3h,4x2h,2x1h,2x2hp4,1x4hp4,2x3hp4,4x2hp4";
+
+/// One bulk setting: (label, stages, k blocks per stage, L2 hint, cluster form, persistent
+/// blocks per SM).
+pub type BulkVariant = (String, usize, usize, bool, bool, usize);
+
+/// The settings of a comma-separated `SKxSTAGES[h][c][pN]` list (unparsable items dropped).
+pub fn bulk_variants(spec: &str) -> Vec<BulkVariant> {
+    spec.split(',')
+        .filter_map(|v| {
+            let v = v.trim();
+            let (body, persist) = match v.split_once('p') {
+                Some((b, p)) => (b, p.parse().ok()?),
+                None => (v, 0),
+            };
+            let (body, cluster) = body.strip_suffix('c').map_or((body, false), |b| (b, true));
+            let (body, hint) = body.strip_suffix('h').map_or((body, false), |b| (b, true));
+            let (sk, st) = body.split_once('x')?;
+            Some((
+                format!("bulk{v}"),
+                st.parse().ok()?,
+                sk.parse().ok()?,
+                hint,
+                cluster,
+                persist,
+            ))
+        })
+        .collect()
+}

@@ -7,11 +7,11 @@
 /// Shared device helpers, prepended to every kernel source.
 pub const COMMON_HEADER: &str = include_str!("../../../kernels/common.cuh");
 
-/// The entry points of `kernels/w4a16_bulk.cu` for compute dtype suffix `t` (16-bit only): the
-/// block form `w4b_gemv_{t}` and the cluster form `w4b_gemvc_{t}`; the backend resolves exactly
-/// these (`w4a16_bulk.rs`), so the loaded list and the resolved one cannot drift apart.
-pub(crate) fn w4_bulk_names(t: &str) -> [String; 2] {
-    [format!("w4b_gemv_{t}"), format!("w4b_gemvc_{t}")]
+/// The entry points of `kernels/w4a16_bulk.cu` for dtype suffix `t` (16-bit only): block, cluster
+/// and persistent forms `w4b_gemv{,c,p}_{t}`; the backend resolves exactly these
+/// (`w4a16_bulk.rs`), so the loaded list and the resolved one cannot drift apart.
+pub(crate) fn w4_bulk_names(t: &str) -> [String; 3] {
+    ["w4b_gemv", "w4b_gemvc", "w4b_gemvp"].map(|f| format!("{f}_{t}"))
 }
 
 /// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`: m16 tiles per CTA, weight ring depth,
@@ -608,17 +608,18 @@ mod tests {
         }
         assert!(!full.contains("W4_TC_ENTRIES(bf16"));
         assert!(full.ends_with(KernelModule::W4a16Bulk.source()));
-        // Both forms are loaded (the cluster one was missing once: the backend then found no
-        // bulk kernel at all) and both macro-built names exist in the source.
+        // Every form is loaded (the cluster one was missing once: the backend then found no
+        // bulk kernel at all) and every macro-built name exists in the source.
         let names = KernelModule::W4a16Bulk.entry_points();
         for t in ["f16", "bf16"] {
             for n in w4_bulk_names(t) {
                 assert!(names.contains(&n), "{n}");
             }
         }
-        assert_eq!(names.len(), 4);
+        assert_eq!(names.len(), 6);
         let src = KernelModule::W4a16Bulk.source();
-        assert!(src.contains("w4b_gemv_##SUF") && src.contains("w4b_gemvc_##SUF"));
+        let forms = ["w4b_gemv_##SUF", "w4b_gemvc_##SUF", "w4b_gemvp_##SUF"];
+        assert!(forms.iter().all(|f| src.contains(f)));
     }
 
     #[test]

@@ -19,6 +19,10 @@
 //!   CTA, grid z = the 8 K slices of a tile as one thread-block cluster, the slice sums added in
 //!   order through distributed shared memory: finer work units for the SMs) where the weight has
 //!   8 K slices.
+//! - `KILN_W4_BULK_PERSIST` (0..=8; unset: [`DEFAULT_PERSIST`]): the persistent block form
+//!   `w4b_gemvp` on a grid of this many blocks per SM (capped by the occupancy the driver
+//!   reports, and by the tile count); each block then runs tiles x, x + grid, ... with its
+//!   warps' rings running on from one tile into the next. 0: `w4b_gemv`, one block per tile.
 
 use std::collections::HashMap;
 
@@ -40,6 +44,12 @@ pub const MAX_STAGES: usize = 16;
 
 /// k blocks per ring stage when `KILN_W4_BULK_SK` is unset.
 pub const DEFAULT_SK: usize = 2;
+
+/// Persistent blocks per SM when `KILN_W4_BULK_PERSIST` is unset (0: one block per tile).
+pub const DEFAULT_PERSIST: usize = 0;
+
+/// Most persistent blocks per SM.
+pub const MAX_PERSIST: usize = 8;
 
 /// Bytes of one k block in a ring stage: 128 columns of two n8 tiles (`W4B_KB_BYTES`).
 const KB_BYTES: usize = 1024;
@@ -64,6 +74,11 @@ pub(crate) struct BulkSettings {
     /// The cluster form `w4b_gemvc` (one warp per CTA, the slices of a tile one cluster) where
     /// the weight has 8 K slices; else one block of ks warps per tile (`w4b_gemv`).
     pub cluster: bool,
+    /// The block form's persistent grid: blocks per SM (0: one block per tile).
+    pub persist: usize,
+    /// At most this many blocks in the block form's grid (0: no cap): tests make a block run
+    /// several tiles on small weights with it.
+    pub grid_cap: usize,
 }
 
 impl Default for BulkSettings {
@@ -74,6 +89,8 @@ impl Default for BulkSettings {
             sk: DEFAULT_SK,
             hint: false,
             cluster: false,
+            persist: DEFAULT_PERSIST,
+            grid_cap: 0,
         }
     }
 }
@@ -84,6 +101,8 @@ pub(crate) struct BulkGemv {
     f: CudaFunction,
     /// `w4b_gemvc_{t}`: the cluster form.
     fc: CudaFunction,
+    /// `w4b_gemvp_{t}`: the persistent block form.
+    fp: CudaFunction,
     set: BulkSettings,
 }
 
@@ -94,14 +113,14 @@ impl BulkGemv {
         all: &HashMap<String, CudaFunction>,
         t: &str,
     ) -> Result<Option<BulkGemv>, BackendError> {
-        let [name, cname] = crate::backend::cuda::kernels::w4_bulk_names(t);
-        let (f, fc) = match (all.get(&name), all.get(&cname)) {
-            (Some(f), Some(fc)) => (f, fc),
-            (None, None) => return Ok(None),
-            // The module was built but one form is missing: say so rather than run without it.
+        let [name, cname, pname] = crate::backend::cuda::kernels::w4_bulk_names(t);
+        let (f, fc, fp) = match (all.get(&name), all.get(&cname), all.get(&pname)) {
+            (Some(f), Some(fc), Some(fp)) => (f, fc, fp),
+            (None, None, None) => return Ok(None),
+            // The module was built but a form is missing: say so rather than run without it.
             _ => {
                 return Err(BackendError::Unsupported(format!(
-                    "w4a16_bulk.cu: {name} / {cname}: only one of the two was loaded"
+                    "w4a16_bulk.cu: {name} / {cname} / {pname}: not all three were loaded"
                 )))
             }
         };
@@ -125,15 +144,30 @@ impl BulkGemv {
                 }
             },
         };
+        let persist = match std::env::var("KILN_W4_BULK_PERSIST") {
+            Err(_) => d.persist,
+            Ok(v) if v.trim().is_empty() => d.persist,
+            Ok(v) => match v.trim().parse::<usize>() {
+                Ok(p) if p <= MAX_PERSIST => p,
+                _ => {
+                    return Err(BackendError::InvalidArgument(format!(
+                        "KILN_W4_BULK_PERSIST={v:?}: expected 0..={MAX_PERSIST}"
+                    )))
+                }
+            },
+        };
         Ok(Some(BulkGemv {
             f: f.clone(),
             fc: fc.clone(),
+            fp: fp.clone(),
             set: BulkSettings {
                 on: env_switch("KILN_W4_BULK", d.on)?,
                 stages,
                 sk,
                 hint: env_switch("KILN_W4_BULK_HINT", d.hint)?,
                 cluster: env_switch("KILN_W4_BULK_CLUSTER", d.cluster)?,
+                persist,
+                grid_cap: 0,
             },
         }))
     }
@@ -156,10 +190,19 @@ pub fn slice_groups(per: usize, gshift: u32) -> usize {
 
 /// Dynamic shared memory of a block: `ks` warps × (`stages` stages of `sk` × [`KB_BYTES`] and
 /// an 8-byte mbarrier each, and 2 tiles × `ngs` groups × 16 bytes of scales, + 8 of zero
-/// points).
-pub fn smem_bytes(ks: usize, stages: usize, sk: usize, ngs: usize, zero_points: bool) -> usize {
+/// points); the persistent form (`persistent`) adds a 512-byte slice sum and a second table
+/// buffer per warp.
+pub fn smem_bytes(
+    ks: usize,
+    stages: usize,
+    sk: usize,
+    ngs: usize,
+    zero_points: bool,
+    persistent: bool,
+) -> usize {
     let table = 2 * ngs * if zero_points { 24 } else { 16 };
-    ks * (stages * (sk * KB_BYTES + 8) + table)
+    let extra = if persistent { 512 + table } else { 0 };
+    ks * (stages * (sk * KB_BYTES + 8) + table + extra)
 }
 
 impl CudaBackend {
@@ -183,7 +226,37 @@ impl CudaBackend {
                     sk: if matches!(sk, 1 | 4) { sk } else { 2 },
                     hint,
                     cluster,
+                    ..b.set
                 };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Back to the built-in settings ([`BulkSettings::default`]) with the default choice `on`
+    /// (tests check the default pick); returns whether the kernels exist.
+    pub fn reset_w4_bulk(&mut self, on: bool) -> bool {
+        match self.k.w4_bulk.as_mut() {
+            Some(b) => {
+                b.set = BulkSettings {
+                    on,
+                    ..BulkSettings::default()
+                };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Set the block form's persistent grid (`persist` blocks per SM, clamped to
+    /// [`MAX_PERSIST`]; 0: one block per tile) and a cap on its block count (`grid_cap`, 0:
+    /// none; tests use it to make a block run several tiles); returns whether the kernels exist.
+    pub fn set_w4_bulk_grid(&mut self, persist: usize, grid_cap: usize) -> bool {
+        match self.k.w4_bulk.as_mut() {
+            Some(b) => {
+                b.set.persist = persist.min(MAX_PERSIST);
+                b.set.grid_cap = grid_cap;
                 true
             }
             None => false,
@@ -193,6 +266,12 @@ impl CudaBackend {
     /// Whether the cluster form runs a weight of `ks` K slices.
     fn w4_bulk_cluster(set: &BulkSettings, ks: usize) -> bool {
         set.cluster && ks == CLUSTER_KS
+    }
+
+    /// Whether the persistent block form runs (not the cluster form, `persist` or a grid cap
+    /// set).
+    fn w4_bulk_persistent(set: &BulkSettings, ks: usize) -> bool {
+        !Self::w4_bulk_cluster(set, ks) && (set.persist > 0 || set.grid_cap > 0)
     }
 
     /// Whether a step of `rows` rows of `kernel` on this layout runs the bulk GEMV.
@@ -223,6 +302,7 @@ impl CudaBackend {
                 b.set.sk,
                 slice_groups(parts.k_blocks / parts.k_slices, parts.group_shift),
                 parts.zeros.is_some(),
+                Self::w4_bulk_persistent(&b.set, parts.k_slices),
             ) <= MAX_SMEM
     }
 
@@ -245,9 +325,23 @@ impl CudaBackend {
         let set = b.set;
         let ks = parts.k_slices;
         let cluster = Self::w4_bulk_cluster(&set, ks);
-        let (f, warps) = if cluster { (&b.fc, 1) } else { (&b.f, ks) };
+        let persistent = Self::w4_bulk_persistent(&set, ks);
+        let (f, warps) = if cluster {
+            (&b.fc, 1)
+        } else if persistent {
+            (&b.fp, ks)
+        } else {
+            (&b.f, ks)
+        };
         let ngs = slice_groups(parts.k_blocks / ks, parts.group_shift);
-        let shared = smem_bytes(warps, set.stages, set.sk, ngs, parts.zeros.is_some());
+        let shared = smem_bytes(
+            warps,
+            set.stages,
+            set.sk,
+            ngs,
+            parts.zeros.is_some(),
+            persistent,
+        );
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
         // attribute, no stream work, so graph capture is unaffected).
         f.set_attribute(
@@ -279,9 +373,29 @@ impl CudaBackend {
             .i32(ngs as i32)
             .i32(i32::from(set.hint))
             .i32(set.sk as i32);
+        let tiles = parts.n_pad / (2 * TILE_N);
+        let mut grid = tiles;
+        if persistent && set.persist > 0 {
+            // The occupancy the driver reports for this block size and shared memory, at most
+            // `persist` blocks per SM, on every SM; never more blocks than tiles.
+            let occ = f
+                .occupancy_max_active_blocks_per_multiprocessor((32 * warps) as u32, shared, None)
+                .map_err(dev_err)? as usize;
+            let sms = self
+                .ctx
+                .attribute(
+                    cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                )
+                .map_err(dev_err)? as usize;
+            grid = grid.min(set.persist.min(occ.max(1)) * sms);
+        }
+        if persistent && set.grid_cap > 0 {
+            grid = grid.min(set.grid_cap);
+        }
+        a.i32(tiles as i32);
         let cfg = LaunchConfig {
             grid_dim: (
-                (parts.n_pad / (2 * TILE_N)) as u32,
+                grid as u32,
                 rows.div_ceil(GEMV8_ROWS) as u32,
                 if cluster { ks as u32 } else { 1 },
             ),
@@ -289,8 +403,9 @@ impl CudaBackend {
             shared_mem_bytes: shared as u32,
         };
         // SAFETY: the parts were built by W4Tiles for this weight (a fast layout: no perm,
-        // k % 128 == 0, n_pad / 8 tiles of k_blocks blocks, `groups` stored groups); the grid
-        // covers n_pad outputs in m16 tiles and ceil(rows / 8) row blocks of <= 8 rows; the bulk
+        // k % 128 == 0, n_pad / 8 tiles of k_blocks blocks, `groups` stored groups); the grid's
+        // blocks (x < `tiles`, each running tiles x, x + grid, ... < `tiles`) cover n_pad outputs
+        // in m16 tiles and ceil(rows / 8) row blocks of <= 8 rows; the bulk
         // copies read whole 512-byte tile blocks inside the words, the table loads whole
         // (tile, group) units inside scales / zeros; x is read only below (rows, k) and out
         // written only below (rows, n) (the caller vouches for both); shared memory is sized by
@@ -324,11 +439,21 @@ mod tests {
     fn shared_memory_of_the_27b_shapes_fits_four_blocks_at_two_stages_of_two() {
         // K = 5120 (40 k blocks, 8 slices of 5) and 17408 (136, 8 of 17), group 128.
         for per in [5usize, 17] {
-            let s = smem_bytes(8, 2, 2, slice_groups(per, 3), true);
+            let s = smem_bytes(8, 2, 2, slice_groups(per, 3), true, false);
             assert!(4 * (s + 1024) <= 228 * 1024, "{s}");
+            // The persistent form (3 blocks per SM by its registers).
+            let s = smem_bytes(8, 2, 2, slice_groups(per, 3), true, true);
+            assert!(3 * (s + 1024) <= 228 * 1024, "{s}");
         }
-        assert_eq!(smem_bytes(1, 1, 1, 1, false), 1024 + 8 + 32);
-        assert_eq!(smem_bytes(2, 3, 4, 1, false), 2 * (3 * (4096 + 8) + 32));
+        assert_eq!(smem_bytes(1, 1, 1, 1, false, false), 1024 + 8 + 32);
+        assert_eq!(
+            smem_bytes(2, 3, 4, 1, false, false),
+            2 * (3 * (4096 + 8) + 32)
+        );
+        assert_eq!(
+            smem_bytes(2, 3, 4, 1, true, true),
+            2 * (3 * (4096 + 8) + 48 + 512 + 48)
+        );
         assert!(parse_stages("0").is_err());
         assert!(parse_stages("17").is_err());
         assert_eq!(parse_stages(" 6 ").unwrap(), 6);
