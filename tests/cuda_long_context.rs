@@ -282,12 +282,19 @@ fn long_context_decode_attention_reads_kv_near_copy_bandwidth() {
         }
         let b = gpu(wide, kv);
         let alt = alt_spec.as_ref().map(|(label, vars)| {
+            // Each variable set for the alternative backend, then put back as it was (a value
+            // exported for the whole run stays the default backend's).
+            let was: Vec<Option<String>> =
+                vars.iter().map(|(k, _)| std::env::var(k).ok()).collect();
             for (k, x) in vars {
                 std::env::set_var(k, x);
             }
             let c = gpu(wide, kv);
-            for (k, _) in vars {
-                std::env::remove_var(k);
+            for ((k, _), w) in vars.iter().zip(was) {
+                match w {
+                    Some(w) => std::env::set_var(k, w),
+                    None => std::env::remove_var(k),
+                }
             }
             (label.clone(), c)
         });
