@@ -79,34 +79,6 @@ __device__ __forceinline__ void w4_pdl_launch_dependents() {
 }
 // The GEMM: 2 (rows) x 4 (outputs) warps of 64 rows x 32 outputs each, 128 x 128 per block.
 
-// D += A * B for one m16n8k16 tile (fragments as the PTX ISA lays them out).
-template <typename T>
-__device__ __forceinline__ void w4_mma(float* d, const unsigned* a, unsigned b0, unsigned b1);
-template <>
-__device__ __forceinline__ void w4_mma<__half>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();  // the host launches the tensor-core kernels on sm_80+ only
-#endif
-}
-template <>
-__device__ __forceinline__ void w4_mma<bf16_t>(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();
-#endif
-}
-
 // x[row, col .. col + 8) (16-bit each) as one 128-bit word; 0 outside the m x k input. `col` is a
 // position in the (permuted) tile order; with `perm` the input column is perm[col]. One 128-bit
 // load when the 8 columns are in range, contiguous and aligned (k % 8 == 0, no perm).
@@ -323,8 +295,8 @@ __device__ __forceinline__ void w4_block(float (*acc)[4], uint4 w0, uint4 w1, un
         for (int rg = 0; rg < RG; ++rg) {
             if (rg == 0 || rg < nrg) {
                 const uint4 r = xq(rg, q);
-                w4_mma<T>(acc[rg], a0, r.x, r.y);
-                w4_mma<T>(acc[rg], a1, r.z, r.w);
+                mma_m16n8k16<T>(acc[rg], a0, r.x, r.y);
+                mma_m16n8k16<T>(acc[rg], a1, r.z, r.w);
             }
         }
     }
@@ -563,8 +535,8 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
             const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
 #pragma unroll
             for (int rg = 0; rg < RG; ++rg) {
-                w4_mma<T>(acc[rg], a0, xr[rg][q].x, xr[rg][q].y);
-                w4_mma<T>(acc[rg], a1, xr[rg][q].z, xr[rg][q].w);
+                mma_m16n8k16<T>(acc[rg], a0, xr[rg][q].x, xr[rg][q].y);
+                mma_m16n8k16<T>(acc[rg], a1, xr[rg][q].z, xr[rg][q].w);
             }
         }
     };
@@ -782,8 +754,8 @@ __device__ __forceinline__ void w4_gemv_xs(const T* x, int m, int k, const uint4
                 const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
 #pragma unroll
                 for (int rg = 0; rg < RG; ++rg) {
-                    w4_mma<T>(acc[rg], a0, xr[rg].x, xr[rg].y);
-                    w4_mma<T>(acc[rg], a1, xr[rg].z, xr[rg].w);
+                    mma_m16n8k16<T>(acc[rg], a0, xr[rg].x, xr[rg].y);
+                    mma_m16n8k16<T>(acc[rg], a1, xr[rg].z, xr[rg].w);
                 }
             }
         }
@@ -975,8 +947,8 @@ __device__ __forceinline__ void w4_gemm(const T* x, int m, int k, const uint4* _
                     const uint4 xr = *reinterpret_cast<const uint4*>(st + row * 256 + w4_a_unit(4 * t + q, row) * 16);
 #pragma unroll
                     for (int u = 0; u < 2; ++u) {
-                        w4_mma<T>(acc[u][rg], a0[u], xr.x, xr.y);
-                        w4_mma<T>(acc[u][rg], a1[u], xr.z, xr.w);
+                        mma_m16n8k16<T>(acc[u][rg], a0[u], xr.x, xr.y);
+                        mma_m16n8k16<T>(acc[u][rg], a1[u], xr.z, xr.w);
                     }
                 }
             }

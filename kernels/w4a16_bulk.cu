@@ -2,7 +2,7 @@
 // issue 10 item 7): `w4b_gemv_{f16,bf16}`.
 //
 // What NVRTC compiles: common.cuh, then kernels/w4a16.cu up to its entry points (the layout, the
-// decode helpers W4Dec / w4_decode_any / w4_mma / w4_store, the PDL helpers: the same code, not a
+// decode helpers W4Dec / w4_decode_any / w4_store, the PDL helpers: the same code, not a
 // copy; src/backend/cuda/kernels.rs `KernelModule::full_source`), then this file.
 //
 // Numerics: exactly those of w4a16.cu's `w4_gemv_fast` with RG = 1 and one K slice per warp (read
@@ -251,8 +251,8 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
                     w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
                     const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
                     const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
-                    w4_mma<T>(acc, a0, xr[q].x, xr[q].y);
-                    w4_mma<T>(acc, a1, xr[q].z, xr[q].w);
+                    mma_m16n8k16<T>(acc, a0, xr[q].x, xr[q].y);
+                    mma_m16n8k16<T>(acc, a1, xr[q].z, xr[q].w);
                 }
             }
         }
@@ -455,8 +455,8 @@ __device__ __forceinline__ void w4b_gemvp(const T* x, int m, int k, const uint4*
                         w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
                         const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
                         const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
-                        w4_mma<T>(acc, a0, xr[q].x, xr[q].y);
-                        w4_mma<T>(acc, a1, xr[q].z, xr[q].w);
+                        mma_m16n8k16<T>(acc, a0, xr[q].x, xr[q].y);
+                        mma_m16n8k16<T>(acc, a1, xr[q].z, xr[q].w);
                     }
                 }
             }

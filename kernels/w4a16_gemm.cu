@@ -14,7 +14,7 @@
 // row (tests/cuda_w4a16.rs checks GEMV = GEMM bit for bit), and which of them runs a step does
 // not change a row's result. The registry compiles this file after w4a16.cu's helpers
 // (`KernelModule::full_source`), so the decode, mma, swizzle and cp.async helpers (`W4Dec`,
-// `w4_decode2`, `w4_mma`, `w4_a_unit`, `w4_cp16`, ...) and `W4_KB` are w4a16.cu's own: one copy.
+// `w4_decode2`, `w4_a_unit`, `w4_cp16`, ...) and `W4_KB` are w4a16.cu's own: one copy.
 //
 // Scope (the host checks it: src/backend/cuda/backend/w4a16_gemm.rs): 16-bit compute dtype on
 // sm_90 / sm_100 (the wide block needs 224 KB of shared memory, the split kernel clusters),
@@ -151,8 +151,8 @@ __device__ __forceinline__ void w4g_gemm(const T* x, int m, int k, const uint4* 
                     const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};
 #pragma unroll
                     for (int rg = 0; rg < 8; ++rg) {
-                        w4_mma<T>(acc[u][rg], a0, xr[rg].x, xr[rg].y);
-                        w4_mma<T>(acc[u][rg], a1, xr[rg].z, xr[rg].w);
+                        mma_m16n8k16<T>(acc[u][rg], a0, xr[rg].x, xr[rg].y);
+                        mma_m16n8k16<T>(acc[u][rg], a1, xr[rg].z, xr[rg].w);
                     }
                 }
             }
@@ -282,8 +282,8 @@ __device__ __forceinline__ void w4g_tile_kblock(float (*acc)[RGW][4], const unsi
                     const uint4 xr = *reinterpret_cast<const uint4*>(st + row * 256 + w4_a_unit(4 * t + q, row) * 16);
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
-                        w4_mma<T>(acc[u][rg], a0[u], xr.x, xr.y);
-                        w4_mma<T>(acc[u][rg], a1[u], xr.z, xr.w);
+                        mma_m16n8k16<T>(acc[u][rg], a0[u], xr.x, xr.y);
+                        mma_m16n8k16<T>(acc[u][rg], a1[u], xr.z, xr.w);
                     }
                 }
             }

@@ -2,7 +2,7 @@
 // issue 10 item 7): `w4_gemvxc{TPC}d{D}_{f16,bf16}`.
 //
 // What NVRTC compiles: common.cuh, then kernels/w4a16.cu up to its entry points (the layout, the
-// decode helpers W4Dec / w4_decode_any / w4_mma / w4_szf / w4_store, the PDL helpers: the same
+// decode helpers W4Dec / w4_decode_any / w4_szf / w4_store, the PDL helpers: the same
 // code, not a copy; src/backend/cuda/kernels.rs `KernelModule::full_source`), then this file.
 //
 // Numerics: exactly those of w4a16.cu's `w4_gemv_fast` / `w4_gemv_xs` with RG = 2 (read
@@ -202,8 +202,8 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
             const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
 #pragma unroll
             for (int rg = 0; rg < RG; ++rg) {
-                w4_mma<T>(acc[rg], a0, xr[rg].x, xr[rg].y);
-                w4_mma<T>(acc[rg], a1, xr[rg].z, xr[rg].w);
+                mma_m16n8k16<T>(acc[rg], a0, xr[rg].x, xr[rg].y);
+                mma_m16n8k16<T>(acc[rg], a1, xr[rg].z, xr[rg].w);
             }
         }
     };

@@ -600,7 +600,7 @@ mod tests {
         for helper in [
             "struct W4Dec",
             "w4_decode_any",
-            "w4_mma",
+            "w4_word",
             "w4_pdl_wait",
             "w4_store",
         ] {
@@ -629,7 +629,7 @@ mod tests {
             for helper in [
                 "struct W4Dec",
                 "w4_decode2",
-                "w4_mma",
+                "w4_a_unit",
                 "w4_word",
                 "#define W4_KB",
             ] {
