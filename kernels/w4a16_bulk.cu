@@ -159,12 +159,55 @@ __device__ __forceinline__ uint4 w4b_lds128(unsigned a) {
 // CL: the cluster form (`w4b_gemvc`): one warp per CTA, CTA z of grid (Np / 16, ceil(m / 8), ks)
 // is slice z (its cluster rank; cluster (1, 1, ks), ks == W4B_CLUSTER_KS), the slice sums added
 // in order through distributed shared memory. Same operations per output element.
+// One ring stage's k blocks (SK of them, the last stage possibly partial: k block j < per) of a
+// warp's slice, decoded and multiplied into acc in k order: the block and persistent forms' one
+// main-loop body. st: the lane's 16-byte column of the stage in shared memory; ssm / zsm: the
+// slice's (scale, zero) tables; xp / c0: the lane's x words and chunk index (see the callers).
+template <typename T, bool FP4, bool ZP, int SK>
+__device__ __forceinline__ void w4b_stage_mma(float* acc, unsigned st, int u, int per, const uint4* xp,
+                                              int c0, int gshift, int gfirst,
+                                              const unsigned short* ssm, const unsigned char* zsm,
+                                              int ngs, int g, unsigned zc) {
+    constexpr bool G16 = FP4;
+    constexpr unsigned HALF = SK * 512;
+#pragma unroll
+    for (int i = 0; i < SK; ++i) {
+        const int j = u * SK + i;
+        if (i == 0 || j < per) {
+            uint4 xr[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) xr[q] = __ldg(xp + j * 16 + q);
+            const int glo = ((c0 + 8 * j) >> gshift) - gfirst;
+            const unsigned sz0 = ssm[glo * 8 + g], sz1 = ssm[(ngs + glo) * 8 + g];
+            const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
+            const unsigned z0l = ZP ? W4Dec<T>::bias((int)zsm[glo * 8 + g]) : zc;
+            const unsigned z1l = ZP ? W4Dec<T>::bias((int)zsm[(ngs + glo) * 8 + g]) : zc;
+            unsigned s0h = s0l, s1h = s1l;
+            if (G16) {
+                const int ghi = ((c0 + 8 * j + 1) >> gshift) - gfirst;
+                s0h = __byte_perm((unsigned)ssm[ghi * 8 + g], 0u, 0x1010);
+                s1h = __byte_perm((unsigned)ssm[(ngs + ghi) * 8 + g], 0u, 0x1010);
+            }
+            const uint4 w0 = w4b_lds128(st + 512 * i), w1 = w4b_lds128(st + HALF + 512 * i);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                unsigned d0[4], d1[4];
+                w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, z0l, d0);
+                w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
+                const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+                const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+                mma_m16n8k16<T>(acc, a0, xr[q].x, xr[q].y);
+                mma_m16n8k16<T>(acc, a1, xr[q].z, xr[q].w);
+            }
+        }
+    }
+}
+
 template <typename T, bool FP4, bool ZP, int SK, bool CL>
 __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* __restrict__ qw,
                                          const T* scales, const unsigned char* zeros, int kblocks,
                                          int ks, int gshift, int gstore, int n, void* out,
                                          int out_f32, int trig, int stages, int ngs, int hint) {
-    constexpr bool G16 = FP4;
     constexpr unsigned STAGE = SK * W4B_KB_BYTES, HALF = SK * 512;
     extern __shared__ __align__(16) unsigned char w4b_sm[];
     if (trig == 0) w4_pdl_launch_dependents();
@@ -225,37 +268,7 @@ __device__ __forceinline__ void w4b_gemv(const T* x, int m, int k, const uint4* 
     for (int u = 0; u < nst; ++u) {
         const unsigned st = ring_a + slot * STAGE + 16 * lane;
         w4b_wait(bars_a + 8u * slot, parity);
-#pragma unroll
-        for (int i = 0; i < SK; ++i) {
-            const int j = u * SK + i;
-            if (i == 0 || j < per) {
-                uint4 xr[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) xr[q] = __ldg(xp + j * 16 + q);
-                const int glo = ((c0 + 8 * j) >> gshift) - gfirst;
-                const unsigned sz0 = ssm[glo * 8 + g], sz1 = ssm[(ngs + glo) * 8 + g];
-                const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
-                const unsigned z0l = ZP ? W4Dec<T>::bias((int)zsm[glo * 8 + g]) : zc;
-                const unsigned z1l = ZP ? W4Dec<T>::bias((int)zsm[(ngs + glo) * 8 + g]) : zc;
-                unsigned s0h = s0l, s1h = s1l;
-                if (G16) {
-                    const int ghi = ((c0 + 8 * j + 1) >> gshift) - gfirst;
-                    s0h = __byte_perm((unsigned)ssm[ghi * 8 + g], 0u, 0x1010);
-                    s1h = __byte_perm((unsigned)ssm[(ngs + ghi) * 8 + g], 0u, 0x1010);
-                }
-                const uint4 w0 = w4b_lds128(st + 512 * i), w1 = w4b_lds128(st + HALF + 512 * i);
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    unsigned d0[4], d1[4];
-                    w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, z0l, d0);
-                    w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
-                    const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
-                    const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
-                    mma_m16n8k16<T>(acc, a0, xr[q].x, xr[q].y);
-                    mma_m16n8k16<T>(acc, a1, xr[q].z, xr[q].w);
-                }
-            }
-        }
+        w4b_stage_mma<T, FP4, ZP, SK>(acc, st, u, per, xp, c0, gshift, gfirst, ssm, zsm, ngs, g, zc);
         // Every lane's words of the stage are decoded (used): it may be overwritten.
         __syncwarp();
         if (lane == 0 && u + stages < nst)
@@ -333,7 +346,6 @@ __device__ __forceinline__ void w4b_gemvp(const T* x, int m, int k, const uint4*
                                          int ks, int gshift, int gstore, int n, void* out,
                                          int out_f32, int trig, int stages, int ngs, int hint,
                                          int ntiles) {
-    constexpr bool G16 = FP4;
     constexpr unsigned STAGE = SK * W4B_KB_BYTES, HALF = SK * 512;
     extern __shared__ __align__(16) unsigned char w4b_sm[];
     if (trig == 0) w4_pdl_launch_dependents();
@@ -429,37 +441,7 @@ __device__ __forceinline__ void w4b_gemvp(const T* x, int m, int k, const uint4*
         for (int u = 0; u < nst; ++u) {
             const unsigned st = ring_a + slot * STAGE + 16 * lane;
             w4b_wait(bars_a + 8u * slot, parity);
-#pragma unroll
-            for (int q8 = 0; q8 < SK; ++q8) {
-                const int j = u * SK + q8;
-                if (q8 == 0 || j < per) {
-                    uint4 xr[4];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) xr[q] = __ldg(xp + j * 16 + q);
-                    const int glo = ((c0 + 8 * j) >> gshift) - gfirst;
-                    const unsigned sz0 = ssm[glo * 8 + g], sz1 = ssm[(ngs + glo) * 8 + g];
-                    const unsigned s0l = __byte_perm(sz0, 0u, 0x1010), s1l = __byte_perm(sz1, 0u, 0x1010);
-                    const unsigned z0l = ZP ? W4Dec<T>::bias((int)zsm[glo * 8 + g]) : zc;
-                    const unsigned z1l = ZP ? W4Dec<T>::bias((int)zsm[(ngs + glo) * 8 + g]) : zc;
-                    unsigned s0h = s0l, s1h = s1l;
-                    if (G16) {
-                        const int ghi = ((c0 + 8 * j + 1) >> gshift) - gfirst;
-                        s0h = __byte_perm((unsigned)ssm[ghi * 8 + g], 0u, 0x1010);
-                        s1h = __byte_perm((unsigned)ssm[(ngs + ghi) * 8 + g], 0u, 0x1010);
-                    }
-                    const uint4 w0 = w4b_lds128(st + 512 * q8), w1 = w4b_lds128(st + HALF + 512 * q8);
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        unsigned d0[4], d1[4];
-                        w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, z0l, d0);
-                        w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
-                        const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
-                        const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
-                        mma_m16n8k16<T>(acc, a0, xr[q].x, xr[q].y);
-                        mma_m16n8k16<T>(acc, a1, xr[q].z, xr[q].w);
-                    }
-                }
-            }
+            w4b_stage_mma<T, FP4, ZP, SK>(acc, st, u, per, xp, c0, gshift, gfirst, ssm, zsm, ngs, g, zc);
             // Every lane's words of the stage are decoded (used): it may be overwritten.
             __syncwarp();
             if (lane == 0 && vi < nv) {
