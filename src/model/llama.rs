@@ -35,11 +35,11 @@ use tracing::info;
 use crate::backend::{Backend, KvCacheSpec, RopeSpec};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
-use crate::model::step::{
-    CacheGeometry, Feed, ForwardBatch, ForwardOutput, ModelRunner, Submitted,
+use crate::model::step::{CacheGeometry, ForwardBatch, ModelRunner};
+use crate::model::step_queue::{queued_runner_methods, QueuedStep, StepQueue};
+use crate::model::step_submit::{
+    queue_logits, runner_step_input, submit_step, StepBuffers, Submission,
 };
-use crate::model::step_queue::{QueuedStep, StepQueue};
-use crate::model::step_submit::{submit_step, StepBuffers, Submission};
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::WeightSource;
 
@@ -168,20 +168,15 @@ impl<B: Backend> Llama<B> {
     /// becomes the padding rows' scratch block: the runner reports one block fewer. A backend
     /// without graphs ([`Backend::supports_graphs`]), or a cache of one block, stays eager.
     pub fn with_decode_graphs(mut self, max_num_seqs: usize, max_model_len: usize) -> Self {
-        if !self.backend.supports_graphs() || self.geometry.num_blocks < 2 || max_num_seqs == 0 {
-            return self;
-        }
-        let max_model_len = match max_model_len {
-            0 => self.config.max_position_embeddings,
-            n => n.min(self.config.max_position_embeddings),
-        };
-        self.geometry.num_blocks -= 1;
-        self.graphs = Some(decode_graphs::DecodeGraphs::new(
+        if let Some(g) = decode_graphs::DecodeGraphs::for_runner(
+            &self.backend,
+            &mut self.geometry,
+            self.config.max_position_embeddings,
             max_num_seqs,
             max_model_len,
-            self.geometry.block_size,
-            self.geometry.num_blocks as u32,
-        ));
+        ) {
+            self.graphs = Some(g);
+        }
         self
     }
 
@@ -214,12 +209,7 @@ impl<B: Backend> Llama<B> {
         batch: &ForwardBatch,
         feeds: &[(u32, u32)],
     ) -> Result<QueuedStep<B>, EngineError> {
-        let input = batch.step_input(
-            self.geometry.block_size,
-            self.geometry.num_blocks,
-            self.config.vocab_size,
-            self.config.max_position_embeddings,
-        )?;
+        let input = runner_step_input(batch, &self.geometry, &self.config)?;
         if input.num_tokens() == 0 {
             return Ok(QueuedStep::empty());
         }
@@ -408,13 +398,17 @@ impl<B: Backend> LlamaWeights<B> {
                 .map_or(&self.norm, |l| &l.input_layernorm);
             b.add_rms_norm(&mut ws.x, &ws.delta, next_norm, &mut ws.h, t, hidden, eps)?;
         }
-        if rows == 0 {
-            return Ok(());
-        }
-        b.gather_rows(&ws.h, step, hidden, &mut ws.last)?;
         let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        b.logits_into(&ws.last, rows, lm_head, &mut ws.logits)?;
-        Ok(())
+        queue_logits(
+            b,
+            &ws.h,
+            step,
+            hidden,
+            rows,
+            lm_head,
+            &mut ws.last,
+            &mut ws.logits,
+        )
     }
 }
 
@@ -510,29 +504,22 @@ impl<B: Backend> LlamaWeights<B> {
             return Ok(());
         }
         b.rms_norm(&ws.x, &self.norm, &mut ws.h, t, hidden, eps)?;
-        b.gather_rows(&ws.h, step, hidden, &mut ws.last)?;
         let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        b.logits_into(&ws.last, rows, lm_head, &mut ws.logits)?;
-        Ok(())
+        queue_logits(
+            b,
+            &ws.h,
+            step,
+            hidden,
+            rows,
+            lm_head,
+            &mut ws.last,
+            &mut ws.logits,
+        )
     }
 }
 
 impl<B: Backend> ModelRunner for Llama<B> {
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn max_position_embeddings(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn cache_geometry(&self) -> CacheGeometry {
-        self.geometry
-    }
-
-    fn device_name(&self) -> String {
-        self.backend.name()
-    }
+    queued_runner_methods!();
 
     fn weight_bytes(&self) -> u64 {
         let (b, w) = (&self.backend, &self.weights);
@@ -548,32 +535,6 @@ impl<B: Backend> ModelRunner for Llama<B> {
             .sum();
         let head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
         (layers + b.weight_bytes(head)) as u64
-    }
-
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
-        self.queue.ensure_empty()?;
-        let q = self.run(batch, &[])?;
-        q.finish(&self.backend)
-    }
-
-    fn submit(&mut self, batch: &ForwardBatch, feeds: &[Feed]) -> Result<Submitted, EngineError> {
-        let Some(feeds) = self.queue.admit(&self.backend, feeds)? else {
-            return Ok(Submitted::done(self.forward(batch)?));
-        };
-        let q = self.run(batch, &feeds)?;
-        Ok(self.queue.push(q))
-    }
-
-    fn collect(&mut self, step: Submitted) -> Result<ForwardOutput, EngineError> {
-        self.queue.collect(&self.backend, step)
-    }
-
-    fn queues_steps(&self) -> bool {
-        self.backend.queues_steps()
-    }
-
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
-        Ok(self.backend.copy_block(&mut self.kv_cache, src, dst)?)
     }
 }
 

@@ -9,8 +9,9 @@
 use crate::backend::{Backend, StepInput};
 use crate::error::EngineError;
 use crate::model::llama::decode_graphs::{DecodeGraphs, Fed};
-use crate::model::step::{ForwardBatch, LogitsFor};
+use crate::model::step::{CacheGeometry, ForwardBatch, LogitsFor};
 use crate::model::step_queue::{QueuedStep, StepQueue};
+use crate::model::ModelConfig;
 
 /// A runner's persistent per-step buffers.
 pub(crate) trait StepBuffers<B: Backend> {
@@ -131,4 +132,41 @@ where
         Ok::<(), EngineError>(())
     })?;
     Ok(q)
+}
+
+/// `batch`'s step metadata for a runner of `config` over a KV cache of `geometry`
+/// ([`ForwardBatch::step_input`] with the runner's limits).
+pub(crate) fn runner_step_input(
+    batch: &ForwardBatch,
+    geometry: &CacheGeometry,
+    config: &ModelConfig,
+) -> Result<StepInput, EngineError> {
+    batch.step_input(
+        geometry.block_size,
+        geometry.num_blocks,
+        config.vocab_size,
+        config.max_position_embeddings,
+    )
+}
+
+/// The end of every runner's layers: the step's `rows` logits rows of the final-normed `h`
+/// `[tokens, hidden]` gathered into `last` `[rows, hidden]`, then their f32 logits through
+/// `lm_head` into `logits` `[rows, vocab]`. Nothing when `rows` is 0.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn queue_logits<B: Backend>(
+    b: &B,
+    h: &B::Buffer,
+    step: &B::Step,
+    hidden: usize,
+    rows: usize,
+    lm_head: &B::Weight,
+    last: &mut B::Buffer,
+    logits: &mut B::Logits,
+) -> Result<(), EngineError> {
+    if rows == 0 {
+        return Ok(());
+    }
+    b.gather_rows(h, step, hidden, last)?;
+    b.logits_into(last, rows, lm_head, logits)?;
+    Ok(())
 }

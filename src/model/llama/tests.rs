@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::*;
 use crate::backend::cpu::reference::dequantize_row;
 use crate::backend::CpuBackend;
-use crate::model::step::{LogitsFor, SeqSlice};
+use crate::model::step::{ForwardOutput, LogitsFor, SeqSlice};
 use crate::tensor::{TensorView, WeightDType};
 
 /// Tensors held in memory, by checkpoint key.

@@ -309,20 +309,15 @@ impl<B: HybridBackend> Qwen3_5<B> {
     /// state slot). The last KV block becomes the padding rows' scratch block: the runner
     /// reports one block fewer. A backend without graphs, or a cache of one block, stays eager.
     pub fn with_decode_graphs(mut self, max_num_seqs: usize, max_model_len: usize) -> Self {
-        if !self.backend.supports_graphs() || self.geometry.num_blocks < 2 || max_num_seqs == 0 {
-            return self;
-        }
-        let max_model_len = match max_model_len {
-            0 => self.config.max_position_embeddings,
-            n => n.min(self.config.max_position_embeddings),
-        };
-        self.geometry.num_blocks -= 1;
-        self.graphs = Some(DecodeGraphs::new(
+        if let Some(g) = DecodeGraphs::for_runner(
+            &self.backend,
+            &mut self.geometry,
+            self.config.max_position_embeddings,
             max_num_seqs,
             max_model_len,
-            self.geometry.block_size,
-            self.geometry.num_blocks as u32,
-        ));
+        ) {
+            self.graphs = Some(g);
+        }
         self
     }
 
