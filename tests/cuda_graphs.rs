@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use kiln::model::files::ModelFiles;
 use kiln::model::llama::Llama;
-use kiln::model::step::{ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
+use kiln::model::step::{ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
 use kiln::sampling::SamplingRow;
 
 const BLOCK: usize = 16;
@@ -62,15 +62,7 @@ fn run(r: &mut dyn ModelRunner, n: usize, steps: usize) -> Vec<ForwardOutput> {
     let table = |i: usize| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect::<Vec<_>>();
     let mut batch = ForwardBatch::default();
     for (i, p) in prompts.iter().enumerate() {
-        batch.seqs.push(SeqSlice {
-            start: batch.token_ids.len(),
-            len: p.len(),
-            cached_len: 0,
-            block_table: table(i),
-            logits: want(i),
-            state_slot: None,
-        });
-        batch.token_ids.extend(p);
+        push_seq(&mut batch, p, 0, table(i), want(i), None);
     }
     let mut outs = Vec::new();
     let mut lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
@@ -80,15 +72,7 @@ fn run(r: &mut dyn ModelRunner, n: usize, steps: usize) -> Vec<ForwardOutput> {
         let mut next = ForwardBatch::default();
         for i in 0..n {
             let id = ids[i];
-            next.seqs.push(SeqSlice {
-                start: i,
-                len: 1,
-                cached_len: lens[i],
-                block_table: table(i),
-                logits: want(i),
-                state_slot: None,
-            });
-            next.token_ids.push(id);
+            push_seq(&mut next, &[id], lens[i], table(i), want(i), None);
             lens[i] += 1;
         }
         outs.push(out);
@@ -190,29 +174,27 @@ fn decode_tokens(
         let p: Vec<u32> = (0..(5 + 37 * i as u32) % 300 + 2)
             .map(|t| (t * 31 + i as u32 * 7 + 3) % vocab.min(5000))
             .collect();
-        batch.seqs.push(SeqSlice {
-            start: batch.token_ids.len(),
-            len: p.len(),
-            cached_len: 0,
-            block_table: table(i),
-            logits: LogitsFor::Sample(row(i, 0)),
-            state_slot: None,
-        });
         lens.push(p.len());
-        batch.token_ids.extend(p);
+        push_seq(
+            &mut batch,
+            &p,
+            0,
+            table(i),
+            LogitsFor::Sample(row(i, 0)),
+            None,
+        );
     }
     let decode = |lens: &[usize], k: usize, ids: &[u32]| {
         let mut b = ForwardBatch::default();
         for i in 0..n {
-            b.seqs.push(SeqSlice {
-                start: i,
-                len: 1,
-                cached_len: lens[i],
-                block_table: table(i),
-                logits: LogitsFor::Sample(row(i, k)),
-                state_slot: None,
-            });
-            b.token_ids.push(ids[i]);
+            push_seq(
+                &mut b,
+                &[ids[i]],
+                lens[i],
+                table(i),
+                LogitsFor::Sample(row(i, k)),
+                None,
+            );
         }
         b
     };

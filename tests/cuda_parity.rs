@@ -455,42 +455,8 @@ fn batched_greedy_equals_each_alone_on_the_gpu() {
         let tables: Vec<Vec<u32>> = (0..prompts.len())
             .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
             .collect();
-        let mut outs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-        let mut batch = ForwardBatch::default();
-        for (i, p) in prompts.iter().enumerate() {
-            batch.seqs.push(SeqSlice {
-                start: batch.token_ids.len(),
-                len: p.len(),
-                cached_len: 0,
-                block_table: tables[i].clone(),
-                logits: LogitsFor::Last,
-                state_slot: None,
-            });
-            batch.token_ids.extend(p);
-        }
-        for s in &mut batch.seqs {
-            s.logits = LogitsFor::Sample(SamplingRow::greedy());
-        }
-        for step in 0..steps {
-            // Greedy tokens sampled on the GPU: only the ids come back.
-            let sampled = r.forward(&batch).expect("forward").samples;
-            assert_eq!(sampled.len(), prompts.len());
-            let mut next = ForwardBatch::default();
-            for (i, p) in prompts.iter().enumerate() {
-                let id = sampled[i].as_ref().expect("sampled").token_id;
-                outs[i].push(id);
-                next.seqs.push(SeqSlice {
-                    start: i,
-                    len: 1,
-                    cached_len: p.len() + step,
-                    block_table: tables[i].clone(),
-                    logits: LogitsFor::Sample(SamplingRow::greedy()),
-                    state_slot: None,
-                });
-                next.token_ids.push(id);
-            }
-            batch = next;
-        }
+        // Greedy tokens sampled on the GPU: only the ids come back.
+        let outs = batched_greedy(r.as_mut(), &prompts, &tables, steps, false);
         let same = outs.iter().zip(&alone).filter(|(a, b)| a == b).count();
         println!(
             "RESULT batch_invariance model={} dtype={dtype} sequences_equal={same}/{}",
