@@ -543,3 +543,5 @@ mod load;
 pub use decode_graphs::GraphStats;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tiny;
