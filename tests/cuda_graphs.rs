@@ -17,7 +17,6 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
 
 use kiln::model::files::ModelFiles;
 use kiln::model::llama::Llama;
@@ -81,16 +80,10 @@ fn run(r: &mut dyn ModelRunner, n: usize, steps: usize) -> Vec<ForwardOutput> {
     outs
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn replayed_decode_steps_equal_the_eager_path_bit_for_bit() {
-    let path = std::env::var("KILN_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
+    let path = test_model_path();
     let files = ModelFiles::open(&path).expect("model");
     let name = path
         .file_name()
@@ -105,18 +98,7 @@ fn replayed_decode_steps_equal_the_eager_path_bit_for_bit() {
             let mut g = llama(&files, dtype, true);
             let replayed = run(&mut g, n, steps);
             let stats = g.graph_stats().expect("graphs on");
-            let (mut same_tokens, mut same_logits, mut worst) = (true, true, 0f32);
-            for (e, r) in eager.iter().zip(&replayed) {
-                let ids = |o: &ForwardOutput| {
-                    o.samples
-                        .iter()
-                        .map(|s| s.as_ref().map(|s| s.token_id).ok())
-                        .collect::<Vec<_>>()
-                };
-                same_tokens &= ids(e) == ids(r);
-                same_logits &= bits(&e.logits) == bits(&r.logits);
-                worst = worst.max(max_diff(&e.logits, &r.logits));
-            }
+            let (same_tokens, same_logits, worst) = compare_steps(&eager, &replayed);
             println!(
                 "RESULT graphs model={name} dtype={dtype} seqs={n} bucket={} replays={} \
                  recorded={} graph_bytes={} tokens_equal={same_tokens} logits_bitwise={same_logits} \
@@ -210,9 +192,7 @@ fn decode_tokens(
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn steps_submitted_ahead_with_fed_tokens_give_the_same_tokens() {
-    let path = std::env::var("KILN_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
+    let path = test_model_path();
     let files = ModelFiles::open(&path).expect("model");
     let steps = 12;
     let mut failures = Vec::new();

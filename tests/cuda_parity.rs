@@ -12,7 +12,6 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
 
 use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec, RopeSpec};
 use kiln::engine::Device;
@@ -422,9 +421,7 @@ fn whole_models_with_fp8_kv_match_the_cpu_fp8_reference() {
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn batched_greedy_equals_each_alone_on_the_gpu() {
-    let path = std::env::var("KILN_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
+    let path = test_model_path();
     let files = ModelFiles::open(&path).expect("model");
     let vocab = files.config.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..8u32)

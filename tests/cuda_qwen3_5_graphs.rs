@@ -124,18 +124,7 @@ fn replayed_hybrid_decode_steps_equal_the_eager_path() {
                 let mut g = model(&files, dtype, true);
                 let replayed = run(&mut g, n);
                 let stats = g.graph_stats().expect("graphs on");
-                let (mut same_tokens, mut same_logits, mut worst) = (true, true, 0f32);
-                for (e, r) in eager.iter().zip(&replayed) {
-                    let ids = |o: &ForwardOutput| {
-                        o.samples
-                            .iter()
-                            .map(|s| s.as_ref().map(|s| s.token_id).ok())
-                            .collect::<Vec<_>>()
-                    };
-                    same_tokens &= ids(e) == ids(r);
-                    same_logits &= bits_equal(&e.logits, &r.logits);
-                    worst = worst.max(max_diff(&e.logits, &r.logits));
-                }
+                let (same_tokens, same_logits, worst) = compare_steps(&eager, &replayed);
                 let bucket = n.next_power_of_two();
                 // Prefill is eager; the first decode step records; the other steps replay.
                 let close = if bucket == n {

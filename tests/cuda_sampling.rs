@@ -12,7 +12,6 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
 
 use kiln::backend::Backend;
 use kiln::engine::Device;
@@ -245,9 +244,7 @@ fn gpu_sampling_matches_the_cpu_function() {
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn seeded_sampling_is_batch_invariant_on_the_gpu() {
-    let path = std::env::var("KILN_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
+    let path = test_model_path();
     let files = ModelFiles::open(&path).expect("model");
     let vocab = files.config.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..6u32)

@@ -298,6 +298,32 @@ pub fn batched_greedy(
     outs
 }
 
+/// The model of the whole-model GPU tests: `KILN_TEST_MODEL`, else the tracked tiny llama fixture.
+pub fn test_model_path() -> PathBuf {
+    std::env::var("KILN_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"))
+}
+
+/// Two runs of the same steps (eager and replayed from graphs): whether every step sampled the
+/// same ids (a sampling error counts as `None`), whether the raw logits are equal bit for bit,
+/// and their max |Δ|.
+pub fn compare_steps(a: &[ForwardOutput], b: &[ForwardOutput]) -> (bool, bool, f32) {
+    let ids = |o: &ForwardOutput| {
+        o.samples
+            .iter()
+            .map(|s| s.as_ref().map(|s| s.token_id).ok())
+            .collect::<Vec<_>>()
+    };
+    let (mut same_tokens, mut same_logits, mut worst) = (true, true, 0f32);
+    for (x, y) in a.iter().zip(b) {
+        same_tokens &= ids(x) == ids(y);
+        same_logits &= bits_equal(&x.logits, &y.logits);
+        worst = worst.max(max_diff(&x.logits, &y.logits));
+    }
+    (same_tokens, same_logits, worst)
+}
+
 /// What the graph tests ask of sequence `i`: even sequences are sampled on the device
 /// (greedy), odd ones return their last row of raw logits.
 pub fn alternate_logits(i: usize) -> LogitsFor {
