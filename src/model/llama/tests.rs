@@ -170,21 +170,24 @@ const PROMPT: [u32; 11] = [3, 17, 0, 39, 22, 22, 8, 31, 5, 12, 26];
 /// Tolerance of the f32 model against the f64 dense reference on these tiny models.
 const DENSE_TOL: f32 = 1e-4;
 
+/// The model's logits of every position of [`PROMPT`] (one prefill in blocks `table` of an
+/// 8-block cache) against [`dense_reference`], within [`DENSE_TOL`].
+fn assert_matches_dense_reference(c: &ModelConfig, w: &MapSource, table: &[u32]) {
+    let mut m = load(c, w, 8);
+    let got = m
+        .forward(&one_seq(&PROMPT, 0, table, LogitsFor::All))
+        .unwrap()
+        .logits;
+    let want = dense_reference(c, w, &PROMPT);
+    let d = max_abs_diff(&got, &want);
+    assert!(d < DENSE_TOL, "max |Δ| {d}");
+}
+
 #[test]
 fn llama_prefill_matches_the_dense_reference() {
     let c = tiny_config(Architecture::Llama);
     let w = tiny_weights(&c, 7, WeightDType::F32);
-    let mut m = load(&c, &w, 8);
-    let got = m
-        .forward(&one_seq(&PROMPT, 0, &[5, 2, 7], LogitsFor::All))
-        .unwrap()
-        .logits;
-    let want = dense_reference(&c, &w, &PROMPT);
-    assert!(
-        max_abs_diff(&got, &want) < DENSE_TOL,
-        "max |Δ| {}",
-        max_abs_diff(&got, &want)
-    );
+    assert_matches_dense_reference(&c, &w, &[5, 2, 7]);
 }
 
 #[test]
@@ -192,34 +195,15 @@ fn qwen3_with_qk_norm_and_tied_embeddings_matches_the_dense_reference() {
     let c = tiny_config(Architecture::Qwen3);
     let w = tiny_weights(&c, 11, WeightDType::F32);
     assert!(!w.contains("lm_head.weight"));
-    let mut m = load(&c, &w, 8);
-    let got = m
-        .forward(&one_seq(&PROMPT, 0, &[0, 1, 2], LogitsFor::All))
-        .unwrap()
-        .logits;
-    let want = dense_reference(&c, &w, &PROMPT);
-    assert!(
-        max_abs_diff(&got, &want) < DENSE_TOL,
-        "max |Δ| {}",
-        max_abs_diff(&got, &want)
-    );
+    assert_matches_dense_reference(&c, &w, &[0, 1, 2]);
 }
 
 #[test]
 fn q8_0_weights_are_used_exactly_as_stored() {
     let c = tiny_config(Architecture::Llama);
     let w = tiny_weights(&c, 3, WeightDType::Q8_0);
-    let mut m = load(&c, &w, 8);
-    let got = m
-        .forward(&one_seq(&PROMPT, 0, &[1, 0, 3], LogitsFor::All))
-        .unwrap()
-        .logits;
-    let want = dense_reference(&c, &w, &PROMPT); // reads the dequantized Q8_0 values
-    assert!(
-        max_abs_diff(&got, &want) < DENSE_TOL,
-        "max |Δ| {}",
-        max_abs_diff(&got, &want)
-    );
+    // The reference reads the dequantized Q8_0 values.
+    assert_matches_dense_reference(&c, &w, &[1, 0, 3]);
 }
 
 #[test]
