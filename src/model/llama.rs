@@ -36,9 +36,9 @@ use crate::backend::{Backend, KvCacheSpec, RopeSpec};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
 use crate::model::step::{CacheGeometry, ForwardBatch, ModelRunner};
-use crate::model::step_queue::{queued_runner_methods, QueuedStep, StepQueue};
+use crate::model::step_queue::{queued_runner_methods, QueuedStep};
 use crate::model::step_submit::{
-    queue_logits, runner_step_input, submit_step, StepBuffers, Submission,
+    queue_logits, runner_step_input, submit_step, StepBuffers, StepState,
 };
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::WeightSource;
@@ -142,16 +142,9 @@ pub struct Llama<B: Backend> {
     weights: LlamaWeights<B>,
     kv_cache: B::KvCache,
     geometry: CacheGeometry,
-    /// Made at the first step.
-    workspace: Option<Workspace<B>>,
-    /// The eager steps' metadata on the device, made at the first eager step and refilled.
-    step: Option<B::Step>,
-    /// Decode graphs ([`Llama::with_decode_graphs`]); `None`: every step runs eagerly.
-    graphs: Option<decode_graphs::DecodeGraphs<B>>,
-    /// Least (tokens, logits rows) the workspace is made for.
-    reserve: (usize, usize),
-    /// Submitted steps not yet collected (at most two).
-    queue: StepQueue<B>,
+    /// The workspace (made at the first step), the eager step's metadata, the decode graphs
+    /// ([`Llama::with_decode_graphs`]) and the submitted steps.
+    steps: StepState<B, Workspace<B>>,
 }
 
 impl<B: Backend> Llama<B> {
@@ -159,7 +152,7 @@ impl<B: Backend> Llama<B> {
     /// rows per step: the engine's `max_num_batched_tokens` and `max_num_seqs`, so a GPU runner
     /// holds the memory the planner counted from its start and never grows it in service.
     pub fn reserve_workspace(mut self, tokens: usize, rows: usize) -> Self {
-        self.reserve = (tokens, rows);
+        self.steps.reserve = (tokens, rows);
         self
     }
 
@@ -175,14 +168,14 @@ impl<B: Backend> Llama<B> {
             max_num_seqs,
             max_model_len,
         ) {
-            self.graphs = Some(g);
+            self.steps.graphs = Some(g);
         }
         self
     }
 
     /// What the decode graphs have done; `None` when this runner has none.
     pub fn graph_stats(&self) -> Option<GraphStats> {
-        self.graphs.as_ref().map(|g| g.stats())
+        self.steps.graphs.as_ref().map(|g| g.stats())
     }
 
     /// The KV-cache geometry `config` needs for `num_blocks` blocks of `block_size` tokens.
@@ -218,24 +211,13 @@ impl<B: Backend> Llama<B> {
             config,
             weights,
             kv_cache,
-            workspace,
-            step,
-            reserve,
-            graphs,
-            queue,
+            steps,
             ..
         } = self;
         let (backend, config, weights) = (&*backend, &*config, &*weights);
-        let parts = Submission {
-            backend,
-            workspace,
-            step,
-            graphs: graphs.as_mut(),
-            reserve: *reserve,
-            queue,
-        };
         submit_step(
-            parts,
+            backend,
+            steps,
             batch,
             &input,
             feeds,

@@ -150,7 +150,8 @@ impl<B: Backend> StepQueue<B> {
 /// ModelRunner` block): the config and geometry accessors, `forward` (nothing may be queued),
 /// `submit` / `collect` through the queue, `queues_steps` and `copy_block` on the backend. It
 /// reads the runner's fields `config` ([`crate::model::ModelConfig`]), `geometry`, `backend`,
-/// `kv_cache` and `queue`, and its method `run(batch, feeds) -> Result<QueuedStep<B>, _>`.
+/// `kv_cache` and `steps` ([`crate::model::step_submit::StepState`], for its queue), and its
+/// method `run(batch, feeds) -> Result<QueuedStep<B>, _>`.
 macro_rules! queued_runner_methods {
     () => {
         fn vocab_size(&self) -> usize {
@@ -173,7 +174,7 @@ macro_rules! queued_runner_methods {
             &mut self,
             batch: &$crate::model::step::ForwardBatch,
         ) -> Result<$crate::model::step::ForwardOutput, $crate::error::EngineError> {
-            self.queue.ensure_empty()?;
+            self.steps.queue.ensure_empty()?;
             let q = self.run(batch, &[])?;
             q.finish(&self.backend)
         }
@@ -183,18 +184,18 @@ macro_rules! queued_runner_methods {
             batch: &$crate::model::step::ForwardBatch,
             feeds: &[$crate::model::step::Feed],
         ) -> Result<$crate::model::step::Submitted, $crate::error::EngineError> {
-            let Some(feeds) = self.queue.admit(&self.backend, feeds)? else {
+            let Some(feeds) = self.steps.queue.admit(&self.backend, feeds)? else {
                 return Ok($crate::model::step::Submitted::done(self.forward(batch)?));
             };
             let q = self.run(batch, &feeds)?;
-            Ok(self.queue.push(q))
+            Ok(self.steps.queue.push(q))
         }
 
         fn collect(
             &mut self,
             step: $crate::model::step::Submitted,
         ) -> Result<$crate::model::step::ForwardOutput, $crate::error::EngineError> {
-            self.queue.collect(&self.backend, step)
+            self.steps.queue.collect(&self.backend, step)
         }
 
         fn queues_steps(&self) -> bool {

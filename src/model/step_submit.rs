@@ -21,17 +21,32 @@ pub(crate) trait StepBuffers<B: Backend> {
     fn logits(&self) -> &B::Logits;
 }
 
-/// The runner state one submission reads and updates.
-pub(crate) struct Submission<'a, B: Backend, W> {
-    pub(crate) backend: &'a B,
-    /// Made at the first step, remade (larger) for a step it cannot hold.
-    pub(crate) workspace: &'a mut Option<W>,
-    /// The eager steps' metadata on the device.
-    pub(crate) step: &'a mut Option<B::Step>,
-    pub(crate) graphs: Option<&'a mut DecodeGraphs<B>>,
+/// The per-step state of a runner, the same in the llama and Qwen3.5 runners (`W`: its
+/// workspace type), which [`submit_step`] reads and updates.
+pub(crate) struct StepState<B: Backend, W> {
+    /// Activations and logits kept across steps: made at the first step, remade (larger) for a
+    /// step it cannot hold.
+    pub(crate) workspace: Option<W>,
+    /// The eager steps' metadata on the device, made at the first eager step and refilled.
+    pub(crate) step: Option<B::Step>,
+    /// Decode graphs (the runners' `with_decode_graphs`); `None`: every step runs eagerly.
+    pub(crate) graphs: Option<DecodeGraphs<B>>,
     /// Least (tokens, logits rows) a workspace is made for.
     pub(crate) reserve: (usize, usize),
-    pub(crate) queue: &'a StepQueue<B>,
+    /// Submitted steps not yet collected (at most two).
+    pub(crate) queue: StepQueue<B>,
+}
+
+impl<B: Backend, W> Default for StepState<B, W> {
+    fn default() -> StepState<B, W> {
+        StepState {
+            workspace: None,
+            step: None,
+            graphs: None,
+            reserve: (0, 0),
+            queue: StepQueue::default(),
+        }
+    }
 }
 
 /// Queue `input` (built from `batch`): its metadata, `feeds` (token, sampling row of the last
@@ -41,8 +56,10 @@ pub(crate) struct Submission<'a, B: Backend, W> {
 /// (`tokens` = `rows` = its size). `make(tokens, rows)` makes a workspace when there is none or
 /// the step needs a larger one: at least as large as reserved and as the one it replaces (the
 /// graphs, which recorded the old buffers, are cleared).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn submit_step<B, W>(
-    s: Submission<'_, B, W>,
+    backend: &B,
+    s: &mut StepState<B, W>,
     batch: &ForwardBatch,
     input: &StepInput,
     feeds: &[(u32, u32)],
@@ -54,14 +71,14 @@ where
     B: Backend,
     W: StepBuffers<B> + Send,
 {
-    let Submission {
-        backend,
+    let StepState {
         workspace,
         step,
-        mut graphs,
+        graphs,
         reserve,
         queue,
     } = s;
+    let (mut graphs, reserve) = (graphs.as_mut(), *reserve);
     let from: Option<Fed<'_, B>> = match (feeds.is_empty(), queue.last_pending()) {
         (true, _) => None,
         (false, Some(p)) => Some((p, feeds)),

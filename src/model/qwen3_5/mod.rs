@@ -39,6 +39,7 @@ use crate::model::config::{HybridConfig, LayerType};
 use crate::model::llama::decode_graphs::DecodeGraphs;
 use crate::model::llama::GraphStats;
 use crate::model::step::CacheGeometry;
+use crate::model::step_submit::StepState;
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::{TensorView, WeightSource};
 
@@ -121,16 +122,9 @@ pub struct Qwen3_5<B: HybridBackend> {
     kv_cache: B::KvCache,
     states: B::StateCache,
     geometry: CacheGeometry,
-    /// Activations and logits kept across steps (made at the first step).
-    workspace: Option<forward::Workspace<B>>,
-    /// The eager steps' metadata on the device, made at the first eager step and refilled.
-    step: Option<B::Step>,
-    /// Decode graphs ([`Qwen3_5::with_decode_graphs`]); `None`: every step runs eagerly.
-    graphs: Option<DecodeGraphs<B>>,
-    /// Least (tokens, logits rows) the workspace is made for.
-    reserve: (usize, usize),
-    /// Steps submitted and not yet collected (at most two; see `run.rs`).
-    queue: crate::model::step_queue::StepQueue<B>,
+    /// The workspace (made at the first step), the eager step's metadata, the decode graphs
+    /// ([`Qwen3_5::with_decode_graphs`]) and the submitted steps (at most two; see `run.rs`).
+    steps: StepState<B, forward::Workspace<B>>,
 }
 
 /// Looks tensors up by key, checks their shapes and uploads them.
@@ -299,7 +293,7 @@ impl<B: HybridBackend> Qwen3_5<B> {
     /// Make the workspace (at the first step) for at least `tokens` tokens and `rows` logits
     /// rows, so steps up to that size never remake it (what the GPU planner counted).
     pub fn reserve_workspace(mut self, tokens: usize, rows: usize) -> Self {
-        self.reserve = (tokens, rows);
+        self.steps.reserve = (tokens, rows);
         self
     }
 
@@ -316,14 +310,14 @@ impl<B: HybridBackend> Qwen3_5<B> {
             max_num_seqs,
             max_model_len,
         ) {
-            self.graphs = Some(g);
+            self.steps.graphs = Some(g);
         }
         self
     }
 
     /// What the decode graphs have done; `None` when this runner has none.
     pub fn graph_stats(&self) -> Option<GraphStats> {
-        self.graphs.as_ref().map(|g| g.stats())
+        self.steps.graphs.as_ref().map(|g| g.stats())
     }
 
     /// The model's hyper-parameters.

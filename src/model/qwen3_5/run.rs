@@ -11,7 +11,7 @@ use crate::backend::hybrid::HybridBackend;
 use crate::error::EngineError;
 use crate::model::step::{ForwardBatch, ModelRunner};
 use crate::model::step_queue::{queued_runner_methods, QueuedStep};
-use crate::model::step_submit::{runner_step_input, submit_step, StepBuffers, Submission};
+use crate::model::step_submit::{runner_step_input, submit_step, StepBuffers};
 
 impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
     queued_runner_methods!();
@@ -86,24 +86,13 @@ impl<B: HybridBackend> Qwen3_5<B> {
             weights,
             kv_cache,
             states,
-            workspace,
-            step,
-            graphs,
-            reserve,
-            queue,
+            steps,
             ..
         } = self;
         let (backend, config, weights) = (&*backend, &*config, &*weights);
-        let parts = Submission {
-            backend,
-            workspace,
-            step,
-            graphs: graphs.as_mut(),
-            reserve: *reserve,
-            queue,
-        };
         submit_step(
-            parts,
+            backend,
+            steps,
             batch,
             &input,
             feeds,
