@@ -9,7 +9,7 @@
 use crate::backend::{Backend, StepInput};
 use crate::error::EngineError;
 use crate::model::llama::decode_graphs::{DecodeGraphs, Fed};
-use crate::model::step::{CacheGeometry, ForwardBatch, LogitsFor};
+use crate::model::step::{download_raw_rows, CacheGeometry, ForwardBatch};
 use crate::model::step_queue::{QueuedStep, StepQueue};
 use crate::model::ModelConfig;
 
@@ -128,21 +128,7 @@ where
         }
         // Raw rows for `Last` / `All`, sampling queued for `Sample` (rows past the batch's own,
         // e.g. a graph's padding, are never read).
-        let mut row = 0;
-        let mut picks = Vec::new();
-        for s in &batch.seqs {
-            let n = s.logits.rows(s.len);
-            match &s.logits {
-                LogitsFor::None => {}
-                LogitsFor::Sample(desc) => picks.push((row, desc)),
-                LogitsFor::Last | LogitsFor::All => {
-                    let at = q.logits.len();
-                    q.logits.resize(at + n * vocab, 0.0);
-                    backend.download_logits(ws.logits(), row, &mut q.logits[at..])?;
-                }
-            }
-            row += n;
-        }
+        let picks = download_raw_rows(backend, vocab, ws.logits(), batch, &mut q.logits)?;
         if !picks.is_empty() {
             q.pending = Some(backend.sample_submit(ws.logits(), &picks)?);
         }
