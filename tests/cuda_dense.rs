@@ -351,23 +351,16 @@ fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
             let gu = b.upload_gate_up("gu", &[gv, uv]).unwrap();
             let a_host = data(64 * inter, 97);
             let eps = 1e-5;
-            let mut full: Option<[Vec<f32>; 3]> = None;
-            for rows in ROWS {
-                let x = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
+            // norm_matmul (q|k|v) and norm_gate_up_swiglu (the SwiGLU output) of `rows` rows.
+            let fused_norm_ops = |x: &<CudaBackend as Backend>::Buffer, rows: usize| {
                 let mut h = b.alloc(rows * hidden).unwrap();
-                // norm_matmul vs rms_norm + matmul.
                 let mut got = b.alloc(rows * qkv_n).unwrap();
-                b.norm_matmul(&x, &norm_w, eps, rows, hidden, &qkv, &mut h, &mut got)
+                b.norm_matmul(x, &norm_w, eps, rows, hidden, &qkv, &mut h, &mut got)
                     .unwrap();
-                let got_qkv = down(&b, &got, rows * qkv_n);
-                b.rms_norm(&x, &norm_w, &mut h, rows, hidden, eps).unwrap();
-                let want_qkv = matmul(&b, &h, rows, &qkv, qkv_n);
-                let rel_qkv = rel_diff(&got_qkv, &want_qkv);
-                // norm_gate_up_swiglu vs rms_norm + gate_up_swiglu.
                 let mut scratch = b.alloc(rows * 2 * inter).unwrap();
                 let mut act = b.alloc(rows * inter).unwrap();
                 b.norm_gate_up_swiglu(
-                    &x,
+                    x,
                     &norm_w,
                     eps,
                     rows,
@@ -379,7 +372,20 @@ fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
                     inter,
                 )
                 .unwrap();
-                let got_act = down(&b, &act, rows * inter);
+                (down(&b, &got, rows * qkv_n), down(&b, &act, rows * inter))
+            };
+            let mut full: Option<[Vec<f32>; 3]> = None;
+            for rows in ROWS {
+                let x = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
+                let (got_qkv, got_act) = fused_norm_ops(&x, rows);
+                // norm_matmul vs rms_norm + matmul.
+                let mut h = b.alloc(rows * hidden).unwrap();
+                b.rms_norm(&x, &norm_w, &mut h, rows, hidden, eps).unwrap();
+                let want_qkv = matmul(&b, &h, rows, &qkv, qkv_n);
+                let rel_qkv = rel_diff(&got_qkv, &want_qkv);
+                // norm_gate_up_swiglu vs rms_norm + gate_up_swiglu.
+                let mut scratch = b.alloc(rows * 2 * inter).unwrap();
+                let mut act = b.alloc(rows * inter).unwrap();
                 b.rms_norm(&x, &norm_w, &mut h, rows, hidden, eps).unwrap();
                 b.gate_up_swiglu(&h, rows, &gu, &mut scratch, &mut act, inter)
                     .unwrap();
@@ -426,27 +432,7 @@ fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
             let full = full.expect("64 rows ran");
             for rows in ROWS {
                 let x = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
-                let mut h = b.alloc(rows * hidden).unwrap();
-                let mut got = b.alloc(rows * qkv_n).unwrap();
-                b.norm_matmul(&x, &norm_w, eps, rows, hidden, &qkv, &mut h, &mut got)
-                    .unwrap();
-                let q = down(&b, &got, rows * qkv_n);
-                let mut scratch = b.alloc(rows * 2 * inter).unwrap();
-                let mut act = b.alloc(rows * inter).unwrap();
-                b.norm_gate_up_swiglu(
-                    &x,
-                    &norm_w,
-                    eps,
-                    rows,
-                    hidden,
-                    &gu,
-                    &mut h,
-                    &mut scratch,
-                    &mut act,
-                    inter,
-                )
-                .unwrap();
-                let a = down(&b, &act, rows * inter);
+                let (q, a) = fused_norm_ops(&x, rows);
                 let xin = b.upload(&a_host[..rows * inter]).unwrap();
                 let mut r = residual_from(&b, &x_host[..rows * hidden], rows, hidden);
                 let mut delta = b.alloc(rows * hidden).unwrap();

@@ -17,11 +17,10 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
 
 use kiln::model::files::ModelFiles;
 use kiln::model::llama::Llama;
-use kiln::model::step::{ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
+use kiln::model::step::{ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
 use kiln::sampling::SamplingRow;
 
 const BLOCK: usize = 16;
@@ -62,15 +61,7 @@ fn run(r: &mut dyn ModelRunner, n: usize, steps: usize) -> Vec<ForwardOutput> {
     let table = |i: usize| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect::<Vec<_>>();
     let mut batch = ForwardBatch::default();
     for (i, p) in prompts.iter().enumerate() {
-        batch.seqs.push(SeqSlice {
-            start: batch.token_ids.len(),
-            len: p.len(),
-            cached_len: 0,
-            block_table: table(i),
-            logits: want(i),
-            state_slot: None,
-        });
-        batch.token_ids.extend(p);
+        push_seq(&mut batch, p, 0, table(i), want(i), None);
     }
     let mut outs = Vec::new();
     let mut lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
@@ -80,15 +71,7 @@ fn run(r: &mut dyn ModelRunner, n: usize, steps: usize) -> Vec<ForwardOutput> {
         let mut next = ForwardBatch::default();
         for i in 0..n {
             let id = ids[i];
-            next.seqs.push(SeqSlice {
-                start: i,
-                len: 1,
-                cached_len: lens[i],
-                block_table: table(i),
-                logits: want(i),
-                state_slot: None,
-            });
-            next.token_ids.push(id);
+            push_seq(&mut next, &[id], lens[i], table(i), want(i), None);
             lens[i] += 1;
         }
         outs.push(out);
@@ -97,16 +80,10 @@ fn run(r: &mut dyn ModelRunner, n: usize, steps: usize) -> Vec<ForwardOutput> {
     outs
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn replayed_decode_steps_equal_the_eager_path_bit_for_bit() {
-    let path = std::env::var("KILN_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
+    let path = test_model_path();
     let files = ModelFiles::open(&path).expect("model");
     let name = path
         .file_name()
@@ -121,18 +98,7 @@ fn replayed_decode_steps_equal_the_eager_path_bit_for_bit() {
             let mut g = llama(&files, dtype, true);
             let replayed = run(&mut g, n, steps);
             let stats = g.graph_stats().expect("graphs on");
-            let (mut same_tokens, mut same_logits, mut worst) = (true, true, 0f32);
-            for (e, r) in eager.iter().zip(&replayed) {
-                let ids = |o: &ForwardOutput| {
-                    o.samples
-                        .iter()
-                        .map(|s| s.as_ref().map(|s| s.token_id).ok())
-                        .collect::<Vec<_>>()
-                };
-                same_tokens &= ids(e) == ids(r);
-                same_logits &= bits(&e.logits) == bits(&r.logits);
-                worst = worst.max(max_diff(&e.logits, &r.logits));
-            }
+            let (same_tokens, same_logits, worst) = compare_steps(&eager, &replayed);
             println!(
                 "RESULT graphs model={name} dtype={dtype} seqs={n} bucket={} replays={} \
                  recorded={} graph_bytes={} tokens_equal={same_tokens} logits_bitwise={same_logits} \
@@ -190,29 +156,27 @@ fn decode_tokens(
         let p: Vec<u32> = (0..(5 + 37 * i as u32) % 300 + 2)
             .map(|t| (t * 31 + i as u32 * 7 + 3) % vocab.min(5000))
             .collect();
-        batch.seqs.push(SeqSlice {
-            start: batch.token_ids.len(),
-            len: p.len(),
-            cached_len: 0,
-            block_table: table(i),
-            logits: LogitsFor::Sample(row(i, 0)),
-            state_slot: None,
-        });
         lens.push(p.len());
-        batch.token_ids.extend(p);
+        push_seq(
+            &mut batch,
+            &p,
+            0,
+            table(i),
+            LogitsFor::Sample(row(i, 0)),
+            None,
+        );
     }
     let decode = |lens: &[usize], k: usize, ids: &[u32]| {
         let mut b = ForwardBatch::default();
         for i in 0..n {
-            b.seqs.push(SeqSlice {
-                start: i,
-                len: 1,
-                cached_len: lens[i],
-                block_table: table(i),
-                logits: LogitsFor::Sample(row(i, k)),
-                state_slot: None,
-            });
-            b.token_ids.push(ids[i]);
+            push_seq(
+                &mut b,
+                &[ids[i]],
+                lens[i],
+                table(i),
+                LogitsFor::Sample(row(i, k)),
+                None,
+            );
         }
         b
     };
@@ -228,9 +192,7 @@ fn decode_tokens(
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn steps_submitted_ahead_with_fed_tokens_give_the_same_tokens() {
-    let path = std::env::var("KILN_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
+    let path = test_model_path();
     let files = ModelFiles::open(&path).expect("model");
     let steps = 12;
     let mut failures = Vec::new();

@@ -12,7 +12,6 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
 
 use kiln::backend::{AttentionParams, Backend, CpuBackend, KvCacheDType, KvCacheSpec, RopeSpec};
 use kiln::engine::Device;
@@ -422,9 +421,7 @@ fn whole_models_with_fp8_kv_match_the_cpu_fp8_reference() {
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn batched_greedy_equals_each_alone_on_the_gpu() {
-    let path = std::env::var("KILN_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
+    let path = test_model_path();
     let files = ModelFiles::open(&path).expect("model");
     let vocab = files.config.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..8u32)
@@ -455,42 +452,8 @@ fn batched_greedy_equals_each_alone_on_the_gpu() {
         let tables: Vec<Vec<u32>> = (0..prompts.len())
             .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
             .collect();
-        let mut outs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-        let mut batch = ForwardBatch::default();
-        for (i, p) in prompts.iter().enumerate() {
-            batch.seqs.push(SeqSlice {
-                start: batch.token_ids.len(),
-                len: p.len(),
-                cached_len: 0,
-                block_table: tables[i].clone(),
-                logits: LogitsFor::Last,
-                state_slot: None,
-            });
-            batch.token_ids.extend(p);
-        }
-        for s in &mut batch.seqs {
-            s.logits = LogitsFor::Sample(SamplingRow::greedy());
-        }
-        for step in 0..steps {
-            // Greedy tokens sampled on the GPU: only the ids come back.
-            let sampled = r.forward(&batch).expect("forward").samples;
-            assert_eq!(sampled.len(), prompts.len());
-            let mut next = ForwardBatch::default();
-            for (i, p) in prompts.iter().enumerate() {
-                let id = sampled[i].as_ref().expect("sampled").token_id;
-                outs[i].push(id);
-                next.seqs.push(SeqSlice {
-                    start: i,
-                    len: 1,
-                    cached_len: p.len() + step,
-                    block_table: tables[i].clone(),
-                    logits: LogitsFor::Sample(SamplingRow::greedy()),
-                    state_slot: None,
-                });
-                next.token_ids.push(id);
-            }
-            batch = next;
-        }
+        // Greedy tokens sampled on the GPU: only the ids come back.
+        let outs = batched_greedy(r.as_mut(), &prompts, &tables, steps, false);
         let same = outs.iter().zip(&alone).filter(|(a, b)| a == b).count();
         println!(
             "RESULT batch_invariance model={} dtype={dtype} sequences_equal={same}/{}",

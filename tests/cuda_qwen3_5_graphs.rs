@@ -85,15 +85,7 @@ fn run(m: &mut Qwen3_5<CudaBackend>, n: usize) -> Vec<ForwardOutput> {
     let mut slots: Vec<u32> = (0..n as u32).collect();
     let mut batch = ForwardBatch::default();
     for (i, p) in prompts.iter().enumerate() {
-        batch.seqs.push(SeqSlice {
-            start: batch.token_ids.len(),
-            len: p.len(),
-            cached_len: 0,
-            block_table: table(i),
-            logits: want(i),
-            state_slot: Some(slots[i]),
-        });
-        batch.token_ids.extend(p);
+        push_seq(&mut batch, p, 0, table(i), want(i), Some(slots[i]));
     }
     let mut outs = Vec::new();
     let mut lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
@@ -111,15 +103,7 @@ fn run(m: &mut Qwen3_5<CudaBackend>, n: usize) -> Vec<ForwardOutput> {
         let mut next = ForwardBatch::default();
         for i in 0..n {
             let id = ids[i];
-            next.seqs.push(SeqSlice {
-                start: i,
-                len: 1,
-                cached_len: lens[i],
-                block_table: table(i),
-                logits: want(i),
-                state_slot: Some(slots[i]),
-            });
-            next.token_ids.push(id);
+            push_seq(&mut next, &[id], lens[i], table(i), want(i), Some(slots[i]));
             lens[i] += 1;
         }
         outs.push(out);
@@ -140,18 +124,7 @@ fn replayed_hybrid_decode_steps_equal_the_eager_path() {
                 let mut g = model(&files, dtype, true);
                 let replayed = run(&mut g, n);
                 let stats = g.graph_stats().expect("graphs on");
-                let (mut same_tokens, mut same_logits, mut worst) = (true, true, 0f32);
-                for (e, r) in eager.iter().zip(&replayed) {
-                    let ids = |o: &ForwardOutput| {
-                        o.samples
-                            .iter()
-                            .map(|s| s.as_ref().map(|s| s.token_id).ok())
-                            .collect::<Vec<_>>()
-                    };
-                    same_tokens &= ids(e) == ids(r);
-                    same_logits &= bits_equal(&e.logits, &r.logits);
-                    worst = worst.max(max_diff(&e.logits, &r.logits));
-                }
+                let (same_tokens, same_logits, worst) = compare_steps(&eager, &replayed);
                 let bucket = n.next_power_of_two();
                 // Prefill is eager; the first decode step records; the other steps replay.
                 let close = if bucket == n {
@@ -233,15 +206,14 @@ fn decode_speed(
         for (i, s) in out.samples.iter().enumerate() {
             let id = s.as_ref().expect("sampled").token_id;
             tokens.push(id);
-            next.seqs.push(SeqSlice {
-                start: i,
-                len: 1,
-                cached_len: 32 + k,
-                block_table: table(i),
-                logits: LogitsFor::Sample(SamplingRow::greedy()),
-                state_slot: Some(i as u32),
-            });
-            next.token_ids.push(id);
+            push_seq(
+                &mut next,
+                &[id],
+                32 + k,
+                table(i),
+                LogitsFor::Sample(SamplingRow::greedy()),
+                Some(i as u32),
+            );
         }
         batch = next;
     }
@@ -291,16 +263,8 @@ fn decode_tokens(
         let p: Vec<u32> = (0..(5 + 29 * i) % 90 + 3)
             .map(|t| (t as u32 * 17 + i as u32 * 11 + 2) % vocab)
             .collect();
-        batch.seqs.push(SeqSlice {
-            start: batch.token_ids.len(),
-            len: p.len(),
-            cached_len: 0,
-            block_table: table(i),
-            logits: greedy(),
-            state_slot: Some(i as u32),
-        });
         lens.push(p.len());
-        batch.token_ids.extend(p);
+        push_seq(&mut batch, &p, 0, table(i), greedy(), Some(i as u32));
     }
     for i in 0..n {
         m.reset_state_slot(i as u32).expect("reset slot");
@@ -308,15 +272,14 @@ fn decode_tokens(
     let decode = |lens: &[usize], ids: &[u32]| {
         let mut b = ForwardBatch::default();
         for i in 0..n {
-            b.seqs.push(SeqSlice {
-                start: i,
-                len: 1,
-                cached_len: lens[i],
-                block_table: table(i),
-                logits: greedy(),
-                state_slot: Some(i as u32),
-            });
-            b.token_ids.push(ids[i]);
+            push_seq(
+                &mut b,
+                &[ids[i]],
+                lens[i],
+                table(i),
+                greedy(),
+                Some(i as u32),
+            );
         }
         b
     };

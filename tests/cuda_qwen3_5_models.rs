@@ -23,8 +23,6 @@ use kiln::error::ModelError;
 use kiln::model::files::ModelFiles;
 use kiln::model::runner::build_runner_for;
 use kiln::model::step::ModelRunner;
-use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
-use kiln::sampling::SamplingRow;
 use kiln::tensor::{TensorView, WeightDType, WeightSource};
 use kiln::tools::probe::{probe, Positions};
 
@@ -275,38 +273,7 @@ fn batched_greedy_equals_each_alone_on_the_gpu() {
         let tables: Vec<Vec<u32>> = (0..prompts.len())
             .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
             .collect();
-        let mut outs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-        let mut batch = ForwardBatch::default();
-        for (i, p) in prompts.iter().enumerate() {
-            batch.seqs.push(SeqSlice {
-                start: batch.token_ids.len(),
-                len: p.len(),
-                cached_len: 0,
-                block_table: tables[i].clone(),
-                logits: LogitsFor::Sample(SamplingRow::greedy()),
-                state_slot: Some(i as u32),
-            });
-            batch.token_ids.extend(p);
-        }
-        for step in 0..steps {
-            let sampled = r.forward(&batch).expect("forward").samples;
-            assert_eq!(sampled.len(), prompts.len());
-            let mut next = ForwardBatch::default();
-            for (i, p) in prompts.iter().enumerate() {
-                let id = sampled[i].as_ref().expect("sampled").token_id;
-                outs[i].push(id);
-                next.seqs.push(SeqSlice {
-                    start: i,
-                    len: 1,
-                    cached_len: p.len() + step,
-                    block_table: tables[i].clone(),
-                    logits: LogitsFor::Sample(SamplingRow::greedy()),
-                    state_slot: Some(i as u32),
-                });
-                next.token_ids.push(id);
-            }
-            batch = next;
-        }
+        let outs = batched_greedy(r.as_mut(), &prompts, &tables, steps, true);
         let ok = outs == alone;
         println!(
             "RESULT batched_vs_alone model tiny-qwen3_5 dtype={dtype} seqs={} steps={steps} {}",

@@ -12,12 +12,11 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
 
 use kiln::backend::Backend;
 use kiln::engine::Device;
 use kiln::model::files::ModelFiles;
-use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
+use kiln::model::step::{ForwardBatch, LogitsFor};
 use kiln::sampling::{sample_row, Penalty, SampleError, Sampled, SamplingRow};
 use kiln::tensor::{TensorView, WeightDType};
 
@@ -245,9 +244,7 @@ fn gpu_sampling_matches_the_cpu_function() {
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn seeded_sampling_is_batch_invariant_on_the_gpu() {
-    let path = std::env::var("KILN_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"));
+    let path = test_model_path();
     let files = ModelFiles::open(&path).expect("model");
     let vocab = files.config.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..6u32)
@@ -273,15 +270,14 @@ fn seeded_sampling_is_batch_invariant_on_the_gpu() {
         let mut outs = vec![Vec::new(); which.len()];
         let mut batch = ForwardBatch::default();
         for (j, &i) in which.iter().enumerate() {
-            batch.seqs.push(SeqSlice {
-                start: batch.token_ids.len(),
-                len: prompts[i].len(),
-                cached_len: 0,
-                block_table: ((j * per_seq) as u32..((j + 1) * per_seq) as u32).collect(),
-                logits: LogitsFor::Sample(desc(i, 0)),
-                state_slot: None,
-            });
-            batch.token_ids.extend(&prompts[i]);
+            push_seq(
+                &mut batch,
+                &prompts[i],
+                0,
+                ((j * per_seq) as u32..((j + 1) * per_seq) as u32).collect(),
+                LogitsFor::Sample(desc(i, 0)),
+                None,
+            );
         }
         for step in 0..steps {
             let sampled = r.forward(&batch).expect("forward").samples;
@@ -289,15 +285,14 @@ fn seeded_sampling_is_batch_invariant_on_the_gpu() {
             for (j, &i) in which.iter().enumerate() {
                 let id = sampled[j].as_ref().expect("sampled").token_id;
                 outs[j].push(id);
-                next.seqs.push(SeqSlice {
-                    start: j,
-                    len: 1,
-                    cached_len: prompts[i].len() + step,
-                    block_table: batch.seqs[j].block_table.clone(),
-                    logits: LogitsFor::Sample(desc(i, step + 1)),
-                    state_slot: None,
-                });
-                next.token_ids.push(id);
+                push_seq(
+                    &mut next,
+                    &[id],
+                    prompts[i].len() + step,
+                    batch.seqs[j].block_table.clone(),
+                    LogitsFor::Sample(desc(i, step + 1)),
+                    None,
+                );
             }
             batch = next;
         }

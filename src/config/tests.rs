@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::engine::config::Device;
+use crate::error::ErrorClass;
 
 fn no_env() -> Vec<(String, String)> {
     Vec::new()

@@ -110,7 +110,7 @@ impl Ledger {
         let now = UnixMillis::now();
         let id = task_id.to_string();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE tasks SET state = 'cancelled', error = ?, error_class = NULL, next_attempt_at = NULL, \
                     cancel_requested_at = NULL, finished_at = ?, updated_at = ? \
              WHERE task_id = ? AND state = 'running'",
@@ -118,18 +118,16 @@ impl Ledger {
         .bind(reason)
         .bind(now.0)
         .bind(now.0)
-        .bind(&id)
-        .execute(&mut *tx)
-        .await?;
-        super::transitions::check_one(&mut tx, done.rows_affected(), task_id, TaskState::Running)
-            .await?;
-        super::transitions::close_attempt(
+        .bind(&id);
+        let (outcome, stats) = ("interrupted", super::AttemptStats::default());
+        super::transitions::leave_running(
             &mut tx,
-            &id,
+            update,
+            task_id,
             now,
-            "interrupted",
+            outcome,
             Some(reason),
-            super::AttemptStats::default(),
+            stats,
         )
         .await?;
         tx.commit().await?;

@@ -12,6 +12,8 @@
 //! - [`Ledger::retry`] / [`Ledger::retry_failed`] reset `tasks.attempts` to 0 (a fresh budget for every
 //!   class); the `attempts` rows stay as history.
 
+use sqlx::query::Query;
+use sqlx::sqlite::SqliteArguments;
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::{
@@ -66,7 +68,9 @@ impl Ledger {
         for row in &picked {
             let id: String = row.try_get("task_id")?;
             let from: String = row.try_get("state")?;
-            let done = sqlx::query(
+            let task_id = parse_id(&id)?;
+            let expected = from.parse().map_err(LedgerError::Invalid)?;
+            let update = sqlx::query(
                 "UPDATE tasks SET state = 'running', attempts = attempts + 1, next_attempt_at = NULL, \
                         cancel_requested_at = NULL, started_at = ?, updated_at = ? \
                  WHERE task_id = ? AND state = ?",
@@ -74,12 +78,8 @@ impl Ledger {
             .bind(now.0)
             .bind(now.0)
             .bind(&id)
-            .bind(&from)
-            .execute(&mut *tx)
-            .await?;
-            let task_id = parse_id(&id)?;
-            let expected = from.parse().map_err(LedgerError::Invalid)?;
-            check_one(&mut tx, done.rows_affected(), task_id, expected).await?;
+            .bind(&from);
+            apply_guarded(&mut tx, update, task_id, expected).await?;
             sqlx::query(
                 "INSERT INTO attempts (task_id, n, started_at) \
                  VALUES (?1, (SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE task_id = ?1), ?2)",
@@ -111,7 +111,7 @@ impl Ledger {
         let now = UnixMillis::now();
         let id = task_id.to_string();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE tasks SET state = 'succeeded', result_json = ?, error_class = NULL, error = NULL, \
                     finished_at = ?, updated_at = ? \
              WHERE task_id = ? AND state = 'running'",
@@ -119,11 +119,8 @@ impl Ledger {
         .bind(result_json)
         .bind(now.0)
         .bind(now.0)
-        .bind(&id)
-        .execute(&mut *tx)
-        .await?;
-        check_one(&mut tx, done.rows_affected(), task_id, TaskState::Running).await?;
-        close_attempt(&mut tx, &id, now, "succeeded", None, stats).await?;
+        .bind(&id);
+        leave_running(&mut tx, update, task_id, now, "succeeded", None, stats).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -149,7 +146,7 @@ impl Ledger {
         let now = UnixMillis::now();
         let id = task_id.to_string();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE tasks SET state = ?, error_class = ?, error = ?, next_attempt_at = ?, \
                     finished_at = ?, updated_at = ? \
              WHERE task_id = ? AND state = 'running'",
@@ -160,11 +157,9 @@ impl Ledger {
         .bind(next)
         .bind(now.0)
         .bind(now.0)
-        .bind(&id)
-        .execute(&mut *tx)
-        .await?;
-        check_one(&mut tx, done.rows_affected(), task_id, TaskState::Running).await?;
-        close_attempt(&mut tx, &id, now, class.as_str(), Some(message), stats).await?;
+        .bind(&id);
+        let outcome = class.as_str();
+        leave_running(&mut tx, update, task_id, now, outcome, Some(message), stats).await?;
         tx.commit().await?;
         Ok(state)
     }
@@ -178,22 +173,21 @@ impl Ledger {
         let now = UnixMillis::now();
         let id = task_id.to_string();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE tasks SET state = 'queued', attempts = MAX(attempts - 1, 0), updated_at = ? \
              WHERE task_id = ? AND state = 'running'",
         )
         .bind(now.0)
-        .bind(&id)
-        .execute(&mut *tx)
-        .await?;
-        check_one(&mut tx, done.rows_affected(), task_id, TaskState::Running).await?;
-        close_attempt(
+        .bind(&id);
+        let stats = AttemptStats::default();
+        leave_running(
             &mut tx,
-            &id,
+            update,
+            task_id,
             now,
             "interrupted",
             Some(reason),
-            AttemptStats::default(),
+            stats,
         )
         .await?;
         tx.commit().await?;
@@ -220,7 +214,7 @@ impl Ledger {
             if row.try_get::<bool, _>("cancel")? {
                 let message =
                     "cancelled by `kiln cancel` (kiln stopped before it could stop the attempt)";
-                let done = sqlx::query(
+                let update = sqlx::query(
                     "UPDATE tasks SET state = 'cancelled', error = ?, cancel_requested_at = NULL, \
                             finished_at = ?, updated_at = ? \
                      WHERE task_id = ? AND state = 'running'",
@@ -228,19 +222,9 @@ impl Ledger {
                 .bind(message)
                 .bind(now.0)
                 .bind(now.0)
-                .bind(&id)
-                .execute(&mut *tx)
-                .await?;
-                check_one(&mut tx, done.rows_affected(), task_id, TaskState::Running).await?;
-                close_attempt(
-                    &mut tx,
-                    &id,
-                    now,
-                    "interrupted",
-                    Some(message),
-                    AttemptStats::default(),
-                )
-                .await?;
+                .bind(&id);
+                let (outcome, stats) = ("interrupted", AttemptStats::default());
+                leave_running(&mut tx, update, task_id, now, outcome, Some(message), stats).await?;
                 out.cancelled.push(task_id);
                 continue;
             }
@@ -250,7 +234,7 @@ impl Ledger {
             } else {
                 "kiln stopped during this attempt (crash, kill or power loss)".to_owned()
             };
-            let done = if give_up {
+            let update = if give_up {
                 sqlx::query(
                     "UPDATE tasks SET state = 'dead', error_class = 'internal', error = ?, finished_at = ?, \
                             updated_at = ? \
@@ -260,23 +244,20 @@ impl Ledger {
                 .bind(now.0)
                 .bind(now.0)
                 .bind(&id)
-                .execute(&mut *tx)
-                .await?
             } else {
                 sqlx::query("UPDATE tasks SET state = 'queued', updated_at = ? WHERE task_id = ? AND state = 'running'")
                     .bind(now.0)
                     .bind(&id)
-                    .execute(&mut *tx)
-                    .await?
             };
-            check_one(&mut tx, done.rows_affected(), task_id, TaskState::Running).await?;
-            close_attempt(
+            let (outcome, stats) = ("interrupted", AttemptStats::default());
+            leave_running(
                 &mut tx,
-                &id,
+                update,
+                task_id,
                 now,
-                "interrupted",
+                outcome,
                 Some(&message),
-                AttemptStats::default(),
+                stats,
             )
             .await?;
             if give_up {
@@ -324,16 +305,14 @@ impl Ledger {
             } else if !row.try_get::<bool, _>("has_request")? {
                 RetryResult::NoRequest
             } else {
-                let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+                let update = sqlx::query(sqlx::AssertSqlSafe(format!(
                     "UPDATE tasks SET {REQUEUE_SET} WHERE task_id = ? AND state = ?"
                 )))
                 .bind(now.0)
                 .bind(now.0)
                 .bind(&id)
-                .bind(state.as_str())
-                .execute(&mut *tx)
-                .await?;
-                check_one(&mut tx, done.rows_affected(), task_id, state).await?;
+                .bind(state.as_str());
+                apply_guarded(&mut tx, update, task_id, state).await?;
                 RetryResult::Requeued
             };
             out.push((task_id, result));
@@ -381,17 +360,15 @@ impl Ledger {
                 found: state,
             });
         };
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE tasks SET state = 'cancelled', next_attempt_at = NULL, finished_at = ?, updated_at = ? \
              WHERE task_id = ? AND state = ?",
         )
         .bind(now.0)
         .bind(now.0)
         .bind(&id)
-        .bind(from.as_str())
-        .execute(&mut *tx)
-        .await?;
-        check_one(&mut tx, done.rows_affected(), task_id, from).await?;
+        .bind(from.as_str());
+        apply_guarded(&mut tx, update, task_id, from).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -523,6 +500,37 @@ pub(super) async fn close_attempt(
         )));
     }
     Ok(())
+}
+
+/// A guarded `UPDATE tasks … WHERE task_id = ? AND state = …` of one task, every `?` bound.
+pub(super) type GuardedUpdate<'q> = Query<'q, Sqlite, SqliteArguments>;
+
+/// Run `update` (guarded on the task being in state `expected`) in `tx` and check that it changed
+/// `task_id`'s row ([`check_one`]).
+pub(super) async fn apply_guarded(
+    tx: &mut Transaction<'static, Sqlite>,
+    update: GuardedUpdate<'_>,
+    task_id: TaskId,
+    expected: TaskState,
+) -> Result<(), LedgerError> {
+    let done = update.execute(&mut **tx).await?;
+    check_one(tx, done.rows_affected(), task_id, expected).await
+}
+
+/// A `running → …` transition: `update` (guarded on `state = 'running'`) applied as
+/// [`apply_guarded`], then the task's open attempt closed with `outcome`, `message` and `stats`
+/// ([`close_attempt`]).
+pub(super) async fn leave_running(
+    tx: &mut Transaction<'static, Sqlite>,
+    update: GuardedUpdate<'_>,
+    task_id: TaskId,
+    now: UnixMillis,
+    outcome: &str,
+    message: Option<&str>,
+    stats: AttemptStats,
+) -> Result<(), LedgerError> {
+    apply_guarded(tx, update, task_id, TaskState::Running).await?;
+    close_attempt(tx, &task_id.to_string(), now, outcome, message, stats).await
 }
 
 /// Turn a guarded update's row count into `Ok` or a [`LedgerError::Conflict`] naming the found state.

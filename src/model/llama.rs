@@ -35,11 +35,11 @@ use tracing::info;
 use crate::backend::{Backend, KvCacheSpec, RopeSpec};
 use crate::error::{EngineError, ModelError};
 use crate::model::prefix::Prefix;
-use crate::model::step::{
-    CacheGeometry, Feed, ForwardBatch, ForwardOutput, ModelRunner, Submitted,
+use crate::model::step::{CacheGeometry, ForwardBatch, ModelRunner};
+use crate::model::step_queue::{queued_runner_methods, QueuedStep};
+use crate::model::step_submit::{
+    queue_logits, runner_step_input, submit_step, StepBuffers, StepState,
 };
-use crate::model::step_queue::{QueuedStep, StepQueue};
-use crate::model::step_submit::{submit_step, StepBuffers, Submission};
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::WeightSource;
 
@@ -142,16 +142,9 @@ pub struct Llama<B: Backend> {
     weights: LlamaWeights<B>,
     kv_cache: B::KvCache,
     geometry: CacheGeometry,
-    /// Made at the first step.
-    workspace: Option<Workspace<B>>,
-    /// The eager steps' metadata on the device, made at the first eager step and refilled.
-    step: Option<B::Step>,
-    /// Decode graphs ([`Llama::with_decode_graphs`]); `None`: every step runs eagerly.
-    graphs: Option<decode_graphs::DecodeGraphs<B>>,
-    /// Least (tokens, logits rows) the workspace is made for.
-    reserve: (usize, usize),
-    /// Submitted steps not yet collected (at most two).
-    queue: StepQueue<B>,
+    /// The workspace (made at the first step), the eager step's metadata, the decode graphs
+    /// ([`Llama::with_decode_graphs`]) and the submitted steps.
+    steps: StepState<B, Workspace<B>>,
 }
 
 impl<B: Backend> Llama<B> {
@@ -159,7 +152,7 @@ impl<B: Backend> Llama<B> {
     /// rows per step: the engine's `max_num_batched_tokens` and `max_num_seqs`, so a GPU runner
     /// holds the memory the planner counted from its start and never grows it in service.
     pub fn reserve_workspace(mut self, tokens: usize, rows: usize) -> Self {
-        self.reserve = (tokens, rows);
+        self.steps.reserve = (tokens, rows);
         self
     }
 
@@ -168,26 +161,21 @@ impl<B: Backend> Llama<B> {
     /// becomes the padding rows' scratch block: the runner reports one block fewer. A backend
     /// without graphs ([`Backend::supports_graphs`]), or a cache of one block, stays eager.
     pub fn with_decode_graphs(mut self, max_num_seqs: usize, max_model_len: usize) -> Self {
-        if !self.backend.supports_graphs() || self.geometry.num_blocks < 2 || max_num_seqs == 0 {
-            return self;
-        }
-        let max_model_len = match max_model_len {
-            0 => self.config.max_position_embeddings,
-            n => n.min(self.config.max_position_embeddings),
-        };
-        self.geometry.num_blocks -= 1;
-        self.graphs = Some(decode_graphs::DecodeGraphs::new(
+        if let Some(g) = decode_graphs::DecodeGraphs::for_runner(
+            &self.backend,
+            &mut self.geometry,
+            self.config.max_position_embeddings,
             max_num_seqs,
             max_model_len,
-            self.geometry.block_size,
-            self.geometry.num_blocks as u32,
-        ));
+        ) {
+            self.steps.graphs = Some(g);
+        }
         self
     }
 
     /// What the decode graphs have done; `None` when this runner has none.
     pub fn graph_stats(&self) -> Option<GraphStats> {
-        self.graphs.as_ref().map(|g| g.stats())
+        self.steps.graphs.as_ref().map(|g| g.stats())
     }
 
     /// The KV-cache geometry `config` needs for `num_blocks` blocks of `block_size` tokens.
@@ -214,12 +202,7 @@ impl<B: Backend> Llama<B> {
         batch: &ForwardBatch,
         feeds: &[(u32, u32)],
     ) -> Result<QueuedStep<B>, EngineError> {
-        let input = batch.step_input(
-            self.geometry.block_size,
-            self.geometry.num_blocks,
-            self.config.vocab_size,
-            self.config.max_position_embeddings,
-        )?;
+        let input = runner_step_input(batch, &self.geometry, &self.config)?;
         if input.num_tokens() == 0 {
             return Ok(QueuedStep::empty());
         }
@@ -228,24 +211,13 @@ impl<B: Backend> Llama<B> {
             config,
             weights,
             kv_cache,
-            workspace,
-            step,
-            reserve,
-            graphs,
-            queue,
+            steps,
             ..
         } = self;
         let (backend, config, weights) = (&*backend, &*config, &*weights);
-        let parts = Submission {
-            backend,
-            workspace,
-            step,
-            graphs: graphs.as_mut(),
-            reserve: *reserve,
-            queue,
-        };
         submit_step(
-            parts,
+            backend,
+            steps,
             batch,
             &input,
             feeds,
@@ -408,13 +380,17 @@ impl<B: Backend> LlamaWeights<B> {
                 .map_or(&self.norm, |l| &l.input_layernorm);
             b.add_rms_norm(&mut ws.x, &ws.delta, next_norm, &mut ws.h, t, hidden, eps)?;
         }
-        if rows == 0 {
-            return Ok(());
-        }
-        b.gather_rows(&ws.h, step, hidden, &mut ws.last)?;
         let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        b.logits_into(&ws.last, rows, lm_head, &mut ws.logits)?;
-        Ok(())
+        queue_logits(
+            b,
+            &ws.h,
+            step,
+            hidden,
+            rows,
+            lm_head,
+            &mut ws.last,
+            &mut ws.logits,
+        )
     }
 }
 
@@ -510,29 +486,22 @@ impl<B: Backend> LlamaWeights<B> {
             return Ok(());
         }
         b.rms_norm(&ws.x, &self.norm, &mut ws.h, t, hidden, eps)?;
-        b.gather_rows(&ws.h, step, hidden, &mut ws.last)?;
         let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        b.logits_into(&ws.last, rows, lm_head, &mut ws.logits)?;
-        Ok(())
+        queue_logits(
+            b,
+            &ws.h,
+            step,
+            hidden,
+            rows,
+            lm_head,
+            &mut ws.last,
+            &mut ws.logits,
+        )
     }
 }
 
 impl<B: Backend> ModelRunner for Llama<B> {
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn max_position_embeddings(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn cache_geometry(&self) -> CacheGeometry {
-        self.geometry
-    }
-
-    fn device_name(&self) -> String {
-        self.backend.name()
-    }
+    queued_runner_methods!();
 
     fn weight_bytes(&self) -> u64 {
         let (b, w) = (&self.backend, &self.weights);
@@ -549,32 +518,6 @@ impl<B: Backend> ModelRunner for Llama<B> {
         let head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
         (layers + b.weight_bytes(head)) as u64
     }
-
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
-        self.queue.ensure_empty()?;
-        let q = self.run(batch, &[])?;
-        q.finish(&self.backend)
-    }
-
-    fn submit(&mut self, batch: &ForwardBatch, feeds: &[Feed]) -> Result<Submitted, EngineError> {
-        let Some(feeds) = self.queue.admit(&self.backend, feeds)? else {
-            return Ok(Submitted::done(self.forward(batch)?));
-        };
-        let q = self.run(batch, &feeds)?;
-        Ok(self.queue.push(q))
-    }
-
-    fn collect(&mut self, step: Submitted) -> Result<ForwardOutput, EngineError> {
-        self.queue.collect(&self.backend, step)
-    }
-
-    fn queues_steps(&self) -> bool {
-        self.backend.queues_steps()
-    }
-
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
-        Ok(self.backend.copy_block(&mut self.kv_cache, src, dst)?)
-    }
 }
 
 pub(crate) mod decode_graphs;
@@ -582,3 +525,5 @@ mod load;
 pub use decode_graphs::GraphStats;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tiny;

@@ -62,26 +62,41 @@ impl ForwardOutput {
         batch: &ForwardBatch,
     ) -> Result<ForwardOutput, EngineError> {
         let mut out = ForwardOutput::default();
-        let mut row = 0;
-        let mut picks = Vec::new();
-        for s in &batch.seqs {
-            let n = s.logits.rows(s.len);
-            match &s.logits {
-                LogitsFor::None => {}
-                LogitsFor::Sample(desc) => picks.push((row, desc)),
-                LogitsFor::Last | LogitsFor::All => {
-                    let at = out.logits.len();
-                    out.logits.resize(at + n * vocab_size, 0.0);
-                    b.download_logits(logits, row, &mut out.logits[at..])?;
-                }
-            }
-            row += n;
-        }
+        let picks = download_raw_rows(b, vocab_size, logits, batch, &mut out.logits)?;
         if !picks.is_empty() {
             out.samples = b.sample(logits, &picks)?;
         }
         Ok(out)
     }
+}
+
+/// The raw logits rows of `batch`'s `Last` / `All` sequences downloaded from `logits` (rows as
+/// [`ForwardBatch::step_input`] lays them out) and appended to `raw`, in batch order; returns the
+/// (row, sampling row) picks of its `Sample` sequences for the backend's sampler. Rows past the
+/// batch's own (e.g. the padding of a decode graph) are never read.
+pub(crate) fn download_raw_rows<'a, B: Backend>(
+    b: &B,
+    vocab_size: usize,
+    logits: &B::Logits,
+    batch: &'a ForwardBatch,
+    raw: &mut Vec<f32>,
+) -> Result<Vec<(usize, &'a SamplingRow)>, EngineError> {
+    let mut row = 0;
+    let mut picks = Vec::new();
+    for s in &batch.seqs {
+        let n = s.logits.rows(s.len);
+        match &s.logits {
+            LogitsFor::None => {}
+            LogitsFor::Sample(desc) => picks.push((row, desc)),
+            LogitsFor::Last | LogitsFor::All => {
+                let at = raw.len();
+                raw.resize(at + n * vocab_size, 0.0);
+                b.download_logits(logits, row, &mut raw[at..])?;
+            }
+        }
+        row += n;
+    }
+    Ok(picks)
 }
 
 /// A token of a submitted batch that the step submitted just before it samples, so the host

@@ -144,3 +144,67 @@ impl<B: Backend> StepQueue<B> {
         q.finish(backend)
     }
 }
+
+/// The [`crate::model::step::ModelRunner`] methods of a runner that queues its steps through a
+/// [`StepQueue`], shared by the llama and Qwen3.5 runners (expand it inside their `impl
+/// ModelRunner` block): the config and geometry accessors, `forward` (nothing may be queued),
+/// `submit` / `collect` through the queue, `queues_steps` and `copy_block` on the backend. It
+/// reads the runner's fields `config` ([`crate::model::ModelConfig`]), `geometry`, `backend`,
+/// `kv_cache` and `steps` ([`crate::model::step_submit::StepState`], for its queue), and its
+/// method `run(batch, feeds) -> Result<QueuedStep<B>, _>`.
+macro_rules! queued_runner_methods {
+    () => {
+        fn vocab_size(&self) -> usize {
+            self.config.vocab_size
+        }
+
+        fn max_position_embeddings(&self) -> usize {
+            self.config.max_position_embeddings
+        }
+
+        fn cache_geometry(&self) -> $crate::model::step::CacheGeometry {
+            self.geometry
+        }
+
+        fn device_name(&self) -> String {
+            self.backend.name()
+        }
+
+        fn forward(
+            &mut self,
+            batch: &$crate::model::step::ForwardBatch,
+        ) -> Result<$crate::model::step::ForwardOutput, $crate::error::EngineError> {
+            self.steps.queue.ensure_empty()?;
+            let q = self.run(batch, &[])?;
+            q.finish(&self.backend)
+        }
+
+        fn submit(
+            &mut self,
+            batch: &$crate::model::step::ForwardBatch,
+            feeds: &[$crate::model::step::Feed],
+        ) -> Result<$crate::model::step::Submitted, $crate::error::EngineError> {
+            let Some(feeds) = self.steps.queue.admit(&self.backend, feeds)? else {
+                return Ok($crate::model::step::Submitted::done(self.forward(batch)?));
+            };
+            let q = self.run(batch, &feeds)?;
+            Ok(self.steps.queue.push(q))
+        }
+
+        fn collect(
+            &mut self,
+            step: $crate::model::step::Submitted,
+        ) -> Result<$crate::model::step::ForwardOutput, $crate::error::EngineError> {
+            self.steps.queue.collect(&self.backend, step)
+        }
+
+        fn queues_steps(&self) -> bool {
+            self.backend.queues_steps()
+        }
+
+        fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), $crate::error::EngineError> {
+            Ok(self.backend.copy_block(&mut self.kv_cache, src, dst)?)
+        }
+    };
+}
+pub(crate) use queued_runner_methods;

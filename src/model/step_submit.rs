@@ -9,8 +9,9 @@
 use crate::backend::{Backend, StepInput};
 use crate::error::EngineError;
 use crate::model::llama::decode_graphs::{DecodeGraphs, Fed};
-use crate::model::step::{ForwardBatch, LogitsFor};
+use crate::model::step::{download_raw_rows, CacheGeometry, ForwardBatch};
 use crate::model::step_queue::{QueuedStep, StepQueue};
+use crate::model::ModelConfig;
 
 /// A runner's persistent per-step buffers.
 pub(crate) trait StepBuffers<B: Backend> {
@@ -20,17 +21,32 @@ pub(crate) trait StepBuffers<B: Backend> {
     fn logits(&self) -> &B::Logits;
 }
 
-/// The runner state one submission reads and updates.
-pub(crate) struct Submission<'a, B: Backend, W> {
-    pub(crate) backend: &'a B,
-    /// Made at the first step, remade (larger) for a step it cannot hold.
-    pub(crate) workspace: &'a mut Option<W>,
-    /// The eager steps' metadata on the device.
-    pub(crate) step: &'a mut Option<B::Step>,
-    pub(crate) graphs: Option<&'a mut DecodeGraphs<B>>,
+/// The per-step state of a runner, the same in the llama and Qwen3.5 runners (`W`: its
+/// workspace type), which [`submit_step`] reads and updates.
+pub(crate) struct StepState<B: Backend, W> {
+    /// Activations and logits kept across steps: made at the first step, remade (larger) for a
+    /// step it cannot hold.
+    pub(crate) workspace: Option<W>,
+    /// The eager steps' metadata on the device, made at the first eager step and refilled.
+    pub(crate) step: Option<B::Step>,
+    /// Decode graphs (the runners' `with_decode_graphs`); `None`: every step runs eagerly.
+    pub(crate) graphs: Option<DecodeGraphs<B>>,
     /// Least (tokens, logits rows) a workspace is made for.
     pub(crate) reserve: (usize, usize),
-    pub(crate) queue: &'a StepQueue<B>,
+    /// Submitted steps not yet collected (at most two).
+    pub(crate) queue: StepQueue<B>,
+}
+
+impl<B: Backend, W> Default for StepState<B, W> {
+    fn default() -> StepState<B, W> {
+        StepState {
+            workspace: None,
+            step: None,
+            graphs: None,
+            reserve: (0, 0),
+            queue: StepQueue::default(),
+        }
+    }
 }
 
 /// Queue `input` (built from `batch`): its metadata, `feeds` (token, sampling row of the last
@@ -40,8 +56,10 @@ pub(crate) struct Submission<'a, B: Backend, W> {
 /// (`tokens` = `rows` = its size). `make(tokens, rows)` makes a workspace when there is none or
 /// the step needs a larger one: at least as large as reserved and as the one it replaces (the
 /// graphs, which recorded the old buffers, are cleared).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn submit_step<B, W>(
-    s: Submission<'_, B, W>,
+    backend: &B,
+    s: &mut StepState<B, W>,
     batch: &ForwardBatch,
     input: &StepInput,
     feeds: &[(u32, u32)],
@@ -53,14 +71,14 @@ where
     B: Backend,
     W: StepBuffers<B> + Send,
 {
-    let Submission {
-        backend,
+    let StepState {
         workspace,
         step,
-        mut graphs,
+        graphs,
         reserve,
         queue,
     } = s;
+    let (mut graphs, reserve) = (graphs.as_mut(), *reserve);
     let from: Option<Fed<'_, B>> = match (feeds.is_empty(), queue.last_pending()) {
         (true, _) => None,
         (false, Some(p)) => Some((p, feeds)),
@@ -110,25 +128,48 @@ where
         }
         // Raw rows for `Last` / `All`, sampling queued for `Sample` (rows past the batch's own,
         // e.g. a graph's padding, are never read).
-        let mut row = 0;
-        let mut picks = Vec::new();
-        for s in &batch.seqs {
-            let n = s.logits.rows(s.len);
-            match &s.logits {
-                LogitsFor::None => {}
-                LogitsFor::Sample(desc) => picks.push((row, desc)),
-                LogitsFor::Last | LogitsFor::All => {
-                    let at = q.logits.len();
-                    q.logits.resize(at + n * vocab, 0.0);
-                    backend.download_logits(ws.logits(), row, &mut q.logits[at..])?;
-                }
-            }
-            row += n;
-        }
+        let picks = download_raw_rows(backend, vocab, ws.logits(), batch, &mut q.logits)?;
         if !picks.is_empty() {
             q.pending = Some(backend.sample_submit(ws.logits(), &picks)?);
         }
         Ok::<(), EngineError>(())
     })?;
     Ok(q)
+}
+
+/// `batch`'s step metadata for a runner of `config` over a KV cache of `geometry`
+/// ([`ForwardBatch::step_input`] with the runner's limits).
+pub(crate) fn runner_step_input(
+    batch: &ForwardBatch,
+    geometry: &CacheGeometry,
+    config: &ModelConfig,
+) -> Result<StepInput, EngineError> {
+    batch.step_input(
+        geometry.block_size,
+        geometry.num_blocks,
+        config.vocab_size,
+        config.max_position_embeddings,
+    )
+}
+
+/// The end of every runner's layers: the step's `rows` logits rows of the final-normed `h`
+/// `[tokens, hidden]` gathered into `last` `[rows, hidden]`, then their f32 logits through
+/// `lm_head` into `logits` `[rows, vocab]`. Nothing when `rows` is 0.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn queue_logits<B: Backend>(
+    b: &B,
+    h: &B::Buffer,
+    step: &B::Step,
+    hidden: usize,
+    rows: usize,
+    lm_head: &B::Weight,
+    last: &mut B::Buffer,
+    logits: &mut B::Logits,
+) -> Result<(), EngineError> {
+    if rows == 0 {
+        return Ok(());
+    }
+    b.gather_rows(h, step, hidden, last)?;
+    b.logits_into(last, rows, lm_head, logits)?;
+    Ok(())
 }

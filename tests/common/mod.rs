@@ -9,7 +9,7 @@ use kiln::backend::Backend;
 use kiln::engine::{Device, EngineConfig};
 use kiln::model::files::ModelFiles;
 use kiln::model::runner::build_runner_for;
-use kiln::model::step::{Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner};
+use kiln::model::step::{Feed, ForwardBatch, ForwardOutput, LogitsFor, ModelRunner, SeqSlice};
 use kiln::sampling::SamplingRow;
 use kiln::tools::probe::{probe, Positions, ProbeOutput};
 
@@ -242,6 +242,86 @@ pub fn rel_err(got: &[f32], n: usize, cols: &[usize], want: &[Vec<f64>]) -> f64 
 /// Whether `a` and `b` hold the same f32 bit patterns.
 pub fn bits_equal(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Append one sequence to `batch`: its new `tokens` (after the batch's own), following
+/// `cached_len` cached ones, in KV blocks `block_table`, asking `logits`, in recurrent state slot
+/// `state_slot` (hybrid models; `None` for the others).
+pub fn push_seq(
+    batch: &mut ForwardBatch,
+    tokens: &[u32],
+    cached_len: usize,
+    block_table: Vec<u32>,
+    logits: LogitsFor,
+    state_slot: Option<u32>,
+) {
+    batch.seqs.push(SeqSlice {
+        start: batch.token_ids.len(),
+        len: tokens.len(),
+        cached_len,
+        block_table,
+        logits,
+        state_slot,
+    });
+    batch.token_ids.extend(tokens);
+}
+
+/// The greedy tokens (sampled on the device) of `prompts` run together on `r` for `steps`
+/// steps: one prefill step of every prompt, sequence i in KV blocks `tables[i]` (and state slot i
+/// when `slots`), then one decode step per token. `[sequence][step]`.
+pub fn batched_greedy(
+    r: &mut dyn ModelRunner,
+    prompts: &[Vec<u32>],
+    tables: &[Vec<u32>],
+    steps: usize,
+    slots: bool,
+) -> Vec<Vec<u32>> {
+    let greedy = || LogitsFor::Sample(SamplingRow::greedy());
+    let slot = |i: usize| slots.then_some(i as u32);
+    let mut outs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut batch = ForwardBatch::default();
+    for (i, p) in prompts.iter().enumerate() {
+        push_seq(&mut batch, p, 0, tables[i].clone(), greedy(), slot(i));
+    }
+    for step in 0..steps {
+        let sampled = r.forward(&batch).expect("forward").samples;
+        assert_eq!(sampled.len(), prompts.len());
+        let mut next = ForwardBatch::default();
+        for (i, p) in prompts.iter().enumerate() {
+            let id = sampled[i].as_ref().expect("sampled").token_id;
+            outs[i].push(id);
+            let table = tables[i].clone();
+            push_seq(&mut next, &[id], p.len() + step, table, greedy(), slot(i));
+        }
+        batch = next;
+    }
+    outs
+}
+
+/// The model of the whole-model GPU tests: `KILN_TEST_MODEL`, else the tracked tiny llama fixture.
+pub fn test_model_path() -> PathBuf {
+    std::env::var("KILN_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join("tests/fixtures/tiny-llama"))
+}
+
+/// Two runs of the same steps (eager and replayed from graphs): whether every step sampled the
+/// same ids (a sampling error counts as `None`), whether the raw logits are equal bit for bit,
+/// and their max |Δ|.
+pub fn compare_steps(a: &[ForwardOutput], b: &[ForwardOutput]) -> (bool, bool, f32) {
+    let ids = |o: &ForwardOutput| {
+        o.samples
+            .iter()
+            .map(|s| s.as_ref().map(|s| s.token_id).ok())
+            .collect::<Vec<_>>()
+    };
+    let (mut same_tokens, mut same_logits, mut worst) = (true, true, 0f32);
+    for (x, y) in a.iter().zip(b) {
+        same_tokens &= ids(x) == ids(y);
+        same_logits &= bits_equal(&x.logits, &y.logits);
+        worst = worst.max(max_diff(&x.logits, &y.logits));
+    }
+    (same_tokens, same_logits, worst)
 }
 
 /// What the graph tests ask of sequence `i`: even sequences are sampled on the device

@@ -18,12 +18,7 @@ fn check_slots(step: &StepInput, spec: &StateSpec) -> Result<(), BackendError> {
                 "sequence {i} of a hybrid-model step has no state slot"
             ))
         })?;
-        if slot as usize >= spec.num_slots {
-            return Err(BackendError::InvalidArgument(format!(
-                "state slot {slot} of {}",
-                spec.num_slots
-            )));
-        }
+        check_slot(spec, slot)?;
         if !seen.insert(slot) {
             return Err(BackendError::InvalidArgument(format!(
                 "state slot {slot} is used by two sequences of one step"
@@ -33,6 +28,7 @@ fn check_slots(step: &StepInput, spec: &StateSpec) -> Result<(), BackendError> {
     Ok(())
 }
 
+/// `Err(InvalidArgument)` unless `slot` is a slot of `spec`.
 fn check_slot(spec: &StateSpec, slot: u32) -> Result<(), BackendError> {
     if slot as usize >= spec.num_slots {
         return Err(BackendError::InvalidArgument(format!(

@@ -33,6 +33,7 @@ use tracing::{info, warn};
 
 use crate::backend::{Backend, PinnedShape, StepGraph, StepInput, StepSeq};
 use crate::error::EngineError;
+use crate::model::step::CacheGeometry;
 
 /// Tokens fed from the previous step's pending samples: `(token, sampling row)` pairs.
 pub(crate) type Fed<'a, B> = (&'a <B as Backend>::PendingSamples, &'a [(u32, u32)]);
@@ -117,6 +118,34 @@ pub(super) fn bucket_sizes(max_num_seqs: usize) -> Vec<usize> {
 }
 
 impl<B: Backend> DecodeGraphs<B> {
+    /// The graphs a runner's `with_decode_graphs` turns on over `geometry` (its KV cache) for
+    /// `max_num_seqs` sequences of up to `max_model_len` tokens (0: the model's `max_position`),
+    /// shared by the llama and Qwen3.5 runners. The last KV block becomes the padding rows'
+    /// scratch block: `geometry` loses it. `None`, `geometry` untouched: a backend without
+    /// graphs ([`Backend::supports_graphs`]), a cache of one block or no sequences.
+    pub(crate) fn for_runner(
+        backend: &B,
+        geometry: &mut CacheGeometry,
+        max_position: usize,
+        max_num_seqs: usize,
+        max_model_len: usize,
+    ) -> Option<DecodeGraphs<B>> {
+        if !backend.supports_graphs() || geometry.num_blocks < 2 || max_num_seqs == 0 {
+            return None;
+        }
+        let max_model_len = match max_model_len {
+            0 => max_position,
+            n => n.min(max_position),
+        };
+        geometry.num_blocks -= 1;
+        Some(DecodeGraphs::new(
+            max_num_seqs,
+            max_model_len,
+            geometry.block_size,
+            geometry.num_blocks as u32,
+        ))
+    }
+
     pub(crate) fn new(
         max_num_seqs: usize,
         max_model_len: usize,

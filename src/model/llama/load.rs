@@ -249,11 +249,7 @@ impl<B: Backend> Llama<B> {
                 num_blocks,
                 num_state_slots: 0,
             },
-            workspace: None,
-            step: None,
-            reserve: (0, 0),
-            graphs: None,
-            queue: Default::default(),
+            steps: Default::default(),
         })
     }
 }

@@ -7,6 +7,7 @@
 
 use crate::backend::hybrid::{GatedQkv, GatedQkvOut, GdnParams, HybridBackend};
 use crate::error::EngineError;
+use crate::model::step_submit::queue_logits;
 use crate::model::ModelConfig;
 
 use super::{Mixer, Weights};
@@ -220,11 +221,6 @@ pub(super) fn queue<B: HybridBackend>(
         b.add_rms_norm_1p(x, &*delta, next_norm, h, t, hidden, eps)?;
     }
 
-    if rows == 0 {
-        return Ok(());
-    }
-    b.gather_rows(&*h, step, hidden, last)?;
     let lm_head = w.lm_head.as_ref().unwrap_or(&w.embed_tokens);
-    b.logits_into(&*last, rows, lm_head, logits)?;
-    Ok(())
+    queue_logits(b, &*h, step, hidden, rows, lm_head, last, logits)
 }

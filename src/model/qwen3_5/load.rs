@@ -160,11 +160,7 @@ impl<B: HybridBackend> Qwen3_5<B> {
                 num_blocks,
                 num_state_slots,
             },
-            workspace: None,
-            step: None,
-            graphs: None,
-            reserve: (0, 0),
-            queue: Default::default(),
+            steps: Default::default(),
         })
     }
 }

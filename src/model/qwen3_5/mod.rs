@@ -39,6 +39,7 @@ use crate::model::config::{HybridConfig, LayerType};
 use crate::model::llama::decode_graphs::DecodeGraphs;
 use crate::model::llama::GraphStats;
 use crate::model::step::CacheGeometry;
+use crate::model::step_submit::StepState;
 use crate::model::{Architecture, ModelConfig};
 use crate::tensor::{TensorView, WeightSource};
 
@@ -121,16 +122,9 @@ pub struct Qwen3_5<B: HybridBackend> {
     kv_cache: B::KvCache,
     states: B::StateCache,
     geometry: CacheGeometry,
-    /// Activations and logits kept across steps (made at the first step).
-    workspace: Option<forward::Workspace<B>>,
-    /// The eager steps' metadata on the device, made at the first eager step and refilled.
-    step: Option<B::Step>,
-    /// Decode graphs ([`Qwen3_5::with_decode_graphs`]); `None`: every step runs eagerly.
-    graphs: Option<DecodeGraphs<B>>,
-    /// Least (tokens, logits rows) the workspace is made for.
-    reserve: (usize, usize),
-    /// Steps submitted and not yet collected (at most two; see `run.rs`).
-    queue: crate::model::step_queue::StepQueue<B>,
+    /// The workspace (made at the first step), the eager step's metadata, the decode graphs
+    /// ([`Qwen3_5::with_decode_graphs`]) and the submitted steps (at most two; see `run.rs`).
+    steps: StepState<B, forward::Workspace<B>>,
 }
 
 /// Looks tensors up by key, checks their shapes and uploads them.
@@ -299,7 +293,7 @@ impl<B: HybridBackend> Qwen3_5<B> {
     /// Make the workspace (at the first step) for at least `tokens` tokens and `rows` logits
     /// rows, so steps up to that size never remake it (what the GPU planner counted).
     pub fn reserve_workspace(mut self, tokens: usize, rows: usize) -> Self {
-        self.reserve = (tokens, rows);
+        self.steps.reserve = (tokens, rows);
         self
     }
 
@@ -309,26 +303,21 @@ impl<B: HybridBackend> Qwen3_5<B> {
     /// state slot). The last KV block becomes the padding rows' scratch block: the runner
     /// reports one block fewer. A backend without graphs, or a cache of one block, stays eager.
     pub fn with_decode_graphs(mut self, max_num_seqs: usize, max_model_len: usize) -> Self {
-        if !self.backend.supports_graphs() || self.geometry.num_blocks < 2 || max_num_seqs == 0 {
-            return self;
-        }
-        let max_model_len = match max_model_len {
-            0 => self.config.max_position_embeddings,
-            n => n.min(self.config.max_position_embeddings),
-        };
-        self.geometry.num_blocks -= 1;
-        self.graphs = Some(DecodeGraphs::new(
+        if let Some(g) = DecodeGraphs::for_runner(
+            &self.backend,
+            &mut self.geometry,
+            self.config.max_position_embeddings,
             max_num_seqs,
             max_model_len,
-            self.geometry.block_size,
-            self.geometry.num_blocks as u32,
-        ));
+        ) {
+            self.steps.graphs = Some(g);
+        }
         self
     }
 
     /// What the decode graphs have done; `None` when this runner has none.
     pub fn graph_stats(&self) -> Option<GraphStats> {
-        self.graphs.as_ref().map(|g| g.stats())
+        self.steps.graphs.as_ref().map(|g| g.stats())
     }
 
     /// The model's hyper-parameters.

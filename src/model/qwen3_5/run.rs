@@ -9,28 +9,12 @@
 use super::{forward, Mixer, Qwen3_5};
 use crate::backend::hybrid::HybridBackend;
 use crate::error::EngineError;
-use crate::model::step::{
-    CacheGeometry, Feed, ForwardBatch, ForwardOutput, ModelRunner, Submitted,
-};
-use crate::model::step_queue::QueuedStep;
-use crate::model::step_submit::{submit_step, StepBuffers, Submission};
+use crate::model::step::{ForwardBatch, ModelRunner};
+use crate::model::step_queue::{queued_runner_methods, QueuedStep};
+use crate::model::step_submit::{runner_step_input, submit_step, StepBuffers};
 
 impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn max_position_embeddings(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn cache_geometry(&self) -> CacheGeometry {
-        self.geometry
-    }
-
-    fn device_name(&self) -> String {
-        self.backend.name()
-    }
+    queued_runner_methods!();
 
     fn weight_bytes(&self) -> u64 {
         let b = &self.backend;
@@ -62,32 +46,6 @@ impl<B: HybridBackend> ModelRunner for Qwen3_5<B> {
         (total + b.weight_bytes(head)) as u64
     }
 
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, EngineError> {
-        self.queue.ensure_empty()?;
-        let q = self.run(batch, &[])?;
-        q.finish(&self.backend)
-    }
-
-    fn submit(&mut self, batch: &ForwardBatch, feeds: &[Feed]) -> Result<Submitted, EngineError> {
-        let Some(feeds) = self.queue.admit(&self.backend, feeds)? else {
-            return Ok(Submitted::done(self.forward(batch)?));
-        };
-        let q = self.run(batch, &feeds)?;
-        Ok(self.queue.push(q))
-    }
-
-    fn collect(&mut self, step: Submitted) -> Result<ForwardOutput, EngineError> {
-        self.queue.collect(&self.backend, step)
-    }
-
-    fn queues_steps(&self) -> bool {
-        self.backend.queues_steps()
-    }
-
-    fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), EngineError> {
-        Ok(self.backend.copy_block(&mut self.kv_cache, src, dst)?)
-    }
-
     fn reset_state_slot(&mut self, slot: u32) -> Result<(), EngineError> {
         Ok(self.backend.reset_state_slot(&mut self.states, slot)?)
     }
@@ -108,12 +66,7 @@ impl<B: HybridBackend> Qwen3_5<B> {
         batch: &ForwardBatch,
         feeds: &[(u32, u32)],
     ) -> Result<QueuedStep<B>, EngineError> {
-        let input = batch.step_input(
-            self.geometry.block_size,
-            self.geometry.num_blocks,
-            self.config.vocab_size,
-            self.config.max_position_embeddings,
-        )?;
+        let input = runner_step_input(batch, &self.geometry, &self.config)?;
         if input.num_tokens() == 0 {
             return Ok(QueuedStep::empty());
         }
@@ -133,24 +86,13 @@ impl<B: HybridBackend> Qwen3_5<B> {
             weights,
             kv_cache,
             states,
-            workspace,
-            step,
-            graphs,
-            reserve,
-            queue,
+            steps,
             ..
         } = self;
         let (backend, config, weights) = (&*backend, &*config, &*weights);
-        let parts = Submission {
-            backend,
-            workspace,
-            step,
-            graphs: graphs.as_mut(),
-            reserve: *reserve,
-            queue,
-        };
         submit_step(
-            parts,
+            backend,
+            steps,
             batch,
             &input,
             feeds,

@@ -15,7 +15,7 @@
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::{dev_err, mixed, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
+use super::{dev_err, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::cuda::device::CudaError;
 use crate::backend::BackendError;
 use crate::tensor::gguf_tiles::{GgufFormat, GgufTiles, TILE_N};
@@ -212,27 +212,17 @@ impl CudaBackend {
         out: &mut CudaBuffer,
         kernel: GgufKernel,
     ) -> Result<(), BackendError> {
-        super::check_len("matmul input", x.len, rows * w.k)?;
-        super::check_len("matmul output", out.len, rows * w.n)?;
-        if x.dtype != self.dtype {
-            return Err(mixed("matmul input", x.dtype, self.dtype));
-        }
-        if out.dtype != self.dtype {
-            return Err(mixed("matmul output", out.dtype, self.dtype));
-        }
         let Some(parts) = &w.gguf else {
             return Err(BackendError::InvalidArgument(
                 "matmul_gguf_with: not a GGUF weight kept quantized".into(),
             ));
         };
-        if rows == 0 {
-            return Ok(());
-        }
-        let (xp, _x) = x.data.device_ptr(&self.stream);
-        let (op, _o) = out.data.device_ptr(&self.stream);
-        // SAFETY: x and out hold rows × k and rows × n compute-dtype elements (checked above) and
-        // stay alive (guards) for the call.
-        unsafe { self.gguf_matmul(w, parts, rows, xp, op, false, kernel) }
+        let what = ["matmul input", "matmul output"];
+        self.with_matmul_ptrs(what, x, rows, w, out, |xp, op| {
+            // SAFETY: x and out hold rows × k and rows × n compute-dtype elements (checked by
+            // with_matmul_ptrs) and stay alive (guards) for the call.
+            unsafe { self.gguf_matmul(w, parts, rows, xp, op, false, kernel) }
+        })
     }
 
     /// Launch the GGUF matmul.

@@ -21,6 +21,28 @@ impl CudaBackend {
         w: &CudaWeight,
         out: &mut CudaBuffer,
     ) -> Result<(), BackendError> {
+        self.with_matmul_ptrs(what, x, rows, w, out, |xp, op| {
+            // SAFETY: w, x and out are live device allocations holding n × k, rows × k and
+            // rows × n elements of the compute dtype (checked by with_matmul_ptrs), in use on
+            // this stream for the call.
+            unsafe { self.gemm_xwt(w, rows, xp, op, self.dtype.cuda_type()) }
+        })
+    }
+
+    /// The checks of a product `out[rows, w.n] = x[rows, w.k] · wᵀ` in the compute dtype (both
+    /// buffers' lengths, then their dtypes; `what`: the names the errors give x and out), then
+    /// `launch(xp, op)` with their device pointers, held (sync guards) for the call; nothing
+    /// runs for 0 rows. Shared by [`CudaBackend::matmul_checked`] and the `matmul_*_with` hooks
+    /// that pick the kernel.
+    pub(super) fn with_matmul_ptrs(
+        &self,
+        what: [&str; 2],
+        x: &CudaBuffer,
+        rows: usize,
+        w: &CudaWeight,
+        out: &mut CudaBuffer,
+        launch: impl FnOnce(u64, u64) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
         check_len(what[0], x.len, rows * w.k)?;
         check_len(what[1], out.len, rows * w.n)?;
         self.expect_compute(what[0], x)?;
@@ -30,10 +52,7 @@ impl CudaBackend {
         }
         let (xp, _x_sync) = x.data.device_ptr(&self.stream);
         let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
-        // SAFETY: w, x and out are live device allocations holding n × k, rows × k and rows × n
-        // elements of the compute dtype (checked above); the sync guards keep them in use on
-        // this stream for the call.
-        unsafe { self.gemm_xwt(w, rows, xp, op, self.dtype.cuda_type()) }
+        launch(xp, op)
     }
 
     /// Row-major `out[rows, w.n] = x[rows, w.k] · wᵀ` with cuBLAS, f32 accumulation (pedantic

@@ -37,40 +37,28 @@ impl CudaBackend {
         self.expect_compute("rms_norm_1p weight", weight)?;
         let g = &self.k.gdn;
         match residual {
-            None => {
-                let kernel = self.for_dtype(
-                    "rms_norm_1p input",
-                    x.dtype,
-                    &g.rms_norm_1p,
-                    g.rms_norm_1p_xf32.as_ref(),
-                )?;
-                self.launch_rms_norm(
-                    kernel,
-                    &x.data,
-                    None,
-                    &weight.data,
-                    &mut out.data,
-                    rows,
-                    dim,
-                    eps,
-                    self.pdl_packed(),
-                )
-            }
+            None => self.launch_rms_norm(
+                (&g.rms_norm_1p, g.rms_norm_1p_xf32.as_ref()),
+                "rms_norm_1p input",
+                x,
+                None,
+                weight,
+                out,
+                rows,
+                dim,
+                eps,
+                self.pdl_packed(),
+            ),
             Some(r) => {
                 check_len("add_rms_norm_1p residual", r.len, rows * dim)?;
                 self.expect_compute("add_rms_norm_1p delta", x)?;
-                let kernel = self.for_dtype(
-                    "add_rms_norm_1p residual",
-                    r.dtype,
-                    &g.rms_norm_1p,
-                    g.rms_norm_1p_rf32.as_ref(),
-                )?;
                 self.launch_rms_norm(
-                    kernel,
-                    &x.data,
-                    Some(&mut r.data),
-                    &weight.data,
-                    &mut out.data,
+                    (&g.rms_norm_1p, g.rms_norm_1p_rf32.as_ref()),
+                    "add_rms_norm_1p residual",
+                    x,
+                    Some(r),
+                    weight,
+                    out,
                     rows,
                     dim,
                     eps,

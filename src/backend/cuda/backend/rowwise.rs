@@ -97,18 +97,14 @@ pub(super) fn rms_norm(
     check_len("rms_norm output", out.len, rows * dim)?;
     check_len("rms_norm weight", weight.len, dim)?;
     be.expect_compute("rms_norm output", out)?;
-    let kernel = be.for_dtype(
-        "rms_norm input",
-        x.dtype,
-        &be.k.rms_norm,
-        be.k.rms_norm_xf32.as_ref(),
-    )?;
+    let kernels = (&be.k.rms_norm, be.k.rms_norm_xf32.as_ref());
     be.launch_rms_norm(
-        kernel,
-        &x.data,
+        kernels,
+        "rms_norm input",
+        x,
         None,
-        &weight.data,
-        &mut out.data,
+        weight,
+        out,
         rows,
         dim,
         eps,
@@ -132,18 +128,14 @@ pub(super) fn add_rms_norm(
     check_len("add_rms_norm output", out.len, rows * dim)?;
     be.expect_compute("add_rms_norm delta", delta)?;
     be.expect_compute("add_rms_norm output", out)?;
-    let kernel = be.for_dtype(
-        "add_rms_norm residual",
-        residual.dtype,
-        &be.k.rms_norm,
-        be.k.rms_norm_rf32.as_ref(),
-    )?;
+    let kernels = (&be.k.rms_norm, be.k.rms_norm_rf32.as_ref());
     be.launch_rms_norm(
-        kernel,
-        &delta.data,
-        Some(&mut residual.data),
-        &weight.data,
-        &mut out.data,
+        kernels,
+        "add_rms_norm residual",
+        delta,
+        Some(residual),
+        weight,
+        out,
         rows,
         dim,
         eps,
@@ -292,32 +284,41 @@ impl CudaBackend {
 
     /// Launch an RMSNorm kernel of `kernels/rms_norm.cu` (`rms_norm_*`) or `kernels/gdn.cu`
     /// (`rms_norm_1p_*`, the `(1 + w)` form: `norm_1p`): one block per row, `residual` None =
-    /// the unfused form (a null pointer). Both take (x, residual, weight, out, dim, eps). `pdl`:
-    /// with the programmatic-dependent-launch attribute (only for a kernel that waits first).
+    /// the unfused form (a null pointer). Both take (x, residual, weight, out, dim, eps).
+    /// `kernels`: the family's compute-dtype kernel and its f32 twin (f32 `x`, or f32 `residual`
+    /// when there is one), picked by that buffer's dtype ([`CudaBackend::for_dtype`], `what`
+    /// naming it in the error). `pdl`: with the programmatic-dependent-launch attribute (only
+    /// for a kernel that waits first). The callers check the lengths.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_rms_norm(
         &self,
-        f: &CudaFunction,
-        x: &CudaSlice<u8>,
-        residual: Option<&mut CudaSlice<u8>>,
-        weight: &CudaSlice<u8>,
-        out: &mut CudaSlice<u8>,
+        kernels: (&CudaFunction, Option<&CudaFunction>),
+        what: &str,
+        x: &CudaBuffer,
+        residual: Option<&mut CudaBuffer>,
+        weight: &CudaBuffer,
+        out: &mut CudaBuffer,
         rows: usize,
         dim: usize,
         eps: f32,
         pdl: bool,
     ) -> Result<(), BackendError> {
+        let dtype = residual.as_ref().map_or(x.dtype, |r| r.dtype);
+        let f = self.for_dtype(what, dtype, kernels.0, kernels.1)?;
         if rows == 0 {
             return Ok(());
         }
         let st = &self.stream;
         let mut b = KernelArgs::new();
-        b.buf(x, st);
+        b.buf(&x.data, st);
         match residual {
-            Some(r) => b.buf(&*r, st),
+            Some(r) => b.buf(&r.data, st),
             None => b.ptr(0),
         };
-        b.buf(weight, st).buf(&*out, st).i32(dim as i32).f32(eps);
+        b.buf(&weight.data, st)
+            .buf(&out.data, st)
+            .i32(dim as i32)
+            .f32(eps);
         let threads = if dim >= 1024 {
             1024
         } else {
