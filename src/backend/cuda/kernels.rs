@@ -74,11 +74,13 @@ pub enum KernelModule {
     AttentionDecodeMma,
     /// The sm_90+ 9–16-row cluster GEMV on 4-bit weights; after `w4a16.cu`'s helpers.
     W4a16Xs,
+    /// The 1–8-row GEMV on 4-bit weights and its builds; after `w4a16.cu`'s helpers.
+    W4a16Gemv,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 20] = [
+    pub const ALL: [KernelModule; 21] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -99,6 +101,7 @@ impl KernelModule {
         KernelModule::W4a16Bulk,
         KernelModule::AttentionDecodeMma,
         KernelModule::W4a16Xs,
+        KernelModule::W4a16Gemv,
     ];
 
     /// File name under `kernels/`.
@@ -125,6 +128,7 @@ impl KernelModule {
 
             KernelModule::AttentionDecodeMma => "attention_decode_mma.cu",
             KernelModule::W4a16Xs => "w4a16_xs.cu",
+            KernelModule::W4a16Gemv => "w4a16_gemv.cu",
         }
     }
 
@@ -156,6 +160,7 @@ impl KernelModule {
                 include_str!("../../../kernels/attention_decode_mma.cu")
             }
             KernelModule::W4a16Xs => include_str!("../../../kernels/w4a16_xs.cu"),
+            KernelModule::W4a16Gemv => include_str!("../../../kernels/w4a16_gemv.cu"),
         }
     }
 
@@ -171,6 +176,7 @@ impl KernelModule {
             self,
             KernelModule::W4a16Bulk
                 | KernelModule::W4a16Xs
+                | KernelModule::W4a16Gemv
                 | KernelModule::W4a16Gemm
                 | KernelModule::W4a16Wgmma
         ) {
@@ -404,7 +410,6 @@ impl KernelModule {
                 // Tensor-core kernels for the 16-bit dtypes, the FMA path for all three.
                 KernelModule::W4a16 => {
                     if t != "f32" {
-                        names.push(format!("w4_gemv_{t}"));
                         names.push(format!("w4_gemv32_{t}"));
                         names.push(format!("w4_gemvx1_{t}"));
                         names.push(format!("w4_gemvx2_{t}"));
@@ -476,6 +481,10 @@ impl KernelModule {
                 }
                 KernelModule::W4a16Xs if t != "f32" => names.extend(w4_xc_names(t)),
                 KernelModule::W4a16Xs => {}
+                KernelModule::W4a16Gemv if t != "f32" => {
+                    names.extend(super::backend::w4_gemv_names(t))
+                }
+                KernelModule::W4a16Gemv => {}
                 KernelModule::GgufMm => {
                     for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {
@@ -624,7 +633,11 @@ mod tests {
 
     #[test]
     fn the_w4_gemms_get_w4a16_helpers_without_its_entry_points() {
-        for m in [KernelModule::W4a16Gemm, KernelModule::W4a16Wgmma] {
+        for m in [
+            KernelModule::W4a16Gemm,
+            KernelModule::W4a16Wgmma,
+            KernelModule::W4a16Gemv,
+        ] {
             let full = m.full_source();
             for helper in [
                 "struct W4Dec",

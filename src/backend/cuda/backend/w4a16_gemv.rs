@@ -1,0 +1,130 @@
+//! The 1–8-row W4A16 GEMV on the fast layouts (`kernels/w4a16_gemv.cu` `w4_gemv{V}_{f16,bf16}`)
+//! and the choice among its builds. Every build has the same numerics (the same fragments, k
+//! order and slice sum: bit-identical outputs) and the same launch (grid (Np / 16, ceil(rows /
+//! 8)), 32 × ks threads, the parameters of `W4V_ARGS`); they differ in how the weights are
+//! fetched: the L2 evict-first policy (`h`), an L2 prefetch PF k blocks ahead (`pPF`), the
+//! register ring depth and blocks per SM (`dDbB`), a cp.async ring of A stages per warp in shared
+//! memory instead of registers (`aA`, int4 with groups of >= 128 columns). `rd` / `hrd` are the read ceiling (the same
+//! loads without the decode: not a product, for benchmarks only).
+//!
+//! Switch, read when the backend is created ([`GemvFast::resolve`]); tests and benchmarks change
+//! it in one process with [`CudaBackend::set_w4_gemv`]: `KILN_W4_GEMV` = one name of
+//! [`W4_GEMV_VARIANTS`] (`base` for the plain build), unset: [`DEFAULT_VARIANT`].
+
+use std::collections::HashMap;
+
+use cudarc::driver::CudaFunction;
+
+use super::CudaBackend;
+use crate::backend::BackendError;
+
+/// The builds of `kernels/w4a16_gemv.cu` (`W4V_ENTRIES`, same order): entry `w4_gemv{V}_{t}`
+/// for suffix V; "" is the plain build (depth 1, 5 blocks per SM, plain loads).
+pub const W4_GEMV_VARIANTS: [&str; 13] = [
+    "", "h", "p2", "hp2", "hp4", "d3b3", "hd3b3", "hd2b4", "rd", "hrd", "a3", "a4", "ha4",
+];
+
+/// The build when `KILN_W4_GEMV` is unset ("": the plain one).
+pub const DEFAULT_VARIANT: &str = "";
+
+/// The read-ceiling builds (no decode: their output is not the product).
+const READ_ONLY: [&str; 2] = ["rd", "hrd"];
+
+/// Entry points of the module for compute dtype suffix `t` (16-bit only), in
+/// [`W4_GEMV_VARIANTS`] order.
+pub(crate) fn w4_gemv_names(t: &str) -> Vec<String> {
+    W4_GEMV_VARIANTS
+        .iter()
+        .map(|v| format!("w4_gemv{v}_{t}"))
+        .collect()
+}
+
+/// The index of a variant name (`base` or "" for the plain build).
+fn variant_index(name: &str) -> Option<usize> {
+    let v = name.trim().to_ascii_lowercase();
+    let v = if v == "base" { String::new() } else { v };
+    W4_GEMV_VARIANTS.iter().position(|&n| n == v)
+}
+
+/// The resolved builds and the one that runs.
+#[derive(Debug, Clone)]
+pub(crate) struct GemvFast {
+    f: Vec<CudaFunction>,
+    pick: usize,
+}
+
+impl GemvFast {
+    /// The builds for suffix `t` where the module was loaded (`None` for f32), with the pick of
+    /// `KILN_W4_GEMV`.
+    pub(crate) fn resolve(
+        all: &HashMap<String, CudaFunction>,
+        t: &str,
+    ) -> Result<Option<GemvFast>, BackendError> {
+        let f: Vec<_> = w4_gemv_names(t)
+            .iter()
+            .filter_map(|n| all.get(n).cloned())
+            .collect();
+        if f.is_empty() {
+            return Ok(None);
+        }
+        if f.len() != W4_GEMV_VARIANTS.len() {
+            return Err(BackendError::Unsupported(format!(
+                "w4a16_gemv.cu: {} of {} builds loaded for {t}",
+                f.len(),
+                W4_GEMV_VARIANTS.len()
+            )));
+        }
+        let name = std::env::var("KILN_W4_GEMV").unwrap_or_else(|_| DEFAULT_VARIANT.into());
+        let pick = variant_index(&name).ok_or_else(|| {
+            BackendError::InvalidArgument(format!(
+                "KILN_W4_GEMV={name:?}: expected base or one of {W4_GEMV_VARIANTS:?}"
+            ))
+        })?;
+        Ok(Some(GemvFast { f, pick }))
+    }
+
+    /// The build that runs.
+    pub(crate) fn function(&self) -> &CudaFunction {
+        &self.f[self.pick]
+    }
+}
+
+impl CudaBackend {
+    /// Run build `name` of [`W4_GEMV_VARIANTS`] (`base` or "": the plain one) for the 1–8-row
+    /// GEMV from now on; false (nothing changed) where the module is not loaded or the name is
+    /// unknown. `rd` / `hrd` (the read ceiling) give no product: benchmarks only.
+    pub fn set_w4_gemv(&mut self, name: &str) -> bool {
+        match (self.k.w4_gemv.as_mut(), variant_index(name)) {
+            (Some(g), Some(i)) => {
+                g.pick = i;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether build `name` is a read ceiling (its output is not the product).
+    pub fn w4_gemv_is_read_only(name: &str) -> bool {
+        READ_ONLY.contains(&name.trim())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_variant_list_and_base_is_the_plain_build() {
+        let n = w4_gemv_names("bf16");
+        assert_eq!(n[0], "w4_gemv_bf16");
+        assert_eq!(n[1], "w4_gemvh_bf16");
+        assert_eq!(n.len(), W4_GEMV_VARIANTS.len());
+        assert_eq!(variant_index("base"), Some(0));
+        assert_eq!(variant_index(" HP2 "), Some(3));
+        assert_eq!(variant_index("nope"), None);
+        let src = crate::backend::cuda::kernels::KernelModule::W4a16Gemv.source();
+        for v in W4_GEMV_VARIANTS {
+            assert!(src.contains(&format!("w4_gemv{v}_##SUF")), "{v}");
+        }
+    }
+}
