@@ -311,8 +311,8 @@ __device__ __forceinline__ unsigned w4_sz_at(const unsigned short* __restrict__ 
 // RG = 4 (9..32 rows of the generic layouts, `w4_gemv32_*`): the weights are read and decoded
 // once for 8 RG rows.
 // Each warp keeps D k blocks of its tiles' weights and (scale, zero) words in flight in a
-// register ring (D = 2; the fast layouts run `w4_gemv_fast` and `w4_gemv_xs` below, which are
-// this kernel with less bookkeeping); x is read through the L1 (every warp of the
+// register ring (D = 2; the fast layouts run `w4_gemv_fast` of w4a16_gemv.cu and `w4_gemv_xs`
+// below, this kernel with less bookkeeping); x is read through the L1 (every warp of the
 // grid reads the same rows). Row groups past m (nrg of RG present, uniform per block) are
 // skipped.
 // FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads

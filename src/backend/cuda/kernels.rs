@@ -74,8 +74,7 @@ pub enum KernelModule {
     AttentionDecodeMma,
     /// The sm_90+ 9–16-row cluster GEMV on 4-bit weights; after `w4a16.cu`'s helpers.
     W4a16Xs,
-    /// The 1–8-row GEMV on 4-bit weights and its builds; after `w4a16.cu`'s helpers.
-    W4a16Gemv,
+    W4a16Gemv, // the 1–8-row GEMV on 4-bit weights and its builds; after w4a16.cu's helpers
 }
 
 impl KernelModule {
@@ -410,10 +409,8 @@ impl KernelModule {
                 // Tensor-core kernels for the 16-bit dtypes, the FMA path for all three.
                 KernelModule::W4a16 => {
                     if t != "f32" {
-                        names.push(format!("w4_gemv32_{t}"));
-                        names.push(format!("w4_gemvx1_{t}"));
-                        names.push(format!("w4_gemvx2_{t}"));
-                        names.push(format!("w4_gemm_{t}"));
+                        let f = ["w4_gemv32", "w4_gemvx1", "w4_gemvx2", "w4_gemm"];
+                        names.extend(f.map(|f| format!("{f}_{t}")));
                     }
                     names.push(format!("w4_fma_{t}"));
                 }
@@ -481,10 +478,7 @@ impl KernelModule {
                 }
                 KernelModule::W4a16Xs if t != "f32" => names.extend(w4_xc_names(t)),
                 KernelModule::W4a16Xs => {}
-                KernelModule::W4a16Gemv if t != "f32" => {
-                    names.extend(super::backend::w4_gemv_names(t))
-                }
-                KernelModule::W4a16Gemv => {}
+                KernelModule::W4a16Gemv => names.extend(super::backend::w4_gemv_names(t)),
                 KernelModule::GgufMm => {
                     for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {
@@ -633,11 +627,7 @@ mod tests {
 
     #[test]
     fn the_w4_gemms_get_w4a16_helpers_without_its_entry_points() {
-        for m in [
-            KernelModule::W4a16Gemm,
-            KernelModule::W4a16Wgmma,
-            KernelModule::W4a16Gemv,
-        ] {
+        for m in [KernelModule::W4a16Gemm, KernelModule::W4a16Wgmma] {
             let full = m.full_source();
             for helper in [
                 "struct W4Dec",

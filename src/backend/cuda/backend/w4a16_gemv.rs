@@ -30,9 +30,12 @@ pub const DEFAULT_VARIANT: &str = "";
 /// The read-ceiling builds (no decode: their output is not the product).
 const READ_ONLY: [&str; 2] = ["rd", "hrd"];
 
-/// Entry points of the module for compute dtype suffix `t` (16-bit only), in
-/// [`W4_GEMV_VARIANTS`] order.
+/// Entry points of the module for compute dtype suffix `t`, in [`W4_GEMV_VARIANTS`] order (none
+/// for f32: tensor cores only).
 pub(crate) fn w4_gemv_names(t: &str) -> Vec<String> {
+    if t == "f32" {
+        return Vec::new();
+    }
     W4_GEMV_VARIANTS
         .iter()
         .map(|v| format!("w4_gemv{v}_{t}"))
@@ -122,9 +125,19 @@ mod tests {
         assert_eq!(variant_index("base"), Some(0));
         assert_eq!(variant_index(" HP2 "), Some(3));
         assert_eq!(variant_index("nope"), None);
-        let src = crate::backend::cuda::kernels::KernelModule::W4a16Gemv.source();
+        assert!(w4_gemv_names("f32").is_empty());
+        let m = crate::backend::cuda::kernels::KernelModule::W4a16Gemv;
+        let src = m.source();
         for v in W4_GEMV_VARIANTS {
             assert!(src.contains(&format!("w4_gemv{v}_##SUF")), "{v}");
         }
+        // Compiled after w4a16.cu's helpers (one copy), not its entry points.
+        let full = m.full_source();
+        assert!(
+            full.contains("struct W4Dec")
+                && full.contains("__device__ __forceinline__ unsigned w4_szf")
+        );
+        assert!(!full.contains("W4_TC_ENTRIES(bf16") && !src.contains("struct W4Dec"));
+        assert!(full.ends_with(src));
     }
 }
