@@ -255,7 +255,9 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
 __device__ __forceinline__ void w4v_cp16(unsigned dst, const void* src, unsigned long long pol, bool hint) {
 #if W4V_HINTS
     if (hint) {
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(pol));
+        // src-size (16) before the policy: without it the policy register is read as the src-size
+        // (an illegal instruction on the H200, run 1).
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;" ::"r"(dst), "l"(src), "l"(pol));
     } else {
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
     }
@@ -393,8 +395,9 @@ __device__ __forceinline__ void w4_gemv_cpa(const T* x, int m, int k, const uint
         else if (zeros) w4_gemv_fast<T, 1, false, true, D, POL, PF, READ>(W4V_PASS);             \
         else w4_gemv_fast<T, 1, false, false, D, POL, PF, READ>(W4V_PASS);                      \
     }
-// A shared-memory ring build (A stages per warp, ks <= 8 warps): int4 with groups of >= 128
-// columns, anything else through the plain build's code.
+// A shared-memory ring build (A stages per warp, ks <= 8 warps: 8 A 1088 + 4096 bytes of static
+// shared memory, under the 48 KB static limit to A = 5; 5 blocks per SM to A = 4, 4 at A = 5):
+// int4 with groups of >= 128 columns, anything else through the plain build's code.
 #define W4V_CPA_ENTRY(NAME, T, A, POL)                                                           \
     extern "C" __global__ void __launch_bounds__(256, 5) NAME(W4V_ARGS(T)) {                     \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
@@ -422,6 +425,7 @@ __device__ __forceinline__ void w4_gemv_cpa(const T* x, int m, int k, const uint
     W4V_ENTRY(w4_gemvhrd_##SUF, T, 5, 1, 1, 0, true)                                             \
     W4V_CPA_ENTRY(w4_gemva3_##SUF, T, 3, 0)                                                      \
     W4V_CPA_ENTRY(w4_gemva4_##SUF, T, 4, 0)                                                      \
-    W4V_CPA_ENTRY(w4_gemvha4_##SUF, T, 4, 1)
+    W4V_CPA_ENTRY(w4_gemvha4_##SUF, T, 4, 1)                                                     \
+    W4V_CPA_ENTRY(w4_gemvha5_##SUF, T, 5, 1)
 W4V_ENTRIES(f16, __half)
 W4V_ENTRIES(bf16, bf16_t)

@@ -436,7 +436,7 @@ impl CudaBackend {
         };
         let f = match kernel {
             W4Kernel::Gemv => match gemv_rows {
-                GEMV8_ROWS => self.k.w4_gemv.as_ref().map(GemvFast::function),
+                GEMV8_ROWS => self.w4_gemv_function(parts.n_pad),
                 _ => self.k.w4_gemv32.as_ref(),
             }
             .filter(|_| self.w4_tensor_cores()),

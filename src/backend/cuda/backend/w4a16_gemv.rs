@@ -9,23 +9,30 @@
 //!
 //! Switch, read when the backend is created ([`GemvFast::resolve`]); tests and benchmarks change
 //! it in one process with [`CudaBackend::set_w4_gemv`]: `KILN_W4_GEMV` = one name of
-//! [`W4_GEMV_VARIANTS`] (`base` for the plain build), unset: [`DEFAULT_VARIANT`].
+//! [`W4_GEMV_VARIANTS`] (`base` for the plain build) for every launch, or `MANY/FEW`: build MANY
+//! for grids of more than [`FEW_MAX_BLOCKS_PER_SM`] blocks per SM, FEW for the others (under one
+//! wave: few warps in flight); unset: [`DEFAULT_VARIANT`].
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use cudarc::driver::CudaFunction;
 
 use super::CudaBackend;
 use crate::backend::BackendError;
+use crate::tensor::packed_tiles::TILE_N;
 
 /// The builds of `kernels/w4a16_gemv.cu` (`W4V_ENTRIES`, same order): entry `w4_gemv{V}_{t}`
 /// for suffix V; "" is the plain build (depth 1, 5 blocks per SM, plain loads).
-pub const W4_GEMV_VARIANTS: [&str; 13] = [
-    "", "h", "p2", "hp2", "hp4", "d3b3", "hd3b3", "hd2b4", "rd", "hrd", "a3", "a4", "ha4",
+pub const W4_GEMV_VARIANTS: [&str; 14] = [
+    "", "h", "p2", "hp2", "hp4", "d3b3", "hd3b3", "hd2b4", "rd", "hrd", "a3", "a4", "ha4", "ha5",
 ];
 
-/// The build when `KILN_W4_GEMV` is unset ("": the plain one).
+/// The build(s) when `KILN_W4_GEMV` is unset ("": the plain one).
 pub const DEFAULT_VARIANT: &str = "";
+
+/// Grids of at most this many blocks per SM run the FEW build of `KILN_W4_GEMV=MANY/FEW`.
+pub const FEW_MAX_BLOCKS_PER_SM: usize = 3;
 
 /// The read-ceiling builds (no decode: their output is not the product).
 const READ_ONLY: [&str; 2] = ["rd", "hrd"];
@@ -49,11 +56,22 @@ fn variant_index(name: &str) -> Option<usize> {
     W4_GEMV_VARIANTS.iter().position(|&n| n == v)
 }
 
-/// The resolved builds and the one that runs.
+/// The (MANY, FEW) builds of a `KILN_W4_GEMV` value: `NAME` (both) or `MANY/FEW`.
+fn parse_pick(v: &str) -> Option<(usize, usize)> {
+    match v.split_once('/') {
+        Some((a, b)) => Some((variant_index(a)?, variant_index(b)?)),
+        None => variant_index(v).map(|i| (i, i)),
+    }
+}
+
+/// The resolved builds and the ones that run.
 #[derive(Debug, Clone)]
 pub(crate) struct GemvFast {
     f: Vec<CudaFunction>,
-    pick: usize,
+    /// (build for grids of many blocks, build for grids of at most FEW_MAX_BLOCKS_PER_SM per SM).
+    pick: (usize, usize),
+    /// The GPU's SM count (read at the first launch that needs it).
+    sms: OnceLock<usize>,
 }
 
 impl GemvFast {
@@ -78,17 +96,13 @@ impl GemvFast {
             )));
         }
         let name = std::env::var("KILN_W4_GEMV").unwrap_or_else(|_| DEFAULT_VARIANT.into());
-        let pick = variant_index(&name).ok_or_else(|| {
+        let pick = parse_pick(&name).ok_or_else(|| {
             BackendError::InvalidArgument(format!(
-                "KILN_W4_GEMV={name:?}: expected base or one of {W4_GEMV_VARIANTS:?}"
+                "KILN_W4_GEMV={name:?}: expected NAME or MANY/FEW, names base or {W4_GEMV_VARIANTS:?}"
             ))
         })?;
-        Ok(Some(GemvFast { f, pick }))
-    }
-
-    /// The build that runs.
-    pub(crate) fn function(&self) -> &CudaFunction {
-        &self.f[self.pick]
+        let sms = OnceLock::new();
+        Ok(Some(GemvFast { f, pick, sms }))
     }
 }
 
@@ -97,13 +111,28 @@ impl CudaBackend {
     /// GEMV from now on; false (nothing changed) where the module is not loaded or the name is
     /// unknown. `rd` / `hrd` (the read ceiling) give no product: benchmarks only.
     pub fn set_w4_gemv(&mut self, name: &str) -> bool {
-        match (self.k.w4_gemv.as_mut(), variant_index(name)) {
-            (Some(g), Some(i)) => {
-                g.pick = i;
+        match (self.k.w4_gemv.as_mut(), parse_pick(name)) {
+            (Some(g), Some(p)) => {
+                g.pick = p;
                 true
             }
             _ => false,
         }
+    }
+
+    /// The build a 1–8-row step on a weight of `n_pad` outputs runs (grid Np / 16 blocks).
+    pub(super) fn w4_gemv_function(&self, n_pad: usize) -> Option<&CudaFunction> {
+        let g = self.k.w4_gemv.as_ref()?;
+        if g.pick.0 == g.pick.1 {
+            return Some(&g.f[g.pick.0]);
+        }
+        let sms = *g.sms.get_or_init(|| {
+            let a =
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+            self.ctx.attribute(a).map_or(1, |v| v.max(1) as usize)
+        });
+        let few = n_pad / (2 * TILE_N) <= FEW_MAX_BLOCKS_PER_SM * sms;
+        Some(&g.f[if few { g.pick.1 } else { g.pick.0 }])
     }
 
     /// Whether build `name` is a read ceiling (its output is not the product).
@@ -125,6 +154,9 @@ mod tests {
         assert_eq!(variant_index("base"), Some(0));
         assert_eq!(variant_index(" HP2 "), Some(3));
         assert_eq!(variant_index("nope"), None);
+        assert_eq!(parse_pick("h/ha4"), Some((1, 12)));
+        assert_eq!(parse_pick("base"), Some((0, 0)));
+        assert_eq!(parse_pick("h/x"), None);
         assert!(w4_gemv_names("f32").is_empty());
         let m = crate::backend::cuda::kernels::KernelModule::W4a16Gemv;
         let src = m.source();
