@@ -397,7 +397,9 @@ __device__ __forceinline__ void w4_gemv_cpa(const T* x, int m, int k, const uint
     }
 // A shared-memory ring build (A stages per warp, ks <= 8 warps: 8 A 1088 + 4096 bytes of static
 // shared memory, under the 48 KB static limit to A = 5; 5 blocks per SM to A = 4, 4 at A = 5):
-// int4 with groups of >= 128 columns, anything else through the plain build's code.
+// int4 with groups of >= 128 columns, anything else through the plain build's code. POL 1 (the
+// copies with the L2 evict-first policy) raised CUDA_ERROR_ILLEGAL_INSTRUCTION on the H200 with
+// either operand form of `cp.async...L2::cache_hint` (runs 1 and 2): no such build.
 #define W4V_CPA_ENTRY(NAME, T, A, POL)                                                           \
     extern "C" __global__ void __launch_bounds__(256, 5) NAME(W4V_ARGS(T)) {                     \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
@@ -425,7 +427,6 @@ __device__ __forceinline__ void w4_gemv_cpa(const T* x, int m, int k, const uint
     W4V_ENTRY(w4_gemvhrd_##SUF, T, 5, 1, 1, 0, true)                                             \
     W4V_CPA_ENTRY(w4_gemva3_##SUF, T, 3, 0)                                                      \
     W4V_CPA_ENTRY(w4_gemva4_##SUF, T, 4, 0)                                                      \
-    W4V_CPA_ENTRY(w4_gemvha4_##SUF, T, 4, 1)                                                     \
-    W4V_CPA_ENTRY(w4_gemvha5_##SUF, T, 5, 1)
+    W4V_CPA_ENTRY(w4_gemva5_##SUF, T, 5, 0)
 W4V_ENTRIES(f16, __half)
 W4V_ENTRIES(bf16, bf16_t)

@@ -24,8 +24,8 @@ use crate::tensor::packed_tiles::TILE_N;
 
 /// The builds of `kernels/w4a16_gemv.cu` (`W4V_ENTRIES`, same order): entry `w4_gemv{V}_{t}`
 /// for suffix V; "" is the plain build (depth 1, 5 blocks per SM, plain loads).
-pub const W4_GEMV_VARIANTS: [&str; 14] = [
-    "", "h", "p2", "hp2", "hp4", "d3b3", "hd3b3", "hd2b4", "rd", "hrd", "a3", "a4", "ha4", "ha5",
+pub const W4_GEMV_VARIANTS: [&str; 13] = [
+    "", "h", "p2", "hp2", "hp4", "d3b3", "hd3b3", "hd2b4", "rd", "hrd", "a3", "a4", "a5",
 ];
 
 /// The build(s) when `KILN_W4_GEMV` is unset ("": the plain one).
@@ -154,7 +154,7 @@ mod tests {
         assert_eq!(variant_index("base"), Some(0));
         assert_eq!(variant_index(" HP2 "), Some(3));
         assert_eq!(variant_index("nope"), None);
-        assert_eq!(parse_pick("h/ha4"), Some((1, 12)));
+        assert_eq!(parse_pick("h/a5"), Some((1, 12)));
         assert_eq!(parse_pick("base"), Some((0, 0)));
         assert_eq!(parse_pick("h/x"), None);
         assert!(w4_gemv_names("f32").is_empty());
