@@ -28,8 +28,12 @@ pub const W4_GEMV_VARIANTS: [&str; 13] = [
     "", "h", "p2", "hp2", "hp4", "d3b3", "hd3b3", "hd2b4", "rd", "hrd", "a3", "a4", "a5",
 ];
 
-/// The build(s) when `KILN_W4_GEMV` is unset ("": the plain one).
-pub const DEFAULT_VARIANT: &str = "";
+/// The build(s) when `KILN_W4_GEMV` is unset: `hp2` (weights loaded with the L2 evict-first
+/// policy, each warp's k block 2 ahead asked of the L2). On the H200 (docs/benchmarks.md, "the
+/// W4A16 GEMV's builds") it was the fastest or within 1% of it at 1 row on 17408×5120,
+/// 5120×17408, 10240×5120 and 5120×6144 with and without PDL (e.g. 5120×17408 with PDL 20.44 →
+/// 17.91 µs), never more than 1% slower than the plain build at 1–8 rows, and bit-identical.
+pub const DEFAULT_VARIANT: &str = "hp2";
 
 /// Grids of at most this many blocks per SM run the FEW build of `KILN_W4_GEMV=MANY/FEW`.
 pub const FEW_MAX_BLOCKS_PER_SM: usize = 3;
