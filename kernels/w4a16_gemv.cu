@@ -1,6 +1,7 @@
 // w4a16_gemv.cu: the W4A16 GEMV for steps of 1..8 rows on the fast layouts (`w4_gemv_{f16,bf16}`,
 // issue 10 item 7) and its measured variants (`w4_gemv{V}_{f16,bf16}`, the list of
-// src/backend/cuda/kernels.rs `W4_GEMV_VARIANTS`, picked by `KILN_W4_GEMV`).
+// src/backend/cuda/backend/w4a16_gemv.rs `W4_GEMV_VARIANTS`, picked by `KILN_W4_GEMV`; the default
+// is `w4_gemvhp2`: POL 1 and PF 2 below, measured fastest on the H200, docs/benchmarks.md).
 //
 // What NVRTC compiles: common.cuh, then kernels/w4a16.cu up to its entry points (the layout, the
 // decode helpers W4Dec / w4_decode_any / w4_szf / w4_store, the PDL helpers: the same code, not
@@ -413,7 +414,7 @@ __device__ __forceinline__ void w4_gemv_cpa(const T* x, int m, int k, const uint
         else w4_gemv_cpa<T, false, A, POL>(W4V_CPA_PASS);                                        \
     }
 #define W4V_CPA_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32, part, ring, trig
-// The entries of one dtype; the names and their order are kernels.rs `W4_GEMV_VARIANTS`.
+// The entries of one dtype; the names and their order are w4a16_gemv.rs `W4_GEMV_VARIANTS`.
 #define W4V_ENTRIES(SUF, T)                                                                      \
     W4V_ENTRY(w4_gemv_##SUF, T, W4_GEMV_BLOCKS, W4_GEMV_DEPTH, 0, 0, false)                      \
     W4V_ENTRY(w4_gemvh_##SUF, T, 5, 1, 1, 0, false)                                              \
