@@ -46,14 +46,6 @@
 #define W4_KB 128       // k per tile block
 #define W4_MAX_KS 8     // K slices at most
 #define W4_GEMV_NT 2    // n8 tiles per warp in the GEMV (16 outputs: one m16 A tile; must be 2)
-// The 8-row GEMV (`w4_gemv_fast` with RG = 1): 1 k block of weights in flight per warp (the
-// register ring's depth) at 5 resident blocks of 256 per SM (48 registers). On the H200 this was
-// the best of the measured (depth, blocks) pairs 1/5, 1/6, 2/4, 2/5, 3/3, 4/2, 6/2, 1/8 for
-// K = 5120 / 6144 and equal to the best (3/3) for K = 17408, and two slices per warp in blocks
-// of 4 warps was slower at 1 row (docs/benchmarks.md, "the fast W4A16 GEMV"). The generic
-// RG = 4 `w4_gemv` above keeps a 2-deep ring.
-#define W4_GEMV_DEPTH 1
-#define W4_GEMV_BLOCKS 5
 
 // PROGRAMMATIC DEPENDENT LAUNCH (sm_90+; no-ops below, and no-ops when the host launches without
 // the attribute: launch.rs, `CudaBackend::pdl`). The GEMV kernels (`w4_gemv_*`, `w4_gemv32_*`,
@@ -319,8 +311,8 @@ __device__ __forceinline__ unsigned w4_sz_at(const unsigned short* __restrict__ 
 // RG = 4 (9..32 rows of the generic layouts, `w4_gemv32_*`): the weights are read and decoded
 // once for 8 RG rows.
 // Each warp keeps D k blocks of its tiles' weights and (scale, zero) words in flight in a
-// register ring (D = 2; the fast layouts run `w4_gemv_fast` and `w4_gemv_xs` below, which are
-// this kernel with less bookkeeping); x is read through the L1 (every warp of the
+// register ring (D = 2; the fast layouts run `w4_gemv_fast` of w4a16_gemv.cu and `w4_gemv_xs`
+// below, this kernel with less bookkeeping); x is read through the L1 (every warp of the
 // grid reads the same rows). Row groups past m (nrg of RG present, uniform per block) are
 // skipped.
 // FASTX: k % 128 == 0 and no perm, so a lane's x words are whole aligned 128-bit loads
@@ -414,20 +406,8 @@ __device__ __forceinline__ void w4_gemv(const T* x, int m, int k, const uint4* _
     }
 }
 
-// The fast GEMV (`w4_gemv_*`, RG = 1: 1..8 rows; the host launches it only on layouts with
-// k % 128 == 0, no perm, and NVFP4 or groups of >= 32 columns, and only with m <= 8 RG, so every
-// row group of the block exists): the same fragments,
-// k order and slice sum as `w4_gemv` above, with the per-block overhead cut (issue 10: 224 warp
-// instructions per KB of weights, 38% of them address, guard and zero-point work, in the
-// profile of docs/benchmarks.md). The differences are in the bookkeeping only:
-// - ZP is a template flag: symmetric formats load no zero point and decode with the constant
-//   bias of 8; G16 (NVFP4, groups of 16 columns) is the only variant that reads a second
-//   (scale) word per k block.
-// - pointers are advanced per slot from bases fixed before the loop (k block j of the slice at
-//   base + j * stride), so a slot's loads are one address computation and immediate offsets;
-// - one uniform branch per k block (the slice length `per` is a runtime value), none per mma;
-// - D k blocks of weights and (scale[, zero]) words in flight per warp in a register ring.
-// The (scale, zero) word at element offset `off` of a lane's column (ZP false: the scale alone).
+// The fast GEMVs' (scale, zero) word (`kernels/w4a16_gemv.cu`, `w4_gemv_xs`, `w4a16_xs.cu`) at
+// element offset `off` of a lane's column (ZP false: the scale alone).
 // (Unsigned index arithmetic: one 32 x 32 -> 64-bit multiply-add per address, no sign extension.)
 template <bool ZP>
 __device__ __forceinline__ unsigned w4_szf(const unsigned short* __restrict__ sp,
@@ -436,144 +416,6 @@ __device__ __forceinline__ unsigned w4_szf(const unsigned short* __restrict__ sp
     return ZP ? sv | ((unsigned)__ldg(zp + off) << 16) : sv;
 }
 
-template <typename T, int RG, bool FP4, bool ZP, int D>
-__device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uint4* __restrict__ qw,
-                                             const T* scales, const unsigned char* zeros,
-                                             int kblocks, int ks, int gshift, int gstore, int n,
-                                             void* out, int out_f32, float* part, int trig) {
-    constexpr bool G16 = FP4;
-    if (trig == 0) w4_pdl_launch_dependents();
-    const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int nt0 = blockIdx.x * 2;
-    const int r0 = blockIdx.y * 8 * RG;
-    // Warp s runs slices s * S .. s * S + S - 1 one after another, its k blocks contiguous
-    // (S = ks / warps per block: the host launches one warp per slice, S = 1; blocks of fewer
-    // warps, S = 2, were measured and were slower at 1 row).
-    const int nw = blockDim.x >> 5, S = ks / nw;
-    const int per = kblocks / ks, kb0 = s * S * per, nkb = S * per;
-    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
-    // Lane x words of row group rg from the slice's first k block (rows past m read row m - 1:
-    // a row of x reaches only its own output column, which is not stored).
-    const uint4* xp[RG];
-#pragma unroll
-    for (int rg = 0; rg < RG; ++rg)
-        xp[rg] = reinterpret_cast<const uint4*>(xs + (size_t)min(r0 + 8 * rg + g, m - 1) * k + 32 * t) +
-                 (size_t)kb0 * 16;
-    const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
-    const uint4* wp1 = wp0 + (size_t)kblocks * 32;
-    // Tile 0's (scale, zero) column; tile 1's is `sstride` elements on (32-bit offsets from one
-    // base per array: fewer live 64-bit pointers under the 8-row build's 48-register cap).
-    const unsigned sstride = (unsigned)gstore * 8u;
-    const size_t sbase = (size_t)nt0 * sstride + g;
-    const unsigned short* sp0 = reinterpret_cast<const unsigned short*>(scales) + sbase;
-    const unsigned char* zp0 = ZP ? zeros + sbase : nullptr;
-    // Opaque to the optimiser, so that it keeps the two pointers instead of re-deriving them
-    // from the kernel parameters in 64-bit arithmetic at every load.
-    asm("" : "+l"(sp0));
-    asm("" : "+l"(zp0));
-    // 16-column chunk index of the lane's chunks 0..1 in k block kb0 (>> gshift: its group).
-    const unsigned gbase = (unsigned)(kb0 * 8 + 2 * t);
-    float acc[RG][4];
-#pragma unroll
-    for (int h = 0; h < RG; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
-    uint4 wr[D][2];
-    unsigned sz[D][2], szh[D][2];
-    // Slot d's loads for k block `j` of the slice; `wq0` / `wq1` point at the ring's current
-    // first k block (jb) and `o` = j - jb is a compile-time offset in the loop below, so the
-    // weight loads are immediate offsets from pointers bumped once per D k blocks.
-    // `gq` is the chunk index of k block jb (gbase + 8 jb).
-    auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o) {
-        wr[d][0] = __ldg(wq0 + o * 32);
-        wr[d][1] = __ldg(wq1 + o * 32);
-        const unsigned glo = (gq + 8u * o) >> gshift;
-        sz[d][0] = w4_szf<ZP>(sp0, zp0, glo * 8u);
-        sz[d][1] = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
-        if (G16) {
-            const unsigned ghi = (gq + 8u * o + 1u) >> gshift;
-            szh[d][0] = w4_szf<ZP>(sp0, zp0, ghi * 8u);
-            szh[d][1] = w4_szf<ZP>(sp0, zp0, ghi * 8u + sstride);
-        }
-    };
-    // After each k block: at a slice's end its sum goes to `part` and the accumulator restarts
-    // from zero (`left` counts the slice's k blocks still to come).
-    float(*pp)[RG][4][32] = reinterpret_cast<float(*)[RG][4][32]>(part);
-    int left = per, slice = s * S;
-    auto slice_end = [&]() {
-        if (--left == 0) {
-#pragma unroll
-            for (int h = 0; h < RG; ++h)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    pp[slice][h][e][lane] = acc[h][e];
-                    acc[h][e] = 0.0f;
-                }
-            left = per;
-            ++slice;
-        }
-    };
-    auto consume = [&](int d, const uint4* const* xq, int o) {
-        uint4 xr[RG][4];
-#pragma unroll
-        for (int rg = 0; rg < RG; ++rg)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) xr[rg][q] = __ldg(xq[rg] + o * 16 + q);
-        const unsigned zc = W4Dec<T>::bias(8);
-        const unsigned s0l = __byte_perm(sz[d][0], 0u, 0x1010), s1l = __byte_perm(sz[d][1], 0u, 0x1010);
-        const unsigned z0l = ZP ? W4Dec<T>::bias((int)(sz[d][0] >> 16)) : zc;
-        const unsigned z1l = ZP ? W4Dec<T>::bias((int)(sz[d][1] >> 16)) : zc;
-        const unsigned s0h = G16 ? __byte_perm(szh[d][0], 0u, 0x1010) : s0l;
-        const unsigned s1h = G16 ? __byte_perm(szh[d][1], 0u, 0x1010) : s1l;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            unsigned d0[4], d1[4];
-            w4_decode_any<T, FP4>(w4_word(wr[d][0], q), q < 2 ? s0l : s0h, z0l, d0);
-            w4_decode_any<T, FP4>(w4_word(wr[d][1], q), q < 2 ? s1l : s1h, z1l, d1);
-            const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
-            const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
-#pragma unroll
-            for (int rg = 0; rg < RG; ++rg) {
-                mma_m16n8k16<T>(acc[rg], a0, xr[rg][q].x, xr[rg][q].y);
-                mma_m16n8k16<T>(acc[rg], a1, xr[rg][q].z, xr[rg][q].w);
-            }
-        }
-    };
-#pragma unroll
-    for (int d = 0; d < D; ++d)
-        if (d < nkb) load(d, wp0, wp1, gbase, d);
-    w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
-    const uint4* wq0 = wp0;
-    const uint4* wq1 = wp1;
-    unsigned gq = gbase;
-    for (int i = 0; i < nkb; i += D) {
-#pragma unroll
-        for (int d = 0; d < D; ++d) {
-            if (i + d < nkb) {
-                consume(d, xp, d);
-                if (i + d + D < nkb) load(d, wq0, wq1, gq, d + D);
-                slice_end();
-            }
-        }
-        wq0 += D * 32;
-        wq1 += D * 32;
-        gq += 8u * D;
-#pragma unroll
-        for (int rg = 0; rg < RG; ++rg) xp[rg] += D * 16;
-    }
-    if (trig != 0) w4_pdl_launch_dependents();
-    __syncthreads();
-    // Warp he (and he + nw, ...) sums element e of row group h over the slices in order.
-    for (int he = s; he < RG * 4; he += nw) {
-        const int h = he >> 2, e = he & 3;
-        float total = 0.0f;
-        for (int q = 0; q < ks; ++q) total += pp[q][h][e][lane];
-        const int row = r0 + 8 * h + 2 * t + (e & 1);
-        const int col = nt0 * 8 + g + (e >= 2 ? 8 : 0);
-        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
-    }
-}
 
 // The x-staged GEMV (`w4_gemvx1_*` / `w4_gemvx2_*`: steps of 9..32 rows on the fast layouts, in
 // blocks of 8 RG = 16 rows): the fast GEMV's fragments, k order and slice sum, with x read from
@@ -1048,23 +890,13 @@ __device__ __forceinline__ void w4_fma(const T* x, int m, int k, const uint4* __
         int out_f32, int fp4
 #define W4_PASS x, m, k, qw, scales, zeros, perm, kblocks, ks, gshift, gstore, n, out, out_f32
 
-// `w4_gemv_*` (RG 1: steps of 1..8 rows, 5 blocks per SM) and the x-staged `w4_gemvx1_*` /
-// `w4_gemvx2_*` (9..32 rows, below) run only the fast variants: the host launches them when
-// k % 128 == 0, no perm, and (NVFP4 or groups of >= 32 columns); everything else (9+ rows)
-// runs `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
-// The fast GEMV's variant by the format: NVFP4, int4 with zero points, symmetric int4.
-#define W4_FAST(T, RG, D)                                                                        \
-    if (fp4) w4_gemv_fast<T, RG, true, false, D>(W4_FAST_PASS, part, trig);                      \
-    else if (zeros) w4_gemv_fast<T, RG, false, true, D>(W4_FAST_PASS, part, trig);               \
-    else w4_gemv_fast<T, RG, false, false, D>(W4_FAST_PASS, part, trig);
+// The x-staged `w4_gemvx1_*` / `w4_gemvx2_*` (9..32 rows, below; 1..8 rows: `w4_gemv_*` of
+// kernels/w4a16_gemv.cu) run only the fast variants: the host launches them when k % 128 == 0,
+// no perm, and (NVFP4 or groups of >= 32 columns); everything else (9+ rows) runs
+// `w4_gemv32_*` (RG 4, 2 blocks per SM; its generic variant handles any layout).
 #define W4_FAST_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32
 
 #define W4_TC_ENTRIES(SUF, T)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, W4_GEMV_BLOCKS) w4_gemv_##SUF(W4_ARGS(T),    \
-                                                                              int trig) {       \
-        __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
-        W4_FAST(T, 1, W4_GEMV_DEPTH)                                                             \
-    }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256, 2) w4_gemv32_##SUF(W4_ARGS(T)) {            \
         __shared__ float part[W4_MAX_KS * 4 * 4 * 32];                                           \
         const bool fx = perm == nullptr && (k & 127) == 0 && (fp4 || gshift > 0);                \

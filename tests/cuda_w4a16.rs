@@ -520,3 +520,80 @@ fn bulk_gemv_equals_w4_gemv_bit_for_bit() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Every build of the 1–8-row GEMV (`kernels/w4a16_gemv.cu`, `KILN_W4_GEMV`,
+/// [`CudaBackend::set_w4_gemv`]; the read ceilings `rd` / `hrd` excepted: no product) against the
+/// plain `w4_gemv` build, bit for bit, rows 1–8: CT sym / asym g128 on 64×1152, 200×4096,
+/// 17408×5120 and 5120×17408 (bf16 and fp16), CT asym g32, AWQ g128 and NVFP4 (bf16; the builds
+/// that need groups of >= 128 columns run the plain code there) on the two small shapes. Run (GPU
+/// machine): `cuda_w4a16-<hash> --ignored --exact --test-threads=1 gemv_builds_equal_the_plain_build_bit_for_bit`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn gemv_builds_equal_the_plain_build_bit_for_bit() {
+    let ct = |group, symmetric| Fmt::Ct {
+        group,
+        symmetric,
+        act_order: false,
+    };
+    let fmts = [
+        ("ct-sym-g128", ct(128, true)),
+        ("ct-asym-g128", ct(128, false)),
+        ("ct-asym-g32", ct(32, false)),
+        ("awq-g128", Fmt::Awq { group: 128 }),
+        ("nvfp4", Fmt::Nvfp4),
+    ];
+    let builds: Vec<&str> = kiln::backend::cuda::W4_GEMV_VARIANTS
+        .into_iter()
+        .filter(|v| !v.is_empty() && !CudaBackend::w4_gemv_is_read_only(v))
+        .collect();
+    let mut failures = Vec::new();
+    for dtype in half_dtypes() {
+        let mut b = gpu(dtype, "auto");
+        if !b.w4_tensor_cores() || !b.set_w4_gemv("base") {
+            println!("RESULT w4a16 gemv-builds {dtype}: no tensor-core GEMV here, skipped");
+            continue;
+        }
+        for (i, (label, fmt)) in fmts.into_iter().enumerate() {
+            for (n, k) in [
+                (64usize, 1152usize),
+                (200, 4096),
+                (17408, 5120),
+                (5120, 17408),
+            ] {
+                if i >= 2 && (n > 1000 || dtype == "fp16") {
+                    continue;
+                }
+                let o = Owned::random(fmt, n, k, 1200 + 10 * i as u64 + n as u64);
+                let w = b
+                    .upload_linear(label, &LinearView::Packed(o.linear()))
+                    .expect("upload_linear");
+                let x: Vec<f32> = data(8 * k, 51 + k as u64)
+                    .into_iter()
+                    .map(|v| round(dtype, v))
+                    .collect();
+                let (mut same, mut all) = (0, 0);
+                for rows in 1..=8 {
+                    b.set_w4_gemv("base");
+                    let base = run(&b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
+                    for v in &builds {
+                        assert!(b.set_w4_gemv(v), "{v}");
+                        let a = run(&b, &w, &x, rows, n, k, Some(W4Kernel::Gemv));
+                        all += 1;
+                        if bits_equal(&a, &base) && a.iter().all(|x| x.is_finite()) {
+                            same += 1;
+                        } else {
+                            failures
+                                .push(format!("{dtype} {label} {n}x{k} rows {rows} {v} != base"));
+                        }
+                    }
+                }
+                b.set_w4_gemv("base");
+                println!(
+                    "RESULT w4a16 gemv-builds {dtype} {label} N={n} K={k} rows=1..8 builds={builds:?} equal_to_base={same}/{all} {}",
+                    if same == all { "ok" } else { "FAIL" }
+                );
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -239,3 +239,167 @@ fn w4a16_gemv_bulk() {
     b.set_w4_bulk_grid(0, 0);
     assert_eq!(same, all, "a bulk variant's bits differ from w4_gemv");
 }
+
+/// The 1–8-row GEMV's builds (`kernels/w4a16_gemv.cu`, `KILN_W4_GEMV`, branch `gemv5`) against
+/// the plain `w4_gemv` in one process ([`CudaBackend::set_w4_gemv`]): first every build's output
+/// **bit for bit** against the plain one (asserted; CT sym g128, CT asym g128 and NVFP4, rows 1 /
+/// 3 / 8, each launch synchronized and NaN-poisoned), the read ceilings `rd` / `hrd` excepted
+/// (no product). Then timings by the DRAM method (CT W4A16 sym g128, bf16, rotating over 4
+/// distinct weights, 20 launches back to back, median of 7), µs and fraction of the 1 GiB copy
+/// of the same run, per shape the fraction of a copy of the weight's own byte count (`same`), at
+/// 1 / 2 / 4 / 8 rows, PDL off then on (trigger after the main loop, the default).
+/// `KILN_GEMV_BENCH=v1,v2,...` picks the builds (default: all of `W4_GEMV_VARIANTS`);
+/// `KILN_BULK_BENCH_SHAPES` the shapes, as [`w4a16_gemv_bulk`]. Run (GPU machine):
+/// `cuda_w4a16_bulk_bench-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_builds`
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_builds() {
+    use kiln::backend::cuda::{CudaBackend, W4_GEMV_VARIANTS};
+    let mut b = gpu("bf16", "auto");
+    println!("device: {}", b.name());
+    if !b.set_w4_gemv("base") {
+        println!("RESULT gemv5 the GEMV builds are not loaded (f32?): nothing to compare");
+        return;
+    }
+    let names: Vec<String> = match std::env::var("KILN_GEMV_BENCH") {
+        Ok(v) if !v.trim().is_empty() => v.split(',').map(|s| s.trim().to_string()).collect(),
+        _ => W4_GEMV_VARIANTS.iter().map(|v| v.to_string()).collect(),
+    };
+    let label = |v: &str| {
+        if v.is_empty() {
+            "base".to_string()
+        } else {
+            v.to_string()
+        }
+    };
+    // Bits: small and real shapes, three formats.
+    let fmts = [
+        (
+            "sym",
+            Fmt::Ct {
+                group: 128,
+                symmetric: true,
+                act_order: false,
+            },
+        ),
+        (
+            "asym",
+            Fmt::Ct {
+                group: 128,
+                symmetric: false,
+                act_order: false,
+            },
+        ),
+        ("nvfp4", Fmt::Nvfp4),
+    ];
+    let (mut same, mut all) = (0, 0);
+    for (fi, (fname, fmt)) in fmts.iter().enumerate() {
+        for (si, &(n, k)) in [(64usize, 1152usize), (17408, 5120), (5120, 17408)]
+            .iter()
+            .enumerate()
+        {
+            if *fname == "nvfp4" && si > 0 {
+                continue; // NVFP4 on the small shape only (its fast variant is the G16 one)
+            }
+            let o = Owned::random(*fmt, n, k, 900 + 10 * fi as u64 + si as u64);
+            let w = b
+                .upload_linear("bits", &LinearView::Packed(o.linear()))
+                .expect("upload");
+            let x = b.upload(&data(8 * k, 7 + si as u64)).expect("x");
+            for rows in [1usize, 3, 8] {
+                let nan = vec![f32::NAN; rows * n];
+                let mut base = Vec::new();
+                for v in std::iter::once("").chain(names.iter().map(String::as_str)) {
+                    if CudaBackend::w4_gemv_is_read_only(v) || !b.set_w4_gemv(v) {
+                        continue;
+                    }
+                    let mut out = b.upload(&nan).expect("out");
+                    b.matmul_w4_with(&x, rows, &w, &mut out, W4Kernel::Gemv)
+                        .expect("gemv");
+                    if let Err(e) = b.synchronize() {
+                        println!(
+                            "RESULT gemv5 FAULT {} {fname} N={n} K={k} rows={rows}: {e}",
+                            label(v)
+                        );
+                        panic!("{} faulted", label(v));
+                    }
+                    let got = down(&b, &out, rows * n);
+                    if v.is_empty() {
+                        assert!(got.iter().all(|x| x.is_finite()), "base output not finite");
+                        base = got;
+                        continue;
+                    }
+                    all += 1;
+                    if bits_equal(&got, &base) {
+                        same += 1;
+                    } else {
+                        println!(
+                            "RESULT gemv5 bits {} {fname} N={n} K={k} rows={rows} DIFFERS",
+                            label(v)
+                        );
+                    }
+                }
+            }
+        }
+    }
+    println!("RESULT gemv5 bits_equal_to_base={same}/{all}");
+    assert_eq!(same, all, "a GEMV build's bits differ from the plain build");
+    let copy = copy_bandwidth();
+    println!("RESULT gemv5 copy_bandwidth_GBps={:.0}", copy / 1e9);
+    let shapes: Vec<(usize, usize)> = match std::env::var("KILN_BULK_BENCH_SHAPES") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|s| {
+                let (n, k) = s.trim().split_once('x')?;
+                Some((n.parse().ok()?, k.parse().ok()?))
+            })
+            .collect(),
+        Err(_) => vec![(17408, 5120), (5120, 17408), (10240, 5120), (5120, 6144)],
+    };
+    for (i, &(n, k)) in shapes.iter().enumerate() {
+        let ws: Vec<_> = (0..4u64)
+            .map(|j| {
+                let o = ct_g128(n, k, 700 + 10 * i as u64 + j);
+                b.upload_linear("builds", &LinearView::Packed(o.linear()))
+                    .expect("upload")
+            })
+            .collect();
+        let x = b.upload(&data(8 * k, 19 + i as u64)).expect("x");
+        let mut out = b.alloc(8 * n).expect("out");
+        let bytes = b.weight_bytes(&ws[0]) as f64;
+        let same_copy = 2.0 * bytes / same_size_copy_seconds(bytes as usize);
+        println!(
+            "RESULT gemv5 same_size_copy N={n} K={k} bytes={bytes:.0} of_1GiB_copy={:.3}",
+            same_copy / copy
+        );
+        for (pdl_name, pdl) in [("pdl_off", false), ("pdl_on", true)] {
+            b.set_pdl(pdl, true);
+            for rows in [1usize, 2, 4, 8] {
+                let mut line = String::new();
+                for v in &names {
+                    if !b.set_w4_gemv(v) {
+                        continue;
+                    }
+                    let mut j = 0usize;
+                    let t = time(&b, || {
+                        j = (j + 1) % ws.len();
+                        b.matmul_w4_with(&x, rows, &ws[j], &mut out, W4Kernel::Gemv)
+                            .expect("gemv")
+                    });
+                    line += &format!(
+                        " {}={:.2}us({:.3},{:.3})",
+                        label(v),
+                        t * 1e6,
+                        bytes / t / copy,
+                        bytes / t / same_copy
+                    );
+                }
+                println!(
+                    "RESULT gemv5 {pdl_name} N={n} K={k} rows={rows} us(of_copy,of_same){line}"
+                );
+            }
+        }
+    }
+    b.set_pdl(true, true);
+    b.set_w4_gemv("base");
+}

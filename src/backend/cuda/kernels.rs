@@ -74,11 +74,12 @@ pub enum KernelModule {
     AttentionDecodeMma,
     /// The sm_90+ 9–16-row cluster GEMV on 4-bit weights; after `w4a16.cu`'s helpers.
     W4a16Xs,
+    W4a16Gemv, // the 1–8-row GEMV on 4-bit weights and its builds; after w4a16.cu's helpers
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 20] = [
+    pub const ALL: [KernelModule; 21] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -99,6 +100,7 @@ impl KernelModule {
         KernelModule::W4a16Bulk,
         KernelModule::AttentionDecodeMma,
         KernelModule::W4a16Xs,
+        KernelModule::W4a16Gemv,
     ];
 
     /// File name under `kernels/`.
@@ -125,6 +127,7 @@ impl KernelModule {
 
             KernelModule::AttentionDecodeMma => "attention_decode_mma.cu",
             KernelModule::W4a16Xs => "w4a16_xs.cu",
+            KernelModule::W4a16Gemv => "w4a16_gemv.cu",
         }
     }
 
@@ -156,6 +159,7 @@ impl KernelModule {
                 include_str!("../../../kernels/attention_decode_mma.cu")
             }
             KernelModule::W4a16Xs => include_str!("../../../kernels/w4a16_xs.cu"),
+            KernelModule::W4a16Gemv => include_str!("../../../kernels/w4a16_gemv.cu"),
         }
     }
 
@@ -171,6 +175,7 @@ impl KernelModule {
             self,
             KernelModule::W4a16Bulk
                 | KernelModule::W4a16Xs
+                | KernelModule::W4a16Gemv
                 | KernelModule::W4a16Gemm
                 | KernelModule::W4a16Wgmma
         ) {
@@ -404,11 +409,8 @@ impl KernelModule {
                 // Tensor-core kernels for the 16-bit dtypes, the FMA path for all three.
                 KernelModule::W4a16 => {
                     if t != "f32" {
-                        names.push(format!("w4_gemv_{t}"));
-                        names.push(format!("w4_gemv32_{t}"));
-                        names.push(format!("w4_gemvx1_{t}"));
-                        names.push(format!("w4_gemvx2_{t}"));
-                        names.push(format!("w4_gemm_{t}"));
+                        let f = ["w4_gemv32", "w4_gemvx1", "w4_gemvx2", "w4_gemm"];
+                        names.extend(f.map(|f| format!("{f}_{t}")));
                     }
                     names.push(format!("w4_fma_{t}"));
                 }
@@ -476,6 +478,7 @@ impl KernelModule {
                 }
                 KernelModule::W4a16Xs if t != "f32" => names.extend(w4_xc_names(t)),
                 KernelModule::W4a16Xs => {}
+                KernelModule::W4a16Gemv => names.extend(super::backend::w4_gemv_names(t)),
                 KernelModule::GgufMm => {
                     for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {

@@ -13,7 +13,7 @@ pub mod nvrtc;
 
 pub use backend::{
     ComputeDType, CudaBackend, CudaLogits, DenseMatmul, GgufKernel, KvStorage, MmaKernel, W4Kernel,
-    DEFAULT_CHUNKED_MIN_LEN,
+    DEFAULT_CHUNKED_MIN_LEN, W4_GEMV_VARIANTS,
 };
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;

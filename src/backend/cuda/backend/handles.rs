@@ -64,8 +64,9 @@ pub(crate) struct Kernels {
     pub sample_rows: CudaFunction,
     /// `argmax_rows`: the greedy fast path.
     pub argmax_rows: CudaFunction,
-    /// `w4_gemv_{t}`: packed 4-bit GEMV (tensor cores); `None` when `t` is f32.
-    pub w4_gemv: Option<CudaFunction>,
+    /// `w4_gemv{V}_{t}`: the 1–8-row packed 4-bit GEMV's builds (tensor cores,
+    /// `kernels/w4a16_gemv.cu`) and the one that runs (`KILN_W4_GEMV`); `None` when `t` is f32.
+    pub w4_gemv: Option<super::w4a16::GemvFast>,
     /// `w4_gemv32_{t}`: packed 4-bit GEMV over 32-row blocks (9–32 rows of the generic layouts); `None` when `t` is f32.
     pub w4_gemv32: Option<CudaFunction>,
     /// `w4_gemvx1_{t}` / `w4_gemvx2_{t}`: the x-staged packed 4-bit GEMV (9–32 rows of the
@@ -163,7 +164,8 @@ impl Kernels {
             dequant_q4_1: get(format!("dequant_q4_1_{t}"))?,
             sample_rows: get("sample_rows".into())?,
             argmax_rows: get("argmax_rows".into())?,
-            w4_gemv: opt(format!("w4_gemv_{t}"))?,
+            w4_gemv: super::w4a16::GemvFast::resolve(all, t)
+                .map_err(|e| CudaError::Setting(e.to_string()))?,
             w4_gemv32: opt(format!("w4_gemv32_{t}"))?,
             w4_gemvx1: opt(format!("w4_gemvx1_{t}"))?,
             w4_gemvx2: opt(format!("w4_gemvx2_{t}"))?,

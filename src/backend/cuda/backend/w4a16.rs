@@ -51,6 +51,10 @@ pub(crate) use bulk::BulkGemv;
 #[path = "w4a16_xc.rs"] // the sm_90+ cluster GEMV for 9–16 rows (`kernels/w4a16_xs.cu`)
 mod xc;
 pub(crate) use xc::XcGemv;
+#[path = "w4a16_gemv.rs"] // the 1–8-row GEMV and its builds (`kernels/w4a16_gemv.cu`)
+mod gemv;
+pub use gemv::W4_GEMV_VARIANTS;
+pub(crate) use gemv::{w4_gemv_names, GemvFast};
 
 /// Rows the GEMV always covers; larger steps run [`W4Kernel::Gemm`], which picks by the row
 /// count and the weight (same numerics, so every switch is a speed choice only).
@@ -432,7 +436,7 @@ impl CudaBackend {
         };
         let f = match kernel {
             W4Kernel::Gemv => match gemv_rows {
-                GEMV8_ROWS => self.k.w4_gemv.as_ref(),
+                GEMV8_ROWS => self.w4_gemv_function(parts.n_pad),
                 _ => self.k.w4_gemv32.as_ref(),
             }
             .filter(|_| self.w4_tensor_cores()),
