@@ -107,7 +107,12 @@ __device__ __forceinline__ unsigned w4_xc_unit(unsigned u, unsigned r) {
     return u ^ ((u >> 3) << 1) ^ (r & 1u);
 }
 
-template <typename T, bool FP4, bool ZP, int TPC, int D>
+// SW (the `s` builds): the D-deep weight ring lives in shared memory after the slice's x instead
+// of registers: lane l of warp w copies its own two 16-byte words of a k block (cp.async, one
+// commit group per k block) to slot ((w D + d) 2 + j) 512 + 16 l and reads them back itself, so
+// only its own cp.async.wait_group orders them (no barrier). The (scale, zero) words stay in the
+// register ring. With D >= per the whole slice's weights are in flight before griddepcontrol.wait.
+template <typename T, bool FP4, bool ZP, int TPC, int D, bool SW>
 __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int gshift, int gstore, int n, void* out,
@@ -138,10 +143,18 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
     uint4 wr[D][2];
     unsigned sz[D][2], szh[D][2];
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
+    // SW: the lane's slot d, word j at wsm + d * 1024 + j * 512.
+    const unsigned wsm = sm0 + (unsigned)per * W4XC_KB_BYTES + (unsigned)w * (D * 1024u) + (unsigned)lane * 16u;
     // Slot d's loads for k block jb + o of the slice (as `w4_gemv_fast`'s `load`).
     auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o) {
-        wr[d][0] = __ldg(wq0 + o * 32);
-        wr[d][1] = __ldg(wq1 + o * 32);
+        if (SW) {
+            w4xc_cp16(wsm + (unsigned)d * 1024u, wq0 + o * 32, 16);
+            w4xc_cp16(wsm + (unsigned)d * 1024u + 512u, wq1 + o * 32, 16);
+        } else {
+            wr[d][0] = __ldg(wq0 + o * 32);
+            wr[d][1] = __ldg(wq1 + o * 32);
+        }
         const unsigned glo = (gq + 8u * o) >> gshift;
         sz[d][0] = w4_szf<ZP>(sp0, zp0, glo * 8u);
         sz[d][1] = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
@@ -152,13 +165,14 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         }
     };
 #pragma unroll
-    for (int d = 0; d < D; ++d)
+    for (int d = 0; d < D; ++d) {
         if (d < per) load(d, wp0, wp1, gbase, d);
+        if (SW) w4x_commit();  // one group per slot, empty past the slice
+    }
     w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
 
     // The slice's x: piece id = j * 256 + r * 16 + u (k block j, row r, unit u); k block 0 in
     // the first commit group, the others in the second.
-    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
     {
         const unsigned short* xs = reinterpret_cast<const unsigned short*>(x) + (size_t)kb0 * W4_KB;
         auto copy = [&](int id) {
@@ -190,14 +204,16 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         const unsigned z1l = ZP ? W4Dec<T>::bias((int)(sz[d][1] >> 16)) : zc;
         const unsigned s0h = G16 ? __byte_perm(szh[d][0], 0u, 0x1010) : s0l;
         const unsigned s1h = G16 ? __byte_perm(szh[d][1], 0u, 0x1010) : s1l;
+        const uint4 w0 = SW ? w4xc_lds128(wsm + (unsigned)d * 1024u) : wr[d][0];
+        const uint4 w1 = SW ? w4xc_lds128(wsm + (unsigned)d * 1024u + 512u) : wr[d][1];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             uint4 xr[RG];
 #pragma unroll
             for (int rg = 0; rg < RG; ++rg) xr[rg] = w4xc_lds128(xq[q] + xoff + (unsigned)rg * 2048u);
             unsigned d0[4], d1[4];
-            w4_decode_any<T, FP4>(w4_word(wr[d][0], q), q < 2 ? s0l : s0h, z0l, d0);
-            w4_decode_any<T, FP4>(w4_word(wr[d][1], q), q < 2 ? s1l : s1h, z1l, d1);
+            w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, z0l, d0);
+            w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
             const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
             const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
 #pragma unroll
@@ -217,9 +233,12 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
                 if (i + d == 1) {
                     w4x_wait<0>();
                     __syncthreads();  // the rest of the slice's x is in
+                } else if (SW && i + d >= 2) {
+                    w4x_wait<D - 1>();  // this k block's words (the D - 1 later groups may pend)
                 }
                 consume(d, xoff + (unsigned)d * W4XC_KB_BYTES);
                 if (i + d + D < per) load(d, wq0, wq1, gq, d + D);
+                if (SW) w4x_commit();
             }
         }
         wq0 += D * 32;
@@ -227,7 +246,7 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         gq += 8u * D;
         xoff += (unsigned)D * W4XC_KB_BYTES;
     }
-    if (per == 1) w4x_wait<0>();  // the (empty) second group
+    if (per == 1 || SW) w4x_wait<0>();  // the (empty) last groups
     if (trig != 0) w4_pdl_launch_dependents();
     __syncthreads();  // every warp is done with x: its space takes the slice sums
     float* part = reinterpret_cast<float*>(w4_smem);  // [TPC][RG][4][32]
@@ -262,18 +281,30 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int gshift, int gstore, int n, void *out, int out_f32, int fp4, int trig
 #define W4XC_PASS x, m, k, qw, scales, zeros, kblocks, gshift, gstore, n, out, out_f32, trig
-#define W4XC_ANY(T, TPC, D)                                                                     \
-    if (fp4) w4_gemv_xc<T, true, false, TPC, D>(W4XC_PASS);                                     \
-    else if (zeros) w4_gemv_xc<T, false, true, TPC, D>(W4XC_PASS);                              \
-    else w4_gemv_xc<T, false, false, TPC, D>(W4XC_PASS);
+#define W4XC_ANY(T, TPC, D, SW)                                                                 \
+    if (fp4) w4_gemv_xc<T, true, false, TPC, D, SW>(W4XC_PASS);                                 \
+    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, SW>(W4XC_PASS);                          \
+    else w4_gemv_xc<T, false, false, TPC, D, SW>(W4XC_PASS);
+// `d` builds: the weight ring in registers; `s` builds: in shared memory (SW).
 #define W4XC_ENTRY(SUF, T, TPC, D, B)                                                           \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
         w4_gemvxc##TPC##d##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
-        W4XC_ANY(T, TPC, D)                                                                     \
+        W4XC_ANY(T, TPC, D, false)                                                              \
+    }
+#define W4XC_ENTRY_S(SUF, T, TPC, D, B)                                                         \
+    extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
+        w4_gemvxc##TPC##s##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
+        W4XC_ANY(T, TPC, D, true)                                                               \
     }
 #define W4XC_ENTRIES(SUF, T)                                                                    \
     W4XC_ENTRY(SUF, T, 8, 2, 4)                                                                 \
     W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
-    W4XC_ENTRY(SUF, T, 16, 2, 2)
+    W4XC_ENTRY(SUF, T, 16, 2, 2)                                                                \
+    W4XC_ENTRY_S(SUF, T, 8, 4, 4)                                                               \
+    W4XC_ENTRY_S(SUF, T, 8, 5, 3)                                                               \
+    W4XC_ENTRY_S(SUF, T, 8, 3, 4)                                                               \
+    W4XC_ENTRY(SUF, T, 8, 3, 3)                                                                 \
+    W4XC_ENTRY(SUF, T, 17, 1, 2)                                                                \
+    W4XC_ENTRY_S(SUF, T, 17, 2, 2)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

@@ -15,11 +15,25 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 3] {
 }
 
 /// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`: m16 tiles per CTA, weight ring depth,
-/// CTAs per SM of the register cap; the backend's order of preference) and their entry points
-/// for compute dtype suffix `t`, which the backend resolves (`w4a16_xc.rs`).
-pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize); 3] = [(8, 2, 4), (4, 2, 8), (16, 2, 2)];
+/// CTAs per SM of the register cap, whether the weight ring is in shared memory; the backend's
+/// order of preference) and their entry points for compute dtype suffix `t`, which the backend
+/// resolves (`w4a16_xc.rs`).
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool); 9] = [
+    (8, 2, 4, false),
+    (4, 2, 8, false),
+    (16, 2, 2, false),
+    (8, 4, 4, true),
+    (8, 5, 3, true),
+    (8, 3, 4, true),
+    (8, 3, 3, false),
+    (17, 1, 2, false),
+    (17, 2, 2, true),
+];
 pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
-    let name = |(tpc, d, b): &(usize, usize, usize)| format!("w4_gemvxc{tpc}d{d}b{b}_{t}");
+    let name = |&(tpc, d, b, sw): &(usize, usize, usize, bool)| {
+        let r = if sw { 's' } else { 'd' };
+        format!("w4_gemvxc{tpc}{r}{d}b{b}_{t}")
+    };
     W4_XC_VARIANTS.iter().map(name).collect()
 }
 

@@ -27,8 +27,15 @@ use crate::tensor::packed_tiles::TILE_N;
 /// Whether the kernel runs when `KILN_W4_XC` is unset.
 pub const XC_DEFAULT_ON: bool = true;
 
-/// A build: (m16 tiles per CTA, weight ring depth, CTAs per SM its register cap allows).
-pub type XcBuild = (usize, usize, usize);
+/// A build: (m16 tiles per CTA, weight ring depth, CTAs per SM its register cap allows, whether
+/// the weight ring is in shared memory: the `TPCsDbB` builds, else `TPCxDbB` / `TPCdDbB`).
+pub type XcBuild = (usize, usize, usize, bool);
+
+/// A build's name in `KILN_W4_XC` and test output: `8x2b4` (weight ring in registers) or
+/// `8s4b4` (in shared memory).
+pub fn build_name((tpc, d, b, sw): XcBuild) -> String {
+    format!("{tpc}{}{d}b{b}", if sw { 's' } else { 'x' })
+}
 
 /// K slices the kernel runs (its cluster size, `W4XC_KS`).
 const XC_KS: usize = 8;
@@ -69,7 +76,7 @@ fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>), BackendError> {
         "1" | "on" | "true" => Ok((true, None)),
         other => W4_XC_VARIANTS
             .iter()
-            .find(|(tpc, d, b)| format!("{tpc}x{d}b{b}") == other)
+            .find(|&&v| build_name(v) == other)
             .map(|p| (true, Some(*p)))
             .ok_or_else(|| {
                 BackendError::InvalidArgument(format!(
@@ -131,13 +138,19 @@ pub fn pick_build(tiles: usize, per: usize) -> Option<XcBuild> {
 
 /// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice.
 fn build_applies(build: XcBuild, tiles: usize, per: usize) -> bool {
-    tiles.is_multiple_of(build.0) && smem_bytes(per, build.0) <= MAX_SMEM
+    tiles.is_multiple_of(build.0) && smem_bytes(per, build) <= MAX_SMEM
 }
 
 /// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]), which the
-/// slice sums ([`XC_ROWS`] × 16 outputs × 4 bytes per tile) reuse.
-pub fn smem_bytes(per: usize, tpc: usize) -> usize {
-    (per * XC_KB_BYTES).max(tpc * XC_ROWS * 16 * 4)
+/// slice sums ([`XC_ROWS`] × 16 outputs × 4 bytes per tile) reuse, then for the shared-memory
+/// weight ring `tpc` warps × `d` slots × 1 KB.
+pub fn smem_bytes(per: usize, (tpc, d, _, sw): XcBuild) -> usize {
+    let x = (per * XC_KB_BYTES).max(tpc * XC_ROWS * 16 * 4);
+    if sw {
+        per * XC_KB_BYTES + tpc * d * 1024
+    } else {
+        x
+    }
 }
 
 impl CudaBackend {
@@ -216,7 +229,7 @@ impl CudaBackend {
             .map(|(_, f)| f)
             .ok_or_else(|| BackendError::Unsupported(format!("no w4_gemvxc build {build:?}")))?;
         let tpc = build.0;
-        let shared = smem_bytes(parts.k_blocks / XC_KS, tpc);
+        let shared = smem_bytes(parts.k_blocks / XC_KS, build);
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
         // attribute, no stream work, so graph capture is unaffected).
         f.set_attribute(
@@ -272,24 +285,27 @@ mod tests {
     fn xc_switch_parses_its_builds() {
         assert_eq!(parse_xc("off").unwrap(), (false, None));
         assert_eq!(parse_xc(" On ").unwrap(), (true, None));
-        assert_eq!(parse_xc("16x2b2").unwrap(), (true, Some((16, 2, 2))));
+        assert_eq!(parse_xc("16x2b2").unwrap(), (true, Some((16, 2, 2, false))));
+        assert_eq!(parse_xc("8s4b4").unwrap(), (true, Some((8, 4, 4, true))));
         assert!(parse_xc("3x1b4").is_err());
     }
 
     #[test]
     fn shared_memory_of_the_27b_shapes() {
         // K = 5120 (40 k blocks: 5 per slice) and 17408 (136: 17): 20 KB and 68 KB.
-        assert_eq!(smem_bytes(5, 8), 20 * 1024);
-        assert_eq!(smem_bytes(17, 8), 68 * 1024);
-        assert_eq!(smem_bytes(1, 16), 16 * 1024);
+        assert_eq!(smem_bytes(5, (8, 2, 4, false)), 20 * 1024);
+        assert_eq!(smem_bytes(17, (8, 2, 4, false)), 68 * 1024);
+        assert_eq!(smem_bytes(1, (16, 2, 2, false)), 16 * 1024);
+        // x, then 8 warps x 4 slots x 1 KB of weights.
+        assert_eq!(smem_bytes(5, (8, 4, 4, true)), 52 * 1024);
     }
 
     #[test]
     fn the_pick_is_the_first_build_that_applies() {
-        assert_eq!(pick_build(1088, 5), Some((8, 2, 4)));
-        assert_eq!(pick_build(320, 17), Some((8, 2, 4)));
+        assert_eq!(pick_build(1088, 5), Some((8, 2, 4, false)));
+        assert_eq!(pick_build(320, 17), Some((8, 2, 4, false)));
         // 4 m16 tiles (N = 64): the 4-tile build.
-        assert_eq!(pick_build(4, 5), Some((4, 2, 8)));
+        assert_eq!(pick_build(4, 5), Some((4, 2, 8, false)));
         assert_eq!(pick_build(2, 5), None);
         // A slice's x above a block's shared memory: none.
         assert_eq!(pick_build(1088, 64), None);
