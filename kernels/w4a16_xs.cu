@@ -107,12 +107,63 @@ __device__ __forceinline__ unsigned w4_xc_unit(unsigned u, unsigned r) {
     return u ^ ((u >> 3) << 1) ^ (r & 1u);
 }
 
-// SW (the `s` builds): the D-deep weight ring lives in shared memory after the slice's x instead
-// of registers: lane l of warp w copies its own two 16-byte words of a k block (cp.async, one
-// commit group per k block) to slot ((w D + d) 2 + j) 512 + 16 l and reads them back itself, so
-// only its own cp.async.wait_group orders them (no barrier). The (scale, zero) words stay in the
-// register ring. With D >= per the whole slice's weights are in flight before griddepcontrol.wait.
-template <typename T, bool FP4, bool ZP, int TPC, int D, bool SW>
+// The push exchange (PX builds): one mbarrier per CTA counts the bytes of slice sums the 8 CTAs
+// store into it (st.async ... mbarrier::complete_tx), so no CTA waits for another CTA's readers.
+__device__ __forceinline__ void w4xc_bar_init(unsigned bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void w4xc_cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void w4xc_cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+// Four f32 at shared address `a` of CTA `rank`, counted on that CTA's mbarrier at `bar` (both
+// addresses in this CTA's window: the same offsets there).
+__device__ __forceinline__ void w4xc_push4(unsigned a, unsigned bar, unsigned rank, float v0, float v1,
+                                           float v2, float v3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned ra, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rb) : "r"(bar), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+                 ::"r"(ra), "f"(v0), "f"(v1), "f"(v2), "f"(v3), "r"(rb) : "memory");
+#else
+    __trap();
+#endif
+}
+
+// Wait until phase 0 of the mbarrier at `bar` completed (every byte pushed into this CTA).
+__device__ __forceinline__ void w4xc_bar_wait0(unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar) : "memory");
+    }
+#else
+    __trap();
+#endif
+}
+
+template <typename T, bool FP4, bool ZP, int TPC, int D, bool PX>
 __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int gshift, int gstore, int n, void* out,
@@ -127,6 +178,14 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     const int nt0 = (blockIdx.x * TPC + w) * 2;
     const int r0 = blockIdx.y * 8 * RG;
     const int per = kblocks / W4XC_KS, kb0 = s * per;
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
+    // PX: the slice sums this CTA owns arrive at [8][32 TPC] f32 after x, counted on the mbarrier
+    // after them; initialised here, published by the cluster barrier whose wait precedes the pushes.
+    const unsigned recv = sm0 + (unsigned)per * W4XC_KB_BYTES, bar = recv + TPC * 1024u;
+    if (PX) {
+        if (threadIdx.x == 0) w4xc_bar_init(bar, TPC * 1024u);
+        w4xc_cluster_arrive_relaxed();
+    }
     const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
     const uint4* wp1 = wp0 + (size_t)kblocks * 32;
     const unsigned sstride = (unsigned)gstore * 8u;
@@ -143,18 +202,10 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
     uint4 wr[D][2];
     unsigned sz[D][2], szh[D][2];
-    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
-    // SW: the lane's slot d, word j at wsm + d * 1024 + j * 512.
-    const unsigned wsm = sm0 + (unsigned)per * W4XC_KB_BYTES + (unsigned)w * (D * 1024u) + (unsigned)lane * 16u;
     // Slot d's loads for k block jb + o of the slice (as `w4_gemv_fast`'s `load`).
     auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o) {
-        if (SW) {
-            w4xc_cp16(wsm + (unsigned)d * 1024u, wq0 + o * 32, 16);
-            w4xc_cp16(wsm + (unsigned)d * 1024u + 512u, wq1 + o * 32, 16);
-        } else {
-            wr[d][0] = __ldg(wq0 + o * 32);
-            wr[d][1] = __ldg(wq1 + o * 32);
-        }
+        wr[d][0] = __ldg(wq0 + o * 32);
+        wr[d][1] = __ldg(wq1 + o * 32);
         const unsigned glo = (gq + 8u * o) >> gshift;
         sz[d][0] = w4_szf<ZP>(sp0, zp0, glo * 8u);
         sz[d][1] = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
@@ -165,26 +216,44 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         }
     };
 #pragma unroll
-    for (int d = 0; d < D; ++d) {
+    for (int d = 0; d < D; ++d)
         if (d < per) load(d, wp0, wp1, gbase, d);
-        if (SW) w4x_commit();  // one group per slot, empty past the slice
-    }
     w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
 
-    // The slice's x: piece id = j * 256 + r * 16 + u (k block j, row r, unit u); k block 0 in
-    // the first commit group, the others in the second.
+    // The slice's x: a k block is 256 pieces (row r, unit u: piece r * 16 + u). Thread i copies
+    // pieces i, i + NT, ... (< 256) of k blocks i / 256, + JS, ... (NT = 32 TPC threads, JS = NT /
+    // 256 k blocks at once, or 1), so its source and destination are fixed per piece and step by a
+    // k block: k block 0 in the first commit group, the others in the second.
     {
+        constexpr int NT = 32 * TPC, PPT = NT >= 256 ? 1 : 256 / NT, JS = NT >= 256 ? NT / 256 : 1;
+        const int j0 = NT >= 256 ? (int)threadIdx.x / 256 : 0;
         const unsigned short* xs = reinterpret_cast<const unsigned short*>(x) + (size_t)kb0 * W4_KB;
-        auto copy = [&](int id) {
-            const unsigned j = (unsigned)id >> 8, r = ((unsigned)id >> 4) & 15u, u = (unsigned)id & 15u;
+        const unsigned short* src[PPT];
+        unsigned dst[PPT];
+        int nb[PPT];
+#pragma unroll
+        for (int q = 0; q < PPT; ++q) {
+            const unsigned pc = ((unsigned)threadIdx.x + (unsigned)(q * NT)) & 255u;
+            const unsigned r = pc >> 4, u = pc & 15u;
             const int row = r0 + (int)r;
-            const bool in = row < m;
-            w4xc_cp16(sm0 + j * W4XC_KB_BYTES + r * 256u + (w4_xc_unit(u, r) << 4),
-                      xs + (size_t)(in ? row : r0) * k + j * W4_KB + 8u * u, in ? 16 : 0);
-        };
-        for (int id = threadIdx.x; id < 256; id += 32 * TPC) copy(id);
+            nb[q] = row < m ? 16 : 0;  // rows past m: zero-filled (row r0 as a valid address)
+            src[q] = xs + (size_t)(row < m ? row : r0) * k + 8u * u + (size_t)j0 * W4_KB;
+            dst[q] = sm0 + r * 256u + (w4_xc_unit(u, r) << 4) + (unsigned)j0 * W4XC_KB_BYTES;
+        }
+        const bool active = NT >= 256 ? (int)threadIdx.x < 256 * JS : true;
+        if (active && j0 == 0) {
+#pragma unroll
+            for (int q = 0; q < PPT; ++q) w4xc_cp16(dst[q], src[q], nb[q]);
+        }
         w4x_commit();
-        for (int id = 256 + threadIdx.x; id < per * 256; id += 32 * TPC) copy(id);
+        if (active) {
+            for (int j = j0 == 0 ? JS : j0; j < per; j += JS) {
+                const int o = j - j0;
+#pragma unroll
+                for (int q = 0; q < PPT; ++q)
+                    w4xc_cp16(dst[q] + (unsigned)o * W4XC_KB_BYTES, src[q] + (size_t)o * W4_KB, nb[q]);
+            }
+        }
         w4x_commit();
     }
     // The lane's B-fragment word q of row group rg in k block j: xq[q] + j * 4096 + rg * 2048.
@@ -204,16 +273,14 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         const unsigned z1l = ZP ? W4Dec<T>::bias((int)(sz[d][1] >> 16)) : zc;
         const unsigned s0h = G16 ? __byte_perm(szh[d][0], 0u, 0x1010) : s0l;
         const unsigned s1h = G16 ? __byte_perm(szh[d][1], 0u, 0x1010) : s1l;
-        const uint4 w0 = SW ? w4xc_lds128(wsm + (unsigned)d * 1024u) : wr[d][0];
-        const uint4 w1 = SW ? w4xc_lds128(wsm + (unsigned)d * 1024u + 512u) : wr[d][1];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             uint4 xr[RG];
 #pragma unroll
             for (int rg = 0; rg < RG; ++rg) xr[rg] = w4xc_lds128(xq[q] + xoff + (unsigned)rg * 2048u);
             unsigned d0[4], d1[4];
-            w4_decode_any<T, FP4>(w4_word(w0, q), q < 2 ? s0l : s0h, z0l, d0);
-            w4_decode_any<T, FP4>(w4_word(w1, q), q < 2 ? s1l : s1h, z1l, d1);
+            w4_decode_any<T, FP4>(w4_word(wr[d][0], q), q < 2 ? s0l : s0h, z0l, d0);
+            w4_decode_any<T, FP4>(w4_word(wr[d][1], q), q < 2 ? s1l : s1h, z1l, d1);
             const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
             const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
 #pragma unroll
@@ -233,12 +300,9 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
                 if (i + d == 1) {
                     w4x_wait<0>();
                     __syncthreads();  // the rest of the slice's x is in
-                } else if (SW && i + d >= 2) {
-                    w4x_wait<D - 1>();  // this k block's words (the D - 1 later groups may pend)
                 }
                 consume(d, xoff + (unsigned)d * W4XC_KB_BYTES);
                 if (i + d + D < per) load(d, wq0, wq1, gq, d + D);
-                if (SW) w4x_commit();
             }
         }
         wq0 += D * 32;
@@ -246,8 +310,29 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         gq += 8u * D;
         xoff += (unsigned)D * W4XC_KB_BYTES;
     }
-    if (per == 1 || SW) w4x_wait<0>();  // the (empty) last groups
+    if (per == 1) w4x_wait<0>();  // the (empty) second group
     if (trig != 0) w4_pdl_launch_dependents();
+    if (PX) {
+        // Lane l of warp w holds values v = w * 256 + 8 l + 4 h + e (8 in a row); owner CTA
+        // o = v / (32 TPC) keeps them at recv[s][v % (32 TPC)]. Thread i of each CTA then adds
+        // its value over the 8 slices in slice order, as below.
+        w4xc_cluster_wait();  // every CTA's mbarrier is initialised
+        const unsigned v = (unsigned)w * 256u + (unsigned)lane * 8u;
+        const unsigned o = v / (32u * TPC), a = recv + ((unsigned)s * 32u * TPC + v % (32u * TPC)) * 4u;
+        w4xc_push4(a, bar, o, acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+        w4xc_push4(a + 16u, bar, o, acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
+        w4xc_bar_wait0(bar);
+        const float* rv = reinterpret_cast<const float*>(w4_smem + (size_t)per * W4XC_KB_BYTES);
+        float total = 0.0f;
+#pragma unroll
+        for (int q = 0; q < W4XC_KS; ++q) total += rv[q * 32 * TPC + threadIdx.x];
+        const int vv = s * 32 * TPC + (int)threadIdx.x;
+        const int vw = vv >> 8, vl = (vv >> 3) & 31, h = (vv >> 2) & 1, e = vv & 3;
+        const int row = r0 + 8 * h + 2 * (vl & 3) + (e & 1);
+        const int col = (blockIdx.x * TPC + vw) * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
+        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+        return;
+    }
     __syncthreads();  // every warp is done with x: its space takes the slice sums
     float* part = reinterpret_cast<float*>(w4_smem);  // [TPC][RG][4][32]
 #pragma unroll
@@ -281,30 +366,26 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int gshift, int gstore, int n, void *out, int out_f32, int fp4, int trig
 #define W4XC_PASS x, m, k, qw, scales, zeros, kblocks, gshift, gstore, n, out, out_f32, trig
-#define W4XC_ANY(T, TPC, D, SW)                                                                 \
-    if (fp4) w4_gemv_xc<T, true, false, TPC, D, SW>(W4XC_PASS);                                 \
-    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, SW>(W4XC_PASS);                          \
-    else w4_gemv_xc<T, false, false, TPC, D, SW>(W4XC_PASS);
-// `d` builds: the weight ring in registers; `s` builds: in shared memory (SW).
+#define W4XC_ANY(T, TPC, D, PX)                                                                 \
+    if (fp4) w4_gemv_xc<T, true, false, TPC, D, PX>(W4XC_PASS);                                 \
+    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, PX>(W4XC_PASS);                          \
+    else w4_gemv_xc<T, false, false, TPC, D, PX>(W4XC_PASS);
+// `d` builds: the slice sums read through cluster barriers; `p` builds: pushed (PX).
 #define W4XC_ENTRY(SUF, T, TPC, D, B)                                                           \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
         w4_gemvxc##TPC##d##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
         W4XC_ANY(T, TPC, D, false)                                                              \
     }
-#define W4XC_ENTRY_S(SUF, T, TPC, D, B)                                                         \
+#define W4XC_ENTRY_P(SUF, T, TPC, D, B)                                                         \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
-        w4_gemvxc##TPC##s##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
+        w4_gemvxc##TPC##p##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
         W4XC_ANY(T, TPC, D, true)                                                               \
     }
 #define W4XC_ENTRIES(SUF, T)                                                                    \
     W4XC_ENTRY(SUF, T, 8, 2, 4)                                                                 \
     W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
     W4XC_ENTRY(SUF, T, 16, 2, 2)                                                                \
-    W4XC_ENTRY_S(SUF, T, 8, 4, 4)                                                               \
-    W4XC_ENTRY_S(SUF, T, 8, 5, 3)                                                               \
-    W4XC_ENTRY_S(SUF, T, 8, 3, 4)                                                               \
-    W4XC_ENTRY(SUF, T, 8, 3, 3)                                                                 \
-    W4XC_ENTRY(SUF, T, 17, 1, 2)                                                                \
-    W4XC_ENTRY_S(SUF, T, 17, 2, 2)
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4)                                                               \
+    W4XC_ENTRY_P(SUF, T, 4, 2, 8)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

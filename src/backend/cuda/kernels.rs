@@ -15,23 +15,19 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 3] {
 }
 
 /// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`: m16 tiles per CTA, weight ring depth,
-/// CTAs per SM of the register cap, whether the weight ring is in shared memory; the backend's
-/// order of preference) and their entry points for compute dtype suffix `t`, which the backend
-/// resolves (`w4a16_xc.rs`).
-pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool); 9] = [
+/// CTAs per SM of the register cap, whether the slice sums are pushed (`p` builds) instead of
+/// read through cluster barriers (`d`); the backend's order of preference) and their entry points
+/// for compute dtype suffix `t`, which the backend resolves (`w4a16_xc.rs`).
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool); 5] = [
+    (8, 2, 4, true),
+    (4, 2, 8, true),
     (8, 2, 4, false),
     (4, 2, 8, false),
     (16, 2, 2, false),
-    (8, 4, 4, true),
-    (8, 5, 3, true),
-    (8, 3, 4, true),
-    (8, 3, 3, false),
-    (17, 1, 2, false),
-    (17, 2, 2, true),
 ];
 pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
-    let name = |&(tpc, d, b, sw): &(usize, usize, usize, bool)| {
-        let r = if sw { 's' } else { 'd' };
+    let name = |&(tpc, d, b, push): &(usize, usize, usize, bool)| {
+        let r = if push { 'p' } else { 'd' };
         format!("w4_gemvxc{tpc}{r}{d}b{b}_{t}")
     };
     W4_XC_VARIANTS.iter().map(name).collect()

@@ -28,13 +28,13 @@ use crate::tensor::packed_tiles::TILE_N;
 pub const XC_DEFAULT_ON: bool = true;
 
 /// A build: (m16 tiles per CTA, weight ring depth, CTAs per SM its register cap allows, whether
-/// the weight ring is in shared memory: the `TPCsDbB` builds, else `TPCxDbB` / `TPCdDbB`).
+/// the slice sums are pushed into their owner CTA (`st.async`, the `TPCpDbB` builds) instead of
+/// read through two cluster barriers (`TPCxDbB`)).
 pub type XcBuild = (usize, usize, usize, bool);
 
-/// A build's name in `KILN_W4_XC` and test output: `8x2b4` (weight ring in registers) or
-/// `8s4b4` (in shared memory).
-pub fn build_name((tpc, d, b, sw): XcBuild) -> String {
-    format!("{tpc}{}{d}b{b}", if sw { 's' } else { 'x' })
+/// A build's name in `KILN_W4_XC` and test output: `8x2b4` or `8p2b4` (pushed slice sums).
+pub fn build_name((tpc, d, b, push): XcBuild) -> String {
+    format!("{tpc}{}{d}b{b}", if push { 'p' } else { 'x' })
 }
 
 /// K slices the kernel runs (its cluster size, `W4XC_KS`).
@@ -48,6 +48,9 @@ const XC_KB_BYTES: usize = XC_ROWS * 256;
 
 /// Shared memory a block may use with the opt-in on sm_90 / sm_100.
 const MAX_SMEM: usize = 227 * 1024;
+
+/// Shared memory of an SM on sm_90 (228 KB), of which the driver keeps 1 KB per CTA.
+const SM_SMEM: usize = 228 * 1024;
 
 /// The kernel's settings (`KILN_W4_XC`; [`CudaBackend::set_w4_xc`] changes them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,20 +139,24 @@ pub fn pick_build(tiles: usize, per: usize) -> Option<XcBuild> {
         .find(|&v| build_applies(v, tiles, per))
 }
 
-/// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice.
+/// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice. A push
+/// build needs more shared memory than its barrier twin, so it runs only where that still
+/// leaves room for its `b` CTAs per SM (not on K = 17408: 68 KB of x).
 fn build_applies(build: XcBuild, tiles: usize, per: usize) -> bool {
-    tiles.is_multiple_of(build.0) && smem_bytes(per, build) <= MAX_SMEM
+    let smem = smem_bytes(per, build);
+    tiles.is_multiple_of(build.0)
+        && smem <= MAX_SMEM
+        && (!build.3 || (smem + 1024) * build.2 <= SM_SMEM)
 }
 
-/// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]), which the
-/// slice sums ([`XC_ROWS`] × 16 outputs × 4 bytes per tile) reuse, then for the shared-memory
-/// weight ring `tpc` warps × `d` slots × 1 KB.
-pub fn smem_bytes(per: usize, (tpc, d, _, sw): XcBuild) -> usize {
-    let x = (per * XC_KB_BYTES).max(tpc * XC_ROWS * 16 * 4);
-    if sw {
-        per * XC_KB_BYTES + tpc * d * 1024
+/// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]); the
+/// barrier builds reuse it for the slice sums ([`XC_ROWS`] × 16 outputs × 4 bytes per tile), the
+/// push builds add the 8 slices' sums they own (`tpc` KB) and their mbarrier (16 bytes).
+pub fn smem_bytes(per: usize, (tpc, _, _, push): XcBuild) -> usize {
+    if push {
+        per * XC_KB_BYTES + tpc * 1024 + 16
     } else {
-        x
+        (per * XC_KB_BYTES).max(tpc * XC_ROWS * 16 * 4)
     }
 }
 
@@ -286,7 +293,7 @@ mod tests {
         assert_eq!(parse_xc("off").unwrap(), (false, None));
         assert_eq!(parse_xc(" On ").unwrap(), (true, None));
         assert_eq!(parse_xc("16x2b2").unwrap(), (true, Some((16, 2, 2, false))));
-        assert_eq!(parse_xc("8s4b4").unwrap(), (true, Some((8, 4, 4, true))));
+        assert_eq!(parse_xc("8p2b4").unwrap(), (true, Some((8, 2, 4, true))));
         assert!(parse_xc("3x1b4").is_err());
     }
 
@@ -296,16 +303,18 @@ mod tests {
         assert_eq!(smem_bytes(5, (8, 2, 4, false)), 20 * 1024);
         assert_eq!(smem_bytes(17, (8, 2, 4, false)), 68 * 1024);
         assert_eq!(smem_bytes(1, (16, 2, 2, false)), 16 * 1024);
-        // x, then 8 warps x 4 slots x 1 KB of weights.
-        assert_eq!(smem_bytes(5, (8, 4, 4, true)), 52 * 1024);
+        // x, then the 8 slices' sums of the 256 values a CTA owns, and the mbarrier.
+        assert_eq!(smem_bytes(5, (8, 2, 4, true)), 28 * 1024 + 16);
     }
 
     #[test]
     fn the_pick_is_the_first_build_that_applies() {
-        assert_eq!(pick_build(1088, 5), Some((8, 2, 4, false)));
+        // K = 5120: the push build; K = 17408 (68 KB of x): the barrier build, 3 CTAs per SM.
+        assert_eq!(pick_build(1088, 5), Some((8, 2, 4, true)));
         assert_eq!(pick_build(320, 17), Some((8, 2, 4, false)));
         // 4 m16 tiles (N = 64): the 4-tile build.
-        assert_eq!(pick_build(4, 5), Some((4, 2, 8, false)));
+        assert_eq!(pick_build(4, 5), Some((4, 2, 8, true)));
+        assert_eq!(pick_build(4, 17), Some((4, 2, 8, false)));
         assert_eq!(pick_build(2, 5), None);
         // A slice's x above a block's shared memory: none.
         assert_eq!(pick_build(1088, 64), None);
