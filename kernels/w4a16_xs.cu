@@ -386,6 +386,9 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
     W4XC_ENTRY(SUF, T, 16, 2, 2)                                                                \
     W4XC_ENTRY_P(SUF, T, 8, 2, 4)                                                               \
-    W4XC_ENTRY_P(SUF, T, 4, 2, 8)
+    W4XC_ENTRY_P(SUF, T, 4, 2, 8)                                                               \
+    W4XC_ENTRY(SUF, T, 8, 1, 5)                                                                 \
+    W4XC_ENTRY_P(SUF, T, 8, 1, 5)                                                               \
+    W4XC_ENTRY(SUF, T, 4, 1, 10)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

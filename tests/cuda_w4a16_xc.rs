@@ -25,12 +25,15 @@ use w4_support::{Fmt, Owned};
 type Build = (usize, usize, usize, bool);
 
 /// The builds (`kernels.rs` `W4_XC_VARIANTS`), then `None`: the backend's pick per launch.
-const BUILDS: [Option<Build>; 6] = [
+const BUILDS: [Option<Build>; 9] = [
     Some((8, 2, 4, true)),
     Some((4, 2, 8, true)),
     Some((8, 2, 4, false)),
     Some((4, 2, 8, false)),
     Some((16, 2, 2, false)),
+    Some((8, 1, 5, false)),
+    Some((8, 1, 5, true)),
+    Some((4, 1, 10, false)),
     None,
 ];
 

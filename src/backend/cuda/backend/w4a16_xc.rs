@@ -127,16 +127,38 @@ impl XcGemv {
     }
 }
 
+/// Slices of at most this many k blocks (K = 5120: 5) prefer 4 tiles per CTA ([`PICK_SHORT`]).
+const SHORT_SLICE: usize = 5;
+
+/// The order of preference for slices of at most [`SHORT_SLICE`] k blocks, and for longer ones
+/// (H200, docs/benchmarks.md "rows 9–16 within 1.3×", run 2, same process: at K = 5120 the
+/// 4-tile barrier build was the fastest on 17408×5120, 12288×5120 and 6144×5120 at 9–16 rows
+/// (by 1–3% over `8p2b4`), at K = 6144 `8p2b4` by 5% over it; at K = 17408 only the 8-tile barrier
+/// build keeps 3 CTAs per SM). Earlier: builds of 56 or 48 registers lost 4–35% (rows4 run 2).
+const PICK_SHORT: [XcBuild; 5] = [
+    (4, 2, 8, false),
+    (8, 2, 4, true),
+    (8, 2, 4, false),
+    (4, 2, 8, true),
+    (16, 2, 2, false),
+];
+const PICK_LONG: [XcBuild; 5] = [
+    (8, 2, 4, true),
+    (8, 2, 4, false),
+    (4, 2, 8, true),
+    (4, 2, 8, false),
+    (16, 2, 2, false),
+];
+
 /// The build for a weight of `tiles` m16 output tiles and `per` k blocks per slice: the first of
-/// [`W4_XC_VARIANTS`] that applies. (Measured on the H200, run 2 of docs/benchmarks.md's "the
-/// cluster GEMV for 9–16 rows": 8 tiles per CTA with a 2-deep weight ring at 64 registers was the
-/// fastest or within 1.5% of it on every 27B shape; the builds with more CTAs per SM under 56 or
-/// 48 registers were 4–35% slower, so fewer rounds of CTAs is not what this kernel needs.)
+/// [`PICK_SHORT`] / [`PICK_LONG`] that applies.
 pub fn pick_build(tiles: usize, per: usize) -> Option<XcBuild> {
-    W4_XC_VARIANTS
-        .iter()
-        .copied()
-        .find(|&v| build_applies(v, tiles, per))
+    let order = if per <= SHORT_SLICE {
+        PICK_SHORT
+    } else {
+        PICK_LONG
+    };
+    order.into_iter().find(|&v| build_applies(v, tiles, per))
 }
 
 /// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice. A push
@@ -308,13 +330,20 @@ mod tests {
     }
 
     #[test]
-    fn the_pick_is_the_first_build_that_applies() {
-        // K = 5120: the push build; K = 17408 (68 KB of x): the barrier build, 3 CTAs per SM.
-        assert_eq!(pick_build(1088, 5), Some((8, 2, 4, true)));
+    fn the_pick_is_the_first_build_of_its_order_that_applies() {
+        // K = 5120: 4 tiles per CTA; K = 6144: the push build; K = 17408 (68 KB of x): the
+        // 8-tile barrier build, 3 CTAs per SM.
+        assert_eq!(pick_build(1088, 5), Some((4, 2, 8, false)));
+        assert_eq!(pick_build(320, 6), Some((8, 2, 4, true)));
         assert_eq!(pick_build(320, 17), Some((8, 2, 4, false)));
-        // 4 m16 tiles (N = 64): the 4-tile build.
-        assert_eq!(pick_build(4, 5), Some((4, 2, 8, true)));
+        // 4 m16 tiles (N = 64): a 4-tile build (push where 8 CTAs per SM keep their x and sums).
+        assert_eq!(pick_build(4, 4), Some((4, 2, 8, false)));
+        assert_eq!(pick_build(4, 6), Some((4, 2, 8, false)));
         assert_eq!(pick_build(4, 17), Some((4, 2, 8, false)));
+        // Every build of both orders is compiled.
+        for v in PICK_SHORT.iter().chain(&PICK_LONG) {
+            assert!(W4_XC_VARIANTS.contains(v), "{v:?}");
+        }
         assert_eq!(pick_build(2, 5), None);
         // A slice's x above a block's shared memory: none.
         assert_eq!(pick_build(1088, 64), None);
