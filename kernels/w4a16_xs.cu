@@ -20,14 +20,22 @@
 // one-row time at 16 rows). Here the 8 CTAs of one thread-block cluster (1, 1, 8) are the 8 K
 // slices of TPC m16 tiles: CTA s (cluster rank s = blockIdx.z) copies its slice's x of the 16
 // rows ONCE into shared memory (per k blocks x 4 KB, cp.async: the first k block in one group,
-// the rest in a second), and each of its TPC warps runs one tile over that slice, reading its B
+// the rest in a second; each thread copies fixed 16-byte pieces, one address per piece stepped by
+// a k block), and each of its TPC warps runs one tile over that slice, reading its B
 // fragments from the resident x (one 128-bit shared load per row group and x word, no barrier in
 // the main loop). The weights and (scale, zero) words come through a register ring of D k blocks
-// per warp as in `w4_gemv_fast`. After the main loop each CTA writes its slice sums
-// [TPC][2][4][32] f32 into its own shared memory, the cluster synchronises, and thread i of CTA s
-// sums value s * 32 TPC + i over the 8 CTAs in slice order through distributed shared memory
-// (`mapa` + `ld.shared::cluster`), then stores it; a second cluster barrier keeps every CTA's
-// shared memory alive until all reads are done.
+// per warp as in `w4_gemv_fast`. The slice sums are added in slice order by one of two exchanges:
+// - barrier builds (`w4_gemvxc{TPC}d{D}b{B}`): each CTA writes its slice sums [TPC][2][4][32] f32
+//   into its own shared memory, the cluster synchronises, and thread i of CTA s sums value
+//   s * 32 TPC + i over the 8 CTAs through distributed shared memory (`mapa` +
+//   `ld.shared::cluster`), then stores it; a second cluster barrier keeps every CTA's shared
+//   memory alive until all reads are done;
+// - push builds (`w4_gemvxc{TPC}p{D}b{B}`, PX): CTA s sends each lane's 8 sums with two 16-byte
+//   `st.async` into slot s of the owner CTA's [8][32 TPC] f32 buffer (after x), counted on the
+//   owner's mbarrier (TPC KB expected), so a CTA waits only for the sums it adds, never for
+//   another CTA's readers, and no release barrier (a GPU-wide MEMBAR in SASS) follows the main
+//   loop. The mbarriers are initialised at the start and published by a relaxed cluster arrive
+//   there, whose wait precedes the first push.
 //
 // x layout in shared memory: k block j of the slice at j * 4096 bytes, row r (0..15) at r * 256,
 // its 16-byte unit u (columns 8u .. 8u + 7 of the block) at slot u ^ ((u >> 3) << 1) ^ (r & 1)
@@ -36,8 +44,9 @@
 //
 // Launch (the host checks it): grid (Np / (16 TPC), ceil(m / 16), 8), 32 TPC threads, cluster
 // (1, 1, 8) (compiled in), ks == 8, dynamic shared memory max(per x 4096, TPC x 1024) bytes (per =
-// kblocks / 8: 20 KB for K = 5120, 68 KB for K = 17408), 16-bit compute dtype, k % 128 == 0, no
-// perm, NVFP4 or groups of >= 32 columns (the fast layouts), Np / 16 a multiple of TPC, sm_90+
+// kblocks / 8: 20 KB for K = 5120, 68 KB for K = 17408; push builds: per x 4096 + TPC x 1024 +
+// 16), 16-bit compute dtype, k % 128 == 0, no perm, NVFP4 or groups of >= 32 columns (the fast
+// layouts), Np / 16 a multiple of TPC, sm_90+
 // (below it the kernel traps: the module is built only for sm_90+, `KernelModule::builds_for`,
 // but `cuda_kernels_compile` compiles it everywhere). Rows past m are zero-filled in shared
 // memory and their outputs are not stored.
@@ -386,9 +395,6 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
     W4XC_ENTRY(SUF, T, 16, 2, 2)                                                                \
     W4XC_ENTRY_P(SUF, T, 8, 2, 4)                                                               \
-    W4XC_ENTRY_P(SUF, T, 4, 2, 8)                                                               \
-    W4XC_ENTRY(SUF, T, 8, 1, 5)                                                                 \
-    W4XC_ENTRY_P(SUF, T, 8, 1, 5)                                                               \
-    W4XC_ENTRY(SUF, T, 4, 1, 10)
+    W4XC_ENTRY_P(SUF, T, 4, 2, 8)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

@@ -25,15 +25,12 @@ use w4_support::{Fmt, Owned};
 type Build = (usize, usize, usize, bool);
 
 /// The builds (`kernels.rs` `W4_XC_VARIANTS`), then `None`: the backend's pick per launch.
-const BUILDS: [Option<Build>; 9] = [
+const BUILDS: [Option<Build>; 6] = [
     Some((8, 2, 4, true)),
     Some((4, 2, 8, true)),
     Some((8, 2, 4, false)),
     Some((4, 2, 8, false)),
     Some((16, 2, 2, false)),
-    Some((8, 1, 5, false)),
-    Some((8, 1, 5, true)),
-    Some((4, 1, 10, false)),
     None,
 ];
 
@@ -181,7 +178,7 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
 /// launch from DRAM), `common::time` (20 launches back to back, median of 7), PDL as the backend
 /// has it (on, sm_90). Per shape (the 27B's with 8 K slices) and row count: the backend's GEMV
 /// with the cluster kernel off (`w4_gemv` to 8 rows, `w4_gemvx1` / `w4_gemvx2` above) and each
-/// build plus the backend's pick (9+ rows; above 16 the pick and 8x2b4 only), µs and the ratio to
+/// build plus the backend's pick (9+ rows; above 16 the pick and 8p2b4 only), µs and the ratio to
 /// the 1-row time of the same run (target: ≤ 1.3 at 9–16 rows). Then the 1- and 16-row times
 /// with PDL off (off and pick). Every build's output is first checked bit for bit against the
 /// cluster-off output on the same data (asserted). `KILN_XC_BENCH_SHAPES=17408x5120,...` keeps

@@ -18,15 +18,12 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 3] {
 /// CTAs per SM of the register cap, whether the slice sums are pushed (`p` builds) instead of
 /// read through cluster barriers (`d`)) and their entry points for compute dtype suffix `t`, which
 /// the backend resolves (`w4a16_xc.rs`, which also orders them).
-pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool); 8] = [
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool); 5] = [
     (8, 2, 4, true),
     (4, 2, 8, true),
     (8, 2, 4, false),
     (4, 2, 8, false),
     (16, 2, 2, false),
-    (8, 1, 5, false),
-    (8, 1, 5, true),
-    (4, 1, 10, false),
 ];
 pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
     let name = |&(tpc, d, b, push): &(usize, usize, usize, bool)| {

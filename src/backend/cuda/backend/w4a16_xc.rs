@@ -1,7 +1,8 @@
-//! The cluster W4A16 GEMV for 9–16 rows (`kernels/w4a16_xs.cu` `w4_gemvxc{tpc}d{d}b{b}_{f16,bf16}`,
+//! The cluster W4A16 GEMV for 9–16 rows (`kernels/w4a16_xs.cu` `w4_gemvxc{tpc}{d|p}{d}b{b}_{f16,bf16}`,
 //! sm_90+): the numerics of `w4_gemv_xs` (same bits), with the 8 K slices of `tpc` m16 output
 //! tiles as one thread-block cluster (1, 1, 8), each CTA holding its slice's 16 x rows in shared
-//! memory once for all its tiles, the slice sums added in order through distributed shared memory.
+//! memory once for all its tiles, the slice sums added in order through distributed shared memory
+//! (read after a cluster barrier, or pushed into their owner CTA: the `p` builds).
 //!
 //! Launch: grid (Np / (16 tpc), ceil(rows / 16), 8), 32 tpc threads, dynamic shared memory
 //! [`smem_bytes`]; only for weights of 8 K slices on the fast layouts
@@ -9,8 +10,8 @@
 //!
 //! Switch, read when the backend is created ([`XcGemv::resolve`]); tests and benchmarks change it
 //! in one process with [`CudaBackend::set_w4_xc`]: `KILN_W4_XC` = `off`, `on` (unset: on where
-//! [`XC_DEFAULT_ON`]) or one build `TPCxDbB` of `kernels.rs` `W4_XC_VARIANTS` (e.g. `8x2b4`).
-//! `on` runs the first build of that list that applies to the weight ([`pick_build`]).
+//! [`XC_DEFAULT_ON`]) or one build of `kernels.rs` `W4_XC_VARIANTS` by [`build_name`] (e.g. `8x2b4`,
+//! `8p2b4`). `on` runs the first build of [`pick_build`]'s order that applies to the weight.
 //! [`W4Kernel::Gemv`] steps of 9–[`XcSettings::max_rows`] rows run it where it applies,
 //! else `w4_gemvx1` / `w4_gemvx2`.
 
@@ -83,7 +84,7 @@ fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>), BackendError> {
             .map(|p| (true, Some(*p)))
             .ok_or_else(|| {
                 BackendError::InvalidArgument(format!(
-                    "KILN_W4_XC={v:?}: expected off, on or one of {W4_XC_VARIANTS:?} as TPCxDbB"
+                    "KILN_W4_XC={v:?}: expected off, on or one of {W4_XC_VARIANTS:?} as TPCxDbB / TPCpDbB"
                 ))
             }),
     }
@@ -131,10 +132,12 @@ impl XcGemv {
 const SHORT_SLICE: usize = 5;
 
 /// The order of preference for slices of at most [`SHORT_SLICE`] k blocks, and for longer ones
-/// (H200, docs/benchmarks.md "rows 9–16 within 1.3×", run 2, same process: at K = 5120 the
-/// 4-tile barrier build was the fastest on 17408×5120, 12288×5120 and 6144×5120 at 9–16 rows
-/// (by 1–3% over `8p2b4`), at K = 6144 `8p2b4` by 5% over it; at K = 17408 only the 8-tile barrier
-/// build keeps 3 CTAs per SM). Earlier: builds of 56 or 48 registers lost 4–35% (rows4 run 2).
+/// (H200, docs/benchmarks.md "the cluster GEMV: x copied per piece, pushed slice sums", runs 2
+/// and 3, same process: at K = 5120 the 4-tile barrier build was the fastest or within noise of
+/// it on every shape at 9–16 rows (1–3% over `8p2b4` on 12288×5120 and 6144×5120, equal on
+/// 17408×5120), at K = 6144 `8p2b4` by 5% over it; at K = 17408 only the 8-tile barrier build
+/// keeps 3 CTAs per SM). Builds of 48 or 56 registers (40 / 36 warps per SM) lost 10–35% (run 3
+/// here, rows4 run 2).
 const PICK_SHORT: [XcBuild; 5] = [
     (4, 2, 8, false),
     (8, 2, 4, true),
@@ -336,7 +339,7 @@ mod tests {
         assert_eq!(pick_build(1088, 5), Some((4, 2, 8, false)));
         assert_eq!(pick_build(320, 6), Some((8, 2, 4, true)));
         assert_eq!(pick_build(320, 17), Some((8, 2, 4, false)));
-        // 4 m16 tiles (N = 64): a 4-tile build (push where 8 CTAs per SM keep their x and sums).
+        // 4 m16 tiles (N = 64): a 4-tile build.
         assert_eq!(pick_build(4, 4), Some((4, 2, 8, false)));
         assert_eq!(pick_build(4, 6), Some((4, 2, 8, false)));
         assert_eq!(pick_build(4, 17), Some((4, 2, 8, false)));
