@@ -20,14 +20,22 @@
 // one-row time at 16 rows). Here the 8 CTAs of one thread-block cluster (1, 1, 8) are the 8 K
 // slices of TPC m16 tiles: CTA s (cluster rank s = blockIdx.z) copies its slice's x of the 16
 // rows ONCE into shared memory (per k blocks x 4 KB, cp.async: the first k block in one group,
-// the rest in a second), and each of its TPC warps runs one tile over that slice, reading its B
+// the rest in a second; each thread copies fixed 16-byte pieces, one address per piece stepped by
+// a k block), and each of its TPC warps runs one tile over that slice, reading its B
 // fragments from the resident x (one 128-bit shared load per row group and x word, no barrier in
 // the main loop). The weights and (scale, zero) words come through a register ring of D k blocks
-// per warp as in `w4_gemv_fast`. After the main loop each CTA writes its slice sums
-// [TPC][2][4][32] f32 into its own shared memory, the cluster synchronises, and thread i of CTA s
-// sums value s * 32 TPC + i over the 8 CTAs in slice order through distributed shared memory
-// (`mapa` + `ld.shared::cluster`), then stores it; a second cluster barrier keeps every CTA's
-// shared memory alive until all reads are done.
+// per warp as in `w4_gemv_fast`. The slice sums are added in slice order by one of two exchanges:
+// - barrier builds (`w4_gemvxc{TPC}d{D}b{B}`): each CTA writes its slice sums [TPC][2][4][32] f32
+//   into its own shared memory, the cluster synchronises, and thread i of CTA s sums value
+//   s * 32 TPC + i over the 8 CTAs through distributed shared memory (`mapa` +
+//   `ld.shared::cluster`), then stores it; a second cluster barrier keeps every CTA's shared
+//   memory alive until all reads are done;
+// - push builds (`w4_gemvxc{TPC}p{D}b{B}`, PX): CTA s sends each lane's 8 sums with two 16-byte
+//   `st.async` into slot s of the owner CTA's [8][32 TPC] f32 buffer (after x), counted on the
+//   owner's mbarrier (TPC KB expected), so a CTA waits only for the sums it adds, never for
+//   another CTA's readers, and no release barrier (a GPU-wide MEMBAR in SASS) follows the main
+//   loop. The mbarriers are initialised at the start and published by a relaxed cluster arrive
+//   there, whose wait precedes the first push.
 //
 // x layout in shared memory: k block j of the slice at j * 4096 bytes, row r (0..15) at r * 256,
 // its 16-byte unit u (columns 8u .. 8u + 7 of the block) at slot u ^ ((u >> 3) << 1) ^ (r & 1)
@@ -36,8 +44,9 @@
 //
 // Launch (the host checks it): grid (Np / (16 TPC), ceil(m / 16), 8), 32 TPC threads, cluster
 // (1, 1, 8) (compiled in), ks == 8, dynamic shared memory max(per x 4096, TPC x 1024) bytes (per =
-// kblocks / 8: 20 KB for K = 5120, 68 KB for K = 17408), 16-bit compute dtype, k % 128 == 0, no
-// perm, NVFP4 or groups of >= 32 columns (the fast layouts), Np / 16 a multiple of TPC, sm_90+
+// kblocks / 8: 20 KB for K = 5120, 68 KB for K = 17408; push builds: per x 4096 + TPC x 1024 +
+// 16), 16-bit compute dtype, k % 128 == 0, no perm, NVFP4 or groups of >= 32 columns (the fast
+// layouts), Np / 16 a multiple of TPC, sm_90+
 // (below it the kernel traps: the module is built only for sm_90+, `KernelModule::builds_for`,
 // but `cuda_kernels_compile` compiles it everywhere). Rows past m are zero-filled in shared
 // memory and their outputs are not stored.
@@ -107,7 +116,63 @@ __device__ __forceinline__ unsigned w4_xc_unit(unsigned u, unsigned r) {
     return u ^ ((u >> 3) << 1) ^ (r & 1u);
 }
 
-template <typename T, bool FP4, bool ZP, int TPC, int D>
+// The push exchange (PX builds): one mbarrier per CTA counts the bytes of slice sums the 8 CTAs
+// store into it (st.async ... mbarrier::complete_tx), so no CTA waits for another CTA's readers.
+__device__ __forceinline__ void w4xc_bar_init(unsigned bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void w4xc_cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void w4xc_cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+// Four f32 at shared address `a` of CTA `rank`, counted on that CTA's mbarrier at `bar` (both
+// addresses in this CTA's window: the same offsets there).
+__device__ __forceinline__ void w4xc_push4(unsigned a, unsigned bar, unsigned rank, float v0, float v1,
+                                           float v2, float v3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned ra, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rb) : "r"(bar), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+                 ::"r"(ra), "f"(v0), "f"(v1), "f"(v2), "f"(v3), "r"(rb) : "memory");
+#else
+    __trap();
+#endif
+}
+
+// Wait until phase 0 of the mbarrier at `bar` completed (every byte pushed into this CTA).
+__device__ __forceinline__ void w4xc_bar_wait0(unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar) : "memory");
+    }
+#else
+    __trap();
+#endif
+}
+
+template <typename T, bool FP4, bool ZP, int TPC, int D, bool PX>
 __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int gshift, int gstore, int n, void* out,
@@ -122,6 +187,14 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     const int nt0 = (blockIdx.x * TPC + w) * 2;
     const int r0 = blockIdx.y * 8 * RG;
     const int per = kblocks / W4XC_KS, kb0 = s * per;
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
+    // PX: the slice sums this CTA owns arrive at [8][32 TPC] f32 after x, counted on the mbarrier
+    // after them; initialised here, published by the cluster barrier whose wait precedes the pushes.
+    const unsigned recv = sm0 + (unsigned)per * W4XC_KB_BYTES, bar = recv + TPC * 1024u;
+    if (PX) {
+        if (threadIdx.x == 0) w4xc_bar_init(bar, TPC * 1024u);
+        w4xc_cluster_arrive_relaxed();
+    }
     const uint4* wp0 = qw + ((size_t)nt0 * kblocks + kb0) * 32 + lane;
     const uint4* wp1 = wp0 + (size_t)kblocks * 32;
     const unsigned sstride = (unsigned)gstore * 8u;
@@ -156,21 +229,40 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         if (d < per) load(d, wp0, wp1, gbase, d);
     w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
 
-    // The slice's x: piece id = j * 256 + r * 16 + u (k block j, row r, unit u); k block 0 in
-    // the first commit group, the others in the second.
-    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
+    // The slice's x: a k block is 256 pieces (row r, unit u: piece r * 16 + u). Thread i copies
+    // pieces i, i + NT, ... (< 256) of k blocks i / 256, + JS, ... (NT = 32 TPC threads, JS = NT /
+    // 256 k blocks at once, or 1), so its source and destination are fixed per piece and step by a
+    // k block: k block 0 in the first commit group, the others in the second.
     {
+        constexpr int NT = 32 * TPC, PPT = NT >= 256 ? 1 : 256 / NT, JS = NT >= 256 ? NT / 256 : 1;
+        const int j0 = NT >= 256 ? (int)threadIdx.x / 256 : 0;
         const unsigned short* xs = reinterpret_cast<const unsigned short*>(x) + (size_t)kb0 * W4_KB;
-        auto copy = [&](int id) {
-            const unsigned j = (unsigned)id >> 8, r = ((unsigned)id >> 4) & 15u, u = (unsigned)id & 15u;
+        const unsigned short* src[PPT];
+        unsigned dst[PPT];
+        int nb[PPT];
+#pragma unroll
+        for (int q = 0; q < PPT; ++q) {
+            const unsigned pc = ((unsigned)threadIdx.x + (unsigned)(q * NT)) & 255u;
+            const unsigned r = pc >> 4, u = pc & 15u;
             const int row = r0 + (int)r;
-            const bool in = row < m;
-            w4xc_cp16(sm0 + j * W4XC_KB_BYTES + r * 256u + (w4_xc_unit(u, r) << 4),
-                      xs + (size_t)(in ? row : r0) * k + j * W4_KB + 8u * u, in ? 16 : 0);
-        };
-        for (int id = threadIdx.x; id < 256; id += 32 * TPC) copy(id);
+            nb[q] = row < m ? 16 : 0;  // rows past m: zero-filled (row r0 as a valid address)
+            src[q] = xs + (size_t)(row < m ? row : r0) * k + 8u * u + (size_t)j0 * W4_KB;
+            dst[q] = sm0 + r * 256u + (w4_xc_unit(u, r) << 4) + (unsigned)j0 * W4XC_KB_BYTES;
+        }
+        const bool active = NT >= 256 ? (int)threadIdx.x < 256 * JS : true;
+        if (active && j0 == 0) {
+#pragma unroll
+            for (int q = 0; q < PPT; ++q) w4xc_cp16(dst[q], src[q], nb[q]);
+        }
         w4x_commit();
-        for (int id = 256 + threadIdx.x; id < per * 256; id += 32 * TPC) copy(id);
+        if (active) {
+            for (int j = j0 == 0 ? JS : j0; j < per; j += JS) {
+                const int o = j - j0;
+#pragma unroll
+                for (int q = 0; q < PPT; ++q)
+                    w4xc_cp16(dst[q] + (unsigned)o * W4XC_KB_BYTES, src[q] + (size_t)o * W4_KB, nb[q]);
+            }
+        }
         w4x_commit();
     }
     // The lane's B-fragment word q of row group rg in k block j: xq[q] + j * 4096 + rg * 2048.
@@ -229,6 +321,27 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     }
     if (per == 1) w4x_wait<0>();  // the (empty) second group
     if (trig != 0) w4_pdl_launch_dependents();
+    if (PX) {
+        // Lane l of warp w holds values v = w * 256 + 8 l + 4 h + e (8 in a row); owner CTA
+        // o = v / (32 TPC) keeps them at recv[s][v % (32 TPC)]. Thread i of each CTA then adds
+        // its value over the 8 slices in slice order, as below.
+        w4xc_cluster_wait();  // every CTA's mbarrier is initialised
+        const unsigned v = (unsigned)w * 256u + (unsigned)lane * 8u;
+        const unsigned o = v / (32u * TPC), a = recv + ((unsigned)s * 32u * TPC + v % (32u * TPC)) * 4u;
+        w4xc_push4(a, bar, o, acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+        w4xc_push4(a + 16u, bar, o, acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
+        w4xc_bar_wait0(bar);
+        const float* rv = reinterpret_cast<const float*>(w4_smem + (size_t)per * W4XC_KB_BYTES);
+        float total = 0.0f;
+#pragma unroll
+        for (int q = 0; q < W4XC_KS; ++q) total += rv[q * 32 * TPC + threadIdx.x];
+        const int vv = s * 32 * TPC + (int)threadIdx.x;
+        const int vw = vv >> 8, vl = (vv >> 3) & 31, h = (vv >> 2) & 1, e = vv & 3;
+        const int row = r0 + 8 * h + 2 * (vl & 3) + (e & 1);
+        const int col = (blockIdx.x * TPC + vw) * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
+        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+        return;
+    }
     __syncthreads();  // every warp is done with x: its space takes the slice sums
     float* part = reinterpret_cast<float*>(w4_smem);  // [TPC][RG][4][32]
 #pragma unroll
@@ -262,18 +375,26 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int gshift, int gstore, int n, void *out, int out_f32, int fp4, int trig
 #define W4XC_PASS x, m, k, qw, scales, zeros, kblocks, gshift, gstore, n, out, out_f32, trig
-#define W4XC_ANY(T, TPC, D)                                                                     \
-    if (fp4) w4_gemv_xc<T, true, false, TPC, D>(W4XC_PASS);                                     \
-    else if (zeros) w4_gemv_xc<T, false, true, TPC, D>(W4XC_PASS);                              \
-    else w4_gemv_xc<T, false, false, TPC, D>(W4XC_PASS);
+#define W4XC_ANY(T, TPC, D, PX)                                                                 \
+    if (fp4) w4_gemv_xc<T, true, false, TPC, D, PX>(W4XC_PASS);                                 \
+    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, PX>(W4XC_PASS);                          \
+    else w4_gemv_xc<T, false, false, TPC, D, PX>(W4XC_PASS);
+// `d` builds: the slice sums read through cluster barriers; `p` builds: pushed (PX).
 #define W4XC_ENTRY(SUF, T, TPC, D, B)                                                           \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
         w4_gemvxc##TPC##d##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
-        W4XC_ANY(T, TPC, D)                                                                     \
+        W4XC_ANY(T, TPC, D, false)                                                              \
+    }
+#define W4XC_ENTRY_P(SUF, T, TPC, D, B)                                                         \
+    extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
+        w4_gemvxc##TPC##p##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
+        W4XC_ANY(T, TPC, D, true)                                                               \
     }
 #define W4XC_ENTRIES(SUF, T)                                                                    \
     W4XC_ENTRY(SUF, T, 8, 2, 4)                                                                 \
     W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
-    W4XC_ENTRY(SUF, T, 16, 2, 2)
+    W4XC_ENTRY(SUF, T, 16, 2, 2)                                                                \
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4)                                                               \
+    W4XC_ENTRY_P(SUF, T, 4, 2, 8)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

@@ -20,15 +20,25 @@ use kiln::backend::Backend;
 use kiln::tensor::LinearView;
 use w4_support::{Fmt, Owned};
 
-/// A build: (tiles per CTA, weight ring depth, CTAs per SM of its register cap).
-type Build = (usize, usize, usize);
+/// A build: (tiles per CTA, weight ring depth, CTAs per SM of its register cap, slice sums
+/// pushed).
+type Build = (usize, usize, usize, bool);
 
 /// The builds (`kernels.rs` `W4_XC_VARIANTS`), then `None`: the backend's pick per launch.
-const BUILDS: [Option<Build>; 4] = [Some((8, 2, 4)), Some((4, 2, 8)), Some((16, 2, 2)), None];
+const BUILDS: [Option<Build>; 6] = [
+    Some((8, 2, 4, true)),
+    Some((4, 2, 8, true)),
+    Some((8, 2, 4, false)),
+    Some((4, 2, 8, false)),
+    Some((16, 2, 2, false)),
+    None,
+];
 
 /// A build's label in the RESULT lines.
 fn label(build: Option<Build>) -> String {
-    build.map_or("pick".into(), |(t, d, b)| format!("xc{t}x{d}b{b}"))
+    build.map_or("pick".into(), |(t, d, b, push)| {
+        format!("xc{t}{}{d}b{b}", if push { 'p' } else { 'x' })
+    })
 }
 
 /// `o` on the first `rows` rows of `x` through [`W4Kernel::Gemv`], output NaN-poisoned first.
@@ -168,7 +178,7 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
 /// launch from DRAM), `common::time` (20 launches back to back, median of 7), PDL as the backend
 /// has it (on, sm_90). Per shape (the 27B's with 8 K slices) and row count: the backend's GEMV
 /// with the cluster kernel off (`w4_gemv` to 8 rows, `w4_gemvx1` / `w4_gemvx2` above) and each
-/// build plus the backend's pick (9+ rows; above 16 the pick and 8x2b4 only), µs and the ratio to
+/// build plus the backend's pick (9+ rows; above 16 the pick and 8p2b4 only), µs and the ratio to
 /// the 1-row time of the same run (target: ≤ 1.3 at 9–16 rows). Then the 1- and 16-row times
 /// with PDL off (off and pick). Every build's output is first checked bit for bit against the
 /// cluster-off output on the same data (asserted). `KILN_XC_BENCH_SHAPES=17408x5120,...` keeps
@@ -276,6 +286,67 @@ fn w4a16_gemv_xc_speed() {
                 p16 / t1
             );
             b.set_pdl(true, true);
+        }
+    }
+    b.set_w4_xc(true, None, 16);
+}
+
+/// Launches for Nsight Compute (no timing): CT W4A16 sym g128, bf16, one 17408×5120 weight (or
+/// `KILN_XC_PROFILE_SHAPE=NxK`); 1 row (the cluster kernel off: `w4_gemv`) then 16 rows with each
+/// build named in `KILN_XC_PROFILE_BUILDS` (default `8x2b4`), two launches each (profile the
+/// second), e.g. `ncu --clock-control none -k regex:w4_gemv --launch-count 8 --section
+/// SpeedOfLight ... cuda_w4a16_xc-<hash> --ignored --exact w4a16_gemv_xc_profile_launches`.
+#[test]
+#[ignore = "needs a GPU: see the header"]
+fn w4a16_gemv_xc_profile_launches() {
+    let mut b = gpu("bf16", "auto");
+    if !b.set_w4_xc(false, None, 16) {
+        println!("RESULT xc no cluster kernel here (sm_90+ only): nothing to profile");
+        return;
+    }
+    let (n, k) = std::env::var("KILN_XC_PROFILE_SHAPE")
+        .ok()
+        .and_then(|s| {
+            let (a, c) = s.split_once('x')?;
+            Some((a.parse().ok()?, c.parse().ok()?))
+        })
+        .unwrap_or((17408usize, 5120usize));
+    let names = std::env::var("KILN_XC_PROFILE_BUILDS").unwrap_or_else(|_| "8x2b4".into());
+    let o = Owned::random(ct(128, true), n, k, 77);
+    let w = b
+        .upload_linear("xc", &LinearView::Packed(o.linear()))
+        .expect("upload");
+    let xh: Vec<f32> = data(16 * k, 5)
+        .into_iter()
+        .map(|v| round("bf16", v))
+        .collect();
+    let x = b.upload(&xh).expect("x");
+    let mut out = b.alloc(16 * n).expect("out");
+    let mut go = |b: &CudaBackend, rows: usize| {
+        for _ in 0..2 {
+            b.matmul_w4_with(&x, rows, &w, &mut out, W4Kernel::Gemv)
+                .expect("gemv");
+        }
+        b.synchronize().expect("sync");
+    };
+    go(&b, 1);
+    for name in names.split(',') {
+        let Some(build) = BUILDS
+            .iter()
+            .flatten()
+            .copied()
+            .find(|&v| label(Some(v)) == format!("xc{name}"))
+        else {
+            println!("RESULT xc profile: unknown build {name}");
+            continue;
+        };
+        b.set_w4_xc(true, Some(build), 16);
+        match b.w4_xc_build_for(&w, 16) {
+            Some(_) => {
+                go(&b, 16);
+                println!("RESULT xc profile launched {name} N={n} K={k} rows=16 (x2)");
+            }
+            None => println!("RESULT xc profile: {name} does not apply to {n}x{k}"),
         }
     }
     b.set_w4_xc(true, None, 16);

@@ -15,11 +15,21 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 3] {
 }
 
 /// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`: m16 tiles per CTA, weight ring depth,
-/// CTAs per SM of the register cap; the backend's order of preference) and their entry points
-/// for compute dtype suffix `t`, which the backend resolves (`w4a16_xc.rs`).
-pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize); 3] = [(8, 2, 4), (4, 2, 8), (16, 2, 2)];
+/// CTAs per SM of the register cap, whether the slice sums are pushed (`p` builds) instead of
+/// read through cluster barriers (`d`)) and their entry points for compute dtype suffix `t`, which
+/// the backend resolves (`w4a16_xc.rs`, which also orders them).
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool); 5] = [
+    (8, 2, 4, true),
+    (4, 2, 8, true),
+    (8, 2, 4, false),
+    (4, 2, 8, false),
+    (16, 2, 2, false),
+];
 pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
-    let name = |(tpc, d, b): &(usize, usize, usize)| format!("w4_gemvxc{tpc}d{d}b{b}_{t}");
+    let name = |&(tpc, d, b, push): &(usize, usize, usize, bool)| {
+        let r = if push { 'p' } else { 'd' };
+        format!("w4_gemvxc{tpc}{r}{d}b{b}_{t}")
+    };
     W4_XC_VARIANTS.iter().map(name).collect()
 }
 

@@ -1,7 +1,8 @@
-//! The cluster W4A16 GEMV for 9–16 rows (`kernels/w4a16_xs.cu` `w4_gemvxc{tpc}d{d}b{b}_{f16,bf16}`,
+//! The cluster W4A16 GEMV for 9–16 rows (`kernels/w4a16_xs.cu` `w4_gemvxc{tpc}{d|p}{d}b{b}_{f16,bf16}`,
 //! sm_90+): the numerics of `w4_gemv_xs` (same bits), with the 8 K slices of `tpc` m16 output
 //! tiles as one thread-block cluster (1, 1, 8), each CTA holding its slice's 16 x rows in shared
-//! memory once for all its tiles, the slice sums added in order through distributed shared memory.
+//! memory once for all its tiles, the slice sums added in order through distributed shared memory
+//! (read after a cluster barrier, or pushed into their owner CTA: the `p` builds).
 //!
 //! Launch: grid (Np / (16 tpc), ceil(rows / 16), 8), 32 tpc threads, dynamic shared memory
 //! [`smem_bytes`]; only for weights of 8 K slices on the fast layouts
@@ -9,8 +10,8 @@
 //!
 //! Switch, read when the backend is created ([`XcGemv::resolve`]); tests and benchmarks change it
 //! in one process with [`CudaBackend::set_w4_xc`]: `KILN_W4_XC` = `off`, `on` (unset: on where
-//! [`XC_DEFAULT_ON`]) or one build `TPCxDbB` of `kernels.rs` `W4_XC_VARIANTS` (e.g. `8x2b4`).
-//! `on` runs the first build of that list that applies to the weight ([`pick_build`]).
+//! [`XC_DEFAULT_ON`]) or one build of `kernels.rs` `W4_XC_VARIANTS` by [`build_name`] (e.g. `8x2b4`,
+//! `8p2b4`). `on` runs the first build of [`pick_build`]'s order that applies to the weight.
 //! [`W4Kernel::Gemv`] steps of 9–[`XcSettings::max_rows`] rows run it where it applies,
 //! else `w4_gemvx1` / `w4_gemvx2`.
 
@@ -27,8 +28,15 @@ use crate::tensor::packed_tiles::TILE_N;
 /// Whether the kernel runs when `KILN_W4_XC` is unset.
 pub const XC_DEFAULT_ON: bool = true;
 
-/// A build: (m16 tiles per CTA, weight ring depth, CTAs per SM its register cap allows).
-pub type XcBuild = (usize, usize, usize);
+/// A build: (m16 tiles per CTA, weight ring depth, CTAs per SM its register cap allows, whether
+/// the slice sums are pushed into their owner CTA (`st.async`, the `TPCpDbB` builds) instead of
+/// read through two cluster barriers (`TPCxDbB`)).
+pub type XcBuild = (usize, usize, usize, bool);
+
+/// A build's name in `KILN_W4_XC` and test output: `8x2b4` or `8p2b4` (pushed slice sums).
+pub fn build_name((tpc, d, b, push): XcBuild) -> String {
+    format!("{tpc}{}{d}b{b}", if push { 'p' } else { 'x' })
+}
 
 /// K slices the kernel runs (its cluster size, `W4XC_KS`).
 const XC_KS: usize = 8;
@@ -41,6 +49,9 @@ const XC_KB_BYTES: usize = XC_ROWS * 256;
 
 /// Shared memory a block may use with the opt-in on sm_90 / sm_100.
 const MAX_SMEM: usize = 227 * 1024;
+
+/// Shared memory of an SM on sm_90 (228 KB), of which the driver keeps 1 KB per CTA.
+const SM_SMEM: usize = 228 * 1024;
 
 /// The kernel's settings (`KILN_W4_XC`; [`CudaBackend::set_w4_xc`] changes them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,11 +80,11 @@ fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>), BackendError> {
         "1" | "on" | "true" => Ok((true, None)),
         other => W4_XC_VARIANTS
             .iter()
-            .find(|(tpc, d, b)| format!("{tpc}x{d}b{b}") == other)
+            .find(|&&v| build_name(v) == other)
             .map(|p| (true, Some(*p)))
             .ok_or_else(|| {
                 BackendError::InvalidArgument(format!(
-                    "KILN_W4_XC={v:?}: expected off, on or one of {W4_XC_VARIANTS:?} as TPCxDbB"
+                    "KILN_W4_XC={v:?}: expected off, on or one of {W4_XC_VARIANTS:?} as TPCxDbB / TPCpDbB"
                 ))
             }),
     }
@@ -117,27 +128,61 @@ impl XcGemv {
     }
 }
 
+/// Slices of at most this many k blocks (K = 5120: 5) prefer 4 tiles per CTA ([`PICK_SHORT`]).
+const SHORT_SLICE: usize = 5;
+
+/// The order of preference for slices of at most [`SHORT_SLICE`] k blocks, and for longer ones
+/// (H200, docs/benchmarks.md "the cluster GEMV: x copied per piece, pushed slice sums", runs 2
+/// and 3, same process: at K = 5120 the 4-tile barrier build was the fastest or within noise of
+/// it on every shape at 9–16 rows (1–3% over `8p2b4` on 12288×5120 and 6144×5120, equal on
+/// 17408×5120), at K = 6144 `8p2b4` by 5% over it; at K = 17408 only the 8-tile barrier build
+/// keeps 3 CTAs per SM). Builds of 48 or 56 registers (40 / 36 warps per SM) lost 10–35% (run 3
+/// here, rows4 run 2).
+const PICK_SHORT: [XcBuild; 5] = [
+    (4, 2, 8, false),
+    (8, 2, 4, true),
+    (8, 2, 4, false),
+    (4, 2, 8, true),
+    (16, 2, 2, false),
+];
+const PICK_LONG: [XcBuild; 5] = [
+    (8, 2, 4, true),
+    (8, 2, 4, false),
+    (4, 2, 8, true),
+    (4, 2, 8, false),
+    (16, 2, 2, false),
+];
+
 /// The build for a weight of `tiles` m16 output tiles and `per` k blocks per slice: the first of
-/// [`W4_XC_VARIANTS`] that applies. (Measured on the H200, run 2 of docs/benchmarks.md's "the
-/// cluster GEMV for 9–16 rows": 8 tiles per CTA with a 2-deep weight ring at 64 registers was the
-/// fastest or within 1.5% of it on every 27B shape; the builds with more CTAs per SM under 56 or
-/// 48 registers were 4–35% slower, so fewer rounds of CTAs is not what this kernel needs.)
+/// [`PICK_SHORT`] / [`PICK_LONG`] that applies.
 pub fn pick_build(tiles: usize, per: usize) -> Option<XcBuild> {
-    W4_XC_VARIANTS
-        .iter()
-        .copied()
-        .find(|&v| build_applies(v, tiles, per))
+    let order = if per <= SHORT_SLICE {
+        PICK_SHORT
+    } else {
+        PICK_LONG
+    };
+    order.into_iter().find(|&v| build_applies(v, tiles, per))
 }
 
-/// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice.
+/// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice. A push
+/// build needs more shared memory than its barrier twin, so it runs only where that still
+/// leaves room for its `b` CTAs per SM (not on K = 17408: 68 KB of x).
 fn build_applies(build: XcBuild, tiles: usize, per: usize) -> bool {
-    tiles.is_multiple_of(build.0) && smem_bytes(per, build.0) <= MAX_SMEM
+    let smem = smem_bytes(per, build);
+    tiles.is_multiple_of(build.0)
+        && smem <= MAX_SMEM
+        && (!build.3 || (smem + 1024) * build.2 <= SM_SMEM)
 }
 
-/// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]), which the
-/// slice sums ([`XC_ROWS`] × 16 outputs × 4 bytes per tile) reuse.
-pub fn smem_bytes(per: usize, tpc: usize) -> usize {
-    (per * XC_KB_BYTES).max(tpc * XC_ROWS * 16 * 4)
+/// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]); the
+/// barrier builds reuse it for the slice sums ([`XC_ROWS`] × 16 outputs × 4 bytes per tile), the
+/// push builds add the 8 slices' sums they own (`tpc` KB) and their mbarrier (16 bytes).
+pub fn smem_bytes(per: usize, (tpc, _, _, push): XcBuild) -> usize {
+    if push {
+        per * XC_KB_BYTES + tpc * 1024 + 16
+    } else {
+        (per * XC_KB_BYTES).max(tpc * XC_ROWS * 16 * 4)
+    }
 }
 
 impl CudaBackend {
@@ -216,7 +261,7 @@ impl CudaBackend {
             .map(|(_, f)| f)
             .ok_or_else(|| BackendError::Unsupported(format!("no w4_gemvxc build {build:?}")))?;
         let tpc = build.0;
-        let shared = smem_bytes(parts.k_blocks / XC_KS, tpc);
+        let shared = smem_bytes(parts.k_blocks / XC_KS, build);
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
         // attribute, no stream work, so graph capture is unaffected).
         f.set_attribute(
@@ -272,24 +317,36 @@ mod tests {
     fn xc_switch_parses_its_builds() {
         assert_eq!(parse_xc("off").unwrap(), (false, None));
         assert_eq!(parse_xc(" On ").unwrap(), (true, None));
-        assert_eq!(parse_xc("16x2b2").unwrap(), (true, Some((16, 2, 2))));
+        assert_eq!(parse_xc("16x2b2").unwrap(), (true, Some((16, 2, 2, false))));
+        assert_eq!(parse_xc("8p2b4").unwrap(), (true, Some((8, 2, 4, true))));
         assert!(parse_xc("3x1b4").is_err());
     }
 
     #[test]
     fn shared_memory_of_the_27b_shapes() {
         // K = 5120 (40 k blocks: 5 per slice) and 17408 (136: 17): 20 KB and 68 KB.
-        assert_eq!(smem_bytes(5, 8), 20 * 1024);
-        assert_eq!(smem_bytes(17, 8), 68 * 1024);
-        assert_eq!(smem_bytes(1, 16), 16 * 1024);
+        assert_eq!(smem_bytes(5, (8, 2, 4, false)), 20 * 1024);
+        assert_eq!(smem_bytes(17, (8, 2, 4, false)), 68 * 1024);
+        assert_eq!(smem_bytes(1, (16, 2, 2, false)), 16 * 1024);
+        // x, then the 8 slices' sums of the 256 values a CTA owns, and the mbarrier.
+        assert_eq!(smem_bytes(5, (8, 2, 4, true)), 28 * 1024 + 16);
     }
 
     #[test]
-    fn the_pick_is_the_first_build_that_applies() {
-        assert_eq!(pick_build(1088, 5), Some((8, 2, 4)));
-        assert_eq!(pick_build(320, 17), Some((8, 2, 4)));
-        // 4 m16 tiles (N = 64): the 4-tile build.
-        assert_eq!(pick_build(4, 5), Some((4, 2, 8)));
+    fn the_pick_is_the_first_build_of_its_order_that_applies() {
+        // K = 5120: 4 tiles per CTA; K = 6144: the push build; K = 17408 (68 KB of x): the
+        // 8-tile barrier build, 3 CTAs per SM.
+        assert_eq!(pick_build(1088, 5), Some((4, 2, 8, false)));
+        assert_eq!(pick_build(320, 6), Some((8, 2, 4, true)));
+        assert_eq!(pick_build(320, 17), Some((8, 2, 4, false)));
+        // 4 m16 tiles (N = 64): a 4-tile build.
+        assert_eq!(pick_build(4, 4), Some((4, 2, 8, false)));
+        assert_eq!(pick_build(4, 6), Some((4, 2, 8, false)));
+        assert_eq!(pick_build(4, 17), Some((4, 2, 8, false)));
+        // Every build of both orders is compiled.
+        for v in PICK_SHORT.iter().chain(&PICK_LONG) {
+            assert!(W4_XC_VARIANTS.contains(v), "{v:?}");
+        }
         assert_eq!(pick_build(2, 5), None);
         // A slice's x above a block's shared memory: none.
         assert_eq!(pick_build(1088, 64), None);
