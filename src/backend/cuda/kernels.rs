@@ -385,11 +385,11 @@ impl KernelModule {
                 KernelModule::AttentionDecodeMma => {
                     if t != "f32" {
                         for c in ["same", "e5m2", "e4m3"] {
-                            names.extend(
-                                super::backend::DECODE_MMA_DIMS
-                                    .iter()
-                                    .map(|d| super::backend::decode_mma_name(t, c, *d)),
-                            );
+                            let dims = super::backend::DECODE_MMA_DIMS;
+                            let one = |d| super::backend::decode_mma_name(t, c, d);
+                            names.extend(dims.map(one));
+                            // The paired twins (attention_mma.rs, `decode_mma_pair_name`).
+                            names.extend(dims.map(|d| format!("{}_p2", one(d))));
                         }
                         names.push(super::backend::decode_mma_combine_name(t));
                     }
@@ -554,13 +554,16 @@ mod tests {
             ]
         );
         let mma = KernelModule::AttentionDecodeMma;
-        assert_eq!(mma.entry_points().len(), 2 * (3 * 3 + 1));
+        assert_eq!(mma.entry_points().len(), 2 * (3 * 3 * 2 + 1));
         assert_eq!(
             mma.entry_points_for("bf16", "e4m3"),
             [
                 "attention_decode_mma_bf16_e4m3_d64",
                 "attention_decode_mma_bf16_e4m3_d128",
                 "attention_decode_mma_bf16_e4m3_d256",
+                "attention_decode_mma_bf16_e4m3_d64_p2",
+                "attention_decode_mma_bf16_e4m3_d128_p2",
+                "attention_decode_mma_bf16_e4m3_d256_p2",
                 "attention_decode_mma_combine_bf16"
             ]
         );

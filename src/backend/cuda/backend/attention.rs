@@ -495,7 +495,7 @@ impl CudaBackend {
         // combine in a second launch (never in the same launch), both launched with PDL when
         // `opts.pdl`. `opts.mma_legacy` launches it as before: the old split with no single-part
         // bound, no PDL, attention_decode.cu's combine.
-        let mma = self.decode_mma(params.head_dim, params.num_heads / params.num_kv_heads);
+        let mma = self.decode_mma(params.head_dim, params.num_heads / params.num_kv_heads, n_rows);
         let legacy = mma.is_some() && opts.mma_legacy;
         let (opts, split) = if legacy {
             (DecodeOptions::TWO_PASS, DecodeSplit::OLD)

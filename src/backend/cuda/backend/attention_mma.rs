@@ -4,6 +4,11 @@
 //! the keys and partials as the decode kernel of `attention_decode.cu`, so `launch_decode` only
 //! swaps the function, the block size and the shared memory (see [`CudaBackend::decode_mma`]).
 //!
+//! Launches of at most `pair_rows` rows (`KILN_DMMA_PAIR_ROWS`, read when a backend is created;
+//! [`PAIR_ROWS`] by default) take the `_p2` entry points: each warp's work split between two
+//! warps by 32-dim blocks (the kernel's header, "Pairs"), twice the threads, the same shared
+//! memory and the same bits; a function of the launch's row count, so fixed per graph bucket.
+//!
 //! `KILN_DECODE_MMA=0` (read when a backend is created) keeps the older decode kernel for every
 //! shape, e.g. to compare the two in one process; `KILN_DECODE_MMA=128` keeps it for head width
 //! 64 only (the default before branch `smol2`, for A/B: SmolLM2's 9/3 × 64 heads measured
@@ -58,9 +63,40 @@ pub fn decode_mma_stage_budget() -> Option<usize> {
     })
 }
 
+/// Launches of at most this many rows take the paired entry points unless `KILN_DMMA_PAIR_ROWS`
+/// says otherwise (0: never).
+pub const PAIR_ROWS: usize = 0;
+
 /// Entry point name for compute dtype `t`, KV storage `c` and head width `dim`.
 pub fn decode_mma_name(t: &str, c: &str, dim: usize) -> String {
     format!("attention_decode_mma_{t}_{c}_d{dim}")
+}
+
+/// The paired twin of [`decode_mma_name`] (two warps per warp of work, same bits; kernels.rs
+/// lists the entry points with the same suffix).
+fn decode_mma_pair_name(t: &str, c: &str, dim: usize) -> String {
+    format!("{}_p2", decode_mma_name(t, c, dim))
+}
+
+/// Every tensor-core decode entry point for (`t`, `c`): the widths of [`DECODE_MMA_DIMS`], then
+/// their paired twins (the combine is separate: [`decode_mma_combine_name`]).
+fn decode_mma_names(t: &str, c: &str) -> Vec<String> {
+    let one = DECODE_MMA_DIMS.iter().map(|&d| decode_mma_name(t, c, d));
+    one.chain(DECODE_MMA_DIMS.iter().map(|&d| decode_mma_pair_name(t, c, d)))
+        .collect()
+}
+
+/// The row bound of the paired launches: `KILN_DMMA_PAIR_ROWS` (read at each backend's
+/// creation, so one process can time both) or [`PAIR_ROWS`]; a value that is not a number is
+/// ignored with a warning.
+fn decode_mma_pair_rows() -> usize {
+    let Ok(v) = std::env::var("KILN_DMMA_PAIR_ROWS") else {
+        return PAIR_ROWS;
+    };
+    v.parse().unwrap_or_else(|_| {
+        tracing::warn!(value = %v, default = PAIR_ROWS, "KILN_DMMA_PAIR_ROWS is not a row count");
+        PAIR_ROWS
+    })
 }
 
 /// Entry point name of the tensor-core kernel's combine for compute dtype `t`.
@@ -96,6 +132,10 @@ fn decode_mma_geometry_for(dim: usize, kv_bytes: usize, budget: usize) -> (u32, 
 #[derive(Debug, Clone)]
 pub(crate) struct DecodeMmaKernels {
     funcs: Vec<CudaFunction>,
+    /// Their paired twins (`_p2`), same order.
+    pairs: Vec<CudaFunction>,
+    /// Launches of at most this many rows take `pairs`.
+    pair_rows: usize,
     /// `attention_decode_mma_combine_{t}`.
     combine: CudaFunction,
     kv_bytes: usize,
@@ -115,17 +155,18 @@ impl DecodeMmaKernels {
         if std::env::var("KILN_DECODE_MMA").is_ok_and(|v| v == "0") {
             return Ok(None);
         }
-        let Some(funcs) = DECODE_MMA_DIMS
+        let Some(mut funcs) = decode_mma_names(t, c)
             .iter()
-            .map(|&d| all.get(&decode_mma_name(t, c, d)).cloned())
+            .map(|n| all.get(n).cloned())
             .collect::<Option<Vec<_>>>()
         else {
             return Ok(None);
         };
+        let pairs = funcs.split_off(DECODE_MMA_DIMS.len());
         let Some(combine) = all.get(&decode_mma_combine_name(t)).cloned() else {
             return Ok(None);
         };
-        for (f, &d) in funcs.iter().zip(&DECODE_MMA_DIMS) {
+        for (f, &d) in funcs.iter().chain(&pairs).zip(DECODE_MMA_DIMS.iter().cycle()) {
             let (_, smem) = decode_mma_geometry(d, kv_bytes);
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -148,6 +189,8 @@ impl DecodeMmaKernels {
         );
         Ok(Some(DecodeMmaKernels {
             funcs,
+            pairs,
+            pair_rows: decode_mma_pair_rows(),
             combine,
             kv_bytes,
             min_dim,
@@ -171,19 +214,26 @@ impl CudaBackend {
     /// compute, not disabled) and head_dim is 64, 128 or 256 (not 64 with `KILN_DECODE_MMA=128`)
     /// with at most 8 query heads per KV head; `None` keeps attention_decode.cu's kernel. A
     /// function of the shapes only (never of the data), so a captured graph and an eager step run
-    /// the same kernel.
-    pub(crate) fn decode_mma(&self, head_dim: usize, group: usize) -> Option<DecodeMmaLaunch<'_>> {
+    /// the same kernel; launches of at most `pair_rows` rows (`n_rows`) take the paired twin
+    /// (same bits).
+    pub(crate) fn decode_mma(
+        &self,
+        head_dim: usize,
+        group: usize,
+        n_rows: usize,
+    ) -> Option<DecodeMmaLaunch<'_>> {
         let k = self.k.attention_decode_mma.as_ref()?;
         if group == 0 || group > DECODE_MMA_MAX_GROUP || head_dim < k.min_dim {
             return None;
         }
         let i = DECODE_MMA_DIMS.iter().position(|&d| d == head_dim)?;
         let (threads, smem) = decode_mma_geometry(head_dim, k.kv_bytes);
+        let pair = n_rows <= k.pair_rows;
         Some(DecodeMmaLaunch {
-            func: &k.funcs[i],
+            func: if pair { &k.pairs[i] } else { &k.funcs[i] },
             combine: &k.combine,
             kv_bytes: k.kv_bytes,
-            threads,
+            threads: if pair { 2 * threads } else { threads },
             smem,
         })
     }
@@ -191,7 +241,7 @@ impl CudaBackend {
     /// Whether decode attention of these shapes runs on the tensor-core kernel (for tests and
     /// benchmarks that report which kernel they measured).
     pub fn uses_decode_mma(&self, head_dim: usize, group: usize) -> bool {
-        self.decode_mma(head_dim, group).is_some()
+        self.decode_mma(head_dim, group, 1).is_some()
     }
 }
 
