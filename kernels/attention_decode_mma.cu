@@ -38,11 +38,12 @@
 //   The accumulators of heads 2c, 2c+1 are rescaled by this lane's own corrections (lazily: only
 //     when a max grew).
 // Pairs (the `_p2` entry points, 2 · NW warps per block; the host takes them for launches of few
-// rows, `KILN_DMMA_PAIR_ROWS`): each warp above is a pair of physical warps, half hf = 0 / 1 of
-// which copies, reads and multiplies only the 32-dim blocks b ≡ hf mod 2 of K and V: half 0 runs
-// the even S chain, half 1 the odd one, they swap the two through shared memory (one 64-thread
-// named barrier per chunk) and add them as above; both then run the same softmax (same m, l, P)
-// and each accumulates O of its own dims. Every f32 operation of a row is the single warp's, in
+// rows, `KILN_DMMA_PAIR_ROWS`): each warp above is a pair of physical warps; half hf = 0 / 1
+// copies rows 8 hf .. 8 hf + 7 of each chunk (whole rows; a 64-thread named barrier after the
+// wait makes both halves' copies visible to both) and reads and multiplies only the 32-dim
+// blocks b ≡ hf mod 2 of K and V: half 0 runs the even S chain, half 1 the odd one, they swap the
+// two through shared memory (a second pair barrier) and add them as above; both then run the
+// same softmax (same m, l, P) and each accumulates O of its own dims. Every f32 operation of a row is the single warp's, in
 // the same order: the same bits as the default entry point, with half the chain per warp.
 // End of a part: the warps' (m, l, O) meet in shared memory (over the stages, after the ring is
 // drained) and are merged in warp order: fixed order, so a row's bits depend only on its context
@@ -62,17 +63,9 @@
 // completed and its writes are visible then, so partials of the previous call are read before
 // they are overwritten). Same bytes either way: same bits. Null pf_meta: nothing before the wait.
 //
-// attention_decode_mma_combine_{f16,bf16}: the merge of a row's parts, grid (n_heads, n_rows,
-// head_dim / 64), DMMA_MERGE_THREADS threads: block (head, y, z) writes dims 64 z .. 64 z + 63 of
-// that head. Weights w_p = exp2(m_p - max_p m_p) and inv = 1 / Σ_p l_p w_p as
-// attention_decode.cu's dec_merge_weights (one warp: lane-strided max and sum in part order, then
-// the xor-shuffle tree); output dim d = inv · Σ_{g < 16} S_g[d], S_g = Σ_{p ≡ g mod 16} acc_p[d]
-// w_p in increasing p, the 16 sums added in order g = 0..15. The order is a function of n_active
-// alone (bits independent of the grid and of scheduling). A block's loads of the partials are in
-// flight together (16 part groups × 16 float4 columns, 4 parts per thread at a time: one round
-// trip up to 64 parts, the first with the weights' (m, l) loads), where attention_decode.cu's
-// combine has 24 blocks for a 1-row 27B step and each thread walks the parts one after another.
-// It waits (griddepcontrol.wait) before reading the partials, so it may be launched with PDL.
+// attention_decode_mma_combine_{f16,bf16} (the merge of a row's parts, launched after the kernel
+// with PDL) is in attention_decode_mma_merge.cuh, compiled after this file (kernels.rs,
+// KernelModule::full_source): it uses the helpers above (dmma_part_len, dmma_pdl_*, dmma_gated).
 //
 // Types: the mma runs in bf16 for bf16 storage, else f16 (f16 storage, and fp8 widened to f16 in
 // registers: e5m2 is the upper byte of an f16; e4m3 (sign << 15 | (byte & 0x7f) << 7) is an f16
@@ -166,37 +159,26 @@ template <int DV, int CB> struct DmmaShape {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
-template <typename MT> struct DmmaOp;
-template <> struct DmmaOp<bf16_t> {
+// The mma (common.cuh's mma_m16n8k16: f32 accumulate, A row, B col) and the f32 → 16-bit pair
+// rounding for the mma element type MT (bf16_t or __half).
+template <typename MT> struct DmmaOp {
     static __device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned a2,
                                                unsigned a3, unsigned b0, unsigned b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-            "{%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        const unsigned a[4] = {a0, a1, a2, a3};
+        mma_m16n8k16<MT>(d, a, b0, b1);
     }
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi);
 };
-template <> struct DmmaOp<__half> {
-    static __device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned a2,
-                                               unsigned a3, unsigned b0, unsigned b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-            "{%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
-};
+template <> __device__ __forceinline__ unsigned DmmaOp<bf16_t>::pack(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned DmmaOp<__half>::pack(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 
 // The mma element type for storage C: bf16 for bf16, f16 otherwise (fp8 widens to f16).
 template <typename C> struct DmmaType { typedef __half T; };
@@ -254,6 +236,11 @@ __device__ __forceinline__ void dmma_ldsm_x4_trans(unsigned addr, unsigned& a0, 
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
                  : "r"(addr));
+}
+
+// The two warps of pair `w` (paired entry points): named barrier 1 + w over their 64 threads.
+__device__ __forceinline__ void dmma_pair_sync(int w) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + w), "n"(2 * WARP_SIZE) : "memory");
 }
 
 __device__ __forceinline__ void dmma_cp16(unsigned dst, const unsigned char* src, bool ok) {
@@ -314,12 +301,11 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
 
     const unsigned sm_base = (unsigned)__cvta_generic_to_shared(dmma_sm);
     const unsigned warp_base = sm_base + warp * NST * Sh::SB;
-    // Lane's staging units: column u (fixed), rows row0 + k · (32 / UPR); with pairs, units of
-    // this half's 32-dim blocks only (UPB units each), UPR / PR of them per row.
-    constexpr int UPRH = Sh::UPR / PR, UPB = 2 * CB;
-    constexpr int RSTEP = WARP_SIZE / UPRH, UPL = DMMA_CHUNK * UPRH / WARP_SIZE;
-    const int u_h = lane % UPRH, row0 = lane / UPRH;
-    const int u_col = PR == 1 ? u_h : ((u_h / UPB) * PR + hf) * UPB + u_h % UPB;
+    // Lane's staging units: column u (fixed), rows row0 + k · (32 / UPR) of the chunk's 16 (with
+    // pairs: half hf copies whole rows 8 hf .. 8 hf + 7, made visible to the other half by the
+    // pair barrier after the wait).
+    constexpr int RSTEP = WARP_SIZE / Sh::UPR, UPL = DMMA_CHUNK / PR * Sh::UPR / WARP_SIZE;
+    const int u_col = lane % Sh::UPR, row0 = DMMA_CHUNK / PR * hf + lane / Sh::UPR;
 
     // Issue chunk `ci` of the part [start, end) into stage `st` (zeros past `end`), one commit
     // group (empty when ci is past the part, so the group count stays uniform).
@@ -445,9 +431,14 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         }
 
         for (int i = 0; i < my_n; ++i) {
-            // With pairs the next chunk is issued after the exchange below (see there).
+            // With pairs the next chunk is issued once both halves are done with the stage (the
+            // pair barrier below: both have finished chunk i - 1, whose stage it refills).
             if constexpr (PR == 1) issue(warp + (i + NST - 1) * NW, start, end, (i + NST - 1) % NST);
             asm volatile("cp.async.wait_group %0;\n" ::"n"(PR == 1 ? NST - 1 : NST - 2));
+            if constexpr (PR == 2) {
+                dmma_pair_sync(warp);  // both halves' copies of chunk i are visible to both
+                issue(warp + (i + NST - 1) * NW, start, end, (i + NST - 1) % NST);
+            }
             __syncwarp();  // every lane's copies of chunk i are visible to the warp
             const int st = i % NST;
             const int k0 = start + (warp + i * NW) * DMMA_CHUNK;
@@ -482,15 +473,16 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
             }
             if constexpr (PR == 2) {
                 // s4 holds this half's chain (even blocks for half 0, odd for 1): swap them through
-                // this lane's first K unit of the stage (its own bytes, read above), then issue the
-                // next chunk: its copies may overwrite a unit the partner reads only once the
-                // partner has passed this chunk's barrier, i.e. read the last chunk's values.
+                // 16 bytes per lane of K in this half's own blocks (read above by this warp only;
+                // refilled only after the next chunk's first pair barrier).
                 __syncwarp();
-                const unsigned xo = row0 * Sh::KS + u_col * 16;
-                const unsigned xp = row0 * Sh::KS + (((u_h / UPB) * PR + (hf ^ 1)) * UPB + u_h % UPB) * 16;
+                constexpr int UPRH = Sh::UPR / 2, UPB = 2 * CB;  // units per row of a half, a block
+                const int xu = lane % UPRH, xrow = lane / UPRH;
+                const unsigned xo = xrow * Sh::KS + ((xu / UPB * 2 + hf) * UPB + xu % UPB) * 16;
+                const unsigned xp = xrow * Sh::KS + ((xu / UPB * 2 + (hf ^ 1)) * UPB + xu % UPB) * 16;
                 *reinterpret_cast<float4*>(const_cast<unsigned char*>(sk) + xo) =
                     make_float4(s4[0], s4[1], s4[2], s4[3]);
-                asm volatile("bar.sync %0, %1;\n" ::"r"(1 + warp), "n"(2 * WARP_SIZE) : "memory");
+                dmma_pair_sync(warp);
                 const float4 v = *reinterpret_cast<const float4*>(sk + xp);
                 const float other[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -498,7 +490,6 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                     s4o[e] = hf ? s4[e] : other[e];
                     s4[e] = hf ? other[e] : s4[e];
                 }
-                issue(warp + (i + NST - 1) * NW, start, end, (i + NST - 1) % NST);
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) s4[e] += s4o[e];
@@ -571,7 +562,7 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
             // The next part's first NST - 1 chunks into stages 0 .. NST - 2 (this warp's own,
             // read), in flight during the merge below (which uses the stages NST - 1); with pairs
             // once the partner has read this warp's last exchange (in its own K units).
-            if constexpr (PR == 2) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + warp), "n"(2 * WARP_SIZE) : "memory");
+            if constexpr (PR == 2) dmma_pair_sync(warp);
             const int next = part + (int)gridDim.z;
             issued = next < n_active;
             if (issued) {
@@ -688,114 +679,13 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
     }
 }
 
-// The merge of a row's parts (see the header): block (head, y, z), thread (g, col) = (tid / 16,
-// tid % 16) loads the float4 of dims 64 z + 4 col .. + 3 of parts g, g + 16, ... (all in flight),
-// then weighs them once warp 0 has the weights.
-template <typename T>
-__device__ void attention_decode_mma_combine(const float* part_m, const float* part_l,
-                                             const float* part_acc, const int* q_pos,
-                                             const int* q_index, T* out, int n_heads, int head_dim,
-                                             int n_slots, int single_keys, int min_part,
-                                             int max_parts, const T* gate, int gate_row,
-                                             int gate_head) {
-    constexpr int PG = DMMA_MERGE_PG, NI = DMMA_MAX_SLOTS / DMMA_MERGE_PG;
-    __shared__ float w_s[DMMA_MAX_SLOTS];
-    __shared__ __align__(16) float sums[PG][DMMA_MERGE_DIMS];
-    __shared__ float inv_s;
-    const int head = blockIdx.x;
-    const long row_y = blockIdx.y;
-    const long t = q_index ? q_index[row_y] : row_y;
-    const int ctx = q_pos[t] + 1;
-    const int part_len = dmma_part_len(ctx, single_keys, min_part, max_parts);
-    const int n_active = (ctx + part_len - 1) / part_len;
-    // The partials are the previous grid's (launched with PDL: wait for it before reading them).
-    dmma_pdl_wait();
-    dmma_pdl_launch_dependents();
-    if (n_active <= 1 || n_active > DMMA_MAX_SLOTS) return;  // one part: written by the main kernel
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE;
-    const int col = tid % (DMMA_MERGE_DIMS / 4), g = tid / (DMMA_MERGE_DIMS / 4);
-    const int d0 = blockIdx.z * DMMA_MERGE_DIMS + 4 * col;
-    const long ph0 = (row_y * n_heads + head) * (long)n_slots;
-    // Parts g + 16 i in batches of NB (the first batch in flight with the weights' loads).
-    constexpr int NB = 4;
-    auto load = [&](int i) {
-        const int p = g + PG * i;
-        return p < n_active ? __ldcg(reinterpret_cast<const float4*>(part_acc + (ph0 + p) * head_dim + d0))
-                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    };
-    float4 a[NB];
-#pragma unroll
-    for (int i = 0; i < NB; ++i) a[i] = load(i);
-    if (tid < WARP_SIZE) {
-        // Lane's parts lane, lane + 32, ...: (m, l) loaded once, all in flight.
-        constexpr int NL = DMMA_MAX_SLOTS / WARP_SIZE;
-        float pm[NL], pl[NL];
-        float mx = KILN_NEG_INF;
-#pragma unroll
-        for (int i = 0; i < NL; ++i) {
-            const int p = lane + WARP_SIZE * i;
-            pm[i] = p < n_active ? __ldcg(part_m + ph0 + p) : KILN_NEG_INF;
-            pl[i] = p < n_active ? __ldcg(part_l + ph0 + p) : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < NL; ++i) mx = fmaxf(mx, pm[i]);
-        mx = warp_max(mx);
-        float lsum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NL; ++i) {
-            const int p = lane + WARP_SIZE * i;
-            if (p < n_active) {
-                const float w = pm[i] == KILN_NEG_INF ? 0.0f : exp2f(pm[i] - mx);
-                w_s[p] = w;
-                lsum = fmaf(pl[i], w, lsum);
-            }
-        }
-        lsum = warp_sum(lsum);
-        if (lane == 0) inv_s = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    }
-    __syncthreads();
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i0 = 0; i0 < NI && g + PG * i0 < n_active; i0 += NB) {
-        if (i0 > 0) {
-#pragma unroll
-            for (int i = 0; i < NB; ++i) a[i] = load(i0 + i);
-        }
-#pragma unroll
-        for (int i = 0; i < NB; ++i) {
-            const int p = g + PG * (i0 + i);
-            if (p < n_active) {
-                const float w = w_s[p];
-                acc.x = fmaf(a[i].x, w, acc.x);
-                acc.y = fmaf(a[i].y, w, acc.y);
-                acc.z = fmaf(a[i].z, w, acc.z);
-                acc.w = fmaf(a[i].w, w, acc.w);
-            }
-        }
-    }
-    *reinterpret_cast<float4*>(&sums[g][4 * col]) = acc;
-    __syncthreads();
-    if (tid < DMMA_MERGE_DIMS) {
-        float o = 0.0f;
-#pragma unroll
-        for (int k = 0; k < PG; ++k) o += sums[k][tid];
-        o *= inv_s;
-        const int d = blockIdx.z * DMMA_MERGE_DIMS + tid;
-        Io<T>::store(out, (t * n_heads + head) * (long)head_dim + d,
-                     dmma_gated<T>(o, gate, t, head, d, gate_row, gate_head));
-    }
-}
-
 #define DMMA_BODY(T, C, DV, PR)                                                                     \
     attention_decode_mma<T, C, DV, PR>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,         \
                                    n_heads, n_kv_heads, head_dim, block_size, max_blocks, n_slots,  \
                                    single_keys, min_part, max_parts, pf_meta, scale, gate,          \
                                    gate_row, gate_head);
-#define DMMA_COMBINE_BODY(T)                                                                        \
-    attention_decode_mma_combine<T>(pm, pl, pacc, q_pos, q_index, out, n_heads, head_dim, n_slots,  \
-                                    single_keys, min_part, max_parts, gate, gate_row, gate_head);
 #else
 #define DMMA_BODY(T, C, DV, PR) __trap();
-#define DMMA_COMBINE_BODY(T) __trap();
 #endif
 
 #define ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, DV, PR, PSUF)                                     \
@@ -807,14 +697,6 @@ __device__ void attention_decode_mma_combine(const float* part_m, const float* p
             int n_slots, int single_keys, int min_part, int max_parts, const int* pf_meta,         \
             float scale, const T* gate, int gate_row, int gate_head) {                              \
         DMMA_BODY(T, C, DV, PR)                                                                     \
-    }
-#define ATTENTION_DECODE_MMA_COMBINE(SUF, T)                                                        \
-    extern "C" __global__ void __launch_bounds__(DMMA_MERGE_THREADS)                                \
-        attention_decode_mma_combine_##SUF(                                                         \
-            const float* pm, const float* pl, const float* pacc, const int* q_pos,                  \
-            const int* q_index, T* out, int n_heads, int head_dim, int n_slots, int single_keys,    \
-            int min_part, int max_parts, const T* gate, int gate_row, int gate_head) {              \
-        DMMA_COMBINE_BODY(T)                                                                        \
     }
 #define ATTENTION_DECODE_MMA_STORAGE(SUF, T, CSUF, C)                                               \
     ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 64, 1, )                                              \
@@ -843,11 +725,5 @@ ATTENTION_DECODE_MMA_STORAGE(bf16, bf16_t, e5m2, E5M2)
 #endif
 #if !defined(KILN_DMMA_ONLY) || (defined(KILN_DMMA_T_bf16) && defined(KILN_DMMA_C_e4m3))
 ATTENTION_DECODE_MMA_STORAGE(bf16, bf16_t, e4m3, E4M3)
-#endif
-#if !defined(KILN_DMMA_ONLY) || defined(KILN_DMMA_T_f16)
-ATTENTION_DECODE_MMA_COMBINE(f16, __half)
-#endif
-#if !defined(KILN_DMMA_ONLY) || defined(KILN_DMMA_T_bf16)
-ATTENTION_DECODE_MMA_COMBINE(bf16, bf16_t)
 #endif
 // An f32-compute backend builds this module with no instantiation (it keeps attention_decode.cu).

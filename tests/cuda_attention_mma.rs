@@ -324,8 +324,9 @@ const SPLITS: [(&str, DecodeSplit); 7] = [
 /// backend; the gated output of the default launch against the CPU's attention ·
 /// sigmoid(gate); e4m3 widened without the sm_89+ conversion (`KILN_DMMA_FP8_CVT=0`) and the kernel
 /// built with the per-row chunk copies and the scalar merge (`KILN_DMMA_ISSUE=generic`,
-/// `KILN_DMMA_VEC_MERGE=0`) and every launch on the paired entry points (`KILN_DMMA_PAIR_ROWS`)
-/// against the default, bit for bit. Fails when the shapes did not take
+/// `KILN_DMMA_VEC_MERGE=0`), every launch on the paired entry points (`KILN_DMMA_PAIR_ROWS`) and
+/// the combine with 4 partials in flight per thread (`KILN_DMMA_MERGE_NB=4`) against the default,
+/// bit for bit. Fails when the shapes did not take
 /// the tensor-core kernel.
 #[test]
 #[ignore = "needs a GPU: see the header"]
@@ -413,16 +414,19 @@ fn mma_decode_launch_options_and_splits() {
             };
             // Every launch on the paired entry points (`KILN_DMMA_PAIR_ROWS`; two warps per warp
             // of work, split by 32-dim blocks): same bits.
-            let paired = {
-                std::env::set_var("KILN_DMMA_PAIR_ROWS", "1000000");
+            let with_var = |var: &str, value: &str| {
+                std::env::set_var(var, value);
                 let h = gpu("bf16", kv);
-                std::env::remove_var("KILN_DMMA_PAIR_ROWS");
+                std::env::remove_var(var);
                 let hs = setup(&h, &ctxs, heads, kv_heads, hd, kv);
                 let mut out = h.upload(&vec![f32::NAN; n]).unwrap();
                 h.paged_attention(&hs.q, &hs.cache, 0, &hs.step, &hs.params, &mut out)
                     .unwrap();
                 down(&h, &out, n)
             };
+            let paired = with_var("KILN_DMMA_PAIR_ROWS", "1000000");
+            // The combine with 4 partials in flight per thread (main's before branch `lctx5`).
+            let merge_nb4 = with_var("KILN_DMMA_MERGE_NB", "4");
             let gated = gated_cuda(&g, &gs);
             let mut checks = vec![
                 ("default_twice", same(&default1, &default2)),
@@ -437,6 +441,7 @@ fn mma_decode_launch_options_and_splits() {
                 same(&before, &default1),
             ));
             checks.push(("paired=default", same(&paired, &default1)));
+            checks.push(("combine_nb4=default", same(&merge_nb4, &default1)));
             let mut diffs = vec![
                 ("default", max_diff(&want, &default1)),
                 ("legacy", max_diff(&want, &legacy)),

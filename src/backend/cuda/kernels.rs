@@ -27,6 +27,10 @@ pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
 /// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).
 const W4A16_ENTRIES_MARK: &str = "#define W4_ARGS(T)";
 
+/// `kernels/attention_decode_mma_merge.cuh`: the combine of the tensor-core decode kernels,
+/// compiled after `attention_decode_mma.cu` (whose helpers it uses; [`KernelModule::full_source`]).
+const DMMA_MERGE_SOURCE: &str = include_str!("../../../kernels/attention_decode_mma_merge.cuh");
+
 /// One `.cu` file of `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelModule {
@@ -182,6 +186,13 @@ impl KernelModule {
                 self.source()
             );
         }
+        if self == KernelModule::AttentionDecodeMma {
+            return format!(
+                "{COMMON_HEADER}\n#line 1 \"{}\"\n{}\n#line 1 \"attention_decode_mma_merge.cuh\"\n{DMMA_MERGE_SOURCE}",
+                self.file_name(),
+                self.source()
+            );
+        }
         // `#pragma once` in common.cuh is harmless here; the #line resets error locations so
         // NVRTC logs point into the .cu file itself.
         format!(
@@ -265,6 +276,15 @@ impl KernelModule {
                 // `KILN_DMMA_VEC_MERGE=0`: the end-of-part merge one dim per step (same bits).
                 if std::env::var("KILN_DMMA_VEC_MERGE").is_ok_and(|v| v == "0") {
                     d.push("-DDMMA_SCALAR_MERGE".into());
+                }
+                // `KILN_DMMA_MERGE_NB=<n>` (1..=16): the combine's partials in flight per thread
+                // (attention_decode_mma_merge.cuh; same bits for any n).
+                if let Some(n) = std::env::var("KILN_DMMA_MERGE_NB")
+                    .ok()
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .filter(|n| (1..=16).contains(n))
+                {
+                    d.push(format!("-DDMMA_MERGE_NB={n}"));
                 }
                 d
             }

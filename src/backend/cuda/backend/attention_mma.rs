@@ -82,8 +82,12 @@ fn decode_mma_pair_name(t: &str, c: &str, dim: usize) -> String {
 /// their paired twins (the combine is separate: [`decode_mma_combine_name`]).
 fn decode_mma_names(t: &str, c: &str) -> Vec<String> {
     let one = DECODE_MMA_DIMS.iter().map(|&d| decode_mma_name(t, c, d));
-    one.chain(DECODE_MMA_DIMS.iter().map(|&d| decode_mma_pair_name(t, c, d)))
-        .collect()
+    one.chain(
+        DECODE_MMA_DIMS
+            .iter()
+            .map(|&d| decode_mma_pair_name(t, c, d)),
+    )
+    .collect()
 }
 
 /// The row bound of the paired launches: `KILN_DMMA_PAIR_ROWS` (read at each backend's
@@ -166,7 +170,11 @@ impl DecodeMmaKernels {
         let Some(combine) = all.get(&decode_mma_combine_name(t)).cloned() else {
             return Ok(None);
         };
-        for (f, &d) in funcs.iter().chain(&pairs).zip(DECODE_MMA_DIMS.iter().cycle()) {
+        for (f, &d) in funcs
+            .iter()
+            .chain(&pairs)
+            .zip(DECODE_MMA_DIMS.iter().cycle())
+        {
             let (_, smem) = decode_mma_geometry(d, kv_bytes);
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
