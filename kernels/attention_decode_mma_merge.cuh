@@ -15,10 +15,11 @@
 // combine has 24 blocks for a 1-row 27B step and each thread walks the parts one after another.
 // It waits (griddepcontrol.wait) before reading the partials, so it may be launched with PDL.
 
-// Partials in flight per thread (float4 each): 8 (one round trip up to 128 parts: the 27B's 32K
-// row; was 4, which -DDMMA_MERGE_NB=4 (`KILN_DMMA_MERGE_NB=4`, kernels.rs) keeps).
+// Partials in flight per thread (float4 each): 4, one round trip up to 64 parts.
+// -DDMMA_MERGE_NB=<n> (`KILN_DMMA_MERGE_NB`, kernels.rs) changes it, same bits: 8 (one round trip
+// for the 27B's 128 parts at 32K) measured no faster on the H200 (docs/benchmarks.md, `lctx5`).
 #ifndef DMMA_MERGE_NB
-#define DMMA_MERGE_NB 8
+#define DMMA_MERGE_NB 4
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -4,10 +4,11 @@
 //! the keys and partials as the decode kernel of `attention_decode.cu`, so `launch_decode` only
 //! swaps the function, the block size and the shared memory (see [`CudaBackend::decode_mma`]).
 //!
-//! Launches of at most `pair_rows` rows (`KILN_DMMA_PAIR_ROWS`, read when a backend is created;
-//! [`PAIR_ROWS`] by default) take the `_p2` entry points: each warp's work split between two
-//! warps by 32-dim blocks (the kernel's header, "Pairs"), twice the threads, the same shared
-//! memory and the same bits; a function of the launch's row count, so fixed per graph bucket.
+//! Some launches take the `_p2` entry points: each warp's work split between two warps by 32-dim
+//! blocks (the kernel's header, "Pairs"), twice the threads, the same shared memory and the same
+//! bits. Which ones is [`pair_by_default`] (head width, KV bytes, the launch's row count: fixed
+//! per graph bucket), or every launch of at most `KILN_DMMA_PAIR_ROWS` rows when that is set
+//! (read when a backend is created; `0`: never, the kernels before branch `lctx5`).
 //!
 //! `KILN_DECODE_MMA=0` (read when a backend is created) keeps the older decode kernel for every
 //! shape, e.g. to compare the two in one process; `KILN_DECODE_MMA=128` keeps it for head width
@@ -63,9 +64,18 @@ pub fn decode_mma_stage_budget() -> Option<usize> {
     })
 }
 
-/// Launches of at most this many rows take the paired entry points unless `KILN_DMMA_PAIR_ROWS`
-/// says otherwise (0: never).
-pub const PAIR_ROWS: usize = 0;
+/// Whether a launch of `n_rows` rows at head width `dim` over `kv_bytes`-byte KV takes the paired
+/// entry point by default: width 256 up to 16 rows, width 128 with 16-bit KV at any row count —
+/// where the H200 measured it faster (docs/benchmarks.md, `lctx5`: the 27B's 24/4 × 256 one-row
+/// call at 8K 5–8% faster, 16 rows ~2%; the Qwen3-like 32/8 × 128 bf16 at 16 / 64 rows ~2–3%;
+/// fp8 at width 128 and 64 rows at width 256 measured slower or the same).
+pub fn pair_by_default(dim: usize, kv_bytes: usize, n_rows: usize) -> bool {
+    match dim {
+        256 => n_rows <= 16,
+        128 => kv_bytes == 2,
+        _ => false,
+    }
+}
 
 /// Entry point name for compute dtype `t`, KV storage `c` and head width `dim`.
 pub fn decode_mma_name(t: &str, c: &str, dim: usize) -> String {
@@ -90,17 +100,16 @@ fn decode_mma_names(t: &str, c: &str) -> Vec<String> {
     .collect()
 }
 
-/// The row bound of the paired launches: `KILN_DMMA_PAIR_ROWS` (read at each backend's
-/// creation, so one process can time both) or [`PAIR_ROWS`]; a value that is not a number is
-/// ignored with a warning.
-fn decode_mma_pair_rows() -> usize {
-    let Ok(v) = std::env::var("KILN_DMMA_PAIR_ROWS") else {
-        return PAIR_ROWS;
-    };
-    v.parse().unwrap_or_else(|_| {
-        tracing::warn!(value = %v, default = PAIR_ROWS, "KILN_DMMA_PAIR_ROWS is not a row count");
-        PAIR_ROWS
-    })
+/// The row bound of the paired launches set by `KILN_DMMA_PAIR_ROWS` (read at each backend's
+/// creation, so one process can time both), `None` when unset or not a number (with a warning):
+/// [`pair_by_default`] then decides.
+fn decode_mma_pair_rows() -> Option<usize> {
+    let v = std::env::var("KILN_DMMA_PAIR_ROWS").ok()?;
+    let n = v.parse().ok();
+    if n.is_none() {
+        tracing::warn!(value = %v, "KILN_DMMA_PAIR_ROWS is not a row count; using the default");
+    }
+    n
 }
 
 /// Entry point name of the tensor-core kernel's combine for compute dtype `t`.
@@ -138,8 +147,9 @@ pub(crate) struct DecodeMmaKernels {
     funcs: Vec<CudaFunction>,
     /// Their paired twins (`_p2`), same order.
     pairs: Vec<CudaFunction>,
-    /// Launches of at most this many rows take `pairs`.
-    pair_rows: usize,
+    /// `KILN_DMMA_PAIR_ROWS`: launches of at most this many rows take `pairs` (else
+    /// [`pair_by_default`]).
+    pair_rows: Option<usize>,
     /// `attention_decode_mma_combine_{t}`.
     combine: CudaFunction,
     kv_bytes: usize,
@@ -222,8 +232,8 @@ impl CudaBackend {
     /// compute, not disabled) and head_dim is 64, 128 or 256 (not 64 with `KILN_DECODE_MMA=128`)
     /// with at most 8 query heads per KV head; `None` keeps attention_decode.cu's kernel. A
     /// function of the shapes only (never of the data), so a captured graph and an eager step run
-    /// the same kernel; launches of at most `pair_rows` rows (`n_rows`) take the paired twin
-    /// (same bits).
+    /// the same kernel; the paired twin (same bits) by [`pair_by_default`] of the width, the KV
+    /// bytes and `n_rows`, or up to `KILN_DMMA_PAIR_ROWS` rows.
     pub(crate) fn decode_mma(
         &self,
         head_dim: usize,
@@ -236,7 +246,11 @@ impl CudaBackend {
         }
         let i = DECODE_MMA_DIMS.iter().position(|&d| d == head_dim)?;
         let (threads, smem) = decode_mma_geometry(head_dim, k.kv_bytes);
-        let pair = n_rows <= k.pair_rows;
+        let pair = k
+            .pair_rows
+            .map_or(pair_by_default(head_dim, k.kv_bytes, n_rows), |n| {
+                n_rows <= n
+            });
         Some(DecodeMmaLaunch {
             func: if pair { &k.pairs[i] } else { &k.funcs[i] },
             combine: &k.combine,
@@ -302,5 +316,14 @@ mod tests {
             decode_mma_name("bf16", "e5m2", 256),
             "attention_decode_mma_bf16_e5m2_d256"
         );
+        assert_eq!(
+            decode_mma_names("bf16", "e5m2")[5],
+            "attention_decode_mma_bf16_e5m2_d256_p2"
+        );
+        // The paired twins by default: width 256 up to 16 rows, width 128 with 16-bit KV.
+        assert!(pair_by_default(256, 1, 1) && pair_by_default(256, 2, 16));
+        assert!(!pair_by_default(256, 1, 17) && !pair_by_default(256, 2, 64));
+        assert!(pair_by_default(128, 2, 1) && pair_by_default(128, 2, 64));
+        assert!(!pair_by_default(128, 1, 1) && !pair_by_default(64, 2, 1));
     }
 }
