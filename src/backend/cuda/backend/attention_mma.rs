@@ -65,14 +65,16 @@ pub fn decode_mma_stage_budget() -> Option<usize> {
 }
 
 /// Whether a launch of `n_rows` rows at head width `dim` over `kv_bytes`-byte KV takes the paired
-/// entry point by default: width 256 up to 16 rows, width 128 with 16-bit KV at any row count —
-/// where the H200 measured it faster (docs/benchmarks.md, `lctx5`: the 27B's 24/4 × 256 one-row
-/// call at 8K 5–8% faster, 16 rows ~2%; the Qwen3-like 32/8 × 128 bf16 at 16 / 64 rows ~2–3%;
-/// fp8 at width 128 and 64 rows at width 256 measured slower or the same).
+/// entry point by default: width 256 with fp8 KV up to 16 rows, with 16-bit KV 2–16 rows; width
+/// 128 with 16-bit KV from 2 rows — where the H200 measured it faster (docs/benchmarks.md,
+/// `lctx5`: the 27B's 24/4 × 256 fp8 one-row call at 8K 7–8%, 16 rows 1–2%; the Qwen3-like 32/8 ×
+/// 128 bf16 at 16 / 64 rows 1–4%). Slower or not faster, so unpaired: one row in 16-bit KV, fp8 at
+/// width 128, 64 rows at width 256.
 pub fn pair_by_default(dim: usize, kv_bytes: usize, n_rows: usize) -> bool {
-    match dim {
-        256 => n_rows <= 16,
-        128 => kv_bytes == 2,
+    match (dim, kv_bytes) {
+        (256, 1) => n_rows <= 16,
+        (256, 2) => (2..=16).contains(&n_rows),
+        (128, 2) => n_rows >= 2,
         _ => false,
     }
 }
@@ -320,10 +322,13 @@ mod tests {
             decode_mma_names("bf16", "e5m2")[5],
             "attention_decode_mma_bf16_e5m2_d256_p2"
         );
-        // The paired twins by default: width 256 up to 16 rows, width 128 with 16-bit KV.
-        assert!(pair_by_default(256, 1, 1) && pair_by_default(256, 2, 16));
-        assert!(!pair_by_default(256, 1, 17) && !pair_by_default(256, 2, 64));
-        assert!(pair_by_default(128, 2, 1) && pair_by_default(128, 2, 64));
-        assert!(!pair_by_default(128, 1, 1) && !pair_by_default(64, 2, 1));
+        // The paired twins by default (width 256: fp8 ≤ 16 rows, 16-bit 2..=16; width 128:
+        // 16-bit from 2 rows).
+        assert!(pair_by_default(256, 1, 1) && pair_by_default(256, 1, 16));
+        assert!(pair_by_default(256, 2, 2) && pair_by_default(256, 2, 16));
+        assert!(!pair_by_default(256, 2, 1) && !pair_by_default(256, 1, 17));
+        assert!(!pair_by_default(256, 2, 64) && !pair_by_default(128, 2, 1));
+        assert!(pair_by_default(128, 2, 2) && pair_by_default(128, 2, 64));
+        assert!(!pair_by_default(128, 1, 16) && !pair_by_default(64, 2, 16));
     }
 }
