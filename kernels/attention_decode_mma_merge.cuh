@@ -16,8 +16,8 @@
 // It waits (griddepcontrol.wait) before reading the partials, so it may be launched with PDL.
 
 // Partials in flight per thread (float4 each): 4, one round trip up to 64 parts.
-// -DDMMA_MERGE_NB=<n> (`KILN_DMMA_MERGE_NB`, kernels.rs) changes it, same bits: 8 (one round trip
-// for the 27B's 128 parts at 32K) measured no faster on the H200 (docs/benchmarks.md, `lctx5`).
+// -DDMMA_MERGE_NB=<n> changes it, same bits: 8 (one round trip for the 27B's 128 parts at 32K)
+// measured no faster on the H200 (docs/benchmarks.md, `lctx5`, through a switch since removed).
 #ifndef DMMA_MERGE_NB
 #define DMMA_MERGE_NB 4
 #endif

@@ -27,10 +27,6 @@ pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
 /// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).
 const W4A16_ENTRIES_MARK: &str = "#define W4_ARGS(T)";
 
-/// `kernels/attention_decode_mma_merge.cuh`: the combine of the tensor-core decode kernels,
-/// compiled after `attention_decode_mma.cu` (whose helpers it uses; [`KernelModule::full_source`]).
-const DMMA_MERGE_SOURCE: &str = include_str!("../../../kernels/attention_decode_mma_merge.cuh");
-
 /// One `.cu` file of `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelModule {
@@ -186,19 +182,17 @@ impl KernelModule {
                 self.source()
             );
         }
-        if self == KernelModule::AttentionDecodeMma {
-            return format!(
-                "{COMMON_HEADER}\n#line 1 \"{}\"\n{}\n#line 1 \"attention_decode_mma_merge.cuh\"\n{DMMA_MERGE_SOURCE}",
-                self.file_name(),
-                self.source()
-            );
-        }
         // `#pragma once` in common.cuh is harmless here; the #line resets error locations so
-        // NVRTC logs point into the .cu file itself.
+        // NVRTC logs point into the .cu file itself (the tensor-core decode's combine follows it).
+        let merge = (self == KernelModule::AttentionDecodeMma).then_some(concat!(
+            "\n#line 1 \"attention_decode_mma_merge.cuh\"\n",
+            include_str!("../../../kernels/attention_decode_mma_merge.cuh")
+        ));
         format!(
-            "{COMMON_HEADER}\n#line 1 \"{}\"\n{}",
+            "{COMMON_HEADER}\n#line 1 \"{}\"\n{}{}",
             self.file_name(),
-            self.source()
+            self.source(),
+            merge.unwrap_or_default()
         )
     }
 
@@ -276,15 +270,6 @@ impl KernelModule {
                 // `KILN_DMMA_VEC_MERGE=0`: the end-of-part merge one dim per step (same bits).
                 if std::env::var("KILN_DMMA_VEC_MERGE").is_ok_and(|v| v == "0") {
                     d.push("-DDMMA_SCALAR_MERGE".into());
-                }
-                // `KILN_DMMA_MERGE_NB=<n>` (1..=16): the combine's partials in flight per thread
-                // (attention_decode_mma_merge.cuh; same bits for any n).
-                if let Some(n) = std::env::var("KILN_DMMA_MERGE_NB")
-                    .ok()
-                    .and_then(|v| v.parse::<u32>().ok())
-                    .filter(|n| (1..=16).contains(n))
-                {
-                    d.push(format!("-DDMMA_MERGE_NB={n}"));
                 }
                 d
             }
@@ -407,8 +392,7 @@ impl KernelModule {
                         for c in ["same", "e5m2", "e4m3"] {
                             let dims = super::backend::DECODE_MMA_DIMS;
                             let one = |d| super::backend::decode_mma_name(t, c, d);
-                            names.extend(dims.map(one));
-                            // The paired twins (attention_mma.rs, `decode_mma_pair_name`).
+                            names.extend(dims.map(one)); // then the paired twins (attention_mma.rs)
                             names.extend(dims.map(|d| format!("{}_p2", one(d))));
                         }
                         names.push(super::backend::decode_mma_combine_name(t));
