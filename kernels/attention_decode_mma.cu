@@ -1,6 +1,6 @@
 // attention_decode_mma.cu: decode attention over the paged KV cache on tensor cores (sm_80+,
 // 16-bit compute), for long contexts (issue 8 item 7). Entry points:
-// attention_decode_mma_{f16,bf16}_{same,e5m2,e4m3}_d{64,128,256}. Same arguments, same rows, same
+// attention_decode_mma_{f16,bf16}_{same,e5m2,e4m3}_d{64,128,256}[_p2]. Same arguments, same rows, same
 // split of the keys into parts and the same partials (merged by attention_decode_combine_* of
 // attention_decode.cu) as attention_decode.cu's kernel, which stays for sm_70 / sm_75, f32
 // compute, head_dim other than 64 / 128 / 256 and GQA groups over 8.
@@ -37,6 +37,14 @@
 //     dims 32b + 4r + 2t (rows r) and + 1 (rows r + 8).
 //   The accumulators of heads 2c, 2c+1 are rescaled by this lane's own corrections (lazily: only
 //     when a max grew).
+// Pairs (the `_p2` entry points, 2 · NW warps per block; the host takes them for launches of few
+// rows, `KILN_DMMA_PAIR_ROWS`): each warp above is a pair of physical warps; half hf = 0 / 1
+// copies rows 8 hf .. 8 hf + 7 of each chunk (whole rows; a 64-thread named barrier after the
+// wait makes both halves' copies visible to both) and reads and multiplies only the 32-dim
+// blocks b ≡ hf mod 2 of K and V: half 0 runs the even S chain, half 1 the odd one, they swap the
+// two through shared memory (a second pair barrier) and add them as above; both then run the
+// same softmax (same m, l, P) and each accumulates O of its own dims. Every f32 operation of a row is the single warp's, in
+// the same order: the same bits as the default entry point, with half the chain per warp.
 // End of a part: the warps' (m, l, O) meet in shared memory (over the stages, after the ring is
 // drained) and are merged in warp order: fixed order, so a row's bits depend only on its context
 // and data (not on the batch, the grid's Z or a graph's pinned context). One part: out directly;
@@ -55,17 +63,9 @@
 // completed and its writes are visible then, so partials of the previous call are read before
 // they are overwritten). Same bytes either way: same bits. Null pf_meta: nothing before the wait.
 //
-// attention_decode_mma_combine_{f16,bf16}: the merge of a row's parts, grid (n_heads, n_rows,
-// head_dim / 64), DMMA_MERGE_THREADS threads: block (head, y, z) writes dims 64 z .. 64 z + 63 of
-// that head. Weights w_p = exp2(m_p - max_p m_p) and inv = 1 / Σ_p l_p w_p as
-// attention_decode.cu's dec_merge_weights (one warp: lane-strided max and sum in part order, then
-// the xor-shuffle tree); output dim d = inv · Σ_{g < 16} S_g[d], S_g = Σ_{p ≡ g mod 16} acc_p[d]
-// w_p in increasing p, the 16 sums added in order g = 0..15. The order is a function of n_active
-// alone (bits independent of the grid and of scheduling). A block's loads of the partials are in
-// flight together (16 part groups × 16 float4 columns, 4 parts per thread at a time: one round
-// trip up to 64 parts, the first with the weights' (m, l) loads), where attention_decode.cu's
-// combine has 24 blocks for a 1-row 27B step and each thread walks the parts one after another.
-// It waits (griddepcontrol.wait) before reading the partials, so it may be launched with PDL.
+// attention_decode_mma_combine_{f16,bf16} (the merge of a row's parts, launched after the kernel
+// with PDL) is in attention_decode_mma_merge.cuh, compiled after this file (kernels.rs,
+// KernelModule::full_source): it uses the helpers above (dmma_part_len, dmma_pdl_*, dmma_gated).
 //
 // Types: the mma runs in bf16 for bf16 storage, else f16 (f16 storage, and fp8 widened to f16 in
 // registers: e5m2 is the upper byte of an f16; e4m3 (sign << 15 | (byte & 0x7f) << 7) is an f16
@@ -159,37 +159,26 @@ template <int DV, int CB> struct DmmaShape {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
-template <typename MT> struct DmmaOp;
-template <> struct DmmaOp<bf16_t> {
+// The mma (common.cuh's mma_m16n8k16: f32 accumulate, A row, B col) and the f32 → 16-bit pair
+// rounding for the mma element type MT (bf16_t or __half).
+template <typename MT> struct DmmaOp {
     static __device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned a2,
                                                unsigned a3, unsigned b0, unsigned b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-            "{%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        const unsigned a[4] = {a0, a1, a2, a3};
+        mma_m16n8k16<MT>(d, a, b0, b1);
     }
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi);
 };
-template <> struct DmmaOp<__half> {
-    static __device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned a2,
-                                               unsigned a3, unsigned b0, unsigned b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-            "{%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
-};
+template <> __device__ __forceinline__ unsigned DmmaOp<bf16_t>::pack(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned DmmaOp<__half>::pack(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 
 // The mma element type for storage C: bf16 for bf16, f16 otherwise (fp8 widens to f16).
 template <typename C> struct DmmaType { typedef __half T; };
@@ -249,6 +238,11 @@ __device__ __forceinline__ void dmma_ldsm_x4_trans(unsigned addr, unsigned& a0, 
                  : "r"(addr));
 }
 
+// The two warps of pair `w` (paired entry points): named barrier 1 + w over their 64 threads.
+__device__ __forceinline__ void dmma_pair_sync(int w) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + w), "n"(2 * WARP_SIZE) : "memory");
+}
+
 __device__ __forceinline__ void dmma_cp16(unsigned dst, const unsigned char* src, bool ok) {
     const int n = ok ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
@@ -262,7 +256,7 @@ __device__ __forceinline__ float dmma_gated(float v, const T* gate, long t, int 
     return v * (1.0f / (1.0f + expf(-g)));
 }
 
-template <typename T, typename C, int DV>
+template <typename T, typename C, int DV, int PR>
 __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_cache,
                                      const int* block_tables, const int* q_seq, const int* q_pos,
                                      const int* q_index, T* out, float* part_m, float* part_l,
@@ -275,6 +269,10 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
     typedef typename DmmaType<C>::T MT;
     typedef DmmaOp<MT> Op;
     constexpr int NW = Sh::NW, NST = Sh::NST, NKB = Sh::NKB;
+    // Physical warps per logical warp (DMMA_PAIR, see the header): half `hf` of a pair takes the
+    // 32-dim blocks b ≡ hf mod PR (of K for S, of V for O).
+    static_assert(PR == 1 || (PR == 2 && NKB % 2 == 0), "pairs split the 32-dim blocks");
+    constexpr int NKH = NKB / PR;  // 32-dim blocks per physical warp
     extern __shared__ __align__(16) unsigned char dmma_sm[];
 
     {
@@ -290,7 +288,8 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
     const int n_active = (ctx + part_len - 1) / part_len;
     if ((int)blockIdx.z >= n_active) return;  // block-uniform: before any barrier
 
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE;
+    const int warp = tid / WARP_SIZE / PR, hf = tid / WARP_SIZE % PR;  // logical warp, half
     const int r = lane >> 2, c = lane & 3;
     const int group = n_heads / n_kv_heads;
     const int* table = block_tables + (long)q_seq[t] * max_blocks;
@@ -302,9 +301,11 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
 
     const unsigned sm_base = (unsigned)__cvta_generic_to_shared(dmma_sm);
     const unsigned warp_base = sm_base + warp * NST * Sh::SB;
-    // Lane's staging units: column u (fixed), rows row0 + k · (32 / UPR).
-    constexpr int RSTEP = WARP_SIZE / Sh::UPR;
-    const int u_col = lane % Sh::UPR, row0 = lane / Sh::UPR;
+    // Lane's staging units: column u (fixed), rows row0 + k · (32 / UPR) of the chunk's 16 (with
+    // pairs: half hf copies whole rows 8 hf .. 8 hf + 7, made visible to the other half by the
+    // pair barrier after the wait).
+    constexpr int RSTEP = WARP_SIZE / Sh::UPR, UPL = DMMA_CHUNK / PR * Sh::UPR / WARP_SIZE;
+    const int u_col = lane % Sh::UPR, row0 = DMMA_CHUNK / PR * hf + lane / Sh::UPR;
 
     // Issue chunk `ci` of the part [start, end) into stage `st` (zeros past `end`), one commit
     // group (empty when ci is past the part, so the group count stays uniform).
@@ -326,7 +327,7 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                 const unsigned char* vp = vc + off;
                 const int n_ok = end - k0;
 #pragma unroll
-                for (int i = 0; i < Sh::UPL; ++i) {
+                for (int i = 0; i < UPL; ++i) {
                     const int row = row0 + i * RSTEP;
                     const bool ok = row < n_ok;
                     dmma_cp16(sk + row * Sh::KS + u_col * 16, kp, ok);
@@ -342,7 +343,7 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
             int blk = k0 / block_size, slot = k0 - blk * block_size + row0;
             while (slot >= block_size) { slot -= block_size; ++blk; }
 #pragma unroll
-            for (int i = 0; i < Sh::UPL; ++i) {
+            for (int i = 0; i < UPL; ++i) {
                 const int row = row0 + i * RSTEP;
                 const int j = k0 + row;
                 const bool ok = j < end;
@@ -393,21 +394,21 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
 
     // q of head r of the group as the B operand (k-step 2b + s: dims 32b + 8c + 4s + {0,1},
     // {2,3}), scaled by scale · log2 e; zero heads past the group.
-    unsigned qf[2 * NKB][2];
+    unsigned qf[2 * NKH][2];
     {
         const float qs = scale * DMMA_LOG2E;
         const bool live = r < group;
         const long qrow = (t * n_heads + (long)kv_head * group + r) * (long)DV;
 #pragma unroll
-        for (int b = 0; b < NKB; ++b)
+        for (int bb = 0; bb < NKH; ++bb)
 #pragma unroll
             for (int s = 0; s < 2; ++s)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int d = 32 * b + 8 * c + 4 * s + 2 * h;
+                    const int d = 32 * (bb * PR + hf) + 8 * c + 4 * s + 2 * h;
                     const float x0 = live ? Io<T>::load(q, qrow + d) * qs : 0.0f;
                     const float x1 = live ? Io<T>::load(q, qrow + d + 1) * qs : 0.0f;
-                    qf[2 * b + s][h] = Op::pack(x0, x1);
+                    qf[2 * bb + s][h] = Op::pack(x0, x1);
                 }
     }
 
@@ -418,9 +419,9 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         // This warp's chunks: warp, warp + NW, ... < n_chunks (my_n of them).
         const int my_n = warp < n_chunks ? (n_chunks - warp + NW - 1) / NW : 0;
 
-        float o[DV / 16][4];
+        float o[2 * NKH][4];  // m-tiles 2 b, 2 b + 1 of this warp's blocks b (local 2 bb, 2 bb + 1)
 #pragma unroll
-        for (int i = 0; i < DV / 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        for (int i = 0; i < 2 * NKH; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
         float m_a = KILN_NEG_INF, m_b = KILN_NEG_INF, l_a = 0.0f, l_b = 0.0f;
 
         __syncthreads();  // the last part's merge (over the same bytes) has been read
@@ -430,8 +431,14 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         }
 
         for (int i = 0; i < my_n; ++i) {
-            issue(warp + (i + NST - 1) * NW, start, end, (i + NST - 1) % NST);
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(NST - 1));
+            // With pairs the next chunk is issued once both halves are done with the stage (the
+            // pair barrier below: both have finished chunk i - 1, whose stage it refills).
+            if constexpr (PR == 1) issue(warp + (i + NST - 1) * NW, start, end, (i + NST - 1) % NST);
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(PR == 1 ? NST - 1 : NST - 2));
+            if constexpr (PR == 2) {
+                dmma_pair_sync(warp);  // both halves' copies of chunk i are visible to both
+                issue(warp + (i + NST - 1) * NW, start, end, (i + NST - 1) % NST);
+            }
             __syncwarp();  // every lane's copies of chunk i are visible to the warp
             const int st = i % NST;
             const int k0 = start + (warp + i * NW) * DMMA_CHUNK;
@@ -442,7 +449,8 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
             // (two chains of NKB mmas instead of one of 2 NKB), summed after.
             float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s4o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int b = 0; b < NKB; ++b) {
+            for (int bb = 0; bb < NKH; ++bb) {
+                const int b = bb * PR + hf;
                 unsigned w0[4], w8[4];
                 if constexpr (CB == 2) {
                     const uint4 x = *reinterpret_cast<const uint4*>(sk + r * Sh::KS + 64 * b + 16 * c);
@@ -457,11 +465,31 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                     w8[0] = dmma_w8_lo<C>(y.x); w8[1] = dmma_w8_hi<C>(y.x);
                     w8[2] = dmma_w8_lo<C>(y.y); w8[3] = dmma_w8_hi<C>(y.y);
                 }
-                float* acc = (b & 1) ? s4o : s4;
+                float* acc = (PR == 1 && (b & 1)) ? s4o : s4;  // pairs: this half's chain in s4
 #pragma unroll
                 for (int s = 0; s < 2; ++s)
-                    Op::mma(acc, w0[2 * s], w8[2 * s], w0[2 * s + 1], w8[2 * s + 1], qf[2 * b + s][0],
-                            qf[2 * b + s][1]);
+                    Op::mma(acc, w0[2 * s], w8[2 * s], w0[2 * s + 1], w8[2 * s + 1], qf[2 * bb + s][0],
+                            qf[2 * bb + s][1]);
+            }
+            if constexpr (PR == 2) {
+                // s4 holds this half's chain (even blocks for half 0, odd for 1): swap them through
+                // 16 bytes per lane of K in this half's own blocks (read above by this warp only;
+                // refilled only after the next chunk's first pair barrier).
+                __syncwarp();
+                constexpr int UPRH = Sh::UPR / 2, UPB = 2 * CB;  // units per row of a half, a block
+                const int xu = lane % UPRH, xrow = lane / UPRH;
+                const unsigned xo = xrow * Sh::KS + ((xu / UPB * 2 + hf) * UPB + xu % UPB) * 16;
+                const unsigned xp = xrow * Sh::KS + ((xu / UPB * 2 + (hf ^ 1)) * UPB + xu % UPB) * 16;
+                *reinterpret_cast<float4*>(const_cast<unsigned char*>(sk) + xo) =
+                    make_float4(s4[0], s4[1], s4[2], s4[3]);
+                dmma_pair_sync(warp);
+                const float4 v = *reinterpret_cast<const float4*>(sk + xp);
+                const float other[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {  // even + odd, as below
+                    s4o[e] = hf ? s4[e] : other[e];
+                    s4[e] = hf ? other[e] : s4[e];
+                }
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) s4[e] += s4o[e];
@@ -491,7 +519,7 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
             const unsigned pb_1 = dmma_trans(Op::pack(pa8, pb8));  // keys 2c+8, 2c+9
             if (ca != 1.0f || cb != 1.0f) {
 #pragma unroll
-                for (int mt = 0; mt < DV / 16; ++mt) {
+                for (int mt = 0; mt < 2 * NKH; ++mt) {
                     o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb;
                 }
             }
@@ -501,15 +529,17 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                 const int mi = lane >> 3;
                 const unsigned vrow = sv + ((lane & 7) + 8 * (mi >> 1)) * Sh::VS + (mi & 1) * 16;
 #pragma unroll
-                for (int mt = 0; mt < DV / 16; ++mt) {
+                for (int j = 0; j < 2 * NKH; ++j) {
+                    const int mt = 2 * ((j / 2) * PR + hf) + j % 2;
                     unsigned a0, a1, a2, a3;
                     dmma_ldsm_x4_trans(vrow + mt * 32, a0, a1, a2, a3);
-                    Op::mma(o[mt], a0, a1, a2, a3, pb_0, pb_1);
+                    Op::mma(o[j], a0, a1, a2, a3, pb_0, pb_1);
                 }
             } else {
                 const unsigned char* svp = sk + DMMA_CHUNK * Sh::KS;
 #pragma unroll
-                for (int b = 0; b < NKB; ++b) {
+                for (int bb = 0; bb < NKH; ++bb) {
+                    const int b = bb * PR + hf;
                     const unsigned char* base = svp + 32 * b + 4 * r;
                     const unsigned x0 = *reinterpret_cast<const unsigned*>(base + (2 * c) * Sh::VS);
                     const unsigned x1 = *reinterpret_cast<const unsigned*>(base + (2 * c + 1) * Sh::VS);
@@ -517,9 +547,9 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                     const unsigned y1 = *reinterpret_cast<const unsigned*>(base + (2 * c + 9) * Sh::VS);
                     const unsigned x01 = __byte_perm(x0, x1, 0x5140), x23 = __byte_perm(x0, x1, 0x7362);
                     const unsigned y01 = __byte_perm(y0, y1, 0x5140), y23 = __byte_perm(y0, y1, 0x7362);
-                    Op::mma(o[2 * b], dmma_w8_lo<C>(x01), dmma_w8_hi<C>(x01), dmma_w8_lo<C>(y01),
+                    Op::mma(o[2 * bb], dmma_w8_lo<C>(x01), dmma_w8_hi<C>(x01), dmma_w8_lo<C>(y01),
                             dmma_w8_hi<C>(y01), pb_0, pb_1);
-                    Op::mma(o[2 * b + 1], dmma_w8_lo<C>(x23), dmma_w8_hi<C>(x23), dmma_w8_lo<C>(y23),
+                    Op::mma(o[2 * bb + 1], dmma_w8_lo<C>(x23), dmma_w8_hi<C>(x23), dmma_w8_lo<C>(y23),
                             dmma_w8_hi<C>(y23), pb_0, pb_1);
                 }
             }
@@ -530,7 +560,9 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         // each; the groups still pending are empty).
         if constexpr (XP) {
             // The next part's first NST - 1 chunks into stages 0 .. NST - 2 (this warp's own,
-            // read), in flight during the merge below (which uses the stages NST - 1).
+            // read), in flight during the merge below (which uses the stages NST - 1); with pairs
+            // once the partner has read this warp's last exchange (in its own K units).
+            if constexpr (PR == 2) dmma_pair_sync(warp);
             const int next = part + (int)gridDim.z;
             issued = next < n_active;
             if (issued) {
@@ -551,7 +583,8 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
         }
         float* mine = red_row(warp, 0);
 #pragma unroll
-        for (int mt = 0; mt < DV / 16; ++mt) {
+        for (int j = 0; j < 2 * NKH; ++j) {
+            const int mt = 2 * ((j / 2) * PR + hf) + j % 2;
             int d0, d8;
             if constexpr (CB == 2) {
                 d0 = 16 * mt + r;
@@ -560,12 +593,12 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
                 d0 = 32 * (mt / 2) + 4 * r + 2 * (mt % 2);
                 d8 = d0 + 1;
             }
-            mine[(2 * c) * RS + d0] = o[mt][0];
-            mine[(2 * c + 1) * RS + d0] = o[mt][1];
-            mine[(2 * c) * RS + d8] = o[mt][2];
-            mine[(2 * c + 1) * RS + d8] = o[mt][3];
+            mine[(2 * c) * RS + d0] = o[j][0];
+            mine[(2 * c + 1) * RS + d0] = o[j][1];
+            mine[(2 * c) * RS + d8] = o[j][2];
+            mine[(2 * c + 1) * RS + d8] = o[j][3];
         }
-        if (r == 0) {
+        if (r == 0 && hf == 0) {  // both halves hold the same m, l
             mine[(2 * c) * RS + DV] = m_a;
             mine[(2 * c) * RS + DV + 1] = l_a;
             mine[(2 * c + 1) * RS + DV] = m_b;
@@ -597,7 +630,7 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
 #else
         constexpr int VW = 4;  // dims per thread and step (float4 rows: RS and DV multiples of 4)
 #endif
-        for (int idx = tid; idx < group * (DV / VW); idx += NW * WARP_SIZE) {
+        for (int idx = tid; idx < group * (DV / VW); idx += NW * PR * WARP_SIZE) {
             const int g = idx / (DV / VW), d = VW * (idx - g * (DV / VW));
             float acc[VW];
 #pragma unroll
@@ -646,138 +679,32 @@ __device__ void attention_decode_mma(const T* q, const C* k_cache, const C* v_ca
     }
 }
 
-// The merge of a row's parts (see the header): block (head, y, z), thread (g, col) = (tid / 16,
-// tid % 16) loads the float4 of dims 64 z + 4 col .. + 3 of parts g, g + 16, ... (all in flight),
-// then weighs them once warp 0 has the weights.
-template <typename T>
-__device__ void attention_decode_mma_combine(const float* part_m, const float* part_l,
-                                             const float* part_acc, const int* q_pos,
-                                             const int* q_index, T* out, int n_heads, int head_dim,
-                                             int n_slots, int single_keys, int min_part,
-                                             int max_parts, const T* gate, int gate_row,
-                                             int gate_head) {
-    constexpr int PG = DMMA_MERGE_PG, NI = DMMA_MAX_SLOTS / DMMA_MERGE_PG;
-    __shared__ float w_s[DMMA_MAX_SLOTS];
-    __shared__ __align__(16) float sums[PG][DMMA_MERGE_DIMS];
-    __shared__ float inv_s;
-    const int head = blockIdx.x;
-    const long row_y = blockIdx.y;
-    const long t = q_index ? q_index[row_y] : row_y;
-    const int ctx = q_pos[t] + 1;
-    const int part_len = dmma_part_len(ctx, single_keys, min_part, max_parts);
-    const int n_active = (ctx + part_len - 1) / part_len;
-    // The partials are the previous grid's (launched with PDL: wait for it before reading them).
-    dmma_pdl_wait();
-    dmma_pdl_launch_dependents();
-    if (n_active <= 1 || n_active > DMMA_MAX_SLOTS) return;  // one part: written by the main kernel
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE;
-    const int col = tid % (DMMA_MERGE_DIMS / 4), g = tid / (DMMA_MERGE_DIMS / 4);
-    const int d0 = blockIdx.z * DMMA_MERGE_DIMS + 4 * col;
-    const long ph0 = (row_y * n_heads + head) * (long)n_slots;
-    // Parts g + 16 i in batches of NB (the first batch in flight with the weights' loads).
-    constexpr int NB = 4;
-    auto load = [&](int i) {
-        const int p = g + PG * i;
-        return p < n_active ? __ldcg(reinterpret_cast<const float4*>(part_acc + (ph0 + p) * head_dim + d0))
-                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    };
-    float4 a[NB];
-#pragma unroll
-    for (int i = 0; i < NB; ++i) a[i] = load(i);
-    if (tid < WARP_SIZE) {
-        // Lane's parts lane, lane + 32, ...: (m, l) loaded once, all in flight.
-        constexpr int NL = DMMA_MAX_SLOTS / WARP_SIZE;
-        float pm[NL], pl[NL];
-        float mx = KILN_NEG_INF;
-#pragma unroll
-        for (int i = 0; i < NL; ++i) {
-            const int p = lane + WARP_SIZE * i;
-            pm[i] = p < n_active ? __ldcg(part_m + ph0 + p) : KILN_NEG_INF;
-            pl[i] = p < n_active ? __ldcg(part_l + ph0 + p) : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < NL; ++i) mx = fmaxf(mx, pm[i]);
-        mx = warp_max(mx);
-        float lsum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NL; ++i) {
-            const int p = lane + WARP_SIZE * i;
-            if (p < n_active) {
-                const float w = pm[i] == KILN_NEG_INF ? 0.0f : exp2f(pm[i] - mx);
-                w_s[p] = w;
-                lsum = fmaf(pl[i], w, lsum);
-            }
-        }
-        lsum = warp_sum(lsum);
-        if (lane == 0) inv_s = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    }
-    __syncthreads();
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i0 = 0; i0 < NI && g + PG * i0 < n_active; i0 += NB) {
-        if (i0 > 0) {
-#pragma unroll
-            for (int i = 0; i < NB; ++i) a[i] = load(i0 + i);
-        }
-#pragma unroll
-        for (int i = 0; i < NB; ++i) {
-            const int p = g + PG * (i0 + i);
-            if (p < n_active) {
-                const float w = w_s[p];
-                acc.x = fmaf(a[i].x, w, acc.x);
-                acc.y = fmaf(a[i].y, w, acc.y);
-                acc.z = fmaf(a[i].z, w, acc.z);
-                acc.w = fmaf(a[i].w, w, acc.w);
-            }
-        }
-    }
-    *reinterpret_cast<float4*>(&sums[g][4 * col]) = acc;
-    __syncthreads();
-    if (tid < DMMA_MERGE_DIMS) {
-        float o = 0.0f;
-#pragma unroll
-        for (int k = 0; k < PG; ++k) o += sums[k][tid];
-        o *= inv_s;
-        const int d = blockIdx.z * DMMA_MERGE_DIMS + tid;
-        Io<T>::store(out, (t * n_heads + head) * (long)head_dim + d,
-                     dmma_gated<T>(o, gate, t, head, d, gate_row, gate_head));
-    }
-}
-
-#define DMMA_BODY(T, C, DV)                                                                         \
-    attention_decode_mma<T, C, DV>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,         \
+#define DMMA_BODY(T, C, DV, PR)                                                                     \
+    attention_decode_mma<T, C, DV, PR>(q, kc, vc, bt, q_seq, q_pos, q_index, out, pm, pl, pacc,         \
                                    n_heads, n_kv_heads, head_dim, block_size, max_blocks, n_slots,  \
                                    single_keys, min_part, max_parts, pf_meta, scale, gate,          \
                                    gate_row, gate_head);
-#define DMMA_COMBINE_BODY(T)                                                                        \
-    attention_decode_mma_combine<T>(pm, pl, pacc, q_pos, q_index, out, n_heads, head_dim, n_slots,  \
-                                    single_keys, min_part, max_parts, gate, gate_row, gate_head);
 #else
-#define DMMA_BODY(T, C, DV) __trap();
-#define DMMA_COMBINE_BODY(T) __trap();
+#define DMMA_BODY(T, C, DV, PR) __trap();
 #endif
 
-#define ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, DV)                                               \
-    extern "C" __global__ void __launch_bounds__(DmmaShape<DV, (int)sizeof(C)>::NW * WARP_SIZE)     \
-        attention_decode_mma_##SUF##_##CSUF##_d##DV(                                                \
+#define ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, DV, PR, PSUF)                                     \
+    extern "C" __global__ void __launch_bounds__(DmmaShape<DV, (int)sizeof(C)>::NW * PR * WARP_SIZE) \
+        attention_decode_mma_##SUF##_##CSUF##_d##DV##PSUF(                                          \
             const T* q, const C* kc, const C* vc, const int* bt, const int* q_seq,                  \
             const int* q_pos, const int* q_index, T* out, float* pm, float* pl, float* pacc,        \
             int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks,             \
             int n_slots, int single_keys, int min_part, int max_parts, const int* pf_meta,         \
             float scale, const T* gate, int gate_row, int gate_head) {                              \
-        DMMA_BODY(T, C, DV)                                                                         \
-    }
-#define ATTENTION_DECODE_MMA_COMBINE(SUF, T)                                                        \
-    extern "C" __global__ void __launch_bounds__(DMMA_MERGE_THREADS)                                \
-        attention_decode_mma_combine_##SUF(                                                         \
-            const float* pm, const float* pl, const float* pacc, const int* q_pos,                  \
-            const int* q_index, T* out, int n_heads, int head_dim, int n_slots, int single_keys,    \
-            int min_part, int max_parts, const T* gate, int gate_row, int gate_head) {              \
-        DMMA_COMBINE_BODY(T)                                                                        \
+        DMMA_BODY(T, C, DV, PR)                                                                     \
     }
 #define ATTENTION_DECODE_MMA_STORAGE(SUF, T, CSUF, C)                                               \
-    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 64)                                                   \
-    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 128)                                                  \
-    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 256)
+    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 64, 1, )                                              \
+    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 128, 1, )                                             \
+    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 256, 1, )                                             \
+    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 64, 2, _p2)                                           \
+    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 128, 2, _p2)                                          \
+    ATTENTION_DECODE_MMA_ONE(SUF, T, CSUF, C, 256, 2, _p2)
 
 // Instantiations: all of them by default (the compile test, `kiln doctor`); a backend builds its
 // own (compute dtype, KV storage) pair with -DKILN_DMMA_ONLY -DKILN_DMMA_T_<t> -DKILN_DMMA_C_<c>.
@@ -798,11 +725,5 @@ ATTENTION_DECODE_MMA_STORAGE(bf16, bf16_t, e5m2, E5M2)
 #endif
 #if !defined(KILN_DMMA_ONLY) || (defined(KILN_DMMA_T_bf16) && defined(KILN_DMMA_C_e4m3))
 ATTENTION_DECODE_MMA_STORAGE(bf16, bf16_t, e4m3, E4M3)
-#endif
-#if !defined(KILN_DMMA_ONLY) || defined(KILN_DMMA_T_f16)
-ATTENTION_DECODE_MMA_COMBINE(f16, __half)
-#endif
-#if !defined(KILN_DMMA_ONLY) || defined(KILN_DMMA_T_bf16)
-ATTENTION_DECODE_MMA_COMBINE(bf16, bf16_t)
 #endif
 // An f32-compute backend builds this module with no instantiation (it keeps attention_decode.cu).

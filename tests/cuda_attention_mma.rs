@@ -324,7 +324,8 @@ const SPLITS: [(&str, DecodeSplit); 7] = [
 /// backend; the gated output of the default launch against the CPU's attention ·
 /// sigmoid(gate); e4m3 widened without the sm_89+ conversion (`KILN_DMMA_FP8_CVT=0`) and the kernel
 /// built with the per-row chunk copies and the scalar merge (`KILN_DMMA_ISSUE=generic`,
-/// `KILN_DMMA_VEC_MERGE=0`) against the default, bit for bit. Fails when the shapes did not take
+/// `KILN_DMMA_VEC_MERGE=0`) and every launch on the paired entry points and none
+/// (`KILN_DMMA_PAIR_ROWS=1000000` / `0`) against the default, bit for bit. Fails when the shapes did not take
 /// the tensor-core kernel.
 #[test]
 #[ignore = "needs a GPU: see the header"]
@@ -385,31 +386,26 @@ fn mma_decode_launch_options_and_splits() {
                 }),
             );
             let legacy = run(&gs, Some(DecodeOptions::MMA_LEGACY));
-            // e4m3 widened by the byte tricks instead of the conversion instruction: same bits.
-            let nocvt = (kv == "fp8_e4m3").then(|| {
-                std::env::set_var("KILN_DMMA_FP8_CVT", "0");
+            // The default launch on a backend built with `vars` set (then removed).
+            let with_vars = |vars: &[(&str, &str)]| {
+                vars.iter().for_each(|(k, v)| std::env::set_var(k, v));
                 let h = gpu("bf16", kv);
-                std::env::remove_var("KILN_DMMA_FP8_CVT");
-                let hs = setup(&h, &ctxs, heads, kv_heads, hd, kv);
-                let mut out = h.upload(&vec![f32::NAN; n]).unwrap();
-                h.paged_attention(&hs.q, &hs.cache, 0, &hs.step, &hs.params, &mut out)
-                    .unwrap();
-                down(&h, &out, n)
-            });
-            // The chunk copies by the per-row table walk and the scalar end-of-part merge (the
-            // kernel before branch `lctx3`): same bits.
-            let before = {
-                std::env::set_var("KILN_DMMA_ISSUE", "generic");
-                std::env::set_var("KILN_DMMA_VEC_MERGE", "0");
-                let h = gpu("bf16", kv);
-                std::env::remove_var("KILN_DMMA_ISSUE");
-                std::env::remove_var("KILN_DMMA_VEC_MERGE");
+                vars.iter().for_each(|(k, _)| std::env::remove_var(k));
                 let hs = setup(&h, &ctxs, heads, kv_heads, hd, kv);
                 let mut out = h.upload(&vec![f32::NAN; n]).unwrap();
                 h.paged_attention(&hs.q, &hs.cache, 0, &hs.step, &hs.params, &mut out)
                     .unwrap();
                 down(&h, &out, n)
             };
+            // e4m3 widened by the byte tricks instead of the conversion instruction: same bits.
+            let nocvt = (kv == "fp8_e4m3").then(|| with_vars(&[("KILN_DMMA_FP8_CVT", "0")]));
+            // The chunk copies by the per-row table walk and the scalar end-of-part merge (the
+            // kernel before branch `lctx3`): same bits.
+            let before = with_vars(&[("KILN_DMMA_ISSUE", "generic"), ("KILN_DMMA_VEC_MERGE", "0")]);
+            // Every launch on the paired entry points and none (`KILN_DMMA_PAIR_ROWS`; two warps
+            // per warp of work, split by 32-dim blocks): same bits.
+            let paired = with_vars(&[("KILN_DMMA_PAIR_ROWS", "1000000")]);
+            let unpaired = with_vars(&[("KILN_DMMA_PAIR_ROWS", "0")]);
             let gated = gated_cuda(&g, &gs);
             let mut checks = vec![
                 ("default_twice", same(&default1, &default2)),
@@ -423,6 +419,8 @@ fn mma_decode_launch_options_and_splits() {
                 "generic_issue_scalar_merge=default",
                 same(&before, &default1),
             ));
+            checks.push(("paired=default", same(&paired, &default1)));
+            checks.push(("unpaired=default", same(&unpaired, &default1)));
             let mut diffs = vec![
                 ("default", max_diff(&want, &default1)),
                 ("legacy", max_diff(&want, &legacy)),

@@ -198,11 +198,16 @@ impl KernelModule {
             );
         }
         // `#pragma once` in common.cuh is harmless here; the #line resets error locations so
-        // NVRTC logs point into the .cu file itself.
+        // NVRTC logs point into the .cu file itself (the tensor-core decode's combine follows it).
+        let merge = (self == KernelModule::AttentionDecodeMma).then_some(concat!(
+            "\n#line 1 \"attention_decode_mma_merge.cuh\"\n",
+            include_str!("../../../kernels/attention_decode_mma_merge.cuh")
+        ));
         format!(
-            "{COMMON_HEADER}\n#line 1 \"{}\"\n{}",
+            "{COMMON_HEADER}\n#line 1 \"{}\"\n{}{}",
             self.file_name(),
-            self.source()
+            self.source(),
+            merge.unwrap_or_default()
         )
     }
 
@@ -400,11 +405,10 @@ impl KernelModule {
                 KernelModule::AttentionDecodeMma => {
                     if t != "f32" {
                         for c in ["same", "e5m2", "e4m3"] {
-                            names.extend(
-                                super::backend::DECODE_MMA_DIMS
-                                    .iter()
-                                    .map(|d| super::backend::decode_mma_name(t, c, *d)),
-                            );
+                            let dims = super::backend::DECODE_MMA_DIMS;
+                            let one = |d| super::backend::decode_mma_name(t, c, d);
+                            names.extend(dims.map(one)); // then the paired twins (attention_mma.rs)
+                            names.extend(dims.map(|d| format!("{}_p2", one(d))));
                         }
                         names.push(super::backend::decode_mma_combine_name(t));
                     }
@@ -567,13 +571,16 @@ mod tests {
             ]
         );
         let mma = KernelModule::AttentionDecodeMma;
-        assert_eq!(mma.entry_points().len(), 2 * (3 * 3 + 1));
+        assert_eq!(mma.entry_points().len(), 2 * (3 * 3 * 2 + 1));
         assert_eq!(
             mma.entry_points_for("bf16", "e4m3"),
             [
                 "attention_decode_mma_bf16_e4m3_d64",
                 "attention_decode_mma_bf16_e4m3_d128",
                 "attention_decode_mma_bf16_e4m3_d256",
+                "attention_decode_mma_bf16_e4m3_d64_p2",
+                "attention_decode_mma_bf16_e4m3_d128_p2",
+                "attention_decode_mma_bf16_e4m3_d256_p2",
                 "attention_decode_mma_combine_bf16"
             ]
         );

@@ -489,13 +489,13 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let spec = cache.spec;
         let (g_row, g_head) = gate.map(|g| g.strides()).transpose()?.unwrap_or((0, 0));
-        // The tensor-core kernel (attention_mma.rs) where it takes the shapes: its split is
-        // `opts.mma_split` (by default `DecodeSplit::for_shape`: a constant of the model's
-        // shapes) with the single-part bound, its partials are merged by its own
-        // combine in a second launch (never in the same launch), both launched with PDL when
-        // `opts.pdl`. `opts.mma_legacy` launches it as before: the old split with no single-part
-        // bound, no PDL, attention_decode.cu's combine.
-        let mma = self.decode_mma(params.head_dim, params.num_heads / params.num_kv_heads);
+        // The tensor-core kernel (attention_mma.rs; its paired twin for few rows) where it takes
+        // the shapes: split `opts.mma_split` (default `DecodeSplit::for_shape`, a constant of the
+        // model) with the single-part bound, partials merged by its own combine in a second
+        // launch, both with PDL when `opts.pdl`; `opts.mma_legacy`: the old split, no
+        // single-part bound, no PDL, attention_decode.cu's combine.
+        let (hd, group) = (params.head_dim, params.num_heads / params.num_kv_heads);
+        let mma = self.decode_mma(hd, group, n_rows);
         let legacy = mma.is_some() && opts.mma_legacy;
         let (opts, split) = if legacy {
             (DecodeOptions::TWO_PASS, DecodeSplit::OLD)
@@ -542,7 +542,6 @@ impl CudaBackend {
             None
         };
         let partials = guard.as_mut().and_then(|g| g.as_mut());
-        let group = params.num_heads / params.num_kv_heads;
         let in_launch = opts.merge_in_launch
             && attention_plan::decode_merge_in_launch(group, params.head_dim, slots);
         let mut counters_guard = if slots > 1 && in_launch {

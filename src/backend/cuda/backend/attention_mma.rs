@@ -4,6 +4,12 @@
 //! the keys and partials as the decode kernel of `attention_decode.cu`, so `launch_decode` only
 //! swaps the function, the block size and the shared memory (see [`CudaBackend::decode_mma`]).
 //!
+//! Some launches take the `_p2` entry points: each warp's work split between two warps by 32-dim
+//! blocks (the kernel's header, "Pairs"), twice the threads, the same shared memory and the same
+//! bits. Which ones is [`pair_by_default`] (head width, KV bytes, the launch's row count: fixed
+//! per graph bucket), or every launch of at most `KILN_DMMA_PAIR_ROWS` rows when that is set
+//! (read when a backend is created; `0`: never, the kernels before branch `lctx5`).
+//!
 //! `KILN_DECODE_MMA=0` (read when a backend is created) keeps the older decode kernel for every
 //! shape, e.g. to compare the two in one process; `KILN_DECODE_MMA=128` keeps it for head width
 //! 64 only (the default before branch `smol2`, for A/B: SmolLM2's 9/3 × 64 heads measured
@@ -58,9 +64,54 @@ pub fn decode_mma_stage_budget() -> Option<usize> {
     })
 }
 
+/// Whether a launch of `n_rows` rows at head width `dim` over `kv_bytes`-byte KV takes the paired
+/// entry point by default: width 256 with fp8 KV up to 16 rows, with 16-bit KV 2–16 rows; width
+/// 128 with 16-bit KV from 2 rows — where the H200 measured it faster (docs/benchmarks.md,
+/// `lctx5`: the 27B's 24/4 × 256 fp8 one-row call at 8K 7–8%, 16 rows 1–2%; the Qwen3-like 32/8 ×
+/// 128 bf16 at 16 / 64 rows 1–4%). Slower or not faster, so unpaired: one row in 16-bit KV, fp8 at
+/// width 128, 64 rows at width 256.
+pub fn pair_by_default(dim: usize, kv_bytes: usize, n_rows: usize) -> bool {
+    match (dim, kv_bytes) {
+        (256, 1) => n_rows <= 16,
+        (256, 2) => (2..=16).contains(&n_rows),
+        (128, 2) => n_rows >= 2,
+        _ => false,
+    }
+}
+
 /// Entry point name for compute dtype `t`, KV storage `c` and head width `dim`.
 pub fn decode_mma_name(t: &str, c: &str, dim: usize) -> String {
     format!("attention_decode_mma_{t}_{c}_d{dim}")
+}
+
+/// The paired twin of [`decode_mma_name`] (two warps per warp of work, same bits; kernels.rs
+/// lists the entry points with the same suffix).
+fn decode_mma_pair_name(t: &str, c: &str, dim: usize) -> String {
+    format!("{}_p2", decode_mma_name(t, c, dim))
+}
+
+/// Every tensor-core decode entry point for (`t`, `c`): the widths of [`DECODE_MMA_DIMS`], then
+/// their paired twins (the combine is separate: [`decode_mma_combine_name`]).
+fn decode_mma_names(t: &str, c: &str) -> Vec<String> {
+    let one = DECODE_MMA_DIMS.iter().map(|&d| decode_mma_name(t, c, d));
+    one.chain(
+        DECODE_MMA_DIMS
+            .iter()
+            .map(|&d| decode_mma_pair_name(t, c, d)),
+    )
+    .collect()
+}
+
+/// The row bound of the paired launches set by `KILN_DMMA_PAIR_ROWS` (read at each backend's
+/// creation, so one process can time both), `None` when unset or not a number (with a warning):
+/// [`pair_by_default`] then decides.
+fn decode_mma_pair_rows() -> Option<usize> {
+    let v = std::env::var("KILN_DMMA_PAIR_ROWS").ok()?;
+    let n = v.parse().ok();
+    if n.is_none() {
+        tracing::warn!(value = %v, "KILN_DMMA_PAIR_ROWS is not a row count; using the default");
+    }
+    n
 }
 
 /// Entry point name of the tensor-core kernel's combine for compute dtype `t`.
@@ -96,6 +147,11 @@ fn decode_mma_geometry_for(dim: usize, kv_bytes: usize, budget: usize) -> (u32, 
 #[derive(Debug, Clone)]
 pub(crate) struct DecodeMmaKernels {
     funcs: Vec<CudaFunction>,
+    /// Their paired twins (`_p2`), same order.
+    pairs: Vec<CudaFunction>,
+    /// `KILN_DMMA_PAIR_ROWS`: launches of at most this many rows take `pairs` (else
+    /// [`pair_by_default`]).
+    pair_rows: Option<usize>,
     /// `attention_decode_mma_combine_{t}`.
     combine: CudaFunction,
     kv_bytes: usize,
@@ -115,17 +171,22 @@ impl DecodeMmaKernels {
         if std::env::var("KILN_DECODE_MMA").is_ok_and(|v| v == "0") {
             return Ok(None);
         }
-        let Some(funcs) = DECODE_MMA_DIMS
+        let Some(mut funcs) = decode_mma_names(t, c)
             .iter()
-            .map(|&d| all.get(&decode_mma_name(t, c, d)).cloned())
+            .map(|n| all.get(n).cloned())
             .collect::<Option<Vec<_>>>()
         else {
             return Ok(None);
         };
+        let pairs = funcs.split_off(DECODE_MMA_DIMS.len());
         let Some(combine) = all.get(&decode_mma_combine_name(t)).cloned() else {
             return Ok(None);
         };
-        for (f, &d) in funcs.iter().zip(&DECODE_MMA_DIMS) {
+        for (f, &d) in funcs
+            .iter()
+            .chain(&pairs)
+            .zip(DECODE_MMA_DIMS.iter().cycle())
+        {
             let (_, smem) = decode_mma_geometry(d, kv_bytes);
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -148,6 +209,8 @@ impl DecodeMmaKernels {
         );
         Ok(Some(DecodeMmaKernels {
             funcs,
+            pairs,
+            pair_rows: decode_mma_pair_rows(),
             combine,
             kv_bytes,
             min_dim,
@@ -171,19 +234,30 @@ impl CudaBackend {
     /// compute, not disabled) and head_dim is 64, 128 or 256 (not 64 with `KILN_DECODE_MMA=128`)
     /// with at most 8 query heads per KV head; `None` keeps attention_decode.cu's kernel. A
     /// function of the shapes only (never of the data), so a captured graph and an eager step run
-    /// the same kernel.
-    pub(crate) fn decode_mma(&self, head_dim: usize, group: usize) -> Option<DecodeMmaLaunch<'_>> {
+    /// the same kernel; the paired twin (same bits) by [`pair_by_default`] of the width, the KV
+    /// bytes and `n_rows`, or up to `KILN_DMMA_PAIR_ROWS` rows.
+    pub(crate) fn decode_mma(
+        &self,
+        head_dim: usize,
+        group: usize,
+        n_rows: usize,
+    ) -> Option<DecodeMmaLaunch<'_>> {
         let k = self.k.attention_decode_mma.as_ref()?;
         if group == 0 || group > DECODE_MMA_MAX_GROUP || head_dim < k.min_dim {
             return None;
         }
         let i = DECODE_MMA_DIMS.iter().position(|&d| d == head_dim)?;
         let (threads, smem) = decode_mma_geometry(head_dim, k.kv_bytes);
+        let pair = k
+            .pair_rows
+            .map_or(pair_by_default(head_dim, k.kv_bytes, n_rows), |n| {
+                n_rows <= n
+            });
         Some(DecodeMmaLaunch {
-            func: &k.funcs[i],
+            func: if pair { &k.pairs[i] } else { &k.funcs[i] },
             combine: &k.combine,
             kv_bytes: k.kv_bytes,
-            threads,
+            threads: if pair { 2 * threads } else { threads },
             smem,
         })
     }
@@ -191,7 +265,7 @@ impl CudaBackend {
     /// Whether decode attention of these shapes runs on the tensor-core kernel (for tests and
     /// benchmarks that report which kernel they measured).
     pub fn uses_decode_mma(&self, head_dim: usize, group: usize) -> bool {
-        self.decode_mma(head_dim, group).is_some()
+        self.decode_mma(head_dim, group, 1).is_some()
     }
 }
 
@@ -244,5 +318,17 @@ mod tests {
             decode_mma_name("bf16", "e5m2", 256),
             "attention_decode_mma_bf16_e5m2_d256"
         );
+        assert_eq!(
+            decode_mma_names("bf16", "e5m2")[5],
+            "attention_decode_mma_bf16_e5m2_d256_p2"
+        );
+        // The paired twins by default (width 256: fp8 ≤ 16 rows, 16-bit 2..=16; width 128:
+        // 16-bit from 2 rows).
+        assert!(pair_by_default(256, 1, 1) && pair_by_default(256, 1, 16));
+        assert!(pair_by_default(256, 2, 2) && pair_by_default(256, 2, 16));
+        assert!(!pair_by_default(256, 2, 1) && !pair_by_default(256, 1, 17));
+        assert!(!pair_by_default(256, 2, 64) && !pair_by_default(128, 2, 1));
+        assert!(pair_by_default(128, 2, 2) && pair_by_default(128, 2, 64));
+        assert!(!pair_by_default(128, 1, 16) && !pair_by_default(64, 2, 16));
     }
 }
