@@ -33,6 +33,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
 use super::attention_plan::PrefillVariant;
 
 mod attention;
+mod attention_decode;
 mod attention_mma;
 mod dense;
 mod dense_rope;
