@@ -303,6 +303,8 @@ impl KernelModule {
                         .collect()
                 })
                 .unwrap_or_default(),
+            // The 1–8-row GEMV: only the build(s) that run, for this dtype (cold start).
+            KernelModule::W4a16Gemv => super::backend::w4_gemv_defines(t),
             // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
             // f32 FMAs instead of m8n8k4 tensor cores (to compare the two; no effect on sm_80+).
             KernelModule::GdnChunk
