@@ -247,7 +247,8 @@ impl KernelModule {
 
     /// Extra NVRTC options a backend of compute dtype suffix `t` and KV storage suffix `c` compiles
     /// this module with: `attention_decode.cu` is then built for that one pair only (its 54
-    /// kernels were most of a cold start); every other module is built whole.
+    /// kernels were most of a cold start), `w4a16_gemv.cu` for the build(s) that run; every
+    /// other module is built whole.
     pub fn defines(self, t: &str, c: &str) -> Vec<String> {
         match self {
             KernelModule::AttentionDecode => vec![
