@@ -21,6 +21,7 @@
 // - READ (the read ceiling, not a GEMV: its output is not a product): the same grid, ring and
 //   loads (weights, (scale, zero) words, x) with no decode and no mma, the loaded words XOR-ed
 //   into one word per lane that is stored once per slice (so that no load is dead).
+// A backend compiles only the build(s) it runs (W4V_MASK_*, below the kernels' helpers).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define W4V_HINTS 1

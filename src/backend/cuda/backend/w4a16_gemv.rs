@@ -1,11 +1,18 @@
 //! The 1–8-row W4A16 GEMV on the fast layouts (`kernels/w4a16_gemv.cu` `w4_gemv{V}_{f16,bf16}`)
 //! and the choice among its builds. Every build has the same numerics (the same fragments, k
 //! order and slice sum: bit-identical outputs) and the same launch (grid (Np / 16, ceil(rows /
-//! 8)), 32 × ks threads, the parameters of `W4V_ARGS`); they differ in how the weights are
+//! 8)), 32 × ks threads, the parameters of `W4V_ARGS`; the persistent `qD` builds: grid
+//! [`persistent_grid`]); they differ in how the weights are
 //! fetched: the L2 evict-first policy (`h`), an L2 prefetch PF k blocks ahead (`pPF`), the
 //! register ring depth and blocks per SM (`dDbB`), a cp.async ring of A stages per warp in shared
-//! memory instead of registers (`aA`, int4 with groups of >= 128 columns). `rd` / `hrd` are the read ceiling (the same
-//! loads without the decode: not a product, for benchmarks only).
+//! memory instead of registers (`aA`, int4 with groups of >= 128 columns), a persistent grid
+//! whose warps stream tile pair after tile pair through one ring of D k blocks (`qD`, measured
+//! slower: docs/benchmarks.md, branch `gemv6`). `rd` / `hrd` / `qDrd` are the read ceilings (the
+//! same loads without the decode: not a product, for benchmarks only).
+//!
+//! Cold start: a backend compiles only the build(s) it can run ([`compiled_builds`]: the default
+//! or what `KILN_W4_GEMV` names, its own dtype), the others are trap stubs;
+//! `KILN_W4_GEMV_BUILDS=all` compiles every build (the benchmarks and bit tests set it).
 //!
 //! Switch, read when the backend is created ([`GemvFast::resolve`]); tests and benchmarks change
 //! it in one process with [`CudaBackend::set_w4_gemv`]: `KILN_W4_GEMV` = one name of
