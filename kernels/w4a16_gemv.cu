@@ -21,6 +21,7 @@
 // - READ (the read ceiling, not a GEMV: its output is not a product): the same grid, ring and
 //   loads (weights, (scale, zero) words, x) with no decode and no mma, the loaded words XOR-ed
 //   into one word per lane that is stored once per slice (so that no load is dead).
+// A backend compiles only the build(s) it runs (W4V_MASK_*, below the kernels' helpers).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define W4V_HINTS 1
@@ -60,6 +61,35 @@ __device__ __forceinline__ void w4v_prefetch_l2(const uint4* p) {
 #if W4V_HINTS
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
+}
+
+// One k block of a warp's two tiles into the accumulators of RG row groups: lane words `w`
+// (tile 0, tile 1), (scale[, zero]) words `sz` (chunks 0..3; `szh` chunks 4..7 for NVFP4's groups
+// of 16 columns), x words `xr`: chunks 0..7 in order, the fixed fragments of w4a16.cu's header
+// (every 1..8-row build runs this one sequence, so their bits agree).
+template <typename T, int RG, bool FP4, bool ZP>
+__device__ __forceinline__ void w4v_kblock(float (&acc)[RG][4], const uint4 (&w)[2], const unsigned (&sz)[2],
+                                           const unsigned (&szh)[2], const uint4 (&xr)[RG][4]) {
+    constexpr bool G16 = FP4;
+    const unsigned zc = W4Dec<T>::bias(8);
+    const unsigned s0l = __byte_perm(sz[0], 0u, 0x1010), s1l = __byte_perm(sz[1], 0u, 0x1010);
+    const unsigned z0l = ZP ? W4Dec<T>::bias((int)(sz[0] >> 16)) : zc;
+    const unsigned z1l = ZP ? W4Dec<T>::bias((int)(sz[1] >> 16)) : zc;
+    const unsigned s0h = G16 ? __byte_perm(szh[0], 0u, 0x1010) : s0l;
+    const unsigned s1h = G16 ? __byte_perm(szh[1], 0u, 0x1010) : s1l;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        unsigned d0[4], d1[4];
+        w4_decode_any<T, FP4>(w4_word(w[0], q), q < 2 ? s0l : s0h, z0l, d0);
+        w4_decode_any<T, FP4>(w4_word(w[1], q), q < 2 ? s1l : s1h, z1l, d1);
+        const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
+        const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
+#pragma unroll
+        for (int rg = 0; rg < RG; ++rg) {
+            mma_m16n8k16<T>(acc[rg], a0, xr[rg][q].x, xr[rg][q].y);
+            mma_m16n8k16<T>(acc[rg], a1, xr[rg][q].z, xr[rg][q].w);
+        }
+    }
 }
 
 // The 8-row GEMV (`w4_gemv_fast` with RG = 1): 1 k block of weights in flight per warp (the
@@ -183,25 +213,7 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
                 for (int q = 0; q < 4; ++q) rd ^= xr[rg][q].x ^ xr[rg][q].y ^ xr[rg][q].z ^ xr[rg][q].w;
             return;
         }
-        const unsigned zc = W4Dec<T>::bias(8);
-        const unsigned s0l = __byte_perm(sz[d][0], 0u, 0x1010), s1l = __byte_perm(sz[d][1], 0u, 0x1010);
-        const unsigned z0l = ZP ? W4Dec<T>::bias((int)(sz[d][0] >> 16)) : zc;
-        const unsigned z1l = ZP ? W4Dec<T>::bias((int)(sz[d][1] >> 16)) : zc;
-        const unsigned s0h = G16 ? __byte_perm(szh[d][0], 0u, 0x1010) : s0l;
-        const unsigned s1h = G16 ? __byte_perm(szh[d][1], 0u, 0x1010) : s1l;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            unsigned d0[4], d1[4];
-            w4_decode_any<T, FP4>(w4_word(wr[d][0], q), q < 2 ? s0l : s0h, z0l, d0);
-            w4_decode_any<T, FP4>(w4_word(wr[d][1], q), q < 2 ? s1l : s1h, z1l, d1);
-            const unsigned a0[4] = {d0[0], d1[0], d0[1], d1[1]};  // chunk 2q
-            const unsigned a1[4] = {d0[2], d1[2], d0[3], d1[3]};  // chunk 2q + 1
-#pragma unroll
-            for (int rg = 0; rg < RG; ++rg) {
-                mma_m16n8k16<T>(acc[rg], a0, xr[rg][q].x, xr[rg][q].y);
-                mma_m16n8k16<T>(acc[rg], a1, xr[rg][q].z, xr[rg][q].w);
-            }
-        }
+        w4v_kblock<T, RG, FP4, ZP>(acc, wr[d], sz[d], szh[d], xr);
     };
 #pragma unroll
     for (int d = 0; d < D; ++d)
@@ -240,6 +252,127 @@ __device__ __forceinline__ void w4_gemv_fast(const T* x, int m, int k, const uin
         const int col = nt0 * 8 + g + (e >= 2 ? 8 : 0);
         if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
     }
+}
+
+// THE PERSISTENT GEMV (`w4_gemvq{D}*` builds, sm_80+ 1..8 rows; issue 10 item 7): the grid is
+// G <= Np / 16 blocks of ks warps (the host picks G: [`w4_gemv_grid`] in w4a16_gemv.rs), block b
+// runs tile pairs b, b + G, b + 2G, ... and warp s slice s of each, so a warp streams its k blocks
+// of one tile pair after the other through ONE register ring of D k blocks that never drains
+// between tile pairs (the plain grid fills and drains its ring per block, and 17408 x 5120's
+// 1 088 blocks make 1.65 waves of 5 blocks per SM). Each tile pair is summed as in
+// `w4_gemv_fast`: the slice sums go to a shared buffer (two of them, alternating by tile pair,
+// so one __syncthreads per tile pair suffices), then warps 0..3 add them in slice order and store
+// (same fragments, k order, slice sum: the same bits). Weights with the L2 evict-first policy;
+// PF > 0: each weight load of k block j of a tile pair also asks the L2 for k block j + PF of the
+// same tile pair. READ: the read ceiling of this shape (no decode, no mma; the words XOR-ed into
+// the stored value: not a product).
+template <typename T, bool FP4, bool ZP, int D, int PF, bool READ>
+__device__ __forceinline__ void w4_gemv_pers(const T* x, int m, int k, const uint4* __restrict__ qw,
+                                             const T* scales, const unsigned char* zeros,
+                                             int kblocks, int ks, int gshift, int gstore, int n,
+                                             void* out, int out_f32, float* part, int trig) {
+    constexpr bool G16 = FP4;
+    static_assert(D >= 1 && D <= 8 && PF >= 0 && PF <= 8, "ring depth, prefetch distance");
+    if (trig == 0) w4_pdl_launch_dependents();
+    const unsigned long long pol = w4v_policy<1>();
+    const int lane = threadIdx.x & 31, s = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int per = kblocks / ks, kb0 = s * per;
+    const int tps = ((n + 63) >> 6) * 4;  // Np / 16 (Np: n rounded up to 64)
+    const int G = gridDim.x, tp0 = blockIdx.x;
+    const int ntp = tp0 < tps ? (tps - 1 - tp0) / G + 1 : 0;
+    const int nkb = ntp * per;  // the warp's k blocks, tile pair after tile pair
+    const uint4* xq = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(x) +
+                                                     (size_t)min(g, m - 1) * k + 32 * t) +
+                      (size_t)kb0 * 16;
+    // The load cursor: k block lj of the slice in the tile pair at `lw` (tile 0's lane word; tile
+    // 1's is `w1` words on), its (scale, zero) column at element `ls` (tile 1's `sstride` on).
+    const unsigned w1 = (unsigned)kblocks * 32u;
+    const size_t wstep = (size_t)G * 2u * w1;  // words from one tile pair of the block to the next
+    const unsigned sstride = (unsigned)gstore * 8u, sstep = 2u * (unsigned)G * sstride;
+    const uint4* lw = qw + ((size_t)tp0 * 2u * w1 + (unsigned)kb0 * 32u) + lane;
+    unsigned ls = (unsigned)tp0 * 2u * sstride + (unsigned)g;
+    int lj = 0;
+    const unsigned short* sp0 = reinterpret_cast<const unsigned short*>(scales);
+    const unsigned char* zp0 = ZP ? zeros : nullptr;
+    uint4 wr[D][2];
+    unsigned sz[D][2], szh[D][2];
+    unsigned rd = 0u;
+    auto load = [&](int d) {
+        wr[d][0] = w4v_ldw<1>(lw, pol);
+        wr[d][1] = w4v_ldw<1>(lw + w1, pol);
+        if (PF > 0 && lj + PF < per) {
+            w4v_prefetch_l2(lw + PF * 32);
+            w4v_prefetch_l2(lw + w1 + PF * 32);
+        }
+        const unsigned gc = (unsigned)(kb0 + lj) * 8u + 2u * (unsigned)t;
+        const unsigned glo = gc >> gshift;
+        sz[d][0] = w4_szf<ZP>(sp0, zp0, ls + glo * 8u);
+        sz[d][1] = w4_szf<ZP>(sp0, zp0, ls + glo * 8u + sstride);
+        if (G16) {
+            const unsigned ghi = (gc + 1u) >> gshift;
+            szh[d][0] = w4_szf<ZP>(sp0, zp0, ls + ghi * 8u);
+            szh[d][1] = w4_szf<ZP>(sp0, zp0, ls + ghi * 8u + sstride);
+        }
+        if (++lj == per) {
+            lj = 0;
+            lw += wstep - (size_t)(per - 1) * 32u;
+            ls += sstep;
+        } else {
+            lw += 32;
+        }
+    };
+    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    float(*pp)[W4_MAX_KS][4][32] = reinterpret_cast<float(*)[W4_MAX_KS][4][32]>(part);
+    int cj = 0, ctp = tp0, buf = 0;  // the consume cursor: k block cj of the slice of tile pair ctp
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+        if (d < nkb) load(d);
+    w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
+    for (int i = 0; i < nkb; i += D) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            if (i + d < nkb) {
+                uint4 xr[1][4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) xr[0][q] = __ldg(xq + cj * 16 + q);
+                if (READ) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        rd ^= wr[d][j].x ^ wr[d][j].y ^ wr[d][j].z ^ wr[d][j].w ^ sz[d][j];
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) rd ^= xr[0][q].x ^ xr[0][q].y ^ xr[0][q].z ^ xr[0][q].w;
+                } else {
+                    w4v_kblock<T, 1, FP4, ZP>(acc, wr[d], sz[d], szh[d], xr);
+                }
+                if (i + d + D < nkb) load(d);
+                if (++cj == per) {
+                    // The slice's sum into buffer `buf`; after the barrier warps 0..3 add the
+                    // ks sums of this tile pair in slice order (the other buffer is the next
+                    // tile pair's: its writers pass this barrier's successor only after the
+                    // readers here are done).
+                    if (READ) acc[0][0] = __uint_as_float(rd);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        pp[buf][s][e][lane] = acc[0][e];
+                        acc[0][e] = 0.0f;
+                    }
+                    cj = 0;
+                    __syncthreads();
+                    for (int e = s; e < 4; e += ks) {
+                        float total = 0.0f;
+                        for (int q = 0; q < ks; ++q) total += pp[buf][q][e][lane];
+                        const int row = 2 * t + (e & 1);
+                        const int col = ctp * 16 + g + (e >= 2 ? 8 : 0);
+                        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+                    }
+                    buf ^= 1;
+                    ctp += G;
+                }
+            }
+        }
+    }
+    if (trig != 0) w4_pdl_launch_dependents();
 }
 
 // THE SHARED-MEMORY RING (`w4_gemva{A}` builds): the same GEMV with each warp's weights and
@@ -379,6 +512,18 @@ __device__ __forceinline__ void w4_gemv_cpa(const T* x, int m, int k, const uint
     }
 }
 
+// Which builds this compile emits (the others trap; src/backend/cuda/kernels.rs
+// `KernelModule::defines` sets the masks: a backend compiles the build(s) it runs, for its dtype
+// only, unless `KILN_W4_GEMV_BUILDS=all`): bit I of W4V_MASK_{f16,bf16} is build I of
+// `W4_GEMV_VARIANTS`. Undefined (the compile test, `kiln doctor`): every build.
+#ifndef W4V_MASK_f16
+#define W4V_MASK_f16 (~0ull)
+#endif
+#ifndef W4V_MASK_bf16
+#define W4V_MASK_bf16 (~0ull)
+#endif
+#define W4V_ON(SUF, I) (((W4V_MASK_##SUF) >> (I)) & 1ull)
+
 #define W4V_ARGS(T)                                                                             \
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         const int *perm, int kblocks, int ks, int gshift, int gstore, int n, void *out,        \
@@ -388,11 +533,12 @@ __device__ __forceinline__ void w4_gemv_cpa(const T* x, int m, int k, const uint
 // One entry: `NAME` with B resident blocks of 256 (the register cap), ring depth D, weight load
 // policy POL, L2 prefetch distance PF, READ (the read ceiling); the fast variant by the format
 // (NVFP4, int4 with zero points, symmetric int4). `perm` is unused (the fast layouts have none).
-#define W4V_ENTRY(NAME, T, B, D, POL, PF, READ)                                                 \
+#define W4V_ENTRY(SUF, I, NAME, T, B, D, POL, PF, READ)                                          \
     extern "C" __global__ void __launch_bounds__(256, B) NAME(W4V_ARGS(T)) {                     \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
         (void)perm;                                                                              \
-        if (fp4) w4_gemv_fast<T, 1, true, false, D, POL, PF, READ>(W4V_PASS);                    \
+        if (!W4V_ON(SUF, I)) __trap();                                                           \
+        else if (fp4) w4_gemv_fast<T, 1, true, false, D, POL, PF, READ>(W4V_PASS);               \
         else if (zeros) w4_gemv_fast<T, 1, false, true, D, POL, PF, READ>(W4V_PASS);             \
         else w4_gemv_fast<T, 1, false, false, D, POL, PF, READ>(W4V_PASS);                      \
     }
@@ -401,33 +547,50 @@ __device__ __forceinline__ void w4_gemv_cpa(const T* x, int m, int k, const uint
 // int4 with groups of >= 128 columns, anything else through the plain build's code. POL 1 (the
 // copies with the L2 evict-first policy) raised CUDA_ERROR_ILLEGAL_INSTRUCTION on the H200 with
 // either operand form of `cp.async...L2::cache_hint` (runs 1 and 2): no such build.
-#define W4V_CPA_ENTRY(NAME, T, A, POL)                                                           \
+#define W4V_CPA_ENTRY(SUF, I, NAME, T, A, POL)                                                   \
     extern "C" __global__ void __launch_bounds__(256, 5) NAME(W4V_ARGS(T)) {                     \
         __shared__ float part[W4_MAX_KS * 1 * 4 * 32];                                           \
         __shared__ uint4 ring[W4_MAX_KS * A * W4V_STAGE];                                        \
         (void)perm;                                                                              \
-        if (fp4) w4_gemv_fast<T, 1, true, false, 1>(W4V_PASS);                                   \
+        if (!W4V_ON(SUF, I)) __trap();                                                           \
+        else if (fp4) w4_gemv_fast<T, 1, true, false, 1>(W4V_PASS);                                   \
         else if (gshift < 3) {                                                                   \
             if (zeros) w4_gemv_fast<T, 1, false, true, 1>(W4V_PASS);                             \
             else w4_gemv_fast<T, 1, false, false, 1>(W4V_PASS);                                  \
         } else if (zeros) w4_gemv_cpa<T, true, A, POL>(W4V_CPA_PASS);                            \
         else w4_gemv_cpa<T, false, A, POL>(W4V_CPA_PASS);                                        \
     }
+// A persistent build (`w4_gemv_pers`): B resident blocks of 256, ring depth D, prefetch PF, READ.
+#define W4V_PERS_ENTRY(SUF, I, NAME, T, B, D, PF, READ)                                          \
+    extern "C" __global__ void __launch_bounds__(256, B) NAME(W4V_ARGS(T)) {                     \
+        __shared__ float part[2 * W4_MAX_KS * 4 * 32];                                           \
+        (void)perm;                                                                              \
+        if (!W4V_ON(SUF, I)) __trap();                                                           \
+        else if (fp4) w4_gemv_pers<T, true, false, D, PF, READ>(W4V_PASS);                            \
+        else if (zeros) w4_gemv_pers<T, false, true, D, PF, READ>(W4V_PASS);                     \
+        else w4_gemv_pers<T, false, false, D, PF, READ>(W4V_PASS);                               \
+    }
 #define W4V_CPA_PASS x, m, k, qw, scales, zeros, kblocks, ks, gshift, gstore, n, out, out_f32, part, ring, trig
 // The entries of one dtype; the names and their order are w4a16_gemv.rs `W4_GEMV_VARIANTS`.
 #define W4V_ENTRIES(SUF, T)                                                                      \
-    W4V_ENTRY(w4_gemv_##SUF, T, W4_GEMV_BLOCKS, W4_GEMV_DEPTH, 0, 0, false)                      \
-    W4V_ENTRY(w4_gemvh_##SUF, T, 5, 1, 1, 0, false)                                              \
-    W4V_ENTRY(w4_gemvp2_##SUF, T, 5, 1, 0, 2, false)                                             \
-    W4V_ENTRY(w4_gemvhp2_##SUF, T, 5, 1, 1, 2, false)                                            \
-    W4V_ENTRY(w4_gemvhp4_##SUF, T, 5, 1, 1, 4, false)                                            \
-    W4V_ENTRY(w4_gemvd3b3_##SUF, T, 3, 3, 0, 0, false)                                           \
-    W4V_ENTRY(w4_gemvhd3b3_##SUF, T, 3, 3, 1, 0, false)                                          \
-    W4V_ENTRY(w4_gemvhd2b4_##SUF, T, 4, 2, 1, 0, false)                                          \
-    W4V_ENTRY(w4_gemvrd_##SUF, T, 5, 1, 0, 0, true)                                              \
-    W4V_ENTRY(w4_gemvhrd_##SUF, T, 5, 1, 1, 0, true)                                             \
-    W4V_CPA_ENTRY(w4_gemva3_##SUF, T, 3, 0)                                                      \
-    W4V_CPA_ENTRY(w4_gemva4_##SUF, T, 4, 0)                                                      \
-    W4V_CPA_ENTRY(w4_gemva5_##SUF, T, 5, 0)
+    W4V_ENTRY(SUF, 0, w4_gemv_##SUF, T, W4_GEMV_BLOCKS, W4_GEMV_DEPTH, 0, 0, false)            \
+    W4V_ENTRY(SUF, 1, w4_gemvh_##SUF, T, 5, 1, 1, 0, false)                                    \
+    W4V_ENTRY(SUF, 2, w4_gemvp2_##SUF, T, 5, 1, 0, 2, false)                                   \
+    W4V_ENTRY(SUF, 3, w4_gemvhp2_##SUF, T, 5, 1, 1, 2, false)                                  \
+    W4V_ENTRY(SUF, 4, w4_gemvhp4_##SUF, T, 5, 1, 1, 4, false)                                  \
+    W4V_ENTRY(SUF, 5, w4_gemvd3b3_##SUF, T, 3, 3, 0, 0, false)                                 \
+    W4V_ENTRY(SUF, 6, w4_gemvhd3b3_##SUF, T, 3, 3, 1, 0, false)                                \
+    W4V_ENTRY(SUF, 7, w4_gemvhd2b4_##SUF, T, 4, 2, 1, 0, false)                                \
+    W4V_ENTRY(SUF, 8, w4_gemvrd_##SUF, T, 5, 1, 0, 0, true)                                    \
+    W4V_ENTRY(SUF, 9, w4_gemvhrd_##SUF, T, 5, 1, 1, 0, true)                                   \
+    W4V_CPA_ENTRY(SUF, 10, w4_gemva3_##SUF, T, 3, 0)                                           \
+    W4V_CPA_ENTRY(SUF, 11, w4_gemva4_##SUF, T, 4, 0)                                           \
+    W4V_CPA_ENTRY(SUF, 12, w4_gemva5_##SUF, T, 5, 0)                                           \
+    W4V_PERS_ENTRY(SUF, 13, w4_gemvq1_##SUF, T, 5, 1, 2, false)                                \
+    W4V_PERS_ENTRY(SUF, 14, w4_gemvq2_##SUF, T, 4, 2, 2, false)                                \
+    W4V_PERS_ENTRY(SUF, 15, w4_gemvq4_##SUF, T, 3, 4, 0, false)                                \
+    W4V_PERS_ENTRY(SUF, 16, w4_gemvq1rd_##SUF, T, 5, 1, 2, true)                               \
+    W4V_PERS_ENTRY(SUF, 17, w4_gemvq2rd_##SUF, T, 4, 2, 2, true)                               \
+    W4V_PERS_ENTRY(SUF, 18, w4_gemvq4rd_##SUF, T, 3, 4, 0, true)
 W4V_ENTRIES(f16, __half)
 W4V_ENTRIES(bf16, bf16_t)

@@ -74,7 +74,7 @@ pub use gguf::{GgufKernel, GEMV_MAX_ROWS as GGUF_GEMV_MAX_ROWS};
 pub use init::CUBLAS_WORKSPACE_BYTES;
 pub use sampling::{CudaLogits, CudaPendingSamples};
 pub use step::CudaStep;
-pub(crate) use w4a16::w4_gemv_names;
+pub(crate) use w4a16::{w4_gemv_defines, w4_gemv_names};
 pub use w4a16::{W4Kernel, GEMV_MAX_ROWS as W4_GEMV_MAX_ROWS, W4_GEMV_VARIANTS};
 
 use handles::Kernels;

@@ -247,7 +247,8 @@ impl KernelModule {
 
     /// Extra NVRTC options a backend of compute dtype suffix `t` and KV storage suffix `c` compiles
     /// this module with: `attention_decode.cu` is then built for that one pair only (its 54
-    /// kernels were most of a cold start); every other module is built whole.
+    /// kernels were most of a cold start), `w4a16_gemv.cu` for the build(s) that run; every
+    /// other module is built whole.
     pub fn defines(self, t: &str, c: &str) -> Vec<String> {
         match self {
             KernelModule::AttentionDecode => vec![
@@ -303,6 +304,8 @@ impl KernelModule {
                         .collect()
                 })
                 .unwrap_or_default(),
+            // The 1–8-row GEMV: only the build(s) that run, for this dtype (cold start).
+            KernelModule::W4a16Gemv => super::backend::w4_gemv_defines(t),
             // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
             // f32 FMAs instead of m8n8k4 tensor cores (to compare the two; no effect on sm_80+).
             KernelModule::GdnChunk

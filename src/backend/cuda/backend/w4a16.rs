@@ -54,7 +54,7 @@ pub(crate) use xc::XcGemv;
 #[path = "w4a16_gemv.rs"] // the 1–8-row GEMV and its builds (`kernels/w4a16_gemv.cu`)
 mod gemv;
 pub use gemv::W4_GEMV_VARIANTS;
-pub(crate) use gemv::{w4_gemv_names, GemvFast};
+pub(crate) use gemv::{w4_gemv_defines, w4_gemv_names, GemvFast};
 
 /// Rows the GEMV always covers; larger steps run [`W4Kernel::Gemm`], which picks by the row
 /// count and the weight (same numerics, so every switch is a speed choice only).
@@ -460,7 +460,7 @@ impl CudaBackend {
         let (block, grid) = match kernel {
             W4Kernel::Gemv | W4Kernel::GemvBulk => (
                 32 * parts.k_slices,
-                (parts.n_pad / (2 * TILE_N), rows.div_ceil(gemv_rows)),
+                (self.w4v_grid(parts, gemv_rows), rows.div_ceil(gemv_rows)),
             ),
             W4Kernel::Gemm
             | W4Kernel::GemmBase

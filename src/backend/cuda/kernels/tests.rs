@@ -62,9 +62,13 @@ fn a_backend_builds_one_decode_pair_and_every_other_module_whole() {
         ]
     );
     assert!(mma.entry_points_for("f32", "same").is_empty());
+    // The 1–8-row GEMV module exports every build, compiled only for the one(s) that run.
+    let gemv = KernelModule::W4a16Gemv;
+    assert!(gemv.defines("f16", "same")[1].starts_with("-DW4V_MASK_bf16=0x0"));
+    assert_eq!(gemv.entry_points_for("f16", "same"), gemv.entry_points());
     for other in KernelModule::ALL
         .into_iter()
-        .filter(|&o| o != m && o != mma)
+        .filter(|&o| o != m && o != mma && o != gemv)
     {
         assert!(other.defines("f16", "same").is_empty());
         assert_eq!(other.entry_points_for("f16", "same"), other.entry_points());
