@@ -6,7 +6,9 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg, SyncOnDrop,
+};
 
 use super::attention::OutputGate;
 use super::attention_mma::{DECODE_MMA_MERGE_DIMS, DECODE_MMA_MERGE_THREADS};
@@ -132,43 +134,18 @@ impl CudaBackend {
         let (bt_p, _s3) = tables.device_ptr(st);
         let (seq_p, _s4) = token_seq.device_ptr(st);
         let (pos_p, _s5) = positions.device_ptr(st);
-        let (ix_p, _s6) = match index {
-            Some(ix) => {
-                let (p, s) = ix.device_ptr(st);
-                (p, Some(s))
-            }
-            None => (null, None),
-        };
-        let (pf_p, _s11) = if prefetch {
-            let (p, s) = seq_meta.device_ptr(st);
-            (p, Some(s))
-        } else {
-            (null, None)
-        };
+        let (ix_p, _s6) = ptr_or_null(index, st);
+        let (pf_p, _s11) = ptr_or_null(prefetch.then_some(&seq_meta), st);
         let (out_p, _s7) = out.data.device_ptr_mut(st);
-        let ((pm_p, pl_p, pacc_p), _s8) = match partials {
-            Some((pm, pl, pacc)) => {
-                let (a, sa) = pm.device_ptr_mut(st);
-                let (b, sb) = pl.device_ptr_mut(st);
-                let (c, sc) = pacc.device_ptr_mut(st);
-                ((a, b, c), Some((sa, sb, sc)))
-            }
-            None => ((null, null, null), None),
+        let (pm, pl, pacc) = match partials {
+            Some((pm, pl, pacc)) => (Some(pm), Some(pl), Some(pacc)),
+            None => (None, None, None),
         };
-        let (cnt_p, _s9) = match counters {
-            Some(c) => {
-                let (p, s) = c.device_ptr_mut(st);
-                (p, Some(s))
-            }
-            None => (null, None),
-        };
-        let (gate_p, _s10) = match &gate {
-            Some(g) => {
-                let (p, s) = g.buf.data.device_ptr(st);
-                (p, Some(s))
-            }
-            None => (null, None),
-        };
+        let (pm_p, _s8a) = ptr_mut_or_null(pm, st);
+        let (pl_p, _s8b) = ptr_mut_or_null(pl, st);
+        let (pacc_p, _s8c) = ptr_mut_or_null(pacc, st);
+        let (cnt_p, _s9) = ptr_mut_or_null(counters, st);
+        let (gate_p, _s10) = ptr_or_null(gate.as_ref().map(|g| &g.buf.data), st);
         let ptr = |v: &u64| v as *const u64 as *mut c_void;
         let int = |v: &i32| v as *const i32 as *mut c_void;
         let mut args = [
@@ -332,4 +309,27 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// `x`'s device pointer for reading with its sync guard, or a null pointer (and no guard) when
+/// there is no `x`: the optional buffers of the decode launch.
+fn ptr_or_null<'a, T, P: DevicePtr<T>>(
+    x: Option<&'a P>,
+    st: &'a CudaStream,
+) -> (u64, Option<SyncOnDrop<'a>>) {
+    x.map_or((0, None), |x| {
+        let (p, s) = x.device_ptr(st);
+        (p, Some(s))
+    })
+}
+
+/// [`ptr_or_null`] for a buffer the launch writes.
+fn ptr_mut_or_null<'a, T, P: DevicePtrMut<T>>(
+    x: Option<&'a mut P>,
+    st: &'a CudaStream,
+) -> (u64, Option<SyncOnDrop<'a>>) {
+    x.map_or((0, None), |x| {
+        let (p, s) = x.device_ptr_mut(st);
+        (p, Some(s))
+    })
 }
