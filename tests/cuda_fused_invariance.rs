@@ -253,8 +253,19 @@ fn run_config(
                 push_seq(&mut batch, &p, 0, table(j), logits, None);
             } else {
                 let id = ((phase as u32) * 101 + j as u32 * 5 + 7) % v;
-                let id = if j == me { (phase as u32 * 101 + 7) % v } else { id };
-                push_seq(&mut batch, &[id], p.len() + phase - 1, table(j), logits, None);
+                let id = if j == me {
+                    (phase as u32 * 101 + 7) % v
+                } else {
+                    id
+                };
+                push_seq(
+                    &mut batch,
+                    &[id],
+                    p.len() + phase - 1,
+                    table(j),
+                    logits,
+                    None,
+                );
             }
         }
         let got = r.forward(&batch).map_err(|e| {
