@@ -129,6 +129,40 @@ __device__ __forceinline__ float block_sum(float v) {
     return warp_sum(v);
 }
 
+// THE RMSNORM OF THE f32 RESIDUAL STREAM (batch invariance across the fused / unfused layers):
+// rms_norm.cu's f32-stream entry points and dense.cu's NORM prologue both take a row's 1 / rms
+// through these two helpers, so a row normalized by the fused decode ops and the same row
+// normalized by the unfused rms_norm give the same bits.
+//
+// Sum of squares of one f32 row `row[0 .. k)` by one warp, in a fixed order: lane l accumulates
+// elements 4l .. 4l + 4, then 4l + 128 .. , ... (the float4s l, l + 32, ... of the row) from +0
+// with explicitly rounded FMAs, element order within a float4, then the xor butterfly (warp_sum):
+// every lane returns the same bits. The float4 loads (k a multiple of 4, row 16-byte aligned) and
+// the scalar loads (anything else) perform the same operations in the same order. Plain loads (no
+// __ldg / __restrict__): rms_norm.cu reads a row its block has just written.
+__device__ __forceinline__ float rms_row_sumsq(const float* row, int k, int lane) {
+    float ss = 0.0f;
+    if ((k & 3) == 0 && (reinterpret_cast<unsigned long long>(row) & 15ull) == 0) {
+        for (int i = lane * 4; i < k; i += WARP_SIZE * 4) {
+            const float4 v = *reinterpret_cast<const float4*>(row + i);
+            ss = __fmaf_rn(v.x, v.x, ss);
+            ss = __fmaf_rn(v.y, v.y, ss);
+            ss = __fmaf_rn(v.z, v.z, ss);
+            ss = __fmaf_rn(v.w, v.w, ss);
+        }
+    } else {
+        for (int i = lane * 4; i < k; i += WARP_SIZE * 4)
+            for (int e = 0; e < 4 && i + e < k; ++e) ss = __fmaf_rn(row[i + e], row[i + e], ss);
+    }
+    return warp_sum(ss);
+}
+
+// 1 / rms of a row of `dim` elements from its sum of squares: rsqrt(ss / dim + eps), the division
+// and the add explicitly rounded (the same instruction sequence wherever it is inlined).
+__device__ __forceinline__ float rms_inv(float ss, int dim, float eps) {
+    return rsqrtf(__fadd_rn(__fdiv_rn(ss, (float)dim), eps));
+}
+
 // Instantiate `NAME_<suffix>` entry points for the three compute/storage types.
 #define KILN_FOR_FLOAT_TYPES(M) M(f32, float) M(f16, __half) M(bf16, bf16_t)
 

@@ -333,18 +333,12 @@ __device__ __forceinline__ void dmma_store_rope(T* __restrict__ q_out, const Dmm
 #define DMMA_NORM_PER_WARP true
 #endif
 
-// Sum of squares of row `row` of x [.., k] by one warp: lane l's float4s l, l + 32, ... in order.
+// Sum of squares of row `row` of x [.., k] by one warp: common.cuh's rms_row_sumsq (lane l's
+// float4s l, l + 32, ... in order, then the butterfly), the order rms_norm.cu's f32-stream entry
+// points use too, so the fused norm and the unfused one give the same 1 / rms.
 __device__ __forceinline__ float dmma_row_ss(const float* __restrict__ x, int row, int k,
                                              int lane) {
-    float ss = 0.0f;
-    for (int i = lane * 4; i < k; i += WARP_SIZE * 4) {
-        const float4 v = *reinterpret_cast<const float4*>(x + (long)row * k + i);
-        ss += v.x * v.x;
-        ss += v.y * v.y;
-        ss += v.z * v.z;
-        ss += v.w * v.w;
-    }
-    return warp_sum(ss);
+    return rms_row_sumsq(x + (long)row * k, k, lane);
 }
 
 template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN, typename C = T>
@@ -401,13 +395,13 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     if (NORM_WARP) {
         for (int r = 0; r < 8 && row0 + r < m; ++r) {
             const float ss = dmma_row_ss(xf, row0 + r, k, lane);
-            if (g == r) inv_g = rsqrtf(ss / (float)k + eps);
+            if (g == r) inv_g = rms_inv(ss, k, eps);
         }
     } else if (NORM) {
         for (int r = warp; r < 8 * RG; r += slices) {
             const int row = row0 + r;
             const float ss = row < m ? dmma_row_ss(xf, row, k, lane) : 0.0f;
-            if (lane == 0) dmma_inv[r] = rsqrtf(ss / (float)k + eps);
+            if (lane == 0) dmma_inv[r] = rms_inv(ss, k, eps);
         }
         __syncthreads();
     }

@@ -20,8 +20,10 @@ __device__ void rope(T* q, T* k, const int* positions, const float* cos_table,
                                  : k + (t * n_kv_heads + (head - n_heads)) * (long)head_dim;
         float c = cos_table[pos * rot_half + i], s = sin_table[pos * rot_half + i];
         float x1 = Io<T>::load(base, i), x2 = Io<T>::load(base, i + rot_half);
-        Io<T>::store(base, i, x1 * c - x2 * s);
-        Io<T>::store(base, i + rot_half, x2 * c + x1 * s);
+        // Explicitly rounded products (no FMA contraction): the same bits as kv_cache.cu's
+        // qkv_rope_write and dense.cu's NORM_ROPE epilogue for the same rounded inputs.
+        Io<T>::store(base, i, __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+        Io<T>::store(base, i + rot_half, __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
     }
 }
 

@@ -421,8 +421,9 @@ impl<B: Backend> LlamaWeights<B> {
     /// op ([`Backend::norm_matmul_rope_write`]), attention, o_proj adding into the residual
     /// ([`Backend::matmul_residual`]), the post-attention norm in the gate|up matmul with its
     /// SwiGLU ([`Backend::norm_gate_up_swiglu`]) and down_proj adding into the residual: 4 ops
-    /// (plus attention's) where the unfused layer has 7. The same values as the unfused layer
-    /// but for the norms' sums of squares, which the fused form may add in another order.
+    /// (plus attention's) where the unfused layer has 7. The same values as the unfused layer,
+    /// bit for bit, where the backend promises it (CUDA under `KILN_DENSE_MATMUL=mma`, the default
+    /// on sm_80+ with 16-bit compute: `tests/cuda_fused_invariance.rs`).
     #[allow(clippy::too_many_arguments)]
     fn queue_fused(
         &self,

@@ -8,20 +8,26 @@
 //! - `fma`: `dense_xwt`, CUDA cores (every arch; what `mma` falls back to on sm_70 / sm_75).
 //!
 //! Chosen per backend at creation by `KILN_DENSE_MATMUL` ([`DenseMatmul::from_env`]), never per
-//! step, so every step of a run has the same numerics.
+//! step, so every step of a run has the same numerics. Unset, [`DenseMatmul::default_for`] picks
+//! `mma` on sm_80+ with a 16-bit compute dtype (the batch-invariant path is the default) and
+//! cuBLAS below sm_80 or for f32 (where `mma` would fall back to the slow `fma`).
 //!
-//! THE FUSED DECODE OPS (`norm_matmul`, `norm_gate_up_swiglu`, `matmul_residual`: the small `mma`
-//! kernel with the RMSNorm prologue or the residual-add epilogue, see dense.cu; their launches
-//! are in `fused.rs`) run the llama
-//! layers of steps of at most [`CudaBackend::fused_decode_limit`] tokens:
-//! `KILN_FUSED_DECODE_ROWS` ([`fused_rows_from_env`], default [`DEFAULT_FUSED_DECODE_ROWS`],
-//! `0` = off; at most [`MMA_SMALL_MAX_ROWS`]). With cuBLAS (the default for everything else),
-//! decode steps up to that size are batch-invariant among themselves (one kernel, one reduction
-//! order per row) and larger steps (prefill, big batches) take cuBLAS, as before. With
-//! `KILN_DENSE_MATMUL=mma` the fused ops are off unless `KILN_FUSED_DECODE_ROWS` is set: the
-//! fused prologue sums a row's squares in its own fixed order, so a row's h (and its logits) in
-//! a fused step may differ in the last bit from the same row in an unfused (larger) step, which
-//! would break `mma`'s promise of one numeric path for every batch size.
+//! THE FUSED DECODE OPS (`norm_matmul`, `norm_gate_up_swiglu`, `matmul_residual`,
+//! `norm_matmul_rope_write`: the small `mma` kernel with the RMSNorm prologue, the residual-add
+//! epilogue or the RoPE / KV-write epilogue, see dense.cu; their launches are in `fused.rs` and
+//! `dense_rope.rs`) run the llama layers of steps of at most
+//! [`CudaBackend::fused_decode_limit`] tokens: `KILN_FUSED_DECODE_ROWS` ([`fused_rows_from_env`],
+//! `0` = off, at most [`MMA_SMALL_MAX_ROWS`]). Under `mma` the default is
+//! [`DEFAULT_FUSED_DECODE_ROWS_MMA`] and the whole path is batch-invariant: the fused ops compute
+//! every value the unfused ones do with the same operations (the prologue's 1 / rms and
+//! `rms_norm.cu`'s f32-stream norms share common.cuh's `rms_row_sumsq` / `rms_inv`; the epilogues'
+//! residual add, SwiGLU and RoPE are the unfused ops' roundings), so a row's bits do not depend
+//! on whether its step ran fused or not (`tests/cuda_fused_invariance.rs`). Under cuBLAS the
+//! default is [`DEFAULT_FUSED_DECODE_ROWS`]: decode steps up to that size are batch-invariant
+//! among themselves (one kernel, one reduction order per row) but larger steps (prefill, big
+//! batches) take cuBLAS, whose kernel and order depend on the row count: NOT batch-invariant.
+//! Under `fma` the default is 0 (the fused ops are `mma` kernels, the unfused ones `fma`: two
+//! numeric paths), unless `KILN_FUSED_DECODE_ROWS` is set.
 //!
 //! PROGRAMMATIC DEPENDENT LAUNCH: on sm_90 kernels (`arch.major >= 9`) the small `mma` kernels are
 //! launched with the programmatic-stream-serialization attribute (`cuLaunchKernelEx`), so each
@@ -34,7 +40,8 @@ use std::ffi::c_void;
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
-use super::{dev_err, CudaBackend, CudaBuffer, CudaWeight};
+use super::{dev_err, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
+use crate::backend::cuda::nvrtc::Arch;
 use crate::backend::BackendError;
 
 /// Rows per block tile and warps (output columns) per block of `dense_xwt`; must equal
@@ -47,30 +54,45 @@ const DENSE_WARPS: u32 = 4;
 pub const MMA_SMALL_MAX_ROWS: usize = 64;
 
 /// Largest step (tokens) whose llama layers take the fused decode ops when
-/// `KILN_FUSED_DECODE_ROWS` is unset (and `KILN_DENSE_MATMUL` is not `mma`). Measured on the H200
+/// `KILN_FUSED_DECODE_ROWS` is unset and the dense matmul is cuBLAS. Measured on the H200
 /// (docs/benchmarks.md, branch `launch`): fused 1 row +13.6% over cuBLAS, fused 16 rows −7.5%
 /// (the 16-row tile of the small kernel is slower than cuBLAS there), 64 rows −33%. 1..8 rows run
 /// the same 8-row tile as 1 row, so 8 is the bound; 2..8 rows were not measured on their own.
 pub const DEFAULT_FUSED_DECODE_ROWS: usize = 8;
 
-/// `KILN_FUSED_DECODE_ROWS`: unset or empty = [`DEFAULT_FUSED_DECODE_ROWS`], `0` = off, else a
-/// row count (clamped to [`MMA_SMALL_MAX_ROWS`]); anything else is an error. Unset with
-/// `KILN_DENSE_MATMUL=mma` (`dense`): 0, so that path keeps one numeric path for every step size
-/// (the fused norm sums a row's squares in another order than the unfused one).
+/// The same under `KILN_DENSE_MATMUL=mma` (the default on sm_80+ with 16-bit compute): the small
+/// kernel's 16-row tile (row group 2). There the unfused ops run the same `mma` kernels, so
+/// fusing up to 16 rows saves launches without a slower tile (docs/benchmarks.md, `inv6`).
+pub const DEFAULT_FUSED_DECODE_ROWS_MMA: usize = 16;
+
+/// `KILN_FUSED_DECODE_ROWS` for a backend whose dense matmul is `dense`: unset or empty = the
+/// default of that kind ([`default_fused_rows`]), `0` = off, else a row count (clamped to
+/// [`MMA_SMALL_MAX_ROWS`]); anything else is an error.
 pub fn fused_rows_from_env(dense: DenseMatmul) -> Result<usize, BackendError> {
     match std::env::var("KILN_FUSED_DECODE_ROWS") {
-        Err(_) if dense == DenseMatmul::Mma => Ok(0),
-        Err(_) => Ok(DEFAULT_FUSED_DECODE_ROWS),
-        Ok(v) if v.trim().is_empty() && dense == DenseMatmul::Mma => Ok(0),
-        Ok(v) => parse_fused_rows(&v),
+        Err(_) => Ok(default_fused_rows(dense)),
+        Ok(v) => parse_fused_rows(&v, dense),
     }
 }
 
-/// Parse a `KILN_FUSED_DECODE_ROWS` value.
-pub fn parse_fused_rows(v: &str) -> Result<usize, BackendError> {
+/// The fused decode rows when `KILN_FUSED_DECODE_ROWS` is unset: [`DEFAULT_FUSED_DECODE_ROWS_MMA`]
+/// under `mma` (batch-invariant across the fused / unfused boundary), [`DEFAULT_FUSED_DECODE_ROWS`]
+/// under cuBLAS (fast; not batch-invariant anyway), 0 under `fma` (the fused ops would be a
+/// second numeric path beside the `fma` kernel).
+pub fn default_fused_rows(dense: DenseMatmul) -> usize {
+    match dense {
+        DenseMatmul::Mma => DEFAULT_FUSED_DECODE_ROWS_MMA,
+        DenseMatmul::Cublas => DEFAULT_FUSED_DECODE_ROWS,
+        DenseMatmul::Fma => 0,
+    }
+}
+
+/// Parse a `KILN_FUSED_DECODE_ROWS` value for a backend whose dense matmul is `dense` (empty:
+/// [`default_fused_rows`]).
+pub fn parse_fused_rows(v: &str, dense: DenseMatmul) -> Result<usize, BackendError> {
     let v = v.trim();
     if v.is_empty() {
-        return Ok(DEFAULT_FUSED_DECODE_ROWS);
+        return Ok(default_fused_rows(dense));
     }
     v.parse::<usize>()
         .map(|n| n.min(MMA_SMALL_MAX_ROWS))
@@ -90,32 +112,45 @@ pub fn pdl_from_env() -> Result<bool, BackendError> {
 /// Which kernel runs the dense 16-bit matmuls of a backend (`KILN_DENSE_MATMUL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenseMatmul {
-    /// cuBLAS (`KILN_DENSE_MATMUL=cublas` / `0` / `false`): fastest at prefill sizes, but its
-    /// kernel and reduction order depend on the row count (not batch-invariant).
+    /// cuBLAS (`KILN_DENSE_MATMUL=cublas` / `0` / `false`; the default below sm_80 and for f32):
+    /// fastest at prefill sizes, but its kernel and reduction order depend on the row count (not
+    /// batch-invariant).
     Cublas,
     /// `dense_xwt` on CUDA cores (`fma`; also `1` / `true`, the switch's first meaning).
     Fma,
-    /// The tensor-core kernels (`mma`); `fma` on GPUs below sm_80.
+    /// The tensor-core kernels (`mma`; the default on sm_80+ with a 16-bit dtype); `fma` on GPUs
+    /// below sm_80.
     Mma,
 }
 
 impl DenseMatmul {
-    /// The choice of `KILN_DENSE_MATMUL`; unset or empty: [`DenseMatmul::DEFAULT`]. An unknown
-    /// value is an error (a typo must not silently change the numerics).
-    pub fn from_env() -> Result<DenseMatmul, BackendError> {
+    /// The choice of `KILN_DENSE_MATMUL`; unset or empty: `default` (what
+    /// [`DenseMatmul::default_for`] gives for the backend). An unknown value is an error (a typo
+    /// must not silently change the numerics).
+    pub fn from_env(default: DenseMatmul) -> Result<DenseMatmul, BackendError> {
         match std::env::var("KILN_DENSE_MATMUL") {
-            Err(_) => Ok(Self::DEFAULT),
-            Ok(v) => Self::parse(&v),
+            Err(_) => Ok(default),
+            Ok(v) => Self::parse(&v, default),
         }
     }
 
-    /// The default when `KILN_DENSE_MATMUL` is unset.
-    pub const DEFAULT: DenseMatmul = DenseMatmul::Cublas;
+    /// The default when `KILN_DENSE_MATMUL` is unset, for kernels built for `arch` and compute
+    /// dtype `dtype`: `mma` (batch-invariant, tensor cores) on sm_80+ with a 16-bit dtype; cuBLAS
+    /// below sm_80 (V100 / T4: `mma` would fall back to the CUDA-core `fma`, much slower than
+    /// cuBLAS) and for f32 compute (no dense kernel takes f32). Those paths are not
+    /// batch-invariant; `KILN_DENSE_MATMUL=fma` makes them so at a cost.
+    pub fn default_for(arch: Arch, dtype: ComputeDType) -> DenseMatmul {
+        if arch.major >= 8 && dtype != ComputeDType::F32 {
+            DenseMatmul::Mma
+        } else {
+            DenseMatmul::Cublas
+        }
+    }
 
-    /// Parse a `KILN_DENSE_MATMUL` value (case-insensitive).
-    pub fn parse(v: &str) -> Result<DenseMatmul, BackendError> {
+    /// Parse a `KILN_DENSE_MATMUL` value (case-insensitive; empty: `default`).
+    pub fn parse(v: &str, default: DenseMatmul) -> Result<DenseMatmul, BackendError> {
         match v.trim().to_ascii_lowercase().as_str() {
-            "" => Ok(Self::DEFAULT),
+            "" => Ok(default),
             "cublas" | "0" | "false" | "off" => Ok(DenseMatmul::Cublas),
             "fma" | "1" | "true" => Ok(DenseMatmul::Fma),
             "mma" => Ok(DenseMatmul::Mma),

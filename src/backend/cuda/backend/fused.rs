@@ -2,7 +2,11 @@
 //! the RMSNorm before a matmul, and a matmul with the residual add, each taken by the
 //! batch-invariant fused kernels of `dense` (`mma_*`) where the weight and the row count allow
 //! (`fused_takes`, [`MMA_SMALL_MAX_ROWS`]) and otherwise composed of the unfused ops, which give
-//! the same bits. The [`Backend`] methods of the same names forward here; the second half holds
+//! the same bits under `KILN_DENSE_MATMUL=mma` (the default on sm_80+ with a 16-bit dtype): the
+//! NORM prologue and `rms_norm.cu`'s f32-stream norms share one order of the sum of squares
+//! (common.cuh's `rms_row_sumsq` / `rms_inv`), the RES epilogue adds as `add_rms_norm` does, and
+//! the SwiGLU epilogue is the unfused `mma` product's. Under cuBLAS the unfused product is
+//! cuBLAS's, so only the roundings, not the sums, are shared. The [`Backend`] methods of the same names forward here; the second half holds
 //! the rule (`fused_takes`, [`CudaBackend::fused_decode_limit`]) and the two fused launches
 //! (`mma_norm_matmul`, `mma_matmul_residual`) through `dense.rs`'s `mma_matmul`.
 

@@ -158,15 +158,18 @@ impl CudaBackend {
                 )));
             }
         }
-        let dense =
-            match dense::DenseMatmul::from_env().map_err(|e| CudaError::Nvrtc(e.to_string()))? {
-                // No tensor-core kernels below sm_80 or for f32: the CUDA-core one keeps the numerics
-                // batch-invariant there.
-                dense::DenseMatmul::Mma if arch.major < 8 || k.dense_mma.is_none() => {
-                    dense::DenseMatmul::Fma
-                }
-                d => d,
-            };
+        // Unset: `mma` on sm_80+ with a 16-bit dtype (batch-invariant), else cuBLAS.
+        let default_dense = dense::DenseMatmul::default_for(arch, dtype);
+        let dense = match dense::DenseMatmul::from_env(default_dense)
+            .map_err(|e| CudaError::Nvrtc(e.to_string()))?
+        {
+            // No tensor-core kernels below sm_80 or for f32: the CUDA-core one keeps the numerics
+            // batch-invariant there.
+            dense::DenseMatmul::Mma if arch.major < 8 || k.dense_mma.is_none() => {
+                dense::DenseMatmul::Fma
+            }
+            d => d,
+        };
         let mma = arch.major >= 8 && k.dense_mma.is_some();
         let env_err = |e: BackendError| CudaError::Nvrtc(e.to_string());
         let fused_rows = if mma {

@@ -3,6 +3,12 @@
 //! kernel) and `copy_block` (copy-on-write of a shared prefix block). The [`Backend`] methods of
 //! the same names forward here.
 //!
+//! Numerics: `rope` (rope.cu), `qkv_rope_write` (kv_cache.cu) and the fused q|k|v epilogue
+//! (dense.cu's NORM_ROPE, `dense_rope.rs`) rotate a pair with the same explicitly rounded
+//! products (`__fmul_rn`, then `__fsub_rn` / `__fadd_rn`; no FMA contraction), so a head's rotated
+//! bits do not depend on which of them ran (part of the batch invariance across the fused /
+//! unfused layer, docs/architecture.md).
+//!
 //! [`Backend`]: crate::backend::Backend
 
 use std::ffi::c_void;

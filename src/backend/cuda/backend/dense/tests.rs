@@ -1,4 +1,5 @@
-//! Unit tests of `dense.rs`: the K slices, the two environment switches, the row groups.
+//! Unit tests of `dense.rs`: the K slices, the two environment switches and their defaults, the
+//! row groups.
 
 use super::*;
 
@@ -18,24 +19,79 @@ fn the_k_slices_depend_on_k_alone_and_stay_within_the_kernel_limits() {
 
 #[test]
 fn the_switch_parses_its_documented_values_and_refuses_others() {
-    assert_eq!(DenseMatmul::parse("mma").unwrap(), DenseMatmul::Mma);
-    assert_eq!(DenseMatmul::parse("MMA").unwrap(), DenseMatmul::Mma);
-    assert_eq!(DenseMatmul::parse("1").unwrap(), DenseMatmul::Fma);
-    assert_eq!(DenseMatmul::parse("fma").unwrap(), DenseMatmul::Fma);
-    assert_eq!(DenseMatmul::parse("cublas").unwrap(), DenseMatmul::Cublas);
-    assert_eq!(DenseMatmul::parse("0").unwrap(), DenseMatmul::Cublas);
-    assert_eq!(DenseMatmul::parse("").unwrap(), DenseMatmul::DEFAULT);
-    assert!(DenseMatmul::parse("tensor").is_err());
+    use DenseMatmul::{Cublas, Fma, Mma};
+    for default in [Cublas, Fma, Mma] {
+        assert_eq!(DenseMatmul::parse("mma", default).unwrap(), Mma);
+        assert_eq!(DenseMatmul::parse("MMA", default).unwrap(), Mma);
+        assert_eq!(DenseMatmul::parse("1", default).unwrap(), Fma);
+        assert_eq!(DenseMatmul::parse("fma", default).unwrap(), Fma);
+        assert_eq!(DenseMatmul::parse("cublas", default).unwrap(), Cublas);
+        assert_eq!(DenseMatmul::parse(" Off ", default).unwrap(), Cublas);
+        assert_eq!(DenseMatmul::parse("0", default).unwrap(), Cublas);
+        assert_eq!(DenseMatmul::parse("", default).unwrap(), default);
+        assert_eq!(DenseMatmul::parse("  ", default).unwrap(), default);
+        assert!(DenseMatmul::parse("tensor", default).is_err());
+    }
+}
+
+#[test]
+fn the_default_dense_matmul_is_mma_on_sm80_and_newer_with_16_bit_compute_only() {
+    use crate::backend::cuda::Arch;
+    let arch = |major, minor| Arch::from_compute_capability(major, minor);
+    for (major, minor) in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+        for dtype in [ComputeDType::F16, ComputeDType::BF16] {
+            assert_eq!(
+                DenseMatmul::default_for(arch(major, minor), dtype),
+                DenseMatmul::Mma,
+                "sm_{major}{minor} {dtype:?}"
+            );
+        }
+        assert_eq!(
+            DenseMatmul::default_for(arch(major, minor), ComputeDType::F32),
+            DenseMatmul::Cublas,
+            "sm_{major}{minor} f32"
+        );
+    }
+    for (major, minor) in [(7, 0), (7, 5)] {
+        for dtype in [ComputeDType::F16, ComputeDType::BF16, ComputeDType::F32] {
+            assert_eq!(
+                DenseMatmul::default_for(arch(major, minor), dtype),
+                DenseMatmul::Cublas,
+                "sm_{major}{minor} {dtype:?}"
+            );
+        }
+    }
 }
 
 #[test]
 fn the_fused_rows_switch_parses_counts_clamps_them_and_refuses_words() {
-    assert_eq!(parse_fused_rows("").unwrap(), DEFAULT_FUSED_DECODE_ROWS);
-    assert_eq!(parse_fused_rows("0").unwrap(), 0);
-    assert_eq!(parse_fused_rows(" 8 ").unwrap(), 8);
-    assert_eq!(parse_fused_rows("1000").unwrap(), MMA_SMALL_MAX_ROWS);
-    assert!(parse_fused_rows("on").is_err());
-    assert!(parse_fused_rows("-1").is_err());
+    for dense in [DenseMatmul::Cublas, DenseMatmul::Fma, DenseMatmul::Mma] {
+        assert_eq!(
+            parse_fused_rows("", dense).unwrap(),
+            default_fused_rows(dense)
+        );
+        assert_eq!(parse_fused_rows("0", dense).unwrap(), 0);
+        assert_eq!(parse_fused_rows(" 8 ", dense).unwrap(), 8);
+        assert_eq!(parse_fused_rows("16", dense).unwrap(), 16);
+        assert_eq!(parse_fused_rows("1000", dense).unwrap(), MMA_SMALL_MAX_ROWS);
+        assert!(parse_fused_rows("on", dense).is_err());
+        assert!(parse_fused_rows("-1", dense).is_err());
+    }
+}
+
+#[test]
+fn the_fused_rows_default_follows_the_dense_kind() {
+    // mma: the 16-row tile, batch-invariant across the fused / unfused boundary.
+    assert_eq!(default_fused_rows(DenseMatmul::Mma), 16);
+    assert_eq!(DEFAULT_FUSED_DECODE_ROWS_MMA, 16);
+    // cuBLAS: 8 (the measured bound); fma: off (the fused ops would be a second numeric path).
+    assert_eq!(default_fused_rows(DenseMatmul::Cublas), 8);
+    assert_eq!(DEFAULT_FUSED_DECODE_ROWS, 8);
+    assert_eq!(default_fused_rows(DenseMatmul::Fma), 0);
+    // The defaults fit the small kernel.
+    for dense in [DenseMatmul::Cublas, DenseMatmul::Fma, DenseMatmul::Mma] {
+        assert!(default_fused_rows(dense) <= MMA_SMALL_MAX_ROWS);
+    }
 }
 
 #[test]
