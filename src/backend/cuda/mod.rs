@@ -13,8 +13,7 @@ pub mod nvrtc;
 
 pub use backend::{
     ComputeDType, CudaBackend, CudaLogits, DenseMatmul, GemmChoice, GemmTile, GgufKernel,
-    KvStorage, MmaKernel, MmaOut, MmaProbeOut, W4Kernel, DEFAULT_CHUNKED_MIN_LEN,
-    W4_GEMV_VARIANTS,
+    KvStorage, MmaKernel, MmaOut, MmaProbeOut, W4Kernel, DEFAULT_CHUNKED_MIN_LEN, W4_GEMV_VARIANTS,
 };
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;

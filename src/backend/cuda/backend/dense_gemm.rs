@@ -163,7 +163,10 @@ impl Clone for GemmKernels {
             f32: self.f32.clone(),
             swiglu: self.swiglu.clone(),
             choice: self.choice,
-            sms: self.sms.get().map_or_else(OnceLock::new, |&v| OnceLock::from(v)),
+            sms: self
+                .sms
+                .get()
+                .map_or_else(OnceLock::new, |&v| OnceLock::from(v)),
         }
     }
 }
@@ -208,7 +211,9 @@ impl GemmKernels {
             Ok(Some([a, b, c, d]))
         };
         let same = set(std::array::from_fn(|i| get(format!("dense_gemm_t{i}_{t}"))))?;
-        let f32 = set(std::array::from_fn(|i| get(format!("dense_gemm_t{i}_{t}_f32"))))?;
+        let f32 = set(std::array::from_fn(|i| {
+            get(format!("dense_gemm_t{i}_{t}_f32"))
+        }))?;
         let swiglu = set(std::array::from_fn(|i| {
             get(format!("dense_gemm_t{i}_swiglu_{t}"))
         }))?;
@@ -312,7 +317,13 @@ impl CudaBackend {
             w.data.device_ptr(&self.stream).0
         };
         let mut b = self.stream.launch_builder(f);
-        b.arg(&xp).arg(&wp).arg(&op).arg(&m).arg(&n).arg(&k).arg(&sb);
+        b.arg(&xp)
+            .arg(&wp)
+            .arg(&op)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k)
+            .arg(&sb);
         // SAFETY: as this function's contract: x holds rows × k and out the epilogue's elements;
         // w is a live n × k allocation (256-byte aligned, k a multiple of 8: every 16-byte copy
         // is aligned and in bounds; the kernel copies nothing at or past row m, output n or
