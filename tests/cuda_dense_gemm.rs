@@ -8,7 +8,8 @@
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run --test
 //! cuda_dense_gemm`): `cuda_dense_gemm-<hash> --ignored --test-threads=1 --nocapture`
 //! (`KILN_GEMM_TEST_BIG=0` leaves out the 27B shapes; `KILN_GEMM_TIME_ROWS=512,2048` sets the
-//! timing's row counts).
+//! timing's row counts; `KILN_GEMM_BUDGET_S=40`: each test starts no new shape after that many
+//! seconds and says which it left out, so a capped GPU run still reports what it did).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -130,21 +131,43 @@ fn run_bits(
     b.mma_probe_bits(&o).expect("download")
 }
 
+/// `KILN_GEMM_BUDGET_S` (unset: no limit): whether a test started at `start` is out of time.
+fn out_of_time(start: Instant) -> bool {
+    std::env::var("KILN_GEMM_BUDGET_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .is_some_and(|b| start.elapsed().as_secs_f64() > b)
+}
+
 /// Every GEMM tile, the automatic GEMM and `dense_mma_large` give the small kernel's bits.
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
+    let start = Instant::now();
     let big = !std::env::var("KILN_GEMM_TEST_BIG").is_ok_and(|v| v == "0");
     let mut failures = Vec::new();
     let mut compared = 0usize;
-    for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
+    let mut left_out = Vec::new();
+    // bf16 then fp16 on SmolLM2's shapes, then the 27B's (the GPU run's budget may end it).
+    let mut phases: Vec<(&str, &[Case])> = vec![("bf16", SMOL), ("fp16", SMOL)];
+    if big {
+        phases.extend([("bf16", BIG), ("fp16", BIG)]);
+    }
+    let available = dtypes();
+    for (dtype, cases) in phases {
+        if !available.contains(&dtype) {
+            continue;
+        }
         let b = backend(dtype, "mma");
         if b.dense_matmul_kind() != DenseMatmul::Mma {
             println!("RESULT gemm_eq dtype={dtype} skipped: no tensor-core kernels on this target");
             continue;
         }
-        let cases = SMOL.iter().chain(if big { BIG } else { &[] });
-        for (ci, &(n, k, name, outs, rows_list)) in cases.enumerate() {
+        for (ci, &(n, k, name, outs, rows_list)) in cases.iter().enumerate() {
+            if out_of_time(start) {
+                left_out.push(format!("{dtype} {name} {n}x{k}"));
+                continue;
+            }
             let t0 = Instant::now();
             let w = weight(&b, dtype, n, k, 100 + ci as u64);
             let max_rows = *rows_list.iter().max().unwrap();
@@ -193,7 +216,7 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
         }
     }
     println!(
-        "RESULT gemm_eq comparisons={compared} failures={}",
+        "RESULT gemm_eq comparisons={compared} failures={} left_out_for_time={left_out:?}",
         failures.len()
     );
     assert!(failures.is_empty(), "{failures:#?}");
@@ -240,13 +263,19 @@ fn gemm_against_large_and_cublas_timings() {
         return;
     }
     let blas = backend(dtype, "cublas");
-    let shapes: Vec<(usize, usize, &str)> = SMOL
+    // The 27B's shapes first (the headline), then SmolLM2's.
+    let shapes: Vec<(usize, usize, &str)> = (if big { BIG } else { &[] })
         .iter()
-        .chain(if big { BIG } else { &[] })
+        .chain(SMOL)
         .filter(|c| c.2 != "ragged")
         .map(|c| (c.0, c.1, c.2))
         .collect();
+    let start = Instant::now();
     for (si, &(n, k, name)) in shapes.iter().enumerate() {
+        if out_of_time(start) {
+            println!("RESULT gemm_time shape={name} n={n} k={k} left out for time");
+            continue;
+        }
         let wm = weight(&mma, dtype, n, k, 300 + si as u64);
         let wb = weight(&blas, dtype, n, k, 300 + si as u64);
         for &rows in &rows_list {
