@@ -122,22 +122,22 @@ __device__ void dense_gemm(const T* __restrict__ x, const T* __restrict__ w, O* 
         for (int j = 0; j < DG_KB_STAGE; ++j) {
             const int kb = st * DG_KB_STAGE + j;
             if (kb < kbt) {
-                uint4 a_lo[TN], a_hi[TN], b[TM];
-#pragma unroll
-                for (int i = 0; i < TN; ++i) {
-                    const unsigned char* pa = buf + a_off + (j * BN + 16 * i) * 64;
-                    a_lo[i] = *reinterpret_cast<const uint4*>(pa);
-                    a_hi[i] = *reinterpret_cast<const uint4*>(pa + 8 * 64);
-                }
+                // The x fragments of the warp's rows, then one A tile (16 outputs) at a time: its
+                // two words live only through its 2 · TM mmas (registers for the 64 x 48 tiles).
+                uint4 b[TM];
 #pragma unroll
                 for (int r = 0; r < TM; ++r)
                     b[r] = *reinterpret_cast<const uint4*>(buf + b_off + (j * BM + 8 * r) * 64);
 #pragma unroll
-                for (int c = 0; c < 2; ++c)
+                for (int i = 0; i < TN; ++i) {
+                    const unsigned char* pa = buf + a_off + (j * BN + 16 * i) * 64;
+                    const uint4 a_lo = *reinterpret_cast<const uint4*>(pa);
+                    const uint4 a_hi = *reinterpret_cast<const uint4*>(pa + 8 * 64);
 #pragma unroll
-                    for (int i = 0; i < TN; ++i)
+                    for (int c = 0; c < 2; ++c)
 #pragma unroll
-                        for (int r = 0; r < TM; ++r) dmma<T>(acc[i][r], a_lo[i], a_hi[i], b[r], c);
+                        for (int r = 0; r < TM; ++r) dmma<T>(acc[i][r], a_lo, a_hi, b[r], c);
+                }
                 if ((kb + 1) % sb == 0 || kb + 1 == kbt) {  // the slice's last block
 #pragma unroll
                     for (int i = 0; i < TN; ++i)
@@ -172,30 +172,36 @@ __device__ void dense_gemm(const T* __restrict__ x, const T* __restrict__ w, O* 
     }
 }
 
-// The tiles (dense_gemm.rs `GemmTile`, same order and numbers): t0 128 x 128 (8 warps of 64 x 32,
-// 128 KiB of shared memory, 1 block / SM), t1 64 x 64 (4 warps of 32 x 32, 64 KiB), t2 128 x 64
-// (4 warps of 64 x 32, 96 KiB), t3 64 x 32 (4 warps of 32 x 16, 48 KiB); 4 stages each.
+// The tiles (dense_gemm.rs `GemmTile`, same order and numbers; shared memory STAGES x 2 k blocks
+// x (BN + BM) x 64 bytes): t0 128 x 128 (8 warps of 64 x 32, 4 stages, 128 KiB, 1 block / SM),
+// t1 64 x 64 (4 warps of 32 x 32, 4 stages, 64 KiB, 3 / SM), t2 128 x 64 (4 warps of 64 x 32,
+// 4 stages, 96 KiB, 2 / SM), t3 64 x 32 (4 warps of 32 x 16, 4 stages, 48 KiB, 4 / SM), t4
+// 128 x 192 (8 warps of 64 x 48, 4 stages, 160 KiB, 1 / SM), t5 128 x 96 (4 warps of 64 x 48,
+// 3 stages, 84 KiB, 2 / SM). The 64 x 48 warp tiles read 14 fragment words per 48 mmas against
+// 12 per 32 for 64 x 32 (shared-memory bandwidth bounds these kernels), at 255 registers.
 // Entry points dense_gemm_t{i}_{t} (out in T), _{t}_f32 (f32 out: the lm_head) and
 // dense_gemm_t{i}_swiglu_{t}, all (x, w, out, m, n, k, sb).
-#define DENSE_GEMM_TILE(SUF, T, I, BN, BM, WN, WM, MINB)                                           \
+#define DENSE_GEMM_TILE(SUF, T, I, BN, BM, WN, WM, ST, MINB)                                       \
     extern "C" __global__ void __launch_bounds__((BN / WN) * (BM / WM) * 32, MINB)                 \
         dense_gemm_t##I##_##SUF(const T* x, const T* w, T* out, int m, int n, int k, int sb) {     \
-        dense_gemm<T, T, false, BN, BM, WN, WM, 4>(x, w, out, m, n, k, sb);                        \
+        dense_gemm<T, T, false, BN, BM, WN, WM, ST>(x, w, out, m, n, k, sb);                       \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__((BN / WN) * (BM / WM) * 32, MINB)                 \
         dense_gemm_t##I##_##SUF##_f32(const T* x, const T* w, float* out, int m, int n, int k,     \
                                       int sb) {                                                    \
-        dense_gemm<T, float, false, BN, BM, WN, WM, 4>(x, w, out, m, n, k, sb);                    \
+        dense_gemm<T, float, false, BN, BM, WN, WM, ST>(x, w, out, m, n, k, sb);                   \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__((BN / WN) * (BM / WM) * 32, MINB)                 \
         dense_gemm_t##I##_swiglu_##SUF(const T* x, const T* w, T* out, int m, int n, int k,        \
                                        int sb) {                                                   \
-        dense_gemm<T, T, true, BN, BM, WN, WM, 4>(x, w, out, m, n, k, sb);                         \
+        dense_gemm<T, T, true, BN, BM, WN, WM, ST>(x, w, out, m, n, k, sb);                        \
     }
 #define DENSE_GEMM(SUF, T)                                                                         \
-    DENSE_GEMM_TILE(SUF, T, 0, 128, 128, 64, 32, 1)                                                \
-    DENSE_GEMM_TILE(SUF, T, 1, 64, 64, 32, 32, 3)                                                  \
-    DENSE_GEMM_TILE(SUF, T, 2, 128, 64, 64, 32, 2)                                                 \
-    DENSE_GEMM_TILE(SUF, T, 3, 64, 32, 32, 16, 4)
+    DENSE_GEMM_TILE(SUF, T, 0, 128, 128, 64, 32, 4, 1)                                             \
+    DENSE_GEMM_TILE(SUF, T, 1, 64, 64, 32, 32, 4, 3)                                               \
+    DENSE_GEMM_TILE(SUF, T, 2, 128, 64, 64, 32, 4, 2)                                              \
+    DENSE_GEMM_TILE(SUF, T, 3, 64, 32, 32, 16, 4, 4)                                               \
+    DENSE_GEMM_TILE(SUF, T, 4, 128, 192, 64, 48, 4, 1)                                             \
+    DENSE_GEMM_TILE(SUF, T, 5, 128, 96, 64, 48, 3, 2)
 DENSE_GEMM(f16, __half)
 DENSE_GEMM(bf16, bf16_t)

@@ -1,5 +1,5 @@
 //! The pipelined batch-invariant dense GEMM (`kernels/dense_gemm.cu`, what `KILN_DENSE_MATMUL=mma`
-//! runs above 64 rows) on a GPU: every tile (t0..t3, and the automatic choice) gives the same
+//! runs above 64 rows) on a GPU: every tile (t0..t5, and the automatic choice) gives the same
 //! bits as the small `mma` kernel (`dense_mma_small`, whose numerics define the path) and as
 //! `dense_mma_large`, for every epilogue (compute dtype, f32, SwiGLU), on SmolLM2's and the 27B's
 //! shapes at 65..4096 rows, bf16 and fp16; and a timing table of GEMM (each tile) vs `Large` vs

@@ -7,7 +7,7 @@
 //!
 //! The block tile ([`GemmTile`]) is chosen per launch from (n, rows) and the SM count
 //! ([`GemmTile::auto`]); a tile never changes the bits. `KILN_DENSE_GEMM` ([`GemmChoice`], read
-//! when the backend is created): unset / `auto` / `1` the GEMM with the automatic tile, `t0`..`t3`
+//! when the backend is created): unset / `auto` / `1` the GEMM with the automatic tile, `t0`..`t5`
 //! one tile always, `0` / `large` / `off` `dense_mma_large` (for A/B comparisons).
 //!
 //! For the GPU tests: [`CudaBackend::mma_probe_alloc`] / [`CudaBackend::mma_probe_run`] /
@@ -35,11 +35,22 @@ pub enum GemmTile {
     T2,
     /// 64 × 32, 4 warps of 32 × 16, 48 KiB (4 blocks / SM): the small grids.
     T3,
+    /// 128 × 192, 8 warps of 64 × 48, 160 KiB (1 block / SM): fewer shared-memory reads per mma.
+    T4,
+    /// 128 × 96, 4 warps of 64 × 48, 3 stages, 84 KiB (2 blocks / SM).
+    T5,
 }
 
 impl GemmTile {
     /// Every tile, in entry-point order.
-    pub const ALL: [GemmTile; 4] = [GemmTile::T0, GemmTile::T1, GemmTile::T2, GemmTile::T3];
+    pub const ALL: [GemmTile; 6] = [
+        GemmTile::T0,
+        GemmTile::T1,
+        GemmTile::T2,
+        GemmTile::T3,
+        GemmTile::T4,
+        GemmTile::T5,
+    ];
 
     /// The `i` of `dense_gemm_t{i}_*`.
     pub fn index(self) -> usize {
@@ -53,21 +64,31 @@ impl GemmTile {
             GemmTile::T1 => (64, 64),
             GemmTile::T2 => (128, 64),
             GemmTile::T3 => (64, 32),
+            GemmTile::T4 => (128, 192),
+            GemmTile::T5 => (128, 96),
         }
     }
 
     /// Threads per block (32 × warps).
     fn threads(self) -> u32 {
         match self {
-            GemmTile::T0 => 256,
+            GemmTile::T0 | GemmTile::T4 => 256,
             _ => 128,
         }
     }
 
-    /// Dynamic shared memory (bytes): 4 stages of 2 k blocks × (outputs + rows) × 64 bytes.
+    /// Pipeline stages (the kernel's `ST`).
+    fn stages(self) -> usize {
+        match self {
+            GemmTile::T5 => 3,
+            _ => 4,
+        }
+    }
+
+    /// Dynamic shared memory (bytes): stages × 2 k blocks × (outputs + rows) × 64 bytes.
     pub fn shared_bytes(self) -> usize {
         let (bn, bm) = self.tile();
-        4 * 2 * (bn + bm) * 64
+        self.stages() * 2 * (bn + bm) * 64
     }
 
     /// Relative throughput of an SM running this tile (a guess from the warp tile and the
@@ -78,6 +99,8 @@ impl GemmTile {
             GemmTile::T1 => 0.85,
             GemmTile::T2 => 0.95,
             GemmTile::T3 => 0.6,
+            GemmTile::T4 => 1.1,
+            GemmTile::T5 => 1.05,
         }
     }
 
@@ -97,8 +120,14 @@ impl GemmTile {
     /// The automatic tile for `n` outputs and `rows` rows on `sms` SMs: the least
     /// [`GemmTile::cost`] (ties to the larger tile).
     pub fn auto(n: usize, rows: usize, sms: usize) -> GemmTile {
-        let mut best = GemmTile::T0;
-        for t in [GemmTile::T2, GemmTile::T1, GemmTile::T3] {
+        let mut best = GemmTile::T4;
+        for t in [
+            GemmTile::T0,
+            GemmTile::T5,
+            GemmTile::T2,
+            GemmTile::T1,
+            GemmTile::T3,
+        ] {
             if t.cost(n, rows, sms) < best.cost(n, rows, sms) {
                 best = t;
             }
@@ -114,7 +143,7 @@ pub enum GemmChoice {
     Large,
     /// The GEMM, tile by [`GemmTile::auto`] (unset, empty, `1`, `on`, `true`, `auto`).
     Auto,
-    /// The GEMM, always this tile (`t0` .. `t3`).
+    /// The GEMM, always this tile (`t0` .. `t5`).
     Tile(GemmTile),
 }
 
@@ -128,8 +157,10 @@ impl GemmChoice {
             "t1" => Ok(GemmChoice::Tile(GemmTile::T1)),
             "t2" => Ok(GemmChoice::Tile(GemmTile::T2)),
             "t3" => Ok(GemmChoice::Tile(GemmTile::T3)),
+            "t4" => Ok(GemmChoice::Tile(GemmTile::T4)),
+            "t5" => Ok(GemmChoice::Tile(GemmTile::T5)),
             other => Err(format!(
-                "KILN_DENSE_GEMM={other:?}: expected auto, 0 (dense_mma_large) or t0..t3"
+                "KILN_DENSE_GEMM={other:?}: expected auto, 0 (dense_mma_large) or t0..t5"
             )),
         }
     }
@@ -145,11 +176,11 @@ impl GemmChoice {
 #[derive(Debug)]
 pub(crate) struct GemmKernels {
     /// Output in the compute dtype.
-    same: [CudaFunction; 4],
+    same: [CudaFunction; 6],
     /// f32 output (the lm_head).
-    f32: [CudaFunction; 4],
+    f32: [CudaFunction; 6],
     /// The SwiGLU epilogue (interleaved gate|up weight, output `n / 2` wide).
-    swiglu: [CudaFunction; 4],
+    swiglu: [CudaFunction; 6],
     /// `KILN_DENSE_GEMM` at the backend's creation.
     pub choice: GemmChoice,
     /// The GPU's SM count (read at the first launch).
@@ -174,7 +205,7 @@ impl Clone for GemmKernels {
 impl GemmKernels {
     /// The entry point names for dtype suffix `t` (f16 / bf16), as dense_gemm.cu defines them.
     pub fn names(t: &str) -> Vec<String> {
-        (0..4)
+        (0..GemmTile::ALL.len())
             .flat_map(|i| {
                 [
                     format!("dense_gemm_t{i}_{t}"),
@@ -198,17 +229,17 @@ impl GemmKernels {
             return Ok(None);
         }
         let get = |name: String| all.get(&name).cloned();
-        let set = |v: [Option<CudaFunction>; 4]| -> Result<Option<[CudaFunction; 4]>, CudaError> {
-            let [Some(a), Some(b), Some(c), Some(d)] = v else {
+        let set = |v: [Option<CudaFunction>; 6]| -> Result<Option<[CudaFunction; 6]>, CudaError> {
+            let [Some(a), Some(b), Some(c), Some(d), Some(e), Some(f)] = v else {
                 return Ok(None);
             };
-            for (f, tile) in [&a, &b, &c, &d].into_iter().zip(GemmTile::ALL) {
+            for (f, tile) in [&a, &b, &c, &d, &e, &f].into_iter().zip(GemmTile::ALL) {
                 f.set_attribute(
                     cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     tile.shared_bytes() as i32,
                 )?;
             }
-            Ok(Some([a, b, c, d]))
+            Ok(Some([a, b, c, d, e, f]))
         };
         let same = set(std::array::from_fn(|i| get(format!("dense_gemm_t{i}_{t}"))))?;
         let f32 = set(std::array::from_fn(|i| {
@@ -418,7 +449,8 @@ mod tests {
         assert_eq!(GemmChoice::parse("0"), Ok(GemmChoice::Large));
         assert_eq!(GemmChoice::parse("large"), Ok(GemmChoice::Large));
         assert_eq!(GemmChoice::parse("t2"), Ok(GemmChoice::Tile(GemmTile::T2)));
-        assert!(GemmChoice::parse("t4").is_err());
+        assert_eq!(GemmChoice::parse("t5"), Ok(GemmChoice::Tile(GemmTile::T5)));
+        assert!(GemmChoice::parse("t6").is_err());
         assert!(GemmChoice::parse("yes please").is_err());
     }
 
@@ -429,16 +461,18 @@ mod tests {
         assert_eq!(GemmTile::T1.shared_bytes(), 64 * 1024);
         assert_eq!(GemmTile::T2.shared_bytes(), 96 * 1024);
         assert_eq!(GemmTile::T3.shared_bytes(), 48 * 1024);
+        assert_eq!(GemmTile::T4.shared_bytes(), 160 * 1024);
+        assert_eq!(GemmTile::T5.shared_bytes(), 84 * 1024);
         for t in GemmTile::ALL {
             assert_eq!(GemmTile::ALL[t.index()], t);
         }
-        // 27B-sized: 5120 outputs × 4096 rows: 1 280 t0 blocks, 10 on the busiest SM.
-        assert_eq!(GemmTile::auto(5120, 4096, 132), GemmTile::T0);
-        // 5120 × 256: 80 t0 blocks leave 52 SMs idle; t1's 320 blocks (3 a SM) win.
-        assert_eq!(GemmTile::auto(5120, 256, 132), GemmTile::T1);
+        // 27B-sized: 5120 outputs × 4096 rows: 880 t4 blocks, 7 on the busiest SM.
+        assert_eq!(GemmTile::auto(5120, 4096, 132), GemmTile::T4);
+        // 5120 × 256: 40 t4 / 80 t0 blocks leave SMs idle; t5's 120 do not.
+        assert_eq!(GemmTile::auto(5120, 256, 132), GemmTile::T5);
         // SmolLM2's 576 × 512: 72 t1 blocks (t3's 144 put two on some SMs).
         assert_eq!(GemmTile::auto(576, 512, 132), GemmTile::T1);
-        // A tiny grid: one t1 block.
+        // A tiny grid: t3's 3 blocks.
         assert_eq!(GemmTile::auto(64, 65, 132), GemmTile::T3);
     }
 }
