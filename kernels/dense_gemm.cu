@@ -68,12 +68,49 @@ __device__ __forceinline__ void dg_issue_part(unsigned dst, const unsigned short
     }
 }
 
+// The fragment words of k block j of a stage buffer: A tile i's rows g (fa[i][0]) and g + 8
+// (fa[i][1]), row group r's x row g (fb[r]); a_off / b_off the lane's offsets in block 0.
+template <int TN, int TM, int BN, int BM>
+__device__ __forceinline__ void dg_frags(const unsigned char* buf, int a_off, int b_off, int j,
+                                         uint4 (*fa)[2], uint4* fb) {
+#pragma unroll
+    for (int i = 0; i < TN; ++i) {
+        const unsigned char* pa = buf + a_off + (j * BN + 16 * i) * 64;
+        fa[i][0] = *reinterpret_cast<const uint4*>(pa);
+        fa[i][1] = *reinterpret_cast<const uint4*>(pa + 8 * 64);
+    }
+#pragma unroll
+    for (int r = 0; r < TM; ++r)
+        fb[r] = *reinterpret_cast<const uint4*>(buf + b_off + (j * BM + 8 * r) * 64);
+}
+
+// A slice ended: tot += its partial (in slice order, from +0), and the partial restarts at +0.
+template <int TN, int TM>
+__device__ __forceinline__ void dg_flush(float (*acc)[TM][4], float (*tot)[TM][4]) {
+#pragma unroll
+    for (int i = 0; i < TN; ++i)
+#pragma unroll
+        for (int r = 0; r < TM; ++r)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                tot[i][r][e] += acc[i][r][e];
+                acc[i][r][e] = 0.0f;
+            }
+}
+
 template <typename T, typename O, bool SWIGLU, int BN, int BM, int WN, int WM, int STAGES>
 __device__ void dense_gemm(const T* __restrict__ x, const T* __restrict__ w, O* __restrict__ out,
                            int m, int n, int k, int sb) {
     constexpr int WARPS_N = BN / WN, WARPS_M = BM / WM, THREADS = WARPS_N * WARPS_M * 32;
     constexpr int TN = WN / 16, TM = WM / 8;
     constexpr int A_BYTES = DG_KB_STAGE * BN * 64, STAGE_BYTES = DG_KB_STAGE * (BN + BM) * 64;
+    // DG_PREFETCH (KILN_DENSE_GEMM_PREFETCH=1): two fragment register sets, for the warp tiles
+    // where they fit (at most 64 x 32).
+#ifdef DG_PREFETCH
+    constexpr bool PREF = TN * TM <= 16;
+#else
+    constexpr bool PREF = false;
+#endif
     static_assert(BN % WN == 0 && BM % WM == 0 && WN % 16 == 0 && WM % 8 == 0, "tile shape");
     static_assert((BN * 8) % THREADS == 0 && (BM * 8) % THREADS == 0, "copy split");
     extern __shared__ __align__(128) unsigned char dg_smem[];
@@ -105,6 +142,7 @@ __device__ void dense_gemm(const T* __restrict__ x, const T* __restrict__ w, O* 
     // Offsets (bytes) of this lane's fragment words within a stage's k block 0.
     const int a_off = (wn * WN + g) * 64 + 16 * t;
     const int b_off = A_BYTES + (wm * WM + g) * 64 + 16 * t;
+    int slice_end = min(sb, kbt);  // one past the current slice's last k block
     for (int st = 0; st < nst; ++st) {
         dg_wait<STAGES - 2>();
         __syncthreads();  // stage st landed for every thread; stage st - 1's buffer is free
@@ -118,6 +156,33 @@ __device__ void dense_gemm(const T* __restrict__ x, const T* __restrict__ w, O* 
             dg_commit();
         }
         const unsigned char* buf = dg_smem + (st % STAGES) * STAGE_BYTES;
+        if (PREF) {
+            // Every fragment word of k block j + 1 is read from shared memory before the mmas
+            // of block j are issued (two register sets), so no mma waits on its own loads.
+            uint4 fa[2][TN][2], fb[2][TM];
+            dg_frags<TN, TM, BN, BM>(buf, a_off, b_off, 0, fa[0], fb[0]);
+#pragma unroll
+            for (int j = 0; j < DG_KB_STAGE; ++j) {
+                const int kb = st * DG_KB_STAGE + j;
+                if (j + 1 < DG_KB_STAGE)
+                    dg_frags<TN, TM, BN, BM>(buf, a_off, b_off, j + 1, fa[(j + 1) & 1],
+                                             fb[(j + 1) & 1]);
+                if (kb < kbt) {
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+#pragma unroll
+                        for (int i = 0; i < TN; ++i)
+#pragma unroll
+                            for (int r = 0; r < TM; ++r)
+                                dmma<T>(acc[i][r], fa[j & 1][i][0], fa[j & 1][i][1], fb[j & 1][r], c);
+                    if (kb + 1 == slice_end) {
+                        dg_flush<TN, TM>(acc, tot);
+                        slice_end = min(slice_end + sb, kbt);
+                    }
+                }
+            }
+            continue;
+        }
 #pragma unroll
         for (int j = 0; j < DG_KB_STAGE; ++j) {
             const int kb = st * DG_KB_STAGE + j;
@@ -138,16 +203,9 @@ __device__ void dense_gemm(const T* __restrict__ x, const T* __restrict__ w, O* 
 #pragma unroll
                         for (int r = 0; r < TM; ++r) dmma<T>(acc[i][r], a_lo, a_hi, b[r], c);
                 }
-                if ((kb + 1) % sb == 0 || kb + 1 == kbt) {  // the slice's last block
-#pragma unroll
-                    for (int i = 0; i < TN; ++i)
-#pragma unroll
-                        for (int r = 0; r < TM; ++r)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                tot[i][r][e] += acc[i][r][e];
-                                acc[i][r][e] = 0.0f;
-                            }
+                if (kb + 1 == slice_end) {  // the slice's last block
+                    dg_flush<TN, TM>(acc, tot);
+                    slice_end = min(slice_end + sb, kbt);
                 }
             }
         }

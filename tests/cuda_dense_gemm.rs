@@ -9,7 +9,9 @@
 //! cuda_dense_gemm`): `cuda_dense_gemm-<hash> --ignored --test-threads=1 --nocapture`
 //! (`KILN_GEMM_TEST_BIG=0` leaves out the 27B shapes; `KILN_GEMM_TIME_ROWS=512,2048` sets the
 //! timing's row counts; `KILN_GEMM_BUDGET_S=40`: each test starts no new shape after that many
-//! seconds and says which it left out, so a capped GPU run still reports what it did).
+//! seconds and says which it left out, so a capped GPU run still reports what it did;
+//! `KILN_GEMM_PREFETCH_VARIANTS=0,1` (the default): the GEMM builds checked and timed, by their
+//! `KILN_DENSE_GEMM_PREFETCH`).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -27,6 +29,25 @@ fn backend(dtype: &str, kind: &str) -> CudaBackend {
     std::env::set_var("KILN_DENSE_MATMUL", kind);
     let b = gpu(dtype, "auto");
     std::env::remove_var("KILN_DENSE_MATMUL");
+    b
+}
+
+/// `KILN_GEMM_PREFETCH_VARIANTS` (default `0,1`): the values of `KILN_DENSE_GEMM_PREFETCH` the
+/// tests build the GEMM with.
+fn prefetch_variants() -> Vec<&'static str> {
+    let v = std::env::var("KILN_GEMM_PREFETCH_VARIANTS").unwrap_or_else(|_| "0,1".into());
+    ["0", "1"]
+        .into_iter()
+        .filter(|p| v.split(',').any(|x| x.trim() == *p))
+        .collect()
+}
+
+/// [`backend`] with `KILN_DENSE_GEMM_PREFETCH=pf` (read when its kernels are compiled).
+fn backend_pf(dtype: &str, kind: &str, pf: &str) -> CudaBackend {
+    // SAFETY (edition 2021: a safe call): the tests run on one thread (`--test-threads=1`).
+    std::env::set_var("KILN_DENSE_GEMM_PREFETCH", pf);
+    let b = backend(dtype, kind);
+    std::env::remove_var("KILN_DENSE_GEMM_PREFETCH");
     b
 }
 
@@ -148,24 +169,31 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
     let mut failures = Vec::new();
     let mut compared = 0usize;
     let mut left_out = Vec::new();
-    // bf16 then fp16 on SmolLM2's shapes, then the 27B's (the GPU run's budget may end it).
-    let mut phases: Vec<(&str, &[Case])> = vec![("bf16", SMOL), ("fp16", SMOL)];
-    if big {
-        phases.extend([("bf16", BIG), ("fp16", BIG)]);
+    // bf16 on SmolLM2's shapes and the 27B's, then fp16 (the GPU run's budget may end it), each
+    // with the kernel built as it is by default and with KILN_DENSE_GEMM_PREFETCH=1.
+    let mut phases: Vec<(&str, &[Case], &str)> = Vec::new();
+    for dtype in ["bf16", "fp16"] {
+        for (cases, on) in [(SMOL, true), (BIG, big)] {
+            for pf in prefetch_variants() {
+                if on {
+                    phases.push((dtype, cases, pf));
+                }
+            }
+        }
     }
     let available = dtypes();
-    for (dtype, cases) in phases {
+    for (dtype, cases, pf) in phases {
         if !available.contains(&dtype) {
             continue;
         }
-        let b = backend(dtype, "mma");
+        let b = backend_pf(dtype, "mma", pf);
         if b.dense_matmul_kind() != DenseMatmul::Mma {
             println!("RESULT gemm_eq dtype={dtype} skipped: no tensor-core kernels on this target");
             continue;
         }
         for (ci, &(n, k, name, outs, rows_list)) in cases.iter().enumerate() {
             if out_of_time(start) {
-                left_out.push(format!("{dtype} {name} {n}x{k}"));
+                left_out.push(format!("{dtype} pf{pf} {name} {n}x{k}"));
                 continue;
             }
             let t0 = Instant::now();
@@ -197,20 +225,20 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
                     }
                     let ok = bad.is_empty();
                     println!(
-                        "RESULT gemm_eq dtype={dtype} shape={name} n={n} k={k} rows={rows} \
-                         out={out:?} kernels={} ok={ok} {}",
+                        "RESULT gemm_eq dtype={dtype} prefetch={pf} shape={name} n={n} k={k} \
+                         rows={rows} out={out:?} kernels={} ok={ok} {}",
                         kernels.len(),
                         bad.join("; ")
                     );
                     if !ok {
                         failures.push(format!(
-                            "{dtype} {name} {n}x{k} rows {rows} {out:?}: {bad:?}"
+                            "{dtype} pf{pf} {name} {n}x{k} rows {rows} {out:?}: {bad:?}"
                         ));
                     }
                 }
             }
             println!(
-                "RESULT gemm_eq_shape dtype={dtype} shape={name} secs={:.2}",
+                "RESULT gemm_eq_shape dtype={dtype} prefetch={pf} shape={name} secs={:.2}",
                 t0.elapsed().as_secs_f64()
             );
         }
@@ -257,7 +285,11 @@ fn gemm_against_large_and_cublas_timings() {
         .unwrap_or_else(|| vec![512, 2048, 4096]);
     let big = !std::env::var("KILN_GEMM_TEST_BIG").is_ok_and(|v| v == "0");
     let dtype = "bf16";
-    let mma = backend(dtype, "mma");
+    let pfs = prefetch_variants();
+    let mmas: Vec<CudaBackend> = pfs.iter().map(|pf| backend_pf(dtype, "mma", pf)).collect();
+    let Some(mma) = mmas.first() else {
+        return;
+    };
     if mma.dense_matmul_kind() != DenseMatmul::Mma {
         println!("RESULT gemm_time skipped: no tensor-core kernels on this target");
         return;
@@ -276,30 +308,39 @@ fn gemm_against_large_and_cublas_timings() {
             println!("RESULT gemm_time shape={name} n={n} k={k} left out for time");
             continue;
         }
-        let wm = weight(&mma, dtype, n, k, 300 + si as u64);
+        let wms: Vec<_> = mmas
+            .iter()
+            .map(|b| weight(b, dtype, n, k, 300 + si as u64))
+            .collect();
         let wb = weight(&blas, dtype, n, k, 300 + si as u64);
         for &rows in &rows_list {
             let flop = 2.0 * (rows * n * k) as f64;
-            let x = mma.upload(&data(rows * k, 400)).unwrap();
             let xb = blas.upload(&data(rows * k, 400)).unwrap();
             let mut line =
                 format!("RESULT gemm_time dtype={dtype} shape={name} n={n} k={k} rows={rows}");
-            let mut kernels: Vec<(String, MmaKernel)> = GemmTile::ALL
-                .iter()
-                .map(|&t| (format!("{t:?}").to_lowercase(), MmaKernel::GemmTile(t)))
-                .collect();
-            kernels.push(("auto".into(), MmaKernel::Gemm));
-            kernels.push(("large".into(), MmaKernel::Large));
-            for (kname, kernel) in kernels {
-                // The unstaged kernel on the vocab-sized shape costs seconds: skipped.
-                if kernel == MmaKernel::Large && n * k > 500_000_000 {
-                    continue;
+            for ((b, wm), pf) in mmas.iter().zip(&wms).zip(&pfs) {
+                let x = b.upload(&data(rows * k, 400)).unwrap();
+                let mut kernels: Vec<(String, MmaKernel)> = GemmTile::ALL
+                    .iter()
+                    .map(|&t| (format!("{t:?}").to_lowercase(), MmaKernel::GemmTile(t)))
+                    .collect();
+                kernels.push(("auto".into(), MmaKernel::Gemm));
+                // The unstaged kernel does not depend on the prefetch build; on the vocab-sized
+                // shape it costs seconds: skipped there.
+                if *pf == pfs[0] && n * k <= 500_000_000 {
+                    kernels.push(("large".into(), MmaKernel::Large));
                 }
-                let mut o = mma.mma_probe_alloc(rows, &wm, MmaOut::Same).unwrap();
-                let s = median_secs(&mma, || {
-                    mma.mma_probe_run(&x, rows, &wm, kernel, &mut o).unwrap()
-                });
-                line += &format!(" {kname}={:.1}", flop / s / 1e12);
+                for (kname, kernel) in kernels {
+                    let mut o = b.mma_probe_alloc(rows, wm, MmaOut::Same).unwrap();
+                    let s =
+                        median_secs(b, || b.mma_probe_run(&x, rows, wm, kernel, &mut o).unwrap());
+                    let tag = if kname == "large" {
+                        kname
+                    } else {
+                        format!("{kname}/pf{pf}")
+                    };
+                    line += &format!(" {tag}={:.1}", flop / s / 1e12);
+                }
             }
             let mut o = blas.alloc(rows * n).unwrap();
             let s = median_secs(&blas, || blas.matmul(&xb, rows, &wb, &mut o).unwrap());

@@ -349,6 +349,14 @@ impl KernelModule {
                 }
                 d
             }
+            // `KILN_DENSE_GEMM_PREFETCH=1` (read at each backend's creation): the dense GEMM with
+            // two fragment register sets (the next k block's words read before this one's
+            // mmas; the 64 × 32 and smaller warp tiles). Same bits either way.
+            KernelModule::DenseGemm
+                if std::env::var("KILN_DENSE_GEMM_PREFETCH").is_ok_and(|v| v == "1") =>
+            {
+                vec!["-DDG_PREFETCH".into()]
+            }
             _ => Vec::new(),
         }
     }

@@ -3,7 +3,10 @@
 //! batches) in place of `dense_mma_large`. The kernel performs exactly the per-element arithmetic
 //! of dense.cu's `mma` kernels (the same fragments, K slices of [`super::dense::slice_blocks`],
 //! the same slice order), so the three agree bit for bit at every row count; it stages the weight
-//! and x tiles through a 4-stage cp.async ring in shared memory, which `dense_mma_large` does not.
+//! and x tiles through a 3–4-stage cp.async ring in shared memory, which `dense_mma_large` does
+//! not. `KILN_DENSE_GEMM_PREFETCH=1` (read when the kernels are compiled, a measurement switch;
+//! same bits) builds it with two fragment register sets (the next k block's words read before
+//! this one's mmas).
 //!
 //! The block tile ([`GemmTile`]) is chosen per launch from (n, rows) and the SM count
 //! ([`GemmTile::auto`]); a tile never changes the bits. `KILN_DENSE_GEMM` ([`GemmChoice`], read
@@ -91,16 +94,17 @@ impl GemmTile {
         self.stages() * 2 * (bn + bm) * 64
     }
 
-    /// Relative throughput of an SM running this tile (a guess from the warp tile and the
-    /// shared-memory reads per mma, to be replaced by measured figures: docs/benchmarks.md).
+    /// Relative throughput of an SM running this tile: t0..t3 from the H200's full grids (bf16,
+    /// 27B shapes at 4 096 rows, docs/benchmarks.md `dgemm6` run 1: t0 ~200 TFLOP/s, t2 ~185,
+    /// t1 ~180, t3 ~115); t4 / t5 a guess from their fewer fragment reads per mma.
     fn efficiency(self) -> f64 {
         match self {
             GemmTile::T0 => 1.0,
-            GemmTile::T1 => 0.85,
-            GemmTile::T2 => 0.95,
-            GemmTile::T3 => 0.6,
-            GemmTile::T4 => 1.1,
-            GemmTile::T5 => 1.05,
+            GemmTile::T1 => 0.9,
+            GemmTile::T2 => 0.92,
+            GemmTile::T3 => 0.58,
+            GemmTile::T4 => 1.05,
+            GemmTile::T5 => 1.0,
         }
     }
 
