@@ -105,6 +105,7 @@ const ROWS: &[usize] = &[65, 127, 257, 1000, 4096];
 /// SmolLM2-135M (hidden 576, inter 1536, 9 + 3 + 3 heads of 64, vocab 49152) and ragged sizes.
 const SMOL: &[Case] = &[
     (576, 576, "o", ALL_OUT, ROWS),
+    (208, 200, "ragged", ALL_OUT, &[65, 127, 257]),
     (192, 576, "k|v", ALL_OUT, ROWS),
     (3072, 576, "gate|up", ALL_OUT, ROWS),
     (576, 1536, "down", ALL_OUT, ROWS),
@@ -115,7 +116,6 @@ const SMOL: &[Case] = &[
         &[MmaOut::Same, MmaOut::F32],
         &[65, 257, 1000],
     ),
-    (208, 200, "ragged", ALL_OUT, &[65, 127, 257]),
 ];
 
 /// The 27B's (hidden 5120, inter 17408, vocab 248320).
@@ -171,6 +171,8 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
     let mut left_out = Vec::new();
     // bf16 on SmolLM2's shapes and the 27B's, then fp16 (the GPU run's budget may end it), each
     // with the kernel built as it is by default and with KILN_DENSE_GEMM_PREFETCH=1.
+    // `KILN_GEMM_EQ_PHASES=fp16:big:0,bf16:smol:1` (dtype : smol / big : prefetch build) runs
+    // those phases in that order instead.
     let mut phases: Vec<(&str, &[Case], &str)> = Vec::new();
     for dtype in ["bf16", "fp16"] {
         for (cases, on) in [(SMOL, true), (BIG, big)] {
@@ -180,6 +182,25 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
                 }
             }
         }
+    }
+    if let Ok(list) = std::env::var("KILN_GEMM_EQ_PHASES") {
+        phases = list
+            .split(',')
+            .filter_map(|p| {
+                let f: Vec<&str> = p.trim().split(':').collect();
+                let dtype = ["bf16", "fp16"]
+                    .into_iter()
+                    .find(|d| Some(d) == f.first())?;
+                let cases: &[Case] = match f.get(1) {
+                    Some(&"smol") => SMOL,
+                    Some(&"big") => BIG,
+                    _ => return None,
+                };
+                let pf = ["0", "1"].into_iter().find(|v| Some(v) == f.get(2))?;
+                Some((dtype, cases, pf))
+            })
+            .collect();
+        assert!(!phases.is_empty(), "KILN_GEMM_EQ_PHASES={list:?}: no phase");
     }
     let available = dtypes();
     for (dtype, cases, pf) in phases {
