@@ -7,6 +7,10 @@
 /// Shared device helpers, prepended to every kernel source.
 pub const COMMON_HEADER: &str = include_str!("../../../kernels/common.cuh");
 
+/// The helpers of the dense tensor-core kernels, prepended (after [`COMMON_HEADER`]) to
+/// `dense.cu` and `dense_gemm.cu`.
+pub const DENSE_COMMON_HEADER: &str = include_str!("../../../kernels/dense_common.cuh");
+
 /// The entry points of `kernels/w4a16_bulk.cu` for dtype suffix `t` (16-bit only): block, cluster
 /// and persistent forms `w4b_gemv{,c,p}_{t}`; the backend resolves exactly these
 /// (`w4a16_bulk.rs`), so the loaded list and the resolved one cannot drift apart.
@@ -85,11 +89,15 @@ pub enum KernelModule {
     /// The sm_90+ 9–16-row cluster GEMV on 4-bit weights; after `w4a16.cu`'s helpers.
     W4a16Xs,
     W4a16Gemv, // the 1–8-row GEMV on 4-bit weights and its builds; after w4a16.cu's helpers
+    /// The batch-invariant pipelined (cp.async) tensor-core GEMM for dense 16-bit weights at
+    /// prefill sizes (sm_80+, `KILN_DENSE_MATMUL=mma` above 64 rows): the same bits as
+    /// `dense.cu`'s `mma` kernels; compiled after `dense_common.cuh`.
+    DenseGemm,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 21] = [
+    pub const ALL: [KernelModule; 22] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -111,6 +119,7 @@ impl KernelModule {
         KernelModule::AttentionDecodeMma,
         KernelModule::W4a16Xs,
         KernelModule::W4a16Gemv,
+        KernelModule::DenseGemm,
     ];
 
     /// File name under `kernels/`.
@@ -138,6 +147,7 @@ impl KernelModule {
             KernelModule::AttentionDecodeMma => "attention_decode_mma.cu",
             KernelModule::W4a16Xs => "w4a16_xs.cu",
             KernelModule::W4a16Gemv => "w4a16_gemv.cu",
+            KernelModule::DenseGemm => "dense_gemm.cu",
         }
     }
 
@@ -170,6 +180,7 @@ impl KernelModule {
             }
             KernelModule::W4a16Xs => include_str!("../../../kernels/w4a16_xs.cu"),
             KernelModule::W4a16Gemv => include_str!("../../../kernels/w4a16_gemv.cu"),
+            KernelModule::DenseGemm => include_str!("../../../kernels/dense_gemm.cu"),
         }
     }
 
@@ -193,6 +204,15 @@ impl KernelModule {
             let helpers = w4.split(W4A16_ENTRIES_MARK).next().unwrap_or(w4);
             return format!(
                 "{COMMON_HEADER}\n#line 1 \"w4a16.cu\"\n{helpers}\n#line 1 \"{}\"\n{}",
+                self.file_name(),
+                self.source()
+            );
+        }
+        // The dense tensor-core kernels share dense_common.cuh (the PDL wait, the fragment <->
+        // k-column mmas, the D-fragment store): one copy for both modules.
+        if matches!(self, KernelModule::Dense | KernelModule::DenseGemm) {
+            return format!(
+                "{COMMON_HEADER}\n#line 1 \"dense_common.cuh\"\n{DENSE_COMMON_HEADER}\n#line 1 \"{}\"\n{}",
                 self.file_name(),
                 self.source()
             );
@@ -226,6 +246,8 @@ impl KernelModule {
             // cp.async.bulk and mbarrier transaction counts: sm_90 and newer.
             KernelModule::W4a16Bulk => arch.major >= 9,
             KernelModule::W4a16Xs => arch.major >= 9, // clusters, distributed shared memory
+            // mma.sync m16n8k16 with bf16 and cp.async: sm_80 and newer.
+            KernelModule::DenseGemm => arch.major >= 8,
             _ => true,
         }
     }
@@ -326,6 +348,14 @@ impl KernelModule {
                     d.push("-DKILN_DENSE_NORM_SHARED".into());
                 }
                 d
+            }
+            // `KILN_DENSE_GEMM_PREFETCH=1` (read at each backend's creation): the dense GEMM with
+            // two fragment register sets (the next k block's words read before this one's
+            // mmas; the 64 × 32 and smaller warp tiles). Same bits either way.
+            KernelModule::DenseGemm
+                if std::env::var("KILN_DENSE_GEMM_PREFETCH").is_ok_and(|v| v == "1") =>
+            {
+                vec!["-DDG_PREFETCH".into()]
             }
             _ => Vec::new(),
         }
@@ -496,6 +526,10 @@ impl KernelModule {
                 KernelModule::W4a16Xs if t != "f32" => names.extend(w4_xc_names(t)),
                 KernelModule::W4a16Xs => {}
                 KernelModule::W4a16Gemv => names.extend(super::backend::w4_gemv_names(t)),
+                KernelModule::DenseGemm if t != "f32" => {
+                    names.extend(super::backend::GemmKernels::names(t))
+                }
+                KernelModule::DenseGemm => {}
                 KernelModule::GgufMm => {
                     for q in ["q4_0", "q4_1", "q8_0", "q4_k", "q6_k"] {
                         if t != "f32" {

@@ -12,8 +12,8 @@ pub mod kernels;
 pub mod nvrtc;
 
 pub use backend::{
-    ComputeDType, CudaBackend, CudaLogits, DenseMatmul, GgufKernel, KvStorage, MmaKernel, W4Kernel,
-    DEFAULT_CHUNKED_MIN_LEN, W4_GEMV_VARIANTS,
+    ComputeDType, CudaBackend, CudaLogits, DenseMatmul, GemmChoice, GemmTile, GgufKernel,
+    KvStorage, MmaKernel, MmaOut, MmaProbeOut, W4Kernel, DEFAULT_CHUNKED_MIN_LEN, W4_GEMV_VARIANTS,
 };
 pub use device::{CudaError, GpuInfo};
 pub use kernels::KernelModule;

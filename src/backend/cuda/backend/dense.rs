@@ -2,9 +2,10 @@
 //! weights with one fixed f32 reduction order per output element, whatever the number of rows,
 //! so a token's logits do not depend on the batch it rides in. Two kernel families:
 //! - `mma` (sm_80+, f16 / bf16): `dense_mma_small_rg{1,2,4}` (≤ 64 rows: warps over K slices,
-//!   the slice partials summed in slice order through shared memory) and `dense_mma_large`
-//!   (> 64 rows: 128 × 64 tiles), both `mma.sync.m16n8k16` over the same fragments and the same
-//!   K slices (a function of K alone, [`slice_blocks`]), so they agree bit for bit;
+//!   the slice partials summed in slice order through shared memory) and, above 64 rows, the
+//!   pipelined GEMM of `dense_gemm.cu` (`dense_gemm.rs`; `KILN_DENSE_GEMM=0`: `dense_mma_large`,
+//!   128 × 64 tiles without staging), all `mma.sync.m16n8k16` over the same fragments and the
+//!   same K slices (a function of K alone, [`slice_blocks`]), so they agree bit for bit;
 //! - `fma`: `dense_xwt`, CUDA cores (every arch; what `mma` falls back to on sm_70 / sm_75).
 //!
 //! Chosen per backend at creation by `KILN_DENSE_MATMUL` ([`DenseMatmul::from_env`]), never per
@@ -169,6 +170,10 @@ pub enum MmaKernel {
     Small,
     /// `dense_mma_large`.
     Large,
+    /// The pipelined GEMM of `dense_gemm.cu`, tile by `GemmTile::auto` (dense_gemm.rs).
+    Gemm,
+    /// The same with this tile.
+    GemmTile(super::dense_gemm::GemmTile),
 }
 
 /// The `dense_mma_*` entry points of one 16-bit compute dtype.
@@ -300,7 +305,7 @@ impl CudaBackend {
             let kernel = if rows <= MMA_SMALL_MAX_ROWS {
                 MmaKernel::Small
             } else {
-                MmaKernel::Large
+                self.mma_big_kernel()
             };
             let out = if out_f32 {
                 Epilogue::F32
@@ -449,6 +454,19 @@ impl CudaBackend {
                 };
                 (f, cfg)
             }
+            MmaKernel::Gemm | MmaKernel::GemmTile(_) => {
+                if norm.is_some() {
+                    return Err(BackendError::Unsupported(
+                        "the dense GEMM with the norm prologue".into(),
+                    ));
+                }
+                let tile = match kernel {
+                    MmaKernel::GemmTile(t) => Some(t),
+                    _ => None,
+                };
+                // SAFETY: as this function's contract (the GEMM's is the same).
+                return unsafe { self.gemm_launch(w, rows, xp, op, epilogue, tile) };
+            }
         };
         let (m, n, k, sbi) = (rows as i32, w.n as i32, w.k as i32, sb as i32);
         let wp = {
@@ -564,7 +582,7 @@ impl CudaBackend {
         let kernel = if rows <= MMA_SMALL_MAX_ROWS {
             MmaKernel::Small
         } else {
-            MmaKernel::Large
+            self.mma_big_kernel()
         };
         let (xp, _x_sync) = x.data.device_ptr(&self.stream);
         let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);

@@ -99,6 +99,10 @@ pub(crate) struct Kernels {
     pub dense_xwt: Option<(CudaFunction, CudaFunction)>,
     /// `dense_mma_*_{t}`: the tensor-core dense matmuls (16-bit compute dtypes only).
     pub dense_mma: Option<super::dense::MmaKernels>,
+    /// `dense_gemm_t{0..3}_*_{t}`: the pipelined dense GEMM above 64 rows (`dense_gemm.cu`) and
+    /// `KILN_DENSE_GEMM`; `None` below sm_80 (the module is not built there), for f32 compute and
+    /// with `KILN_DENSE_GEMM=0` (then `dense_mma_large` runs).
+    pub dense_gemm: Option<super::dense_gemm::GemmKernels>,
     /// `dense_mma_small_rg{1,2,4}_norm_rope_{t}_{c}`: the q|k|v matmul with the RMSNorm prologue
     /// and the RoPE + KV-write epilogue (16-bit compute dtypes only).
     pub dense_rope: Option<[CudaFunction; 3]>,
@@ -205,6 +209,7 @@ impl Kernels {
             } else {
                 None
             },
+            dense_gemm: super::dense_gemm::GemmKernels::resolve(all, t)?,
             dense_rope: if wide {
                 let r = |rg: u32| get(super::dense::MmaKernels::rope_name(rg, t, c));
                 Some([r(1)?, r(2)?, r(4)?])

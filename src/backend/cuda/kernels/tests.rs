@@ -142,3 +142,22 @@ fn the_w4_gemms_get_w4a16_helpers_without_its_entry_points() {
         assert!(!m.source().contains("struct W4Dec"), "{}", m.file_name());
     }
 }
+
+#[test]
+fn both_dense_tensor_core_modules_get_the_shared_helpers_once() {
+    for m in [KernelModule::Dense, KernelModule::DenseGemm] {
+        let full = m.full_source();
+        assert_eq!(
+            full.matches(DENSE_COMMON_HEADER).count(),
+            1,
+            "{}",
+            m.file_name()
+        );
+        // The helpers live in the header only: one definition of each per program.
+        assert_eq!(full.matches("void dmma_block(").count(), 1);
+        assert_eq!(full.matches("void dmma_store(").count(), 1);
+    }
+    assert!(!KernelModule::W4a16
+        .full_source()
+        .contains(DENSE_COMMON_HEADER));
+}
