@@ -172,15 +172,28 @@ __device__ __forceinline__ void w4xc_bar_wait0(unsigned bar) {
 #endif
 }
 
-template <typename T, bool FP4, bool ZP, int TPC, int D, bool PX>
+// PF: 0 plain `__ldg` weight loads; > 0 the L2 hints of w4a16_hints.cuh (evict-first weight
+// loads, each warp's L2 prefetch of its two tiles' k block PF ahead of the one it consumes).
+// PRE: what runs before griddepcontrol.wait besides the first D k blocks' loads: 0 nothing, 1 an
+// L2 prefetch of the next D k blocks (D .. 2D - 1) of both tiles, 2 of all the slice's remaining
+// k blocks (D .. per - 1): bytes requested while the previous grid finishes. With either, the
+// first D k blocks' weight loads are volatile (`w4v_ldw_pinned`), and the two together keep them
+// and the (scale[, zero]) loads above the wait in the SASS (NVRTC 12.9, sm_90, nvdisasm):
+// otherwise ptxas schedules the wait (ACQBULK) first in every D = 2 build (the PTX has the loads
+// first), so they wait for the previous grid instead of overlapping its tail; volatile loads
+// alone, or one prefetch without the loop, did not keep them above it.
+template <typename T, bool FP4, bool ZP, int TPC, int D, bool PX, int PF, int PRE>
 __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int gshift, int gstore, int n, void* out,
                                            int out_f32, int trig) {
     constexpr int RG = 2;
     constexpr bool G16 = FP4;
+    constexpr int POL = PF > 0 ? 1 : 0;
+    static_assert(PF >= 0 && PF <= 8 && PRE >= 0 && PRE <= 2, "prefetch distance, pre-wait mode");
     extern __shared__ __align__(16) unsigned char w4_smem[];
     if (trig == 0) w4_pdl_launch_dependents();
+    const unsigned long long pol = w4v_policy<POL>();
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int s = blockIdx.z;  // K slice = rank in the cluster (cluster dims (1, 1, 8))
@@ -212,9 +225,10 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     uint4 wr[D][2];
     unsigned sz[D][2], szh[D][2];
     // Slot d's loads for k block jb + o of the slice (as `w4_gemv_fast`'s `load`).
-    auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o) {
-        wr[d][0] = __ldg(wq0 + o * 32);
-        wr[d][1] = __ldg(wq1 + o * 32);
+    // `pin`: the weight loads above griddepcontrol.wait of the PRE builds (w4v_ldw_pinned).
+    auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o, bool pin) {
+        wr[d][0] = pin ? w4v_ldw_pinned<POL>(wq0 + o * 32, pol) : w4v_ldw<POL>(wq0 + o * 32, pol);
+        wr[d][1] = pin ? w4v_ldw_pinned<POL>(wq1 + o * 32, pol) : w4v_ldw<POL>(wq1 + o * 32, pol);
         const unsigned glo = (gq + 8u * o) >> gshift;
         sz[d][0] = w4_szf<ZP>(sp0, zp0, glo * 8u);
         sz[d][1] = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
@@ -226,7 +240,14 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     };
 #pragma unroll
     for (int d = 0; d < D; ++d)
-        if (d < per) load(d, wp0, wp1, gbase, d);
+        if (d < per) load(d, wp0, wp1, gbase, d, PRE > 0);
+    if (PRE > 0) {
+        const int jend = PRE == 1 ? min(per, 2 * D) : per;
+        for (int j = D; j < jend; ++j) {
+            w4v_prefetch_l2(wp0 + j * 32);
+            w4v_prefetch_l2(wp1 + j * 32);
+        }
+    }
     w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
 
     // The slice's x: a k block is 256 pieces (row r, unit u: piece r * 16 + u). Thread i copies
@@ -310,8 +331,12 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
                     w4x_wait<0>();
                     __syncthreads();  // the rest of the slice's x is in
                 }
+                if (PF > 0 && PRE != 2 && i + d + PF < per) {
+                    w4v_prefetch_l2(wq0 + (d + PF) * 32);
+                    w4v_prefetch_l2(wq1 + (d + PF) * 32);
+                }
                 consume(d, xoff + (unsigned)d * W4XC_KB_BYTES);
-                if (i + d + D < per) load(d, wq0, wq1, gq, d + D);
+                if (i + d + D < per) load(d, wq0, wq1, gq, d + D, false);
             }
         }
         wq0 += D * 32;
@@ -375,26 +400,40 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int gshift, int gstore, int n, void *out, int out_f32, int fp4, int trig
 #define W4XC_PASS x, m, k, qw, scales, zeros, kblocks, gshift, gstore, n, out, out_f32, trig
-#define W4XC_ANY(T, TPC, D, PX)                                                                 \
-    if (fp4) w4_gemv_xc<T, true, false, TPC, D, PX>(W4XC_PASS);                                 \
-    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, PX>(W4XC_PASS);                          \
-    else w4_gemv_xc<T, false, false, TPC, D, PX>(W4XC_PASS);
-// `d` builds: the slice sums read through cluster barriers; `p` builds: pushed (PX).
-#define W4XC_ENTRY(SUF, T, TPC, D, B)                                                           \
+#define W4XC_ANY(T, TPC, D, PX, PF, PRE)                                                        \
+    if (fp4) w4_gemv_xc<T, true, false, TPC, D, PX, PF, PRE>(W4XC_PASS);                        \
+    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, PX, PF, PRE>(W4XC_PASS);                 \
+    else w4_gemv_xc<T, false, false, TPC, D, PX, PF, PRE>(W4XC_PASS);
+// `d` builds: the slice sums read through cluster barriers; `p` builds: pushed (PX). TAIL names
+// the hints: empty (none), `hp{PF}` (w4a16_hints.cuh, prefetch PF ahead), then `w` (PRE 1) or `f`
+// (PRE 2).
+#define W4XC_ENTRY(SUF, T, TPC, D, B, PF, PRE, TAIL)                                             \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
-        w4_gemvxc##TPC##d##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
-        W4XC_ANY(T, TPC, D, false)                                                              \
+        w4_gemvxc##TPC##d##D##b##B##TAIL##_##SUF(W4XC_ARGS(T)) {                                \
+        W4XC_ANY(T, TPC, D, false, PF, PRE)                                                     \
     }
-#define W4XC_ENTRY_P(SUF, T, TPC, D, B)                                                         \
+#define W4XC_ENTRY_P(SUF, T, TPC, D, B, PF, PRE, TAIL)                                           \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
-        w4_gemvxc##TPC##p##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
-        W4XC_ANY(T, TPC, D, true)                                                               \
+        w4_gemvxc##TPC##p##D##b##B##TAIL##_##SUF(W4XC_ARGS(T)) {                                \
+        W4XC_ANY(T, TPC, D, true, PF, PRE)                                                      \
     }
+// The order of kernels.rs `W4_XC_VARIANTS`.
 #define W4XC_ENTRIES(SUF, T)                                                                    \
-    W4XC_ENTRY(SUF, T, 8, 2, 4)                                                                 \
-    W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
-    W4XC_ENTRY(SUF, T, 16, 2, 2)                                                                \
-    W4XC_ENTRY_P(SUF, T, 8, 2, 4)                                                               \
-    W4XC_ENTRY_P(SUF, T, 4, 2, 8)
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 0, 0, )                                                       \
+    W4XC_ENTRY_P(SUF, T, 4, 2, 8, 0, 0, )                                                       \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 0, 0, )                                                         \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 0, 0, )                                                         \
+    W4XC_ENTRY(SUF, T, 16, 2, 2, 0, 0, )                                                        \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 2, 0, hp2)                                                      \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 3, 0, hp3)                                                      \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 2, 0, hp2)                                                      \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 3, 0, hp3)                                                      \
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 2, 0, hp2)                                                    \
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 3, 0, hp3)                                                    \
+    W4XC_ENTRY(SUF, T, 4, 1, 9, 2, 0, hp2)                                                      \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 2, 1, hp2w)                                                     \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 2, 2, hp2f)                                                     \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 2, 1, hp2w)                                                     \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 2, 2, hp2f)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

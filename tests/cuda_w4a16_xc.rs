@@ -21,23 +21,40 @@ use kiln::tensor::LinearView;
 use w4_support::{Fmt, Owned};
 
 /// A build: (tiles per CTA, weight ring depth, CTAs per SM of its register cap, slice sums
-/// pushed).
-type Build = (usize, usize, usize, bool);
+/// pushed, L2 prefetch distance (0: no L2 hints), pre-wait mode (0, 1 `w`, 2 `f`)).
+type Build = (usize, usize, usize, bool, usize, usize);
 
 /// The builds (`kernels.rs` `W4_XC_VARIANTS`), then `None`: the backend's pick per launch.
-const BUILDS: [Option<Build>; 6] = [
-    Some((8, 2, 4, true)),
-    Some((4, 2, 8, true)),
-    Some((8, 2, 4, false)),
-    Some((4, 2, 8, false)),
-    Some((16, 2, 2, false)),
+const BUILDS: [Option<Build>; 17] = [
+    Some((8, 2, 4, true, 0, 0)),
+    Some((4, 2, 8, true, 0, 0)),
+    Some((8, 2, 4, false, 0, 0)),
+    Some((4, 2, 8, false, 0, 0)),
+    Some((16, 2, 2, false, 0, 0)),
+    Some((4, 2, 8, false, 2, 0)),
+    Some((4, 2, 8, false, 3, 0)),
+    Some((8, 2, 4, false, 2, 0)),
+    Some((8, 2, 4, false, 3, 0)),
+    Some((8, 2, 4, true, 2, 0)),
+    Some((8, 2, 4, true, 3, 0)),
+    Some((4, 1, 9, false, 2, 0)),
+    Some((4, 2, 8, false, 2, 1)),
+    Some((4, 2, 8, false, 2, 2)),
+    Some((8, 2, 4, false, 2, 1)),
+    Some((8, 2, 4, false, 2, 2)),
     None,
 ];
 
-/// A build's label in the RESULT lines.
+/// A build's label in the RESULT lines (`xc` + its `KILN_W4_XC` name), or `pick`.
 fn label(build: Option<Build>) -> String {
-    build.map_or("pick".into(), |(t, d, b, push)| {
-        format!("xc{t}{}{d}b{b}", if push { 'p' } else { 'x' })
+    build.map_or("pick".into(), |(t, d, b, push, pf, pre)| {
+        let h = if pf > 0 {
+            format!("hp{pf}")
+        } else {
+            String::new()
+        };
+        let w = ["", "w", "f"][pre.min(2)];
+        format!("xc{t}{}{d}b{b}{h}{w}", if push { 'p' } else { 'x' })
     })
 }
 
@@ -176,13 +193,15 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
 
 /// Same-run speed: CT W4A16 sym g128, bf16, rotating over 4 distinct weights per shape (every
 /// launch from DRAM), `common::time` (20 launches back to back, median of 7), PDL as the backend
-/// has it (on, sm_90). Per shape (the 27B's with 8 K slices) and row count: the backend's GEMV
-/// with the cluster kernel off (`w4_gemv` to 8 rows, `w4_gemvx1` / `w4_gemvx2` above) and each
-/// build plus the backend's pick (9+ rows; above 16 the pick and 8p2b4 only), µs and the ratio to
-/// the 1-row time of the same run (target: ≤ 1.3 at 9–16 rows). Then the 1- and 16-row times
-/// with PDL off (off and pick). Every build's output is first checked bit for bit against the
-/// cluster-off output on the same data (asserted). `KILN_XC_BENCH_SHAPES=17408x5120,...` keeps
-/// those shapes only.
+/// has it (on, sm_90). Per shape (the 27B's with 8 K slices) and row count (1, 2, 8, 9, 12, 16):
+/// the backend's GEMV with the cluster kernel off (`w4_gemv` to 8 rows, `w4_gemvx1` /
+/// `w4_gemvx2` above) and, at 9+ rows, each build, the base pick (`KILN_W4_XC=base`: no L2
+/// hints) and the backend's pick, µs and the ratio to the 1-row time of the same run (target:
+/// ≤ 1.3 at 2–16 rows). Then, PDL on and off, the A/B of the two picks: 5 rounds of (1 row,
+/// 16 rows base pick, 16 rows pick, 9 rows base pick, 9 rows pick), medians (the spread between
+/// calls is ~1%, so the two picks are compared within rounds). Every build's output is first
+/// checked bit for bit against the cluster-off output on the same data (asserted).
+/// `KILN_XC_BENCH_SHAPES=17408x5120,...` keeps those shapes only.
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_gemv_xc_speed() {
@@ -234,7 +253,7 @@ fn w4a16_gemv_xc_speed() {
             })
         };
         let mut one = 0.0;
-        for rows in [1usize, 8, 9, 12, 16, 24, 32] {
+        for rows in [1usize, 2, 8, 9, 12, 16] {
             b.set_w4_xc(false, None, 32);
             let base_bits = run(&b, &ws[0], &xh, rows, n, k);
             let t0 = timed(&b, rows);
@@ -243,13 +262,20 @@ fn w4a16_gemv_xc_speed() {
             }
             let mut line = format!(" off_us={:.2} ({:.2}x)", t0 * 1e6, t0 / one);
             if rows > 8 {
-                for build in BUILDS {
-                    if rows > 16 && build.is_some() && build != BUILDS[0] {
-                        continue;
-                    }
+                // Every build, then the base pick (label `basepick`), then the pick.
+                let mut runs: Vec<(Option<Build>, bool)> =
+                    BUILDS.iter().flatten().map(|&v| (Some(v), false)).collect();
+                runs.extend([(None, true), (None, false)]);
+                for (build, base) in runs {
                     b.set_w4_xc(true, build, 32);
+                    b.set_w4_xc_base_pick(base);
+                    let name = if base {
+                        "basepick".into()
+                    } else {
+                        label(build)
+                    };
                     let Some(ran) = b.w4_xc_build_for(&ws[0], rows) else {
-                        line += &format!(" {}=n/a", label(build));
+                        line += &format!(" {name}=n/a");
                         continue;
                     };
                     let a = run(&b, &ws[0], &xh, rows, n, k);
@@ -258,35 +284,57 @@ fn w4a16_gemv_xc_speed() {
                         "{n}x{k} rows {rows} build {build:?}: bits differ from the cluster-off GEMV"
                     );
                     let t = timed(&b, rows);
-                    line += &format!(" {}_us={:.2} ({:.2}x)", label(build), t * 1e6, t / one);
+                    line += &format!(" {name}_us={:.2} ({:.2}x)", t * 1e6, t / one);
                     if build.is_none() {
-                        line += &format!(" picked={}", label(Some(ran)));
+                        line += &format!(" {name}ed={}", label(Some(ran)));
                     }
                 }
+                b.set_w4_xc_base_pick(false);
             }
             println!(
                 "RESULT xc gemv N={n} K={k} rows={rows} rotating_4_weights 1row={:.3}_of_copy{line}",
                 bytes / one / copy
             );
         }
-        // PDL off: 1 and 16 rows, the cluster kernel off and picked.
-        {
-            b.set_pdl(false, true);
-            b.set_w4_xc(false, None, 32);
-            let t1 = timed(&b, 1);
-            let t16 = timed(&b, 16);
-            b.set_w4_xc(true, None, 32);
-            let p16 = timed(&b, 16);
+        // The two picks A/B, PDL on then off: rounds of 1 row (cluster kernel off: `w4_gemv`),
+        // then 16 and 9 rows with the base pick and the pick; medians over the rounds.
+        for pdl in [true, false] {
+            b.set_pdl(pdl, true);
+            let mut t: [Vec<f64>; 5] = Default::default();
+            for _ in 0..5 {
+                b.set_w4_xc(false, None, 32);
+                t[0].push(timed(&b, 1));
+                for (i, (rows, base)) in [(16, true), (16, false), (9, true), (9, false)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    b.set_w4_xc(true, None, 32);
+                    b.set_w4_xc_base_pick(base);
+                    t[i + 1].push(timed(&b, rows));
+                }
+                b.set_w4_xc_base_pick(false);
+            }
+            let med = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let m: Vec<f64> = t.iter_mut().map(med).collect();
             println!(
-                "RESULT xc gemv N={n} K={k} pdl_off rows=1 us={:.2} rows=16 off_us={:.2} ({:.2}x) pick_us={:.2} ({:.2}x)",
-                t1 * 1e6,
-                t16 * 1e6,
-                t16 / t1,
-                p16 * 1e6,
-                p16 / t1
+                "RESULT xc ab N={n} K={k} pdl={} rows=1 us={:.2} rows=16 basepick_us={:.2} ({:.3}x) pick_us={:.2} ({:.3}x) rows=9 basepick_us={:.2} ({:.3}x) pick_us={:.2} ({:.3}x) pick_vs_base16={:.3}",
+                if pdl { "on" } else { "off" },
+                m[0] * 1e6,
+                m[1] * 1e6,
+                m[1] / m[0],
+                m[2] * 1e6,
+                m[2] / m[0],
+                m[3] * 1e6,
+                m[3] / m[0],
+                m[4] * 1e6,
+                m[4] / m[0],
+                m[2] / m[1]
             );
-            b.set_pdl(true, true);
         }
+        b.set_pdl(true, true);
     }
     b.set_w4_xc(true, None, 16);
 }
