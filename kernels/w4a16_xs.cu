@@ -1,9 +1,11 @@
 // w4a16_xs.cu: the 9..16-row W4A16 GEMV with x resident in shared memory per K slice (sm_90+,
-// issue 10 item 7): `w4_gemvxc{TPC}d{D}_{f16,bf16}`.
+// issue 10 item 7): `w4_gemvxc{TPC}{d|p}{D}b{B}[hp{PF}][w|f]_{f16,bf16}`.
 //
 // What NVRTC compiles: common.cuh, then kernels/w4a16.cu up to its entry points (the layout, the
 // decode helpers W4Dec / w4_decode_any / w4_szf / w4_store, the PDL helpers: the same
-// code, not a copy; src/backend/cuda/kernels.rs `KernelModule::full_source`), then this file.
+// code, not a copy; src/backend/cuda/kernels.rs `KernelModule::full_source`), then
+// kernels/w4a16_hints.cuh (the L2 hints of the weight stream, shared with w4a16_gemv.cu), then
+// this file.
 //
 // Numerics: exactly those of w4a16.cu's `w4_gemv_fast` / `w4_gemv_xs` with RG = 2 (read
 // w4a16.cu's header, "ONE NUMERIC PATH FOR EVERY ROW COUNT"): for each m16 output tile and K
@@ -52,8 +54,14 @@
 // memory and their outputs are not stored.
 //
 // PDL: the first D k blocks of weights and (scale, zero) words are loaded before
-// griddepcontrol.wait (they are never written by a step); x is read and out written after it.
-// `trig` places griddepcontrol.launch_dependents (0 first, 1 after the main loop).
+// griddepcontrol.wait in the source (they are never written by a step; ptxas may still schedule
+// the wait first: PRE below); x is read and out written after it. `trig` places
+// griddepcontrol.launch_dependents (0 first, 1 after the main loop).
+//
+// L2 hints (`hp{PF}` builds, w4a16_hints.cuh; same bits): the weight words are loaded
+// evict-first and not allocated in the L1, and each warp asks the L2 for its two tiles' k block
+// PF ahead of the one it consumes; `w` / `f` builds also prefetch the ring's next D k blocks /
+// the whole slice before griddepcontrol.wait (PRE 1 / 2, at `w4_gemv_xc`).
 
 #define W4XC_KS 8           // K slices = cluster size
 #define W4XC_KB_BYTES 4096  // one k block of 16 x rows in shared memory
