@@ -49,30 +49,6 @@ __device__ __forceinline__ uint4 w4v_ldw(const uint4* p, unsigned long long pol)
     return __ldg(p);
 }
 
-// `w4v_ldw` as a volatile asm with a "memory" clobber, for the loads written above
-// griddepcontrol.wait (w4a16_xs.cu's PRE builds): with a prefetch loop between them and the wait,
-// ptxas keeps them above it (SASS of NVRTC 12.9, sm_90); plain loads it sinks below the wait
-// either way. Same instruction, same bytes.
-template <int POL>
-__device__ __forceinline__ uint4 w4v_ldw_pinned(const uint4* p, unsigned long long pol) {
-    uint4 v;
-#if W4V_HINTS
-    if (POL == 1) {
-        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p), "l"(pol)
-                     : "memory");
-        return v;
-    }
-#endif
-    (void)pol;
-    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
 // Ask the L2 for the 128-byte line of `p` (no register, no completion to wait for).
 __device__ __forceinline__ void w4v_prefetch_l2(const uint4* p) {
 #if W4V_HINTS

@@ -54,14 +54,17 @@
 // memory and their outputs are not stored.
 //
 // PDL: the first D k blocks of weights and (scale, zero) words are loaded before
-// griddepcontrol.wait in the source (they are never written by a step; ptxas may still schedule
-// the wait first: PRE below); x is read and out written after it. `trig` places
+// griddepcontrol.wait in the source (they are never written by a step); x is read and out
+// written after it. In the SASS (NVRTC 12.9, sm_90) ptxas schedules the wait (ACQBULK) above
+// those loads in every D = 2 build: they do not overlap the previous grid's tail. Builds that
+// kept them above it (volatile loads plus an L2 prefetch loop of the next k blocks or of the
+// whole slice before the wait) measured 2-6% slower at 9-16 rows on the H200 (docs/benchmarks.md,
+// "rows 9-16 with the L2 hints") and were removed. `trig` places
 // griddepcontrol.launch_dependents (0 first, 1 after the main loop).
 //
 // L2 hints (`hp{PF}` builds, w4a16_hints.cuh; same bits): the weight words are loaded
 // evict-first and not allocated in the L1, and each warp asks the L2 for its two tiles' k block
-// PF ahead of the one it consumes; `w` / `f` builds also prefetch the ring's next D k blocks /
-// the whole slice before griddepcontrol.wait (PRE 1 / 2, at `w4_gemv_xc`).
+// PF ahead of the one it consumes.
 
 #define W4XC_KS 8           // K slices = cluster size
 #define W4XC_KB_BYTES 4096  // one k block of 16 x rows in shared memory
@@ -182,15 +185,7 @@ __device__ __forceinline__ void w4xc_bar_wait0(unsigned bar) {
 
 // PF: 0 plain `__ldg` weight loads; > 0 the L2 hints of w4a16_hints.cuh (evict-first weight
 // loads, each warp's L2 prefetch of its two tiles' k block PF ahead of the one it consumes).
-// PRE: what runs before griddepcontrol.wait besides the first D k blocks' loads: 0 nothing, 1 an
-// L2 prefetch of the next D k blocks (D .. 2D - 1) of both tiles, 2 of all the slice's remaining
-// k blocks (D .. per - 1): bytes requested while the previous grid finishes. With either, the
-// first D k blocks' weight loads are volatile (`w4v_ldw_pinned`), and the two together keep them
-// and the (scale[, zero]) loads above the wait in the SASS (NVRTC 12.9, sm_90, nvdisasm):
-// otherwise ptxas schedules the wait (ACQBULK) first in every D = 2 build (the PTX has the loads
-// first), so they wait for the previous grid instead of overlapping its tail; volatile loads
-// alone, or one prefetch without the loop, did not keep them above it.
-template <typename T, bool FP4, bool ZP, int TPC, int D, bool PX, int PF, int PRE>
+template <typename T, bool FP4, bool ZP, int TPC, int D, bool PX, int PF>
 __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int gshift, int gstore, int n, void* out,
@@ -198,7 +193,7 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     constexpr int RG = 2;
     constexpr bool G16 = FP4;
     constexpr int POL = PF > 0 ? 1 : 0;
-    static_assert(PF >= 0 && PF <= 8 && PRE >= 0 && PRE <= 2, "prefetch distance, pre-wait mode");
+    static_assert(PF >= 0 && PF <= 8, "L2 prefetch distance");
     extern __shared__ __align__(16) unsigned char w4_smem[];
     if (trig == 0) w4_pdl_launch_dependents();
     const unsigned long long pol = w4v_policy<POL>();
@@ -233,10 +228,9 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     uint4 wr[D][2];
     unsigned sz[D][2], szh[D][2];
     // Slot d's loads for k block jb + o of the slice (as `w4_gemv_fast`'s `load`).
-    // `pin`: the weight loads above griddepcontrol.wait of the PRE builds (w4v_ldw_pinned).
-    auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o, bool pin) {
-        wr[d][0] = pin ? w4v_ldw_pinned<POL>(wq0 + o * 32, pol) : w4v_ldw<POL>(wq0 + o * 32, pol);
-        wr[d][1] = pin ? w4v_ldw_pinned<POL>(wq1 + o * 32, pol) : w4v_ldw<POL>(wq1 + o * 32, pol);
+    auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o) {
+        wr[d][0] = w4v_ldw<POL>(wq0 + o * 32, pol);
+        wr[d][1] = w4v_ldw<POL>(wq1 + o * 32, pol);
         const unsigned glo = (gq + 8u * o) >> gshift;
         sz[d][0] = w4_szf<ZP>(sp0, zp0, glo * 8u);
         sz[d][1] = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
@@ -248,14 +242,7 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     };
 #pragma unroll
     for (int d = 0; d < D; ++d)
-        if (d < per) load(d, wp0, wp1, gbase, d, PRE > 0);
-    if (PRE > 0) {
-        const int jend = PRE == 1 ? min(per, 2 * D) : per;
-        for (int j = D; j < jend; ++j) {
-            w4v_prefetch_l2(wp0 + j * 32);
-            w4v_prefetch_l2(wp1 + j * 32);
-        }
-    }
+        if (d < per) load(d, wp0, wp1, gbase, d);
     w4_pdl_wait();  // weights and (scale[, zero]) words only above; x from here on
 
     // The slice's x: a k block is 256 pieces (row r, unit u: piece r * 16 + u). Thread i copies
@@ -339,12 +326,12 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
                     w4x_wait<0>();
                     __syncthreads();  // the rest of the slice's x is in
                 }
-                if (PF > 0 && PRE != 2 && i + d + PF < per) {
+                if (PF > 0 && i + d + PF < per) {
                     w4v_prefetch_l2(wq0 + (d + PF) * 32);
                     w4v_prefetch_l2(wq1 + (d + PF) * 32);
                 }
                 consume(d, xoff + (unsigned)d * W4XC_KB_BYTES);
-                if (i + d + D < per) load(d, wq0, wq1, gq, d + D, false);
+                if (i + d + D < per) load(d, wq0, wq1, gq, d + D);
             }
         }
         wq0 += D * 32;
@@ -408,40 +395,37 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int gshift, int gstore, int n, void *out, int out_f32, int fp4, int trig
 #define W4XC_PASS x, m, k, qw, scales, zeros, kblocks, gshift, gstore, n, out, out_f32, trig
-#define W4XC_ANY(T, TPC, D, PX, PF, PRE)                                                        \
-    if (fp4) w4_gemv_xc<T, true, false, TPC, D, PX, PF, PRE>(W4XC_PASS);                        \
-    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, PX, PF, PRE>(W4XC_PASS);                 \
-    else w4_gemv_xc<T, false, false, TPC, D, PX, PF, PRE>(W4XC_PASS);
+#define W4XC_ANY(T, TPC, D, PX, PF)                                                             \
+    if (fp4) w4_gemv_xc<T, true, false, TPC, D, PX, PF>(W4XC_PASS);                             \
+    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, PX, PF>(W4XC_PASS);                      \
+    else w4_gemv_xc<T, false, false, TPC, D, PX, PF>(W4XC_PASS);
 // `d` builds: the slice sums read through cluster barriers; `p` builds: pushed (PX). TAIL names
-// the hints: empty (none), `hp{PF}` (w4a16_hints.cuh, prefetch PF ahead), then `w` (PRE 1) or `f`
-// (PRE 2).
-#define W4XC_ENTRY(SUF, T, TPC, D, B, PF, PRE, TAIL)                                             \
+// the hints: empty (none) or `hp{PF}` (w4a16_hints.cuh, prefetch PF k blocks ahead).
+#define W4XC_ENTRY(SUF, T, TPC, D, B, PF, TAIL)                                                  \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
         w4_gemvxc##TPC##d##D##b##B##TAIL##_##SUF(W4XC_ARGS(T)) {                                \
-        W4XC_ANY(T, TPC, D, false, PF, PRE)                                                     \
+        W4XC_ANY(T, TPC, D, false, PF)                                                          \
     }
-#define W4XC_ENTRY_P(SUF, T, TPC, D, B, PF, PRE, TAIL)                                           \
+#define W4XC_ENTRY_P(SUF, T, TPC, D, B, PF, TAIL)                                                \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
         w4_gemvxc##TPC##p##D##b##B##TAIL##_##SUF(W4XC_ARGS(T)) {                                \
-        W4XC_ANY(T, TPC, D, true, PF, PRE)                                                      \
+        W4XC_ANY(T, TPC, D, true, PF)                                                           \
     }
 // The order of kernels.rs `W4_XC_VARIANTS`.
 #define W4XC_ENTRIES(SUF, T)                                                                    \
-    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 0, 0, )                                                       \
-    W4XC_ENTRY_P(SUF, T, 4, 2, 8, 0, 0, )                                                       \
-    W4XC_ENTRY(SUF, T, 8, 2, 4, 0, 0, )                                                         \
-    W4XC_ENTRY(SUF, T, 4, 2, 8, 0, 0, )                                                         \
-    W4XC_ENTRY(SUF, T, 16, 2, 2, 0, 0, )                                                        \
-    W4XC_ENTRY(SUF, T, 4, 2, 8, 2, 0, hp2)                                                      \
-    W4XC_ENTRY(SUF, T, 4, 2, 8, 3, 0, hp3)                                                      \
-    W4XC_ENTRY(SUF, T, 8, 2, 4, 2, 0, hp2)                                                      \
-    W4XC_ENTRY(SUF, T, 8, 2, 4, 3, 0, hp3)                                                      \
-    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 2, 0, hp2)                                                    \
-    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 3, 0, hp3)                                                    \
-    W4XC_ENTRY(SUF, T, 4, 1, 9, 2, 0, hp2)                                                      \
-    W4XC_ENTRY(SUF, T, 4, 2, 8, 2, 1, hp2w)                                                     \
-    W4XC_ENTRY(SUF, T, 4, 2, 8, 2, 2, hp2f)                                                     \
-    W4XC_ENTRY(SUF, T, 8, 2, 4, 2, 1, hp2w)                                                     \
-    W4XC_ENTRY(SUF, T, 8, 2, 4, 2, 2, hp2f)
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 0, )                                                          \
+    W4XC_ENTRY_P(SUF, T, 4, 2, 8, 0, )                                                          \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 0, )                                                            \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 0, )                                                            \
+    W4XC_ENTRY(SUF, T, 16, 2, 2, 0, )                                                           \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 2, hp2)                                                         \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 3, hp3)                                                         \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 4, hp4)                                                         \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 3, hp3)                                                         \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 4, hp4)                                                         \
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 3, hp3)                                                       \
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 4, hp4)                                                       \
+    W4XC_ENTRY(SUF, T, 4, 1, 9, 3, hp3)                                                         \
+    W4XC_ENTRY(SUF, T, 4, 1, 9, 4, hp4)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

@@ -17,44 +17,39 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 3] {
 /// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`, in its order: m16 tiles per CTA, weight
 /// ring depth, CTAs per SM of the register cap, whether the slice sums are pushed (`p` builds)
 /// instead of read through cluster barriers (`d`), the L2 prefetch distance of the hinted builds
-/// (0: no hints; else `w4a16_hints.cuh`'s evict-first loads and a prefetch that far ahead), the
-/// pre-wait mode (0 none, 1 `w`: the next ring's k blocks prefetched before griddepcontrol.wait,
-/// 2 `f`: the whole slice)) and their entry points for compute dtype suffix `t`, which the
-/// backend resolves (`w4a16_xc.rs`, which also orders them).
-pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool, usize, usize); 16] = [
-    (8, 2, 4, true, 0, 0),
-    (4, 2, 8, true, 0, 0),
-    (8, 2, 4, false, 0, 0),
-    (4, 2, 8, false, 0, 0),
-    (16, 2, 2, false, 0, 0),
-    (4, 2, 8, false, 2, 0),
-    (4, 2, 8, false, 3, 0),
-    (8, 2, 4, false, 2, 0),
-    (8, 2, 4, false, 3, 0),
-    (8, 2, 4, true, 2, 0),
-    (8, 2, 4, true, 3, 0),
-    (4, 1, 9, false, 2, 0),
-    (4, 2, 8, false, 2, 1),
-    (4, 2, 8, false, 2, 2),
-    (8, 2, 4, false, 2, 1),
-    (8, 2, 4, false, 2, 2),
+/// (0: no hints; else `w4a16_hints.cuh`'s evict-first loads and a prefetch that far ahead: the
+/// `hp{pf}` name tail)) and their entry points for compute dtype suffix `t`, which the backend
+/// resolves (`w4a16_xc.rs`, which also orders them).
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool, usize); 14] = [
+    (8, 2, 4, true, 0),
+    (4, 2, 8, true, 0),
+    (8, 2, 4, false, 0),
+    (4, 2, 8, false, 0),
+    (16, 2, 2, false, 0),
+    (4, 2, 8, false, 2),
+    (4, 2, 8, false, 3),
+    (4, 2, 8, false, 4),
+    (8, 2, 4, false, 3),
+    (8, 2, 4, false, 4),
+    (8, 2, 4, true, 3),
+    (8, 2, 4, true, 4),
+    (4, 1, 9, false, 3),
+    (4, 1, 9, false, 4),
 ];
 
-/// The name tail of a build's hints: `hp{pf}` (none for pf 0), then `w` / `f` for pre-wait modes
-/// 1 / 2 (`W4XC_ENTRIES`' TAIL).
-pub(crate) fn w4_xc_tail(pf: usize, pre: usize) -> String {
-    let h = if pf > 0 {
+/// The name tail of a build's L2 hints: `hp{pf}`, none for pf 0 (`W4XC_ENTRIES`' TAIL).
+pub(crate) fn w4_xc_tail(pf: usize) -> String {
+    if pf > 0 {
         format!("hp{pf}")
     } else {
         String::new()
-    };
-    format!("{h}{}", ["", "w", "f"][pre.min(2)])
+    }
 }
 
 pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
-    let name = |&(tpc, d, b, push, pf, pre): &(usize, usize, usize, bool, usize, usize)| {
+    let name = |&(tpc, d, b, push, pf): &(usize, usize, usize, bool, usize)| {
         let r = if push { 'p' } else { 'd' };
-        format!("w4_gemvxc{tpc}{r}{d}b{b}{}_{t}", w4_xc_tail(pf, pre))
+        format!("w4_gemvxc{tpc}{r}{d}b{b}{}_{t}", w4_xc_tail(pf))
     };
     W4_XC_VARIANTS.iter().map(name).collect()
 }

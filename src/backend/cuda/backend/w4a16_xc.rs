@@ -14,8 +14,9 @@
 //! builds without L2 hints, as before they existed) or one build of `kernels.rs` `W4_XC_VARIANTS`
 //! by [`build_name`] (e.g. `8x2b4`, `8p2b4`, `4x2b8hp2`). `on` runs the first build of
 //! [`pick_build`]'s order that applies to the weight.
-//! [`W4Kernel::Gemv`] steps of 9–[`XcSettings::max_rows`] rows run it where it applies,
-//! else `w4_gemvx1` / `w4_gemvx2`.
+//! [`W4Kernel::Gemv`] steps of [`XcSettings::min_rows`]–[`XcSettings::max_rows`] rows (9–16
+//! by default; `KILN_W4_XC_MIN_ROWS` lowers the first) run it where it applies, else `w4_gemvx1`
+//! / `w4_gemvx2` (the 1–8-row GEMV below 9 rows).
 
 use std::collections::HashMap;
 
@@ -34,17 +35,16 @@ pub const XC_DEFAULT_ON: bool = true;
 /// the slice sums are pushed into their owner CTA (`st.async`, the `TPCpDbB` builds) instead of
 /// read through two cluster barriers (`TPCxDbB`), the L2 prefetch distance in k blocks (0: no L2
 /// hints; else `kernels/w4a16_hints.cuh`'s evict-first weight loads and a prefetch that far
-/// ahead: `hp{pf}`), what runs before griddepcontrol.wait (0: the ring's first loads only; 1
-/// `w`: and an L2 prefetch of the ring's next k blocks; 2 `f`: of the whole slice)).
-pub type XcBuild = (usize, usize, usize, bool, usize, usize);
+/// ahead: `hp{pf}`)).
+pub type XcBuild = (usize, usize, usize, bool, usize);
 
 /// A build's name in `KILN_W4_XC` and test output: `8x2b4`, `8p2b4` (pushed slice sums),
-/// `4x2b8hp2` (L2 hints, prefetch 2 ahead), `4x2b8hp2f` (and the slice prefetched before the wait).
-pub fn build_name((tpc, d, b, push, pf, pre): XcBuild) -> String {
+/// `4x2b8hp3` (L2 hints, prefetch 3 k blocks ahead).
+pub fn build_name((tpc, d, b, push, pf): XcBuild) -> String {
     format!(
         "{tpc}{}{d}b{b}{}",
         if push { 'p' } else { 'x' },
-        w4_xc_tail(pf, pre)
+        w4_xc_tail(pf)
     )
 }
 
@@ -74,6 +74,9 @@ pub(crate) struct XcSettings {
     pub base_pick: bool,
     /// Most rows it runs (16; benchmarks may try 32: ceil(rows / 16) row tiles).
     pub max_rows: usize,
+    /// Fewest rows it runs ([`XC_MIN_ROWS`]; `KILN_W4_XC_MIN_ROWS`, benchmarks may try fewer):
+    /// steps of fewer rows run the 1–8-row GEMV.
+    pub min_rows: usize,
 }
 
 /// The resolved kernels (one per build) and the settings.
@@ -99,6 +102,26 @@ fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>, bool), BackendError> {
                 let names: Vec<String> = W4_XC_VARIANTS.iter().map(|&v| build_name(v)).collect();
                 BackendError::InvalidArgument(format!(
                     "KILN_W4_XC={v:?}: expected off, on, base or one of {names:?}"
+                ))
+            }),
+    }
+}
+
+/// The fewest rows the kernel runs by default: the 1–8-row GEMV below.
+pub const XC_MIN_ROWS: usize = GEMV8_ROWS + 1;
+
+/// `KILN_W4_XC_MIN_ROWS` (2–[`XC_ROWS`]), else [`XC_MIN_ROWS`].
+fn min_rows_env() -> Result<usize, BackendError> {
+    match std::env::var("KILN_W4_XC_MIN_ROWS") {
+        Err(_) => Ok(XC_MIN_ROWS),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|r| (2..=XC_ROWS).contains(r))
+            .ok_or_else(|| {
+                BackendError::InvalidArgument(format!(
+                    "KILN_W4_XC_MIN_ROWS={v:?}: expected 2..={XC_ROWS}"
                 ))
             }),
     }
@@ -138,6 +161,7 @@ impl XcGemv {
                 build,
                 base_pick,
                 max_rows: XC_ROWS,
+                min_rows: min_rows_env()?,
             },
         }))
     }
@@ -158,28 +182,28 @@ const MID_SLICE: usize = 8;
 /// at K = 17408 only the 8-tile barrier build keeps 3 CTAs per SM). Builds of 48 or 56 registers
 /// (40 / 36 warps per SM) lost 10–35% (run 3 there, rows4 run 2).
 const BASE_SHORT: [XcBuild; 5] = [
-    (4, 2, 8, false, 0, 0),
-    (8, 2, 4, true, 0, 0),
-    (8, 2, 4, false, 0, 0),
-    (4, 2, 8, true, 0, 0),
-    (16, 2, 2, false, 0, 0),
+    (4, 2, 8, false, 0),
+    (8, 2, 4, true, 0),
+    (8, 2, 4, false, 0),
+    (4, 2, 8, true, 0),
+    (16, 2, 2, false, 0),
 ];
 const BASE_LONG: [XcBuild; 5] = [
-    (8, 2, 4, true, 0, 0),
-    (8, 2, 4, false, 0, 0),
-    (4, 2, 8, true, 0, 0),
-    (4, 2, 8, false, 0, 0),
-    (16, 2, 2, false, 0, 0),
+    (8, 2, 4, true, 0),
+    (8, 2, 4, false, 0),
+    (4, 2, 8, true, 0),
+    (4, 2, 8, false, 0),
+    (16, 2, 2, false, 0),
 ];
 
 /// The default order (`on`): the builds with the L2 hints of `kernels/w4a16_hints.cuh` first,
-/// then the base order. Slices of ≤ [`SHORT_SLICE`] k blocks (K = 5120) `4x2b8hp2`, ≤
-/// [`MID_SLICE`] (K = 6144) `4x2b8hp3`, longer (K = 17408) `8x2b4hp2` (the lost `rows6` branch
-/// of the fourteenth session on the H200; docs/benchmarks.md, "rows 9–16 with the L2 hints").
-const PICK_SHORT: [XcBuild; 8] = [
-    (4, 2, 8, false, 2, 0),
-    (8, 2, 4, true, 2, 0),
-    (8, 2, 4, false, 2, 0),
+/// then the base order: slices of ≤ [`SHORT_SLICE`] k blocks (K = 5120) `4x2b8hp3`, ≤
+/// [`MID_SLICE`] (K = 6144) `8p2b4hp3`, longer (K = 17408) `8x2b4hp3`: on the H200 the fastest
+/// build of each at 9–16 rows (rows6 run 1, docs/benchmarks.md "rows 9–16 with the L2 hints":
+/// prefetch distance 3 beat 2 on every shape of 5120 and more outputs).
+const PICK_SHORT: [XcBuild; 7] = [
+    (4, 2, 8, false, 3),
+    (8, 2, 4, false, 3),
     BASE_SHORT[0],
     BASE_SHORT[1],
     BASE_SHORT[2],
@@ -187,9 +211,9 @@ const PICK_SHORT: [XcBuild; 8] = [
     BASE_SHORT[4],
 ];
 const PICK_MID: [XcBuild; 8] = [
-    (4, 2, 8, false, 3, 0),
-    (8, 2, 4, true, 3, 0),
-    (8, 2, 4, false, 3, 0),
+    (8, 2, 4, true, 3),
+    (4, 2, 8, false, 3),
+    (8, 2, 4, false, 3),
     BASE_LONG[0],
     BASE_LONG[1],
     BASE_LONG[2],
@@ -197,8 +221,8 @@ const PICK_MID: [XcBuild; 8] = [
     BASE_LONG[4],
 ];
 const PICK_LONG: [XcBuild; 7] = [
-    (8, 2, 4, false, 2, 0),
-    (4, 2, 8, false, 2, 0),
+    (8, 2, 4, false, 3),
+    (4, 2, 8, false, 3),
     BASE_LONG[0],
     BASE_LONG[1],
     BASE_LONG[2],
@@ -236,7 +260,7 @@ fn build_applies(build: XcBuild, tiles: usize, per: usize) -> bool {
 /// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]); the
 /// barrier builds reuse it for the slice sums ([`XC_ROWS`] × 16 outputs × 4 bytes per tile), the
 /// push builds add the 8 slices' sums they own (`tpc` KB) and their mbarrier (16 bytes).
-pub fn smem_bytes(per: usize, (tpc, _, _, push, _, _): XcBuild) -> usize {
+pub fn smem_bytes(per: usize, (tpc, _, _, push, _): XcBuild) -> usize {
     if push {
         per * XC_KB_BYTES + tpc * 1024 + 16
     } else {
@@ -257,7 +281,21 @@ impl CudaBackend {
                     build,
                     base_pick: x.set.base_pick,
                     max_rows,
+                    min_rows: x.set.min_rows,
                 };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The fewest rows the kernel runs (2–16; [`XC_MIN_ROWS`] by default): benchmarks compare
+    /// it with the 1–8-row GEMV at 2–8 rows. Returns whether the kernels exist here and `rows`
+    /// is in range.
+    pub fn set_w4_xc_min_rows(&mut self, rows: usize) -> bool {
+        match self.k.w4_xc.as_mut() {
+            Some(x) if (2..=XC_ROWS).contains(&rows) => {
+                x.set.min_rows = rows;
                 true
             }
             _ => false,
@@ -295,7 +333,7 @@ impl CudaBackend {
             && self.w4_tensor_cores()
             && self.k.w4_sm70.is_none()
             && parts.gemv_fast_ok(k)
-            && rows > GEMV8_ROWS
+            && rows >= x.set.min_rows
             && rows <= x.set.max_rows
             && parts.k_slices == XC_KS;
         if !ok {
@@ -390,59 +428,48 @@ mod tests {
         assert_eq!(parse_xc("off").unwrap(), (false, None, false));
         assert_eq!(parse_xc(" On ").unwrap(), (true, None, false));
         assert_eq!(parse_xc("base").unwrap(), (true, None, true));
-        assert_eq!(
-            parse_xc("16x2b2").unwrap(),
-            (true, Some((16, 2, 2, false, 0, 0)), false)
-        );
-        assert_eq!(
-            parse_xc("8p2b4").unwrap(),
-            (true, Some((8, 2, 4, true, 0, 0)), false)
-        );
-        assert_eq!(
-            parse_xc("4x2b8hp2").unwrap(),
-            (true, Some((4, 2, 8, false, 2, 0)), false)
-        );
-        assert_eq!(
-            parse_xc("8x2b4hp2f").unwrap(),
-            (true, Some((8, 2, 4, false, 2, 2)), false)
-        );
+        let fixed = |v: XcBuild| (true, Some(v), false);
+        assert_eq!(parse_xc("16x2b2").unwrap(), fixed((16, 2, 2, false, 0)));
+        assert_eq!(parse_xc("8p2b4").unwrap(), fixed((8, 2, 4, true, 0)));
+        assert_eq!(parse_xc("4x2b8hp3").unwrap(), fixed((4, 2, 8, false, 3)));
         assert!(parse_xc("3x1b4").is_err());
-        assert!(parse_xc("4x2b8hp5").is_err());
+        assert!(parse_xc("4x2b8hp7").is_err());
         // Every compiled build's name parses back to it, and names its kernel.
         for v in W4_XC_VARIANTS {
             assert_eq!(parse_xc(&build_name(v)).unwrap().1, Some(v));
         }
         let names = w4_xc_names("bf16");
-        assert!(names.contains(&"w4_gemvxc4d2b8hp2w_bf16".to_string()));
+        assert!(names.contains(&"w4_gemvxc4d2b8hp3_bf16".to_string()));
         assert!(names.contains(&"w4_gemvxc8p2b4_bf16".to_string()));
     }
 
     #[test]
     fn shared_memory_of_the_27b_shapes() {
         // K = 5120 (40 k blocks: 5 per slice) and 17408 (136: 17): 20 KB and 68 KB.
-        assert_eq!(smem_bytes(5, (8, 2, 4, false, 0, 0)), 20 * 1024);
-        assert_eq!(smem_bytes(17, (8, 2, 4, false, 2, 0)), 68 * 1024);
-        assert_eq!(smem_bytes(1, (16, 2, 2, false, 0, 0)), 16 * 1024);
+        assert_eq!(smem_bytes(5, (8, 2, 4, false, 0)), 20 * 1024);
+        assert_eq!(smem_bytes(17, (8, 2, 4, false, 3)), 68 * 1024);
+        assert_eq!(smem_bytes(1, (16, 2, 2, false, 0)), 16 * 1024);
         // x, then the 8 slices' sums of the 256 values a CTA owns, and the mbarrier.
-        assert_eq!(smem_bytes(5, (8, 2, 4, true, 0, 0)), 28 * 1024 + 16);
+        assert_eq!(smem_bytes(5, (8, 2, 4, true, 0)), 28 * 1024 + 16);
     }
 
     #[test]
     fn the_pick_is_the_first_build_of_its_order_that_applies() {
-        // Hinted (default): K = 5120 `4x2b8hp2`, K = 6144 `4x2b8hp3`, K = 17408 `8x2b4hp2`.
-        assert_eq!(pick_build(1088, 5, false), Some((4, 2, 8, false, 2, 0)));
-        assert_eq!(pick_build(320, 6, false), Some((4, 2, 8, false, 3, 0)));
-        assert_eq!(pick_build(320, 17, false), Some((8, 2, 4, false, 2, 0)));
+        // Hinted (default): K = 5120 `4x2b8hp3`, K = 6144 `8p2b4hp3`, K = 17408 `8x2b4hp3`.
+        assert_eq!(pick_build(1088, 5, false), Some((4, 2, 8, false, 3)));
+        assert_eq!(pick_build(320, 6, false), Some((8, 2, 4, true, 3)));
+        assert_eq!(pick_build(320, 17, false), Some((8, 2, 4, false, 3)));
         // Base: K = 5120: 4 tiles per CTA; K = 6144: the push build; K = 17408 (68 KB of x): the
         // 8-tile barrier build, 3 CTAs per SM.
-        assert_eq!(pick_build(1088, 5, true), Some((4, 2, 8, false, 0, 0)));
-        assert_eq!(pick_build(320, 6, true), Some((8, 2, 4, true, 0, 0)));
-        assert_eq!(pick_build(320, 17, true), Some((8, 2, 4, false, 0, 0)));
+        assert_eq!(pick_build(1088, 5, true), Some((4, 2, 8, false, 0)));
+        assert_eq!(pick_build(320, 6, true), Some((8, 2, 4, true, 0)));
+        assert_eq!(pick_build(320, 17, true), Some((8, 2, 4, false, 0)));
         // 4 m16 tiles (N = 64): a 4-tile build.
-        assert_eq!(pick_build(4, 4, true), Some((4, 2, 8, false, 0, 0)));
-        assert_eq!(pick_build(4, 6, true), Some((4, 2, 8, false, 0, 0)));
-        assert_eq!(pick_build(4, 17, true), Some((4, 2, 8, false, 0, 0)));
-        assert_eq!(pick_build(4, 17, false), Some((4, 2, 8, false, 2, 0)));
+        assert_eq!(pick_build(4, 4, true), Some((4, 2, 8, false, 0)));
+        assert_eq!(pick_build(4, 6, true), Some((4, 2, 8, false, 0)));
+        assert_eq!(pick_build(4, 17, true), Some((4, 2, 8, false, 0)));
+        assert_eq!(pick_build(4, 6, false), Some((4, 2, 8, false, 3)));
+        assert_eq!(pick_build(4, 17, false), Some((4, 2, 8, false, 3)));
         // Every build of every order is compiled, and the base orders have no hints.
         let all = [
             &BASE_SHORT[..],
@@ -454,10 +481,7 @@ mod tests {
         for v in all.concat() {
             assert!(W4_XC_VARIANTS.contains(&v), "{v:?}");
         }
-        assert!(BASE_SHORT
-            .iter()
-            .chain(&BASE_LONG)
-            .all(|v| v.4 == 0 && v.5 == 0));
+        assert!(BASE_SHORT.iter().chain(&BASE_LONG).all(|v| v.4 == 0));
         for base in [false, true] {
             assert_eq!(pick_build(2, 5, base), None);
             // A slice's x above a block's shared memory: none.
