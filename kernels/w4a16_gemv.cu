@@ -5,7 +5,8 @@
 //
 // What NVRTC compiles: common.cuh, then kernels/w4a16.cu up to its entry points (the layout, the
 // decode helpers W4Dec / w4_decode_any / w4_szf / w4_store, the PDL helpers: the same code, not
-// a copy; src/backend/cuda/kernels.rs `KernelModule::full_source`), then this file.
+// a copy; src/backend/cuda/kernels.rs `KernelModule::full_source`), then kernels/w4a16_hints.cuh
+// (the L2 hints below, shared with w4a16_xs.cu), then this file.
 //
 // Numerics: w4a16.cu's header, "ONE NUMERIC PATH FOR EVERY ROW COUNT" (the same fragments, k order
 // within a K slice and slice sum as `w4_gemv32` / `w4_gemvx*` / the GEMMs: bit-identical outputs,
@@ -23,45 +24,8 @@
 //   into one word per lane that is stored once per slice (so that no load is dead).
 // A backend compiles only the build(s) it runs (W4V_MASK_*, below the kernels' helpers).
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define W4V_HINTS 1
-#else
-#define W4V_HINTS 0
-#endif
-
-// The L2 policy word of POL (0: none).
-template <int POL>
-__device__ __forceinline__ unsigned long long w4v_policy() {
-    unsigned long long pol = 0ull;
-#if W4V_HINTS
-    if (POL == 1) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-#endif
-    return pol;
-}
-
-// One lane's 128-bit weight word: `__ldg`, or (POL 1) not allocated in the L1 and evict-first in
-// the L2 (`pol` from w4v_policy<1>).
-template <int POL>
-__device__ __forceinline__ uint4 w4v_ldw(const uint4* p, unsigned long long pol) {
-#if W4V_HINTS
-    if (POL == 1) {
-        uint4 v;
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-            : "l"(p), "l"(pol));
-        return v;
-    }
-#endif
-    (void)pol;
-    return __ldg(p);
-}
-
-// Ask the L2 for the 128-byte line of `p` (no register, no completion to wait for).
-__device__ __forceinline__ void w4v_prefetch_l2(const uint4* p) {
-#if W4V_HINTS
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
+// The L2 hints (POL, PF: `w4v_policy`, `w4v_ldw`, `w4v_prefetch_l2`) are kernels/w4a16_hints.cuh's,
+// compiled in before this file (`KernelModule::full_source`), shared with w4a16_xs.cu.
 
 // One k block of a warp's two tiles into the accumulators of RG row groups: lane words `w`
 // (tile 0, tile 1), (scale[, zero]) words `sz` (chunks 0..3; `szh` chunks 4..7 for NVFP4's groups

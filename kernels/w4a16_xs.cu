@@ -1,9 +1,11 @@
 // w4a16_xs.cu: the 9..16-row W4A16 GEMV with x resident in shared memory per K slice (sm_90+,
-// issue 10 item 7): `w4_gemvxc{TPC}d{D}_{f16,bf16}`.
+// issue 10 item 7): `w4_gemvxc{TPC}{d|p}{D}b{B}[hp{PF}][w|f]_{f16,bf16}`.
 //
 // What NVRTC compiles: common.cuh, then kernels/w4a16.cu up to its entry points (the layout, the
 // decode helpers W4Dec / w4_decode_any / w4_szf / w4_store, the PDL helpers: the same
-// code, not a copy; src/backend/cuda/kernels.rs `KernelModule::full_source`), then this file.
+// code, not a copy; src/backend/cuda/kernels.rs `KernelModule::full_source`), then
+// kernels/w4a16_hints.cuh (the L2 hints of the weight stream, shared with w4a16_gemv.cu), then
+// this file.
 //
 // Numerics: exactly those of w4a16.cu's `w4_gemv_fast` / `w4_gemv_xs` with RG = 2 (read
 // w4a16.cu's header, "ONE NUMERIC PATH FOR EVERY ROW COUNT"): for each m16 output tile and K
@@ -52,8 +54,17 @@
 // memory and their outputs are not stored.
 //
 // PDL: the first D k blocks of weights and (scale, zero) words are loaded before
-// griddepcontrol.wait (they are never written by a step); x is read and out written after it.
-// `trig` places griddepcontrol.launch_dependents (0 first, 1 after the main loop).
+// griddepcontrol.wait in the source (they are never written by a step); x is read and out
+// written after it. In the SASS (NVRTC 12.9, sm_90) ptxas schedules the wait (ACQBULK) above
+// those loads in every D = 2 build: they do not overlap the previous grid's tail. Builds that
+// kept them above it (volatile loads plus an L2 prefetch loop of the next k blocks or of the
+// whole slice before the wait) measured 2-6% slower at 9-16 rows on the H200 (docs/benchmarks.md,
+// "rows 9-16 with the L2 hints") and were removed. `trig` places
+// griddepcontrol.launch_dependents (0 first, 1 after the main loop).
+//
+// L2 hints (`hp{PF}` builds, w4a16_hints.cuh; same bits): the weight words are loaded
+// evict-first and not allocated in the L1, and each warp asks the L2 for its two tiles' k block
+// PF ahead of the one it consumes.
 
 #define W4XC_KS 8           // K slices = cluster size
 #define W4XC_KB_BYTES 4096  // one k block of 16 x rows in shared memory
@@ -172,15 +183,20 @@ __device__ __forceinline__ void w4xc_bar_wait0(unsigned bar) {
 #endif
 }
 
-template <typename T, bool FP4, bool ZP, int TPC, int D, bool PX>
+// PF: 0 plain `__ldg` weight loads; > 0 the L2 hints of w4a16_hints.cuh (evict-first weight
+// loads, each warp's L2 prefetch of its two tiles' k block PF ahead of the one it consumes).
+template <typename T, bool FP4, bool ZP, int TPC, int D, bool PX, int PF>
 __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4* __restrict__ qw,
                                            const T* scales, const unsigned char* zeros,
                                            int kblocks, int gshift, int gstore, int n, void* out,
                                            int out_f32, int trig) {
     constexpr int RG = 2;
     constexpr bool G16 = FP4;
+    constexpr int POL = PF > 0 ? 1 : 0;
+    static_assert(PF >= 0 && PF <= 8, "L2 prefetch distance");
     extern __shared__ __align__(16) unsigned char w4_smem[];
     if (trig == 0) w4_pdl_launch_dependents();
+    const unsigned long long pol = w4v_policy<POL>();
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int s = blockIdx.z;  // K slice = rank in the cluster (cluster dims (1, 1, 8))
@@ -213,8 +229,8 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     unsigned sz[D][2], szh[D][2];
     // Slot d's loads for k block jb + o of the slice (as `w4_gemv_fast`'s `load`).
     auto load = [&](int d, const uint4* wq0, const uint4* wq1, unsigned gq, int o) {
-        wr[d][0] = __ldg(wq0 + o * 32);
-        wr[d][1] = __ldg(wq1 + o * 32);
+        wr[d][0] = w4v_ldw<POL>(wq0 + o * 32, pol);
+        wr[d][1] = w4v_ldw<POL>(wq1 + o * 32, pol);
         const unsigned glo = (gq + 8u * o) >> gshift;
         sz[d][0] = w4_szf<ZP>(sp0, zp0, glo * 8u);
         sz[d][1] = w4_szf<ZP>(sp0, zp0, glo * 8u + sstride);
@@ -310,6 +326,10 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
                     w4x_wait<0>();
                     __syncthreads();  // the rest of the slice's x is in
                 }
+                if (PF > 0 && i + d + PF < per) {
+                    w4v_prefetch_l2(wq0 + (d + PF) * 32);
+                    w4v_prefetch_l2(wq1 + (d + PF) * 32);
+                }
                 consume(d, xoff + (unsigned)d * W4XC_KB_BYTES);
                 if (i + d + D < per) load(d, wq0, wq1, gq, d + D);
             }
@@ -375,26 +395,37 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
     const T *x, int m, int k, const uint4 *qw, const T *scales, const unsigned char *zeros,     \
         int kblocks, int gshift, int gstore, int n, void *out, int out_f32, int fp4, int trig
 #define W4XC_PASS x, m, k, qw, scales, zeros, kblocks, gshift, gstore, n, out, out_f32, trig
-#define W4XC_ANY(T, TPC, D, PX)                                                                 \
-    if (fp4) w4_gemv_xc<T, true, false, TPC, D, PX>(W4XC_PASS);                                 \
-    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, PX>(W4XC_PASS);                          \
-    else w4_gemv_xc<T, false, false, TPC, D, PX>(W4XC_PASS);
-// `d` builds: the slice sums read through cluster barriers; `p` builds: pushed (PX).
-#define W4XC_ENTRY(SUF, T, TPC, D, B)                                                           \
+#define W4XC_ANY(T, TPC, D, PX, PF)                                                             \
+    if (fp4) w4_gemv_xc<T, true, false, TPC, D, PX, PF>(W4XC_PASS);                             \
+    else if (zeros) w4_gemv_xc<T, false, true, TPC, D, PX, PF>(W4XC_PASS);                      \
+    else w4_gemv_xc<T, false, false, TPC, D, PX, PF>(W4XC_PASS);
+// `d` builds: the slice sums read through cluster barriers; `p` builds: pushed (PX). TAIL names
+// the hints: empty (none) or `hp{PF}` (w4a16_hints.cuh, prefetch PF k blocks ahead).
+#define W4XC_ENTRY(SUF, T, TPC, D, B, PF, TAIL)                                                  \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
-        w4_gemvxc##TPC##d##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
-        W4XC_ANY(T, TPC, D, false)                                                              \
+        w4_gemvxc##TPC##d##D##b##B##TAIL##_##SUF(W4XC_ARGS(T)) {                                \
+        W4XC_ANY(T, TPC, D, false, PF)                                                          \
     }
-#define W4XC_ENTRY_P(SUF, T, TPC, D, B)                                                         \
+#define W4XC_ENTRY_P(SUF, T, TPC, D, B, PF, TAIL)                                                \
     extern "C" __global__ void W4XC_CLUSTER __launch_bounds__(32 * TPC, B)                      \
-        w4_gemvxc##TPC##p##D##b##B##_##SUF(W4XC_ARGS(T)) {                                      \
-        W4XC_ANY(T, TPC, D, true)                                                               \
+        w4_gemvxc##TPC##p##D##b##B##TAIL##_##SUF(W4XC_ARGS(T)) {                                \
+        W4XC_ANY(T, TPC, D, true, PF)                                                           \
     }
+// The order of kernels.rs `W4_XC_VARIANTS`.
 #define W4XC_ENTRIES(SUF, T)                                                                    \
-    W4XC_ENTRY(SUF, T, 8, 2, 4)                                                                 \
-    W4XC_ENTRY(SUF, T, 4, 2, 8)                                                                 \
-    W4XC_ENTRY(SUF, T, 16, 2, 2)                                                                \
-    W4XC_ENTRY_P(SUF, T, 8, 2, 4)                                                               \
-    W4XC_ENTRY_P(SUF, T, 4, 2, 8)
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 0, )                                                          \
+    W4XC_ENTRY_P(SUF, T, 4, 2, 8, 0, )                                                          \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 0, )                                                            \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 0, )                                                            \
+    W4XC_ENTRY(SUF, T, 16, 2, 2, 0, )                                                           \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 2, hp2)                                                         \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 3, hp3)                                                         \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 4, hp4)                                                         \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 3, hp3)                                                         \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 4, hp4)                                                         \
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 3, hp3)                                                       \
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 4, hp4)                                                       \
+    W4XC_ENTRY(SUF, T, 4, 1, 9, 3, hp3)                                                         \
+    W4XC_ENTRY(SUF, T, 4, 1, 9, 4, hp4)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

@@ -5,7 +5,8 @@
 //! Run on the GPU machine (built here with `cargo test --release --features cuda --no-run --test
 //! cuda_w4a16_xc`):
 //! `cuda_w4a16_xc-<hash> --ignored --exact --test-threads=1 --nocapture xc_gemv_equals_xs_gemv_bit_for_bit`
-//! (`KILN_XC_TEST_SMALL=1`: the small shapes only, the quick pass for compute-sanitizer) and
+//! (`KILN_XC_TEST_SMALL=1`: the small shapes only; with `KILN_XC_TEST_ROWS=2,9,16,17
+//! KILN_XC_TEST_BUILDS=4x2b8hp3,8x2b4hp3,8p2b4hp3` the quick pass for compute-sanitizer) and
 //! `cuda_w4a16_xc-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_gemv_xc_speed`.
 //! Both print `RESULT` lines (docs/gpu-validation.md, docs/benchmarks.md) and skip with a message
 //! where the kernel does not exist (below sm_90).
@@ -21,23 +22,37 @@ use kiln::tensor::LinearView;
 use w4_support::{Fmt, Owned};
 
 /// A build: (tiles per CTA, weight ring depth, CTAs per SM of its register cap, slice sums
-/// pushed).
-type Build = (usize, usize, usize, bool);
+/// pushed, L2 prefetch distance (0: no L2 hints)).
+type Build = (usize, usize, usize, bool, usize);
 
 /// The builds (`kernels.rs` `W4_XC_VARIANTS`), then `None`: the backend's pick per launch.
-const BUILDS: [Option<Build>; 6] = [
-    Some((8, 2, 4, true)),
-    Some((4, 2, 8, true)),
-    Some((8, 2, 4, false)),
-    Some((4, 2, 8, false)),
-    Some((16, 2, 2, false)),
+const BUILDS: [Option<Build>; 15] = [
+    Some((8, 2, 4, true, 0)),
+    Some((4, 2, 8, true, 0)),
+    Some((8, 2, 4, false, 0)),
+    Some((4, 2, 8, false, 0)),
+    Some((16, 2, 2, false, 0)),
+    Some((4, 2, 8, false, 2)),
+    Some((4, 2, 8, false, 3)),
+    Some((4, 2, 8, false, 4)),
+    Some((8, 2, 4, false, 3)),
+    Some((8, 2, 4, false, 4)),
+    Some((8, 2, 4, true, 3)),
+    Some((8, 2, 4, true, 4)),
+    Some((4, 1, 9, false, 3)),
+    Some((4, 1, 9, false, 4)),
     None,
 ];
 
-/// A build's label in the RESULT lines.
+/// A build's label in the RESULT lines (`xc` + its `KILN_W4_XC` name), or `pick`.
 fn label(build: Option<Build>) -> String {
-    build.map_or("pick".into(), |(t, d, b, push)| {
-        format!("xc{t}{}{d}b{b}", if push { 'p' } else { 'x' })
+    build.map_or("pick".into(), |(t, d, b, push, pf)| {
+        let h = if pf > 0 {
+            format!("hp{pf}")
+        } else {
+            String::new()
+        };
+        format!("xc{t}{}{d}b{b}{h}", if push { 'p' } else { 'x' })
     })
 }
 
@@ -67,7 +82,8 @@ fn ct(group: usize, symmetric: bool) -> Fmt {
     }
 }
 
-/// Every build at rows 9–16 (and 17, 24, 31, 32: two row tiles) against `w4_gemvx1` /
+/// Every build at rows 2–16 (the kernel's fewest rows lowered to 2; below 9 the cluster-off
+/// output is the 1–8-row GEMV's) and 17, 24, 31, 32 (two row tiles) against `w4_gemvx1` /
 /// `w4_gemvx2` (the cluster kernel off) bit for bit, outputs finite: bf16 and fp16; CT sym / asym
 /// g128 on the small shapes and the 27B shapes with 8 K slices, CT sym g32, AWQ g64, GPTQ g64
 /// and NVFP4 (bf16) on the small shapes and 5120×6144. Each comparison also asserts that the
@@ -114,7 +130,21 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
             (1024, 5120),
         ]);
     }
-    let rows_list: Vec<usize> = (9..=16).chain([17, 24, 31, 32]).collect();
+    // `KILN_XC_TEST_ROWS=2,9,16,17` / `KILN_XC_TEST_BUILDS=4x2b8hp3,...`: only these row counts /
+    // builds (the pick still runs; the short pass under compute-sanitizer).
+    let list = |var: &str| -> Option<Vec<String>> {
+        std::env::var(var)
+            .ok()
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+    };
+    let rows_list: Vec<usize> = match list("KILN_XC_TEST_ROWS") {
+        Some(r) => r.iter().filter_map(|r| r.parse().ok()).collect(),
+        None => (2..=16).chain([17, 24, 31, 32]).collect(),
+    };
+    let only_builds = list("KILN_XC_TEST_BUILDS");
+    for (_, b) in backends.iter_mut() {
+        assert!(b.set_w4_xc_min_rows(2));
+    }
     let mut failures = Vec::new();
     for (i, (label, fmt)) in fmts.into_iter().enumerate() {
         for &(n, k) in shapes
@@ -138,6 +168,13 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
                     b.set_w4_xc(false, None, 32);
                     let base = run(b, &w, &x, rows, n, k);
                     for build in BUILDS {
+                        if build.is_some()
+                            && only_builds.as_ref().is_some_and(|o| {
+                                !o.iter().any(|n| format!("xc{n}") == self::label(build))
+                            })
+                        {
+                            continue;
+                        }
                         b.set_w4_xc(true, build, 32);
                         if b.w4_xc_build_for(&w, rows).is_none() {
                             continue;
@@ -162,7 +199,7 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
                 }
                 b.set_w4_xc(false, None, 16);
                 println!(
-                    "RESULT w4a16 xc-gemv {dtype} {label} N={n} K={k} rows=9..16,17,24,31,32 builds_run={ran} equal_to_w4_gemvx={same}/{all} {}",
+                    "RESULT w4a16 xc-gemv {dtype} {label} N={n} K={k} rows={rows_list:?} builds_run={ran} equal_to_w4_gemvx={same}/{all} {}",
                     if same == all { "ok" } else { "FAIL" }
                 );
             }
@@ -170,19 +207,23 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
     }
     for (_, b) in backends.iter_mut() {
         b.set_w4_xc(true, None, 16);
+        b.set_w4_xc_min_rows(9);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Same-run speed: CT W4A16 sym g128, bf16, rotating over 4 distinct weights per shape (every
 /// launch from DRAM), `common::time` (20 launches back to back, median of 7), PDL as the backend
-/// has it (on, sm_90). Per shape (the 27B's with 8 K slices) and row count: the backend's GEMV
-/// with the cluster kernel off (`w4_gemv` to 8 rows, `w4_gemvx1` / `w4_gemvx2` above) and each
-/// build plus the backend's pick (9+ rows; above 16 the pick and 8p2b4 only), µs and the ratio to
-/// the 1-row time of the same run (target: ≤ 1.3 at 9–16 rows). Then the 1- and 16-row times
-/// with PDL off (off and pick). Every build's output is first checked bit for bit against the
-/// cluster-off output on the same data (asserted). `KILN_XC_BENCH_SHAPES=17408x5120,...` keeps
-/// those shapes only.
+/// has it (on, sm_90). Per shape (the 27B's with 8 K slices) and row count (1, 2, 4, 6, 8, 9, 12,
+/// 16): the backend's GEMV with the cluster kernel off (`w4_gemv` to 8 rows, `w4_gemvx1` /
+/// `w4_gemvx2` above), at 9+ rows each build, and the base pick (`KILN_W4_XC=base`: no L2
+/// hints) and the backend's pick (below 9 rows with the kernel's fewest rows lowered to 2), µs
+/// and the ratio to the 1-row time of the same run (target: ≤ 1.3 at 2–16 rows). Then, PDL on
+/// and off, the A/B of the picks: 5 rounds of (1 row, 16 rows base pick, 16 rows pick, 9 rows
+/// base pick, 9 rows pick, 8 rows off, 8 rows pick), medians (the spread between calls is ~1%,
+/// so they are compared within rounds). Every build's output is first
+/// checked bit for bit against the cluster-off output on the same data (asserted).
+/// `KILN_XC_BENCH_SHAPES=17408x5120,...` keeps those shapes only.
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_gemv_xc_speed() {
@@ -234,7 +275,7 @@ fn w4a16_gemv_xc_speed() {
             })
         };
         let mut one = 0.0;
-        for rows in [1usize, 8, 9, 12, 16, 24, 32] {
+        for rows in [1usize, 2, 4, 6, 8, 9, 12, 16] {
             b.set_w4_xc(false, None, 32);
             let base_bits = run(&b, &ws[0], &xh, rows, n, k);
             let t0 = timed(&b, rows);
@@ -242,14 +283,26 @@ fn w4a16_gemv_xc_speed() {
                 one = t0;
             }
             let mut line = format!(" off_us={:.2} ({:.2}x)", t0 * 1e6, t0 / one);
-            if rows > 8 {
-                for build in BUILDS {
-                    if rows > 16 && build.is_some() && build != BUILDS[0] {
-                        continue;
-                    }
+            if rows > 1 {
+                // Every build (9+ rows), then the base pick (label `basepick`), then the pick.
+                let mut runs: Vec<(Option<Build>, bool)> = BUILDS
+                    .iter()
+                    .flatten()
+                    .filter(|_| rows > 8)
+                    .map(|&v| (Some(v), false))
+                    .collect();
+                runs.extend([(None, true), (None, false)]);
+                b.set_w4_xc_min_rows(2);
+                for (build, base) in runs {
                     b.set_w4_xc(true, build, 32);
+                    b.set_w4_xc_base_pick(base);
+                    let name = if base {
+                        "basepick".into()
+                    } else {
+                        label(build)
+                    };
                     let Some(ran) = b.w4_xc_build_for(&ws[0], rows) else {
-                        line += &format!(" {}=n/a", label(build));
+                        line += &format!(" {name}=n/a");
                         continue;
                     };
                     let a = run(&b, &ws[0], &xh, rows, n, k);
@@ -258,35 +311,66 @@ fn w4a16_gemv_xc_speed() {
                         "{n}x{k} rows {rows} build {build:?}: bits differ from the cluster-off GEMV"
                     );
                     let t = timed(&b, rows);
-                    line += &format!(" {}_us={:.2} ({:.2}x)", label(build), t * 1e6, t / one);
+                    line += &format!(" {name}_us={:.2} ({:.2}x)", t * 1e6, t / one);
                     if build.is_none() {
-                        line += &format!(" picked={}", label(Some(ran)));
+                        line += &format!(" {name}ed={}", label(Some(ran)));
                     }
                 }
+                b.set_w4_xc_base_pick(false);
+                b.set_w4_xc_min_rows(9);
             }
             println!(
                 "RESULT xc gemv N={n} K={k} rows={rows} rotating_4_weights 1row={:.3}_of_copy{line}",
                 bytes / one / copy
             );
         }
-        // PDL off: 1 and 16 rows, the cluster kernel off and picked.
-        {
-            b.set_pdl(false, true);
-            b.set_w4_xc(false, None, 32);
-            let t1 = timed(&b, 1);
-            let t16 = timed(&b, 16);
-            b.set_w4_xc(true, None, 32);
-            let p16 = timed(&b, 16);
+        // The two picks A/B, PDL on then off: rounds of 1 row (cluster kernel off: `w4_gemv`),
+        // then 16 and 9 rows with the base pick and the pick; medians over the rounds.
+        for pdl in [true, false] {
+            b.set_pdl(pdl, true);
+            let mut t: [Vec<f64>; 7] = Default::default();
+            for _ in 0..5 {
+                b.set_w4_xc(false, None, 32);
+                t[0].push(timed(&b, 1));
+                t[5].push(timed(&b, 8));
+                b.set_w4_xc(true, None, 32);
+                for (i, (rows, base)) in [(16, true), (16, false), (9, true), (9, false)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    b.set_w4_xc_base_pick(base);
+                    t[i + 1].push(timed(&b, rows));
+                }
+                b.set_w4_xc_base_pick(false);
+                b.set_w4_xc_min_rows(2);
+                t[6].push(timed(&b, 8));
+                b.set_w4_xc_min_rows(9);
+            }
+            let med = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let m: Vec<f64> = t.iter_mut().map(med).collect();
             println!(
-                "RESULT xc gemv N={n} K={k} pdl_off rows=1 us={:.2} rows=16 off_us={:.2} ({:.2}x) pick_us={:.2} ({:.2}x)",
-                t1 * 1e6,
-                t16 * 1e6,
-                t16 / t1,
-                p16 * 1e6,
-                p16 / t1
+                "RESULT xc ab N={n} K={k} pdl={} rows=1 us={:.2} rows=16 basepick_us={:.2} ({:.3}x) pick_us={:.2} ({:.3}x) rows=9 basepick_us={:.2} ({:.3}x) pick_us={:.2} ({:.3}x) pick_vs_base16={:.3} rows=8 off_us={:.2} ({:.3}x) xcpick_us={:.2} ({:.3}x)",
+                if pdl { "on" } else { "off" },
+                m[0] * 1e6,
+                m[1] * 1e6,
+                m[1] / m[0],
+                m[2] * 1e6,
+                m[2] / m[0],
+                m[3] * 1e6,
+                m[3] / m[0],
+                m[4] * 1e6,
+                m[4] / m[0],
+                m[2] / m[1],
+                m[5] * 1e6,
+                m[5] / m[0],
+                m[6] * 1e6,
+                m[6] / m[0]
             );
-            b.set_pdl(true, true);
         }
+        b.set_pdl(true, true);
     }
     b.set_w4_xc(true, None, 16);
 }

@@ -18,21 +18,42 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 3] {
     ["w4b_gemv", "w4b_gemvc", "w4b_gemvp"].map(|f| format!("{f}_{t}"))
 }
 
-/// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`: m16 tiles per CTA, weight ring depth,
-/// CTAs per SM of the register cap, whether the slice sums are pushed (`p` builds) instead of
-/// read through cluster barriers (`d`)) and their entry points for compute dtype suffix `t`, which
-/// the backend resolves (`w4a16_xc.rs`, which also orders them).
-pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool); 5] = [
-    (8, 2, 4, true),
-    (4, 2, 8, true),
-    (8, 2, 4, false),
-    (4, 2, 8, false),
-    (16, 2, 2, false),
+/// The builds of `kernels/w4a16_xs.cu` (`W4XC_ENTRIES`, in its order: m16 tiles per CTA, weight
+/// ring depth, CTAs per SM of the register cap, whether the slice sums are pushed (`p` builds)
+/// instead of read through cluster barriers (`d`), the L2 prefetch distance of the hinted builds
+/// (0: no hints; else `w4a16_hints.cuh`'s evict-first loads and a prefetch that far ahead: the
+/// `hp{pf}` name tail)) and their entry points for compute dtype suffix `t`, which the backend
+/// resolves (`w4a16_xc.rs`, which also orders them).
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool, usize); 14] = [
+    (8, 2, 4, true, 0),
+    (4, 2, 8, true, 0),
+    (8, 2, 4, false, 0),
+    (4, 2, 8, false, 0),
+    (16, 2, 2, false, 0),
+    (4, 2, 8, false, 2),
+    (4, 2, 8, false, 3),
+    (4, 2, 8, false, 4),
+    (8, 2, 4, false, 3),
+    (8, 2, 4, false, 4),
+    (8, 2, 4, true, 3),
+    (8, 2, 4, true, 4),
+    (4, 1, 9, false, 3),
+    (4, 1, 9, false, 4),
 ];
+
+/// The name tail of a build's L2 hints: `hp{pf}`, none for pf 0 (`W4XC_ENTRIES`' TAIL).
+pub(crate) fn w4_xc_tail(pf: usize) -> String {
+    if pf > 0 {
+        format!("hp{pf}")
+    } else {
+        String::new()
+    }
+}
+
 pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
-    let name = |&(tpc, d, b, push): &(usize, usize, usize, bool)| {
+    let name = |&(tpc, d, b, push, pf): &(usize, usize, usize, bool, usize)| {
         let r = if push { 'p' } else { 'd' };
-        format!("w4_gemvxc{tpc}{r}{d}b{b}_{t}")
+        format!("w4_gemvxc{tpc}{r}{d}b{b}{}_{t}", w4_xc_tail(pf))
     };
     W4_XC_VARIANTS.iter().map(name).collect()
 }
@@ -202,8 +223,15 @@ impl KernelModule {
         ) {
             let w4 = KernelModule::W4a16.source();
             let helpers = w4.split(W4A16_ENTRIES_MARK).next().unwrap_or(w4);
+            // The two GEMVs' weight-stream L2 hints (`w4a16_hints.cuh`), one copy for both.
+            let hints =
+                matches!(self, KernelModule::W4a16Xs | KernelModule::W4a16Gemv).then_some(concat!(
+                    "\n#line 1 \"w4a16_hints.cuh\"\n",
+                    include_str!("../../../kernels/w4a16_hints.cuh")
+                ));
             return format!(
-                "{COMMON_HEADER}\n#line 1 \"w4a16.cu\"\n{helpers}\n#line 1 \"{}\"\n{}",
+                "{COMMON_HEADER}\n#line 1 \"w4a16.cu\"\n{helpers}{}\n#line 1 \"{}\"\n{}",
+                hints.unwrap_or_default(),
                 self.file_name(),
                 self.source()
             );

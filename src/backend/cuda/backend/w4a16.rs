@@ -420,10 +420,11 @@ impl CudaBackend {
                 self.packed_matmul_sm70(s70, w, parts, rows, xp, op, out_f32, kernel)
             };
         }
+        // 9+ rows, or fewer where the cluster GEMV takes them (`KILN_W4_XC_MIN_ROWS`).
         if kernel == W4Kernel::Gemv
             && self.w4_tensor_cores()
             && parts.gemv_fast_ok(w.k)
-            && rows > GEMV8_ROWS
+            && (rows > GEMV8_ROWS || self.w4_xc_runs(parts, w.k, rows).is_some())
         {
             // SAFETY: the caller's guarantees, passed on unchanged.
             return unsafe { self.packed_gemv_xs(w, parts, rows, xp, op, out_f32) };

@@ -9,11 +9,14 @@
 //! ([`CudaBackend::w4_xc_runs`]).
 //!
 //! Switch, read when the backend is created ([`XcGemv::resolve`]); tests and benchmarks change it
-//! in one process with [`CudaBackend::set_w4_xc`]: `KILN_W4_XC` = `off`, `on` (unset: on where
-//! [`XC_DEFAULT_ON`]) or one build of `kernels.rs` `W4_XC_VARIANTS` by [`build_name`] (e.g. `8x2b4`,
-//! `8p2b4`). `on` runs the first build of [`pick_build`]'s order that applies to the weight.
-//! [`W4Kernel::Gemv`] steps of 9–[`XcSettings::max_rows`] rows run it where it applies,
-//! else `w4_gemvx1` / `w4_gemvx2`.
+//! in one process with [`CudaBackend::set_w4_xc`] / [`CudaBackend::set_w4_xc_base_pick`]:
+//! `KILN_W4_XC` = `off`, `on` (unset: on where [`XC_DEFAULT_ON`]), `base` (on, the pick among the
+//! builds without L2 hints, as before they existed) or one build of `kernels.rs` `W4_XC_VARIANTS`
+//! by [`build_name`] (e.g. `8x2b4`, `8p2b4`, `4x2b8hp2`). `on` runs the first build of
+//! [`pick_build`]'s order that applies to the weight.
+//! [`W4Kernel::Gemv`] steps of [`XcSettings::min_rows`]–[`XcSettings::max_rows`] rows (9–16
+//! by default; `KILN_W4_XC_MIN_ROWS` lowers the first) run it where it applies, else `w4_gemvx1`
+//! / `w4_gemvx2` (the 1–8-row GEMV below 9 rows).
 
 use std::collections::HashMap;
 
@@ -21,7 +24,7 @@ use cudarc::driver::{CudaFunction, DevicePtr, LaunchConfig};
 
 use super::super::launch::KernelArgs;
 use super::{dev_err, CudaBackend, CudaPackedParts, CudaWeight, W4Values, GEMV8_ROWS};
-use crate::backend::cuda::kernels::{w4_xc_names, W4_XC_VARIANTS};
+use crate::backend::cuda::kernels::{w4_xc_names, w4_xc_tail, W4_XC_VARIANTS};
 use crate::backend::BackendError;
 use crate::tensor::packed_tiles::TILE_N;
 
@@ -30,12 +33,19 @@ pub const XC_DEFAULT_ON: bool = true;
 
 /// A build: (m16 tiles per CTA, weight ring depth, CTAs per SM its register cap allows, whether
 /// the slice sums are pushed into their owner CTA (`st.async`, the `TPCpDbB` builds) instead of
-/// read through two cluster barriers (`TPCxDbB`)).
-pub type XcBuild = (usize, usize, usize, bool);
+/// read through two cluster barriers (`TPCxDbB`), the L2 prefetch distance in k blocks (0: no L2
+/// hints; else `kernels/w4a16_hints.cuh`'s evict-first weight loads and a prefetch that far
+/// ahead: `hp{pf}`)).
+pub type XcBuild = (usize, usize, usize, bool, usize);
 
-/// A build's name in `KILN_W4_XC` and test output: `8x2b4` or `8p2b4` (pushed slice sums).
-pub fn build_name((tpc, d, b, push): XcBuild) -> String {
-    format!("{tpc}{}{d}b{b}", if push { 'p' } else { 'x' })
+/// A build's name in `KILN_W4_XC` and test output: `8x2b4`, `8p2b4` (pushed slice sums),
+/// `4x2b8hp3` (L2 hints, prefetch 3 k blocks ahead).
+pub fn build_name((tpc, d, b, push, pf): XcBuild) -> String {
+    format!(
+        "{tpc}{}{d}b{b}{}",
+        if push { 'p' } else { 'x' },
+        w4_xc_tail(pf)
+    )
 }
 
 /// K slices the kernel runs (its cluster size, `W4XC_KS`).
@@ -60,8 +70,13 @@ pub(crate) struct XcSettings {
     pub on: bool,
     /// One build for every launch, or `None`: [`pick_build`] per launch.
     pub build: Option<XcBuild>,
+    /// [`pick_build`] among the builds without L2 hints only (`KILN_W4_XC=base`).
+    pub base_pick: bool,
     /// Most rows it runs (16; benchmarks may try 32: ceil(rows / 16) row tiles).
     pub max_rows: usize,
+    /// Fewest rows it runs ([`XC_MIN_ROWS`]; `KILN_W4_XC_MIN_ROWS`, benchmarks may try fewer):
+    /// steps of fewer rows run the 1–8-row GEMV.
+    pub min_rows: usize,
 }
 
 /// The resolved kernels (one per build) and the settings.
@@ -71,20 +86,42 @@ pub(crate) struct XcGemv {
     set: XcSettings,
 }
 
-/// Parse a `KILN_W4_XC` value: (on, fixed build).
-fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>), BackendError> {
+/// Parse a `KILN_W4_XC` value: (on, fixed build, base pick).
+fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>, bool), BackendError> {
     let v = v.trim().to_ascii_lowercase();
     match v.as_str() {
-        "" => Ok((XC_DEFAULT_ON, None)),
-        "0" | "off" | "false" => Ok((false, None)),
-        "1" | "on" | "true" => Ok((true, None)),
+        "" => Ok((XC_DEFAULT_ON, None, false)),
+        "0" | "off" | "false" => Ok((false, None, false)),
+        "1" | "on" | "true" => Ok((true, None, false)),
+        "base" => Ok((true, None, true)),
         other => W4_XC_VARIANTS
             .iter()
             .find(|&&v| build_name(v) == other)
-            .map(|p| (true, Some(*p)))
+            .map(|p| (true, Some(*p), false))
+            .ok_or_else(|| {
+                let names: Vec<String> = W4_XC_VARIANTS.iter().map(|&v| build_name(v)).collect();
+                BackendError::InvalidArgument(format!(
+                    "KILN_W4_XC={v:?}: expected off, on, base or one of {names:?}"
+                ))
+            }),
+    }
+}
+
+/// The fewest rows the kernel runs by default: the 1–8-row GEMV below.
+pub const XC_MIN_ROWS: usize = GEMV8_ROWS + 1;
+
+/// `KILN_W4_XC_MIN_ROWS` (2–[`XC_ROWS`]), else [`XC_MIN_ROWS`].
+fn min_rows_env() -> Result<usize, BackendError> {
+    match std::env::var("KILN_W4_XC_MIN_ROWS") {
+        Err(_) => Ok(XC_MIN_ROWS),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|r| (2..=XC_ROWS).contains(r))
             .ok_or_else(|| {
                 BackendError::InvalidArgument(format!(
-                    "KILN_W4_XC={v:?}: expected off, on or one of {W4_XC_VARIANTS:?} as TPCxDbB / TPCpDbB"
+                    "KILN_W4_XC_MIN_ROWS={v:?}: expected 2..={XC_ROWS}"
                 ))
             }),
     }
@@ -109,8 +146,8 @@ impl XcGemv {
                 found.len()
             )));
         }
-        let (on, build) = match std::env::var("KILN_W4_XC") {
-            Err(_) => (XC_DEFAULT_ON, None),
+        let (on, build, base_pick) = match std::env::var("KILN_W4_XC") {
+            Err(_) => (XC_DEFAULT_ON, None, false),
             Ok(v) => parse_xc(&v)?,
         };
         Ok(Some(XcGemv {
@@ -122,7 +159,9 @@ impl XcGemv {
             set: XcSettings {
                 on,
                 build,
+                base_pick,
                 max_rows: XC_ROWS,
+                min_rows: min_rows_env()?,
             },
         }))
     }
@@ -131,37 +170,81 @@ impl XcGemv {
 /// Slices of at most this many k blocks (K = 5120: 5) prefer 4 tiles per CTA ([`PICK_SHORT`]).
 const SHORT_SLICE: usize = 5;
 
-/// The order of preference for slices of at most [`SHORT_SLICE`] k blocks, and for longer ones
-/// (H200, docs/benchmarks.md "the cluster GEMV: x copied per piece, pushed slice sums", runs 2
-/// and 3, same process: at K = 5120 the 4-tile barrier build was the fastest or within noise of
-/// it on every shape at 9–16 rows (1–3% over `8p2b4` on 12288×5120 and 6144×5120, equal on
-/// 17408×5120), at K = 6144 `8p2b4` by 5% over it; at K = 17408 only the 8-tile barrier build
-/// keeps 3 CTAs per SM). Builds of 48 or 56 registers (40 / 36 warps per SM) lost 10–35% (run 3
-/// here, rows4 run 2).
-const PICK_SHORT: [XcBuild; 5] = [
-    (4, 2, 8, false),
-    (8, 2, 4, true),
-    (8, 2, 4, false),
-    (4, 2, 8, true),
-    (16, 2, 2, false),
+/// Slices of at most this many k blocks (K = 6144: 6) take [`PICK_MID`]; longer ones
+/// [`PICK_LONG`] (K = 17408: 17).
+const MID_SLICE: usize = 8;
+
+/// The builds without L2 hints (`KILN_W4_XC=base`), in order of preference for slices of at most
+/// [`SHORT_SLICE`] k blocks, and for longer ones (H200, docs/benchmarks.md "the cluster GEMV: x
+/// copied per piece, pushed slice sums", runs 2 and 3, same process: at K = 5120 the 4-tile
+/// barrier build was the fastest or within noise of it on every shape at 9–16 rows (1–3% over
+/// `8p2b4` on 12288×5120 and 6144×5120, equal on 17408×5120), at K = 6144 `8p2b4` by 5% over it;
+/// at K = 17408 only the 8-tile barrier build keeps 3 CTAs per SM). Builds of 48 or 56 registers
+/// (40 / 36 warps per SM) lost 10–35% (run 3 there, rows4 run 2).
+const BASE_SHORT: [XcBuild; 5] = [
+    (4, 2, 8, false, 0),
+    (8, 2, 4, true, 0),
+    (8, 2, 4, false, 0),
+    (4, 2, 8, true, 0),
+    (16, 2, 2, false, 0),
 ];
-const PICK_LONG: [XcBuild; 5] = [
-    (8, 2, 4, true),
-    (8, 2, 4, false),
-    (4, 2, 8, true),
-    (4, 2, 8, false),
-    (16, 2, 2, false),
+const BASE_LONG: [XcBuild; 5] = [
+    (8, 2, 4, true, 0),
+    (8, 2, 4, false, 0),
+    (4, 2, 8, true, 0),
+    (4, 2, 8, false, 0),
+    (16, 2, 2, false, 0),
+];
+
+/// The default order (`on`): the builds with the L2 hints of `kernels/w4a16_hints.cuh` first,
+/// then the base order: slices of ≤ [`SHORT_SLICE`] k blocks (K = 5120) `4x2b8hp3`, ≤
+/// [`MID_SLICE`] (K = 6144) `8p2b4hp3`, longer (K = 17408) `8x2b4hp3`: on the H200 the fastest
+/// build of each at 9–16 rows (rows6 run 1, docs/benchmarks.md "rows 9–16 with the L2 hints":
+/// prefetch distance 3 beat 2 on every shape of 5120 and more outputs).
+const PICK_SHORT: [XcBuild; 7] = [
+    (4, 2, 8, false, 3),
+    (8, 2, 4, false, 3),
+    BASE_SHORT[0],
+    BASE_SHORT[1],
+    BASE_SHORT[2],
+    BASE_SHORT[3],
+    BASE_SHORT[4],
+];
+const PICK_MID: [XcBuild; 8] = [
+    (8, 2, 4, true, 3),
+    (4, 2, 8, false, 3),
+    (8, 2, 4, false, 3),
+    BASE_LONG[0],
+    BASE_LONG[1],
+    BASE_LONG[2],
+    BASE_LONG[3],
+    BASE_LONG[4],
+];
+const PICK_LONG: [XcBuild; 7] = [
+    (8, 2, 4, false, 3),
+    (4, 2, 8, false, 3),
+    BASE_LONG[0],
+    BASE_LONG[1],
+    BASE_LONG[2],
+    BASE_LONG[3],
+    BASE_LONG[4],
 ];
 
 /// The build for a weight of `tiles` m16 output tiles and `per` k blocks per slice: the first of
-/// [`PICK_SHORT`] / [`PICK_LONG`] that applies.
-pub fn pick_build(tiles: usize, per: usize) -> Option<XcBuild> {
-    let order = if per <= SHORT_SLICE {
-        PICK_SHORT
-    } else {
-        PICK_LONG
+/// the order for `per` that applies ([`PICK_SHORT`] / [`PICK_MID`] / [`PICK_LONG`], or with
+/// `base` [`BASE_SHORT`] / [`BASE_LONG`]).
+pub fn pick_build(tiles: usize, per: usize, base: bool) -> Option<XcBuild> {
+    let order: &[XcBuild] = match (base, per) {
+        (true, p) if p <= SHORT_SLICE => &BASE_SHORT,
+        (true, _) => &BASE_LONG,
+        (false, p) if p <= SHORT_SLICE => &PICK_SHORT,
+        (false, p) if p <= MID_SLICE => &PICK_MID,
+        (false, _) => &PICK_LONG,
     };
-    order.into_iter().find(|&v| build_applies(v, tiles, per))
+    order
+        .iter()
+        .copied()
+        .find(|&v| build_applies(v, tiles, per))
 }
 
 /// Whether `build` runs a weight of `tiles` m16 tiles and `per` k blocks per slice. A push
@@ -177,7 +260,7 @@ fn build_applies(build: XcBuild, tiles: usize, per: usize) -> bool {
 /// Dynamic shared memory of a CTA: the slice's x (`per` k blocks × [`XC_KB_BYTES`]); the
 /// barrier builds reuse it for the slice sums ([`XC_ROWS`] × 16 outputs × 4 bytes per tile), the
 /// push builds add the 8 slices' sums they own (`tpc` KB) and their mbarrier (16 bytes).
-pub fn smem_bytes(per: usize, (tpc, _, _, push): XcBuild) -> usize {
+pub fn smem_bytes(per: usize, (tpc, _, _, push, _): XcBuild) -> usize {
     if push {
         per * XC_KB_BYTES + tpc * 1024 + 16
     } else {
@@ -196,11 +279,38 @@ impl CudaBackend {
                 x.set = XcSettings {
                     on,
                     build,
+                    base_pick: x.set.base_pick,
                     max_rows,
+                    min_rows: x.set.min_rows,
                 };
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The fewest rows the kernel runs (2–16; [`XC_MIN_ROWS`] by default): benchmarks compare
+    /// it with the 1–8-row GEMV at 2–8 rows. Returns whether the kernels exist here and `rows`
+    /// is in range.
+    pub fn set_w4_xc_min_rows(&mut self, rows: usize) -> bool {
+        match self.k.w4_xc.as_mut() {
+            Some(x) if (2..=XC_ROWS).contains(&rows) => {
+                x.set.min_rows = rows;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether [`pick_build`] chooses among the builds without L2 hints only (`KILN_W4_XC=base`)
+    /// or among all (the default); returns whether the kernels exist here.
+    pub fn set_w4_xc_base_pick(&mut self, base: bool) -> bool {
+        match self.k.w4_xc.as_mut() {
+            Some(x) => {
+                x.set.base_pick = base;
+                true
+            }
+            None => false,
         }
     }
 
@@ -223,7 +333,7 @@ impl CudaBackend {
             && self.w4_tensor_cores()
             && self.k.w4_sm70.is_none()
             && parts.gemv_fast_ok(k)
-            && rows > GEMV8_ROWS
+            && rows >= x.set.min_rows
             && rows <= x.set.max_rows
             && parts.k_slices == XC_KS;
         if !ok {
@@ -232,7 +342,7 @@ impl CudaBackend {
         let (tiles, per) = (parts.n_pad / (2 * TILE_N), parts.k_blocks / XC_KS);
         match x.set.build {
             Some(v) => build_applies(v, tiles, per).then_some(v),
-            None => pick_build(tiles, per),
+            None => pick_build(tiles, per, x.set.base_pick),
         }
     }
 
@@ -315,40 +425,67 @@ mod tests {
 
     #[test]
     fn xc_switch_parses_its_builds() {
-        assert_eq!(parse_xc("off").unwrap(), (false, None));
-        assert_eq!(parse_xc(" On ").unwrap(), (true, None));
-        assert_eq!(parse_xc("16x2b2").unwrap(), (true, Some((16, 2, 2, false))));
-        assert_eq!(parse_xc("8p2b4").unwrap(), (true, Some((8, 2, 4, true))));
+        assert_eq!(parse_xc("off").unwrap(), (false, None, false));
+        assert_eq!(parse_xc(" On ").unwrap(), (true, None, false));
+        assert_eq!(parse_xc("base").unwrap(), (true, None, true));
+        let fixed = |v: XcBuild| (true, Some(v), false);
+        assert_eq!(parse_xc("16x2b2").unwrap(), fixed((16, 2, 2, false, 0)));
+        assert_eq!(parse_xc("8p2b4").unwrap(), fixed((8, 2, 4, true, 0)));
+        assert_eq!(parse_xc("4x2b8hp3").unwrap(), fixed((4, 2, 8, false, 3)));
         assert!(parse_xc("3x1b4").is_err());
+        assert!(parse_xc("4x2b8hp7").is_err());
+        // Every compiled build's name parses back to it, and names its kernel.
+        for v in W4_XC_VARIANTS {
+            assert_eq!(parse_xc(&build_name(v)).unwrap().1, Some(v));
+        }
+        let names = w4_xc_names("bf16");
+        assert!(names.contains(&"w4_gemvxc4d2b8hp3_bf16".to_string()));
+        assert!(names.contains(&"w4_gemvxc8p2b4_bf16".to_string()));
     }
 
     #[test]
     fn shared_memory_of_the_27b_shapes() {
         // K = 5120 (40 k blocks: 5 per slice) and 17408 (136: 17): 20 KB and 68 KB.
-        assert_eq!(smem_bytes(5, (8, 2, 4, false)), 20 * 1024);
-        assert_eq!(smem_bytes(17, (8, 2, 4, false)), 68 * 1024);
-        assert_eq!(smem_bytes(1, (16, 2, 2, false)), 16 * 1024);
+        assert_eq!(smem_bytes(5, (8, 2, 4, false, 0)), 20 * 1024);
+        assert_eq!(smem_bytes(17, (8, 2, 4, false, 3)), 68 * 1024);
+        assert_eq!(smem_bytes(1, (16, 2, 2, false, 0)), 16 * 1024);
         // x, then the 8 slices' sums of the 256 values a CTA owns, and the mbarrier.
-        assert_eq!(smem_bytes(5, (8, 2, 4, true)), 28 * 1024 + 16);
+        assert_eq!(smem_bytes(5, (8, 2, 4, true, 0)), 28 * 1024 + 16);
     }
 
     #[test]
     fn the_pick_is_the_first_build_of_its_order_that_applies() {
-        // K = 5120: 4 tiles per CTA; K = 6144: the push build; K = 17408 (68 KB of x): the
+        // Hinted (default): K = 5120 `4x2b8hp3`, K = 6144 `8p2b4hp3`, K = 17408 `8x2b4hp3`.
+        assert_eq!(pick_build(1088, 5, false), Some((4, 2, 8, false, 3)));
+        assert_eq!(pick_build(320, 6, false), Some((8, 2, 4, true, 3)));
+        assert_eq!(pick_build(320, 17, false), Some((8, 2, 4, false, 3)));
+        // Base: K = 5120: 4 tiles per CTA; K = 6144: the push build; K = 17408 (68 KB of x): the
         // 8-tile barrier build, 3 CTAs per SM.
-        assert_eq!(pick_build(1088, 5), Some((4, 2, 8, false)));
-        assert_eq!(pick_build(320, 6), Some((8, 2, 4, true)));
-        assert_eq!(pick_build(320, 17), Some((8, 2, 4, false)));
+        assert_eq!(pick_build(1088, 5, true), Some((4, 2, 8, false, 0)));
+        assert_eq!(pick_build(320, 6, true), Some((8, 2, 4, true, 0)));
+        assert_eq!(pick_build(320, 17, true), Some((8, 2, 4, false, 0)));
         // 4 m16 tiles (N = 64): a 4-tile build.
-        assert_eq!(pick_build(4, 4), Some((4, 2, 8, false)));
-        assert_eq!(pick_build(4, 6), Some((4, 2, 8, false)));
-        assert_eq!(pick_build(4, 17), Some((4, 2, 8, false)));
-        // Every build of both orders is compiled.
-        for v in PICK_SHORT.iter().chain(&PICK_LONG) {
-            assert!(W4_XC_VARIANTS.contains(v), "{v:?}");
+        assert_eq!(pick_build(4, 4, true), Some((4, 2, 8, false, 0)));
+        assert_eq!(pick_build(4, 6, true), Some((4, 2, 8, false, 0)));
+        assert_eq!(pick_build(4, 17, true), Some((4, 2, 8, false, 0)));
+        assert_eq!(pick_build(4, 6, false), Some((4, 2, 8, false, 3)));
+        assert_eq!(pick_build(4, 17, false), Some((4, 2, 8, false, 3)));
+        // Every build of every order is compiled, and the base orders have no hints.
+        let all = [
+            &BASE_SHORT[..],
+            &BASE_LONG,
+            &PICK_SHORT,
+            &PICK_MID,
+            &PICK_LONG,
+        ];
+        for v in all.concat() {
+            assert!(W4_XC_VARIANTS.contains(&v), "{v:?}");
         }
-        assert_eq!(pick_build(2, 5), None);
-        // A slice's x above a block's shared memory: none.
-        assert_eq!(pick_build(1088, 64), None);
+        assert!(BASE_SHORT.iter().chain(&BASE_LONG).all(|v| v.4 == 0));
+        for base in [false, true] {
+            assert_eq!(pick_build(2, 5, base), None);
+            // A slice's x above a block's shared memory: none.
+            assert_eq!(pick_build(1088, 64, base), None);
+        }
     }
 }
