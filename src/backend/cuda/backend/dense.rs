@@ -10,8 +10,8 @@
 //!
 //! Chosen per backend at creation by `KILN_DENSE_MATMUL` ([`DenseMatmul::from_env`]), never per
 //! step, so every step of a run has the same numerics. Unset, [`DenseMatmul::default_for`] picks
-//! `mma` on sm_80+ with a 16-bit compute dtype (the batch-invariant path is the default) and
-//! cuBLAS below sm_80 or for f32 (where `mma` would fall back to the slow `fma`).
+//! a batch-invariant kernel for a 16-bit compute dtype — `mma` on sm_80+, `fma` below — and
+//! cuBLAS for f32.
 //!
 //! THE FUSED DECODE OPS (`norm_matmul`, `norm_gate_up_swiglu`, `matmul_residual`,
 //! `norm_matmul_rope_write`: the small `mma` kernel with the RMSNorm prologue, the residual-add
@@ -113,11 +113,12 @@ pub fn pdl_from_env() -> Result<bool, BackendError> {
 /// Which kernel runs the dense 16-bit matmuls of a backend (`KILN_DENSE_MATMUL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenseMatmul {
-    /// cuBLAS (`KILN_DENSE_MATMUL=cublas` / `0` / `false`; the default below sm_80 and for f32):
+    /// cuBLAS (`KILN_DENSE_MATMUL=cublas` / `0` / `false`; the default for f32 compute):
     /// fastest at prefill sizes, but its kernel and reduction order depend on the row count (not
     /// batch-invariant).
     Cublas,
-    /// `dense_xwt` on CUDA cores (`fma`; also `1` / `true`, the switch's first meaning).
+    /// `dense_xwt` on CUDA cores (`fma`; also `1` / `true`, the switch's first meaning; the
+    /// default below sm_80 with a 16-bit dtype).
     Fma,
     /// The tensor-core kernels (`mma`; the default on sm_80+ with a 16-bit dtype); `fma` on GPUs
     /// below sm_80.
@@ -136,15 +137,17 @@ impl DenseMatmul {
     }
 
     /// The default when `KILN_DENSE_MATMUL` is unset, for kernels built for `arch` and compute
-    /// dtype `dtype`: `mma` (batch-invariant, tensor cores) on sm_80+ with a 16-bit dtype; cuBLAS
-    /// below sm_80 (V100 / T4: `mma` would fall back to the CUDA-core `fma`, much slower than
-    /// cuBLAS) and for f32 compute (no dense kernel takes f32). Those paths are not
-    /// batch-invariant; `KILN_DENSE_MATMUL=fma` makes them so at a cost.
+    /// dtype `dtype`: a batch-invariant kernel wherever one takes the dtype — `mma` (tensor
+    /// cores) on sm_80+ and `fma` (CUDA cores) below sm_80 (V100 / T4: no `mma` kernels there;
+    /// decode-sized steps cost about what cuBLAS's do, prefill-sized ones are several times
+    /// slower, docs/benchmarks.md) for a 16-bit dtype; cuBLAS for f32 compute (no dense kernel
+    /// takes f32), which is not batch-invariant. `KILN_DENSE_MATMUL=cublas` trades the
+    /// invariance for cuBLAS's speed anywhere.
     pub fn default_for(arch: Arch, dtype: ComputeDType) -> DenseMatmul {
-        if arch.major >= 8 && dtype != ComputeDType::F32 {
-            DenseMatmul::Mma
-        } else {
-            DenseMatmul::Cublas
+        match dtype {
+            ComputeDType::F32 => DenseMatmul::Cublas,
+            _ if arch.major >= 8 => DenseMatmul::Mma,
+            _ => DenseMatmul::Fma,
         }
     }
 

@@ -158,7 +158,7 @@ impl CudaBackend {
                 )));
             }
         }
-        // Unset: `mma` on sm_80+ with a 16-bit dtype (batch-invariant), else cuBLAS.
+        // Unset: `mma` on sm_80+ and `fma` below for a 16-bit dtype (batch-invariant), cuBLAS for f32.
         let default_dense = dense::DenseMatmul::default_for(arch, dtype);
         let dense = match dense::DenseMatmul::from_env(default_dense)
             .map_err(|e| CudaError::Nvrtc(e.to_string()))?

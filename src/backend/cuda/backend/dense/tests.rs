@@ -35,7 +35,7 @@ fn the_switch_parses_its_documented_values_and_refuses_others() {
 }
 
 #[test]
-fn the_default_dense_matmul_is_mma_on_sm80_and_newer_with_16_bit_compute_only() {
+fn the_default_dense_matmul_is_batch_invariant_for_16_bit_compute_mma_on_sm80_fma_below() {
     use crate::backend::cuda::Arch;
     let arch = |major, minor| Arch::from_compute_capability(major, minor);
     for (major, minor) in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
@@ -53,13 +53,18 @@ fn the_default_dense_matmul_is_mma_on_sm80_and_newer_with_16_bit_compute_only() 
         );
     }
     for (major, minor) in [(7, 0), (7, 5)] {
-        for dtype in [ComputeDType::F16, ComputeDType::BF16, ComputeDType::F32] {
+        for dtype in [ComputeDType::F16, ComputeDType::BF16] {
             assert_eq!(
                 DenseMatmul::default_for(arch(major, minor), dtype),
-                DenseMatmul::Cublas,
+                DenseMatmul::Fma,
                 "sm_{major}{minor} {dtype:?}"
             );
         }
+        assert_eq!(
+            DenseMatmul::default_for(arch(major, minor), ComputeDType::F32),
+            DenseMatmul::Cublas,
+            "sm_{major}{minor} f32"
+        );
     }
 }
 
