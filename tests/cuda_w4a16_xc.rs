@@ -143,7 +143,7 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
     };
     let only_builds = list("KILN_XC_TEST_BUILDS");
     for (_, b) in backends.iter_mut() {
-        assert!(b.set_w4_xc_min_rows(2));
+        assert!(b.set_w4_xc_min_rows(Some(2)));
     }
     let mut failures = Vec::new();
     for (i, (label, fmt)) in fmts.into_iter().enumerate() {
@@ -207,7 +207,7 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
     }
     for (_, b) in backends.iter_mut() {
         b.set_w4_xc(true, None, 16);
-        b.set_w4_xc_min_rows(9);
+        b.set_w4_xc_min_rows(None);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -292,7 +292,7 @@ fn w4a16_gemv_xc_speed() {
                     .map(|&v| (Some(v), false))
                     .collect();
                 runs.extend([(None, true), (None, false)]);
-                b.set_w4_xc_min_rows(2);
+                b.set_w4_xc_min_rows(Some(2));
                 for (build, base) in runs {
                     b.set_w4_xc(true, build, 32);
                     b.set_w4_xc_base_pick(base);
@@ -317,7 +317,7 @@ fn w4a16_gemv_xc_speed() {
                     }
                 }
                 b.set_w4_xc_base_pick(false);
-                b.set_w4_xc_min_rows(9);
+                b.set_w4_xc_min_rows(None);
             }
             println!(
                 "RESULT xc gemv N={n} K={k} rows={rows} rotating_4_weights 1row={:.3}_of_copy{line}",
@@ -342,9 +342,9 @@ fn w4a16_gemv_xc_speed() {
                     t[i + 1].push(timed(&b, rows));
                 }
                 b.set_w4_xc_base_pick(false);
-                b.set_w4_xc_min_rows(2);
+                b.set_w4_xc_min_rows(Some(2));
                 t[6].push(timed(&b, 8));
-                b.set_w4_xc_min_rows(9);
+                b.set_w4_xc_min_rows(None);
             }
             let med = |v: &mut Vec<f64>| {
                 v.sort_by(f64::total_cmp);

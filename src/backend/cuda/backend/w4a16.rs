@@ -420,7 +420,8 @@ impl CudaBackend {
                 self.packed_matmul_sm70(s70, w, parts, rows, xp, op, out_f32, kernel)
             };
         }
-        // 9+ rows, or fewer where the cluster GEMV takes them (`KILN_W4_XC_MIN_ROWS`).
+        // 9+ rows, or fewer where the cluster GEMV takes them (7–8 rows on K = 17408 by default,
+        // `w4a16_xc.rs` `default_min_rows`; `KILN_W4_XC_MIN_ROWS`).
         if kernel == W4Kernel::Gemv
             && self.w4_tensor_cores()
             && parts.gemv_fast_ok(w.k)

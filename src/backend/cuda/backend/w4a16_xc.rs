@@ -14,9 +14,10 @@
 //! builds without L2 hints, as before they existed) or one build of `kernels.rs` `W4_XC_VARIANTS`
 //! by [`build_name`] (e.g. `8x2b4`, `8p2b4`, `4x2b8hp2`). `on` runs the first build of
 //! [`pick_build`]'s order that applies to the weight.
-//! [`W4Kernel::Gemv`] steps of [`XcSettings::min_rows`]–[`XcSettings::max_rows`] rows (9–16
-//! by default; `KILN_W4_XC_MIN_ROWS` lowers the first) run it where it applies, else `w4_gemvx1`
-//! / `w4_gemvx2` (the 1–8-row GEMV below 9 rows).
+//! [`W4Kernel::Gemv`] steps of [`XcSettings::min_rows`]–[`XcSettings::max_rows`] rows (by
+//! default 9–16, and 7–16 on K = 17408's long slices: [`default_min_rows`];
+//! `KILN_W4_XC_MIN_ROWS` sets the first for every weight) run it where it applies, else
+//! `w4_gemvx1` / `w4_gemvx2` (the 1–8-row GEMV below).
 
 use std::collections::HashMap;
 
@@ -74,9 +75,10 @@ pub(crate) struct XcSettings {
     pub base_pick: bool,
     /// Most rows it runs (16; benchmarks may try 32: ceil(rows / 16) row tiles).
     pub max_rows: usize,
-    /// Fewest rows it runs ([`XC_MIN_ROWS`]; `KILN_W4_XC_MIN_ROWS`, benchmarks may try fewer):
-    /// steps of fewer rows run the 1–8-row GEMV.
-    pub min_rows: usize,
+    /// Fewest rows it runs (`KILN_W4_XC_MIN_ROWS`, benchmarks may try others; `None`:
+    /// [`default_min_rows`] of the weight's slice length): steps of fewer rows run the 1–8-row
+    /// GEMV.
+    pub min_rows: Option<usize>,
 }
 
 /// The resolved kernels (one per build) and the settings.
@@ -107,18 +109,37 @@ fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>, bool), BackendError> {
     }
 }
 
-/// The fewest rows the kernel runs by default: the 1–8-row GEMV below.
+/// The fewest rows the kernel runs by default on slices of up to [`MID_SLICE`] k blocks (K ≤
+/// 6144): the 1–8-row GEMV below.
 pub const XC_MIN_ROWS: usize = GEMV8_ROWS + 1;
 
-/// `KILN_W4_XC_MIN_ROWS` (2–[`XC_ROWS`]), else [`XC_MIN_ROWS`].
-fn min_rows_env() -> Result<usize, BackendError> {
+/// The same on longer slices (K = 17408): there the 1–8-row GEMV grows with the rows faster than
+/// the cluster kernel (H200, lead's merged-main validation of the fifteenth session, 5120×17408,
+/// PDL on: the GEMV 1.28× the one-row time at 6 rows and 1.43–1.46× at 8, the cluster pick
+/// 1.23–1.24× at 2–9 rows; 17408×5120 and 10240×5120, K = 5120, keep the GEMV to 8 rows, where it
+/// is the faster one or within 1.3×), so it takes 7 and 8 rows too.
+pub const XC_MIN_ROWS_LONG: usize = 7;
+
+/// The fewest rows the kernel runs when `KILN_W4_XC_MIN_ROWS` is unset, for slices of `per` k
+/// blocks: [`XC_MIN_ROWS_LONG`] above [`MID_SLICE`], else [`XC_MIN_ROWS`].
+pub fn default_min_rows(per: usize) -> usize {
+    if per > MID_SLICE {
+        XC_MIN_ROWS_LONG
+    } else {
+        XC_MIN_ROWS
+    }
+}
+
+/// `KILN_W4_XC_MIN_ROWS` (2–[`XC_ROWS`]), else `None` ([`default_min_rows`]).
+fn min_rows_env() -> Result<Option<usize>, BackendError> {
     match std::env::var("KILN_W4_XC_MIN_ROWS") {
-        Err(_) => Ok(XC_MIN_ROWS),
+        Err(_) => Ok(None),
         Ok(v) => v
             .trim()
             .parse::<usize>()
             .ok()
             .filter(|r| (2..=XC_ROWS).contains(r))
+            .map(Some)
             .ok_or_else(|| {
                 BackendError::InvalidArgument(format!(
                     "KILN_W4_XC_MIN_ROWS={v:?}: expected 2..={XC_ROWS}"
@@ -289,12 +310,12 @@ impl CudaBackend {
         }
     }
 
-    /// The fewest rows the kernel runs (2–16; [`XC_MIN_ROWS`] by default): benchmarks compare
-    /// it with the 1–8-row GEMV at 2–8 rows. Returns whether the kernels exist here and `rows`
-    /// is in range.
-    pub fn set_w4_xc_min_rows(&mut self, rows: usize) -> bool {
+    /// The fewest rows the kernel runs (2–16 for every weight; `None`: [`default_min_rows`] by
+    /// slice length, the default): benchmarks compare it with the 1–8-row GEMV at 2–8 rows.
+    /// Returns whether the kernels exist here and `rows` is in range.
+    pub fn set_w4_xc_min_rows(&mut self, rows: Option<usize>) -> bool {
         match self.k.w4_xc.as_mut() {
-            Some(x) if (2..=XC_ROWS).contains(&rows) => {
+            Some(x) if rows.is_none_or(|r| (2..=XC_ROWS).contains(&r)) => {
                 x.set.min_rows = rows;
                 true
             }
@@ -333,13 +354,15 @@ impl CudaBackend {
             && self.w4_tensor_cores()
             && self.k.w4_sm70.is_none()
             && parts.gemv_fast_ok(k)
-            && rows >= x.set.min_rows
             && rows <= x.set.max_rows
             && parts.k_slices == XC_KS;
         if !ok {
             return None;
         }
         let (tiles, per) = (parts.n_pad / (2 * TILE_N), parts.k_blocks / XC_KS);
+        if rows < x.set.min_rows.unwrap_or_else(|| default_min_rows(per)) {
+            return None;
+        }
         match x.set.build {
             Some(v) => build_applies(v, tiles, per).then_some(v),
             None => pick_build(tiles, per, x.set.base_pick),
@@ -441,6 +464,16 @@ mod tests {
         let names = w4_xc_names("bf16");
         assert!(names.contains(&"w4_gemvxc4d2b8hp3_bf16".to_string()));
         assert!(names.contains(&"w4_gemvxc8p2b4_bf16".to_string()));
+    }
+
+    #[test]
+    fn the_cluster_gemv_starts_at_7_rows_on_long_slices_only() {
+        // K = 5120 (5 k blocks per slice), 6144 (6): from 9 rows; K = 17408 (17): from 7.
+        assert_eq!(default_min_rows(5), 9);
+        assert_eq!(default_min_rows(6), 9);
+        assert_eq!(default_min_rows(MID_SLICE), 9);
+        assert_eq!(default_min_rows(MID_SLICE + 1), 7);
+        assert_eq!(default_min_rows(17), 7);
     }
 
     #[test]
