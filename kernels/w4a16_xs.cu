@@ -412,20 +412,14 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         W4XC_ANY(T, TPC, D, true, PF)                                                           \
     }
 // The order of kernels.rs `W4_XC_VARIANTS`.
-#define W4XC_ENTRIES(SUF, T)                                                                    \
-    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 0, )                                                          \
-    W4XC_ENTRY_P(SUF, T, 4, 2, 8, 0, )                                                          \
-    W4XC_ENTRY(SUF, T, 8, 2, 4, 0, )                                                            \
-    W4XC_ENTRY(SUF, T, 4, 2, 8, 0, )                                                            \
-    W4XC_ENTRY(SUF, T, 16, 2, 2, 0, )                                                           \
-    W4XC_ENTRY(SUF, T, 4, 2, 8, 2, hp2)                                                         \
-    W4XC_ENTRY(SUF, T, 4, 2, 8, 3, hp3)                                                         \
-    W4XC_ENTRY(SUF, T, 4, 2, 8, 4, hp4)                                                         \
-    W4XC_ENTRY(SUF, T, 8, 2, 4, 3, hp3)                                                         \
-    W4XC_ENTRY(SUF, T, 8, 2, 4, 4, hp4)                                                         \
-    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 3, hp3)                                                       \
-    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 4, hp4)                                                       \
-    W4XC_ENTRY(SUF, T, 4, 1, 9, 3, hp3)                                                         \
-    W4XC_ENTRY(SUF, T, 4, 1, 9, 4, hp4)
+#define W4XC_ENTRIES(SUF, T)                                                                \
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 0, )                                                      \
+    W4XC_ENTRY_P(SUF, T, 4, 2, 8, 0, )                                                      \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 0, )                                                        \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 0, )                                                        \
+    W4XC_ENTRY(SUF, T, 16, 2, 2, 0, )                                                       \
+    W4XC_ENTRY(SUF, T, 4, 2, 8, 3, hp3)                                                     \
+    W4XC_ENTRY(SUF, T, 8, 2, 4, 3, hp3)                                                     \
+    W4XC_ENTRY_P(SUF, T, 8, 2, 4, 3, hp3)
 W4XC_ENTRIES(f16, __half)
 W4XC_ENTRIES(bf16, bf16_t)

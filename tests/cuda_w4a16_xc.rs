@@ -26,21 +26,15 @@ use w4_support::{Fmt, Owned};
 type Build = (usize, usize, usize, bool, usize);
 
 /// The builds (`kernels.rs` `W4_XC_VARIANTS`), then `None`: the backend's pick per launch.
-const BUILDS: [Option<Build>; 15] = [
+const BUILDS: [Option<Build>; 9] = [
     Some((8, 2, 4, true, 0)),
     Some((4, 2, 8, true, 0)),
     Some((8, 2, 4, false, 0)),
     Some((4, 2, 8, false, 0)),
     Some((16, 2, 2, false, 0)),
-    Some((4, 2, 8, false, 2)),
     Some((4, 2, 8, false, 3)),
-    Some((4, 2, 8, false, 4)),
     Some((8, 2, 4, false, 3)),
-    Some((8, 2, 4, false, 4)),
     Some((8, 2, 4, true, 3)),
-    Some((8, 2, 4, true, 4)),
-    Some((4, 1, 9, false, 3)),
-    Some((4, 1, 9, false, 4)),
     None,
 ];
 

@@ -24,21 +24,15 @@ pub(crate) fn w4_bulk_names(t: &str) -> [String; 3] {
 /// (0: no hints; else `w4a16_hints.cuh`'s evict-first loads and a prefetch that far ahead: the
 /// `hp{pf}` name tail)) and their entry points for compute dtype suffix `t`, which the backend
 /// resolves (`w4a16_xc.rs`, which also orders them).
-pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool, usize); 14] = [
+pub(crate) const W4_XC_VARIANTS: [(usize, usize, usize, bool, usize); 8] = [
     (8, 2, 4, true, 0),
     (4, 2, 8, true, 0),
     (8, 2, 4, false, 0),
     (4, 2, 8, false, 0),
     (16, 2, 2, false, 0),
-    (4, 2, 8, false, 2),
     (4, 2, 8, false, 3),
-    (4, 2, 8, false, 4),
     (8, 2, 4, false, 3),
-    (8, 2, 4, false, 4),
     (8, 2, 4, true, 3),
-    (8, 2, 4, true, 4),
-    (4, 1, 9, false, 3),
-    (4, 1, 9, false, 4),
 ];
 
 /// The name tail of a build's L2 hints: `hp{pf}`, none for pf 0 (`W4XC_ENTRIES`' TAIL).
