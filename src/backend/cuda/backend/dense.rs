@@ -471,7 +471,35 @@ impl CudaBackend {
                 return unsafe { self.gemm_launch(w, rows, xp, op, epilogue, tile) };
             }
         };
-        let (m, n, k, sbi) = (rows as i32, w.n as i32, w.k as i32, sb as i32);
+        // SAFETY: as this function's contract: x holds rows × k and out rows × n elements; w is
+        // a live n × k allocation (256-byte aligned, k a multiple of 8: every 128-bit load is
+        // aligned and in bounds, the kernels read nothing at or past column k, row m or output
+        // n); the large kernels take (x, w, out, m, n, k, sb).
+        unsafe { self.launch_mma_xw(f, cfg, w, rows, xp, op) }
+    }
+
+    /// Launch `f` with the parameters every unfused `mma` kernel takes (the large kernel and the
+    /// pipelined GEMM): `(x, w, out, m = rows, n, k, sb = slice_blocks(k))`.
+    ///
+    /// # Safety
+    /// `f` takes exactly those parameters and `cfg` is a valid launch of it; `xp` / `op` and `w`
+    /// satisfy the buffer contract of the caller ([`CudaBackend::mma_matmul`] or
+    /// `gemm_launch`) for `rows` rows.
+    pub(super) unsafe fn launch_mma_xw(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        w: &CudaWeight,
+        rows: usize,
+        xp: u64,
+        op: u64,
+    ) -> Result<(), BackendError> {
+        let (m, n, k, sb) = (
+            rows as i32,
+            w.n as i32,
+            w.k as i32,
+            slice_blocks(w.k) as i32,
+        );
         let wp = {
             use cudarc::driver::DevicePtr;
             w.data.device_ptr(&self.stream).0
@@ -483,11 +511,9 @@ impl CudaBackend {
             .arg(&m)
             .arg(&n)
             .arg(&k)
-            .arg(&sbi);
-        // SAFETY: as this function's contract: x holds rows × k and out rows × n elements; w is
-        // a live n × k allocation (256-byte aligned, k a multiple of 8: every 128-bit load is
-        // aligned and in bounds, the kernels read nothing at or past column k, row m or output
-        // n).
+            .arg(&sb);
+        // SAFETY: the parameters match `f`'s (x, w, out, m, n, k, sb) list and outlive the call;
+        // the buffers are as this function's contract.
         unsafe { b.launch(cfg) }.map_err(dev_err)?;
         Ok(())
     }

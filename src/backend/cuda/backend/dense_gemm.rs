@@ -20,9 +20,9 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 
-use super::dense::{slice_blocks, Epilogue, MmaKernel};
+use super::dense::{Epilogue, MmaKernel};
 use super::{dev_err, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::cuda::device::CudaError;
 use crate::backend::BackendError;
@@ -343,31 +343,13 @@ impl CudaBackend {
             block_dim: (tile.threads(), 1, 1),
             shared_mem_bytes: tile.shared_bytes() as u32,
         };
-        let (m, n, k, sb) = (
-            rows as i32,
-            w.n as i32,
-            w.k as i32,
-            slice_blocks(w.k) as i32,
-        );
-        let wp = {
-            use cudarc::driver::DevicePtr;
-            w.data.device_ptr(&self.stream).0
-        };
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&xp)
-            .arg(&wp)
-            .arg(&op)
-            .arg(&m)
-            .arg(&n)
-            .arg(&k)
-            .arg(&sb);
         // SAFETY: as this function's contract: x holds rows × k and out the epilogue's elements;
         // w is a live n × k allocation (256-byte aligned, k a multiple of 8: every 16-byte copy
         // is aligned and in bounds; the kernel copies nothing at or past row m, output n or
         // column k and stores only below (m, n)); the dynamic shared memory is the tile's, which
-        // `GemmKernels::resolve` allowed the function.
-        unsafe { b.launch(cfg) }.map_err(dev_err)?;
-        Ok(())
+        // `GemmKernels::resolve` allowed the function; the GEMM entry points take (x, w, out, m,
+        // n, k, sb).
+        unsafe { self.launch_mma_xw(f, cfg, w, rows, xp, op) }
     }
 
     /// A zeroed output buffer of `kind` for `rows` rows of `w` (tests).
