@@ -228,7 +228,7 @@ fn hybrid_decode_speed_with_and_without_graphs() {
     let files = ModelFiles::open(&root().join(MODELS[0])).expect("model");
     let steps = 200;
     let mut same = true;
-    for dtype in ["bf16", "fp16"] {
+    for dtype in half_dtypes() {
         for n in [1usize, 16] {
             let (eager, te) = decode_speed(&files, dtype, false, n, steps);
             let (graphs, tg) = decode_speed(&files, dtype, true, n, steps);
@@ -404,7 +404,7 @@ fn engine_overlap_on_and_off_give_the_same_tokens() {
         })
         .collect();
     let mut ok = true;
-    for dtype in ["bf16", "fp16"] {
+    for dtype in half_dtypes() {
         // A first engine of the dtype in this process pays one-time costs (lazily loaded kernel
         // modules, cuBLAS set-up) inside its timed span: a warm-up run, not counted, goes first.
         let _ = engine_run(&files, dtype, true, &reqs);

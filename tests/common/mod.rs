@@ -35,6 +35,11 @@ pub fn dtypes() -> Vec<&'static str> {
     }
 }
 
+/// The 16-bit compute dtypes of this run: fp16 alone on a compute_70 / sm_75 run (no bf16 there).
+pub fn half_dtypes() -> Vec<&'static str> {
+    dtypes().into_iter().filter(|d| *d != "f32").collect()
+}
+
 pub fn tol(dtype: &str) -> f32 {
     match dtype {
         "f32" => OP_TOL_F32,
