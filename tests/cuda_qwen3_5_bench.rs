@@ -13,7 +13,7 @@
 //! limit (state read + written once at 4.3 TB/s, the H200's measured device copy rate).
 //!
 //! For a per-kernel profile under `ncu`: `GDN_BENCH_CASES` (comma-separated of `prefill8192`,
-//! `prefill32768`, `decode1`, `decode64`; unset: all) picks the cases, and `GDN_BENCH_QUICK=1`
+//! `prefill32768`, `decode1`, `decode16`, `decode64`; unset: all) picks the cases, and `GDN_BENCH_QUICK=1`
 //! times each op once per repetition over one repetition (few launches to profile), e.g.
 //! `GDN_BENCH_CASES=prefill32768,decode64 GDN_BENCH_QUICK=1 ncu --clock-control none --metrics
 //! gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
@@ -249,7 +249,7 @@ fn gdn_kernels_at_the_27b_shapes() {
             }
         );
     }
-    for batch in [1usize, 64] {
+    for batch in [1usize, 16, 64] {
         if !wanted(&format!("decode{batch}")) {
             continue;
         }
