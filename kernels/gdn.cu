@@ -297,13 +297,6 @@ __device__ void gdn_conv_state(const T* mixed, float* conv_state, const int* seq
 #define GDN_THREADS 128
 #define GDN_TILE 8
 #define GDN_MAX_DK 128
-// -DGDN_SCAN_MIN_BLOCKS=n (`KILN_GDN_SCAN_MINB`, kernels.rs): ask ptxas for n resident blocks of
-// the scan per SM (a register cap; more state loads in flight at decode). Unset: no hint.
-#ifdef GDN_SCAN_MIN_BLOCKS
-#define GDN_SCAN_BOUNDS __launch_bounds__(GDN_THREADS, GDN_SCAN_MIN_BLOCKS)
-#else
-#define GDN_SCAN_BOUNDS __launch_bounds__(GDN_THREADS)
-#endif
 
 template <typename T, int R, int V>
 __device__ void gdn_scan(const T* qkv, const T* a_in, const T* b_in, const T* a_log, const T* dt_bias,
@@ -609,14 +602,14 @@ __device__ void sigmoid_mul(T* x, const T* gate, long n) {
                                                     int num_layers, int layer) {                      \
         gdn_conv_state<T>(mixed, conv_state, seq_meta, conv_dim, kern, num_layers, layer);            \
     }                                                                                                \
-    extern "C" __global__ void GDN_SCAN_BOUNDS gdn_scan_##SUF(                         \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_##SUF(                         \
         const T* qkv, const T* a, const T* b, const T* a_log, const T* dt_bias, float* rec_state,    \
         const int* seq_meta, T* out, int num_key_heads, int num_value_heads, int dk, int dv,         \
         int num_layers, int layer, int chunk_min) {                                                  \
         gdn_scan<T, 8, 1>(qkv, a, b, a_log, dt_bias, rec_state, seq_meta, out, num_key_heads,        \
                           num_value_heads, dk, dv, num_layers, layer, chunk_min);                    \
     }                                                                                                \
-    extern "C" __global__ void GDN_SCAN_BOUNDS gdn_scan_v4_##SUF(                      \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_scan_v4_##SUF(                      \
         const T* qkv, const T* a, const T* b, const T* a_log, const T* dt_bias, float* rec_state,    \
         const int* seq_meta, T* out, int num_key_heads, int num_value_heads, int dk, int dv,         \
         int num_layers, int layer, int chunk_min) {                                                  \

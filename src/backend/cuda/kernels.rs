@@ -352,15 +352,6 @@ impl KernelModule {
             KernelModule::W4a16Gemv => super::backend::w4_gemv_defines(t),
             // `KILN_GDN_CHUNK_TILES=fma`: below sm_80 the chunked GDN prefill runs its tiles in
             // f32 FMAs instead of m8n8k4 tensor cores (to compare the two; no effect on sm_80+).
-            // `KILN_GDN_SCAN_MINB=<n>` (1..=16, read at each backend's creation): the sequential
-            // GDN scan built for n resident blocks per SM (a register cap), to measure decode
-            // occupancy against the default build. Same arithmetic, same bits.
-            KernelModule::Gdn => std::env::var("KILN_GDN_SCAN_MINB")
-                .ok()
-                .and_then(|v| v.parse::<u32>().ok())
-                .filter(|n| (1..=16).contains(n))
-                .map(|n| vec![format!("-DGDN_SCAN_MIN_BLOCKS={n}")])
-                .unwrap_or_default(),
             KernelModule::GdnChunk
                 if std::env::var("KILN_GDN_CHUNK_TILES").is_ok_and(|v| v == "fma") =>
             {
