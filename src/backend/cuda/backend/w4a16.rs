@@ -51,6 +51,9 @@ pub(crate) use bulk::BulkGemv;
 #[path = "w4a16_xc.rs"] // the sm_90+ cluster GEMV for 9–16 rows (`kernels/w4a16_xs.cu`)
 mod xc;
 pub(crate) use xc::XcGemv;
+#[path = "w4a16_xr.rs"] // the sm_90+ cluster GEMV for 17–64 rows (`kernels/w4a16_xr.cu`)
+mod xr;
+pub(crate) use xr::XrGemv;
 #[path = "w4a16_gemv.rs"] // the 1–8-row GEMV and its builds (`kernels/w4a16_gemv.cu`)
 mod gemv;
 pub use gemv::W4_GEMV_VARIANTS;
@@ -157,6 +160,11 @@ pub enum W4Kernel {
     /// The warp-specialised warpgroup-MMA `w4g_ws` (256 × 128 tiles, a producer warpgroup) where
     /// the sm_90 GEMMs apply on an sm_90 GPU, `w4g_gemm` on sm_100, else `w4_gemm`.
     GemmWs,
+    /// The 17–64-row cluster GEMV (`kernels/w4a16_xr.cu`, sm_90+, weights of 8 K slices on the
+    /// layouts of `w4_gemv`; same bits) forced at any row count: an error where it does not
+    /// apply. [`W4Kernel::Gemv`] / [`W4Kernel::Gemm`] run it for 17–64 rows where `KILN_W4_XR` is
+    /// on (`w4a16_xr.rs`).
+    GemvXr,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
 }
@@ -372,6 +380,17 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
+        if let Some(build) = self.w4_xr_runs(parts, w.k, rows, kernel) {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe { self.packed_gemv_xr(w, parts, rows, xp, op, out_f32, build) };
+        }
+        if kernel == W4Kernel::GemvXr {
+            return Err(BackendError::Unsupported(format!(
+                "the 17–64-row cluster GEMV runs weights of 8 K slices on the common layouts on \
+                 sm_90+ with a 16-bit dtype ({}, {rows} rows, {} × {})",
+                self.device_name, w.n, w.k
+            )));
+        }
         let wide_kind = match kernel {
             W4Kernel::Gemm => Some(wide::WideKind::for_rows(
                 rows,
@@ -451,7 +470,7 @@ impl CudaBackend {
             | W4Kernel::GemmWs => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Fma => Some(&self.k.w4_fma),
             // Launched above or refused there.
-            W4Kernel::GemvBulk => None,
+            W4Kernel::GemvBulk | W4Kernel::GemvXr => None,
         }
         .ok_or_else(|| {
             BackendError::Unsupported(format!(
@@ -460,7 +479,7 @@ impl CudaBackend {
             ))
         })?;
         let (block, grid) = match kernel {
-            W4Kernel::Gemv | W4Kernel::GemvBulk => (
+            W4Kernel::Gemv | W4Kernel::GemvBulk | W4Kernel::GemvXr => (
                 32 * parts.k_slices,
                 (self.w4v_grid(parts, gemv_rows), rows.div_ceil(gemv_rows)),
             ),
