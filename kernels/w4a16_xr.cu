@@ -260,6 +260,8 @@ __device__ __forceinline__ void w4_gemv_xr(const T* x, int m, int k, const uint4
     W4XR_ENTRY(SUF, T, 4, 1, 4, 4, 4, 0, )                                                      \
     W4XR_ENTRY(SUF, T, 4, 2, 4, 4, 3, 3, hp3)                                                   \
     W4XR_ENTRY(SUF, T, 4, 2, 8, 3, 2, 0, )                                                      \
-    W4XR_ENTRY(SUF, T, 2, 2, 8, 3, 4, 0, )
+    W4XR_ENTRY(SUF, T, 2, 2, 8, 3, 4, 0, )                                                      \
+    W4XR_ENTRY(SUF, T, 8, 1, 4, 4, 2, 0, )                                                      \
+    W4XR_ENTRY(SUF, T, 4, 1, 8, 3, 3, 0, )
 W4XR_ENTRIES(f16, __half)
 W4XR_ENTRIES(bf16, bf16_t)

@@ -7,7 +7,7 @@
 //! cuda_w4a16_xr`):
 //! `cuda_w4a16_xr-<hash> --ignored --exact --test-threads=1 --nocapture xr_gemv_equals_the_gemv_on_every_layout`
 //! and `cuda_w4a16_xr-<hash> --ignored --exact --test-threads=1 --nocapture w4a16_rows_17_to_64_speed`
-//! (`KILN_XR_ROWS=32,64`: only these row counts; `KILN_XR_KERNELS=xs,xc,...`: only these kernels
+//! (`KILN_XR_TEST_SMALL=1`: the bit test's small shapes only; `KILN_XR_ROWS=32,64`: only these row counts; `KILN_XR_KERNELS=xs,xc,...`: only these kernels
 //! besides the reference `xs`). Both print `RESULT` lines (docs/benchmarks.md,
 //! docs/gpu-validation.md) and skip with a message where the kernel does not exist (below sm_90).
 //!
@@ -30,13 +30,15 @@ use w4_support::{Fmt, Owned};
 type Build = (usize, usize, usize, usize, usize, usize);
 
 /// The builds, in `W4_XR_VARIANTS`' order.
-const BUILDS: [Build; 6] = [
+const BUILDS: [Build; 8] = [
     (4, 2, 4, 4, 3, 0),
     (2, 2, 4, 4, 6, 0),
     (4, 1, 4, 4, 4, 0),
     (4, 2, 4, 4, 3, 3),
     (4, 2, 8, 3, 2, 0),
     (2, 2, 8, 3, 4, 0),
+    (8, 1, 4, 4, 2, 0),
+    (4, 1, 8, 3, 3, 0),
 ];
 
 /// A build's `KILN_W4_XR` name.
@@ -141,7 +143,11 @@ fn w4a16_rows_17_to_64_speed() {
         ("before".into(), Setup::Auto(false)),
         ("after".into(), Setup::Auto(true)),
     ];
-    kernels.extend(BUILDS.iter().map(|&v| (format!("xr{}", name(v)), Setup::Xr(v))));
+    kernels.extend(
+        BUILDS
+            .iter()
+            .map(|&v| (format!("xr{}", name(v)), Setup::Xr(v))),
+    );
     if let Ok(only) = std::env::var("KILN_XR_KERNELS") {
         let only: Vec<&str> = only.split(',').map(str::trim).collect();
         kernels.retain(|(n, _)| n == "xs" || only.contains(&n.as_str()));
@@ -207,10 +213,12 @@ fn w4a16_rows_17_to_64_speed() {
             println!("{line}");
         }
     }
-    let base16 = rows
-        .iter()
-        .position(|&m| m == 16)
-        .and_then(|ri| kernels.iter().position(|(l, _)| l == "before").map(|ki| step[ri][ki]));
+    let base16 = rows.iter().position(|&m| m == 16).and_then(|ri| {
+        kernels
+            .iter()
+            .position(|(l, _)| l == "before")
+            .map(|ki| step[ri][ki])
+    });
     for (ri, &m) in rows.iter().enumerate() {
         let mut line = format!("RESULT xr step M={m} linears_ms");
         for (ki, (label, _)) in kernels.iter().enumerate() {
@@ -255,7 +263,9 @@ fn xr_gemv_equals_the_gemv_on_every_layout() {
     backends.retain_mut(|(d, b)| {
         let ok = b.w4_tensor_cores() && b.set_w4_xr(false, None, (17, 64));
         if !ok {
-            println!("RESULT w4a16 xr-gemv {d}: no 17–64-row cluster kernel here (sm_90+ only), skipped");
+            println!(
+                "RESULT w4a16 xr-gemv {d}: no 17–64-row cluster kernel here (sm_90+ only), skipped"
+            );
         }
         ok
     });
@@ -273,13 +283,12 @@ fn xr_gemv_equals_the_gemv_on_every_layout() {
         ),
         ("nvfp4", Fmt::Nvfp4),
     ];
-    let shapes = [
-        (128usize, 1024usize),
-        (256, 2048),
-        (5120, 6144),
-        (1024, 5120),
-        (5120, 17408),
-    ];
+    // `KILN_XR_TEST_SMALL=1`: the small shapes only (the short pass for compute-sanitizer).
+    let small_only = std::env::var("KILN_XR_TEST_SMALL").is_ok_and(|v| v == "1");
+    let mut shapes = vec![(128usize, 1024usize), (256, 2048)];
+    if !small_only {
+        shapes.extend([(5120, 6144), (1024, 5120), (5120, 17408)]);
+    }
     let rows_list = [1usize, 5, 16, 17, 31, 32, 33, 40, 63, 64, 65, 100];
     let max_m = 100;
     let mut failures = Vec::new();

@@ -56,13 +56,15 @@ pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
 /// per warp, row groups of 8 x rows per CTA, x ring stages, CTAs per SM of the register cap, the
 /// L2 prefetch distance of the hinted builds (0: none; else the `hp{pf}` name tail)); the backend
 /// resolves exactly their entry points ([`w4_xr_names`], `w4a16_xr.rs`).
-pub(crate) const W4_XR_VARIANTS: [(usize, usize, usize, usize, usize, usize); 6] = [
+pub(crate) const W4_XR_VARIANTS: [(usize, usize, usize, usize, usize, usize); 8] = [
     (4, 2, 4, 4, 3, 0),
     (2, 2, 4, 4, 6, 0),
     (4, 1, 4, 4, 4, 0),
     (4, 2, 4, 4, 3, 3),
     (4, 2, 8, 3, 2, 0),
     (2, 2, 8, 3, 4, 0),
+    (8, 1, 4, 4, 2, 0),
+    (4, 1, 8, 3, 3, 0),
 ];
 
 /// The entry points of [`W4_XR_VARIANTS`] for compute dtype suffix `t`.
@@ -252,15 +254,14 @@ impl KernelModule {
             let w4 = KernelModule::W4a16.source();
             let helpers = w4.split(W4A16_ENTRIES_MARK).next().unwrap_or(w4);
             // The two GEMVs' weight-stream L2 hints (`w4a16_hints.cuh`), one copy for both.
-            let hints =
-                matches!(
-                    self,
-                    KernelModule::W4a16Xs | KernelModule::W4a16Xr | KernelModule::W4a16Gemv
-                )
-                .then_some(concat!(
-                    "\n#line 1 \"w4a16_hints.cuh\"\n",
-                    include_str!("../../../kernels/w4a16_hints.cuh")
-                ));
+            let hints = matches!(
+                self,
+                KernelModule::W4a16Xs | KernelModule::W4a16Xr | KernelModule::W4a16Gemv
+            )
+            .then_some(concat!(
+                "\n#line 1 \"w4a16_hints.cuh\"\n",
+                include_str!("../../../kernels/w4a16_hints.cuh")
+            ));
             // The 17–64-row cluster GEMV: the 9–16-row one's cluster helpers, without its
             // entry points (templates only: nothing of it is instantiated twice).
             let xs = (self == KernelModule::W4a16Xr).then(|| {

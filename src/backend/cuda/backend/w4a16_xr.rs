@@ -127,14 +127,16 @@ impl XrGemv {
 
 /// The pick's order for steps of up to 32 rows (one 32-row tile) and for more (64-row tiles
 /// first): see docs/benchmarks.md (branch `mid7`).
-const PICK_32: [XrBuild; 3] = [
+const PICK_32: [XrBuild; 4] = [
     W4_XR_VARIANTS[0], // 4w2t4r4s3b
     W4_XR_VARIANTS[1], // 2w2t4r4s6b
+    W4_XR_VARIANTS[6], // 8w1t4r4s2b
     W4_XR_VARIANTS[2], // 4w1t4r4s4b
 ];
-const PICK_64: [XrBuild; 4] = [
+const PICK_64: [XrBuild; 5] = [
     W4_XR_VARIANTS[4], // 4w2t8r3s2b
     W4_XR_VARIANTS[5], // 2w2t8r3s4b
+    W4_XR_VARIANTS[7], // 4w1t8r3s3b
     W4_XR_VARIANTS[0],
     W4_XR_VARIANTS[1],
 ];
@@ -229,7 +231,9 @@ impl CudaBackend {
         build: XrBuild,
     ) -> Result<(), BackendError> {
         let x = self.k.w4_xr.as_ref().ok_or_else(|| {
-            BackendError::Unsupported("the 17–64-row cluster GEMV needs sm_90+ and a 16-bit dtype".into())
+            BackendError::Unsupported(
+                "the 17–64-row cluster GEMV needs sm_90+ and a 16-bit dtype".into(),
+            )
         })?;
         let f = x
             .f
