@@ -52,15 +52,15 @@ fn name((nw, mt, rg, xs, b, pf): Build) -> String {
 }
 
 /// The packed linears of one Qwen3.5-27B decode step: (N, K, how many per step), as
-/// `cuda_w4a16_midm`.
+/// `cuda_w4a16_midm`, the largest first (a run cut short keeps their lines).
 const STEP_LINEARS: [(usize, usize, usize); 7] = [
-    (10240, 5120, 48),  // GDN in_proj_qkv
-    (6144, 5120, 48),   // GDN in_proj_z
-    (5120, 6144, 64),   // GDN out_proj (48) and attention o_proj (16)
-    (12288, 5120, 16),  // attention q_proj (with the output gate)
-    (1024, 5120, 32),   // attention k_proj and v_proj
     (17408, 5120, 128), // MLP gate_proj and up_proj
     (5120, 17408, 64),  // MLP down_proj
+    (10240, 5120, 48),  // GDN in_proj_qkv
+    (5120, 6144, 64),   // GDN out_proj (48) and attention o_proj (16)
+    (6144, 5120, 48),   // GDN in_proj_z
+    (12288, 5120, 16),  // attention q_proj (with the output gate)
+    (1024, 5120, 32),   // attention k_proj and v_proj
 ];
 
 fn ct(group: usize, symmetric: bool) -> Fmt {
