@@ -23,8 +23,8 @@
 // ahead, one __syncthreads per k block (block j landed everywhere, block j - 1's stage free). The
 // weights and (scale, zero) words come through a register ring of 2 k blocks per warp as in
 // `w4_gemv_xc`. The slice sums are added in slice order through distributed shared memory after a
-// cluster barrier (as xc's barrier builds), a second (relaxed) barrier keeping every CTA's shared
-// memory alive until all reads are done.
+// cluster barrier (as xc's barrier builds: `w4xc_slice_sum`), a second (relaxed) barrier keeping
+// every CTA's shared memory alive until all reads are done.
 //
 // x layout in a stage: row r (0 .. 8 RG - 1) at r * 256 bytes, its 16-byte unit u at slot
 // `w4_xc_unit(u, r)` (xc's rule: a B-fragment load phase hits 8 distinct bank groups); row group
@@ -40,8 +40,6 @@
 // PDL: the first 2 k blocks of weights and (scale, zero) words are loaded before
 // griddepcontrol.wait (never written by a step); x is read and out written after it. `trig`
 // places griddepcontrol.launch_dependents (0 first, 1 after the main loop).
-
-#define W4XR_KS 8  // K slices = cluster size
 
 template <typename T, bool FP4, bool ZP, int NW, int MT, int RG, int XS, int PF>
 __device__ __forceinline__ void w4_gemv_xr(const T* x, int m, int k, const uint4* __restrict__ qw,
@@ -66,7 +64,7 @@ __device__ __forceinline__ void w4_gemv_xr(const T* x, int m, int k, const uint4
     const int g = lane >> 2, t = lane & 3;
     const int s = blockIdx.z;  // K slice = rank in the cluster (cluster dims (1, 1, 8))
     const int r0 = blockIdx.y * 8 * RG;
-    const int per = kblocks / W4XR_KS, kb0 = s * per;
+    const int per = kblocks / W4XC_KS, kb0 = s * per;
     const unsigned sm0 = (unsigned)__cvta_generic_to_shared(w4_smem);
     const unsigned sstride = (unsigned)gstore * 8u;
     // Warp w's m16 tiles: (blockIdx.x NW + w) MT + mt, i.e. n8 tiles 2 (that) and 2 (that) + 1.
@@ -225,12 +223,7 @@ __device__ __forceinline__ void w4_gemv_xr(const T* x, int m, int k, const uint4
             const int vl = v & 31, e = (v >> 5) & 3, rg = (v >> 7) % RG, mt = ((v >> 7) / RG) % MT;
             const int vw = (v >> 7) / (RG * MT);
             const unsigned a = sm0 + (unsigned)v * 4u;
-            float p[W4XR_KS];
-#pragma unroll
-            for (int q = 0; q < W4XR_KS; ++q) p[q] = w4xc_dsmem_f(a, (unsigned)q);
-            float total = 0.0f;
-#pragma unroll
-            for (int q = 0; q < W4XR_KS; ++q) total += p[q];
+            const float total = w4xc_slice_sum(a);
             const int row = r0 + 8 * rg + 2 * (vl & 3) + (e & 1);
             const int col = ((blockIdx.x * NW + vw) * MT + mt) * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
             if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
@@ -255,12 +248,10 @@ __device__ __forceinline__ void w4_gemv_xr(const T* x, int m, int k, const uint4
     }
 // The order of kernels.rs `W4_XR_VARIANTS`: (NW, MT, RG, XS, B, PF).
 #define W4XR_ENTRIES(SUF, T)                                                                    \
+    W4XR_ENTRY(SUF, T, 4, 2, 4, 4, 3, 3, hp3)                                                   \
     W4XR_ENTRY(SUF, T, 4, 2, 4, 4, 3, 0, )                                                      \
     W4XR_ENTRY(SUF, T, 2, 2, 4, 4, 6, 0, )                                                      \
     W4XR_ENTRY(SUF, T, 4, 1, 4, 4, 4, 0, )                                                      \
-    W4XR_ENTRY(SUF, T, 4, 2, 4, 4, 3, 3, hp3)                                                   \
-    W4XR_ENTRY(SUF, T, 4, 2, 8, 3, 2, 0, )                                                      \
-    W4XR_ENTRY(SUF, T, 2, 2, 8, 3, 4, 0, )                                                      \
     W4XR_ENTRY(SUF, T, 8, 1, 4, 4, 2, 0, )                                                      \
     W4XR_ENTRY(SUF, T, 4, 1, 8, 3, 3, 0, )
 W4XR_ENTRIES(f16, __half)

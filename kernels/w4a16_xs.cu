@@ -106,6 +106,18 @@ __device__ __forceinline__ float w4xc_dsmem_f(unsigned a, unsigned rank) {
     return v;
 }
 
+// The slice sums at shared address `a` of the cluster's W4XC_KS CTAs added in rank (= K slice)
+// order from zero, ((0 + P_0) + P_1) + ... (the GEMV = GEMM contract); all loads issued first.
+__device__ __forceinline__ float w4xc_slice_sum(unsigned a) {
+    float p[W4XC_KS];
+#pragma unroll
+    for (int q = 0; q < W4XC_KS; ++q) p[q] = w4xc_dsmem_f(a, (unsigned)q);
+    float total = 0.0f;
+#pragma unroll
+    for (int q = 0; q < W4XC_KS; ++q) total += p[q];
+    return total;
+}
+
 __device__ __forceinline__ uint4 w4xc_lds128(unsigned a) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -375,12 +387,7 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         const int v = s * 32 * TPC + (int)threadIdx.x;
         const int vw = v >> 8, h = (v >> 7) & 1, e = (v >> 5) & 3, vl = v & 31;
         const unsigned a = sm0 + (unsigned)v * 4u;
-        float p[W4XC_KS];
-#pragma unroll
-        for (int q = 0; q < W4XC_KS; ++q) p[q] = w4xc_dsmem_f(a, (unsigned)q);
-        float total = 0.0f;
-#pragma unroll
-        for (int q = 0; q < W4XC_KS; ++q) total += p[q];
+        const float total = w4xc_slice_sum(a);
         const int row = r0 + 8 * h + 2 * (vl & 3) + (e & 1);
         const int col = (blockIdx.x * TPC + vw) * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
         if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);

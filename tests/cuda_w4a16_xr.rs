@@ -20,26 +20,14 @@ mod common;
 mod w4_support;
 
 use common::*;
-use kiln::backend::cuda::{CudaBackend, W4Kernel};
+use kiln::backend::cuda::{CudaBackend, W4Kernel, W4_XR_VARIANTS};
 use kiln::backend::Backend;
 use kiln::tensor::LinearView;
-use w4_support::{Fmt, Owned};
+use w4_support::{ct, fast_format_shape, fast_formats, Owned};
 
-/// A build of `kernels.rs` `W4_XR_VARIANTS`: (warps per CTA, m16 tiles per warp, row groups
-/// of 8 rows, x ring stages, CTAs per SM of the register cap, L2 prefetch distance).
+/// A build of `W4_XR_VARIANTS`: (warps per CTA, m16 tiles per warp, row groups of 8 rows, x ring
+/// stages, CTAs per SM of the register cap, L2 prefetch distance).
 type Build = (usize, usize, usize, usize, usize, usize);
-
-/// The builds, in `W4_XR_VARIANTS`' order.
-const BUILDS: [Build; 8] = [
-    (4, 2, 4, 4, 3, 0),
-    (2, 2, 4, 4, 6, 0),
-    (4, 1, 4, 4, 4, 0),
-    (4, 2, 4, 4, 3, 3),
-    (4, 2, 8, 3, 2, 0),
-    (2, 2, 8, 3, 4, 0),
-    (8, 1, 4, 4, 2, 0),
-    (4, 1, 8, 3, 3, 0),
-];
 
 /// A build's `KILN_W4_XR` name.
 fn name((nw, mt, rg, xs, b, pf): Build) -> String {
@@ -62,14 +50,6 @@ const STEP_LINEARS: [(usize, usize, usize); 7] = [
     (12288, 5120, 16),  // attention q_proj (with the output gate)
     (1024, 5120, 32),   // attention k_proj and v_proj
 ];
-
-fn ct(group: usize, symmetric: bool) -> Fmt {
-    Fmt::Ct {
-        group,
-        symmetric,
-        act_order: false,
-    }
-}
 
 /// How a kernel of the sweep is set up: the backend's switches, then the forced kernel.
 #[derive(Clone, Copy)]
@@ -144,7 +124,7 @@ fn w4a16_rows_17_to_64_speed() {
         ("after".into(), Setup::Auto(true)),
     ];
     kernels.extend(
-        BUILDS
+        W4_XR_VARIANTS
             .iter()
             .map(|&v| (format!("xr{}", name(v)), Setup::Xr(v))),
     );
@@ -179,7 +159,7 @@ fn w4a16_rows_17_to_64_speed() {
             for (ki, (label, s)) in kernels.iter().enumerate() {
                 let kern = setup(&mut b, *s, m);
                 if let Setup::Xr(_) = s {
-                    if b.w4_xr_build_for(&ws[0], m, kern).is_none() {
+                    if b.w4_mid_kernel_for(&ws[0], m, kern).is_none() {
                         step[ri][ki] = f64::NAN;
                         line += &format!(" {label}=n/a");
                         continue;
@@ -276,20 +256,7 @@ fn xr_gemv_equals_the_gemv_on_every_layout() {
         }
         ok
     });
-    let fmts = [
-        ("ct-sym-g128", ct(128, true)),
-        ("ct-asym-g128", ct(128, false)),
-        ("ct-sym-g32", ct(32, true)),
-        ("awq-g64", Fmt::Awq { group: 64 }),
-        (
-            "gptq-g64",
-            Fmt::Gptq {
-                group: 64,
-                desc_act: false,
-            },
-        ),
-        ("nvfp4", Fmt::Nvfp4),
-    ];
+    let fmts = fast_formats();
     // `KILN_XR_TEST_SMALL=1`: the small shapes only (the short pass for compute-sanitizer).
     let small_only = std::env::var("KILN_XR_TEST_SMALL").is_ok_and(|v| v == "1");
     let mut shapes = vec![(128usize, 1024usize), (256, 2048)];
@@ -300,10 +267,7 @@ fn xr_gemv_equals_the_gemv_on_every_layout() {
     let max_m = 100;
     let mut failures = Vec::new();
     for (i, (label, fmt)) in fmts.into_iter().enumerate() {
-        for &(n, k) in shapes
-            .iter()
-            .filter(|&&(n, k)| i < 2 || n < 1000 || (n, k) == (5120, 6144))
-        {
+        for &(n, k) in shapes.iter().filter(|&&s| fast_format_shape(i, s)) {
             let o = Owned::random(fmt, n, k, 900 + 10 * i as u64 + n as u64);
             for (dtype, b) in backends.iter_mut() {
                 if *dtype == "fp16" && i >= 2 {
@@ -328,9 +292,9 @@ fn xr_gemv_equals_the_gemv_on_every_layout() {
                     assert!(b.set_w4_xc(false, None, 16));
                     assert!(b.set_w4_xr(false, None, (17, 64)));
                     let base = run(b, rows, W4Kernel::Gemv);
-                    for build in BUILDS {
+                    for build in W4_XR_VARIANTS {
                         assert!(b.set_w4_xr(false, Some(build), (17, 64)));
-                        if b.w4_xr_build_for(&w, rows, W4Kernel::GemvXr).is_none() {
+                        if b.w4_mid_kernel_for(&w, rows, W4Kernel::GemvXr).is_none() {
                             skipped += 1;
                             continue;
                         }

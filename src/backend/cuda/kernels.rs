@@ -56,13 +56,11 @@ pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
 /// per warp, row groups of 8 x rows per CTA, x ring stages, CTAs per SM of the register cap, the
 /// L2 prefetch distance of the hinted builds (0: none; else the `hp{pf}` name tail)); the backend
 /// resolves exactly their entry points ([`w4_xr_names`], `w4a16_xr.rs`).
-pub(crate) const W4_XR_VARIANTS: [(usize, usize, usize, usize, usize, usize); 8] = [
+pub const W4_XR_VARIANTS: [(usize, usize, usize, usize, usize, usize); 6] = [
+    (4, 2, 4, 4, 3, 3),
     (4, 2, 4, 4, 3, 0),
     (2, 2, 4, 4, 6, 0),
     (4, 1, 4, 4, 4, 0),
-    (4, 2, 4, 4, 3, 3),
-    (4, 2, 8, 3, 2, 0),
-    (2, 2, 8, 3, 4, 0),
     (8, 1, 4, 4, 2, 0),
     (4, 1, 8, 3, 3, 0),
 ];

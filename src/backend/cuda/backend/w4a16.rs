@@ -11,6 +11,9 @@
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; on sm_70 / sm_75 with fp16 the mma m8n8k4 kernels of the child module
 //! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
+//! On sm_90+ steps of 17–64 rows run the rule of the child module `w4a16_xr.rs` where it
+//! applies (`KILN_W4_XR`, on by default: the cluster GEMV with 32 x rows per CTA for 17–32 and
+//! 49–64 rows, the 9–16-row cluster GEMV with 3 row tiles for 33–48; same bits).
 //! On sm_90+ the 1–8-row steps may run the child module `w4a16_bulk.rs` instead (`w4b_gemv`: the
 //! same arithmetic, its weights streamed by bulk copies into shared memory; `KILN_W4_BULK`).
 //! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
@@ -380,9 +383,9 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
-        if let Some(build) = self.w4_xr_runs(parts, w.k, rows, kernel) {
+        if let Some(mid) = self.w4_mid_runs(parts, w.k, rows, kernel) {
             // SAFETY: the caller's guarantees, passed on unchanged.
-            return unsafe { self.packed_gemv_xr(w, parts, rows, xp, op, out_f32, build) };
+            return unsafe { self.packed_mid(w, parts, rows, xp, op, out_f32, mid) };
         }
         if kernel == W4Kernel::GemvXr {
             return Err(BackendError::Unsupported(format!(

@@ -350,19 +350,28 @@ impl CudaBackend {
         rows: usize,
     ) -> Option<XcBuild> {
         let x = self.k.w4_xc.as_ref()?;
+        let per = parts.k_blocks / XC_KS;
+        let in_range = rows <= x.set.max_rows
+            && rows >= x.set.min_rows.unwrap_or_else(|| default_min_rows(per));
+        in_range
+            .then(|| self.w4_xc_layout_build(parts, k))
+            .flatten()
+    }
+
+    /// The build the cluster GEMV runs on this layout at any row count (`grid.y` = ⌈rows / 16⌉)
+    /// where it is on and applies: for [`Self::w4_xc_runs`] and the 17–64-row rule of
+    /// `w4a16_xr.rs` (33–48 rows).
+    pub(super) fn w4_xc_layout_build(&self, parts: &CudaPackedParts, k: usize) -> Option<XcBuild> {
+        let x = self.k.w4_xc.as_ref()?;
         let ok = x.set.on
             && self.w4_tensor_cores()
             && self.k.w4_sm70.is_none()
             && parts.gemv_fast_ok(k)
-            && rows <= x.set.max_rows
             && parts.k_slices == XC_KS;
         if !ok {
             return None;
         }
         let (tiles, per) = (parts.n_pad / (2 * TILE_N), parts.k_blocks / XC_KS);
-        if rows < x.set.min_rows.unwrap_or_else(|| default_min_rows(per)) {
-            return None;
-        }
         match x.set.build {
             Some(v) => build_applies(v, tiles, per).then_some(v),
             None => pick_build(tiles, per, x.set.base_pick),
@@ -394,7 +403,44 @@ impl CudaBackend {
             .map(|(_, f)| f)
             .ok_or_else(|| BackendError::Unsupported(format!("no w4_gemvxc build {build:?}")))?;
         let tpc = build.0;
+        let grid = (
+            (parts.n_pad / (2 * TILE_N * tpc)) as u32,
+            rows.div_ceil(XC_ROWS) as u32,
+            XC_KS as u32,
+        );
         let shared = smem_bytes(parts.k_blocks / XC_KS, build);
+        // SAFETY: w4_xc_runs checked the layout (8 K slices, n_pad / 16 a multiple of tpc); the
+        // grid covers n_pad outputs in m16 tiles of tpc per CTA and ceil(rows / 16) row tiles,
+        // shared memory is sized by `smem_bytes` for the kernel's layout; the caller's
+        // guarantees otherwise.
+        unsafe {
+            self.launch_cluster_gemv(f, w, parts, rows, xp, op, out_f32, grid, 32 * tpc, shared)
+        }
+    }
+
+    /// Launch a cluster GEMV of `kernels/w4a16_xs.cu` or `kernels/w4a16_xr.cu` (the same
+    /// parameters, `W4XC_ARGS` = `W4XR_ARGS`): grid `grid` (z = the 8 K slices, the compiled-in
+    /// cluster (1, 1, 8)), `block` threads, `shared` bytes of dynamic shared memory (opted in
+    /// here), with PDL where the packed GEMVs take it.
+    ///
+    /// # Safety
+    /// As [`Self::packed_matmul`]; besides, `f` is such a kernel, the layout is one it runs (a
+    /// fast layout of 8 K slices, whole CTAs of output tiles), `grid` covers the weight's n_pad
+    /// outputs and `rows` rows in the kernel's tiles, and `shared` is what its layout needs.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn launch_cluster_gemv(
+        &self,
+        f: &CudaFunction,
+        w: &CudaWeight,
+        parts: &CudaPackedParts,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        out_f32: bool,
+        grid: (u32, u32, u32),
+        block: usize,
+        shared: usize,
+    ) -> Result<(), BackendError> {
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
         // attribute, no stream work, so graph capture is unaffected).
         f.set_attribute(
@@ -422,22 +468,16 @@ impl CudaBackend {
             .i32(i32::from(parts.values == W4Values::E2m1))
             .i32(i32::from(self.w4_trigger_late));
         let cfg = LaunchConfig {
-            grid_dim: (
-                (parts.n_pad / (2 * TILE_N * tpc)) as u32,
-                rows.div_ceil(XC_ROWS) as u32,
-                XC_KS as u32,
-            ),
-            block_dim: ((32 * tpc) as u32, 1, 1),
+            grid_dim: grid,
+            block_dim: (block as u32, 1, 1),
             shared_mem_bytes: shared as u32,
         };
-        // SAFETY: the parts were built by W4Tiles for this weight (a fast layout: no perm,
-        // k % 128 == 0, n_pad / 8 tiles of k_blocks blocks, `groups` stored groups, 8 K slices:
-        // w4_xc_runs checked it, and that n_pad / 16 is a multiple of tpc); the grid covers n_pad
-        // outputs in m16 tiles, ceil(rows / 16) row tiles and the 8 slices (z, the compiled-in
-        // cluster (1, 1, 8)); x is read only below (rows, k) and out written only below
-        // (rows, n) (the caller vouches for both); shared memory is sized by `smem_bytes` for the
-        // kernel's layout. The kernel reads only weights, scales and zeros before its
-        // griddepcontrol.wait, which makes the PDL attribute allowed.
+        // SAFETY: the parts were built by W4Tiles for this weight (n_pad / 8 tiles of k_blocks
+        // blocks, `groups` stored groups) and the parameters match W4XC_ARGS / W4XR_ARGS; the
+        // caller vouches for the layout, the grid, the shared memory, x (rows × k) and out
+        // (rows × n), which the kernel reads / writes only below those bounds. The kernels read
+        // only weights, scales and zeros before their griddepcontrol.wait, which makes the PDL
+        // attribute allowed.
         unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) }
     }
 }

@@ -1,38 +1,48 @@
 //! The cluster W4A16 GEMV for 17–64 rows (`kernels/w4a16_xr.cu`
 //! `w4_gemvxr{nw}w{mt}t{rg}r{xs}s{b}b[hp{pf}]_{f16,bf16}`, sm_90+): the numerics of `w4_gemv_xs`
 //! and `w4_gemv_xc` (same bits), with the 8 K slices of `nw · mt` m16 output tiles as one
-//! thread-block cluster (1, 1, 8), each CTA holding 8 `rg` x rows (32 or 64) of its slice in a
-//! shared-memory ring of `xs` k blocks, each warp decoding its `mt` tiles' weights once for all
-//! of them.
+//! thread-block cluster (1, 1, 8), each CTA holding 8 `rg` x rows (32, or 64 in the one
+//! comparison build) of its slice in a shared-memory ring of `xs` k blocks, each warp decoding
+//! its `mt` tiles' weights once for all of them.
 //!
 //! Launch: grid (Np / (16 nw mt), ceil(rows / (8 rg)), 8), 32 nw threads, dynamic shared memory
-//! [`smem_bytes`]; only for weights of 8 K slices on the fast layouts ([`CudaBackend::w4_xr_runs`]).
+//! [`smem_bytes`]; only for weights of 8 K slices on the fast layouts ([`CudaBackend::w4_mid_runs`]).
+//!
+//! The rule for [`W4Kernel::Gemv`] / [`W4Kernel::Gemm`] steps of [`XR_MIN_ROWS`]–[`XR_MAX_ROWS`]
+//! rows where the switch is on ([`MidKernel`], from the H200 sweep of `tests/cuda_w4a16_xr.rs`,
+//! docs/benchmarks.md "branch `mid7`"): 17–32 and 49–64 rows this kernel ([`pick_build`]: one
+//! or two 32-row tiles), 33–48 rows ([`XC_BAND`]) the 9–16-row cluster GEMV of `w4a16_xc.rs`
+//! with ⌈rows / 16⌉ = 3 row tiles (there 3 × 16 rows beat 2 × 32 on six of the seven 27B
+//! shapes: 15.4 against 16.8 ms per decode step's linears at 48 rows).
 //!
 //! Switch, read when the backend is created ([`XrGemv::resolve`]); tests and benchmarks change it
-//! in one process with [`CudaBackend::set_w4_xr`]: `KILN_W4_XR` = `off`, `on` (unset: on where
-//! [`XR_DEFAULT_ON`]) or one build of `kernels.rs` `W4_XR_VARIANTS` by [`build_name`] (e.g.
-//! `4w2t4r4s3b`, every step of its rows runs that build). `on` runs [`pick_build`]'s build for
-//! [`W4Kernel::Gemv`] / [`W4Kernel::Gemm`] steps of [`XR_MIN_ROWS`]–[`XR_MAX_ROWS`] rows;
-//! [`W4Kernel::GemvXr`] forces it at any row count (an error where it does not apply).
+//! in one process with [`CudaBackend::set_w4_xr`]: `KILN_W4_XR` = `off` (the GEMVs and GEMMs as
+//! before: `w4_gemvx1` / `w4_gemvx2` to 32 rows, `w4g_split` / `w4g_tile` above), `on` (unset: on
+//! where [`XR_DEFAULT_ON`]) or one build of `kernels.rs` `W4_XR_VARIANTS` by [`build_name`]
+//! (e.g. `4w2t4r4s3b`: every step of 17–64 rows runs that build). [`W4Kernel::GemvXr`] forces
+//! the kernel at any row count (an error where it does not apply).
 
 use std::collections::HashMap;
 
-use cudarc::driver::{CudaFunction, DevicePtr, LaunchConfig};
+use cudarc::driver::CudaFunction;
 
-use super::super::launch::KernelArgs;
-use super::{dev_err, CudaBackend, CudaPackedParts, CudaWeight, W4Kernel, W4Values};
+use super::xc::XcBuild;
+use super::{CudaBackend, CudaPackedParts, CudaWeight, W4Kernel};
 use crate::backend::cuda::kernels::{w4_xc_tail, w4_xr_names, W4_XR_VARIANTS};
 use crate::backend::BackendError;
 use crate::tensor::packed_tiles::TILE_N;
 
 /// Whether the kernel runs when `KILN_W4_XR` is unset.
-pub const XR_DEFAULT_ON: bool = false;
+pub const XR_DEFAULT_ON: bool = true;
 
 /// Fewest rows the switch gives it (16 and fewer: the 9–16-row cluster GEMV of `w4a16_xc.rs`).
 pub const XR_MIN_ROWS: usize = 17;
 
 /// Most rows the switch gives it (more: the GEMMs).
 pub const XR_MAX_ROWS: usize = 64;
+
+/// Rows the switch gives the 9–16-row cluster GEMV instead (3 row tiles of 16), where it applies.
+pub const XC_BAND: (usize, usize) = (33, 48);
 
 /// A build: (warps per CTA, m16 tiles per warp, row groups of 8 x rows per CTA, x ring stages,
 /// CTAs per SM of the register cap, L2 prefetch distance in k blocks (0: no hints)).
@@ -125,27 +135,28 @@ impl XrGemv {
     }
 }
 
-/// The pick's order for steps of up to 32 rows (one 32-row tile) and for more (64-row tiles
-/// first): see docs/benchmarks.md (branch `mid7`).
-const PICK_32: [XrBuild; 4] = [
-    W4_XR_VARIANTS[0], // 4w2t4r4s3b
-    W4_XR_VARIANTS[1], // 2w2t4r4s6b
-    W4_XR_VARIANTS[6], // 8w1t4r4s2b
-    W4_XR_VARIANTS[2], // 4w1t4r4s4b
-];
-const PICK_64: [XrBuild; 5] = [
-    W4_XR_VARIANTS[4], // 4w2t8r3s2b
-    W4_XR_VARIANTS[5], // 2w2t8r3s4b
-    W4_XR_VARIANTS[7], // 4w1t8r3s3b
-    W4_XR_VARIANTS[0],
-    W4_XR_VARIANTS[1],
+/// The pick's order: the 32-row builds, the one with the L2 hints first (the fastest on every
+/// 27B shape at 17–64 rows in the H200 sweep but 6144×5120 and 1024×5120, within 3–4% there),
+/// then 4-tile CTAs for weights of 4 (mod 8) m16 tiles.
+const PICK: [XrBuild; 4] = [
+    W4_XR_VARIANTS[0], // 4w2t4r4s3bhp3
+    W4_XR_VARIANTS[1], // 4w2t4r4s3b
+    W4_XR_VARIANTS[2], // 2w2t4r4s6b
+    W4_XR_VARIANTS[3], // 4w1t4r4s4b
 ];
 
-/// The build for a step of `rows` rows on a weight of `tiles` m16 output tiles: the first of
-/// the order for its rows that applies.
-pub fn pick_build(rows: usize, tiles: usize) -> Option<XrBuild> {
-    let order: &[XrBuild] = if rows <= 32 { &PICK_32 } else { &PICK_64 };
-    order.iter().copied().find(|&b| build_applies(b, tiles))
+/// The build for a weight of `tiles` m16 output tiles: the first of [`PICK`] that applies.
+pub fn pick_build(tiles: usize) -> Option<XrBuild> {
+    PICK.iter().copied().find(|&b| build_applies(b, tiles))
+}
+
+/// What a packed step of 17–64 rows runs where [`CudaBackend::w4_mid_runs`] takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MidKernel {
+    /// This kernel, the build.
+    Xr(XrBuild),
+    /// The 9–16-row cluster GEMV at ⌈rows / 16⌉ row tiles, its build.
+    Xc(XcBuild),
 }
 
 /// Whether `build` runs a weight of `tiles` m16 tiles: whole CTAs of tiles, shared memory within
@@ -175,27 +186,28 @@ impl CudaBackend {
         }
     }
 
-    /// The build a step of `rows` rows on packed `w` runs now with `kernel`, if the 17–64-row
-    /// cluster GEMV takes it (tests check that it ran).
-    pub fn w4_xr_build_for(
+    /// What a step of `rows` rows on packed `w` runs now with `kernel`, if the 17–64-row rule
+    /// takes it (tests check that it ran).
+    pub fn w4_mid_kernel_for(
         &self,
         w: &CudaWeight,
         rows: usize,
         kernel: W4Kernel,
-    ) -> Option<XrBuild> {
-        self.w4_xr_runs(w.packed.as_deref()?, w.k, rows, kernel)
+    ) -> Option<MidKernel> {
+        self.w4_mid_runs(w.packed.as_deref()?, w.k, rows, kernel)
     }
 
-    /// The build that runs a step of `rows` rows on this layout with `kernel`, if the 17–64-row
-    /// cluster GEMV takes it: [`W4Kernel::GemvXr`] always where it applies, [`W4Kernel::Gemv`] /
-    /// [`W4Kernel::Gemm`] where it is on and `rows` is in its range.
-    pub(super) fn w4_xr_runs(
+    /// What runs a step of `rows` rows on this layout with `kernel`, if the 17–64-row rule takes
+    /// it: [`W4Kernel::GemvXr`] this kernel always where it applies; [`W4Kernel::Gemv`] /
+    /// [`W4Kernel::Gemm`] where the switch is on and `rows` is in its range, by the module
+    /// header's rule (a fixed build: that build at every row count of the range).
+    pub(super) fn w4_mid_runs(
         &self,
         parts: &CudaPackedParts,
         k: usize,
         rows: usize,
         kernel: W4Kernel,
-    ) -> Option<XrBuild> {
+    ) -> Option<MidKernel> {
         let x = self.k.w4_xr.as_ref()?;
         let by_switch = matches!(kernel, W4Kernel::Gemv | W4Kernel::Gemm)
             && x.set.on
@@ -209,13 +221,43 @@ impl CudaBackend {
             return None;
         }
         let tiles = parts.n_pad / (2 * TILE_N);
-        match x.set.build {
-            Some(b) => build_applies(b, tiles).then_some(b),
-            None => pick_build(rows, tiles),
+        if let Some(b) = x.set.build {
+            return build_applies(b, tiles).then_some(MidKernel::Xr(b));
+        }
+        let xc = (kernel != W4Kernel::GemvXr && (XC_BAND.0..=XC_BAND.1).contains(&rows))
+            .then(|| self.w4_xc_layout_build(parts, k))
+            .flatten();
+        match xc {
+            Some(b) => Some(MidKernel::Xc(b)),
+            None => pick_build(tiles).map(MidKernel::Xr),
         }
     }
 
-    /// Launch `w4_gemvxr*` for a step of `rows` rows ([`Self::w4_xr_runs`] gave the build).
+    /// Launch what [`Self::w4_mid_runs`] chose for a step of `rows` rows.
+    ///
+    /// # Safety
+    /// As [`Self::packed_matmul`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn packed_mid(
+        &self,
+        w: &CudaWeight,
+        parts: &CudaPackedParts,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        out_f32: bool,
+        mid: MidKernel,
+    ) -> Result<(), BackendError> {
+        match mid {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            MidKernel::Xr(b) => unsafe { self.packed_gemv_xr(w, parts, rows, xp, op, out_f32, b) },
+            // SAFETY: the caller's guarantees, passed on unchanged (the build applies to this
+            // layout: w4_xc_layout_build checked it; the launch covers ⌈rows / 16⌉ row tiles).
+            MidKernel::Xc(b) => unsafe { self.packed_gemv_xc(w, parts, rows, xp, op, out_f32, b) },
+        }
+    }
+
+    /// Launch `w4_gemvxr*` for a step of `rows` rows ([`Self::w4_mid_runs`] gave the build).
     ///
     /// # Safety
     /// As [`Self::packed_matmul`].
@@ -242,51 +284,29 @@ impl CudaBackend {
             .map(|(_, f)| f)
             .ok_or_else(|| BackendError::Unsupported(format!("no w4_gemvxr build {build:?}")))?;
         let (nw, mt, rg) = (build.0, build.1, build.2);
-        let shared = smem_bytes(build);
-        // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
-        // attribute, no stream work, so graph capture is unaffected).
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
-        )
-        .map_err(dev_err)?;
-        let (qp, _q) = w.data.device_ptr(&self.stream);
-        let (sp, _s) = parts.scales.device_ptr(&self.stream);
-        let zg = parts.zeros.as_ref().map(|z| z.device_ptr(&self.stream));
-        let zp: u64 = zg.as_ref().map_or(0, |(p, _)| *p);
-        let mut a = KernelArgs::new();
-        a.ptr(xp)
-            .i32(rows as i32)
-            .i32(w.k as i32)
-            .ptr(qp)
-            .ptr(sp)
-            .ptr(zp);
-        a.i32(parts.k_blocks as i32)
-            .i32(parts.group_shift as i32)
-            .i32(parts.groups as i32)
-            .i32(w.n as i32)
-            .ptr(op)
-            .i32(i32::from(out_f32))
-            .i32(i32::from(parts.values == W4Values::E2m1))
-            .i32(i32::from(self.w4_trigger_late));
-        let cfg = LaunchConfig {
-            grid_dim: (
-                (parts.n_pad / (2 * TILE_N * nw * mt)) as u32,
-                rows.div_ceil(8 * rg) as u32,
-                XR_KS as u32,
-            ),
-            block_dim: ((32 * nw) as u32, 1, 1),
-            shared_mem_bytes: shared as u32,
-        };
-        // SAFETY: the parts were built by W4Tiles for this weight (a fast layout: no perm,
-        // k % 128 == 0, n_pad / 8 tiles of k_blocks blocks, `groups` stored groups, 8 K slices:
-        // w4_xr_runs checked it, and that n_pad / 16 is a multiple of nw · mt); the grid covers
-        // n_pad outputs in m16 tiles, ceil(rows / (8 rg)) row tiles and the 8 slices (z, the
-        // compiled-in cluster (1, 1, 8)); x is read only below (rows, k) and out written only
-        // below (rows, n) (the caller vouches for both); shared memory is sized by `smem_bytes`
-        // for the kernel's layout. The kernel reads only weights, scales and zeros before its
-        // griddepcontrol.wait, which makes the PDL attribute allowed.
-        unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) }
+        let grid = (
+            (parts.n_pad / (2 * TILE_N * nw * mt)) as u32,
+            rows.div_ceil(8 * rg) as u32,
+            XR_KS as u32,
+        );
+        // SAFETY: w4_mid_runs checked the layout (a fast layout of 8 K slices, n_pad / 16 a
+        // multiple of nw · mt); the grid covers n_pad outputs in m16 tiles of nw · mt per CTA and
+        // ceil(rows / (8 rg)) row tiles; shared memory is sized by `smem_bytes` for the kernel's
+        // layout; the caller's guarantees otherwise.
+        unsafe {
+            self.launch_cluster_gemv(
+                f,
+                w,
+                parts,
+                rows,
+                xp,
+                op,
+                out_f32,
+                grid,
+                32 * nw,
+                smem_bytes(build),
+            )
+        }
     }
 }
 
@@ -303,6 +323,10 @@ mod tests {
             parse_xr("4w2t4r4s3b").unwrap(),
             (true, Some((4, 2, 4, 4, 3, 0)))
         );
+        assert_eq!(
+            parse_xr("4w2t4r4s3bhp3").unwrap(),
+            (true, Some((4, 2, 4, 4, 3, 3)))
+        );
         assert!(parse_xr("4w2t4r4s3bhp9").is_err());
         for b in W4_XR_VARIANTS {
             assert_eq!(parse_xr(&build_name(b)).unwrap().1, Some(b));
@@ -313,18 +337,19 @@ mod tests {
     #[test]
     fn shared_memory_and_the_pick_on_the_27b_shapes() {
         // 32 rows, 4 stages: 32 KB; 64 rows, 3 stages: 48 KB (the slice sums fit in the ring).
-        assert_eq!(smem_bytes((4, 2, 4, 4, 3, 0)), 32 * 1024);
-        assert_eq!(smem_bytes((4, 2, 8, 3, 2, 0)), 48 * 1024);
-        // N = 5120: 320 m16 tiles; N = 1024: 64; a weight of 4 tiles only takes 4-tile CTAs.
-        assert_eq!(pick_build(32, 320), Some((4, 2, 4, 4, 3, 0)));
-        assert_eq!(pick_build(17, 64), Some((4, 2, 4, 4, 3, 0)));
-        assert_eq!(pick_build(64, 320), Some((4, 2, 8, 3, 2, 0)));
-        assert_eq!(pick_build(33, 4), Some((2, 2, 8, 3, 4, 0)));
-        assert_eq!(pick_build(32, 4), Some((2, 2, 4, 4, 6, 0)));
-        assert_eq!(pick_build(32, 2), None);
-        for b in PICK_32.iter().chain(&PICK_64) {
-            assert!(W4_XR_VARIANTS.contains(b));
-            assert!(smem_bytes(*b) <= MAX_SMEM);
+        assert_eq!(smem_bytes((4, 2, 4, 4, 3, 3)), 32 * 1024);
+        assert_eq!(smem_bytes((4, 1, 8, 3, 3, 0)), 48 * 1024);
+        // N = 5120: 320 m16 tiles; N = 1024: 64: the hinted 8-tile build; a weight of 4 (mod 8)
+        // tiles takes 4-tile CTAs, one of 2 none.
+        assert_eq!(pick_build(320), Some((4, 2, 4, 4, 3, 3)));
+        assert_eq!(pick_build(64), Some((4, 2, 4, 4, 3, 3)));
+        assert_eq!(pick_build(12), Some((2, 2, 4, 4, 6, 0)));
+        assert_eq!(pick_build(2), None);
+        for b in PICK {
+            assert!(W4_XR_VARIANTS.contains(&b));
+            assert!(smem_bytes(b) <= MAX_SMEM);
+            assert_eq!(b.2, 4, "the pick runs 32-row tiles");
         }
+        assert!(XC_BAND.0 > 32 && XC_BAND.1 < XR_MAX_ROWS);
     }
 }

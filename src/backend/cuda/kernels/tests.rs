@@ -198,5 +198,5 @@ fn the_17_to_64_row_gemv_gets_the_cluster_helpers_without_their_entry_points() {
     );
     assert!(KernelModule::W4a16Xr
         .entry_points()
-        .contains(&"w4_gemvxr4w2t8r3s2b_bf16".to_string()));
+        .contains(&"w4_gemvxr4w2t4r4s3bhp3_bf16".to_string()));
 }
