@@ -90,23 +90,67 @@ pub(crate) struct XcGemv {
 
 /// Parse a `KILN_W4_XC` value: (on, fixed build, base pick).
 fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>, bool), BackendError> {
+    if v.trim().eq_ignore_ascii_case("base") {
+        return Ok((true, None, true));
+    }
+    let (on, build) = parse_build_switch(
+        "KILN_W4_XC",
+        ", base",
+        v,
+        XC_DEFAULT_ON,
+        &W4_XC_VARIANTS,
+        build_name,
+    )?;
+    Ok((on, build, false))
+}
+
+/// Parse the value `v` of a cluster GEMV's switch `var` (`KILN_W4_XC`, `KILN_W4_XR`): `off`,
+/// `on`, empty (`default_on`) or one of `builds` by `name`, as (on, fixed build); `also` names
+/// the caller's other values in the error (`, base`).
+pub(super) fn parse_build_switch<B: Copy>(
+    var: &str,
+    also: &str,
+    v: &str,
+    default_on: bool,
+    builds: &[B],
+    name: fn(B) -> String,
+) -> Result<(bool, Option<B>), BackendError> {
     let v = v.trim().to_ascii_lowercase();
     match v.as_str() {
-        "" => Ok((XC_DEFAULT_ON, None, false)),
-        "0" | "off" | "false" => Ok((false, None, false)),
-        "1" | "on" | "true" => Ok((true, None, false)),
-        "base" => Ok((true, None, true)),
-        other => W4_XC_VARIANTS
+        "" => Ok((default_on, None)),
+        "0" | "off" | "false" => Ok((false, None)),
+        "1" | "on" | "true" => Ok((true, None)),
+        other => builds
             .iter()
-            .find(|&&v| build_name(v) == other)
-            .map(|p| (true, Some(*p), false))
+            .find(|&&b| name(b) == other)
+            .map(|b| (true, Some(*b)))
             .ok_or_else(|| {
-                let names: Vec<String> = W4_XC_VARIANTS.iter().map(|&v| build_name(v)).collect();
+                let names: Vec<String> = builds.iter().map(|&b| name(b)).collect();
                 BackendError::InvalidArgument(format!(
-                    "KILN_W4_XC={v:?}: expected off, on, base or one of {names:?}"
+                    "{var}={v:?}: expected off, on{also} or one of {names:?}"
                 ))
             }),
     }
+}
+
+/// The kernels named `names` from the loaded ones: all of them, none (`None`: the module was not
+/// built here), or an error naming `file` if only some were loaded.
+pub(super) fn resolve_all(
+    all: &HashMap<String, CudaFunction>,
+    names: &[String],
+    file: &str,
+) -> Result<Option<Vec<CudaFunction>>, BackendError> {
+    let found: Vec<CudaFunction> = names.iter().filter_map(|n| all.get(n)).cloned().collect();
+    if found.is_empty() {
+        return Ok(None);
+    }
+    if found.len() != names.len() {
+        return Err(BackendError::Unsupported(format!(
+            "{file}: only {} of {names:?} were loaded",
+            found.len()
+        )));
+    }
+    Ok(Some(found))
 }
 
 /// The fewest rows the kernel runs by default on slices of up to [`MID_SLICE`] k blocks (K ≤
@@ -156,27 +200,15 @@ impl XcGemv {
         all: &HashMap<String, CudaFunction>,
         t: &str,
     ) -> Result<Option<XcGemv>, BackendError> {
-        let names = w4_xc_names(t);
-        let found: Vec<_> = names.iter().filter_map(|n| all.get(n)).collect();
-        if found.is_empty() {
+        let Some(found) = resolve_all(all, &w4_xc_names(t), "w4a16_xs.cu")? else {
             return Ok(None);
-        }
-        if found.len() != names.len() {
-            return Err(BackendError::Unsupported(format!(
-                "w4a16_xs.cu: only {} of {names:?} were loaded",
-                found.len()
-            )));
-        }
+        };
         let (on, build, base_pick) = match std::env::var("KILN_W4_XC") {
             Err(_) => (XC_DEFAULT_ON, None, false),
             Ok(v) => parse_xc(&v)?,
         };
         Ok(Some(XcGemv {
-            f: W4_XC_VARIANTS
-                .iter()
-                .copied()
-                .zip(found.into_iter().cloned())
-                .collect(),
+            f: W4_XC_VARIANTS.iter().copied().zip(found).collect(),
             set: XcSettings {
                 on,
                 build,

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::CudaFunction;
 
-use super::xc::XcBuild;
+use super::xc::{parse_build_switch, resolve_all, XcBuild};
 use super::{CudaBackend, CudaPackedParts, CudaWeight, W4Kernel};
 use crate::backend::cuda::kernels::{w4_xc_tail, w4_xr_names, W4_XR_VARIANTS};
 use crate::backend::BackendError;
@@ -61,22 +61,14 @@ pub fn build_name((nw, mt, rg, xs, b, pf): XrBuild) -> String {
 
 /// Parse a `KILN_W4_XR` value: (on, fixed build).
 fn parse_xr(v: &str) -> Result<(bool, Option<XrBuild>), BackendError> {
-    let v = v.trim().to_ascii_lowercase();
-    match v.as_str() {
-        "" => Ok((XR_DEFAULT_ON, None)),
-        "0" | "off" | "false" => Ok((false, None)),
-        "1" | "on" | "true" => Ok((true, None)),
-        other => W4_XR_VARIANTS
-            .iter()
-            .find(|&&b| build_name(b) == other)
-            .map(|b| (true, Some(*b)))
-            .ok_or_else(|| {
-                let names: Vec<String> = W4_XR_VARIANTS.iter().map(|&b| build_name(b)).collect();
-                BackendError::InvalidArgument(format!(
-                    "KILN_W4_XR={v:?}: expected off, on or one of {names:?}"
-                ))
-            }),
-    }
+    parse_build_switch(
+        "KILN_W4_XR",
+        "",
+        v,
+        XR_DEFAULT_ON,
+        &W4_XR_VARIANTS,
+        build_name,
+    )
 }
 
 /// The kernel's settings (`KILN_W4_XR`; [`CudaBackend::set_w4_xr`] changes them).
@@ -105,27 +97,15 @@ impl XrGemv {
         all: &HashMap<String, CudaFunction>,
         t: &str,
     ) -> Result<Option<XrGemv>, BackendError> {
-        let names = w4_xr_names(t);
-        let found: Vec<_> = names.iter().filter_map(|n| all.get(n)).collect();
-        if found.is_empty() {
+        let Some(found) = resolve_all(all, &w4_xr_names(t), "w4a16_xr.cu")? else {
             return Ok(None);
-        }
-        if found.len() != names.len() {
-            return Err(BackendError::Unsupported(format!(
-                "w4a16_xr.cu: only {} of {names:?} were loaded",
-                found.len()
-            )));
-        }
+        };
         let (on, build) = match std::env::var("KILN_W4_XR") {
             Err(_) => (XR_DEFAULT_ON, None),
             Ok(v) => parse_xr(&v)?,
         };
         Ok(Some(XrGemv {
-            f: W4_XR_VARIANTS
-                .iter()
-                .copied()
-                .zip(found.into_iter().cloned())
-                .collect(),
+            f: W4_XR_VARIANTS.iter().copied().zip(found).collect(),
             set: XrSettings {
                 on,
                 build,
