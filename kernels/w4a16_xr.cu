@@ -224,9 +224,7 @@ __device__ __forceinline__ void w4_gemv_xr(const T* x, int m, int k, const uint4
             const int vw = (v >> 7) / (RG * MT);
             const unsigned a = sm0 + (unsigned)v * 4u;
             const float total = w4xc_slice_sum(a);
-            const int row = r0 + 8 * rg + 2 * (vl & 3) + (e & 1);
-            const int col = ((blockIdx.x * NW + vw) * MT + mt) * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
-            if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+            w4xc_store_acc<T>(out, out_f32, m, n, r0 + 8 * rg, ((int)blockIdx.x * NW + vw) * MT + mt, vl, e, total);
         }
     }
     w4xc_cluster_sync_relaxed();  // no CTA leaves while another still reads its shared memory
