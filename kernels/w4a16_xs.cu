@@ -106,6 +106,28 @@ __device__ __forceinline__ float w4xc_dsmem_f(unsigned a, unsigned rank) {
     return v;
 }
 
+// The slice sums at shared address `a` of the cluster's W4XC_KS CTAs added in rank (= K slice)
+// order from zero, ((0 + P_0) + P_1) + ... (the GEMV = GEMM contract); all loads issued first.
+__device__ __forceinline__ float w4xc_slice_sum(unsigned a) {
+    float p[W4XC_KS];
+#pragma unroll
+    for (int q = 0; q < W4XC_KS; ++q) p[q] = w4xc_dsmem_f(a, (unsigned)q);
+    float total = 0.0f;
+#pragma unroll
+    for (int q = 0; q < W4XC_KS; ++q) total += p[q];
+    return total;
+}
+
+// Store element e of lane vl's m16n8 accumulator (D fragment: output 16 tile + vl / 4 (+ 8 for
+// e >= 2), row rg0 + 2 (vl % 4) + e % 2 of a row group starting at rg0), inside (m, n) only.
+template <typename T>
+__device__ __forceinline__ void w4xc_store_acc(void* out, int out_f32, int m, int n, int rg0, int tile, int vl,
+                                               int e, float v) {
+    const int row = rg0 + 2 * (vl & 3) + (e & 1);
+    const int col = tile * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
+    if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, v);
+}
+
 __device__ __forceinline__ uint4 w4xc_lds128(unsigned a) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -357,9 +379,7 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         for (int q = 0; q < W4XC_KS; ++q) total += rv[q * 32 * TPC + threadIdx.x];
         const int vv = s * 32 * TPC + (int)threadIdx.x;
         const int vw = vv >> 8, vl = (vv >> 3) & 31, h = (vv >> 2) & 1, e = vv & 3;
-        const int row = r0 + 8 * h + 2 * (vl & 3) + (e & 1);
-        const int col = (blockIdx.x * TPC + vw) * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
-        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+        w4xc_store_acc<T>(out, out_f32, m, n, r0 + 8 * h, (int)blockIdx.x * TPC + vw, vl, e, total);
         return;
     }
     __syncthreads();  // every warp is done with x: its space takes the slice sums
@@ -375,15 +395,8 @@ __device__ __forceinline__ void w4_gemv_xc(const T* x, int m, int k, const uint4
         const int v = s * 32 * TPC + (int)threadIdx.x;
         const int vw = v >> 8, h = (v >> 7) & 1, e = (v >> 5) & 3, vl = v & 31;
         const unsigned a = sm0 + (unsigned)v * 4u;
-        float p[W4XC_KS];
-#pragma unroll
-        for (int q = 0; q < W4XC_KS; ++q) p[q] = w4xc_dsmem_f(a, (unsigned)q);
-        float total = 0.0f;
-#pragma unroll
-        for (int q = 0; q < W4XC_KS; ++q) total += p[q];
-        const int row = r0 + 8 * h + 2 * (vl & 3) + (e & 1);
-        const int col = (blockIdx.x * TPC + vw) * 16 + (vl >> 2) + (e >= 2 ? 8 : 0);
-        if (row < m && col < n) w4_store<T>(out, out_f32, row, n, col, total);
+        const float total = w4xc_slice_sum(a);
+        w4xc_store_acc<T>(out, out_f32, m, n, r0 + 8 * h, (int)blockIdx.x * TPC + vw, vl, e, total);
     }
     w4xc_cluster_sync_relaxed();  // no CTA leaves while another still reads its shared memory
 }

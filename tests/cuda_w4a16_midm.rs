@@ -44,8 +44,11 @@ const ROWS: [usize; 12] = [32, 33, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 40
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn w4a16_gemv_or_gemm_by_rows() {
-    let b = gpu("bf16", "auto");
+    let mut b = gpu("bf16", "auto");
     println!("device: {}", b.name());
+    // The GEMV column is the x-staged / 32-row GEMV: the 17–64-row rule (`w4a16_xr.rs`, its own
+    // sweep `cuda_w4a16_xr`) off, where it exists.
+    b.set_w4_xr(false, None, (17, 64));
     let all = [
         ("gemv", W4Kernel::Gemv),
         ("gemm", W4Kernel::GemmBase),

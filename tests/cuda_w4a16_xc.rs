@@ -19,7 +19,7 @@ use common::*;
 use kiln::backend::cuda::{CudaBackend, W4Kernel};
 use kiln::backend::Backend;
 use kiln::tensor::LinearView;
-use w4_support::{Fmt, Owned};
+use w4_support::{ct, fast_format_shape, fast_formats, Owned};
 
 /// A build: (tiles per CTA, weight ring depth, CTAs per SM of its register cap, slice sums
 /// pushed, L2 prefetch distance (0: no L2 hints)).
@@ -68,14 +68,6 @@ fn run(
     down(b, &out, rows * n)
 }
 
-fn ct(group: usize, symmetric: bool) -> Fmt {
-    Fmt::Ct {
-        group,
-        symmetric,
-        act_order: false,
-    }
-}
-
 /// Every build at rows 2–16 (the kernel's fewest rows lowered to 2; below 9 the cluster-off
 /// output is the 1–8-row GEMV's) and 17, 24, 31, 32 (two row tiles) against `w4_gemvx1` /
 /// `w4_gemvx2` (the cluster kernel off) bit for bit, outputs finite: bf16 and fp16; CT sym / asym
@@ -90,26 +82,17 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
         .map(|d| (d, gpu(d, "auto")))
         .collect();
     backends.retain_mut(|(d, b)| {
-        let ok = b.w4_tensor_cores() && b.set_w4_xc(false, None, 16);
+        // The 17–64-row rule off: rows 17–32 here are the cluster GEMV's (forced) or the
+        // x-staged GEMV's.
+        let ok = b.w4_tensor_cores()
+            && b.set_w4_xc(false, None, 16)
+            && b.set_w4_xr(false, None, (17, 64));
         if !ok {
             println!("RESULT w4a16 xc-gemv {d}: no cluster kernel here (sm_90+ only), skipped");
         }
         ok
     });
-    let fmts = [
-        ("ct-sym-g128", ct(128, true)),
-        ("ct-asym-g128", ct(128, false)),
-        ("ct-sym-g32", ct(32, true)),
-        ("awq-g64", Fmt::Awq { group: 64 }),
-        (
-            "gptq-g64",
-            Fmt::Gptq {
-                group: 64,
-                desc_act: false,
-            },
-        ),
-        ("nvfp4", Fmt::Nvfp4),
-    ];
+    let fmts = fast_formats();
     // Small shapes first: 1 k block per slice (K = 1024) and 2 (K = 2048), 8 and 16 m16 tiles.
     let small_only = std::env::var("KILN_XC_TEST_SMALL").is_ok_and(|v| v == "1");
     let mut shapes = vec![(128usize, 1024usize), (256, 2048)];
@@ -141,10 +124,7 @@ fn xc_gemv_equals_xs_gemv_bit_for_bit() {
     }
     let mut failures = Vec::new();
     for (i, (label, fmt)) in fmts.into_iter().enumerate() {
-        for &(n, k) in shapes
-            .iter()
-            .filter(|&&(n, k)| i < 2 || n < 1000 || (n, k) == (5120, 6144))
-        {
+        for &(n, k) in shapes.iter().filter(|&&s| fast_format_shape(i, s)) {
             let o = Owned::random(fmt, n, k, 700 + 10 * i as u64 + n as u64);
             for (dtype, b) in backends.iter_mut() {
                 if *dtype == "fp16" && i >= 2 {

@@ -195,6 +195,41 @@ impl Owned {
     }
 }
 
+/// compressed-tensors pack-quantized without act-order, `group` columns per scale.
+pub fn ct(group: usize, symmetric: bool) -> Fmt {
+    Fmt::Ct {
+        group,
+        symmetric,
+        act_order: false,
+    }
+}
+
+/// The formats the cluster GEMVs' bit tests cover, as (label, format): the fast layouts' kinds,
+/// the 27B checkpoints' CT sym / asym g128 first (those two on every shape, the others on the
+/// small ones: [`fast_format_shape`]).
+pub fn fast_formats() -> [(&'static str, Fmt); 6] {
+    [
+        ("ct-sym-g128", ct(128, true)),
+        ("ct-asym-g128", ct(128, false)),
+        ("ct-sym-g32", ct(32, true)),
+        ("awq-g64", Fmt::Awq { group: 64 }),
+        (
+            "gptq-g64",
+            Fmt::Gptq {
+                group: 64,
+                desc_act: false,
+            },
+        ),
+        ("nvfp4", Fmt::Nvfp4),
+    ]
+}
+
+/// Whether format `i` of [`fast_formats`] runs on shape (n, k): the first two everywhere, the
+/// others on the small shapes (n < 1000) and 5120×6144.
+pub fn fast_format_shape(i: usize, (n, k): (usize, usize)) -> bool {
+    i < 2 || n < 1000 || (n, k) == (5120, 6144)
+}
+
 /// Every 4-bit format the tiles hold (the int4 ones and NVFP4), as (label, format).
 pub fn all_formats() -> Vec<(&'static str, Fmt)> {
     let ct = |group, symmetric, act_order| Fmt::Ct {

@@ -52,6 +52,33 @@ pub(crate) fn w4_xc_names(t: &str) -> Vec<String> {
     W4_XC_VARIANTS.iter().map(name).collect()
 }
 
+/// The builds of `kernels/w4a16_xr.cu` (`W4XR_ENTRIES`, in its order: warps per CTA, m16 tiles
+/// per warp, row groups of 8 x rows per CTA, x ring stages, CTAs per SM of the register cap, the
+/// L2 prefetch distance of the hinted builds (0: none; else the `hp{pf}` name tail)); the backend
+/// resolves exactly their entry points ([`w4_xr_names`], `w4a16_xr.rs`).
+pub const W4_XR_VARIANTS: [(usize, usize, usize, usize, usize, usize); 6] = [
+    (4, 2, 4, 4, 3, 3),
+    (4, 2, 4, 4, 3, 0),
+    (2, 2, 4, 4, 6, 0),
+    (4, 1, 4, 4, 4, 0),
+    (8, 1, 4, 4, 2, 0),
+    (4, 1, 8, 3, 3, 0),
+];
+
+/// The entry points of [`W4_XR_VARIANTS`] for compute dtype suffix `t`.
+pub(crate) fn w4_xr_names(t: &str) -> Vec<String> {
+    W4_XR_VARIANTS
+        .iter()
+        .map(|&(nw, mt, rg, xs, b, pf)| {
+            format!("w4_gemvxr{nw}w{mt}t{rg}r{xs}s{b}b{}_{t}", w4_xc_tail(pf))
+        })
+        .collect()
+}
+
+/// Where `kernels/w4a16_xs.cu`'s entry points begin: the part before it (the cluster helpers) is
+/// compiled into `w4a16_xr.cu` too ([`KernelModule::full_source`]).
+const W4A16_XS_ENTRIES_MARK: &str = "#define W4XC_ARGS(T)";
+
 /// Where `kernels/w4a16.cu`'s entry points begin: the part before it is compiled into
 /// `w4a16_bulk.cu` too ([`KernelModule::full_source`]).
 const W4A16_ENTRIES_MARK: &str = "#define W4_ARGS(T)";
@@ -108,11 +135,14 @@ pub enum KernelModule {
     /// prefill sizes (sm_80+, `KILN_DENSE_MATMUL=mma` above 64 rows): the same bits as
     /// `dense.cu`'s `mma` kernels; compiled after `dense_common.cuh`.
     DenseGemm,
+    /// The sm_90+ 17–64-row cluster GEMV on 4-bit weights (32 or 64 x rows per CTA); after
+    /// `w4a16.cu`'s helpers, the hints and `w4a16_xs.cu`'s cluster helpers.
+    W4a16Xr,
 }
 
 impl KernelModule {
     /// Every module, in load order.
-    pub const ALL: [KernelModule; 22] = [
+    pub const ALL: [KernelModule; 23] = [
         KernelModule::Elementwise,
         KernelModule::RmsNorm,
         KernelModule::Rope,
@@ -135,6 +165,7 @@ impl KernelModule {
         KernelModule::W4a16Xs,
         KernelModule::W4a16Gemv,
         KernelModule::DenseGemm,
+        KernelModule::W4a16Xr,
     ];
 
     /// File name under `kernels/`.
@@ -163,6 +194,7 @@ impl KernelModule {
             KernelModule::W4a16Xs => "w4a16_xs.cu",
             KernelModule::W4a16Gemv => "w4a16_gemv.cu",
             KernelModule::DenseGemm => "dense_gemm.cu",
+            KernelModule::W4a16Xr => "w4a16_xr.cu",
         }
     }
 
@@ -196,6 +228,7 @@ impl KernelModule {
             KernelModule::W4a16Xs => include_str!("../../../kernels/w4a16_xs.cu"),
             KernelModule::W4a16Gemv => include_str!("../../../kernels/w4a16_gemv.cu"),
             KernelModule::DenseGemm => include_str!("../../../kernels/dense_gemm.cu"),
+            KernelModule::W4a16Xr => include_str!("../../../kernels/w4a16_xr.cu"),
         }
     }
 
@@ -211,6 +244,7 @@ impl KernelModule {
             self,
             KernelModule::W4a16Bulk
                 | KernelModule::W4a16Xs
+                | KernelModule::W4a16Xr
                 | KernelModule::W4a16Gemv
                 | KernelModule::W4a16Gemm
                 | KernelModule::W4a16Wgmma
@@ -218,14 +252,25 @@ impl KernelModule {
             let w4 = KernelModule::W4a16.source();
             let helpers = w4.split(W4A16_ENTRIES_MARK).next().unwrap_or(w4);
             // The two GEMVs' weight-stream L2 hints (`w4a16_hints.cuh`), one copy for both.
-            let hints =
-                matches!(self, KernelModule::W4a16Xs | KernelModule::W4a16Gemv).then_some(concat!(
-                    "\n#line 1 \"w4a16_hints.cuh\"\n",
-                    include_str!("../../../kernels/w4a16_hints.cuh")
-                ));
+            let hints = matches!(
+                self,
+                KernelModule::W4a16Xs | KernelModule::W4a16Xr | KernelModule::W4a16Gemv
+            )
+            .then_some(concat!(
+                "\n#line 1 \"w4a16_hints.cuh\"\n",
+                include_str!("../../../kernels/w4a16_hints.cuh")
+            ));
+            // The 17–64-row cluster GEMV: the 9–16-row one's cluster helpers, without its
+            // entry points (templates only: nothing of it is instantiated twice).
+            let xs = (self == KernelModule::W4a16Xr).then(|| {
+                let src = KernelModule::W4a16Xs.source();
+                let helpers = src.split(W4A16_XS_ENTRIES_MARK).next().unwrap_or(src);
+                format!("\n#line 1 \"w4a16_xs.cu\"\n{helpers}")
+            });
             return format!(
-                "{COMMON_HEADER}\n#line 1 \"w4a16.cu\"\n{helpers}{}\n#line 1 \"{}\"\n{}",
+                "{COMMON_HEADER}\n#line 1 \"w4a16.cu\"\n{helpers}{}{}\n#line 1 \"{}\"\n{}",
                 hints.unwrap_or_default(),
+                xs.unwrap_or_default(),
                 self.file_name(),
                 self.source()
             );
@@ -267,7 +312,7 @@ impl KernelModule {
             KernelModule::W4a16Gemm | KernelModule::W4a16Wgmma => arch.major >= 9,
             // cp.async.bulk and mbarrier transaction counts: sm_90 and newer.
             KernelModule::W4a16Bulk => arch.major >= 9,
-            KernelModule::W4a16Xs => arch.major >= 9, // clusters, distributed shared memory
+            KernelModule::W4a16Xs | KernelModule::W4a16Xr => arch.major >= 9, // clusters, DSMEM
             // mma.sync m16n8k16 with bf16 and cp.async: sm_80 and newer.
             KernelModule::DenseGemm => arch.major >= 8,
             _ => true,
@@ -547,6 +592,8 @@ impl KernelModule {
                 }
                 KernelModule::W4a16Xs if t != "f32" => names.extend(w4_xc_names(t)),
                 KernelModule::W4a16Xs => {}
+                KernelModule::W4a16Xr if t != "f32" => names.extend(w4_xr_names(t)),
+                KernelModule::W4a16Xr => {}
                 KernelModule::W4a16Gemv => names.extend(super::backend::w4_gemv_names(t)),
                 KernelModule::DenseGemm if t != "f32" => {
                     names.extend(super::backend::GemmKernels::names(t))

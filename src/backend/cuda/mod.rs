@@ -16,5 +16,5 @@ pub use backend::{
     KvStorage, MmaKernel, MmaOut, MmaProbeOut, W4Kernel, DEFAULT_CHUNKED_MIN_LEN, W4_GEMV_VARIANTS,
 };
 pub use device::{CudaError, GpuInfo};
-pub use kernels::KernelModule;
+pub use kernels::{KernelModule, W4_XR_VARIANTS};
 pub use nvrtc::Arch;

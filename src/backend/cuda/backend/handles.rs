@@ -87,6 +87,10 @@ pub(crate) struct Kernels {
     /// `kernels/w4a16_xs.cu` and its setting (`KILN_W4_XC`); `None` below sm_90 (the module is
     /// not built there) or when `t` is f32.
     pub w4_xc: Option<super::w4a16::XcGemv>,
+    /// `w4_gemvxr*_{t}`: the sm_90+ cluster packed 4-bit GEMV for 17–64 rows of
+    /// `kernels/w4a16_xr.cu` and its setting (`KILN_W4_XR`); `None` below sm_90 (the module is
+    /// not built there) or when `t` is f32.
+    pub w4_xr: Option<super::w4a16::XrGemv>,
     /// `w4_fma_{t}`: packed 4-bit matmul on CUDA cores (sm_70 / sm_75, f32).
     pub w4_fma: CudaFunction,
     /// `w4s70_{gemv,gemm}_f16`: the sm_70 / sm_75 tensor-core packed 4-bit matmuls; `None`
@@ -189,6 +193,12 @@ impl Kernels {
             },
             w4_xc: if wide {
                 super::w4a16::XcGemv::resolve(all, t)
+                    .map_err(|e| CudaError::Setting(e.to_string()))?
+            } else {
+                None
+            },
+            w4_xr: if wide {
+                super::w4a16::XrGemv::resolve(all, t)
                     .map_err(|e| CudaError::Setting(e.to_string()))?
             } else {
                 None

@@ -11,6 +11,9 @@
 //! the same K slices (chosen from K alone), so they agree bit for bit and a row's result does not
 //! depend on its batch; on sm_70 / sm_75 with fp16 the mma m8n8k4 kernels of the child module
 //! `w4a16_sm70.rs` (same contract); elsewhere (f32) `w4_fma`, one kernel for every row count.
+//! On sm_90+ steps of 17–64 rows run the rule of the child module `w4a16_xr.rs` where it
+//! applies (`KILN_W4_XR`, on by default: the cluster GEMV with 32 x rows per CTA for 17–32 and
+//! 49–64 rows, the 9–16-row cluster GEMV with 3 row tiles for 33–48; same bits).
 //! On sm_90+ the 1–8-row steps may run the child module `w4a16_bulk.rs` instead (`w4b_gemv`: the
 //! same arithmetic, its weights streamed by bulk copies into shared memory; `KILN_W4_BULK`).
 //! The GEMM uses `stages` × [`GEMM_STAGE_BYTES`] of dynamic shared memory (opted in per launch).
@@ -51,6 +54,9 @@ pub(crate) use bulk::BulkGemv;
 #[path = "w4a16_xc.rs"] // the sm_90+ cluster GEMV for 9–16 rows (`kernels/w4a16_xs.cu`)
 mod xc;
 pub(crate) use xc::XcGemv;
+#[path = "w4a16_xr.rs"] // the sm_90+ cluster GEMV for 17–64 rows (`kernels/w4a16_xr.cu`)
+mod xr;
+pub(crate) use xr::XrGemv;
 #[path = "w4a16_gemv.rs"] // the 1–8-row GEMV and its builds (`kernels/w4a16_gemv.cu`)
 mod gemv;
 pub use gemv::W4_GEMV_VARIANTS;
@@ -157,6 +163,11 @@ pub enum W4Kernel {
     /// The warp-specialised warpgroup-MMA `w4g_ws` (256 × 128 tiles, a producer warpgroup) where
     /// the sm_90 GEMMs apply on an sm_90 GPU, `w4g_gemm` on sm_100, else `w4_gemm`.
     GemmWs,
+    /// The 17–64-row cluster GEMV (`kernels/w4a16_xr.cu`, sm_90+, weights of 8 K slices on the
+    /// layouts of `w4_gemv`; same bits) forced at any row count: an error where it does not
+    /// apply. [`W4Kernel::Gemv`] / [`W4Kernel::Gemm`] run it for 17–64 rows where `KILN_W4_XR` is
+    /// on (`w4a16_xr.rs`).
+    GemvXr,
     /// CUDA-core FMA kernel: sm_70 / sm_75 and the f32 compute dtype.
     Fma,
 }
@@ -372,6 +383,17 @@ impl CudaBackend {
         out_f32: bool,
         kernel: W4Kernel,
     ) -> Result<(), BackendError> {
+        if let Some(mid) = self.w4_mid_runs(parts, w.k, rows, kernel) {
+            // SAFETY: the caller's guarantees, passed on unchanged.
+            return unsafe { self.packed_mid(w, parts, rows, xp, op, out_f32, mid) };
+        }
+        if kernel == W4Kernel::GemvXr {
+            return Err(BackendError::Unsupported(format!(
+                "the 17–64-row cluster GEMV runs weights of 8 K slices on the common layouts on \
+                 sm_90+ with a 16-bit dtype ({}, {rows} rows, {} × {})",
+                self.device_name, w.n, w.k
+            )));
+        }
         let wide_kind = match kernel {
             W4Kernel::Gemm => Some(wide::WideKind::for_rows(
                 rows,
@@ -451,7 +473,7 @@ impl CudaBackend {
             | W4Kernel::GemmWs => self.k.w4_gemm.as_ref().filter(|_| self.w4_tensor_cores()),
             W4Kernel::Fma => Some(&self.k.w4_fma),
             // Launched above or refused there.
-            W4Kernel::GemvBulk => None,
+            W4Kernel::GemvBulk | W4Kernel::GemvXr => None,
         }
         .ok_or_else(|| {
             BackendError::Unsupported(format!(
@@ -460,7 +482,7 @@ impl CudaBackend {
             ))
         })?;
         let (block, grid) = match kernel {
-            W4Kernel::Gemv | W4Kernel::GemvBulk => (
+            W4Kernel::Gemv | W4Kernel::GemvBulk | W4Kernel::GemvXr => (
                 32 * parts.k_slices,
                 (self.w4v_grid(parts, gemv_rows), rows.div_ceil(gemv_rows)),
             ),

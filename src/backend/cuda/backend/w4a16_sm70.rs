@@ -112,7 +112,7 @@ impl CudaBackend {
             | W4Kernel::GemmWgmma
             | W4Kernel::GemmWs => &ks70.gemm,
             W4Kernel::Gemv => &ks70.gemv,
-            W4Kernel::Fma | W4Kernel::GemvBulk => {
+            W4Kernel::Fma | W4Kernel::GemvBulk | W4Kernel::GemvXr => {
                 return Err(BackendError::InvalidArgument(
                     "packed_matmul_sm70: the FMA and bulk kernels are launched by w4a16.rs".into(),
                 ))

@@ -90,23 +90,67 @@ pub(crate) struct XcGemv {
 
 /// Parse a `KILN_W4_XC` value: (on, fixed build, base pick).
 fn parse_xc(v: &str) -> Result<(bool, Option<XcBuild>, bool), BackendError> {
+    if v.trim().eq_ignore_ascii_case("base") {
+        return Ok((true, None, true));
+    }
+    let (on, build) = parse_build_switch(
+        "KILN_W4_XC",
+        ", base",
+        v,
+        XC_DEFAULT_ON,
+        &W4_XC_VARIANTS,
+        build_name,
+    )?;
+    Ok((on, build, false))
+}
+
+/// Parse the value `v` of a cluster GEMV's switch `var` (`KILN_W4_XC`, `KILN_W4_XR`): `off`,
+/// `on`, empty (`default_on`) or one of `builds` by `name`, as (on, fixed build); `also` names
+/// the caller's other values in the error (`, base`).
+pub(super) fn parse_build_switch<B: Copy>(
+    var: &str,
+    also: &str,
+    v: &str,
+    default_on: bool,
+    builds: &[B],
+    name: fn(B) -> String,
+) -> Result<(bool, Option<B>), BackendError> {
     let v = v.trim().to_ascii_lowercase();
     match v.as_str() {
-        "" => Ok((XC_DEFAULT_ON, None, false)),
-        "0" | "off" | "false" => Ok((false, None, false)),
-        "1" | "on" | "true" => Ok((true, None, false)),
-        "base" => Ok((true, None, true)),
-        other => W4_XC_VARIANTS
+        "" => Ok((default_on, None)),
+        "0" | "off" | "false" => Ok((false, None)),
+        "1" | "on" | "true" => Ok((true, None)),
+        other => builds
             .iter()
-            .find(|&&v| build_name(v) == other)
-            .map(|p| (true, Some(*p), false))
+            .find(|&&b| name(b) == other)
+            .map(|b| (true, Some(*b)))
             .ok_or_else(|| {
-                let names: Vec<String> = W4_XC_VARIANTS.iter().map(|&v| build_name(v)).collect();
+                let names: Vec<String> = builds.iter().map(|&b| name(b)).collect();
                 BackendError::InvalidArgument(format!(
-                    "KILN_W4_XC={v:?}: expected off, on, base or one of {names:?}"
+                    "{var}={v:?}: expected off, on{also} or one of {names:?}"
                 ))
             }),
     }
+}
+
+/// The kernels named `names` from the loaded ones: all of them, none (`None`: the module was not
+/// built here), or an error naming `file` if only some were loaded.
+pub(super) fn resolve_all(
+    all: &HashMap<String, CudaFunction>,
+    names: &[String],
+    file: &str,
+) -> Result<Option<Vec<CudaFunction>>, BackendError> {
+    let found: Vec<CudaFunction> = names.iter().filter_map(|n| all.get(n)).cloned().collect();
+    if found.is_empty() {
+        return Ok(None);
+    }
+    if found.len() != names.len() {
+        return Err(BackendError::Unsupported(format!(
+            "{file}: only {} of {names:?} were loaded",
+            found.len()
+        )));
+    }
+    Ok(Some(found))
 }
 
 /// The fewest rows the kernel runs by default on slices of up to [`MID_SLICE`] k blocks (K ≤
@@ -156,27 +200,15 @@ impl XcGemv {
         all: &HashMap<String, CudaFunction>,
         t: &str,
     ) -> Result<Option<XcGemv>, BackendError> {
-        let names = w4_xc_names(t);
-        let found: Vec<_> = names.iter().filter_map(|n| all.get(n)).collect();
-        if found.is_empty() {
+        let Some(found) = resolve_all(all, &w4_xc_names(t), "w4a16_xs.cu")? else {
             return Ok(None);
-        }
-        if found.len() != names.len() {
-            return Err(BackendError::Unsupported(format!(
-                "w4a16_xs.cu: only {} of {names:?} were loaded",
-                found.len()
-            )));
-        }
+        };
         let (on, build, base_pick) = match std::env::var("KILN_W4_XC") {
             Err(_) => (XC_DEFAULT_ON, None, false),
             Ok(v) => parse_xc(&v)?,
         };
         Ok(Some(XcGemv {
-            f: W4_XC_VARIANTS
-                .iter()
-                .copied()
-                .zip(found.into_iter().cloned())
-                .collect(),
+            f: W4_XC_VARIANTS.iter().copied().zip(found).collect(),
             set: XcSettings {
                 on,
                 build,
@@ -350,19 +382,28 @@ impl CudaBackend {
         rows: usize,
     ) -> Option<XcBuild> {
         let x = self.k.w4_xc.as_ref()?;
+        let per = parts.k_blocks / XC_KS;
+        let in_range = rows <= x.set.max_rows
+            && rows >= x.set.min_rows.unwrap_or_else(|| default_min_rows(per));
+        in_range
+            .then(|| self.w4_xc_layout_build(parts, k))
+            .flatten()
+    }
+
+    /// The build the cluster GEMV runs on this layout at any row count (`grid.y` = ⌈rows / 16⌉)
+    /// where it is on and applies: for [`Self::w4_xc_runs`] and the 17–64-row rule of
+    /// `w4a16_xr.rs` (33–48 rows).
+    pub(super) fn w4_xc_layout_build(&self, parts: &CudaPackedParts, k: usize) -> Option<XcBuild> {
+        let x = self.k.w4_xc.as_ref()?;
         let ok = x.set.on
             && self.w4_tensor_cores()
             && self.k.w4_sm70.is_none()
             && parts.gemv_fast_ok(k)
-            && rows <= x.set.max_rows
             && parts.k_slices == XC_KS;
         if !ok {
             return None;
         }
         let (tiles, per) = (parts.n_pad / (2 * TILE_N), parts.k_blocks / XC_KS);
-        if rows < x.set.min_rows.unwrap_or_else(|| default_min_rows(per)) {
-            return None;
-        }
         match x.set.build {
             Some(v) => build_applies(v, tiles, per).then_some(v),
             None => pick_build(tiles, per, x.set.base_pick),
@@ -394,7 +435,44 @@ impl CudaBackend {
             .map(|(_, f)| f)
             .ok_or_else(|| BackendError::Unsupported(format!("no w4_gemvxc build {build:?}")))?;
         let tpc = build.0;
+        let grid = (
+            (parts.n_pad / (2 * TILE_N * tpc)) as u32,
+            rows.div_ceil(XC_ROWS) as u32,
+            XC_KS as u32,
+        );
         let shared = smem_bytes(parts.k_blocks / XC_KS, build);
+        // SAFETY: w4_xc_runs checked the layout (8 K slices, n_pad / 16 a multiple of tpc); the
+        // grid covers n_pad outputs in m16 tiles of tpc per CTA and ceil(rows / 16) row tiles,
+        // shared memory is sized by `smem_bytes` for the kernel's layout; the caller's
+        // guarantees otherwise.
+        unsafe {
+            self.launch_cluster_gemv(f, w, parts, rows, xp, op, out_f32, grid, 32 * tpc, shared)
+        }
+    }
+
+    /// Launch a cluster GEMV of `kernels/w4a16_xs.cu` or `kernels/w4a16_xr.cu` (the same
+    /// parameters, `W4XC_ARGS` = `W4XR_ARGS`): grid `grid` (z = the 8 K slices, the compiled-in
+    /// cluster (1, 1, 8)), `block` threads, `shared` bytes of dynamic shared memory (opted in
+    /// here), with PDL where the packed GEMVs take it.
+    ///
+    /// # Safety
+    /// As [`Self::packed_matmul`]; besides, `f` is such a kernel, the layout is one it runs (a
+    /// fast layout of 8 K slices, whole CTAs of output tiles), `grid` covers the weight's n_pad
+    /// outputs and `rows` rows in the kernel's tiles, and `shared` is what its layout needs.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn launch_cluster_gemv(
+        &self,
+        f: &CudaFunction,
+        w: &CudaWeight,
+        parts: &CudaPackedParts,
+        rows: usize,
+        xp: u64,
+        op: u64,
+        out_f32: bool,
+        grid: (u32, u32, u32),
+        block: usize,
+        shared: usize,
+    ) -> Result<(), BackendError> {
         // Above the default 48 KB a kernel must opt in; idempotent and cheap (a driver
         // attribute, no stream work, so graph capture is unaffected).
         f.set_attribute(
@@ -422,22 +500,16 @@ impl CudaBackend {
             .i32(i32::from(parts.values == W4Values::E2m1))
             .i32(i32::from(self.w4_trigger_late));
         let cfg = LaunchConfig {
-            grid_dim: (
-                (parts.n_pad / (2 * TILE_N * tpc)) as u32,
-                rows.div_ceil(XC_ROWS) as u32,
-                XC_KS as u32,
-            ),
-            block_dim: ((32 * tpc) as u32, 1, 1),
+            grid_dim: grid,
+            block_dim: (block as u32, 1, 1),
             shared_mem_bytes: shared as u32,
         };
-        // SAFETY: the parts were built by W4Tiles for this weight (a fast layout: no perm,
-        // k % 128 == 0, n_pad / 8 tiles of k_blocks blocks, `groups` stored groups, 8 K slices:
-        // w4_xc_runs checked it, and that n_pad / 16 is a multiple of tpc); the grid covers n_pad
-        // outputs in m16 tiles, ceil(rows / 16) row tiles and the 8 slices (z, the compiled-in
-        // cluster (1, 1, 8)); x is read only below (rows, k) and out written only below
-        // (rows, n) (the caller vouches for both); shared memory is sized by `smem_bytes` for the
-        // kernel's layout. The kernel reads only weights, scales and zeros before its
-        // griddepcontrol.wait, which makes the PDL attribute allowed.
+        // SAFETY: the parts were built by W4Tiles for this weight (n_pad / 8 tiles of k_blocks
+        // blocks, `groups` stored groups) and the parameters match W4XC_ARGS / W4XR_ARGS; the
+        // caller vouches for the layout, the grid, the shared memory, x (rows × k) and out
+        // (rows × n), which the kernel reads / writes only below those bounds. The kernels read
+        // only weights, scales and zeros before their griddepcontrol.wait, which makes the PDL
+        // attribute allowed.
         unsafe { self.launch_args(f, cfg, &mut a, self.pdl_packed()) }
     }
 }

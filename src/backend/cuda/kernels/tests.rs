@@ -161,3 +161,42 @@ fn both_dense_tensor_core_modules_get_the_shared_helpers_once() {
         .full_source()
         .contains(DENSE_COMMON_HEADER));
 }
+
+#[test]
+fn the_17_to_64_row_gemv_gets_the_cluster_helpers_without_their_entry_points() {
+    let full = KernelModule::W4a16Xr.full_source();
+    // w4a16.cu's helpers, the hints, then w4a16_xs.cu's cluster helpers, each once.
+    for helper in [
+        "struct W4Dec",
+        "w4v_ldw",
+        "w4xc_cluster_sync()",
+        "w4_xc_unit",
+    ] {
+        assert!(full.contains(helper), "{helper}");
+    }
+    assert_eq!(
+        full.matches("__device__ __forceinline__ unsigned w4_xc_unit")
+            .count(),
+        1
+    );
+    assert_eq!(
+        KernelModule::W4a16Xs
+            .source()
+            .matches(W4A16_XS_ENTRIES_MARK)
+            .count(),
+        1
+    );
+    // Neither module's entry points come along.
+    assert!(!full.contains("W4XC_ENTRIES(bf16"));
+    assert!(!full.contains("W4_TC_ENTRIES(bf16"));
+    assert!(full.ends_with(KernelModule::W4a16Xr.source()));
+    assert!(!KernelModule::W4a16Xr.source().contains("struct W4Dec"));
+    // Every build's entry point, in both 16-bit dtypes, none for f32.
+    assert_eq!(
+        KernelModule::W4a16Xr.entry_points().len(),
+        2 * W4_XR_VARIANTS.len()
+    );
+    assert!(KernelModule::W4a16Xr
+        .entry_points()
+        .contains(&"w4_gemvxr4w2t4r4s3bhp3_bf16".to_string()));
+}
