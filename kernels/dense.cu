@@ -279,6 +279,35 @@ __device__ __forceinline__ float dmma_row_ss(const float* __restrict__ x, int ro
     return rms_row_sumsq(x + (long)row * k, k, lane);
 }
 
+// Sums of squares of R rows of x [.., k] by one warp (row[i] < 0: no row, ss[i] = 0): per row
+// exactly rms_row_sumsq's operations in its order (lane l's float4s l, l + 32, ... with __fmaf_rn,
+// then warp_sum), the R rows' loads interleaved so that their round trips overlap. Its aligned
+// path only: the host passes x 16-byte aligned with k a multiple of 8 (fused.rs, dense_rope.rs),
+// so every row is float4-aligned and rms_row_sumsq takes that path too.
+template <int R>
+__device__ __forceinline__ void dmma_rows_ss(const float* __restrict__ x, const int* row, int k,
+                                             int lane, float* ss) {
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) s[i] = 0.0f;
+    for (int c = lane * 4; c < k; c += WARP_SIZE * 4) {
+        float4 v[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+            v[i] = row[i] >= 0 ? *reinterpret_cast<const float4*>(x + (long)row[i] * k + c)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            s[i] = __fmaf_rn(v[i].x, v[i].x, s[i]);
+            s[i] = __fmaf_rn(v[i].y, v[i].y, s[i]);
+            s[i] = __fmaf_rn(v[i].z, v[i].z, s[i]);
+            s[i] = __fmaf_rn(v[i].w, v[i].w, s[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) ss[i] = warp_sum(s[i]);
+}
+
 template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN, typename C = T>
 __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w,
                                 O* __restrict__ out, int m, int n, int k, int sb,
@@ -335,6 +364,26 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
             const float ss = dmma_row_ss(xf, row0 + r, k, lane);
             if (g == r) inv_g = rms_inv(ss, k, eps);
         }
+    } else if (NORM && RG >= 4) {
+        // 32 / 64 rows: warp w takes rows w, w + S, w + 2S, ... RG at a time (interleaved loads;
+        // each row's sum in rms_row_sumsq's order, so the same bits as the loop below).
+        constexpr int R = RG >= 4 ? RG : 1;
+        for (int r = warp; r < 8 * RG; r += R * slices) {
+            int rows[R];
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                const int rr = r + i * slices;
+                rows[i] = rr < 8 * RG && row0 + rr < m ? row0 + rr : -1;
+            }
+            float ss[R];
+            dmma_rows_ss<R>(xf, rows, k, lane, ss);
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                const int rr = r + i * slices;
+                if (lane == 0 && rr < 8 * RG) dmma_inv[rr] = rms_inv(rows[i] >= 0 ? ss[i] : 0.0f, k, eps);
+            }
+        }
+        __syncthreads();
     } else if (NORM) {
         for (int r = warp; r < 8 * RG; r += slices) {
             const int row = row0 + r;
@@ -468,7 +517,9 @@ __device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w
                                                             m, n, k, sb, nw, eps, rp);             \
     }
 
-// Row groups of the small kernel: rg1 (1..8 rows per tile), rg2 (16), rg4 (32). Every small entry
+// Row groups of the small kernel: rg1 (1..8 rows per tile), rg2 (16), rg4 (32), rg8 (64: its
+// S x 8 x 128 floats of partials pass 48 KiB for S > 12 slices, the host allows the function that
+// much dynamic shared memory, dense.rs). Every small entry
 // point takes (x, w, out, m, n, k, sb, nw, eps); nw and eps are read by the _norm ones only.
 #define DENSE_MMA_SMALL(SUF, T, RG)                                                                \
     extern "C" __global__ void dense_mma_small_rg##RG##_##SUF(const T* x, const T* w, T* out,       \
@@ -505,6 +556,7 @@ __device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w
     DENSE_MMA_SMALL(SUF, T, 1)                                                                     \
     DENSE_MMA_SMALL(SUF, T, 2)                                                                     \
     DENSE_MMA_SMALL(SUF, T, 4)                                                                     \
+    DENSE_MMA_SMALL(SUF, T, 8)                                                                     \
     extern "C" __global__ void dense_mma_large_##SUF(const T* x, const T* w, T* out, int m, int n,  \
                                                      int k, int sb) {                              \
         dense_mma_large<T, T, false>(x, w, out, m, n, k, sb);                                      \

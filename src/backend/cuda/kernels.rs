@@ -511,7 +511,7 @@ impl KernelModule {
                         names.push(format!("dense_xwt_{t}_f32"));
                         names.extend(super::backend::MmaKernels::names(t));
                         for c in ["same", "e5m2", "e4m3"] {
-                            for rg in [1, 2, 4] {
+                            for rg in [1, 2, 4, 8] {
                                 names.push(super::backend::MmaKernels::rope_name(rg, t, c));
                             }
                         }

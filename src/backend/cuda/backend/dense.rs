@@ -1,8 +1,9 @@
 //! The batch-invariant dense matmuls (`kernels/dense.cu`): `out = x · wᵀ` for dense 16-bit
 //! weights with one fixed f32 reduction order per output element, whatever the number of rows,
 //! so a token's logits do not depend on the batch it rides in. Two kernel families:
-//! - `mma` (sm_80+, f16 / bf16): `dense_mma_small_rg{1,2,4}` (≤ 64 rows: warps over K slices,
-//!   the slice partials summed in slice order through shared memory) and, above 64 rows, the
+//! - `mma` (sm_80+, f16 / bf16): `dense_mma_small_rg{1,2,4,8}` (≤ 64 rows: warps over K slices,
+//!   the slice partials summed in slice order through shared memory; tiles of 8 / 16 / 32 / 64
+//!   rows, [`MidRows`] picks 33–64 rows' tile or the GEMM there) and, above 64 rows, the
 //!   pipelined GEMM of `dense_gemm.cu` (`dense_gemm.rs`; `KILN_DENSE_GEMM=0`: `dense_mma_large`,
 //!   128 × 64 tiles without staging), all `mma.sync.m16n8k16` over the same fragments and the
 //!   same K slices (a function of K alone, [`slice_blocks`]), so they agree bit for bit;
@@ -50,127 +51,20 @@ use crate::backend::BackendError;
 const DENSE_ROWS: u32 = 8;
 const DENSE_WARPS: u32 = 4;
 
-/// Rows up to which the `mma` path takes the small kernel (a speed choice only: both kernels
-/// give the same bits).
-pub const MMA_SMALL_MAX_ROWS: usize = 64;
-
-/// Largest step (tokens) whose llama layers take the fused decode ops when
-/// `KILN_FUSED_DECODE_ROWS` is unset and the dense matmul is cuBLAS. Measured on the H200
-/// (docs/benchmarks.md, branch `launch`): fused 1 row +13.6% over cuBLAS, fused 16 rows −7.5%
-/// (the 16-row tile of the small kernel is slower than cuBLAS there), 64 rows −33%. 1..8 rows run
-/// the same 8-row tile as 1 row, so 8 is the bound; 2..8 rows were not measured on their own.
-pub const DEFAULT_FUSED_DECODE_ROWS: usize = 8;
-
-/// The same under `KILN_DENSE_MATMUL=mma` (the default on sm_80+ with 16-bit compute): the small
-/// kernel's 16-row tile (row group 2). There the unfused ops run the same `mma` kernels, so
-/// fusing up to 16 rows saves launches without a slower tile (docs/benchmarks.md, `inv6`).
-pub const DEFAULT_FUSED_DECODE_ROWS_MMA: usize = 16;
-
-/// `KILN_FUSED_DECODE_ROWS` for a backend whose dense matmul is `dense`: unset or empty = the
-/// default of that kind ([`default_fused_rows`]), `0` = off, else a row count (clamped to
-/// [`MMA_SMALL_MAX_ROWS`]); anything else is an error.
-pub fn fused_rows_from_env(dense: DenseMatmul) -> Result<usize, BackendError> {
-    match std::env::var("KILN_FUSED_DECODE_ROWS") {
-        Err(_) => Ok(default_fused_rows(dense)),
-        Ok(v) => parse_fused_rows(&v, dense),
-    }
-}
-
-/// The fused decode rows when `KILN_FUSED_DECODE_ROWS` is unset: [`DEFAULT_FUSED_DECODE_ROWS_MMA`]
-/// under `mma` (batch-invariant across the fused / unfused boundary), [`DEFAULT_FUSED_DECODE_ROWS`]
-/// under cuBLAS (fast; not batch-invariant anyway), 0 under `fma` (the fused ops would be a
-/// second numeric path beside the `fma` kernel).
-pub fn default_fused_rows(dense: DenseMatmul) -> usize {
-    match dense {
-        DenseMatmul::Mma => DEFAULT_FUSED_DECODE_ROWS_MMA,
-        DenseMatmul::Cublas => DEFAULT_FUSED_DECODE_ROWS,
-        DenseMatmul::Fma => 0,
-    }
-}
-
-/// Parse a `KILN_FUSED_DECODE_ROWS` value for a backend whose dense matmul is `dense` (empty:
-/// [`default_fused_rows`]).
-pub fn parse_fused_rows(v: &str, dense: DenseMatmul) -> Result<usize, BackendError> {
-    let v = v.trim();
-    if v.is_empty() {
-        return Ok(default_fused_rows(dense));
-    }
-    v.parse::<usize>()
-        .map(|n| n.min(MMA_SMALL_MAX_ROWS))
-        .map_err(|_| {
-            BackendError::InvalidArgument(format!(
-                "KILN_FUSED_DECODE_ROWS={v:?}: expected a row count (0 = off)"
-            ))
-        })
-}
-
-/// `KILN_PDL`: programmatic dependent launch on (unset, `1`, `true`, `on`) or off (`0`, `false`,
-/// `off`).
-pub fn pdl_from_env() -> Result<bool, BackendError> {
-    super::launch::env_switch("KILN_PDL", true)
-}
-
-/// Which kernel runs the dense 16-bit matmuls of a backend (`KILN_DENSE_MATMUL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DenseMatmul {
-    /// cuBLAS (`KILN_DENSE_MATMUL=cublas` / `0` / `false`; the default for f32 compute):
-    /// fastest at prefill sizes, but its kernel and reduction order depend on the row count (not
-    /// batch-invariant).
-    Cublas,
-    /// `dense_xwt` on CUDA cores (`fma`; also `1` / `true`, the switch's first meaning; the
-    /// default below sm_80 with a 16-bit dtype).
-    Fma,
-    /// The tensor-core kernels (`mma`; the default on sm_80+ with a 16-bit dtype); `fma` on GPUs
-    /// below sm_80.
-    Mma,
-}
-
-impl DenseMatmul {
-    /// The choice of `KILN_DENSE_MATMUL`; unset or empty: `default` (what
-    /// [`DenseMatmul::default_for`] gives for the backend). An unknown value is an error (a typo
-    /// must not silently change the numerics).
-    pub fn from_env(default: DenseMatmul) -> Result<DenseMatmul, BackendError> {
-        match std::env::var("KILN_DENSE_MATMUL") {
-            Err(_) => Ok(default),
-            Ok(v) => Self::parse(&v, default),
-        }
-    }
-
-    /// The default when `KILN_DENSE_MATMUL` is unset, for kernels built for `arch` and compute
-    /// dtype `dtype`: a batch-invariant kernel wherever one takes the dtype — `mma` (tensor
-    /// cores) on sm_80+ and `fma` (CUDA cores) below sm_80 (V100 / T4: no `mma` kernels there;
-    /// decode-sized steps cost about what cuBLAS's do, prefill-sized ones are several times
-    /// slower, docs/benchmarks.md) for a 16-bit dtype; cuBLAS for f32 compute (no dense kernel
-    /// takes f32), which is not batch-invariant. `KILN_DENSE_MATMUL=cublas` trades the
-    /// invariance for cuBLAS's speed anywhere.
-    pub fn default_for(arch: Arch, dtype: ComputeDType) -> DenseMatmul {
-        match dtype {
-            ComputeDType::F32 => DenseMatmul::Cublas,
-            _ if arch.major >= 8 => DenseMatmul::Mma,
-            _ => DenseMatmul::Fma,
-        }
-    }
-
-    /// Parse a `KILN_DENSE_MATMUL` value (case-insensitive; empty: `default`).
-    pub fn parse(v: &str, default: DenseMatmul) -> Result<DenseMatmul, BackendError> {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "" => Ok(default),
-            "cublas" | "0" | "false" | "off" => Ok(DenseMatmul::Cublas),
-            "fma" | "1" | "true" => Ok(DenseMatmul::Fma),
-            "mma" => Ok(DenseMatmul::Mma),
-            other => Err(BackendError::InvalidArgument(format!(
-                "KILN_DENSE_MATMUL={other:?}: expected cublas, fma or mma"
-            ))),
-        }
-    }
-}
+mod options;
+pub use options::{
+    default_fused_rows, fused_rows_from_env, parse_fused_rows, pdl_from_env, DenseMatmul, MidRows,
+    DEFAULT_FUSED_DECODE_ROWS, DEFAULT_FUSED_DECODE_ROWS_MMA, MMA_SMALL_MAX_ROWS,
+};
 
 /// A kernel of the `mma` family, for tests and benchmarks that compare them
 /// ([`CudaBackend::matmul_dense_mma_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MmaKernel {
-    /// `dense_mma_small_rg{1,2,4}` (the row group by the row count).
+    /// `dense_mma_small_rg{1,2,4,8}` (the row group by the row count and [`MidRows`]).
     Small,
+    /// `dense_mma_small_rg{N}` with this row group (1, 2, 4 or 8) at any row count.
+    SmallRg(usize),
     /// `dense_mma_large`.
     Large,
     /// The pipelined GEMM of `dense_gemm.cu`, tile by `GemmTile::auto` (dense_gemm.rs).
@@ -182,31 +76,31 @@ pub enum MmaKernel {
 /// The `dense_mma_*` entry points of one 16-bit compute dtype.
 #[derive(Debug, Clone)]
 pub(crate) struct MmaKernels {
-    /// Small kernel, compute-dtype output, row groups 1, 2, 4.
-    pub small: [CudaFunction; 3],
+    /// Small kernel, compute-dtype output, row groups 1, 2, 4, 8.
+    pub small: [CudaFunction; 4],
     /// Small kernel, f32 output (the lm_head).
-    pub small_f32: [CudaFunction; 3],
+    pub small_f32: [CudaFunction; 4],
     /// Large kernel, compute-dtype output.
     pub large: CudaFunction,
     /// Large kernel, f32 output.
     pub large_f32: CudaFunction,
-    /// Small kernel with the SwiGLU epilogue, row groups 1, 2, 4.
-    pub small_swiglu: [CudaFunction; 3],
+    /// Small kernel with the SwiGLU epilogue, row groups 1, 2, 4, 8.
+    pub small_swiglu: [CudaFunction; 4],
     /// Large kernel with the SwiGLU epilogue.
     pub large_swiglu: CudaFunction,
-    /// Small kernel with the RMSNorm prologue (f32 residual input), row groups 1, 2, 4.
-    pub small_norm: [CudaFunction; 3],
+    /// Small kernel with the RMSNorm prologue (f32 residual input), row groups 1, 2, 4, 8.
+    pub small_norm: [CudaFunction; 4],
     /// Small kernel with the RMSNorm prologue and the SwiGLU epilogue.
-    pub small_norm_swiglu: [CudaFunction; 3],
+    pub small_norm_swiglu: [CudaFunction; 4],
     /// Small kernel with the residual-add epilogue (f32 residual output).
-    pub small_res: [CudaFunction; 3],
+    pub small_res: [CudaFunction; 4],
 }
 
 impl MmaKernels {
     /// The entry point names for dtype suffix `t` (f16 / bf16), as dense.cu defines them.
     pub fn names(t: &str) -> Vec<String> {
         let mut v = Vec::new();
-        for rg in [1, 2, 4] {
+        for rg in MMA_ROW_GROUPS {
             v.push(format!("dense_mma_small_rg{rg}_{t}"));
             v.push(format!("dense_mma_small_rg{rg}_{t}_f32"));
             v.push(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
@@ -240,22 +134,60 @@ impl MmaKernels {
         let sw = |rg: u32| get(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
         let var = |rg: u32, v: &str| get(format!("dense_mma_small_rg{rg}_{v}_{t}"));
         Ok(MmaKernels {
-            small: [s(1, false)?, s(2, false)?, s(4, false)?],
-            small_f32: [s(1, true)?, s(2, true)?, s(4, true)?],
+            small: [s(1, false)?, s(2, false)?, s(4, false)?, s(8, false)?],
+            small_f32: [s(1, true)?, s(2, true)?, s(4, true)?, s(8, true)?],
             large: get(format!("dense_mma_large_{t}"))?,
             large_f32: get(format!("dense_mma_large_{t}_f32"))?,
-            small_swiglu: [sw(1)?, sw(2)?, sw(4)?],
+            small_swiglu: [sw(1)?, sw(2)?, sw(4)?, sw(8)?],
             large_swiglu: get(format!("dense_mma_large_swiglu_{t}"))?,
-            small_norm: [var(1, "norm")?, var(2, "norm")?, var(4, "norm")?],
+            small_norm: [
+                var(1, "norm")?,
+                var(2, "norm")?,
+                var(4, "norm")?,
+                var(8, "norm")?,
+            ],
             small_norm_swiglu: [
                 var(1, "norm_swiglu")?,
                 var(2, "norm_swiglu")?,
                 var(4, "norm_swiglu")?,
+                var(8, "norm_swiglu")?,
             ],
-            small_res: [var(1, "res")?, var(2, "res")?, var(4, "res")?],
+            small_res: [
+                var(1, "res")?,
+                var(2, "res")?,
+                var(4, "res")?,
+                var(8, "res")?,
+            ],
         })
     }
+
+    /// Every small-kernel function of the 64-row tile (row group 8), whose partials may pass the
+    /// default 48 KiB of dynamic shared memory ([`small_shared_bytes`]).
+    pub fn rg8(&self) -> [&CudaFunction; 6] {
+        [
+            &self.small[3],
+            &self.small_f32[3],
+            &self.small_swiglu[3],
+            &self.small_norm[3],
+            &self.small_norm_swiglu[3],
+            &self.small_res[3],
+        ]
+    }
 }
+
+/// The row groups of the small kernel, in the order of [`MmaKernels`]' arrays (index =
+/// `trailing_zeros`).
+pub const MMA_ROW_GROUPS: [usize; 4] = [1, 2, 4, 8];
+
+/// Dynamic shared memory of a small-kernel launch: `slices × rg × 128` f32 partials. At most
+/// 16 × 8 × 512 B = 64 KiB (rg 8 with 16 slices): above the default 48 KiB, so the rg8 functions
+/// are allowed [`MMA_SMALL_MAX_SHARED`] at load (`handles.rs`).
+pub fn small_shared_bytes(slices: usize, rg: usize) -> usize {
+    slices * rg * 128 * 4
+}
+
+/// The most a small-kernel launch takes ([`small_shared_bytes`] of 16 slices, row group 8).
+pub const MMA_SMALL_MAX_SHARED: usize = 16 * 8 * 128 * 4;
 
 /// K blocks (of 32 columns) per K slice of the `mma` kernels: at least 4, and at most 16 slices;
 /// a function of `k` alone (the batch invariance rests on it). k = 576: 4 (5 slices), 1 536: 4
@@ -263,15 +195,6 @@ impl MmaKernels {
 pub fn slice_blocks(k: usize) -> usize {
     let kb = k.div_ceil(32);
     kb.div_ceil(16).max(4)
-}
-
-/// Row groups (of 8 rows) per tile of the small kernel for `rows` rows: 1, 2 or 4.
-pub(super) fn row_groups(rows: usize) -> usize {
-    match rows {
-        0..=8 => 1,
-        9..=16 => 2,
-        _ => 4,
-    }
 }
 
 impl CudaBackend {
@@ -305,11 +228,7 @@ impl CudaBackend {
         out_f32: bool,
     ) -> Result<(), BackendError> {
         if self.dense == DenseMatmul::Mma {
-            let kernel = if rows <= MMA_SMALL_MAX_ROWS {
-                MmaKernel::Small
-            } else {
-                self.mma_big_kernel()
-            };
+            let kernel = self.mma_unfused_kernel(rows, w.n);
             let out = if out_f32 {
                 Epilogue::F32
             } else {
@@ -389,8 +308,16 @@ impl CudaBackend {
         let sb = slice_blocks(w.k);
         let slices = w.k.div_ceil(32).div_ceil(sb);
         let (f, cfg) = match kernel {
-            MmaKernel::Small => {
-                let rg = row_groups(rows);
+            MmaKernel::Small | MmaKernel::SmallRg(_) => {
+                let rg = match kernel {
+                    MmaKernel::SmallRg(rg) if MMA_ROW_GROUPS.contains(&rg) => rg,
+                    MmaKernel::SmallRg(rg) => {
+                        return Err(BackendError::InvalidArgument(format!(
+                            "the small mma kernel has no row group {rg}"
+                        )))
+                    }
+                    _ => self.mid.row_groups(rows),
+                };
                 let i = rg.trailing_zeros() as usize;
                 let f = match (epilogue, norm.is_some()) {
                     (Epilogue::Same, false) => &mk.small[i],
@@ -412,7 +339,7 @@ impl CudaBackend {
                         1,
                     ),
                     block_dim: (32 * slices as u32, 1, 1),
-                    shared_mem_bytes: (slices * rg * 128 * 4) as u32,
+                    shared_mem_bytes: small_shared_bytes(slices, rg) as u32,
                 };
                 let (m, n, k, sbi) = (rows as i32, w.n as i32, w.k as i32, sb as i32);
                 let (nwp, eps) = norm.unwrap_or((0, 0.0));
@@ -435,7 +362,8 @@ impl CudaBackend {
                 // eps) signature and outlive the call; buffer sizes as this function's contract
                 // (the NORM prologue reads rows × k f32 and nw's k elements, the RES epilogue
                 // reads and writes rows × n f32); the shared memory is exactly slices × rg × 128
-                // floats (≤ 32 KiB: slices ≤ 16, rg ≤ 4).
+                // floats (≤ 64 KiB: slices ≤ 16, rg ≤ 8; the rg8 functions are allowed 64 KiB at
+                // load, the others need ≤ 32 KiB).
                 return unsafe { self.launch_kernel(f, cfg, &mut params, self.pdl) };
             }
             MmaKernel::Large => {
@@ -547,6 +475,16 @@ impl CudaBackend {
         unsafe { self.mma_matmul(w, rows, xp, op, Epilogue::Same, kernel, None) }
     }
 
+    /// The `mma` kernel of an unfused matmul of `rows` rows on `n` outputs: the small kernel up
+    /// to [`MMA_SMALL_MAX_ROWS`] rows (except where [`MidRows::gemm_takes`]), else the GEMM.
+    fn mma_unfused_kernel(&self, rows: usize, n: usize) -> MmaKernel {
+        if rows <= MMA_SMALL_MAX_ROWS && !self.mid.gemm_takes(rows, n) {
+            MmaKernel::Small
+        } else {
+            self.mma_big_kernel()
+        }
+    }
+
     /// Whether [`CudaBackend::interleave_gate_up`] reorders a gate|up weight of this backend:
     /// the `mma` kernels run here, the weight is dense and `inter` (= n / 2) is a multiple of 8.
     fn swiglu_fusable(&self, w: &CudaWeight) -> bool {
@@ -608,11 +546,7 @@ impl CudaBackend {
         super::check_len("gate_up_swiglu output", out.len, rows * inter)?;
         self.expect_compute("gate_up_swiglu input", x)?;
         self.expect_compute("gate_up_swiglu output", out)?;
-        let kernel = if rows <= MMA_SMALL_MAX_ROWS {
-            MmaKernel::Small
-        } else {
-            self.mma_big_kernel()
-        };
+        let kernel = self.mma_unfused_kernel(rows, w.n);
         let (xp, _x_sync) = x.data.device_ptr(&self.stream);
         let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
         // SAFETY: x holds rows × k compute-dtype elements and out rows × inter (checked above);

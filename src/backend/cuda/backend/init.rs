@@ -178,6 +178,7 @@ impl CudaBackend {
             0
         };
         let pdl = mma && arch.major >= 9 && dense::pdl_from_env().map_err(env_err)?;
+        let mid = dense::MidRows::from_env().map_err(env_err)?;
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -208,6 +209,7 @@ impl CudaBackend {
             scratch: Mutex::new(Scratch::default()),
             dense,
             fused_rows,
+            mid,
             pdl,
             pdl_packed: w4a16::pdl_packed_from_env().map_err(env_err)?,
             w4_trigger_late: w4a16::trigger_late_from_env().map_err(env_err)?,

@@ -1,5 +1,5 @@
-//! Unit tests of `dense.rs`: the K slices, the two environment switches and their defaults, the
-//! row groups.
+//! Unit tests of `dense.rs` and `dense/options.rs`: the K slices, the environment switches and
+//! their defaults, the row groups (`KILN_DENSE_MID`).
 
 use super::*;
 
@@ -86,9 +86,9 @@ fn the_fused_rows_switch_parses_counts_clamps_them_and_refuses_words() {
 
 #[test]
 fn the_fused_rows_default_follows_the_dense_kind() {
-    // mma: the 16-row tile, batch-invariant across the fused / unfused boundary.
-    assert_eq!(default_fused_rows(DenseMatmul::Mma), 16);
-    assert_eq!(DEFAULT_FUSED_DECODE_ROWS_MMA, 16);
+    // mma: the whole small-kernel range (batch-invariant across the fused / unfused boundary).
+    assert_eq!(default_fused_rows(DenseMatmul::Mma), 64);
+    assert_eq!(DEFAULT_FUSED_DECODE_ROWS_MMA, MMA_SMALL_MAX_ROWS);
     // cuBLAS: 8 (the measured bound); fma: off (the fused ops would be a second numeric path).
     assert_eq!(default_fused_rows(DenseMatmul::Cublas), 8);
     assert_eq!(DEFAULT_FUSED_DECODE_ROWS, 8);
@@ -101,10 +101,52 @@ fn the_fused_rows_default_follows_the_dense_kind() {
 
 #[test]
 fn row_groups_cover_the_small_kernel_range() {
-    assert_eq!(row_groups(1), 1);
-    assert_eq!(row_groups(8), 1);
-    assert_eq!(row_groups(9), 2);
-    assert_eq!(row_groups(16), 2);
-    assert_eq!(row_groups(17), 4);
-    assert_eq!(row_groups(64), 4);
+    let rg8 = MidRows::default();
+    let rg4 = MidRows::parse("rg4").unwrap();
+    for mid in [rg8, rg4] {
+        assert_eq!(mid.row_groups(1), 1);
+        assert_eq!(mid.row_groups(8), 1);
+        assert_eq!(mid.row_groups(9), 2);
+        assert_eq!(mid.row_groups(16), 2);
+        assert_eq!(mid.row_groups(17), 4);
+        assert_eq!(mid.row_groups(32), 4);
+    }
+    assert_eq!(rg8.row_groups(33), 8);
+    assert_eq!(rg8.row_groups(64), 8);
+    assert_eq!(rg4.row_groups(33), 4);
+    assert_eq!(rg4.row_groups(64), 4);
+    // Every row group the dispatch picks has its functions (index = trailing zeros).
+    for rows in 1..=MMA_SMALL_MAX_ROWS {
+        for mid in [rg8, rg4] {
+            let rg = mid.row_groups(rows);
+            assert_eq!(MMA_ROW_GROUPS[rg.trailing_zeros() as usize], rg);
+            // One tile of rows up to 64 on the 64-row tile; the partials fit the opt-in limit.
+            assert!(small_shared_bytes(16, rg) <= MMA_SMALL_MAX_SHARED);
+        }
+        assert_eq!(rows.div_ceil(8 * rg8.row_groups(rows)), 1, "rows {rows}");
+    }
+}
+
+#[test]
+fn the_mid_rows_switch_parses_its_values_and_refuses_others() {
+    let d = MidRows::default();
+    assert_eq!(d.rg, 8);
+    assert_eq!(d.gemm_n, usize::MAX);
+    assert_eq!(MidRows::parse("").unwrap(), d);
+    assert_eq!(MidRows::parse("rg4").unwrap().rg, 4);
+    assert_eq!(MidRows::parse(" RG8 ").unwrap(), d);
+    let g = MidRows::parse("rg4,gemm16384").unwrap();
+    assert_eq!((g.rg, g.gemm_n), (4, 16384));
+    assert_eq!(MidRows::parse("gemm").unwrap().gemm_n, 0);
+    assert!(MidRows::parse("rg16").is_err());
+    assert!(MidRows::parse("gemm-1").is_err());
+    assert!(MidRows::parse("fast").is_err());
+    assert_eq!(d.norm_rows, MMA_SMALL_MAX_ROWS);
+    assert_eq!(MidRows::parse("norm32").unwrap().norm_rows, 32);
+    assert_eq!(MidRows::parse("norm999").unwrap().norm_rows, MMA_SMALL_MAX_ROWS);
+    assert!(MidRows::parse("norm").is_err());
+    // The GEMM takes 33..=64 rows only, of wide enough weights.
+    assert!(!d.gemm_takes(64, 49152));
+    assert!(g.gemm_takes(33, 49152) && g.gemm_takes(64, 16384));
+    assert!(!g.gemm_takes(32, 49152) && !g.gemm_takes(64, 16383));
 }
