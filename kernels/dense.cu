@@ -380,7 +380,8 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
 #pragma unroll
             for (int i = 0; i < R; ++i) {
                 const int rr = r + i * slices;
-                if (lane == 0 && rr < 8 * RG) dmma_inv[rr] = rms_inv(rows[i] >= 0 ? ss[i] : 0.0f, k, eps);
+                if (lane == 0 && rr < 8 * RG)
+                    dmma_inv[rr] = rms_inv(rows[i] >= 0 ? ss[i] : 0.0f, k, eps);
             }
         }
         __syncthreads();

@@ -1,7 +1,8 @@
 //! The batch-invariant dense matmuls (`KILN_DENSE_MATMUL=fma|mma`, `kernels/dense.cu`) on a GPU:
 //! a row's output is bit-identical computed alone, inside a batch of 64 rows and inside one of
 //! 257 (the lm_head's f32-output variant too), close to cuBLAS; the tensor-core `mma` kernels
-//! (small and large) agree with each other bit for bit at 1, 2, 7, 16, 17, 64 and 257 rows and
+//! (small and large) agree with each other bit for bit at 1, 2, 7, 16, 17, 33, 40, 57, 64 and 257
+//! rows and
 //! with a CPU reference on the 16-bit inputs; all timed against cuBLAS at decode and prefill row
 //! counts (`RESULT` lines for docs/gpu-validation.md and docs/benchmarks.md). The fused q|k|v +
 //! RoPE + KV write (`norm_matmul_rope_write`) equals `norm_matmul` + `qkv_rope_write` bit for bit.
@@ -177,7 +178,7 @@ fn dense_against_cublas_timings() {
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn mma_small_and_large_agree_bit_for_bit_and_match_a_cpu_reference() {
-    const ROWS: [usize; 7] = [1, 2, 7, 16, 17, 64, 257];
+    const ROWS: [usize; 10] = [1, 2, 7, 16, 17, 33, 40, 57, 64, 257];
     let mut failures = Vec::new();
     for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
         let b = backend(dtype, "mma");
@@ -268,7 +269,7 @@ fn the_swiglu_epilogue_equals_the_matmul_then_swiglu_bit_for_bit() {
                 let stacked = b.upload_weight_rows("gu", &[gv, uv]).unwrap();
                 let fused = b.upload_gate_up("gu", &[gv, uv]).unwrap();
                 let x = b.upload(&data(257 * k, 80 + i as u64)).unwrap();
-                for rows in [1usize, 7, 16, 64, 257] {
+                for rows in [1usize, 7, 16, 33, 40, 57, 64, 257] {
                     let mut scratch = b.alloc(rows * 2 * inter).unwrap();
                     let mut want = b.alloc(rows * inter).unwrap();
                     b.matmul(&x, rows, &stacked, &mut scratch).unwrap();
@@ -314,12 +315,12 @@ fn residual_from(
 /// op within the 16-bit rounding (the prologue sums a row's squares in its own order),
 /// `matmul_residual` equals `matmul` + `add_rms_norm`'s residual bit for bit on an `mma` backend
 /// (the same product, the same f32 add), and each is batch-invariant: a row gives the same bits
-/// alone and in steps of 7, 16, 17 and 64 rows. On the default (cuBLAS) backend the fused ops
+/// alone and in steps of 7, 16, 17, 33, 40, 57 and 64 rows. On the default (cuBLAS) backend the fused ops
 /// run the same kernels, compared with the cuBLAS unfused ops within the rounding.
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
-    const ROWS: [usize; 5] = [1, 7, 16, 17, 64];
+    const ROWS: [usize; 8] = [1, 7, 16, 17, 33, 40, 57, 64];
     let (hidden, qkv_n, inter) = (576usize, 960usize, 1536usize);
     let mut failures = Vec::new();
     for dtype in dtypes().into_iter().filter(|d| *d != "f32") {

@@ -57,6 +57,11 @@ fn mid_dtypes() -> Vec<&'static str> {
 /// A weight [n, k] of pseudo-random values in [-1, 1) rounded to the 16-bit dtype (a block of
 /// 1 000 003 values, prime, repeated), uploaded as 16-bit data.
 fn weight(b: &CudaBackend, dtype: &str, n: usize, k: usize, seed: u64) -> Weight {
+    upload16(b, dtype, &host16(dtype, n, k, seed), n, k)
+}
+
+/// The 16-bit bits of [`weight`]'s values.
+fn host16(dtype: &str, n: usize, k: usize, seed: u64) -> Vec<u16> {
     let block = data(1_000_003, seed);
     let conv: Vec<u16> = block
         .iter()
@@ -73,6 +78,11 @@ fn weight(b: &CudaBackend, dtype: &str, n: usize, k: usize, seed: u64) -> Weight
         let take = (n * k - host.len()).min(conv.len());
         host.extend_from_slice(&conv[..take]);
     }
+    host
+}
+
+/// Upload 16-bit bits `host` as an [n, k] weight.
+fn upload16(b: &CudaBackend, dtype: &str, host: &[u16], n: usize, k: usize) -> Weight {
     let shape = [n, k];
     let view = TensorView {
         dtype: if dtype == "bf16" {
@@ -81,7 +91,7 @@ fn weight(b: &CudaBackend, dtype: &str, n: usize, k: usize, seed: u64) -> Weight
             WeightDType::F16
         },
         shape: &shape,
-        data: bytemuck::cast_slice(&host),
+        data: bytemuck::cast_slice(host),
     };
     b.upload_weight("w", &view).expect("upload")
 }
@@ -128,7 +138,9 @@ fn every_row_group_and_the_gemm_give_the_same_bits_at_1_to_64_rows() {
     for dtype in mid_dtypes() {
         let b = backend(dtype, "mma", "");
         if b.dense_matmul_kind() != DenseMatmul::Mma {
-            println!("RESULT mid_bits dtype={dtype} skipped: no tensor-core kernels on this target");
+            println!(
+                "RESULT mid_bits dtype={dtype} skipped: no tensor-core kernels on this target"
+            );
             continue;
         }
         for (i, &(n, k, name)) in SHAPES.iter().enumerate() {
@@ -177,7 +189,10 @@ fn every_row_group_and_the_gemm_give_the_same_bits_at_1_to_64_rows() {
             }
         }
     }
-    println!("RESULT mid_bits comparisons={checked} failures={}", failures.len());
+    println!(
+        "RESULT mid_bits comparisons={checked} failures={}",
+        failures.len()
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -248,7 +263,14 @@ fn layer(b: &CudaBackend) -> Layer {
 /// The fused ops of `rows` rows (fused = true) or their unfused compositions: the q|k|v of
 /// `norm_matmul`, the SwiGLU output of `norm_gate_up_swiglu`, the residual after o_proj's and
 /// down_proj's `matmul_residual`, as f32 bits.
-fn layer_ops(b: &CudaBackend, l: &Layer, x_host: &[f32], a_host: &[f32], rows: usize, fused: bool) -> Vec<Vec<u32>> {
+fn layer_ops(
+    b: &CudaBackend,
+    l: &Layer,
+    x_host: &[f32],
+    a_host: &[f32],
+    rows: usize,
+    fused: bool,
+) -> Vec<Vec<u32>> {
     let eps = 1e-5;
     let x = residual_from(b, &x_host[..rows * HIDDEN], rows, HIDDEN);
     let mut h = b.alloc(rows * HIDDEN).unwrap();
@@ -259,11 +281,21 @@ fn layer_ops(b: &CudaBackend, l: &Layer, x_host: &[f32], a_host: &[f32], rows: u
         b.norm_matmul(&x, &l.norm_w, eps, rows, HIDDEN, &l.qkv, &mut h, &mut qkv)
             .unwrap();
         b.norm_gate_up_swiglu(
-            &x, &l.norm_w, eps, rows, HIDDEN, &l.gu, &mut h, &mut scratch, &mut act, INTER,
+            &x,
+            &l.norm_w,
+            eps,
+            rows,
+            HIDDEN,
+            &l.gu,
+            &mut h,
+            &mut scratch,
+            &mut act,
+            INTER,
         )
         .unwrap();
     } else {
-        b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, eps).unwrap();
+        b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, eps)
+            .unwrap();
         b.matmul(&h, rows, &l.qkv, &mut qkv).unwrap();
         b.gate_up_swiglu(&h, rows, &l.gu, &mut scratch, &mut act, INTER)
             .unwrap();
@@ -425,14 +457,27 @@ fn the_fused_rope_write_at_17_to_64_rows_equals_the_unfused_pair() {
                 let mut q_f = b.alloc(rows * heads * hd).unwrap();
                 let mut cache_f = b.create_kv_cache(&spec).unwrap();
                 b.norm_matmul_rope_write(
-                    &x, &l.norm_w, 1e-5, rows, HIDDEN, &l.qkv, &mut h, &mut qkv, &mut q_f,
-                    &mut cache_f, 0, &rope, &st, &params,
+                    &x,
+                    &l.norm_w,
+                    1e-5,
+                    rows,
+                    HIDDEN,
+                    &l.qkv,
+                    &mut h,
+                    &mut qkv,
+                    &mut q_f,
+                    &mut cache_f,
+                    0,
+                    &rope,
+                    &st,
+                    &params,
                 )
                 .unwrap();
                 let fused_ran = bits(&down(&b, &qkv, rows * QKV_N)) == bits(&sentinel);
                 let mut q_u = b.alloc(rows * heads * hd).unwrap();
                 let mut cache_u = b.create_kv_cache(&spec).unwrap();
-                b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, 1e-5).unwrap();
+                b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, 1e-5)
+                    .unwrap();
                 b.matmul(&h, rows, &l.qkv, &mut qkv).unwrap();
                 b.qkv_rope_write(&qkv, &mut q_u, &mut cache_u, 0, &rope, &st, &params, None)
                     .unwrap();
@@ -509,11 +554,13 @@ fn mid_rows_kernel_timings() {
     ];
     for (si, &(n, k, name, out)) in shapes.iter().enumerate() {
         let copies = copies_for(n, k);
+        // The same values in every copy (distinct allocations: what matters is the traffic).
+        let host = host16(dtype, n, k, 700 + si as u64);
         let ws: Vec<Weight> = (0..copies)
-            .map(|c| weight(&b, dtype, n, k, 700 + (si * 64 + c) as u64))
+            .map(|_| upload16(&b, dtype, &host, n, k))
             .collect();
         let wbs: Vec<Weight> = (0..copies)
-            .map(|c| weight(&blas, dtype, n, k, 700 + (si * 64 + c) as u64))
+            .map(|_| upload16(&blas, dtype, &host, n, k))
             .collect();
         for rows in [16usize, 32, 48, 64] {
             let x = b.upload(&data(rows * k, 800)).unwrap();
@@ -589,7 +636,8 @@ fn mid_rows_fused_op_timings() {
                 "norm_qkv_unfused",
                 median_us(&b, copies, |i| {
                     let l = &ls[i];
-                    b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, eps).unwrap();
+                    b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, eps)
+                        .unwrap();
                     b.matmul(&h, rows, &l.qkv, &mut qkv).unwrap()
                 }),
             ));
@@ -598,7 +646,15 @@ fn mid_rows_fused_op_timings() {
                 median_us(&b, copies, |i| {
                     let l = &ls[i];
                     b.norm_gate_up_swiglu(
-                        &x, &l.norm_w, eps, rows, HIDDEN, &l.gu, &mut h, &mut scratch, &mut act,
+                        &x,
+                        &l.norm_w,
+                        eps,
+                        rows,
+                        HIDDEN,
+                        &l.gu,
+                        &mut h,
+                        &mut scratch,
+                        &mut act,
                         INTER,
                     )
                     .unwrap()
@@ -608,7 +664,8 @@ fn mid_rows_fused_op_timings() {
                 "norm_swiglu_unfused",
                 median_us(&b, copies, |i| {
                     let l = &ls[i];
-                    b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, eps).unwrap();
+                    b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, eps)
+                        .unwrap();
                     b.gate_up_swiglu(&h, rows, &l.gu, &mut scratch, &mut act, INTER)
                         .unwrap()
                 }),

@@ -42,8 +42,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
-use super::{dev_err, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
-use crate::backend::cuda::nvrtc::Arch;
+use super::{dev_err, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
 
 /// Rows per block tile and warps (output columns) per block of `dense_xwt`; must equal
@@ -53,8 +52,8 @@ const DENSE_WARPS: u32 = 4;
 
 mod options;
 pub use options::{
-    default_fused_rows, fused_rows_from_env, parse_fused_rows, pdl_from_env, DenseMatmul, MidRows,
-    DEFAULT_FUSED_DECODE_ROWS, DEFAULT_FUSED_DECODE_ROWS_MMA, MMA_SMALL_MAX_ROWS,
+    fused_rows_from_env, pdl_from_env, DenseMatmul, MidRows, DEFAULT_FUSED_DECODE_ROWS,
+    MMA_SMALL_MAX_ROWS,
 };
 
 /// A kernel of the `mma` family, for tests and benchmarks that compare them

@@ -191,6 +191,11 @@ impl CudaBackend {
                 dense::DenseMatmul::Fma => " [dense matmul: fma]",
                 dense::DenseMatmul::Mma => " [dense matmul: mma]",
             }
+            + &if dense == dense::DenseMatmul::Mma {
+                mid.describe()
+            } else {
+                String::new()
+            }
             + &if fused_rows > 0 {
                 format!(
                     " [fused decode <= {fused_rows} rows{}]",

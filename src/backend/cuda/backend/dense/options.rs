@@ -126,7 +126,6 @@ impl DenseMatmul {
     }
 }
 
-
 /// Which `mma` kernel takes the steps of 33–64 rows (`KILN_DENSE_MID`, read at the backend's
 /// creation; a speed choice only: every kernel of the family gives the same bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +194,19 @@ impl MidRows {
             }
         }
         Ok(m)
+    }
+
+    /// What the backend's name shows of it: ` [33-64 rows: rg8]` (and `, gemm n>=N`, `, norm
+    /// <= N rows` where not the default).
+    pub fn describe(self) -> String {
+        let mut s = format!(" [33-64 rows: rg{}", self.rg);
+        if self.gemm_n != usize::MAX {
+            s += &format!(", gemm n>={}", self.gemm_n);
+        }
+        if self.norm_rows != MMA_SMALL_MAX_ROWS {
+            s += &format!(", norm <= {} rows", self.norm_rows);
+        }
+        s + "]"
     }
 
     /// Row groups (of 8 rows) per tile of the small kernel for a step of `rows` rows: 1 up to

@@ -1,7 +1,9 @@
 //! Unit tests of `dense.rs` and `dense/options.rs`: the K slices, the environment switches and
 //! their defaults, the row groups (`KILN_DENSE_MID`).
 
+use super::options::{default_fused_rows, parse_fused_rows, DEFAULT_FUSED_DECODE_ROWS_MMA};
 use super::*;
+use crate::backend::cuda::backend::ComputeDType;
 
 #[test]
 fn the_k_slices_depend_on_k_alone_and_stay_within_the_kernel_limits() {
@@ -143,7 +145,10 @@ fn the_mid_rows_switch_parses_its_values_and_refuses_others() {
     assert!(MidRows::parse("fast").is_err());
     assert_eq!(d.norm_rows, MMA_SMALL_MAX_ROWS);
     assert_eq!(MidRows::parse("norm32").unwrap().norm_rows, 32);
-    assert_eq!(MidRows::parse("norm999").unwrap().norm_rows, MMA_SMALL_MAX_ROWS);
+    assert_eq!(
+        MidRows::parse("norm999").unwrap().norm_rows,
+        MMA_SMALL_MAX_ROWS
+    );
     assert!(MidRows::parse("norm").is_err());
     // The GEMM takes 33..=64 rows only, of wide enough weights.
     assert!(!d.gemm_takes(64, 49152));
