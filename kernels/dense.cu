@@ -261,6 +261,17 @@ __device__ __forceinline__ void dmma_store_rope(T* __restrict__ q_out, const Dmm
 #define DMMA_PREFETCH true
 #endif
 
+// The small kernel's x words (B operands) of several k blocks loaded before their mmas: one
+// round trip per 4 blocks (2 for the 64-row tile, whose 8 row groups would take 128 registers)
+// instead of one per block, where the per-block branch kept the loads apart. Off with
+// -DKILN_DENSE_NO_BPRE (KILN_DENSE_BPRE=0, a measurement switch: main's loop; the same bits,
+// the same mmas in the same order).
+#ifdef KILN_DENSE_NO_BPRE
+#define DMMA_BPRE false
+#else
+#define DMMA_BPRE true
+#endif
+
 // NORM with one row group: every warp sums the squares of the tile's rows itself (dmma_row_ss,
 // the same order as one warp per row, and the butterfly leaves every lane the same bits) and keeps
 // its lane's row's 1 / rms in a register: no shared memory, no barrier before the product. Off
@@ -400,6 +411,35 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
         for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
     for (int c0 = kb0; c0 < kb1; c0 += 4) {
         if (c0 != kb0) dmma_ld_a4(ws, wr_lo, wr_hi, n, k, c0, kb1, t, a_lo, a_hi);
+        if (DMMA_BPRE) {
+            constexpr int JB = RG >= 8 ? 2 : 4;
+#pragma unroll
+            for (int j0 = 0; j0 < 4; j0 += JB) {
+                uint4 bw[JB][RG];
+#pragma unroll
+                for (int jj = 0; jj < JB; ++jj) {
+                    const int j = j0 + jj;
+                    const int col = (c0 + j) * 32 + 8 * t;
+                    const int mr = c0 + j < kb1 ? m : 0;  // a block past the slice: zeros, unused
+#pragma unroll
+                    for (int r = 0; r < RG; ++r) {
+                        const int row = row0 + 8 * r + g;
+                        const float inv = !NORM ? 0.0f : NORM_WARP ? inv_g : dmma_inv[8 * r + g];
+                        bw[jj][r] = !NORM ? dmma_ld(xs, row, mr, col, k)
+                                    : DMMA_PREFETCH && c0 == kb0
+                                        ? dmma_ld_norm_w<T>(xf, nwv[j], row, mr, col, k, inv)
+                                        : dmma_ld_norm<T>(xf, nws, row, mr, col, k, inv);
+                    }
+                }
+#pragma unroll
+                for (int jj = 0; jj < JB; ++jj)
+                    if (c0 + j0 + jj < kb1)
+#pragma unroll
+                        for (int r = 0; r < RG; ++r)
+                            dmma_block<T>(acc[r], a_lo[j0 + jj], a_hi[j0 + jj], bw[jj][r]);
+            }
+            continue;
+        }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             if (c0 + j < kb1) {

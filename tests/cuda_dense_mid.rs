@@ -532,8 +532,9 @@ fn copies_for(n: usize, k: usize) -> usize {
     (120_000_000 / (n * k * 2)).clamp(1, 64)
 }
 
-/// µs per call of the SmolLM2 shapes at 16–64 rows: each small-kernel row group, the GEMM (auto,
-/// t1, t3) and cuBLAS (bf16, weights rotated).
+/// µs per call of the SmolLM2 shapes at 1 and 16–64 rows: each small-kernel row group (with
+/// the x words preloaded, and as before `mma64`: `_nopre`), the GEMM (auto, t1, t3) and cuBLAS
+/// (bf16, weights rotated).
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn mid_rows_kernel_timings() {
@@ -544,6 +545,10 @@ fn mid_rows_kernel_timings() {
         return;
     }
     let blas = backend(dtype, "cublas", "");
+    // The small kernels as before `mma64` (each k block's x words loaded just before its mmas).
+    std::env::set_var("KILN_DENSE_BPRE", "0");
+    let nopre = backend(dtype, "mma", "");
+    std::env::remove_var("KILN_DENSE_BPRE");
     // (n, k, name, output): the lm_head writes f32 logits, gate|up the SwiGLU.
     let shapes = [
         (960usize, 576usize, "qkv", MmaOut::Same),
@@ -562,13 +567,18 @@ fn mid_rows_kernel_timings() {
         let wbs: Vec<Weight> = (0..copies)
             .map(|_| upload16(&blas, dtype, &host, n, k))
             .collect();
-        for rows in [16usize, 32, 48, 64] {
+        let wns: Vec<Weight> = (0..copies)
+            .map(|_| upload16(&nopre, dtype, &host, n, k))
+            .collect();
+        for rows in [1usize, 16, 32, 48, 64] {
             let x = b.upload(&data(rows * k, 800)).unwrap();
             let xb = blas.upload(&data(rows * k, 800)).unwrap();
+            let xn = nopre.upload(&data(rows * k, 800)).unwrap();
             let mut line = format!(
                 "RESULT mid_time dtype={dtype} shape={name} n={n} k={k} rows={rows} copies={copies}"
             );
-            let mut kernels = vec![
+            let kernels = vec![
+                ("rg1", MmaKernel::SmallRg(1)),
                 ("rg2", MmaKernel::SmallRg(2)),
                 ("rg4", MmaKernel::SmallRg(4)),
                 ("rg8", MmaKernel::SmallRg(8)),
@@ -576,15 +586,22 @@ fn mid_rows_kernel_timings() {
                 ("t1", MmaKernel::GemmTile(GemmTile::T1)),
                 ("t3", MmaKernel::GemmTile(GemmTile::T3)),
             ];
-            if rows > 16 {
-                kernels.remove(0);
-            }
             for (kname, kernel) in kernels {
                 let mut o = b.mma_probe_alloc(rows, &ws[0], out).unwrap();
                 let us = median_us(&b, copies, |i| {
                     b.mma_probe_run(&x, rows, &ws[i], kernel, &mut o).unwrap()
                 });
                 line += &format!(" {kname}={us:.2}");
+            }
+            for rg in [1usize, 2, 4, 8] {
+                let kernel = MmaKernel::SmallRg(rg);
+                let mut o = nopre.mma_probe_alloc(rows, &wns[0], out).unwrap();
+                let us = median_us(&nopre, copies, |i| {
+                    nopre
+                        .mma_probe_run(&xn, rows, &wns[i], kernel, &mut o)
+                        .unwrap()
+                });
+                line += &format!(" rg{rg}_nopre={us:.2}");
             }
             // cuBLAS: the plain product (its SwiGLU / f32 forms are separate kernels or the
             // logits path; the product is what the tiles compete with).

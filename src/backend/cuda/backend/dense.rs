@@ -315,7 +315,7 @@ impl CudaBackend {
                             "the small mma kernel has no row group {rg}"
                         )))
                     }
-                    _ => self.mid.row_groups(rows),
+                    _ => self.mid.row_groups(rows, w.n),
                 };
                 let i = rg.trailing_zeros() as usize;
                 let f = match (epilogue, norm.is_some()) {

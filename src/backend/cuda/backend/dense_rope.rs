@@ -99,7 +99,7 @@ impl CudaBackend {
         }
         let sb = slice_blocks(w.k);
         let slices = w.k.div_ceil(32).div_ceil(sb);
-        let rg = self.mid.row_groups(rows);
+        let rg = self.mid.row_groups(rows, w.n);
         let f = &fs[rg.trailing_zeros() as usize];
         let (xp, _s0) = x.data.device_ptr(&self.stream);
         let (np, _s1) = norm.data.device_ptr(&self.stream);

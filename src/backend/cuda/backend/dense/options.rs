@@ -130,9 +130,11 @@ impl DenseMatmul {
 /// creation; a speed choice only: every kernel of the family gives the same bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MidRows {
-    /// The small kernel's row group for 33–64 rows: 8 (one 64-row tile per 16 outputs, every
-    /// weight read once; the default) or 4 (two 32-row tiles, each weight read twice: main's).
-    pub rg: usize,
+    /// The small kernel's row group for 33–64 rows is 8 (one 64-row tile per 16 outputs, every
+    /// weight read once) for weights of at least this many outputs, else 4 (two 32-row tiles,
+    /// each weight read twice, twice the blocks: main's). 0 (the default): always 8;
+    /// `usize::MAX`: always 4.
+    pub rg8_min_n: usize,
     /// Unfused 33–64-row matmuls of weights with at least this many outputs take the pipelined
     /// GEMM instead (`usize::MAX`: never, the default).
     pub gemm_n: usize,
@@ -148,7 +150,7 @@ pub struct MidRows {
 impl Default for MidRows {
     fn default() -> Self {
         MidRows {
-            rg: 8,
+            rg8_min_n: 0,
             gemm_n: usize::MAX,
             norm_rows: MMA_SMALL_MAX_ROWS,
         }
@@ -164,7 +166,8 @@ impl MidRows {
         }
     }
 
-    /// Parse a `KILN_DENSE_MID` value: comma-separated `rg8` / `rg4` (the row group), `gemm`
+    /// Parse a `KILN_DENSE_MID` value: comma-separated `rg8` / `rg4` / `rg8nN` (the row group:
+    /// always 8, always 4, 8 from N outputs), `gemm`
     /// (every weight) / `gemmN` (weights of at least N outputs) and `normN` (the norm prologue
     /// up to N rows), e.g. `rg8,gemm16384,norm32`; what is not named keeps its default. Anything
     /// else is an error.
@@ -172,18 +175,20 @@ impl MidRows {
         let mut m = MidRows::default();
         let bad = |p: &str| {
             BackendError::InvalidArgument(format!(
-                "KILN_DENSE_MID={v:?}: {p:?} is not rg4, rg8, gemm, gemm<N> or norm<N>"
+                "KILN_DENSE_MID={v:?}: {p:?} is not rg4, rg8, rg8n<N>, gemm, gemm<N> or norm<N>"
             ))
         };
         for p in v.split(',').map(|p| p.trim().to_ascii_lowercase()) {
             match p.as_str() {
                 "" => {}
-                "rg4" => m.rg = 4,
-                "rg8" => m.rg = 8,
+                "rg4" => m.rg8_min_n = usize::MAX,
+                "rg8" => m.rg8_min_n = 0,
                 "gemm" => m.gemm_n = 0,
                 _ => {
                     let num = |pre: &str| p.strip_prefix(pre).and_then(|n| n.parse::<usize>().ok());
-                    if let Some(n) = num("gemm") {
+                    if let Some(n) = num("rg8n") {
+                        m.rg8_min_n = n;
+                    } else if let Some(n) = num("gemm") {
                         m.gemm_n = n;
                     } else if let Some(n) = num("norm") {
                         m.norm_rows = n.min(MMA_SMALL_MAX_ROWS);
@@ -196,10 +201,14 @@ impl MidRows {
         Ok(m)
     }
 
-    /// What the backend's name shows of it: ` [33-64 rows: rg8]` (and `, gemm n>=N`, `, norm
-    /// <= N rows` where not the default).
+    /// What the backend's name shows of it: ` [33-64 rows: rg8]` (`rg4`, `rg8 n>=N`; and
+    /// `, gemm n>=N`, `, norm <= N rows` where not the default).
     pub fn describe(self) -> String {
-        let mut s = format!(" [33-64 rows: rg{}", self.rg);
+        let mut s = match self.rg8_min_n {
+            0 => " [33-64 rows: rg8".to_string(),
+            usize::MAX => " [33-64 rows: rg4".to_string(),
+            n => format!(" [33-64 rows: rg8 n>={n}"),
+        };
         if self.gemm_n != usize::MAX {
             s += &format!(", gemm n>={}", self.gemm_n);
         }
@@ -209,14 +218,16 @@ impl MidRows {
         s + "]"
     }
 
-    /// Row groups (of 8 rows) per tile of the small kernel for a step of `rows` rows: 1 up to
-    /// 8 rows, 2 up to 16, 4 up to 32, then [`MidRows::rg`].
-    pub fn row_groups(self, rows: usize) -> usize {
+    /// Row groups (of 8 rows) per tile of the small kernel for a step of `rows` rows on `n`
+    /// outputs: 1 up to 8 rows, 2 up to 16, 4 up to 32, then 8 or 4 by
+    /// [`MidRows::rg8_min_n`].
+    pub fn row_groups(self, rows: usize, n: usize) -> usize {
         match rows {
             0..=8 => 1,
             9..=16 => 2,
             17..=32 => 4,
-            _ => self.rg,
+            _ if n >= self.rg8_min_n => 8,
+            _ => 4,
         }
     }
 

@@ -106,39 +106,48 @@ fn row_groups_cover_the_small_kernel_range() {
     let rg8 = MidRows::default();
     let rg4 = MidRows::parse("rg4").unwrap();
     for mid in [rg8, rg4] {
-        assert_eq!(mid.row_groups(1), 1);
-        assert_eq!(mid.row_groups(8), 1);
-        assert_eq!(mid.row_groups(9), 2);
-        assert_eq!(mid.row_groups(16), 2);
-        assert_eq!(mid.row_groups(17), 4);
-        assert_eq!(mid.row_groups(32), 4);
+        assert_eq!(mid.row_groups(1, 576), 1);
+        assert_eq!(mid.row_groups(8, 576), 1);
+        assert_eq!(mid.row_groups(9, 576), 2);
+        assert_eq!(mid.row_groups(16, 576), 2);
+        assert_eq!(mid.row_groups(17, 576), 4);
+        assert_eq!(mid.row_groups(32, 576), 4);
     }
-    assert_eq!(rg8.row_groups(33), 8);
-    assert_eq!(rg8.row_groups(64), 8);
-    assert_eq!(rg4.row_groups(33), 4);
-    assert_eq!(rg4.row_groups(64), 4);
+    assert_eq!(rg8.row_groups(33, 576), 8);
+    assert_eq!(rg8.row_groups(64, 576), 8);
+    assert_eq!(rg4.row_groups(33, 576), 4);
+    assert_eq!(rg4.row_groups(64, 576), 4);
     // Every row group the dispatch picks has its functions (index = trailing zeros).
     for rows in 1..=MMA_SMALL_MAX_ROWS {
         for mid in [rg8, rg4] {
-            let rg = mid.row_groups(rows);
+            let rg = mid.row_groups(rows, 576);
             assert_eq!(MMA_ROW_GROUPS[rg.trailing_zeros() as usize], rg);
             // One tile of rows up to 64 on the 64-row tile; the partials fit the opt-in limit.
             assert!(small_shared_bytes(16, rg) <= MMA_SMALL_MAX_SHARED);
         }
-        assert_eq!(rows.div_ceil(8 * rg8.row_groups(rows)), 1, "rows {rows}");
+        assert_eq!(
+            rows.div_ceil(8 * rg8.row_groups(rows, 576)),
+            1,
+            "rows {rows}"
+        );
     }
 }
 
 #[test]
 fn the_mid_rows_switch_parses_its_values_and_refuses_others() {
     let d = MidRows::default();
-    assert_eq!(d.rg, 8);
+    assert_eq!(d.rg8_min_n, 0);
     assert_eq!(d.gemm_n, usize::MAX);
     assert_eq!(MidRows::parse("").unwrap(), d);
-    assert_eq!(MidRows::parse("rg4").unwrap().rg, 4);
+    assert_eq!(MidRows::parse("rg4").unwrap().rg8_min_n, usize::MAX);
+    let split = MidRows::parse("rg8n2048").unwrap();
+    assert_eq!(split.row_groups(64, 3072), 8);
+    assert_eq!(split.row_groups(64, 2048), 8);
+    assert_eq!(split.row_groups(64, 960), 4);
+    assert_eq!(split.row_groups(32, 3072), 4);
     assert_eq!(MidRows::parse(" RG8 ").unwrap(), d);
     let g = MidRows::parse("rg4,gemm16384").unwrap();
-    assert_eq!((g.rg, g.gemm_n), (4, 16384));
+    assert_eq!((g.rg8_min_n, g.gemm_n), (usize::MAX, 16384));
     assert_eq!(MidRows::parse("gemm").unwrap().gemm_n, 0);
     assert!(MidRows::parse("rg16").is_err());
     assert!(MidRows::parse("gemm-1").is_err());
