@@ -1,13 +1,15 @@
 //! The batch-invariant `mma` path at 17–64 rows (`KILN_DENSE_MID`, the small kernel's 64-row
 //! tile `dense_mma_small_rg8`) on a GPU:
-//! - every row group of the small kernel (rg1 / rg2 / rg4 / rg8, any of them at any row count),
+//! - every row group of the small kernel (rg1 / rg2 / rg4 / rg8 and the wide rg8w, any of them at
+//!   any row count),
 //!   the dispatch (`MmaKernel::Small`) and the GEMM give the same bits for every epilogue the
 //!   probe has (compute dtype, f32, SwiGLU) at 1..64 rows (33, 40, 57, 64 among them), on
 //!   SmolLM2's shapes, a ragged one and K = 5120 / 8192 (16 slices: the rg8 tile's 64 KiB of
 //!   shared memory, above the default 48 KiB);
 //! - the fused decode ops at 17–64 rows (the rg4 / rg8 NORM prologue with its multi-row sum of
 //!   squares, the RES epilogue, the NORM_ROPE q|k|v) equal the unfused ops bit for bit, on a
-//!   backend with `KILN_DENSE_MID=rg8` (the default) and one with `rg4` (main's tile);
+//!   backend with `KILN_DENSE_MID=rg8` (the default), `rg4` (main's tile), `norm32` and `wide0`
+//!   (the wide tile);
 //! - timings (`RESULT mid_time` / `mid_fused_time` lines for docs/benchmarks.md): the SmolLM2
 //!   shapes at 16 / 32 / 48 / 64 rows through each row group, the GEMM (auto, t1, t3) and cuBLAS,
 //!   weights rotated over copies that do not fit the L2 (what a decode step streams), PDL on;
@@ -163,6 +165,9 @@ fn every_row_group_and_the_gemm_give_the_same_bits_at_1_to_64_rows() {
                         ("rg8", MmaKernel::SmallRg(8)),
                         ("small", MmaKernel::Small),
                     ];
+                    if k <= 1024 {
+                        kernels.push(("rg8w", MmaKernel::SmallWide));
+                    }
                     if rows > 16 {
                         kernels.push(("gemm", MmaKernel::Gemm));
                         kernels.push(("gemm_t3", MmaKernel::GemmTile(GemmTile::T3)));
@@ -333,6 +338,7 @@ fn the_fused_ops_at_17_to_64_rows_equal_the_unfused_ones_bit_for_bit() {
             ("rg8", backend(dtype, "mma", "")),
             ("rg4", backend(dtype, "mma", "rg4")),
             ("rg8_norm32", backend(dtype, "mma", "norm32")),
+            ("rg8w", backend(dtype, "mma", "wide0")),
         ];
         if bs[0].1.dense_matmul_kind() != DenseMatmul::Mma {
             println!("RESULT mid_fused dtype={dtype} skipped: no tensor-core kernels");
@@ -577,7 +583,7 @@ fn mid_rows_kernel_timings() {
             let mut line = format!(
                 "RESULT mid_time dtype={dtype} shape={name} n={n} k={k} rows={rows} copies={copies}"
             );
-            let kernels = vec![
+            let mut kernels = vec![
                 ("rg1", MmaKernel::SmallRg(1)),
                 ("rg2", MmaKernel::SmallRg(2)),
                 ("rg4", MmaKernel::SmallRg(4)),
@@ -586,6 +592,9 @@ fn mid_rows_kernel_timings() {
                 ("t1", MmaKernel::GemmTile(GemmTile::T1)),
                 ("t3", MmaKernel::GemmTile(GemmTile::T3)),
             ];
+            if k <= 1024 {
+                kernels.push(("rg8w", MmaKernel::SmallWide));
+            }
             for (kname, kernel) in kernels {
                 let mut o = b.mma_probe_alloc(rows, &ws[0], out).unwrap();
                 let us = median_us(&b, copies, |i| {
@@ -622,7 +631,7 @@ fn mid_rows_kernel_timings() {
 #[ignore = "needs a GPU: see the header"]
 fn mid_rows_fused_op_timings() {
     let dtype = "bf16";
-    for mid in ["", "rg4"] {
+    for mid in ["", "rg4", "wide0"] {
         let b = backend(dtype, "mma", mid);
         if b.dense_matmul_kind() != DenseMatmul::Mma {
             println!("RESULT mid_fused_time skipped: no tensor-core kernels on this target");

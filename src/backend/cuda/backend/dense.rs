@@ -3,7 +3,8 @@
 //! so a token's logits do not depend on the batch it rides in. Two kernel families:
 //! - `mma` (sm_80+, f16 / bf16): `dense_mma_small_rg{1,2,4,8}` (≤ 64 rows: warps over K slices,
 //!   the slice partials summed in slice order through shared memory; tiles of 8 / 16 / 32 / 64
-//!   rows, [`MidRows`] picks 33–64 rows' tile or the GEMM there) and, above 64 rows, the
+//!   rows, so a step of up to 64 rows reads each weight once; [`MidRows`], `KILN_DENSE_MID`,
+//!   picks the tile of 33–64 rows or the GEMM there) and, above 64 rows, the
 //!   pipelined GEMM of `dense_gemm.cu` (`dense_gemm.rs`; `KILN_DENSE_GEMM=0`: `dense_mma_large`,
 //!   128 × 64 tiles without staging), all `mma.sync.m16n8k16` over the same fragments and the
 //!   same K slices (a function of K alone, [`slice_blocks`]), so they agree bit for bit;
@@ -64,6 +65,8 @@ pub enum MmaKernel {
     Small,
     /// `dense_mma_small_rg{N}` with this row group (1, 2, 4 or 8) at any row count.
     SmallRg(usize),
+    /// `dense_mma_small_rg8w`: the 64-row tile over 32 outputs per block (K ≤ 1024).
+    SmallWide,
     /// `dense_mma_large`.
     Large,
     /// The pipelined GEMM of `dense_gemm.cu`, tile by `GemmTile::auto` (dense_gemm.rs).
@@ -75,31 +78,31 @@ pub enum MmaKernel {
 /// The `dense_mma_*` entry points of one 16-bit compute dtype.
 #[derive(Debug, Clone)]
 pub(crate) struct MmaKernels {
-    /// Small kernel, compute-dtype output, row groups 1, 2, 4, 8.
-    pub small: [CudaFunction; 4],
+    /// Small kernel, compute-dtype output, row groups 1, 2, 4, 8, then the wide 64-row tile (rg8w).
+    pub small: [CudaFunction; 5],
     /// Small kernel, f32 output (the lm_head).
-    pub small_f32: [CudaFunction; 4],
+    pub small_f32: [CudaFunction; 5],
     /// Large kernel, compute-dtype output.
     pub large: CudaFunction,
     /// Large kernel, f32 output.
     pub large_f32: CudaFunction,
-    /// Small kernel with the SwiGLU epilogue, row groups 1, 2, 4, 8.
-    pub small_swiglu: [CudaFunction; 4],
+    /// Small kernel with the SwiGLU epilogue, row groups 1, 2, 4, 8, then the wide 64-row tile (rg8w).
+    pub small_swiglu: [CudaFunction; 5],
     /// Large kernel with the SwiGLU epilogue.
     pub large_swiglu: CudaFunction,
-    /// Small kernel with the RMSNorm prologue (f32 residual input), row groups 1, 2, 4, 8.
-    pub small_norm: [CudaFunction; 4],
+    /// Small kernel with the RMSNorm prologue (f32 residual input), row groups 1, 2, 4, 8, then the wide 64-row tile (rg8w).
+    pub small_norm: [CudaFunction; 5],
     /// Small kernel with the RMSNorm prologue and the SwiGLU epilogue.
-    pub small_norm_swiglu: [CudaFunction; 4],
+    pub small_norm_swiglu: [CudaFunction; 5],
     /// Small kernel with the residual-add epilogue (f32 residual output).
-    pub small_res: [CudaFunction; 4],
+    pub small_res: [CudaFunction; 5],
 }
 
 impl MmaKernels {
     /// The entry point names for dtype suffix `t` (f16 / bf16), as dense.cu defines them.
     pub fn names(t: &str) -> Vec<String> {
         let mut v = Vec::new();
-        for rg in MMA_ROW_GROUPS {
+        for rg in ["1", "2", "4", "8", "8w"] {
             v.push(format!("dense_mma_small_rg{rg}_{t}"));
             v.push(format!("dense_mma_small_rg{rg}_{t}_f32"));
             v.push(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
@@ -124,53 +127,47 @@ impl MmaKernels {
         get: &dyn Fn(String) -> Result<CudaFunction, E>,
         t: &str,
     ) -> Result<MmaKernels, E> {
-        let s = |rg: u32, f32: bool| {
+        let s = |rg: &str, f32: bool| {
             get(format!(
                 "dense_mma_small_rg{rg}_{t}{}",
                 if f32 { "_f32" } else { "" }
             ))
         };
-        let sw = |rg: u32| get(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
-        let var = |rg: u32, v: &str| get(format!("dense_mma_small_rg{rg}_{v}_{t}"));
+        let sw = |rg: &str| get(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
+        let var = |rg: &str, v: &str| get(format!("dense_mma_small_rg{rg}_{v}_{t}"));
+        let five = |f: &dyn Fn(&str) -> Result<CudaFunction, E>| -> Result<[CudaFunction; 5], E> {
+            Ok([f("1")?, f("2")?, f("4")?, f("8")?, f("8w")?])
+        };
         Ok(MmaKernels {
-            small: [s(1, false)?, s(2, false)?, s(4, false)?, s(8, false)?],
-            small_f32: [s(1, true)?, s(2, true)?, s(4, true)?, s(8, true)?],
+            small: five(&|rg| s(rg, false))?,
+            small_f32: five(&|rg| s(rg, true))?,
             large: get(format!("dense_mma_large_{t}"))?,
             large_f32: get(format!("dense_mma_large_{t}_f32"))?,
-            small_swiglu: [sw(1)?, sw(2)?, sw(4)?, sw(8)?],
+            small_swiglu: five(&sw)?,
             large_swiglu: get(format!("dense_mma_large_swiglu_{t}"))?,
-            small_norm: [
-                var(1, "norm")?,
-                var(2, "norm")?,
-                var(4, "norm")?,
-                var(8, "norm")?,
-            ],
-            small_norm_swiglu: [
-                var(1, "norm_swiglu")?,
-                var(2, "norm_swiglu")?,
-                var(4, "norm_swiglu")?,
-                var(8, "norm_swiglu")?,
-            ],
-            small_res: [
-                var(1, "res")?,
-                var(2, "res")?,
-                var(4, "res")?,
-                var(8, "res")?,
-            ],
+            small_norm: five(&|rg| var(rg, "norm"))?,
+            small_norm_swiglu: five(&|rg| var(rg, "norm_swiglu"))?,
+            small_res: five(&|rg| var(rg, "res"))?,
         })
     }
 
-    /// Every small-kernel function of the 64-row tile (row group 8), whose partials may pass the
+    /// Every small-kernel function of the 64-row tiles (rg8, rg8w), whose partials may pass the
     /// default 48 KiB of dynamic shared memory ([`small_shared_bytes`]).
-    pub fn rg8(&self) -> [&CudaFunction; 6] {
-        [
-            &self.small[3],
-            &self.small_f32[3],
-            &self.small_swiglu[3],
-            &self.small_norm[3],
-            &self.small_norm_swiglu[3],
-            &self.small_res[3],
-        ]
+    pub fn rg8(&self) -> [&CudaFunction; 12] {
+        [3, 4]
+            .map(|i| {
+                [
+                    &self.small[i],
+                    &self.small_f32[i],
+                    &self.small_swiglu[i],
+                    &self.small_norm[i],
+                    &self.small_norm_swiglu[i],
+                    &self.small_res[i],
+                ]
+            })
+            .concat()
+            .try_into()
+            .expect("12 functions")
     }
 }
 
@@ -178,9 +175,11 @@ impl MmaKernels {
 /// `trailing_zeros`).
 pub const MMA_ROW_GROUPS: [usize; 4] = [1, 2, 4, 8];
 
-/// Dynamic shared memory of a small-kernel launch: `slices × rg × 128` f32 partials. At most
-/// 16 × 8 × 512 B = 64 KiB (rg 8 with 16 slices): above the default 48 KiB, so the rg8 functions
-/// are allowed [`MMA_SMALL_MAX_SHARED`] at load (`handles.rs`).
+/// Dynamic shared memory of a small-kernel launch: `slices × rg × 128` f32 partials (`rg`: row
+/// groups × tiles per block, 16 for rg8w). At most 16 × 8 × 512 B = 64 KiB (rg8 with 16
+/// slices; rg8w is used up to 8 slices, K ≤ 1024): above the default 48 KiB, so the rg8 / rg8w
+/// functions are allowed [`MMA_SMALL_MAX_SHARED`] at load (`handles.rs`; 64 KiB is what every
+/// GPU from sm_75 on allows).
 pub fn small_shared_bytes(slices: usize, rg: usize) -> usize {
     slices * rg * 128 * 4
 }
@@ -307,17 +306,33 @@ impl CudaBackend {
         let sb = slice_blocks(w.k);
         let slices = w.k.div_ceil(32).div_ceil(sb);
         let (f, cfg) = match kernel {
-            MmaKernel::Small | MmaKernel::SmallRg(_) => {
-                let rg = match kernel {
-                    MmaKernel::SmallRg(rg) if MMA_ROW_GROUPS.contains(&rg) => rg,
+            MmaKernel::Small | MmaKernel::SmallRg(_) | MmaKernel::SmallWide => {
+                // (row groups, 16-output tiles) per block.
+                let wide_fits = small_shared_bytes(slices, 16) <= MMA_SMALL_MAX_SHARED;
+                let (rg, nt) = match kernel {
+                    MmaKernel::SmallRg(rg) if MMA_ROW_GROUPS.contains(&rg) => (rg, 1),
                     MmaKernel::SmallRg(rg) => {
                         return Err(BackendError::InvalidArgument(format!(
                             "the small mma kernel has no row group {rg}"
                         )))
                     }
-                    _ => self.mid.row_groups(rows, w.n),
+                    MmaKernel::SmallWide if wide_fits => (8, 2),
+                    MmaKernel::SmallWide => {
+                        return Err(BackendError::InvalidArgument(format!(
+                            "the wide 64-row mma tile takes K ≤ 1024 (k = {})",
+                            w.k
+                        )))
+                    }
+                    _ => match self.mid.row_groups(rows, w.n) {
+                        8 if wide_fits && w.n >= self.mid.wide_min_n => (8, 2),
+                        rg => (rg, 1),
+                    },
                 };
-                let i = rg.trailing_zeros() as usize;
+                let i = if nt == 2 {
+                    4
+                } else {
+                    rg.trailing_zeros() as usize
+                };
                 let f = match (epilogue, norm.is_some()) {
                     (Epilogue::Same, false) => &mk.small[i],
                     (Epilogue::F32, false) => &mk.small_f32[i],
@@ -333,12 +348,12 @@ impl CudaBackend {
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (
-                        (w.n as u32).div_ceil(16),
+                        (w.n as u32).div_ceil(16 * nt as u32),
                         (rows as u32).div_ceil(8 * rg as u32),
                         1,
                     ),
                     block_dim: (32 * slices as u32, 1, 1),
-                    shared_mem_bytes: small_shared_bytes(slices, rg) as u32,
+                    shared_mem_bytes: small_shared_bytes(slices, rg * nt) as u32,
                 };
                 let (m, n, k, sbi) = (rows as i32, w.n as i32, w.k as i32, sb as i32);
                 let (nwp, eps) = norm.unwrap_or((0, 0.0));
@@ -361,8 +376,8 @@ impl CudaBackend {
                 // eps) signature and outlive the call; buffer sizes as this function's contract
                 // (the NORM prologue reads rows × k f32 and nw's k elements, the RES epilogue
                 // reads and writes rows × n f32); the shared memory is exactly slices × rg × 128
-                // floats (≤ 64 KiB: slices ≤ 16, rg ≤ 8; the rg8 functions are allowed 64 KiB at
-                // load, the others need ≤ 32 KiB).
+                // × tiles floats (≤ 64 KiB: slices ≤ 16 with rg ≤ 8, slices ≤ 8 with rg8w; the
+                // rg8 / rg8w functions are allowed 64 KiB at load, the others need ≤ 32 KiB).
                 return unsafe { self.launch_kernel(f, cfg, &mut params, self.pdl) };
             }
             MmaKernel::Large => {

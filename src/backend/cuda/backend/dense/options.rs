@@ -145,6 +145,10 @@ pub struct MidRows {
     /// squares, then the operand), which grows with rows × n / 16 blocks. Default
     /// [`MMA_SMALL_MAX_ROWS`].
     pub norm_rows: usize,
+    /// 33–64-row steps on the 64-row tile take its wide form (rg8w: 32 outputs per block, x
+    /// read half as often; K ≤ 1024) for weights of at least this many outputs (`usize::MAX`:
+    /// never).
+    pub wide_min_n: usize,
 }
 
 impl Default for MidRows {
@@ -153,6 +157,7 @@ impl Default for MidRows {
             rg8_min_n: 0,
             gemm_n: usize::MAX,
             norm_rows: MMA_SMALL_MAX_ROWS,
+            wide_min_n: usize::MAX,
         }
     }
 }
@@ -169,13 +174,13 @@ impl MidRows {
     /// Parse a `KILN_DENSE_MID` value: comma-separated `rg8` / `rg4` / `rg8nN` (the row group:
     /// always 8, always 4, 8 from N outputs), `gemm`
     /// (every weight) / `gemmN` (weights of at least N outputs) and `normN` (the norm prologue
-    /// up to N rows), e.g. `rg8,gemm16384,norm32`; what is not named keeps its default. Anything
-    /// else is an error.
+    /// up to N rows), `wideN` (the wide 64-row tile from N outputs), e.g. `rg8,gemm16384,norm32`;
+    /// what is not named keeps its default. Anything else is an error.
     pub fn parse(v: &str) -> Result<MidRows, BackendError> {
         let mut m = MidRows::default();
         let bad = |p: &str| {
             BackendError::InvalidArgument(format!(
-                "KILN_DENSE_MID={v:?}: {p:?} is not rg4, rg8, rg8n<N>, gemm, gemm<N> or norm<N>"
+                "KILN_DENSE_MID={v:?}: {p:?} is not rg4, rg8, rg8n<N>, gemm, gemm<N>, norm<N> or wide<N>"
             ))
         };
         for p in v.split(',').map(|p| p.trim().to_ascii_lowercase()) {
@@ -190,6 +195,8 @@ impl MidRows {
                         m.rg8_min_n = n;
                     } else if let Some(n) = num("gemm") {
                         m.gemm_n = n;
+                    } else if let Some(n) = num("wide") {
+                        m.wide_min_n = n;
                     } else if let Some(n) = num("norm") {
                         m.norm_rows = n.min(MMA_SMALL_MAX_ROWS);
                     } else {
@@ -214,6 +221,9 @@ impl MidRows {
         }
         if self.norm_rows != MMA_SMALL_MAX_ROWS {
             s += &format!(", norm <= {} rows", self.norm_rows);
+        }
+        if self.wide_min_n != usize::MAX {
+            s += &format!(", wide n>={}", self.wide_min_n);
         }
         s + "]"
     }

@@ -159,6 +159,12 @@ fn the_mid_rows_switch_parses_its_values_and_refuses_others() {
         MMA_SMALL_MAX_ROWS
     );
     assert!(MidRows::parse("norm").is_err());
+    assert_eq!(d.wide_min_n, usize::MAX);
+    assert_eq!(MidRows::parse("wide2048").unwrap().wide_min_n, 2048);
+    // The wide tile's partials fit the 64 KiB allowed at load up to 8 slices (K ≤ 1024).
+    assert!(small_shared_bytes(8, 16) <= MMA_SMALL_MAX_SHARED);
+    assert!(small_shared_bytes(9, 16) > MMA_SMALL_MAX_SHARED);
+    assert_eq!(1024usize.div_ceil(32).div_ceil(slice_blocks(1024)), 8);
     // The GEMM takes 33..=64 rows only, of wide enough weights.
     assert!(!d.gemm_takes(64, 49152));
     assert!(g.gemm_takes(33, 49152) && g.gemm_takes(64, 16384));
