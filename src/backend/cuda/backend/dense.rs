@@ -44,6 +44,7 @@ use std::ffi::c_void;
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::{dev_err, CudaBackend, CudaBuffer, CudaWeight};
+use crate::backend::cuda::device::CudaError;
 use crate::backend::BackendError;
 
 /// Rows per block tile and warps (output columns) per block of `dense_xwt`; must equal
@@ -51,10 +52,11 @@ use crate::backend::BackendError;
 const DENSE_ROWS: u32 = 8;
 const DENSE_WARPS: u32 = 4;
 
+mod mid;
 mod options;
+pub use mid::MidRows;
 pub use options::{
-    fused_rows_from_env, pdl_from_env, DenseMatmul, MidRows, DEFAULT_FUSED_DECODE_ROWS,
-    MMA_SMALL_MAX_ROWS,
+    fused_rows_from_env, pdl_from_env, DenseMatmul, DEFAULT_FUSED_DECODE_ROWS, MMA_SMALL_MAX_ROWS,
 };
 
 /// A kernel of the `mma` family, for tests and benchmarks that compare them
@@ -79,23 +81,23 @@ pub enum MmaKernel {
 #[derive(Debug, Clone)]
 pub(crate) struct MmaKernels {
     /// Small kernel, compute-dtype output, row groups 1, 2, 4, 8, then the wide 64-row tile (rg8w).
-    pub small: [CudaFunction; 5],
+    pub small: [SmallFn; 5],
     /// Small kernel, f32 output (the lm_head).
-    pub small_f32: [CudaFunction; 5],
+    pub small_f32: [SmallFn; 5],
     /// Large kernel, compute-dtype output.
     pub large: CudaFunction,
     /// Large kernel, f32 output.
     pub large_f32: CudaFunction,
     /// Small kernel with the SwiGLU epilogue, row groups 1, 2, 4, 8, then the wide 64-row tile (rg8w).
-    pub small_swiglu: [CudaFunction; 5],
+    pub small_swiglu: [SmallFn; 5],
     /// Large kernel with the SwiGLU epilogue.
     pub large_swiglu: CudaFunction,
     /// Small kernel with the RMSNorm prologue (f32 residual input), row groups 1, 2, 4, 8, then the wide 64-row tile (rg8w).
-    pub small_norm: [CudaFunction; 5],
+    pub small_norm: [SmallFn; 5],
     /// Small kernel with the RMSNorm prologue and the SwiGLU epilogue.
-    pub small_norm_swiglu: [CudaFunction; 5],
+    pub small_norm_swiglu: [SmallFn; 5],
     /// Small kernel with the residual-add epilogue (f32 residual output).
-    pub small_res: [CudaFunction; 5],
+    pub small_res: [SmallFn; 5],
 }
 
 impl MmaKernels {
@@ -122,20 +124,21 @@ impl MmaKernels {
         format!("dense_mma_small_rg{rg}_norm_rope_{t}_{c}")
     }
 
-    /// Resolve them through `get` (by name).
-    pub fn resolve<E>(
-        get: &dyn Fn(String) -> Result<CudaFunction, E>,
+    /// Resolve them through `get` (by name), each small one with its block limit.
+    pub fn resolve(
+        get: &dyn Fn(String) -> Result<CudaFunction, CudaError>,
         t: &str,
-    ) -> Result<MmaKernels, E> {
+    ) -> Result<MmaKernels, CudaError> {
         let s = |rg: &str, f32: bool| {
-            get(format!(
+            SmallFn::new(get(format!(
                 "dense_mma_small_rg{rg}_{t}{}",
                 if f32 { "_f32" } else { "" }
-            ))
+            ))?)
         };
-        let sw = |rg: &str| get(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
-        let var = |rg: &str, v: &str| get(format!("dense_mma_small_rg{rg}_{v}_{t}"));
-        let five = |f: &dyn Fn(&str) -> Result<CudaFunction, E>| -> Result<[CudaFunction; 5], E> {
+        let sw = |rg: &str| SmallFn::new(get(format!("dense_mma_small_rg{rg}_swiglu_{t}"))?);
+        let var = |rg: &str, v: &str| SmallFn::new(get(format!("dense_mma_small_rg{rg}_{v}_{t}"))?);
+        type Make<'a> = &'a dyn Fn(&str) -> Result<SmallFn, CudaError>;
+        let five = |f: Make| -> Result<[SmallFn; 5], CudaError> {
             Ok([f("1")?, f("2")?, f("4")?, f("8")?, f("8w")?])
         };
         Ok(MmaKernels {
@@ -157,12 +160,12 @@ impl MmaKernels {
         [3, 4]
             .map(|i| {
                 [
-                    &self.small[i],
-                    &self.small_f32[i],
-                    &self.small_swiglu[i],
-                    &self.small_norm[i],
-                    &self.small_norm_swiglu[i],
-                    &self.small_res[i],
+                    &self.small[i].f,
+                    &self.small_f32[i].f,
+                    &self.small_swiglu[i].f,
+                    &self.small_norm[i].f,
+                    &self.small_norm_swiglu[i].f,
+                    &self.small_res[i].f,
                 ]
             })
             .concat()
@@ -174,6 +177,52 @@ impl MmaKernels {
 /// The row groups of the small kernel, in the order of [`MmaKernels`]' arrays (index =
 /// `trailing_zeros`).
 pub const MMA_ROW_GROUPS: [usize; 4] = [1, 2, 4, 8];
+
+/// A small-kernel entry point and the most threads one of its blocks may have
+/// (`CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`, read at load: it falls below 512 = 16 slices ×
+/// 32 when the function needs more than 128 registers, as the 64-row tile may).
+#[derive(Debug, Clone)]
+pub(crate) struct SmallFn {
+    pub f: CudaFunction,
+    pub max_threads: usize,
+}
+
+impl SmallFn {
+    pub fn new(f: CudaFunction) -> Result<SmallFn, CudaError> {
+        let max_threads = f.max_threads_per_block()?.max(0) as usize;
+        Ok(SmallFn { f, max_threads })
+    }
+}
+
+/// The largest tile at most (`rg`, `nt`) (row groups, 16-output tiles per block; nt = 2: rg8w)
+/// whose function, given by `pick(index into MmaKernels' arrays)`, takes a block of `threads`
+/// threads: rg8w → rg8 → rg4 → rg2 → rg1 (a function of the shape and the compiled kernels,
+/// never of the data; every tile gives the same bits). `None`: not even rg1 fits.
+pub(super) fn fitting_tile<'a>(
+    mut rg: usize,
+    mut nt: usize,
+    threads: usize,
+    pick: &dyn Fn(usize) -> Option<&'a SmallFn>,
+) -> Option<(&'a SmallFn, usize, usize)> {
+    loop {
+        let i = if nt == 2 {
+            4
+        } else {
+            rg.trailing_zeros() as usize
+        };
+        let sf = pick(i)?;
+        if sf.max_threads >= threads {
+            return Some((sf, rg, nt));
+        }
+        if nt == 2 {
+            nt = 1;
+        } else if rg > 1 {
+            rg /= 2;
+        } else {
+            return None;
+        }
+    }
+}
 
 /// Dynamic shared memory of a small-kernel launch: `slices × rg × 128` f32 partials (`rg`: row
 /// groups × tiles per block, 16 for rg8w). At most 16 × 8 × 512 B = 64 KiB (rg8 with 16
@@ -307,7 +356,7 @@ impl CudaBackend {
         let slices = w.k.div_ceil(32).div_ceil(sb);
         let (f, cfg) = match kernel {
             MmaKernel::Small | MmaKernel::SmallRg(_) | MmaKernel::SmallWide => {
-                // (row groups, 16-output tiles) per block.
+                // (row groups, 16-output tiles) per block wanted.
                 let wide_fits = small_shared_bytes(slices, 16) <= MMA_SMALL_MAX_SHARED;
                 let (rg, nt) = match kernel {
                     MmaKernel::SmallRg(rg) if MMA_ROW_GROUPS.contains(&rg) => (rg, 1),
@@ -323,36 +372,42 @@ impl CudaBackend {
                             w.k
                         )))
                     }
-                    _ => match self.mid.row_groups(rows, w.n) {
+                    _ => match self.mid.row_groups(rows, w.n, slices, norm.is_some()) {
                         8 if wide_fits && w.n >= self.mid.wide_min_n => (8, 2),
                         rg => (rg, 1),
                     },
                 };
-                let i = if nt == 2 {
-                    4
-                } else {
-                    rg.trailing_zeros() as usize
-                };
-                let f = match (epilogue, norm.is_some()) {
-                    (Epilogue::Same, false) => &mk.small[i],
-                    (Epilogue::F32, false) => &mk.small_f32[i],
-                    (Epilogue::Swiglu, false) => &mk.small_swiglu[i],
-                    (Epilogue::Residual, false) => &mk.small_res[i],
-                    (Epilogue::Same, true) => &mk.small_norm[i],
-                    (Epilogue::Swiglu, true) => &mk.small_norm_swiglu[i],
-                    (e, true) => {
-                        return Err(BackendError::Unsupported(format!(
-                            "the mma norm prologue with the {e:?} epilogue"
-                        )))
+                let pick = |i: usize| -> Option<&SmallFn> {
+                    match (epilogue, norm.is_some()) {
+                        (Epilogue::Same, false) => Some(&mk.small[i]),
+                        (Epilogue::F32, false) => Some(&mk.small_f32[i]),
+                        (Epilogue::Swiglu, false) => Some(&mk.small_swiglu[i]),
+                        (Epilogue::Residual, false) => Some(&mk.small_res[i]),
+                        (Epilogue::Same, true) => Some(&mk.small_norm[i]),
+                        (Epilogue::Swiglu, true) => Some(&mk.small_norm_swiglu[i]),
+                        (_, true) => None,
                     }
                 };
+                if pick(0).is_none() {
+                    return Err(BackendError::Unsupported(format!(
+                        "the mma norm prologue with the {epilogue:?} epilogue"
+                    )));
+                }
+                let threads = 32 * slices;
+                let Some((sf, rg, nt)) = fitting_tile(rg, nt, threads, &pick) else {
+                    return Err(BackendError::Unsupported(format!(
+                        "no small mma tile takes a block of {threads} threads (k = {})",
+                        w.k
+                    )));
+                };
+                let f = &sf.f;
                 let cfg = LaunchConfig {
                     grid_dim: (
                         (w.n as u32).div_ceil(16 * nt as u32),
                         (rows as u32).div_ceil(8 * rg as u32),
                         1,
                     ),
-                    block_dim: (32 * slices as u32, 1, 1),
+                    block_dim: (threads as u32, 1, 1),
                     shared_mem_bytes: small_shared_bytes(slices, rg * nt) as u32,
                 };
                 let (m, n, k, sbi) = (rows as i32, w.n as i32, w.k as i32, sb as i32);

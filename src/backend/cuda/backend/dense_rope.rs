@@ -16,7 +16,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
-use super::dense::{slice_blocks, small_shared_bytes, MMA_SMALL_MAX_ROWS};
+use super::dense::{fitting_tile, slice_blocks, small_shared_bytes, MMA_SMALL_MAX_ROWS};
 use super::{check_len, CudaBackend, CudaBuffer, CudaKvCache, CudaRope, CudaStep, CudaWeight};
 use crate::backend::{AttentionParams, Backend, BackendError};
 
@@ -99,8 +99,15 @@ impl CudaBackend {
         }
         let sb = slice_blocks(w.k);
         let slices = w.k.div_ceil(32).div_ceil(sb);
-        let rg = self.mid.row_groups(rows, w.n);
-        let f = &fs[rg.trailing_zeros() as usize];
+        let threads = 32 * slices;
+        let rg = self.mid.row_groups(rows, w.n, slices, true);
+        let Some((sf, rg, _)) = fitting_tile(rg, 1, threads, &|i| fs.get(i)) else {
+            return Err(BackendError::Unsupported(format!(
+                "no fused q|k|v rope tile takes a block of {threads} threads (k = {})",
+                w.k
+            )));
+        };
+        let f = &sf.f;
         let (xp, _s0) = x.data.device_ptr(&self.stream);
         let (np, _s1) = norm.data.device_ptr(&self.stream);
         let (qp, _s2) = q_out.data.device_ptr_mut(&self.stream);
@@ -145,7 +152,7 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             // One block per 16 outputs (n / 16 tiles: head_dim is a multiple of 16) and 8·rg rows.
             grid_dim: ((w.n / 16) as u32, (rows as u32).div_ceil(8 * rg as u32), 1),
-            block_dim: (32 * slices as u32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: small_shared_bytes(slices, rg) as u32,
         };
         // SAFETY: the parameters match the NORM_ROPE entry point's (x, w, q_out, m, n, k, sb, nw,

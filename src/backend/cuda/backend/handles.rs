@@ -105,7 +105,7 @@ pub(crate) struct Kernels {
     pub dense_gemm: Option<super::dense_gemm::GemmKernels>,
     /// `dense_mma_small_rg{1,2,4,8}_norm_rope_{t}_{c}`: the q|k|v matmul with the RMSNorm prologue
     /// and the RoPE + KV-write epilogue (16-bit compute dtypes only).
-    pub dense_rope: Option<[CudaFunction; 4]>,
+    pub dense_rope: Option<[super::dense::SmallFn; 4]>,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
     /// `gated_qkv_rope_write_{t}_{c}`: Qwen3.5's fused pre-attention (`gated_attention.cu`).
@@ -213,9 +213,11 @@ impl Kernels {
             },
             dense_gemm: super::dense_gemm::GemmKernels::resolve(all, t)?,
             dense_rope: if wide {
-                let r = |rg: u32| get(super::dense::MmaKernels::rope_name(rg, t, c));
+                let r = |rg: u32| {
+                    super::dense::SmallFn::new(get(super::dense::MmaKernels::rope_name(rg, t, c))?)
+                };
                 let fs = [r(1)?, r(2)?, r(4)?, r(8)?];
-                allow_small_shared([&fs[3]])?;
+                allow_small_shared([&fs[3].f])?;
                 Some(fs)
             } else {
                 None

@@ -178,7 +178,12 @@ impl CudaBackend {
             0
         };
         let pdl = mma && arch.major >= 9 && dense::pdl_from_env().map_err(env_err)?;
-        let mid = dense::MidRows::from_env().map_err(env_err)?;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_or(1, |v| v.max(1) as usize);
+        let mid = dense::MidRows::from_env(sms).map_err(env_err)?;
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
