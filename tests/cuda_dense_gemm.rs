@@ -18,10 +18,10 @@ mod common;
 
 use std::time::Instant;
 
+use common::dense::weight16;
 use common::*;
 use kiln::backend::cuda::{CudaBackend, DenseMatmul, GemmTile, MmaKernel, MmaOut};
 use kiln::backend::Backend;
-use kiln::tensor::{TensorView, WeightDType};
 
 /// A backend whose dense matmuls take `kind` (`cublas`, `mma`): the switch is read at creation.
 fn backend(dtype: &str, kind: &str) -> CudaBackend {
@@ -49,45 +49,6 @@ fn backend_pf(dtype: &str, kind: &str, pf: &str) -> CudaBackend {
     let b = backend(dtype, kind);
     std::env::remove_var("KILN_DENSE_GEMM_PREFETCH");
     b
-}
-
-/// A weight [n, k] of pseudo-random values in [-1, 1) rounded to the 16-bit dtype, uploaded as
-/// 16-bit data (no f32 copy of a 2.5 GB matrix): a block of 1 000 003 values (prime, so no tile
-/// or row sees a repeating pattern) repeated over the matrix.
-fn weight(
-    b: &CudaBackend,
-    dtype: &str,
-    n: usize,
-    k: usize,
-    seed: u64,
-) -> <CudaBackend as Backend>::Weight {
-    let block = data(1_000_003, seed);
-    let conv: Vec<u16> = block
-        .iter()
-        .map(|&v| {
-            if dtype == "bf16" {
-                half::bf16::from_f32(v).to_bits()
-            } else {
-                half::f16::from_f32(v).to_bits()
-            }
-        })
-        .collect();
-    let mut host = Vec::with_capacity(n * k);
-    while host.len() < n * k {
-        let take = (n * k - host.len()).min(conv.len());
-        host.extend_from_slice(&conv[..take]);
-    }
-    let shape = [n, k];
-    let view = TensorView {
-        dtype: if dtype == "bf16" {
-            WeightDType::BF16
-        } else {
-            WeightDType::F16
-        },
-        shape: &shape,
-        data: bytemuck::cast_slice(&host),
-    };
-    b.upload_weight("w", &view).expect("upload")
 }
 
 /// (n, k, name, epilogues, row counts) of the equality test.
@@ -218,7 +179,7 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
                 continue;
             }
             let t0 = Instant::now();
-            let w = weight(&b, dtype, n, k, 100 + ci as u64);
+            let w = weight16(&b, dtype, n, k, 100 + ci as u64);
             let max_rows = *rows_list.iter().max().unwrap();
             let x = b.upload(&data(max_rows * k, 200 + ci as u64)).unwrap();
             for &rows in rows_list {
@@ -331,9 +292,9 @@ fn gemm_against_large_and_cublas_timings() {
         }
         let wms: Vec<_> = mmas
             .iter()
-            .map(|b| weight(b, dtype, n, k, 300 + si as u64))
+            .map(|b| weight16(b, dtype, n, k, 300 + si as u64))
             .collect();
-        let wb = weight(&blas, dtype, n, k, 300 + si as u64);
+        let wb = weight16(&blas, dtype, n, k, 300 + si as u64);
         for &rows in &rows_list {
             let flop = 2.0 * (rows * n * k) as f64;
             let xb = blas.upload(&data(rows * k, 400)).unwrap();

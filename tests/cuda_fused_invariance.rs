@@ -33,6 +33,7 @@ mod common;
 
 use std::path::Path;
 
+use common::dense::{residual_from, weight_f32};
 use common::*;
 use kiln::backend::cuda::{CudaBackend, DenseMatmul};
 use kiln::backend::Backend;
@@ -40,7 +41,6 @@ use kiln::engine::{Device, EngineConfig};
 use kiln::model::files::ModelFiles;
 use kiln::model::runner::build_runner_for;
 use kiln::model::step::{ForwardBatch, LogitsFor, ModelRunner};
-use kiln::tensor::{TensorView, WeightDType};
 
 /// A backend whose dense matmuls take `kind` (`None`: the default, `KILN_DENSE_MATMUL` unset).
 fn backend(dtype: &str, kind: Option<&str>) -> CudaBackend {
@@ -55,27 +55,7 @@ fn backend(dtype: &str, kind: Option<&str>) -> CudaBackend {
 }
 
 fn weight(b: &CudaBackend, n: usize, k: usize, seed: u64) -> <CudaBackend as Backend>::Weight {
-    let w = data(n * k, seed);
-    let shape = [n, k];
-    let view = TensorView {
-        dtype: WeightDType::F32,
-        shape: &shape,
-        data: bytemuck::cast_slice(&w),
-    };
-    b.upload_weight("w", &view).expect("upload weight")
-}
-
-/// An f32 residual-stream buffer holding `host` (rounded to the compute dtype): zeros plus the
-/// uploaded values through `add_rms_norm`'s residual update.
-fn residual_from(b: &CudaBackend, host: &[f32], dim: usize) -> <CudaBackend as Backend>::Buffer {
-    let rows = host.len() / dim;
-    let mut r = b.alloc_f32(rows * dim).expect("alloc residual");
-    let delta = b.upload(host).expect("upload");
-    let ones = b.upload(&vec![1.0; dim]).expect("upload");
-    let mut scratch = b.alloc(rows * dim).expect("alloc");
-    b.add_rms_norm(&mut r, &delta, &ones, &mut scratch, rows, dim, 1e-5)
-        .expect("add_rms_norm");
-    r
+    weight_f32(b, &data(n * k, seed), n, k)
 }
 
 /// How many f32 values of `a` and `b` differ in their bits, and the max |Δ|.
@@ -127,7 +107,7 @@ fn the_fused_norm_equals_the_unfused_norms_bit_for_bit() {
                     down(&b, &out, rows * n)
                 };
                 // (a) rms_norm of the f32 stream (_xf32) + matmul vs the fused prologue.
-                let x = residual_from(&b, &host, dim);
+                let x = residual_from(&b, &host, rows, dim);
                 let mut h = b.alloc(rows * dim).expect("alloc");
                 b.rms_norm(&x, &nw, &mut h, rows, dim, eps)
                     .expect("rms_norm");
@@ -135,7 +115,7 @@ fn the_fused_norm_equals_the_unfused_norms_bit_for_bit() {
                 let (nd_a, md_a) = diff(&want, &got);
                 // (b) add_rms_norm (_rf32: residual += delta, then the norm) + matmul vs the
                 // fused prologue on the residual it updated.
-                let mut r = residual_from(&b, &host, dim);
+                let mut r = residual_from(&b, &host, rows, dim);
                 let delta = b.upload(&delta_host).expect("upload");
                 b.add_rms_norm(&mut r, &delta, &nw, &mut h, rows, dim, eps)
                     .expect("add_rms_norm");
