@@ -16,11 +16,10 @@ mod common;
 
 use std::time::Instant;
 
-use common::dense::{decode_batch, residual_from, smol_layer, weight_f32, SmolLayer};
+use common::dense::{decode_batch, f32_view, residual_from, smol_layer, weight_f32, SmolLayer};
 use common::*;
 use kiln::backend::cuda::{CudaBackend, DenseMatmul, MmaKernel};
 use kiln::backend::{AttentionParams, Backend, KvCacheSpec, RopeSpec};
-use kiln::tensor::{TensorView, WeightDType};
 
 /// A backend whose dense matmuls take `kind` (`cublas`, `fma`, `mma`): the switch is read at
 /// creation.
@@ -247,15 +246,7 @@ fn the_swiglu_epilogue_equals_the_matmul_then_swiglu_bit_for_bit() {
                 let g_host = data(inter * k, 60 + i as u64);
                 let u_host = data(inter * k, 70 + i as u64);
                 let shape = [inter, k];
-                let gv = TensorView {
-                    dtype: WeightDType::F32,
-                    shape: &shape,
-                    data: bytemuck::cast_slice(&g_host),
-                };
-                let uv = TensorView {
-                    data: bytemuck::cast_slice(&u_host),
-                    ..gv
-                };
+                let (gv, uv) = (f32_view(&g_host, &shape), f32_view(&u_host, &shape));
                 let stacked = b.upload_weight_rows("gu", &[gv, uv]).unwrap();
                 let fused = b.upload_gate_up("gu", &[gv, uv]).unwrap();
                 let x = b.upload(&data(257 * k, 80 + i as u64)).unwrap();

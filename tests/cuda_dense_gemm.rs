@@ -18,7 +18,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::dense::weight16;
+use common::dense::{probe_bits, weight16};
 use common::*;
 use kiln::backend::cuda::{CudaBackend, DenseMatmul, GemmTile, MmaKernel, MmaOut};
 use kiln::backend::Backend;
@@ -100,19 +100,6 @@ const BIG: &[Case] = &[
     (248320, 5120, "lm_head", &[MmaOut::F32], &[65, 257]),
 ];
 
-fn run_bits(
-    b: &CudaBackend,
-    x: &<CudaBackend as Backend>::Buffer,
-    rows: usize,
-    w: &<CudaBackend as Backend>::Weight,
-    kernel: MmaKernel,
-    out: MmaOut,
-) -> Vec<u32> {
-    let mut o = b.mma_probe_alloc(rows, w, out).expect("alloc");
-    b.mma_probe_run(x, rows, w, kernel, &mut o).expect("run");
-    b.mma_probe_bits(&o).expect("download")
-}
-
 /// `KILN_GEMM_BUDGET_S` (unset: no limit): whether a test started at `start` is out of time.
 fn out_of_time(start: Instant) -> bool {
     std::env::var("KILN_GEMM_BUDGET_S")
@@ -184,7 +171,7 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
             let x = b.upload(&data(max_rows * k, 200 + ci as u64)).unwrap();
             for &rows in rows_list {
                 for &out in outs {
-                    let want = run_bits(&b, &x, rows, &w, MmaKernel::Small, out);
+                    let want = probe_bits(&b, &x, rows, &w, MmaKernel::Small, out);
                     let mut kernels: Vec<(String, MmaKernel)> = GemmTile::ALL
                         .iter()
                         .map(|&t| (format!("{t:?}"), MmaKernel::GemmTile(t)))
@@ -197,7 +184,7 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
                     }
                     let mut bad = Vec::new();
                     for (kname, kernel) in &kernels {
-                        let got = run_bits(&b, &x, rows, &w, *kernel, out);
+                        let got = probe_bits(&b, &x, rows, &w, *kernel, out);
                         compared += 1;
                         if got != want {
                             let first = got.iter().zip(&want).position(|(a, b)| a != b);

@@ -28,8 +28,8 @@ mod common;
 use std::time::Instant;
 
 use common::dense::{
-    host16, residual_from, smol_layer, upload16, weight16 as weight, Buf, SmolLayer as Layer,
-    Weight, HIDDEN, INTER, QKV_N,
+    host16, probe_bits, residual_from, smol_layer, upload16, weight16 as weight, Buf,
+    SmolLayer as Layer, Weight, HIDDEN, INTER, QKV_N,
 };
 use common::*;
 use kiln::backend::cuda::{CudaBackend, DenseMatmul, GemmTile, MmaKernel, MmaOut};
@@ -56,19 +56,6 @@ fn mid_dtypes() -> Vec<&'static str> {
         .into_iter()
         .filter(|d| *d != "f32" && v.split(',').any(|x| x.trim() == *d))
         .collect()
-}
-
-fn run_bits(
-    b: &CudaBackend,
-    x: &Buf,
-    rows: usize,
-    w: &Weight,
-    kernel: MmaKernel,
-    out: MmaOut,
-) -> Vec<u32> {
-    let mut o = b.mma_probe_alloc(rows, w, out).expect("alloc");
-    b.mma_probe_run(x, rows, w, kernel, &mut o).expect("run");
-    b.mma_probe_bits(&o).expect("download")
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -136,11 +123,11 @@ fn every_row_group_and_the_gemm_give_the_same_bits_at_1_to_64_rows() {
                 &[MmaOut::Same, MmaOut::F32]
             };
             for &out in outs {
-                let full = run_bits(&b, &x, 64, &w, MmaKernel::SmallRg(8), out);
+                let full = probe_bits(&b, &x, 64, &w, MmaKernel::SmallRg(8), out);
                 let per_row = full.len() / 64;
                 let mut bad = Vec::new();
                 for &rows in rows_list {
-                    let want = run_bits(&b, &x, rows, &w, MmaKernel::SmallRg(1), out);
+                    let want = probe_bits(&b, &x, rows, &w, MmaKernel::SmallRg(1), out);
                     let mut kernels = vec![
                         ("rg2", MmaKernel::SmallRg(2)),
                         ("rg4", MmaKernel::SmallRg(4)),
@@ -156,7 +143,7 @@ fn every_row_group_and_the_gemm_give_the_same_bits_at_1_to_64_rows() {
                     }
                     for (kname, kernel) in kernels {
                         checked += 1;
-                        if run_bits(&b, &x, rows, &w, kernel, out) != want {
+                        if probe_bits(&b, &x, rows, &w, kernel, out) != want {
                             bad.push(format!("{kname}@{rows}"));
                         }
                     }
@@ -183,6 +170,78 @@ fn every_row_group_and_the_gemm_give_the_same_bits_at_1_to_64_rows() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Scratch of the fused / unfused layer ops for `rows` rows.
+struct Scratch {
+    h: Buf,
+    qkv: Buf,
+    gate_up: Buf,
+    act: Buf,
+    delta: Buf,
+}
+
+impl Scratch {
+    fn new(b: &CudaBackend, rows: usize) -> Scratch {
+        Scratch {
+            h: b.alloc(rows * HIDDEN).unwrap(),
+            qkv: b.alloc(rows * QKV_N).unwrap(),
+            gate_up: b.alloc(rows * 2 * INTER).unwrap(),
+            act: b.alloc(rows * INTER).unwrap(),
+            delta: b.alloc(rows * HIDDEN).unwrap(),
+        }
+    }
+}
+
+const EPS: f32 = 1e-5;
+
+/// q|k|v of rms_norm(x) into `s.qkv`: `norm_matmul` (fused) or `rms_norm` + `matmul`.
+fn norm_qkv(b: &CudaBackend, l: &Layer, x: &Buf, rows: usize, fused: bool, s: &mut Scratch) {
+    if fused {
+        b.norm_matmul(
+            x, &l.norm_w, EPS, rows, HIDDEN, &l.qkv, &mut s.h, &mut s.qkv,
+        )
+        .unwrap();
+    } else {
+        b.rms_norm(x, &l.norm_w, &mut s.h, rows, HIDDEN, EPS)
+            .unwrap();
+        b.matmul(&s.h, rows, &l.qkv, &mut s.qkv).unwrap();
+    }
+}
+
+/// SwiGLU of rms_norm(x)'s gate|up into `s.act`: `norm_gate_up_swiglu` (fused) or `rms_norm` +
+/// `gate_up_swiglu`.
+fn norm_swiglu(b: &CudaBackend, l: &Layer, x: &Buf, rows: usize, fused: bool, s: &mut Scratch) {
+    let (h, gu, act) = (&mut s.h, &mut s.gate_up, &mut s.act);
+    if fused {
+        b.norm_gate_up_swiglu(x, &l.norm_w, EPS, rows, HIDDEN, &l.gu, h, gu, act, INTER)
+            .unwrap();
+    } else {
+        b.rms_norm(x, &l.norm_w, h, rows, HIDDEN, EPS).unwrap();
+        b.gate_up_swiglu(h, rows, &l.gu, gu, act, INTER).unwrap();
+    }
+}
+
+/// r += a · wᵀ: `matmul_residual` (fused) or `matmul` + `add_rms_norm`.
+#[allow(clippy::too_many_arguments)]
+fn residual_op(
+    b: &CudaBackend,
+    l: &Layer,
+    w: &Weight,
+    a: &Buf,
+    r: &mut Buf,
+    rows: usize,
+    fused: bool,
+    s: &mut Scratch,
+) {
+    if fused {
+        b.matmul_residual(a, rows, w, &mut s.delta, r, HIDDEN)
+            .unwrap();
+    } else {
+        b.matmul(a, rows, w, &mut s.delta).unwrap();
+        b.add_rms_norm(r, &s.delta, &l.norm_w, &mut s.h, rows, HIDDEN, EPS)
+            .unwrap();
+    }
+}
+
 /// The fused ops of `rows` rows (fused = true) or their unfused compositions: the q|k|v of
 /// `norm_matmul`, the SwiGLU output of `norm_gate_up_swiglu`, the residual after o_proj's and
 /// down_proj's `matmul_residual`, as f32 bits.
@@ -194,51 +253,18 @@ fn layer_ops(
     rows: usize,
     fused: bool,
 ) -> Vec<Vec<u32>> {
-    let eps = 1e-5;
     let x = residual_from(b, &x_host[..rows * HIDDEN], rows, HIDDEN);
-    let mut h = b.alloc(rows * HIDDEN).unwrap();
-    let mut qkv = b.alloc(rows * QKV_N).unwrap();
-    let mut scratch = b.alloc(rows * 2 * INTER).unwrap();
-    let mut act = b.alloc(rows * INTER).unwrap();
-    if fused {
-        b.norm_matmul(&x, &l.norm_w, eps, rows, HIDDEN, &l.qkv, &mut h, &mut qkv)
-            .unwrap();
-        b.norm_gate_up_swiglu(
-            &x,
-            &l.norm_w,
-            eps,
-            rows,
-            HIDDEN,
-            &l.gu,
-            &mut h,
-            &mut scratch,
-            &mut act,
-            INTER,
-        )
-        .unwrap();
-    } else {
-        b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, eps)
-            .unwrap();
-        b.matmul(&h, rows, &l.qkv, &mut qkv).unwrap();
-        b.gate_up_swiglu(&h, rows, &l.gu, &mut scratch, &mut act, INTER)
-            .unwrap();
-    }
+    let mut s = Scratch::new(b, rows);
+    norm_qkv(b, l, &x, rows, fused, &mut s);
+    norm_swiglu(b, l, &x, rows, fused, &mut s);
     let mut out = vec![
-        bits(&down(b, &qkv, rows * QKV_N)),
-        bits(&down(b, &act, rows * INTER)),
+        bits(&down(b, &s.qkv, rows * QKV_N)),
+        bits(&down(b, &s.act, rows * INTER)),
     ];
     for (w, k) in [(&l.o, HIDDEN), (&l.down, INTER)] {
         let xin = b.upload(&a_host[..rows * k]).unwrap();
         let mut r = residual_from(b, &x_host[..rows * HIDDEN], rows, HIDDEN);
-        let mut delta = b.alloc(rows * HIDDEN).unwrap();
-        if fused {
-            b.matmul_residual(&xin, rows, w, &mut delta, &mut r, HIDDEN)
-                .unwrap();
-        } else {
-            b.matmul(&xin, rows, w, &mut delta).unwrap();
-            b.add_rms_norm(&mut r, &delta, &l.norm_w, &mut h, rows, HIDDEN, eps)
-                .unwrap();
-        }
+        residual_op(b, l, w, &xin, &mut r, rows, fused, &mut s);
         out.push(bits(&down(b, &r, rows * HIDDEN)));
     }
     out
@@ -464,80 +490,28 @@ fn mid_rows_fused_op_timings() {
         }
         let copies = 16;
         let ls: Vec<Layer> = (0..copies).map(|_| smol_layer(&b)).collect();
-        let eps = 1e-5;
         for rows in [16usize, 32, 64] {
             let x_host: Vec<f32> = data(rows * HIDDEN, 90).iter().map(|v| 3.0 * v).collect();
             let mut x = residual_from(&b, &x_host, rows, HIDDEN);
             let a = b.upload(&data(rows * INTER, 97)).unwrap();
-            let mut h = b.alloc(rows * HIDDEN).unwrap();
-            let mut qkv = b.alloc(rows * QKV_N).unwrap();
-            let mut scratch = b.alloc(rows * 2 * INTER).unwrap();
-            let mut act = b.alloc(rows * INTER).unwrap();
-            let mut delta = b.alloc(rows * HIDDEN).unwrap();
+            let mut s = Scratch::new(&b, rows);
             let mut t = Vec::new();
-            t.push((
-                "norm_qkv_fused",
-                median_us(&b, copies, |i| {
+            for fused in [true, false] {
+                let tag = if fused { "fused" } else { "unfused" };
+                let us = median_us(&b, copies, |i| {
+                    norm_qkv(&b, &ls[i], &x, rows, fused, &mut s)
+                });
+                t.push((format!("norm_qkv_{tag}"), us));
+                let us = median_us(&b, copies, |i| {
+                    norm_swiglu(&b, &ls[i], &x, rows, fused, &mut s)
+                });
+                t.push((format!("norm_swiglu_{tag}"), us));
+                let us = median_us(&b, copies, |i| {
                     let l = &ls[i];
-                    b.norm_matmul(&x, &l.norm_w, eps, rows, HIDDEN, &l.qkv, &mut h, &mut qkv)
-                        .unwrap()
-                }),
-            ));
-            t.push((
-                "norm_qkv_unfused",
-                median_us(&b, copies, |i| {
-                    let l = &ls[i];
-                    b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, eps)
-                        .unwrap();
-                    b.matmul(&h, rows, &l.qkv, &mut qkv).unwrap()
-                }),
-            ));
-            t.push((
-                "norm_swiglu_fused",
-                median_us(&b, copies, |i| {
-                    let l = &ls[i];
-                    b.norm_gate_up_swiglu(
-                        &x,
-                        &l.norm_w,
-                        eps,
-                        rows,
-                        HIDDEN,
-                        &l.gu,
-                        &mut h,
-                        &mut scratch,
-                        &mut act,
-                        INTER,
-                    )
-                    .unwrap()
-                }),
-            ));
-            t.push((
-                "norm_swiglu_unfused",
-                median_us(&b, copies, |i| {
-                    let l = &ls[i];
-                    b.rms_norm(&x, &l.norm_w, &mut h, rows, HIDDEN, eps)
-                        .unwrap();
-                    b.gate_up_swiglu(&h, rows, &l.gu, &mut scratch, &mut act, INTER)
-                        .unwrap()
-                }),
-            ));
-            t.push((
-                "res_down_fused",
-                median_us(&b, copies, |i| {
-                    let l = &ls[i];
-                    b.matmul_residual(&a, rows, &l.down, &mut delta, &mut x, HIDDEN)
-                        .unwrap()
-                }),
-            ));
-            t.push((
-                "res_down_unfused",
-                median_us(&b, copies, |i| {
-                    let l = &ls[i];
-                    b.matmul(&a, rows, &l.down, &mut delta).unwrap();
-                    b.add_rms_norm(&mut x, &delta, &l.norm_w, &mut h, rows, HIDDEN, eps)
-                        .unwrap()
-                }),
-            ));
+                    residual_op(&b, l, &l.down, &a, &mut x, rows, fused, &mut s)
+                });
+                t.push((format!("res_down_{tag}"), us));
+            }
             let mut line = format!(
                 "RESULT mid_fused_time dtype={dtype} mid={} rows={rows}",
                 if mid.is_empty() { "auto" } else { mid }

@@ -3,7 +3,7 @@
 //! residual stream, one SmolLM2-shaped llama layer, and a decode batch of one token per
 //! sequence.
 
-use kiln::backend::cuda::CudaBackend;
+use kiln::backend::cuda::{CudaBackend, MmaKernel, MmaOut};
 use kiln::backend::Backend;
 use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
 use kiln::tensor::{TensorView, WeightDType};
@@ -56,15 +56,33 @@ pub fn weight16(b: &CudaBackend, dtype: &str, n: usize, k: usize, seed: u64) -> 
     upload16(b, dtype, &host16(dtype, n, k, seed), n, k)
 }
 
+/// A view of f32 values as a weight of `shape`.
+pub fn f32_view<'a>(w: &'a [f32], shape: &'a [usize]) -> TensorView<'a> {
+    TensorView {
+        dtype: WeightDType::F32,
+        shape,
+        data: bytemuck::cast_slice(w),
+    }
+}
+
 /// An [n, k] weight from f32 values (converted to the compute dtype at upload).
 pub fn weight_f32(b: &CudaBackend, w: &[f32], n: usize, k: usize) -> Weight {
-    let shape = [n, k];
-    let view = TensorView {
-        dtype: WeightDType::F32,
-        shape: &shape,
-        data: bytemuck::cast_slice(w),
-    };
-    b.upload_weight("w", &view).expect("upload")
+    b.upload_weight("w", &f32_view(w, &[n, k])).expect("upload")
+}
+
+/// The `mma` path's kernel output of `x · wᵀ` for `rows` rows through `kernel`, with the
+/// epilogue of `out`, as raw bits (`CudaBackend::mma_probe_run`).
+pub fn probe_bits(
+    b: &CudaBackend,
+    x: &Buf,
+    rows: usize,
+    w: &Weight,
+    kernel: MmaKernel,
+    out: MmaOut,
+) -> Vec<u32> {
+    let mut o = b.mma_probe_alloc(rows, w, out).expect("alloc");
+    b.mma_probe_run(x, rows, w, kernel, &mut o).expect("run");
+    b.mma_probe_bits(&o).expect("download")
 }
 
 /// An f32 residual-stream buffer ([`Backend::alloc_f32`]) of `rows × dim` holding `host` rounded
@@ -98,15 +116,7 @@ pub fn smol_layer(b: &CudaBackend) -> SmolLayer {
     let w = |n: usize, k: usize, seed: u64| weight_f32(b, &data(n * k, seed), n, k);
     let (gh, uh) = (data(INTER * HIDDEN, 95), data(INTER * HIDDEN, 96));
     let shape = [INTER, HIDDEN];
-    let gv = TensorView {
-        dtype: WeightDType::F32,
-        shape: &shape,
-        data: bytemuck::cast_slice(&gh),
-    };
-    let uv = TensorView {
-        data: bytemuck::cast_slice(&uh),
-        ..gv
-    };
+    let (gv, uv) = (f32_view(&gh, &shape), f32_view(&uh, &shape));
     SmolLayer {
         norm_w: b.upload(&data(HIDDEN, 91)).expect("upload"),
         qkv: w(QKV_N, HIDDEN, 92),
