@@ -107,8 +107,10 @@ DENSE(bf16, bf16_t)
 // on the other rows, or on the kernel (tests/cuda_dense.rs checks rows 1..257 bit for bit).
 //   small: grid (ceil(n / 16), ceil(m / (8 RG))), block S = ceil(kb / sb) warps, warp s = slice s
 //          of one 16-output x 8RG-row tile; the S partial tiles go through dynamic shared memory
-//          (S x RG x 128 floats) and are summed in slice order. A slice is 4 blocks for
-//          K <= 2048 and its loads are unrolled, so a 1-row step is about one memory round trip.
+//          (S x RG x 128 floats; rg8 with 16 slices: 64 KiB, allowed by the host) and are summed
+//          in slice order. A slice is 4 blocks for K <= 2048; its weight words are loaded before
+//          the PDL wait and its x words for 4 blocks (rg8: 2) at once (DMMA_BPRE), so a 1..32-row
+//          step is about one memory round trip after the wait. RG = 1, 2, 4, 8 (8..64-row tiles).
 //   large: grid (ceil(n / 128), ceil(m / 64)), block 8 warps; warp w owns outputs n0 + 16w .. +16
 //          and all 64 rows (8 row groups); slices one after another, each added into the total.
 // SWIGLU. For the fused gate|up weight interleaved at load (dense.rs: every 16-row tile is gate
@@ -261,6 +263,17 @@ __device__ __forceinline__ void dmma_store_rope(T* __restrict__ q_out, const Dmm
 #define DMMA_PREFETCH true
 #endif
 
+// The small kernel's x words (B operands) of several k blocks loaded before their mmas: one
+// round trip per 4 blocks (2 for the 64-row tile, whose 8 row groups would take 128 registers)
+// instead of one per block, where the per-block branch kept the loads apart. Off with
+// -DKILN_DENSE_NO_BPRE (KILN_DENSE_BPRE=0, a measurement switch: main's loop; the same bits,
+// the same mmas in the same order).
+#ifdef KILN_DENSE_NO_BPRE
+#define DMMA_BPRE false
+#else
+#define DMMA_BPRE true
+#endif
+
 // NORM with one row group: every warp sums the squares of the tile's rows itself (dmma_row_ss,
 // the same order as one warp per row, and the butterfly leaves every lane the same bits) and keeps
 // its lane's row's 1 / rms in a register: no shared memory, no barrier before the product. Off
@@ -279,7 +292,40 @@ __device__ __forceinline__ float dmma_row_ss(const float* __restrict__ x, int ro
     return rms_row_sumsq(x + (long)row * k, k, lane);
 }
 
-template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN, typename C = T>
+// Sums of squares of R rows of x [.., k] by one warp (row[i] < 0: no row, ss[i] = 0): per row
+// exactly rms_row_sumsq's operations in its order (lane l's float4s l, l + 32, ... with __fmaf_rn,
+// then warp_sum), the R rows' loads interleaved so that their round trips overlap. Its aligned
+// path only: the host passes x 16-byte aligned with k a multiple of 8 (fused.rs, dense_rope.rs),
+// so every row is float4-aligned and rms_row_sumsq takes that path too.
+template <int R>
+__device__ __forceinline__ void dmma_rows_ss(const float* __restrict__ x, const int* row, int k,
+                                             int lane, float* ss) {
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) s[i] = 0.0f;
+    for (int c = lane * 4; c < k; c += WARP_SIZE * 4) {
+        float4 v[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+            v[i] = row[i] >= 0 ? *reinterpret_cast<const float4*>(x + (long)row[i] * k + c)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            s[i] = __fmaf_rn(v[i].x, v[i].x, s[i]);
+            s[i] = __fmaf_rn(v[i].y, v[i].y, s[i]);
+            s[i] = __fmaf_rn(v[i].z, v[i].z, s[i]);
+            s[i] = __fmaf_rn(v[i].w, v[i].w, s[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) ss[i] = warp_sum(s[i]);
+}
+
+// NT: 16-output tiles per block (1; 2 for the wide 64-row tile rg8w: every x word a warp loads
+// feeds both tiles, so x is read n / 32 times instead of n / 16). Tile nt of block b is the
+// tile b · NT + nt of the NT = 1 grid with the same lanes, fragments and slices: the same bits.
+template <typename T, typename O, int RG, bool SWIGLU, int MODE = DMMA_PLAIN, typename C = T,
+          int NT = 1>
 __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w,
                                 O* __restrict__ out, int m, int n, int k, int sb,
                                 const T* __restrict__ nw, float eps,
@@ -288,7 +334,8 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     constexpr bool ROPE = MODE == DMMA_NORM_ROPE;
     constexpr bool PAIRS = SWIGLU || ROPE;  // the epilogue takes outputs g and g + 8 together
     constexpr bool NORM_WARP = NORM && RG == 1 && DMMA_NORM_PER_WARP;
-    extern __shared__ float dmma_part[];  // [S][RG][4][32]
+    static_assert(NT == 1 || !ROPE, "the RoPE epilogue maps one tile per block");
+    extern __shared__ float dmma_part[];  // [S][NT][RG][4][32]
     __shared__ float dmma_inv[8 * RG];
     const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
     const float* xf = reinterpret_cast<const float*>(x);
@@ -297,17 +344,23 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int slices = blockDim.x / WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * 16, row0 = blockIdx.y * 8 * RG;
+    const int n0 = blockIdx.x * 16 * NT, row0 = blockIdx.y * 8 * RG;
     const int kbt = (k + 31) / 32;
     const int kb0 = warp * sb, kb1 = min(kb0 + sb, kbt);
-    // The weight rows of fragment outputs g and g + 8.
-    const int wr_lo = ROPE ? dmma_rope_row(rp, blockIdx.x, g) : n0 + g;
-    const int wr_hi = ROPE ? dmma_rope_row(rp, blockIdx.x, g + 8) : n0 + g + 8;
+    // The weight rows of fragment outputs g and g + 8 of each tile.
+    int wr_lo[NT], wr_hi[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        wr_lo[nt] = ROPE ? dmma_rope_row(rp, blockIdx.x, g) : n0 + 16 * nt + g;
+        wr_hi[nt] = ROPE ? dmma_rope_row(rp, blockIdx.x, g + 8) : n0 + 16 * nt + g + 8;
+    }
     // The weight fragments of the slice's first 4 k blocks (all of it for K <= 2048) are loaded
     // before waiting for the previous kernel: a step never writes weights.
     // NORM: the norm weight's words of those k blocks too (a weight as well).
-    uint4 a_lo[4], a_hi[4], nwv[4];
-    dmma_ld_a4(ws, wr_lo, wr_hi, n, k, kb0, kb1, t, a_lo, a_hi);
+    uint4 a_lo[NT][4], a_hi[NT][4], nwv[4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+        dmma_ld_a4(ws, wr_lo[nt], wr_hi[nt], n, k, kb0, kb1, t, a_lo[nt], a_hi[nt]);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int col = (kb0 + j) * 32 + 8 * t;
@@ -317,14 +370,16 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
     }
     pdl_wait();
     pdl_launch_dependents();
-    // RES: when the epilogue gives each thread at most one element (RG · 128 <= threads), its
-    // residual value is read now, beside the product's loads, not after the sum.
-    const bool res_early = DMMA_PREFETCH && MODE == DMMA_RES && RG * 128 <= (int)blockDim.x;
+    // RES: when the epilogue gives each thread at most one element (NT · RG · 128 <= threads),
+    // its residual value is read now, beside the product's loads, not after the sum.
+    const bool res_early =
+        DMMA_PREFETCH && MODE == DMMA_RES && NT * RG * 128 <= (int)blockDim.x;
     float res_pre = 0.0f;
-    if (res_early && (int)threadIdx.x < RG * 128) {
-        const int q = threadIdx.x, l = q % 32, i = (q / 32) % 4;
+    if (res_early && (int)threadIdx.x < NT * RG * 128) {
+        const int nt = threadIdx.x / (RG * 128), q = threadIdx.x % (RG * 128);
+        const int l = q % 32, i = (q / 32) % 4;
         const int row = row0 + 8 * (q / 128) + 2 * (l & 3) + (i & 1);
-        const int col = n0 + (l >> 2) + 8 * (i >> 1);
+        const int col = n0 + 16 * nt + (l >> 2) + 8 * (i >> 1);
         if (row < m && col < n)
             res_pre = reinterpret_cast<const float*>(out)[(long)row * n + col];
     }
@@ -335,6 +390,27 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
             const float ss = dmma_row_ss(xf, row0 + r, k, lane);
             if (g == r) inv_g = rms_inv(ss, k, eps);
         }
+    } else if (NORM && RG >= 4) {
+        // 32 / 64 rows: warp w takes rows w, w + S, w + 2S, ... RG at a time (interleaved loads;
+        // each row's sum in rms_row_sumsq's order, so the same bits as the loop below).
+        constexpr int R = RG >= 4 ? RG : 1;
+        for (int r = warp; r < 8 * RG; r += R * slices) {
+            int rows[R];
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                const int rr = r + i * slices;
+                rows[i] = rr < 8 * RG && row0 + rr < m ? row0 + rr : -1;
+            }
+            float ss[R];
+            dmma_rows_ss<R>(xf, rows, k, lane, ss);
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                const int rr = r + i * slices;
+                if (lane == 0 && rr < 8 * RG)
+                    dmma_inv[rr] = rms_inv(rows[i] >= 0 ? ss[i] : 0.0f, k, eps);
+            }
+        }
+        __syncthreads();
     } else if (NORM) {
         for (int r = warp; r < 8 * RG; r += slices) {
             const int row = row0 + r;
@@ -343,13 +419,50 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
         }
         __syncthreads();
     }
-    float acc[RG][4];
+    float acc[NT][RG][4];
 #pragma unroll
-    for (int r = 0; r < RG; ++r)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+        for (int r = 0; r < RG; ++r)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[nt][r][i] = 0.0f;
     for (int c0 = kb0; c0 < kb1; c0 += 4) {
-        if (c0 != kb0) dmma_ld_a4(ws, wr_lo, wr_hi, n, k, c0, kb1, t, a_lo, a_hi);
+        if (c0 != kb0)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                dmma_ld_a4(ws, wr_lo[nt], wr_hi[nt], n, k, c0, kb1, t, a_lo[nt], a_hi[nt]);
+        if (DMMA_BPRE) {
+            constexpr int JB = NT * RG >= 16 ? 1 : RG >= 8 ? 2 : 4;
+#pragma unroll
+            for (int j0 = 0; j0 < 4; j0 += JB) {
+                uint4 bw[JB][RG];
+#pragma unroll
+                for (int jj = 0; jj < JB; ++jj) {
+                    const int j = j0 + jj;
+                    const int col = (c0 + j) * 32 + 8 * t;
+                    const int mr = c0 + j < kb1 ? m : 0;  // a block past the slice: zeros, unused
+#pragma unroll
+                    for (int r = 0; r < RG; ++r) {
+                        const int row = row0 + 8 * r + g;
+                        const float inv = !NORM ? 0.0f : NORM_WARP ? inv_g : dmma_inv[8 * r + g];
+                        bw[jj][r] = !NORM ? dmma_ld(xs, row, mr, col, k)
+                                    : DMMA_PREFETCH && c0 == kb0
+                                        ? dmma_ld_norm_w<T>(xf, nwv[j], row, mr, col, k, inv)
+                                        : dmma_ld_norm<T>(xf, nws, row, mr, col, k, inv);
+                    }
+                }
+#pragma unroll
+                for (int jj = 0; jj < JB; ++jj)
+                    if (c0 + j0 + jj < kb1)
+#pragma unroll
+                        for (int r = 0; r < RG; ++r)
+#pragma unroll
+                            for (int nt = 0; nt < NT; ++nt)
+                                dmma_block<T>(acc[nt][r], a_lo[nt][j0 + jj], a_hi[nt][j0 + jj],
+                                              bw[jj][r]);
+            }
+            continue;
+        }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             if (c0 + j < kb1) {
@@ -363,19 +476,26 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
                         : DMMA_PREFETCH && c0 == kb0
                             ? dmma_ld_norm_w<T>(xf, nwv[j], row, m, col, k, inv)
                             : dmma_ld_norm<T>(xf, nws, row, m, col, k, inv);
-                    dmma_block<T>(acc[r], a_lo[j], a_hi[j], b);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+                        dmma_block<T>(acc[nt][r], a_lo[nt][j], a_hi[nt][j], b);
                 }
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < RG; ++r)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) dmma_part[((warp * RG + r) * 4 + i) * 32 + lane] = acc[r][i];
+        for (int r = 0; r < RG; ++r)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                dmma_part[(((warp * NT + nt) * RG + r) * 4 + i) * 32 + lane] = acc[nt][r][i];
     __syncthreads();
-    // Element e = (r * 4 + i) * 32 + lane of the tile, summed over the slices in order.
-    const int per = PAIRS ? RG * 64 : RG * 128;
-    for (int q = threadIdx.x; q < per; q += blockDim.x) {
+    // Element e = ((nt * RG + r) * 4 + i) * 32 + lane of the block, summed over the slices in
+    // order.
+    constexpr int PER_TILE = PAIRS ? RG * 64 : RG * 128;
+    for (int qt = threadIdx.x; qt < NT * PER_TILE; qt += blockDim.x) {
+        const int nt = qt / PER_TILE, q = qt % PER_TILE, n0t = n0 + 16 * nt;
         int r, i, l;
         if (PAIRS) {
             r = q / 64;
@@ -386,21 +506,22 @@ __device__ void dense_mma_small(const T* __restrict__ x, const T* __restrict__ w
             i = (q / 32) % 4;
             l = q % 32;
         }
-        const int e = (r * 4 + i) * 32 + l;
+        const int e = ((nt * RG + r) * 4 + i) * 32 + l;
         float v = 0.0f, u = 0.0f;
         for (int s = 0; s < slices; ++s) {
-            v += dmma_part[s * RG * 128 + e];
-            if (PAIRS) u += dmma_part[s * RG * 128 + e + 64];
+            v += dmma_part[s * NT * RG * 128 + e];
+            if (PAIRS) u += dmma_part[s * NT * RG * 128 + e + 64];
         }
         if (ROPE)
             dmma_store_rope<T, C>(reinterpret_cast<T*>(out), rp, m, blockIdx.x, row0 + 8 * r, l, i,
                                   v, u);
         else if (MODE == DMMA_RES && res_early) {  // dmma_store's RES add, residual read early
-            const int row = row0 + 8 * r + 2 * (l & 3) + (i & 1), col = n0 + (l >> 2) + 8 * (i >> 1);
+            const int row = row0 + 8 * r + 2 * (l & 3) + (i & 1);
+            const int col = n0t + (l >> 2) + 8 * (i >> 1);
             if (row < m && col < n)
                 Io<O>::store(out, (long)row * n + col, res_pre + round_to<T>(v));
         } else
-            dmma_store<T, O, SWIGLU, MODE == DMMA_RES>(out, m, n, n0, row0 + 8 * r, l, i, v, u);
+            dmma_store<T, O, SWIGLU, MODE == DMMA_RES>(out, m, n, n0t, row0 + 8 * r, l, i, v, u);
     }
 }
 
@@ -468,7 +589,9 @@ __device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w
                                                             m, n, k, sb, nw, eps, rp);             \
     }
 
-// Row groups of the small kernel: rg1 (1..8 rows per tile), rg2 (16), rg4 (32). Every small entry
+// Row groups of the small kernel: rg1 (1..8 rows per tile), rg2 (16), rg4 (32), rg8 (64: its
+// S x 8 x 128 floats of partials pass 48 KiB for S > 12 slices, the host allows the function that
+// much dynamic shared memory, dense.rs). Every small entry
 // point takes (x, w, out, m, n, k, sb, nw, eps); nw and eps are read by the _norm ones only.
 #define DENSE_MMA_SMALL(SUF, T, RG)                                                                \
     extern "C" __global__ void dense_mma_small_rg##RG##_##SUF(const T* x, const T* w, T* out,       \
@@ -501,10 +624,41 @@ __device__ void dense_mma_large(const T* __restrict__ x, const T* __restrict__ w
     DENSE_MMA_ROPE(SUF, T, RG, same, T)                                                            \
     DENSE_MMA_ROPE(SUF, T, RG, e5m2, E5M2)                                                         \
     DENSE_MMA_ROPE(SUF, T, RG, e4m3, E4M3)
+// The wide 64-row tile (rg8w: 32 outputs x 64 rows per block, NT = 2), every mode but NORM_ROPE.
+#define DENSE_MMA_WIDE(SUF, T)                                                                     \
+    extern "C" __global__ void dense_mma_small_rg8w_##SUF(const T* x, const T* w, T* out, int m,   \
+                                                          int n, int k, int sb, const T* nw,       \
+                                                          float eps) {                             \
+        dense_mma_small<T, T, 8, false, DMMA_PLAIN, T, 2>(x, w, out, m, n, k, sb, nw, eps);        \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg8w_##SUF##_f32(                                   \
+        const T* x, const T* w, float* out, int m, int n, int k, int sb, const T* nw, float eps) { \
+        dense_mma_small<T, float, 8, false, DMMA_PLAIN, T, 2>(x, w, out, m, n, k, sb, nw, eps);    \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg8w_swiglu_##SUF(                                  \
+        const T* x, const T* w, T* out, int m, int n, int k, int sb, const T* nw, float eps) {     \
+        dense_mma_small<T, T, 8, true, DMMA_PLAIN, T, 2>(x, w, out, m, n, k, sb, nw, eps);         \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg8w_norm_##SUF(                                    \
+        const float* x, const T* w, T* out, int m, int n, int k, int sb, const T* nw, float eps) { \
+        dense_mma_small<T, T, 8, false, DMMA_NORM, T, 2>(reinterpret_cast<const T*>(x), w, out, m, \
+                                                         n, k, sb, nw, eps);                       \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg8w_norm_swiglu_##SUF(                             \
+        const float* x, const T* w, T* out, int m, int n, int k, int sb, const T* nw, float eps) { \
+        dense_mma_small<T, T, 8, true, DMMA_NORM, T, 2>(reinterpret_cast<const T*>(x), w, out, m,  \
+                                                        n, k, sb, nw, eps);                        \
+    }                                                                                              \
+    extern "C" __global__ void dense_mma_small_rg8w_res_##SUF(                                     \
+        const T* x, const T* w, float* out, int m, int n, int k, int sb, const T* nw, float eps) { \
+        dense_mma_small<T, float, 8, false, DMMA_RES, T, 2>(x, w, out, m, n, k, sb, nw, eps);      \
+    }
 #define DENSE_MMA(SUF, T)                                                                          \
     DENSE_MMA_SMALL(SUF, T, 1)                                                                     \
     DENSE_MMA_SMALL(SUF, T, 2)                                                                     \
     DENSE_MMA_SMALL(SUF, T, 4)                                                                     \
+    DENSE_MMA_SMALL(SUF, T, 8)                                                                     \
+    DENSE_MMA_WIDE(SUF, T)                                                                         \
     extern "C" __global__ void dense_mma_large_##SUF(const T* x, const T* w, T* out, int m, int n,  \
                                                      int k, int sb) {                              \
         dense_mma_large<T, T, false>(x, w, out, m, n, k, sb);                                      \

@@ -1,7 +1,8 @@
 //! The batch-invariant dense matmuls (`KILN_DENSE_MATMUL=fma|mma`, `kernels/dense.cu`) on a GPU:
 //! a row's output is bit-identical computed alone, inside a batch of 64 rows and inside one of
 //! 257 (the lm_head's f32-output variant too), close to cuBLAS; the tensor-core `mma` kernels
-//! (small and large) agree with each other bit for bit at 1, 2, 7, 16, 17, 64 and 257 rows and
+//! (small and large) agree with each other bit for bit at 1, 2, 7, 16, 17, 33, 40, 57, 64 and 257
+//! rows and
 //! with a CPU reference on the 16-bit inputs; all timed against cuBLAS at decode and prefill row
 //! counts (`RESULT` lines for docs/gpu-validation.md and docs/benchmarks.md). The fused q|k|v +
 //! RoPE + KV write (`norm_matmul_rope_write`) equals `norm_matmul` + `qkv_rope_write` bit for bit.
@@ -15,11 +16,10 @@ mod common;
 
 use std::time::Instant;
 
+use common::dense::{decode_batch, f32_view, residual_from, smol_layer, weight_f32, SmolLayer};
 use common::*;
 use kiln::backend::cuda::{CudaBackend, DenseMatmul, MmaKernel};
 use kiln::backend::{AttentionParams, Backend, KvCacheSpec, RopeSpec};
-use kiln::model::step::{ForwardBatch, LogitsFor, SeqSlice};
-use kiln::tensor::{TensorView, WeightDType};
 
 /// A backend whose dense matmuls take `kind` (`cublas`, `fma`, `mma`): the switch is read at
 /// creation.
@@ -41,7 +41,7 @@ fn invariant_kinds(dtype: &str) -> Vec<&'static str> {
 }
 
 fn weight(b: &CudaBackend, n: usize, k: usize, seed: u64) -> <CudaBackend as Backend>::Weight {
-    weight_from(b, &data(n * k, seed), n, k)
+    weight_f32(b, &data(n * k, seed), n, k)
 }
 
 fn matmul(
@@ -177,7 +177,7 @@ fn dense_against_cublas_timings() {
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn mma_small_and_large_agree_bit_for_bit_and_match_a_cpu_reference() {
-    const ROWS: [usize; 7] = [1, 2, 7, 16, 17, 64, 257];
+    const ROWS: [usize; 10] = [1, 2, 7, 16, 17, 33, 40, 57, 64, 257];
     let mut failures = Vec::new();
     for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
         let b = backend(dtype, "mma");
@@ -191,7 +191,7 @@ fn mma_small_and_large_agree_bit_for_bit_and_match_a_cpu_reference() {
             let x_host = data(257 * k, 40 + i as u64);
             let w_host = data(n * k, 50 + i as u64);
             let x = b.upload(&x_host).unwrap();
-            let w = weight_from(&b, &w_host, n, k);
+            let w = weight_f32(&b, &w_host, n, k);
             let xr: Vec<f64> = x_host.iter().map(|&v| f64::from(round(dtype, v))).collect();
             let wr: Vec<f64> = w_host.iter().map(|&v| f64::from(round(dtype, v))).collect();
             let want: Vec<f32> = (0..257 * n)
@@ -228,16 +228,6 @@ fn mma_small_and_large_agree_bit_for_bit_and_match_a_cpu_reference() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-fn weight_from(b: &CudaBackend, w: &[f32], n: usize, k: usize) -> <CudaBackend as Backend>::Weight {
-    let shape = [n, k];
-    let view = TensorView {
-        dtype: WeightDType::F32,
-        shape: &shape,
-        data: bytemuck::cast_slice(w),
-    };
-    b.upload_weight("w", &view).expect("upload")
-}
-
 /// The SwiGLU epilogue (`gate_up_swiglu` on a weight from `upload_gate_up`, rows interleaved at
 /// load) gives exactly the bits of the unfused `mma` matmul on the stacked weight followed by
 /// `swiglu`, at decode and prefill row counts; a cuBLAS backend keeps the unfused form.
@@ -256,19 +246,11 @@ fn the_swiglu_epilogue_equals_the_matmul_then_swiglu_bit_for_bit() {
                 let g_host = data(inter * k, 60 + i as u64);
                 let u_host = data(inter * k, 70 + i as u64);
                 let shape = [inter, k];
-                let gv = TensorView {
-                    dtype: WeightDType::F32,
-                    shape: &shape,
-                    data: bytemuck::cast_slice(&g_host),
-                };
-                let uv = TensorView {
-                    data: bytemuck::cast_slice(&u_host),
-                    ..gv
-                };
+                let (gv, uv) = (f32_view(&g_host, &shape), f32_view(&u_host, &shape));
                 let stacked = b.upload_weight_rows("gu", &[gv, uv]).unwrap();
                 let fused = b.upload_gate_up("gu", &[gv, uv]).unwrap();
                 let x = b.upload(&data(257 * k, 80 + i as u64)).unwrap();
-                for rows in [1usize, 7, 16, 64, 257] {
+                for rows in [1usize, 7, 16, 33, 40, 57, 64, 257] {
                     let mut scratch = b.alloc(rows * 2 * inter).unwrap();
                     let mut want = b.alloc(rows * inter).unwrap();
                     b.matmul(&x, rows, &stacked, &mut scratch).unwrap();
@@ -292,34 +274,17 @@ fn the_swiglu_epilogue_equals_the_matmul_then_swiglu_bit_for_bit() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-/// An f32 residual-stream buffer ([`Backend::alloc_f32`]) holding `host` rounded to the compute
-/// dtype: zeros plus the uploaded values through `add_rms_norm`'s residual update.
-fn residual_from(
-    b: &CudaBackend,
-    host: &[f32],
-    rows: usize,
-    dim: usize,
-) -> <CudaBackend as Backend>::Buffer {
-    let mut r = b.alloc_f32(rows * dim).unwrap();
-    let delta = b.upload(host).unwrap();
-    let ones = b.upload(&vec![1.0; dim]).unwrap();
-    let mut scratch = b.alloc(rows * dim).unwrap();
-    b.add_rms_norm(&mut r, &delta, &ones, &mut scratch, rows, dim, 1e-5)
-        .unwrap();
-    r
-}
-
 /// The fused decode ops of the llama layer (`KILN_FUSED_DECODE_ROWS`, dense.cu's NORM prologue
 /// and RES epilogue): `norm_matmul` and `norm_gate_up_swiglu` match `rms_norm` then the unfused
 /// op within the 16-bit rounding (the prologue sums a row's squares in its own order),
 /// `matmul_residual` equals `matmul` + `add_rms_norm`'s residual bit for bit on an `mma` backend
 /// (the same product, the same f32 add), and each is batch-invariant: a row gives the same bits
-/// alone and in steps of 7, 16, 17 and 64 rows. On the default (cuBLAS) backend the fused ops
+/// alone and in steps of 7, 16, 17, 33, 40, 57 and 64 rows. On the default (cuBLAS) backend the fused ops
 /// run the same kernels, compared with the cuBLAS unfused ops within the rounding.
 #[test]
 #[ignore = "needs a GPU: see the header"]
 fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
-    const ROWS: [usize; 5] = [1, 7, 16, 17, 64];
+    const ROWS: [usize; 8] = [1, 7, 16, 17, 33, 40, 57, 64];
     let (hidden, qkv_n, inter) = (576usize, 960usize, 1536usize);
     let mut failures = Vec::new();
     for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
@@ -333,22 +298,13 @@ fn the_fused_decode_ops_match_the_unfused_ones_and_are_batch_invariant() {
             }
             let limit = if dtype == "bf16" { 2e-2 } else { 4e-3 };
             let x_host: Vec<f32> = data(64 * hidden, 90).iter().map(|v| 3.0 * v).collect();
-            let norm_w = b.upload(&data(hidden, 91)).unwrap();
-            let qkv = weight(&b, qkv_n, hidden, 92);
-            let o = weight(&b, hidden, hidden, 93);
-            let down_w = weight(&b, hidden, inter, 94);
-            let (gh, uh) = (data(inter * hidden, 95), data(inter * hidden, 96));
-            let shape = [inter, hidden];
-            let gv = TensorView {
-                dtype: WeightDType::F32,
-                shape: &shape,
-                data: bytemuck::cast_slice(&gh),
-            };
-            let uv = TensorView {
-                data: bytemuck::cast_slice(&uh),
-                ..gv
-            };
-            let gu = b.upload_gate_up("gu", &[gv, uv]).unwrap();
+            let SmolLayer {
+                norm_w,
+                qkv,
+                o,
+                gu,
+                down: down_w,
+            } = smol_layer(&b);
             let a_host = data(64 * inter, 97);
             let eps = 1e-5;
             // norm_matmul (q|k|v) and norm_gate_up_swiglu (the SwiGLU output) of `rows` rows.
@@ -471,7 +427,7 @@ fn the_fused_qkv_rope_write_equals_norm_matmul_then_qkv_rope_write_bit_for_bit()
         head_dim: hd,
         scale: 1.0 / (hd as f32).sqrt(),
     };
-    let num_blocks = 512;
+    let num_blocks = 4096;
     let mut failures = Vec::new();
     for dtype in dtypes().into_iter().filter(|d| *d != "f32") {
         for kind in ["mma", "cublas"] {
@@ -508,30 +464,12 @@ fn the_fused_qkv_rope_write_equals_norm_matmul_then_qkv_rope_write_bit_for_bit()
                     )
                     .unwrap();
                 let w = weight(&b, qkv_n, hidden, 72);
-                let x_host: Vec<f32> = data(17 * hidden, 73).iter().map(|v| 3.0 * v).collect();
-                for rows in [1usize, 3, 8, 17] {
-                    // One decode token per sequence, sequence r at position 5 + 37 r, each with
-                    // blocks of its own (the zeroed caches give both forms the same context).
-                    let mut next_block = 0;
-                    let batch = ForwardBatch {
-                        token_ids: vec![1; rows],
-                        seqs: (0..rows)
-                            .map(|r| {
-                                let nb = (6 + 37 * r).div_ceil(16);
-                                next_block += nb;
-                                SeqSlice {
-                                    start: r,
-                                    len: 1,
-                                    cached_len: 5 + 37 * r,
-                                    block_table: (next_block - nb..next_block)
-                                        .map(|b| b as u32)
-                                        .collect(),
-                                    logits: LogitsFor::Last,
-                                    state_slot: None,
-                                }
-                            })
-                            .collect(),
-                    };
+                let x_host: Vec<f32> = data(64 * hidden, 73).iter().map(|v| 3.0 * v).collect();
+                for rows in [1usize, 3, 8, 17, 33, 40, 57, 64] {
+                    // One decode token per sequence, sequence r at position 5 + 29 r (< 1 900),
+                    // each with blocks of its own (the zeroed caches give both forms the same
+                    // context).
+                    let batch = decode_batch(rows, |r| 5 + 29 * r, 16);
                     let input = batch.step_input(16, num_blocks, 50, 2048).unwrap();
                     let st = b.prepare_step(&input).unwrap();
                     let x = residual_from(&b, &x_host[..rows * hidden], rows, hidden);

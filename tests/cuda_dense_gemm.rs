@@ -18,10 +18,10 @@ mod common;
 
 use std::time::Instant;
 
+use common::dense::{probe_bits, weight16};
 use common::*;
 use kiln::backend::cuda::{CudaBackend, DenseMatmul, GemmTile, MmaKernel, MmaOut};
 use kiln::backend::Backend;
-use kiln::tensor::{TensorView, WeightDType};
 
 /// A backend whose dense matmuls take `kind` (`cublas`, `mma`): the switch is read at creation.
 fn backend(dtype: &str, kind: &str) -> CudaBackend {
@@ -49,45 +49,6 @@ fn backend_pf(dtype: &str, kind: &str, pf: &str) -> CudaBackend {
     let b = backend(dtype, kind);
     std::env::remove_var("KILN_DENSE_GEMM_PREFETCH");
     b
-}
-
-/// A weight [n, k] of pseudo-random values in [-1, 1) rounded to the 16-bit dtype, uploaded as
-/// 16-bit data (no f32 copy of a 2.5 GB matrix): a block of 1 000 003 values (prime, so no tile
-/// or row sees a repeating pattern) repeated over the matrix.
-fn weight(
-    b: &CudaBackend,
-    dtype: &str,
-    n: usize,
-    k: usize,
-    seed: u64,
-) -> <CudaBackend as Backend>::Weight {
-    let block = data(1_000_003, seed);
-    let conv: Vec<u16> = block
-        .iter()
-        .map(|&v| {
-            if dtype == "bf16" {
-                half::bf16::from_f32(v).to_bits()
-            } else {
-                half::f16::from_f32(v).to_bits()
-            }
-        })
-        .collect();
-    let mut host = Vec::with_capacity(n * k);
-    while host.len() < n * k {
-        let take = (n * k - host.len()).min(conv.len());
-        host.extend_from_slice(&conv[..take]);
-    }
-    let shape = [n, k];
-    let view = TensorView {
-        dtype: if dtype == "bf16" {
-            WeightDType::BF16
-        } else {
-            WeightDType::F16
-        },
-        shape: &shape,
-        data: bytemuck::cast_slice(&host),
-    };
-    b.upload_weight("w", &view).expect("upload")
 }
 
 /// (n, k, name, epilogues, row counts) of the equality test.
@@ -138,19 +99,6 @@ const BIG: &[Case] = &[
     (5120, 17408, "down", &[MmaOut::Same], &[65, 257, 1000]),
     (248320, 5120, "lm_head", &[MmaOut::F32], &[65, 257]),
 ];
-
-fn run_bits(
-    b: &CudaBackend,
-    x: &<CudaBackend as Backend>::Buffer,
-    rows: usize,
-    w: &<CudaBackend as Backend>::Weight,
-    kernel: MmaKernel,
-    out: MmaOut,
-) -> Vec<u32> {
-    let mut o = b.mma_probe_alloc(rows, w, out).expect("alloc");
-    b.mma_probe_run(x, rows, w, kernel, &mut o).expect("run");
-    b.mma_probe_bits(&o).expect("download")
-}
 
 /// `KILN_GEMM_BUDGET_S` (unset: no limit): whether a test started at `start` is out of time.
 fn out_of_time(start: Instant) -> bool {
@@ -218,12 +166,12 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
                 continue;
             }
             let t0 = Instant::now();
-            let w = weight(&b, dtype, n, k, 100 + ci as u64);
+            let w = weight16(&b, dtype, n, k, 100 + ci as u64);
             let max_rows = *rows_list.iter().max().unwrap();
             let x = b.upload(&data(max_rows * k, 200 + ci as u64)).unwrap();
             for &rows in rows_list {
                 for &out in outs {
-                    let want = run_bits(&b, &x, rows, &w, MmaKernel::Small, out);
+                    let want = probe_bits(&b, &x, rows, &w, MmaKernel::Small, out);
                     let mut kernels: Vec<(String, MmaKernel)> = GemmTile::ALL
                         .iter()
                         .map(|&t| (format!("{t:?}"), MmaKernel::GemmTile(t)))
@@ -236,7 +184,7 @@ fn the_gemm_equals_the_small_mma_kernel_bit_for_bit() {
                     }
                     let mut bad = Vec::new();
                     for (kname, kernel) in &kernels {
-                        let got = run_bits(&b, &x, rows, &w, *kernel, out);
+                        let got = probe_bits(&b, &x, rows, &w, *kernel, out);
                         compared += 1;
                         if got != want {
                             let first = got.iter().zip(&want).position(|(a, b)| a != b);
@@ -331,9 +279,9 @@ fn gemm_against_large_and_cublas_timings() {
         }
         let wms: Vec<_> = mmas
             .iter()
-            .map(|b| weight(b, dtype, n, k, 300 + si as u64))
+            .map(|b| weight16(b, dtype, n, k, 300 + si as u64))
             .collect();
-        let wb = weight(&blas, dtype, n, k, 300 + si as u64);
+        let wb = weight16(&blas, dtype, n, k, 300 + si as u64);
         for &rows in &rows_list {
             let flop = 2.0 * (rows * n * k) as f64;
             let xb = blas.upload(&data(rows * k, 400)).unwrap();

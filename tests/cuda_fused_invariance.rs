@@ -1,18 +1,20 @@
 //! Batch invariance across the fused / unfused llama layer (issue 8 item 9) on a GPU: under the
 //! default dense matmul of sm_80+ with 16-bit compute (`mma`), a step of at most
-//! `KILN_FUSED_DECODE_ROWS` tokens (16 by default) runs the fused decode ops (RMSNorm in the
+//! `KILN_FUSED_DECODE_ROWS` tokens (64 by default, 16 before `mma64`) runs the fused decode ops (RMSNorm in the
 //! matmul prologue, RoPE / KV write and the residual add in the epilogues) and a larger step the
 //! unfused ops; a sequence's logits must have the same f32 bits either way.
 //!
 //! - `the_fused_norm_equals_the_unfused_norms_bit_for_bit`: the op level: `norm_matmul` (dense.cu's
 //!   NORM prologue) equals `rms_norm` (the `_xf32` entry point) + `matmul`, and after an
 //!   `add_rms_norm` (`_rf32`) the fused prologue on the updated residual equals its output +
-//!   `matmul`, at 1 and 16 rows and several widths.
+//!   `matmul`, at 1, 16, 32, 40 and 64 rows (the 8-, 16-, 32- and 64-row tiles) and several widths.
 //! - `a_sequence_has_the_same_logits_fused_and_unfused`: whole models (the tiny llama fixture and
 //!   `KILN_TEST_MODEL` when set), bf16 and fp16: one sequence's prefill logits (every position)
 //!   and those of several decode steps, computed alone (fused: 5 prefill rows, 1 decode row),
-//!   beside 8 one-token sequences (fused, the 16-row tile), beside 17 and 80 two-token sequences
-//!   (unfused: the small and the large `mma` kernel), compared bit for bit with the alone run.
+//!   beside 8 one-token sequences (fused, the 16-row tile), beside 17 two-token sequences (fused:
+//!   39 and 18 rows, the 64- and 32-row tiles), beside 40 and 63 one-token sequences (fused 45 /
+//!   41 rows; prefill 68 rows unfused, decode 64 rows fused: the bound) and beside 80 two-token
+//!   sequences (unfused: the GEMM), compared bit for bit with the alone run.
 //!   `KILN_DENSE_MATMUL=cublas` is run too and only reported (it is not batch-invariant). On the
 //!   sm_70 path (`KILN_CUDA_ARCH=compute_70`) the default is `fma` (nothing fused, one kernel for
 //!   every step) and fp16 alone: asserted the same way.
@@ -31,6 +33,7 @@ mod common;
 
 use std::path::Path;
 
+use common::dense::{residual_from, weight_f32};
 use common::*;
 use kiln::backend::cuda::{CudaBackend, DenseMatmul};
 use kiln::backend::Backend;
@@ -38,7 +41,6 @@ use kiln::engine::{Device, EngineConfig};
 use kiln::model::files::ModelFiles;
 use kiln::model::runner::build_runner_for;
 use kiln::model::step::{ForwardBatch, LogitsFor, ModelRunner};
-use kiln::tensor::{TensorView, WeightDType};
 
 /// A backend whose dense matmuls take `kind` (`None`: the default, `KILN_DENSE_MATMUL` unset).
 fn backend(dtype: &str, kind: Option<&str>) -> CudaBackend {
@@ -53,27 +55,7 @@ fn backend(dtype: &str, kind: Option<&str>) -> CudaBackend {
 }
 
 fn weight(b: &CudaBackend, n: usize, k: usize, seed: u64) -> <CudaBackend as Backend>::Weight {
-    let w = data(n * k, seed);
-    let shape = [n, k];
-    let view = TensorView {
-        dtype: WeightDType::F32,
-        shape: &shape,
-        data: bytemuck::cast_slice(&w),
-    };
-    b.upload_weight("w", &view).expect("upload weight")
-}
-
-/// An f32 residual-stream buffer holding `host` (rounded to the compute dtype): zeros plus the
-/// uploaded values through `add_rms_norm`'s residual update.
-fn residual_from(b: &CudaBackend, host: &[f32], dim: usize) -> <CudaBackend as Backend>::Buffer {
-    let rows = host.len() / dim;
-    let mut r = b.alloc_f32(rows * dim).expect("alloc residual");
-    let delta = b.upload(host).expect("upload");
-    let ones = b.upload(&vec![1.0; dim]).expect("upload");
-    let mut scratch = b.alloc(rows * dim).expect("alloc");
-    b.add_rms_norm(&mut r, &delta, &ones, &mut scratch, rows, dim, 1e-5)
-        .expect("add_rms_norm");
-    r
+    weight_f32(b, &data(n * k, seed), n, k)
 }
 
 /// How many f32 values of `a` and `b` differ in their bits, and the max |Δ|.
@@ -108,7 +90,7 @@ fn the_fused_norm_equals_the_unfused_norms_bit_for_bit() {
         for dim in [64usize, 576, 1000, 4096] {
             let nw = b.upload(&data(dim, 7)).expect("norm weight");
             let w = weight(&b, n, dim, 8);
-            for rows in [1usize, 16] {
+            for rows in [1usize, 16, 32, 40, 64] {
                 let host: Vec<f32> = data(rows * dim, 9).iter().map(|v| 3.0 * v).collect();
                 let delta_host = data(rows * dim, 10);
                 let eps = 1e-5;
@@ -125,7 +107,7 @@ fn the_fused_norm_equals_the_unfused_norms_bit_for_bit() {
                     down(&b, &out, rows * n)
                 };
                 // (a) rms_norm of the f32 stream (_xf32) + matmul vs the fused prologue.
-                let x = residual_from(&b, &host, dim);
+                let x = residual_from(&b, &host, rows, dim);
                 let mut h = b.alloc(rows * dim).expect("alloc");
                 b.rms_norm(&x, &nw, &mut h, rows, dim, eps)
                     .expect("rms_norm");
@@ -133,7 +115,7 @@ fn the_fused_norm_equals_the_unfused_norms_bit_for_bit() {
                 let (nd_a, md_a) = diff(&want, &got);
                 // (b) add_rms_norm (_rf32: residual += delta, then the norm) + matmul vs the
                 // fused prologue on the residual it updated.
-                let mut r = residual_from(&b, &host, dim);
+                let mut r = residual_from(&b, &host, rows, dim);
                 let delta = b.upload(&delta_host).expect("upload");
                 b.add_rms_norm(&mut r, &delta, &nw, &mut h, rows, dim, eps)
                     .expect("add_rms_norm");
@@ -169,7 +151,7 @@ struct Config {
     filler_len: usize,
 }
 
-const CONFIGS: [Config; 4] = [
+const CONFIGS: [Config; 6] = [
     // Prefill 5 rows, decode 1 row: the fused layer, one 8-row tile.
     Config {
         name: "alone",
@@ -182,13 +164,26 @@ const CONFIGS: [Config; 4] = [
         fillers: 8,
         filler_len: 1,
     },
-    // Prefill 39 rows, decode 18: unfused, the small mma kernel.
+    // Prefill 39 rows, decode 18: fused (up to 64 rows by default since `mma64`), the 64-row
+    // tile (row group 8) and the 32-row tile (row group 4).
     Config {
-        name: "unfused_small",
+        name: "fused_rg8_rg4",
         fillers: 17,
         filler_len: 2,
     },
-    // Prefill 165 rows, decode 81: unfused, the large mma kernel (> 64 rows).
+    // Prefill 45 rows, decode 41: fused, the 64-row tile.
+    Config {
+        name: "fused_rg8",
+        fillers: 40,
+        filler_len: 1,
+    },
+    // Prefill 68 rows, decode 64: unfused (the GEMM) then fused at the bound (64 rows).
+    Config {
+        name: "unfused_gemm_fused_64",
+        fillers: 63,
+        filler_len: 1,
+    },
+    // Prefill 165 rows, decode 81: unfused, the GEMM (> 64 rows).
     Config {
         name: "unfused_large",
         fillers: 80,

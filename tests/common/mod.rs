@@ -2,6 +2,8 @@
 //! the dtypes a run covers, named tolerances, deterministic data, comparisons, the models.
 #![allow(dead_code)] // each test binary uses a subset
 
+pub mod dense;
+
 use std::path::{Path, PathBuf};
 
 use kiln::backend::cuda::CudaBackend;

@@ -154,6 +154,8 @@ pub struct CudaBackend {
     /// Largest step whose llama layers take the fused decode ops (`KILN_FUSED_DECODE_ROWS`;
     /// 0 where there are no tensor-core kernels; see `dense.rs`).
     fused_rows: usize,
+    /// Which `mma` kernel takes 33–64-row steps (`KILN_DENSE_MID`; see `dense/options.rs`).
+    mid: dense::MidRows,
     /// Launch the small `mma` kernels with programmatic dependent launch (`KILN_PDL`, sm_90+
     /// kernels only; see `launch.rs`).
     pdl: bool,

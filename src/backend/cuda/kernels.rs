@@ -414,6 +414,11 @@ impl KernelModule {
                 if std::env::var("KILN_DENSE_NORM").is_ok_and(|v| v == "shared") {
                     d.push("-DKILN_DENSE_NORM_SHARED".into());
                 }
+                // `KILN_DENSE_BPRE=0`: the small kernels load each k block's x words just before
+                // its mmas, as before `mma64` (to measure; same bits).
+                if std::env::var("KILN_DENSE_BPRE").is_ok_and(|v| v == "0") {
+                    d.push("-DKILN_DENSE_NO_BPRE".into());
+                }
                 d
             }
             // `KILN_DENSE_GEMM_PREFETCH=1` (read at each backend's creation): the dense GEMM with
@@ -556,7 +561,7 @@ impl KernelModule {
                         names.push(format!("dense_xwt_{t}_f32"));
                         names.extend(super::backend::MmaKernels::names(t));
                         for c in ["same", "e5m2", "e4m3"] {
-                            for rg in [1, 2, 4] {
+                            for rg in [1, 2, 4, 8] {
                                 names.push(super::backend::MmaKernels::rope_name(rg, t, c));
                             }
                         }

@@ -1,8 +1,12 @@
 //! The batch-invariant dense matmuls (`kernels/dense.cu`): `out = x · wᵀ` for dense 16-bit
 //! weights with one fixed f32 reduction order per output element, whatever the number of rows,
 //! so a token's logits do not depend on the batch it rides in. Two kernel families:
-//! - `mma` (sm_80+, f16 / bf16): `dense_mma_small_rg{1,2,4}` (≤ 64 rows: warps over K slices,
-//!   the slice partials summed in slice order through shared memory) and, above 64 rows, the
+//! - `mma` (sm_80+, f16 / bf16): `dense_mma_small_rg{1,2,4,8}` (≤ 64 rows: warps over K slices,
+//!   the slice partials summed in slice order through shared memory; tiles of 16 outputs × 8 /
+//!   16 / 32 / 64 rows and the wide 32 × 64 rg8w, picked per launch by `dense/mid.rs`'s
+//!   [`MidRows`] (`KILN_DENSE_MID`: a warp budget over the grid by default; the vocabulary-sized
+//!   lm_head takes the GEMM from 17 rows) within the block size the function's registers allow
+//!   (`dense/entry.rs`)) and, above 64 rows, the
 //!   pipelined GEMM of `dense_gemm.cu` (`dense_gemm.rs`; `KILN_DENSE_GEMM=0`: `dense_mma_large`,
 //!   128 × 64 tiles without staging), all `mma.sync.m16n8k16` over the same fragments and the
 //!   same K slices (a function of K alone, [`slice_blocks`]), so they agree bit for bit;
@@ -41,8 +45,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
-use super::{dev_err, ComputeDType, CudaBackend, CudaBuffer, CudaWeight};
-use crate::backend::cuda::nvrtc::Arch;
+use super::{dev_err, CudaBackend, CudaBuffer, CudaWeight};
 use crate::backend::BackendError;
 
 /// Rows per block tile and warps (output columns) per block of `dense_xwt`; must equal
@@ -50,127 +53,26 @@ use crate::backend::BackendError;
 const DENSE_ROWS: u32 = 8;
 const DENSE_WARPS: u32 = 4;
 
-/// Rows up to which the `mma` path takes the small kernel (a speed choice only: both kernels
-/// give the same bits).
-pub const MMA_SMALL_MAX_ROWS: usize = 64;
-
-/// Largest step (tokens) whose llama layers take the fused decode ops when
-/// `KILN_FUSED_DECODE_ROWS` is unset and the dense matmul is cuBLAS. Measured on the H200
-/// (docs/benchmarks.md, branch `launch`): fused 1 row +13.6% over cuBLAS, fused 16 rows −7.5%
-/// (the 16-row tile of the small kernel is slower than cuBLAS there), 64 rows −33%. 1..8 rows run
-/// the same 8-row tile as 1 row, so 8 is the bound; 2..8 rows were not measured on their own.
-pub const DEFAULT_FUSED_DECODE_ROWS: usize = 8;
-
-/// The same under `KILN_DENSE_MATMUL=mma` (the default on sm_80+ with 16-bit compute): the small
-/// kernel's 16-row tile (row group 2). There the unfused ops run the same `mma` kernels, so
-/// fusing up to 16 rows saves launches without a slower tile (docs/benchmarks.md, `inv6`).
-pub const DEFAULT_FUSED_DECODE_ROWS_MMA: usize = 16;
-
-/// `KILN_FUSED_DECODE_ROWS` for a backend whose dense matmul is `dense`: unset or empty = the
-/// default of that kind ([`default_fused_rows`]), `0` = off, else a row count (clamped to
-/// [`MMA_SMALL_MAX_ROWS`]); anything else is an error.
-pub fn fused_rows_from_env(dense: DenseMatmul) -> Result<usize, BackendError> {
-    match std::env::var("KILN_FUSED_DECODE_ROWS") {
-        Err(_) => Ok(default_fused_rows(dense)),
-        Ok(v) => parse_fused_rows(&v, dense),
-    }
-}
-
-/// The fused decode rows when `KILN_FUSED_DECODE_ROWS` is unset: [`DEFAULT_FUSED_DECODE_ROWS_MMA`]
-/// under `mma` (batch-invariant across the fused / unfused boundary), [`DEFAULT_FUSED_DECODE_ROWS`]
-/// under cuBLAS (fast; not batch-invariant anyway), 0 under `fma` (the fused ops would be a
-/// second numeric path beside the `fma` kernel).
-pub fn default_fused_rows(dense: DenseMatmul) -> usize {
-    match dense {
-        DenseMatmul::Mma => DEFAULT_FUSED_DECODE_ROWS_MMA,
-        DenseMatmul::Cublas => DEFAULT_FUSED_DECODE_ROWS,
-        DenseMatmul::Fma => 0,
-    }
-}
-
-/// Parse a `KILN_FUSED_DECODE_ROWS` value for a backend whose dense matmul is `dense` (empty:
-/// [`default_fused_rows`]).
-pub fn parse_fused_rows(v: &str, dense: DenseMatmul) -> Result<usize, BackendError> {
-    let v = v.trim();
-    if v.is_empty() {
-        return Ok(default_fused_rows(dense));
-    }
-    v.parse::<usize>()
-        .map(|n| n.min(MMA_SMALL_MAX_ROWS))
-        .map_err(|_| {
-            BackendError::InvalidArgument(format!(
-                "KILN_FUSED_DECODE_ROWS={v:?}: expected a row count (0 = off)"
-            ))
-        })
-}
-
-/// `KILN_PDL`: programmatic dependent launch on (unset, `1`, `true`, `on`) or off (`0`, `false`,
-/// `off`).
-pub fn pdl_from_env() -> Result<bool, BackendError> {
-    super::launch::env_switch("KILN_PDL", true)
-}
-
-/// Which kernel runs the dense 16-bit matmuls of a backend (`KILN_DENSE_MATMUL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DenseMatmul {
-    /// cuBLAS (`KILN_DENSE_MATMUL=cublas` / `0` / `false`; the default for f32 compute):
-    /// fastest at prefill sizes, but its kernel and reduction order depend on the row count (not
-    /// batch-invariant).
-    Cublas,
-    /// `dense_xwt` on CUDA cores (`fma`; also `1` / `true`, the switch's first meaning; the
-    /// default below sm_80 with a 16-bit dtype).
-    Fma,
-    /// The tensor-core kernels (`mma`; the default on sm_80+ with a 16-bit dtype); `fma` on GPUs
-    /// below sm_80.
-    Mma,
-}
-
-impl DenseMatmul {
-    /// The choice of `KILN_DENSE_MATMUL`; unset or empty: `default` (what
-    /// [`DenseMatmul::default_for`] gives for the backend). An unknown value is an error (a typo
-    /// must not silently change the numerics).
-    pub fn from_env(default: DenseMatmul) -> Result<DenseMatmul, BackendError> {
-        match std::env::var("KILN_DENSE_MATMUL") {
-            Err(_) => Ok(default),
-            Ok(v) => Self::parse(&v, default),
-        }
-    }
-
-    /// The default when `KILN_DENSE_MATMUL` is unset, for kernels built for `arch` and compute
-    /// dtype `dtype`: a batch-invariant kernel wherever one takes the dtype — `mma` (tensor
-    /// cores) on sm_80+ and `fma` (CUDA cores) below sm_80 (V100 / T4: no `mma` kernels there;
-    /// decode-sized steps cost about what cuBLAS's do, prefill-sized ones are several times
-    /// slower, docs/benchmarks.md) for a 16-bit dtype; cuBLAS for f32 compute (no dense kernel
-    /// takes f32), which is not batch-invariant. `KILN_DENSE_MATMUL=cublas` trades the
-    /// invariance for cuBLAS's speed anywhere.
-    pub fn default_for(arch: Arch, dtype: ComputeDType) -> DenseMatmul {
-        match dtype {
-            ComputeDType::F32 => DenseMatmul::Cublas,
-            _ if arch.major >= 8 => DenseMatmul::Mma,
-            _ => DenseMatmul::Fma,
-        }
-    }
-
-    /// Parse a `KILN_DENSE_MATMUL` value (case-insensitive; empty: `default`).
-    pub fn parse(v: &str, default: DenseMatmul) -> Result<DenseMatmul, BackendError> {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "" => Ok(default),
-            "cublas" | "0" | "false" | "off" => Ok(DenseMatmul::Cublas),
-            "fma" | "1" | "true" => Ok(DenseMatmul::Fma),
-            "mma" => Ok(DenseMatmul::Mma),
-            other => Err(BackendError::InvalidArgument(format!(
-                "KILN_DENSE_MATMUL={other:?}: expected cublas, fma or mma"
-            ))),
-        }
-    }
-}
+mod entry;
+mod mid;
+mod options;
+pub(crate) use entry::{fitting_tile, MmaKernels, SmallFn};
+pub use entry::{small_shared_bytes, MMA_ROW_GROUPS, MMA_SMALL_MAX_SHARED};
+pub use mid::MidRows;
+pub use options::{
+    fused_rows_from_env, pdl_from_env, DenseMatmul, DEFAULT_FUSED_DECODE_ROWS, MMA_SMALL_MAX_ROWS,
+};
 
 /// A kernel of the `mma` family, for tests and benchmarks that compare them
 /// ([`CudaBackend::matmul_dense_mma_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MmaKernel {
-    /// `dense_mma_small_rg{1,2,4}` (the row group by the row count).
+    /// `dense_mma_small_rg{1,2,4,8}` (the row group by the row count and [`MidRows`]).
     Small,
+    /// `dense_mma_small_rg{N}` with this row group (1, 2, 4 or 8) at any row count.
+    SmallRg(usize),
+    /// `dense_mma_small_rg8w`: the 64-row tile over 32 outputs per block (K ≤ 1024).
+    SmallWide,
     /// `dense_mma_large`.
     Large,
     /// The pipelined GEMM of `dense_gemm.cu`, tile by `GemmTile::auto` (dense_gemm.rs).
@@ -179,99 +81,12 @@ pub enum MmaKernel {
     GemmTile(super::dense_gemm::GemmTile),
 }
 
-/// The `dense_mma_*` entry points of one 16-bit compute dtype.
-#[derive(Debug, Clone)]
-pub(crate) struct MmaKernels {
-    /// Small kernel, compute-dtype output, row groups 1, 2, 4.
-    pub small: [CudaFunction; 3],
-    /// Small kernel, f32 output (the lm_head).
-    pub small_f32: [CudaFunction; 3],
-    /// Large kernel, compute-dtype output.
-    pub large: CudaFunction,
-    /// Large kernel, f32 output.
-    pub large_f32: CudaFunction,
-    /// Small kernel with the SwiGLU epilogue, row groups 1, 2, 4.
-    pub small_swiglu: [CudaFunction; 3],
-    /// Large kernel with the SwiGLU epilogue.
-    pub large_swiglu: CudaFunction,
-    /// Small kernel with the RMSNorm prologue (f32 residual input), row groups 1, 2, 4.
-    pub small_norm: [CudaFunction; 3],
-    /// Small kernel with the RMSNorm prologue and the SwiGLU epilogue.
-    pub small_norm_swiglu: [CudaFunction; 3],
-    /// Small kernel with the residual-add epilogue (f32 residual output).
-    pub small_res: [CudaFunction; 3],
-}
-
-impl MmaKernels {
-    /// The entry point names for dtype suffix `t` (f16 / bf16), as dense.cu defines them.
-    pub fn names(t: &str) -> Vec<String> {
-        let mut v = Vec::new();
-        for rg in [1, 2, 4] {
-            v.push(format!("dense_mma_small_rg{rg}_{t}"));
-            v.push(format!("dense_mma_small_rg{rg}_{t}_f32"));
-            v.push(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
-            v.push(format!("dense_mma_small_rg{rg}_norm_{t}"));
-            v.push(format!("dense_mma_small_rg{rg}_norm_swiglu_{t}"));
-            v.push(format!("dense_mma_small_rg{rg}_res_{t}"));
-        }
-        v.push(format!("dense_mma_large_{t}"));
-        v.push(format!("dense_mma_large_{t}_f32"));
-        v.push(format!("dense_mma_large_swiglu_{t}"));
-        v
-    }
-
-    /// The NORM_ROPE entry point of row group `rg` for compute dtype suffix `t` and KV storage
-    /// suffix `c` (same / e5m2 / e4m3), as dense.cu defines it.
-    pub fn rope_name(rg: u32, t: &str, c: &str) -> String {
-        format!("dense_mma_small_rg{rg}_norm_rope_{t}_{c}")
-    }
-
-    /// Resolve them through `get` (by name).
-    pub fn resolve<E>(
-        get: &dyn Fn(String) -> Result<CudaFunction, E>,
-        t: &str,
-    ) -> Result<MmaKernels, E> {
-        let s = |rg: u32, f32: bool| {
-            get(format!(
-                "dense_mma_small_rg{rg}_{t}{}",
-                if f32 { "_f32" } else { "" }
-            ))
-        };
-        let sw = |rg: u32| get(format!("dense_mma_small_rg{rg}_swiglu_{t}"));
-        let var = |rg: u32, v: &str| get(format!("dense_mma_small_rg{rg}_{v}_{t}"));
-        Ok(MmaKernels {
-            small: [s(1, false)?, s(2, false)?, s(4, false)?],
-            small_f32: [s(1, true)?, s(2, true)?, s(4, true)?],
-            large: get(format!("dense_mma_large_{t}"))?,
-            large_f32: get(format!("dense_mma_large_{t}_f32"))?,
-            small_swiglu: [sw(1)?, sw(2)?, sw(4)?],
-            large_swiglu: get(format!("dense_mma_large_swiglu_{t}"))?,
-            small_norm: [var(1, "norm")?, var(2, "norm")?, var(4, "norm")?],
-            small_norm_swiglu: [
-                var(1, "norm_swiglu")?,
-                var(2, "norm_swiglu")?,
-                var(4, "norm_swiglu")?,
-            ],
-            small_res: [var(1, "res")?, var(2, "res")?, var(4, "res")?],
-        })
-    }
-}
-
 /// K blocks (of 32 columns) per K slice of the `mma` kernels: at least 4, and at most 16 slices;
 /// a function of `k` alone (the batch invariance rests on it). k = 576: 4 (5 slices), 1 536: 4
 /// (12 slices), 8 192: 16 (16 slices).
 pub fn slice_blocks(k: usize) -> usize {
     let kb = k.div_ceil(32);
     kb.div_ceil(16).max(4)
-}
-
-/// Row groups (of 8 rows) per tile of the small kernel for `rows` rows: 1, 2 or 4.
-pub(super) fn row_groups(rows: usize) -> usize {
-    match rows {
-        0..=8 => 1,
-        9..=16 => 2,
-        _ => 4,
-    }
 }
 
 impl CudaBackend {
@@ -305,11 +120,7 @@ impl CudaBackend {
         out_f32: bool,
     ) -> Result<(), BackendError> {
         if self.dense == DenseMatmul::Mma {
-            let kernel = if rows <= MMA_SMALL_MAX_ROWS {
-                MmaKernel::Small
-            } else {
-                self.mma_big_kernel()
-            };
+            let kernel = self.mma_unfused_kernel(rows, w.n);
             let out = if out_f32 {
                 Epilogue::F32
             } else {
@@ -389,30 +200,60 @@ impl CudaBackend {
         let sb = slice_blocks(w.k);
         let slices = w.k.div_ceil(32).div_ceil(sb);
         let (f, cfg) = match kernel {
-            MmaKernel::Small => {
-                let rg = row_groups(rows);
-                let i = rg.trailing_zeros() as usize;
-                let f = match (epilogue, norm.is_some()) {
-                    (Epilogue::Same, false) => &mk.small[i],
-                    (Epilogue::F32, false) => &mk.small_f32[i],
-                    (Epilogue::Swiglu, false) => &mk.small_swiglu[i],
-                    (Epilogue::Residual, false) => &mk.small_res[i],
-                    (Epilogue::Same, true) => &mk.small_norm[i],
-                    (Epilogue::Swiglu, true) => &mk.small_norm_swiglu[i],
-                    (e, true) => {
-                        return Err(BackendError::Unsupported(format!(
-                            "the mma norm prologue with the {e:?} epilogue"
+            MmaKernel::Small | MmaKernel::SmallRg(_) | MmaKernel::SmallWide => {
+                // (row groups, 16-output tiles) per block wanted.
+                let wide_fits = small_shared_bytes(slices, 16) <= MMA_SMALL_MAX_SHARED;
+                let (rg, nt) = match kernel {
+                    MmaKernel::SmallRg(rg) if MMA_ROW_GROUPS.contains(&rg) => (rg, 1),
+                    MmaKernel::SmallRg(rg) => {
+                        return Err(BackendError::InvalidArgument(format!(
+                            "the small mma kernel has no row group {rg}"
                         )))
                     }
+                    MmaKernel::SmallWide if wide_fits => (8, 2),
+                    MmaKernel::SmallWide => {
+                        return Err(BackendError::InvalidArgument(format!(
+                            "the wide 64-row mma tile takes K ≤ 1024 (k = {})",
+                            w.k
+                        )))
+                    }
+                    _ => match self.mid.row_groups(rows, w.n, slices, norm.is_some()) {
+                        8 if wide_fits && w.n >= self.mid.wide_min_n => (8, 2),
+                        rg => (rg, 1),
+                    },
                 };
+                let pick = |i: usize| -> Option<&SmallFn> {
+                    match (epilogue, norm.is_some()) {
+                        (Epilogue::Same, false) => Some(&mk.small[i]),
+                        (Epilogue::F32, false) => Some(&mk.small_f32[i]),
+                        (Epilogue::Swiglu, false) => Some(&mk.small_swiglu[i]),
+                        (Epilogue::Residual, false) => Some(&mk.small_res[i]),
+                        (Epilogue::Same, true) => Some(&mk.small_norm[i]),
+                        (Epilogue::Swiglu, true) => Some(&mk.small_norm_swiglu[i]),
+                        (_, true) => None,
+                    }
+                };
+                if pick(0).is_none() {
+                    return Err(BackendError::Unsupported(format!(
+                        "the mma norm prologue with the {epilogue:?} epilogue"
+                    )));
+                }
+                let threads = 32 * slices;
+                let Some((sf, rg, nt)) = fitting_tile(rg, nt, threads, &pick) else {
+                    return Err(BackendError::Unsupported(format!(
+                        "no small mma tile takes a block of {threads} threads (k = {})",
+                        w.k
+                    )));
+                };
+                let f = &sf.f;
                 let cfg = LaunchConfig {
                     grid_dim: (
-                        (w.n as u32).div_ceil(16),
+                        (w.n as u32).div_ceil(16 * nt as u32),
                         (rows as u32).div_ceil(8 * rg as u32),
                         1,
                     ),
-                    block_dim: (32 * slices as u32, 1, 1),
-                    shared_mem_bytes: (slices * rg * 128 * 4) as u32,
+                    block_dim: (threads as u32, 1, 1),
+                    shared_mem_bytes: small_shared_bytes(slices, rg * nt) as u32,
                 };
                 let (m, n, k, sbi) = (rows as i32, w.n as i32, w.k as i32, sb as i32);
                 let (nwp, eps) = norm.unwrap_or((0, 0.0));
@@ -435,7 +276,8 @@ impl CudaBackend {
                 // eps) signature and outlive the call; buffer sizes as this function's contract
                 // (the NORM prologue reads rows × k f32 and nw's k elements, the RES epilogue
                 // reads and writes rows × n f32); the shared memory is exactly slices × rg × 128
-                // floats (≤ 32 KiB: slices ≤ 16, rg ≤ 4).
+                // × tiles floats (≤ 64 KiB: slices ≤ 16 with rg ≤ 8, slices ≤ 8 with rg8w; the
+                // rg8 / rg8w functions are allowed 64 KiB at load, the others need ≤ 32 KiB).
                 return unsafe { self.launch_kernel(f, cfg, &mut params, self.pdl) };
             }
             MmaKernel::Large => {
@@ -547,6 +389,16 @@ impl CudaBackend {
         unsafe { self.mma_matmul(w, rows, xp, op, Epilogue::Same, kernel, None) }
     }
 
+    /// The `mma` kernel of an unfused matmul of `rows` rows on `n` outputs: the small kernel up
+    /// to [`MMA_SMALL_MAX_ROWS`] rows (except where [`MidRows::gemm_takes`]), else the GEMM.
+    fn mma_unfused_kernel(&self, rows: usize, n: usize) -> MmaKernel {
+        if rows <= MMA_SMALL_MAX_ROWS && !self.mid.gemm_takes(rows, n) {
+            MmaKernel::Small
+        } else {
+            self.mma_big_kernel()
+        }
+    }
+
     /// Whether [`CudaBackend::interleave_gate_up`] reorders a gate|up weight of this backend:
     /// the `mma` kernels run here, the weight is dense and `inter` (= n / 2) is a multiple of 8.
     fn swiglu_fusable(&self, w: &CudaWeight) -> bool {
@@ -608,11 +460,7 @@ impl CudaBackend {
         super::check_len("gate_up_swiglu output", out.len, rows * inter)?;
         self.expect_compute("gate_up_swiglu input", x)?;
         self.expect_compute("gate_up_swiglu output", out)?;
-        let kernel = if rows <= MMA_SMALL_MAX_ROWS {
-            MmaKernel::Small
-        } else {
-            self.mma_big_kernel()
-        };
+        let kernel = self.mma_unfused_kernel(rows, w.n);
         let (xp, _x_sync) = x.data.device_ptr(&self.stream);
         let (op, _o_sync) = out.data.device_ptr_mut(&self.stream);
         // SAFETY: x holds rows × k compute-dtype elements and out rows × inter (checked above);

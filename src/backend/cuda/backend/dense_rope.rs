@@ -16,7 +16,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
-use super::dense::{row_groups, slice_blocks, MMA_SMALL_MAX_ROWS};
+use super::dense::{fitting_tile, slice_blocks, small_shared_bytes, MMA_SMALL_MAX_ROWS};
 use super::{check_len, CudaBackend, CudaBuffer, CudaKvCache, CudaRope, CudaStep, CudaWeight};
 use crate::backend::{AttentionParams, Backend, BackendError};
 
@@ -34,6 +34,7 @@ impl CudaBackend {
             && self.fused_takes(w)
             && !w.swiglu_rows
             && rows <= MMA_SMALL_MAX_ROWS
+            && rows <= self.mid.norm_rows
             && rope.spec.rotary_dim == hd
             && hd.is_multiple_of(16)
             && w.n == (params.num_heads + 2 * params.num_kv_heads) * hd
@@ -98,8 +99,15 @@ impl CudaBackend {
         }
         let sb = slice_blocks(w.k);
         let slices = w.k.div_ceil(32).div_ceil(sb);
-        let rg = row_groups(rows);
-        let f = &fs[rg.trailing_zeros() as usize];
+        let threads = 32 * slices;
+        let rg = self.mid.row_groups(rows, w.n, slices, true);
+        let Some((sf, rg, _)) = fitting_tile(rg, 1, threads, &|i| fs.get(i)) else {
+            return Err(BackendError::Unsupported(format!(
+                "no fused q|k|v rope tile takes a block of {threads} threads (k = {})",
+                w.k
+            )));
+        };
+        let f = &sf.f;
         let (xp, _s0) = x.data.device_ptr(&self.stream);
         let (np, _s1) = norm.data.device_ptr(&self.stream);
         let (qp, _s2) = q_out.data.device_ptr_mut(&self.stream);
@@ -144,8 +152,8 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             // One block per 16 outputs (n / 16 tiles: head_dim is a multiple of 16) and 8·rg rows.
             grid_dim: ((w.n / 16) as u32, (rows as u32).div_ceil(8 * rg as u32), 1),
-            block_dim: (32 * slices as u32, 1, 1),
-            shared_mem_bytes: (slices * rg * 128 * 4) as u32,
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: small_shared_bytes(slices, rg) as u32,
         };
         // SAFETY: the parameters match the NORM_ROPE entry point's (x, w, q_out, m, n, k, sb, nw,
         // eps, kc, vc, positions, slots, cos, sin, n_heads, n_kv_heads, head_dim, rot_half)
@@ -155,7 +163,8 @@ impl CudaBackend {
         // (checked via max_context) and slots from ForwardBatch::step_input (each inside the
         // layer's cache, or -1: skipped); the tiles map to weight rows < n (n = heads · head_dim,
         // head_dim / 2 a multiple of 8); the cache type is the backend's own (the handles were
-        // resolved for it); shared memory is exactly slices × rg × 128 floats (≤ 32 KiB). The
+        // resolved for it); shared memory is exactly slices × rg × 128 floats (≤ 64 KiB, what the rg8
+        // functions are allowed at load; ≤ 32 KiB for the others). The
         // kernel waits (griddepcontrol) before touching activations, so it may use PDL.
         unsafe { self.launch_kernel(f, cfg, &mut p, self.pdl) }
     }

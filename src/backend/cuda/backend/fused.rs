@@ -48,7 +48,7 @@ pub(super) fn norm_matmul(
     h: &mut CudaBuffer,
     out: &mut CudaBuffer,
 ) -> Result<(), BackendError> {
-    if !be.fused_takes(w) || w.swiglu_rows || rows > MMA_SMALL_MAX_ROWS {
+    if !be.fused_takes(w) || w.swiglu_rows || rows > be.mid.norm_rows {
         be.rms_norm(x, weight, h, rows, dim, eps)?;
         return be.matmul(h, rows, w, out);
     }
@@ -71,7 +71,7 @@ pub(super) fn norm_gate_up_swiglu(
     out: &mut CudaBuffer,
     inter: usize,
 ) -> Result<(), BackendError> {
-    if !be.fused_takes(w) || !w.swiglu_rows || rows > MMA_SMALL_MAX_ROWS {
+    if !be.fused_takes(w) || !w.swiglu_rows || rows > be.mid.norm_rows {
         be.rms_norm(x, weight, h, rows, dim, eps)?;
         return be.gate_up_swiglu(h, rows, w, scratch, out, inter);
     }

@@ -107,9 +107,9 @@ pub(crate) struct Kernels {
     /// `KILN_DENSE_GEMM`; `None` below sm_80 (the module is not built there), for f32 compute and
     /// with `KILN_DENSE_GEMM=0` (then `dense_mma_large` runs).
     pub dense_gemm: Option<super::dense_gemm::GemmKernels>,
-    /// `dense_mma_small_rg{1,2,4}_norm_rope_{t}_{c}`: the q|k|v matmul with the RMSNorm prologue
+    /// `dense_mma_small_rg{1,2,4,8}_norm_rope_{t}_{c}`: the q|k|v matmul with the RMSNorm prologue
     /// and the RoPE + KV-write epilogue (16-bit compute dtypes only).
-    pub dense_rope: Option<[CudaFunction; 3]>,
+    pub dense_rope: Option<[super::dense::SmallFn; 4]>,
     /// The Gated DeltaNet entry points (`gdn.cu`).
     pub gdn: super::gdn::GdnKernels,
     /// `gated_qkv_rope_write_{t}_{c}`: Qwen3.5's fused pre-attention (`gated_attention.cu`).
@@ -215,14 +215,20 @@ impl Kernels {
                 _ => None,
             },
             dense_mma: if wide {
-                Some(super::dense::MmaKernels::resolve(&get, t)?)
+                let mk = super::dense::MmaKernels::resolve(&get, t)?;
+                allow_small_shared(mk.rg8())?;
+                Some(mk)
             } else {
                 None
             },
             dense_gemm: super::dense_gemm::GemmKernels::resolve(all, t)?,
             dense_rope: if wide {
-                let r = |rg: u32| get(super::dense::MmaKernels::rope_name(rg, t, c));
-                Some([r(1)?, r(2)?, r(4)?])
+                let r = |rg: u32| {
+                    super::dense::SmallFn::new(get(super::dense::MmaKernels::rope_name(rg, t, c))?)
+                };
+                let fs = [r(1)?, r(2)?, r(4)?, r(8)?];
+                allow_small_shared([&fs[3].f])?;
+                Some(fs)
             } else {
                 None
             },
@@ -245,4 +251,16 @@ impl Kernels {
             .unwrap_or(0);
         &self.attention_prefill[i]
     }
+}
+
+/// Allow the small `mma` kernel's 64-row tile its dynamic shared memory (up to
+/// [`super::dense::MMA_SMALL_MAX_SHARED`], above the 48 KiB a kernel gets without opting in).
+fn allow_small_shared<const N: usize>(fs: [&CudaFunction; N]) -> Result<(), CudaError> {
+    for f in fs {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            super::dense::MMA_SMALL_MAX_SHARED as i32,
+        )?;
+    }
+    Ok(())
 }

@@ -178,6 +178,12 @@ impl CudaBackend {
             0
         };
         let pdl = mma && arch.major >= 9 && dense::pdl_from_env().map_err(env_err)?;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_or(1, |v| v.max(1) as usize);
+        let mid = dense::MidRows::from_env(sms).map_err(env_err)?;
         let device_name = format!("cuda:{ordinal} ({}, {device_arch}", ctx.name()?)
             + &if arch != device_arch {
                 format!(", kernels for {arch}")
@@ -189,6 +195,11 @@ impl CudaBackend {
                 dense::DenseMatmul::Cublas => "",
                 dense::DenseMatmul::Fma => " [dense matmul: fma]",
                 dense::DenseMatmul::Mma => " [dense matmul: mma]",
+            }
+            + &if dense == dense::DenseMatmul::Mma {
+                mid.describe()
+            } else {
+                String::new()
             }
             + &if fused_rows > 0 {
                 format!(
@@ -208,6 +219,7 @@ impl CudaBackend {
             scratch: Mutex::new(Scratch::default()),
             dense,
             fused_rows,
+            mid,
             pdl,
             pdl_packed: w4a16::pdl_packed_from_env().map_err(env_err)?,
             w4_trigger_late: w4a16::trigger_late_from_env().map_err(env_err)?,
