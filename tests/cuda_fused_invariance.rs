@@ -1,6 +1,6 @@
 //! Batch invariance across the fused / unfused llama layer (issue 8 item 9) on a GPU: under the
 //! default dense matmul of sm_80+ with 16-bit compute (`mma`), a step of at most
-//! `KILN_FUSED_DECODE_ROWS` tokens (64 by default, 16 before `mma64`) runs the fused decode ops (RMSNorm in the
+//! `KILN_FUSED_DECODE_ROWS` tokens (16 by default under `mma`: `mma64` measured fusing past 16 rows slower) runs the fused decode ops (RMSNorm in the
 //! matmul prologue, RoPE / KV write and the residual add in the epilogues) and a larger step the
 //! unfused ops; a sequence's logits must have the same f32 bits either way.
 //!
@@ -11,10 +11,10 @@
 //! - `a_sequence_has_the_same_logits_fused_and_unfused`: whole models (the tiny llama fixture and
 //!   `KILN_TEST_MODEL` when set), bf16 and fp16: one sequence's prefill logits (every position)
 //!   and those of several decode steps, computed alone (fused: 5 prefill rows, 1 decode row),
-//!   beside 8 one-token sequences (fused, the 16-row tile), beside 17 two-token sequences (fused:
-//!   39 and 18 rows, the 64- and 32-row tiles), beside 40 and 63 one-token sequences (fused 45 /
-//!   41 rows; prefill 68 rows unfused, decode 64 rows fused: the bound) and beside 80 two-token
-//!   sequences (unfused: the GEMM), compared bit for bit with the alone run.
+//!   beside 8 one-token sequences (fused, the 16-row tile), beside 17 two-token sequences (39 and
+//!   18 rows, the 64- and 32-row tiles), beside 40 and 63 one-token sequences (45 / 41 rows; 68 /
+//!   64 rows: above the default fused bound of 16 these run unfused, the config names keep the
+//!   `mma64` run-1 layout where they were fused) and beside 80 two-token sequences (the GEMM), compared bit for bit with the alone run.
 //!   `KILN_DENSE_MATMUL=cublas` is run too and only reported (it is not batch-invariant). On the
 //!   sm_70 path (`KILN_CUDA_ARCH=compute_70`) the default is `fma` (nothing fused, one kernel for
 //!   every step) and fp16 alone: asserted the same way.
@@ -164,20 +164,21 @@ const CONFIGS: [Config; 6] = [
         fillers: 8,
         filler_len: 1,
     },
-    // Prefill 39 rows, decode 18: fused (up to 64 rows by default since `mma64`), the 64-row
+    // Prefill 39 rows, decode 18: unfused under the default bound of 16 (fused only where
+    // KILN_FUSED_DECODE_ROWS raises it), the 64-row
     // tile (row group 8) and the 32-row tile (row group 4).
     Config {
         name: "fused_rg8_rg4",
         fillers: 17,
         filler_len: 2,
     },
-    // Prefill 45 rows, decode 41: fused, the 64-row tile.
+    // Prefill 45 rows, decode 41: unfused by default (above the fused bound), the 64-row tile.
     Config {
         name: "fused_rg8",
         fillers: 40,
         filler_len: 1,
     },
-    // Prefill 68 rows, decode 64: unfused (the GEMM) then fused at the bound (64 rows).
+    // Prefill 68 rows, decode 64: unfused (the GEMM), then the 64-row step (unfused by default).
     Config {
         name: "unfused_gemm_fused_64",
         fillers: 63,
